@@ -1,0 +1,356 @@
+"""Run configuration: YAML files loaded into typed dataclasses.
+
+A configuration has eight sections (data, model, mining, loss, optim, train, eval, logging).
+Every key has a default here; a YAML file overrides some of them and ``--set section.key=value``
+on the command line overrides the file. Unknown keys, values of the wrong type and unknown
+choices are rejected with a :class:`ConfigError` naming the key, the value, the file and the
+valid options. The resolved configuration is written next to the run as ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "MiningConfig",
+    "LossConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "Config",
+    "load_config",
+    "config_from_dict",
+    "config_to_dict",
+    "apply_overrides",
+    "save_config",
+]
+
+Distance = Literal["squared", "euclidean", "cosine"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message meant for the user (no traceback needed)."""
+
+
+@dataclass
+class DataConfig:
+    """Where images come from and how batches are formed."""
+
+    # synthetic: built-in SyntheticIdentities written to disk; folder: root/<identity>/<image>;
+    # triplets: seed-compatible (anchor, positive, negative) batches from a TripletListDataset.
+    dataset: Literal["synthetic", "folder", "triplets"] = "synthetic"
+    root: Optional[str] = None  # image folder; for synthetic, where it is generated
+    image_size: int = 64
+    p: int = 16  # identities per batch
+    k: int = 4  # images per identity
+    triplets_per_epoch: int = 10000  # seed-compatible mode only
+    triplet_batch_size: int = 64  # seed-compatible mode: triplets per batch
+    num_workers: int = 0
+    pin_memory: bool = False
+    normalize: Literal["fixed", "imagenet"] = "fixed"  # fixed: (x - 127.5) / 128
+    hflip: bool = True
+    random_crop: bool = True
+    on_corrupt: Literal["skip", "error"] = "skip"
+    sample_with_replacement: bool = True  # identities with < k images
+    cache_dir: Optional[str] = None
+    # SyntheticIdentities (dataset: synthetic)
+    synthetic_identities: int = 60
+    synthetic_images_per_identity: int = 20
+    synthetic_heldout_identities: int = 40
+    synthetic_heldout_images_per_identity: int = 10
+    synthetic_pairs_per_fold: int = 60  # same and different pairs, each, per fold
+    synthetic_seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """The embedding network."""
+
+    backbone: Literal[
+        "tiny", "resnet18", "resnet34", "resnet50", "mobilenet_v3_large", "inception_resnet_v1"
+    ] = "tiny"
+    embedding_dim: int = 128
+    dropout: float = 0.0
+    weights: Optional[str] = None  # a local state-dict file for the backbone; never downloaded
+    channels_last: bool = False
+
+
+@dataclass
+class MiningConfig:
+    """Triplet selection."""
+
+    miner: Literal["semihard", "batch_hard", "triplet_margin"] = "semihard"
+    type_of_triplets: Literal["all", "hard", "semihard", "easy"] = "semihard"
+    margin: float = 0.2
+    distance: Distance = "squared"
+    fallback: Literal["hardest", "skip"] = "hardest"
+    max_triplets: int = 0  # 0: no cap
+    passes: Literal[1, 2] = 2  # 2: no-grad mining pass + grad pass on the selected images
+
+
+@dataclass
+class LossConfig:
+    """Triplet loss, plus optional cross-entropy from the same forward."""
+
+    margin: float = 0.2
+    distance: Distance = "squared"
+    reduction: Literal["mean_active", "mean", "sum"] = "mean_active"
+    soft_margin: bool = False
+    swap: bool = False
+    ce_weight: float = 0.0  # > 0 adds a classifier head and weight x cross-entropy
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule."""
+
+    name: Literal["sgd", "adam", "adamw", "adagrad"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    schedule: Literal["cosine", "step", "none"] = "cosine"
+    warmup_epochs: int = 0
+    step_size: int = 10  # epochs, for schedule: step
+    gamma: float = 0.1
+    grad_clip: float = 0.0  # 0: off
+
+
+@dataclass
+class TrainConfig:
+    """The loop."""
+
+    epochs: int = 10
+    steps_per_epoch: int = 0  # 0: a full pass of the sampler
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    seed: int = 0
+    deterministic: bool = False
+    log_interval: int = 10
+    max_nonfinite_steps: int = 5
+    chunk_size: int = 0  # gradient caching: grad pass in chunks of N images; 0 = off
+
+
+@dataclass
+class EvalConfig:
+    """Verification on held-out pairs (the LFW protocol)."""
+
+    every: int = 1  # epochs; 0 = never
+    pairs: Optional[str] = None  # pairs.txt; None: the synthetic held-out pairs
+    root: Optional[str] = None  # image folder the pairs name; None: next to pairs.txt
+    n_folds: int = 10
+    far_target: float = 1e-3
+    distance: Distance = "squared"
+    flip: bool = False
+    subtract_mean: bool = False
+    batch_size: int = 128
+    skip_missing: bool = False
+    log_scale_roc: bool = False
+
+
+@dataclass
+class LoggingConfig:
+    """Where the run is written and what is shown."""
+
+    out_dir: str = "runs/demo"
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    """A whole run configuration."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mining: MiningConfig = field(default_factory=MiningConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it (ints widen to floats)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        # bool is an int subclass: never let True stand for 1.
+        if not isinstance(value, bool) and value in choices:
+            return value
+        raise ConfigError(
+            f"{where}: invalid value {value!r}; valid options: "
+            + ", ".join(repr(c) for c in choices)
+        )
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: {value!r} is not {_type_name(tp)}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - a new annotation kind must be taught here
+        raise TypeError(f"unsupported config annotation {tp!r} at {where}")
+    raise ConfigError(
+        f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})"
+    )
+
+
+def _section_from_dict(cls: type, values: Any, section: str, source: str) -> Any:
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: section '{section}' must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(
+                f"{source}: unknown key '{section}.{key}'; valid keys in '{section}': "
+                + ", ".join(names)
+            )
+        kwargs[key] = _coerce(value, hints[key], f"{source}: {section}.{key}")
+    return cls(**kwargs)
+
+
+def config_from_dict(data: Any, source: str = "<dict>") -> Config:
+    """Build a :class:`Config` from a nested mapping, validating every key and value.
+
+    Args:
+        data: ``{section: {key: value}}``; missing sections and keys take their defaults.
+        source: the file name (or a description) quoted in error messages.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a configuration must be a mapping of sections, got {data!r}")
+    hints = typing.get_type_hints(Config)
+    sections = {}
+    for name, values in data.items():
+        if name not in hints:
+            raise ConfigError(
+                f"{source}: unknown section '{name}'; valid sections: " + ", ".join(hints)
+            )
+        sections[name] = _section_from_dict(hints[name], values, name, source)
+    return Config(**sections)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    """The configuration as a plain nested dict (YAML- and checkpoint-safe)."""
+    return dataclasses.asdict(cfg)
+
+
+def _parse_override(item: str) -> tuple[str, str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    dotted, raw = item.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {item!r}: value is not a YAML scalar ({err})") from None
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"--set {item!r}: value must be a scalar")
+    return parts[0], parts[1], value
+
+
+def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
+    """Apply ``section.key=value`` strings (values parsed as YAML scalars) to a nested dict."""
+    data = {k: dict(v or {}) for k, v in (data or {}).items()}
+    for item in overrides or []:
+        section, key, value = _parse_override(item)
+        data.setdefault(section, {})[key] = value
+    return data
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML run configuration and apply command-line overrides.
+
+    Args:
+        path: the YAML file; None for the defaults alone.
+        overrides: ``["section.key=value", ...]``, applied after the file.
+
+    Raises:
+        ConfigError: a missing or unreadable file, invalid YAML (``!!python`` tags included),
+            an unknown section or key, a value of the wrong type or an unknown choice.
+    """
+    data: Any = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {source}") from None
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {source}: {err.strerror}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{source}: invalid YAML: {err}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: a configuration must be a mapping of sections")
+        for name, values in data.items():
+            if values is not None and not isinstance(values, dict):
+                raise ConfigError(f"{source}: section '{name}' must be a mapping, got {values!r}")
+    if overrides:
+        data = apply_overrides(data, overrides)
+        source = f"{source} with --set overrides"
+    return config_from_dict(data, source)
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the resolved configuration as YAML, atomically (temporary file + ``os.replace``)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(config_to_dict(cfg), fh, sort_keys=False)
+    os.replace(tmp, path)
