@@ -1,0 +1,146 @@
+"""The config loader: defaults, overrides, each kind of rejection, the resolved round trip."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from facenet.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    save_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text, name="run.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_file():
+    cfg = load_config(None)
+    assert cfg == Config()
+    assert cfg.mining.margin == 0.2 and cfg.model.embedding_dim == 128
+
+
+def test_file_overrides_defaults_and_keeps_the_rest(tmp_path):
+    cfg = load_config(write(tmp_path, "model:\n  embedding_dim: 64\ntrain:\n  epochs: 3\n"))
+    assert cfg.model.embedding_dim == 64
+    assert cfg.train.epochs == 3
+    assert cfg.model.backbone == Config().model.backbone
+
+
+def test_command_line_overrides_win_and_parse_yaml_scalars(tmp_path):
+    path = write(tmp_path, "optim:\n  lr: 0.1\n")
+    cfg = load_config(
+        path, ["optim.lr=0.01", "train.amp=bf16", "data.root=null", "data.hflip=false"]
+    )
+    assert cfg.optim.lr == 0.01
+    assert cfg.train.amp == "bf16"
+    assert cfg.data.root is None
+    assert cfg.data.hflip is False
+
+
+def test_int_widens_to_float_but_bool_is_not_a_number():
+    assert config_from_dict({"optim": {"lr": 1}}).optim.lr == 1.0
+    with pytest.raises(ConfigError, match="train.epochs"):
+        config_from_dict({"train": {"epochs": True}})
+
+
+@pytest.mark.parametrize(
+    "data, needles",
+    [
+        ({"train": {"no_such_key": 1}}, ["no_such_key", "valid keys", "epochs"]),
+        ({"nosection": {}}, ["nosection", "valid sections"]),
+        ({"train": {"epochs": "ten"}}, ["train.epochs", "'ten'", "int"]),
+        ({"model": {"backbone": "resnet999"}}, ["model.backbone", "resnet999", "'tiny'"]),
+        ({"mining": {"passes": 3}}, ["mining.passes", "3", "1, 2"]),
+        ({"data": {"root": 5}}, ["data.root", "5"]),
+        ({"train": [1, 2]}, ["section 'train' must be a mapping"]),
+    ],
+)
+def test_rejections_name_key_value_and_options(data, needles):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data, source="my.yaml")
+    message = str(err.value)
+    assert "my.yaml" in message
+    for needle in needles:
+        assert needle in message
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found: .*nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, "train: [unclosed\n"))
+
+
+def test_python_object_tags_are_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    text = f"train: !!python/object/apply:os.system ['touch {marker}']\n"
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, text))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("item", ["train.epochs", "epochs=3", "a.b.c=1", "train.epochs=[1, 2]"])
+def test_malformed_overrides(item):
+    with pytest.raises(ConfigError, match="--set"):
+        load_config(None, [item])
+
+
+def test_override_unknown_key_names_it():
+    with pytest.raises(ConfigError, match="no_such_key"):
+        load_config(None, ["train.no_such_key=1"])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["train.epochs=7", "mining.miner=batch_hard", "eval.pairs=/x/p.txt"])
+    out = tmp_path / "config.yaml"
+    save_config(cfg, out)
+    assert load_config(out) == cfg
+    assert yaml.safe_load(out.read_text()) == config_to_dict(cfg)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_shipped_configs_are_valid():
+    paths = sorted((ROOT / "configs").glob("*.yaml"))
+    assert paths
+    for path in paths:
+        load_config(path)
+
+
+def run_train(*args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def test_train_script_exits_2_with_one_line_naming_the_key():
+    proc = run_train("--config", "configs/demo.yaml", "--set", "train.no_such_key=1")
+    assert proc.returncode == 2
+    assert "no_such_key" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_train_script_missing_config_exits_2():
+    proc = run_train("--config", "configs/does_not_exist.yaml")
+    assert proc.returncode == 2 and "does_not_exist.yaml" in proc.stderr
+
+
+def test_print_config_shows_the_resolved_values():
+    proc = run_train("--config", "configs/demo.yaml", "--set", "train.epochs=4", "--print-config")
+    assert proc.returncode == 0
+    assert yaml.safe_load(proc.stdout)["train"]["epochs"] == 4
