@@ -139,15 +139,30 @@ def build_backbone(name: str, in_channels: int = 3) -> tuple[nn.Module, int]:
 # --------------------------------------------------------------------------- weights
 
 
+def _unpickler_detail(err: pickle.UnpicklingError) -> str:
+    """The one informative line of torch's weights_only error (its advice runs to a page)."""
+    text = str(err)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0].split(" Please use")[0] if lines else type(err).__name__
+
+
 def _read_weights_file(path: str | os.PathLike) -> object:
     if not os.path.isfile(path):
         raise WeightsError(f"weights file not found: {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        detail = _unpickler_detail(err)
+        if detail.startswith("Unsupported global"):
+            raise WeightsError(
+                f"refused to load weights file {path}: it holds objects other than tensors and "
+                f"plain containers (loaded with weights_only=True): {detail}"
+            ) from None
         raise WeightsError(
-            f"refused to load weights file {path}: it holds objects other than tensors and "
-            f"plain containers (loaded with weights_only=True): {str(err).splitlines()[0]}"
+            f"cannot read weights file {path}: not a torch.save file, or a damaged one: {detail}"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise WeightsError(
