@@ -52,11 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
-    try:
-        from facenet.trainer import run_training
-    except ImportError:
-        print("train.py: the trainer is not built yet; the configuration is valid.", file=sys.stderr)
-        return 1
+    from facenet.run import run_training
+
     return run_training(cfg, resume=args.resume)
 
 

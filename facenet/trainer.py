@@ -1,0 +1,545 @@
+"""The corrected training step and loop.
+
+One step (two-pass, the default)::
+
+    with torch.no_grad(): embeddings = model(images)        # (B, D), no graph is built
+    triplets = miner(embeddings, labels)                     # (a, p, n) indices, on the device
+    unique, local = unique_triplet_images(triplets)          # (U,), indices remapped into 0..U-1
+    emb, logits = model(images[unique], return_logits=...)   # ONE forward with grad, (U, D)
+    loss = triplet_loss(emb, local) + w * cross_entropy(logits, labels[unique])
+    loss.backward()                                          # frees every saved tensor
+    optimizer.step(); optimizer.zero_grad(set_to_none=True)
+
+After the step no tensor saved for backward is alive: ``emb``, ``logits`` and ``loss`` are
+locals of the step and die with it, so the graph object dies too. Statistics are kept as
+detached device tensors and turned into Python floats once per log interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from facenet.memory import (
+    GraphMemoryMeter,
+    cuda_memory_stats,
+    peak_rss_bytes,
+    reset_cuda_peaks,
+)
+from facenet.miners import Triplets
+
+__all__ = [
+    "NonFiniteLossError",
+    "Trainer",
+    "frozen_bn_running_stats",
+    "unique_triplet_images",
+    "STAT_KEYS",
+]
+
+# Per-step statistics kept on the device and averaged over the steps that trained.
+STAT_KEYS = (
+    "loss",
+    "triplet_loss",
+    "ce_loss",
+    "num_triplets",
+    "active_fraction",
+    "mean_dap",
+    "mean_dan",
+    "selected_images",
+)
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many steps in a row had a non-finite loss; the run stops."""
+
+
+@contextlib.contextmanager
+def frozen_bn_running_stats(model: nn.Module) -> Iterator[None]:
+    """BatchNorm layers normalise with batch statistics but leave running statistics alone.
+
+    In training mode a ``_BatchNorm`` with ``track_running_stats=False`` uses the batch's
+    statistics and neither updates ``running_mean``/``running_var`` nor counts the batch, which is
+    what the mining pass needs: the grad pass then updates them exactly once per step.
+    """
+    layers = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.training
+    ]
+    for layer in layers:
+        layer.track_running_stats = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.track_running_stats = True
+
+
+def unique_triplet_images(triplets: Triplets) -> tuple[torch.Tensor, Triplets]:
+    """The unique images used by ``triplets`` and the triplets re-indexed into them.
+
+    Args:
+        triplets: ``(anchor, positive, negative)`` index tensors of length T into the batch.
+
+    Returns:
+        ``unique`` (U,) sorted batch indices and ``local`` triplets with values in ``0..U-1``.
+    """
+    count = triplets.anchor.numel()
+    flat = torch.cat([triplets.anchor, triplets.positive, triplets.negative])  # (3T,)
+    unique, inverse = torch.unique(flat, sorted=True, return_inverse=True)
+    anchor, positive, negative = inverse.split(count)
+    return unique, Triplets(anchor, positive, negative)
+
+
+class Trainer:
+    """Trains an embedding network with mined triplets, keeping no graph alive between steps.
+
+    Args:
+        model: an ``EmbeddingNet`` (``model(x)`` -> (B, D); ``model(x, return_logits=True)`` ->
+            ``(embeddings, logits)`` from one backbone pass).
+        miner: ``miner(embeddings, labels, candidates=None) -> Triplets``.
+        loss_fn: ``loss_fn(embeddings, triplets) -> scalar``, with ``last_stats`` after a call.
+        optimizer: a ``torch.optim`` optimizer over the model's parameters.
+        scheduler: stepped once per epoch, or None.
+        device: where the step runs.
+        amp: "none", "bf16" (autocast) or "fp16" (autocast + GradScaler).
+        ce_weight: weight of the cross-entropy term (> 0 needs a classifier head).
+        passes: 2 (no-grad mining pass + grad pass on the selected images) or 1 (one grad pass
+            on the whole batch, mining on its detached embeddings).
+        grad_clip: max gradient norm (0: off).
+        max_nonfinite_steps: this many non-finite losses in a row stop the run.
+        channels_last: feed images in channels-last memory format.
+        meter: a :class:`GraphMemoryMeter`; one is made if None.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        miner,
+        loss_fn,
+        optimizer: torch.optim.Optimizer,
+        *,
+        scheduler=None,
+        device: str | torch.device = "cpu",
+        amp: str = "none",
+        ce_weight: float = 0.0,
+        passes: int = 2,
+        grad_clip: float = 0.0,
+        max_nonfinite_steps: int = 5,
+        channels_last: bool = False,
+        meter: GraphMemoryMeter | None = None,
+    ):
+        if passes not in (1, 2):
+            raise ValueError(f"passes must be 1 or 2, got {passes!r}")
+        if amp not in ("none", "bf16", "fp16"):
+            raise ValueError(f"amp must be 'none', 'bf16' or 'fp16', got {amp!r}")
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.miner = miner
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.amp = amp
+        self.ce_weight = float(ce_weight)
+        if self.ce_weight > 0 and getattr(self._core_model, "classifier", None) is None:
+            raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
+        self.passes = passes
+        self.grad_clip = float(grad_clip)
+        self.max_nonfinite_steps = int(max_nonfinite_steps)
+        self.channels_last = channels_last
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == "fp16")
+        self.meter = meter if meter is not None else GraphMemoryMeter()
+        self.global_step = 0
+        self.nonfinite_in_a_row = 0
+        self.counts = {"steps": 0, "trained": 0, "no_triplets": 0, "nonfinite": 0}
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def _core_model(self) -> nn.Module:
+        """The model without a DistributedDataParallel wrapper."""
+        return getattr(self.model, "module", self.model)
+
+    def _autocast(self):
+        if self.amp == "none":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.amp == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _to_device(self, images: torch.Tensor, labels: torch.Tensor):
+        images = images.to(self.device, non_blocking=True)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels.to(self.device, non_blocking=True)
+
+    def _forward(self, images: torch.Tensor, with_logits: bool):
+        """One forward; returns (embeddings (N, D) float32, logits (N, C) or None)."""
+        with self._autocast():
+            if with_logits:
+                embeddings, logits = self.model(images, return_logits=True)
+            else:
+                embeddings, logits = self.model(images), None
+        return embeddings.float(), None if logits is None else logits.float()
+
+    def _skipped(self, reason: str) -> dict:
+        self.counts["steps"] += 1
+        self.counts[reason] += 1
+        return {"skipped": reason, "selected_images": 0}
+
+    # ------------------------------------------------------------------ the step
+
+    def train_step(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        candidates: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> dict:
+        """One complete optimisation step on a labelled batch.
+
+        Args:
+            images: (B, C, H, W) batch (P identities x K images, or concatenated a/p/n).
+            labels: (B,) identity labels.
+            candidates: optional (a, p, n) index tensors (seed-compatible mode): the miner
+                only filters these triplets.
+
+        Returns:
+            A dict of detached device tensors (``STAT_KEYS``), or ``{"skipped": reason}`` when
+            no triplet was selected or the loss was not finite (no parameter update then).
+        """
+        images, labels = self._to_device(images, labels)
+        if self.passes == 1:
+            return self._one_pass_step(images, labels, candidates)
+        # 1. Mining pass: no graph, BatchNorm running statistics untouched.
+        with torch.no_grad(), frozen_bn_running_stats(self.model):
+            mining_embeddings, _ = self._forward(images, with_logits=False)  # (B, D)
+        # 2. Miner on the device.
+        triplets = self.miner(mining_embeddings, labels, candidates=candidates)
+        del mining_embeddings
+        if triplets.anchor.numel() == 0:
+            return self._skipped("no_triplets")
+        # 3. The unique selected images; 4. ONE forward with grad on them.
+        unique, local = unique_triplet_images(triplets)
+        embeddings, logits = self._forward(images[unique], self.ce_weight > 0)  # (U, D), (U, C)
+        loss, stats = self._loss(embeddings, local, logits, labels[unique])
+        stats["selected_images"] = torch.tensor(float(unique.numel()))
+        # 5. backward frees the graph; the optimizer steps.
+        return self._backward_and_step(loss, stats, images)
+
+    def _one_pass_step(self, images, labels, candidates) -> dict:
+        """Forward with grad on the whole batch; mine on detached embeddings; index the graph."""
+        embeddings, logits = self._forward(images, self.ce_weight > 0)  # (B, D), graph on all B
+        triplets = self.miner(embeddings.detach(), labels, candidates=candidates)
+        if triplets.anchor.numel() == 0:
+            return self._skipped("no_triplets")  # the graph dies with this frame's locals
+        used = None
+        if logits is not None:
+            used, _ = unique_triplet_images(triplets)
+            logits, ce_labels = logits[used], labels[used]
+        else:
+            ce_labels = None
+        loss, stats = self._loss(embeddings, triplets, logits, ce_labels)
+        selected = used if used is not None else unique_triplet_images(triplets)[0]
+        stats["selected_images"] = torch.tensor(float(selected.numel()))
+        return self._backward_and_step(loss, stats, images)
+
+    def _loss(self, embeddings, triplets, logits, ce_labels):
+        triplet_loss = self.loss_fn(embeddings, triplets)
+        stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
+        stats["triplet_loss"] = triplet_loss.detach()
+        loss = triplet_loss
+        if logits is not None:
+            ce_loss = F.cross_entropy(logits, ce_labels)
+            stats["ce_loss"] = ce_loss.detach()
+            loss = loss + self.ce_weight * ce_loss
+        stats["loss"] = loss.detach()
+        return loss, stats
+
+    def _backward_and_step(self, loss: torch.Tensor, stats: dict, images: torch.Tensor) -> dict:
+        self.scaler.scale(loss).backward()  # every tensor saved for backward is released here
+        # One host sync per step: a non-finite loss must not reach the parameters.
+        if not bool(torch.isfinite(loss)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_in_a_row += 1
+            if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
+                cause = "the input images hold NaN or inf" if not bool(
+                    torch.isfinite(images).all()
+                ) else "check the learning rate and the data"
+                raise NonFiniteLossError(
+                    f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss "
+                    f"(last: {loss.item()}); {cause}"
+                )
+            return self._skipped("nonfinite")
+        self.nonfinite_in_a_row = 0
+        if self.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        self.counts["steps"] += 1
+        self.counts["trained"] += 1
+        return stats
+
+    def train_triplet_step(self, data_a, data_p, data_n, label_p, label_n) -> dict:
+        """Seed-compatible step: the dataset supplies (a, p, n) images; the miner filters them.
+
+        The three groups go through the network as ONE batch (BatchNorm sees them together);
+        only the unique images of the triplets the miner keeps get a forward with grad.
+        """
+        count = data_a.shape[0]
+        images = torch.cat([data_a, data_p, data_n])  # (3T, C, H, W)
+        labels = torch.cat([label_p, label_p, label_n])  # (3T,)
+        index = torch.arange(count, device=self.device)
+        candidates = (index, index + count, index + 2 * count)
+        return self.train_step(images, labels, candidates=candidates)
+
+    # ------------------------------------------------------------------ the epoch
+
+    def train_one_epoch(
+        self,
+        loader: Iterable,
+        epoch: int,
+        max_steps: int = 0,
+        log_interval: int = 10,
+        progress: bool = True,
+        should_stop=None,
+    ) -> dict:
+        """Run one epoch; returns averaged statistics, throughput and memory figures.
+
+        Args:
+            loader: yields ``(images, labels)`` or seed-style ``(a, p, n, label_p, label_n)``.
+            epoch: the epoch number (for the progress bar).
+            max_steps: stop after this many batches (0: the whole loader).
+            log_interval: batches between host syncs of the statistics.
+            progress: show a tqdm bar.
+            should_stop: callable returning True to stop after the current step (signals).
+        """
+        from tqdm import tqdm
+
+        self.model.train()
+        self.meter.reset_peak()
+        reset_cuda_peaks(self.device)
+        totals = {k: torch.zeros((), device=self.device) for k in STAT_KEYS}
+        counts_before = dict(self.counts)
+        images_seen, trained, start = 0, 0, time.perf_counter()
+        total = max_steps or (len(loader) if hasattr(loader, "__len__") else None)
+        bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress, leave=False)
+        with self.meter:
+            for index, batch in enumerate(loader):
+                if max_steps and index >= max_steps:
+                    break
+                stats = self._run_batch(batch)
+                images_seen += batch[0].shape[0] * (3 if len(batch) == 5 else 1)
+                if "skipped" not in stats:
+                    trained += 1
+                    for key in STAT_KEYS:
+                        if key in stats:
+                            totals[key] += stats[key].to(self.device)
+                del stats, batch  # nothing of this step outlives it
+                bar.update(1)
+                if (index + 1) % log_interval == 0 and trained:
+                    bar.set_postfix(self._postfix(totals, trained, images_seen, start))
+                if should_stop is not None and should_stop():
+                    break
+        bar.close()
+        seconds = time.perf_counter() - start
+        result = {k: (v / trained).item() if trained else float("nan") for k, v in totals.items()}
+        result.update(
+            epoch=epoch,
+            steps=self.counts["steps"] - counts_before["steps"],
+            skipped_no_triplets=self.counts["no_triplets"] - counts_before["no_triplets"],
+            skipped_nonfinite=self.counts["nonfinite"] - counts_before["nonfinite"],
+            images_per_second=images_seen / max(seconds, 1e-9),
+            epoch_seconds=seconds,
+            lr=self.optimizer.param_groups[0]["lr"],
+        )
+        result.update(self.memory_figures())
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return result
+
+    def _run_batch(self, batch) -> dict:
+        if len(batch) == 5:
+            return self.train_triplet_step(*batch)
+        images, labels = batch[0], batch[1]
+        return self.train_step(images, labels)
+
+    @staticmethod
+    def _postfix(totals, trained, images_seen, start) -> dict:
+        return {
+            "loss": f"{(totals['loss'] / trained).item():.4f}",
+            "active": f"{(totals['active_fraction'] / trained).item():.2f}",
+            "img/s": f"{images_seen / max(time.perf_counter() - start, 1e-9):.0f}",
+        }
+
+    def memory_figures(self) -> dict:
+        """Graph bytes (peak since the epoch began, alive now), peak RSS, CUDA peaks."""
+        figures = {
+            "graph_bytes_peak": int(self.meter.peak_bytes),
+            "graph_bytes_alive": int(self.meter.alive_bytes),
+            "peak_rss_bytes": int(peak_rss_bytes()),
+        }
+        cuda = cuda_memory_stats(self.device)
+        if cuda:
+            figures["cuda_max_allocated"] = int(cuda["max_allocated"])
+            figures["cuda_max_reserved"] = int(cuda["max_reserved"])
+        return figures
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, scheduler and scaler states plus counters (plain contents)."""
+        return {
+            "model": self._core_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "global_step": self.global_step,
+            "counts": dict(self.counts),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self._core_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.global_step = int(state.get("global_step", 0))
+        self.counts.update(state.get("counts", {}))
+
+    # ------------------------------------------------------------------ from a config
+
+    @classmethod
+    def from_config(cls, cfg, run_dir=None) -> Trainer:
+        """Build the data, model, miner, loss and optimizer of a run configuration.
+
+        The returned trainer carries ``data`` (loader, sampler, held-out pairs) and ``cfg``, so
+        ``trainer.fit()`` runs the whole configured training.
+        """
+        from pathlib import Path
+
+        from facenet.run import build_data, build_trainer, resolve_device
+
+        run_dir = Path(run_dir or cfg.logging.out_dir)
+        data = build_data(cfg, run_dir)
+        trainer = build_trainer(cfg, data.num_classes, resolve_device(cfg.train.device))
+        trainer.data, trainer.cfg, trainer.run_dir = data, cfg, run_dir
+        return trainer
+
+    def fit(self, resume: bool = False) -> dict:
+        """Run the configured training (after :meth:`from_config`); returns the summary."""
+        from facenet.run import fit
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        return fit(self, self.data, self.cfg, self.run_dir, resume)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, pair_list, eval_cfg, image_size: int, normalize: str = "fixed"):
+        """Verification on held-out pairs with the LFW protocol.
+
+        Args:
+            pair_list: a ``facenet.data.pairs.PairList``.
+            eval_cfg: the ``eval`` section (distance, flip, subtract_mean, folds, FAR target).
+            image_size: the network's input size.
+            normalize: the pixel standardisation used in training.
+
+        Returns:
+            A ``VerificationResult``.
+        """
+        from facenet.evaluation import evaluate_embeddings
+
+        emb1, emb2 = embed_pair_list(
+            self._core_model,
+            pair_list,
+            image_size=image_size,
+            batch_size=eval_cfg.batch_size,
+            device=self.device,
+            flip=eval_cfg.flip,
+            normalize=normalize,
+        )
+        return evaluate_embeddings(
+            emb1.numpy(),
+            emb2.numpy(),
+            pair_list.issame,
+            metric=eval_cfg.distance,
+            subtract_mean=eval_cfg.subtract_mean,
+            n_folds=eval_cfg.n_folds,
+            far_target=eval_cfg.far_target,
+        )
+
+
+class _PathDataset(torch.utils.data.Dataset):
+    """Images by path, decoded and transformed for evaluation."""
+
+    def __init__(self, paths, transform):
+        self.paths, self.transform = list(paths), transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        from facenet.data.images import read_image
+
+        return self.transform(read_image(self.paths[index]))
+
+
+def embed_pair_list(
+    model: nn.Module,
+    pair_list,
+    image_size: int,
+    batch_size: int = 128,
+    device: str | torch.device = "cpu",
+    flip: bool = False,
+    normalize: str = "fixed",
+    num_workers: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embed both sides of every pair, each unique image once, in eval mode without autograd.
+
+    Args:
+        model: the embedding network.
+        pair_list: a ``PairList`` (``unique_paths()`` gives the images and the index of each side).
+        image_size: the network's input size.
+        batch_size: images per forward.
+        device: where the network runs.
+        flip: concatenate the embedding of each image with that of its horizontal flip
+            (the classic option: the result is (N, 2D)).
+        normalize: the pixel standardisation.
+        num_workers: DataLoader workers decoding images.
+
+    Returns:
+        ``(emb1, emb2)``, each (N, D) or (N, 2D) float32 on the CPU.
+    """
+    from facenet.data.images import build_transform
+
+    paths, index1, index2 = pair_list.unique_paths()
+    transform = build_transform(image_size, train=False, normalize=normalize)
+    loader = torch.utils.data.DataLoader(
+        _PathDataset(paths, transform), batch_size=batch_size, num_workers=num_workers
+    )
+    was_training = model.training
+    model.eval()
+    chunks = []
+    try:
+        with torch.inference_mode():
+            for images in loader:
+                images = images.to(device)
+                embeddings = model(images)  # (b, D)
+                if flip:
+                    embeddings = torch.cat([embeddings, model(images.flip(-1))], dim=1)
+                chunks.append(embeddings.float().cpu())
+    finally:
+        model.train(was_training)
+    embeddings = torch.cat(chunks)  # (U, D)
+    index1 = torch.as_tensor(index1, dtype=torch.long)
+    index2 = torch.as_tensor(index2, dtype=torch.long)
+    return embeddings[index1], embeddings[index2]
