@@ -1,0 +1,587 @@
+"""LFW-style pair lists: read and write ``pairs.txt``, and generate pairs for any image folder.
+
+The format (LFW "View 2")::
+
+    10<TAB>300                      header: number of folds, pairs of each kind per fold
+    Abel_Pacheco<TAB>1<TAB>4        a "same" pair: name, index of image 1, index of image 2
+    ...                             (pairs_per_fold same lines, then)
+    Abdel_Madi_Shabneh<TAB>1<TAB>Dean_Barker<TAB>1   a "different" pair: name1 idx1 name2 idx2
+    ...                             (pairs_per_fold different lines; then the next fold)
+
+A one-number header (``1100``, as in ``pairsDevTrain.txt``) means one fold of that many pairs
+of each kind. Fields may be separated by tabs or spaces; CRLF line ends, stray spaces and blank
+lines are tolerated. A malformed line is a :class:`PairsFormatError` naming the file and line.
+
+Image resolution rule: ``<name> <idx>`` refers to ``root/<name>/<name>_<idx:04d>.<ext>`` where
+``ext`` is any of jpg, jpeg, png, bmp, webp in any letter case. When several files share the
+stem, the first extension in that order wins (then the first name in sorted order).
+
+Folds are the contiguous blocks of ``2 * pairs_per_fold`` lines, in file order, which is what
+the evaluation's contiguous ``KFold`` reproduces. Skipping pairs whose images are missing
+shifts those blocks; :attr:`PairList.fold_ids` keeps each remaining pair's fold from the file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "PairsFormatError",
+    "MissingImagesError",
+    "PairList",
+    "PairFold",
+    "read_pairs",
+    "generate_pairs",
+    "write_pairs",
+    "scan_identities",
+    "lfw_image_index",
+]
+
+# In order of preference when one stem has several files.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+_LISTED_MISSING = 20  # missing images quoted in an error message
+
+
+class PairsFormatError(ValueError):
+    """A pairs file line that does not follow the format; the message names file and line.
+
+    Args:
+        path: the pairs file.
+        line_no: 1-based line number (0 for the file as a whole).
+        message: what is wrong.
+    """
+
+    def __init__(self, path: str | os.PathLike, line_no: int, message: str):
+        self.path, self.line_no = str(path), line_no
+        where = f"{path}:{line_no}" if line_no else str(path)
+        super().__init__(f"{where}: {message}")
+
+
+class MissingImagesError(FileNotFoundError):
+    """Images named by a pairs file that do not exist.
+
+    ``missing`` lists each missing image once (its path without extension, sorted) and
+    ``lines`` maps it to the lines of the pairs file that name it.
+
+    Args:
+        pairs_path: the pairs file.
+        root: the image folder searched.
+        missing: (line number, expected path without extension) for every missing side.
+    """
+
+    def __init__(self, pairs_path, root, missing: list[tuple[int, str]]):
+        self.lines: dict[str, list[int]] = {}
+        for line_no, path in missing:
+            self.lines.setdefault(path, []).append(line_no)
+        self.missing = sorted(self.lines)
+        shown = "\n".join(
+            f"  {path}.* (line(s) {', '.join(map(str, self.lines[path]))})"
+            for path in self.missing[:_LISTED_MISSING]
+        )
+        more = len(self.missing) - _LISTED_MISSING
+        tail = f"\n  ... and {more} more" if more > 0 else ""
+        n_lines = len({line_no for line_no, _ in missing})
+        super().__init__(
+            f"{pairs_path}: {len(self.missing)} image(s) named on {n_lines} line(s) not found "
+            f"under {root} (looked for {'/'.join(e[1:] for e in IMAGE_EXTENSIONS)}):\n"
+            f"{shown}{tail}\nPass skip_missing=True (eval.skip_missing) to skip those pairs."
+        )
+
+
+class PairFold(NamedTuple):
+    """One fold: ``same`` as (name, idx1, idx2), ``different`` as (name1, idx1, name2, idx2)."""
+
+    same: list[tuple[str, int, int]]
+    different: list[tuple[str, int, str, int]]
+
+
+@dataclass
+class PairList:
+    """Resolved pairs of a pairs file, in file order.
+
+    Args:
+        paths1: image path of the first side of each pair.
+        paths2: image path of the second side.
+        issame: (N,) bool, True for same-identity pairs.
+        n_folds: folds announced by the header.
+        pairs_per_fold: pairs of each kind per fold announced by the header.
+        fold_ids: (N,) the fold of each kept pair in the file (differs from contiguous
+            re-splitting only when pairs were skipped).
+        line_numbers: (N,) the line of each kept pair.
+        skipped: (line number, reason) of each skipped pair.
+        skipped_folds: the fold (in the file) of each skipped pair.
+        source: the pairs file.
+    """
+
+    paths1: list[str]
+    paths2: list[str]
+    issame: np.ndarray
+    n_folds: int
+    pairs_per_fold: int
+    fold_ids: np.ndarray
+    line_numbers: np.ndarray
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    skipped_folds: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.paths1)
+
+    def unique_paths(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Sorted unique image paths and, for each side, the (N,) index of its image in them.
+
+        Each unique image can then be embedded once: ``emb[index1]``, ``emb[index2]``.
+        """
+        both = np.asarray(self.paths1 + self.paths2, dtype=str)
+        unique, inverse = np.unique(both, return_inverse=True)
+        inverse = inverse.reshape(-1).astype(np.int64)
+        n = len(self.paths1)
+        return [str(p) for p in unique], inverse[:n], inverse[n:]
+
+    def skipped_per_fold(self) -> np.ndarray:
+        """(n_folds,) number of skipped pairs in each fold of the file."""
+        return np.bincount(self.skipped_folds, minlength=self.n_folds)
+
+    def skip_report(self) -> str:
+        """What skipping did to the folds, in words (empty when nothing was skipped)."""
+        if not self.skipped:
+            return ""
+        total = len(self) + len(self.skipped)
+        return (
+            f"{self.source}: skipped {len(self.skipped)} of {total} pairs with missing images "
+            f"(per fold: {self.skipped_per_fold().tolist()}). Evaluated with contiguous folds, "
+            f"the remaining {len(self)} pairs are re-split into {self.n_folds} folds, so pairs "
+            "near fold boundaries move to a neighbouring fold; pass folds=pair_list.fold_ids "
+            "to the evaluation to keep the file's folds instead."
+        )
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _parse_int(token: str, path, line_no: int, what: str) -> int:
+    if not re.fullmatch(r"\d+", token):
+        raise PairsFormatError(
+            path, line_no, f"{what} must be a non-negative integer, got {token!r}"
+        )
+    return int(token)
+
+
+def _parse_header(tokens: list[str], path, line_no: int) -> tuple[int, int]:
+    """(n_folds, pairs_per_fold) from ``F P`` or a one-number ``P`` header."""
+    if len(tokens) not in (1, 2):
+        raise PairsFormatError(
+            path, line_no, f"expected a header '<n_folds>\\t<pairs_per_fold>', got {tokens}"
+        )
+    values = [_parse_int(t, path, line_no, "header value") for t in tokens]
+    n_folds, per_fold = (1, values[0]) if len(values) == 1 else values
+    if n_folds < 1 or per_fold < 1:
+        raise PairsFormatError(path, line_no, f"header values must be >= 1, got {tokens}")
+    return n_folds, per_fold
+
+
+def _parse_pair(tokens: list[str], path, line_no: int) -> tuple[str, int, str, int, bool]:
+    """(name1, idx1, name2, idx2, issame) from a 3-field or 4-field line."""
+    if len(tokens) == 3:
+        name, a, b = tokens
+        idx1, idx2 = _parse_int(a, path, line_no, "idx1"), _parse_int(b, path, line_no, "idx2")
+        return name, idx1, name, idx2, True
+    if len(tokens) == 4:
+        name1, a, name2, b = tokens
+        idx1 = _parse_int(a, path, line_no, "idx1")
+        return name1, idx1, name2, _parse_int(b, path, line_no, "idx2"), False
+    raise PairsFormatError(
+        path,
+        line_no,
+        "expected 'name idx1 idx2' (same) or 'name1 idx1 name2 idx2' (different), "
+        f"got {len(tokens)} field(s): {' '.join(tokens)!r}",
+    )
+
+
+def _read_lines(pairs_path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, whitespace-split fields) of every non-blank line."""
+    with open(pairs_path, encoding="utf-8", newline=None) as fh:  # universal newlines: CRLF ok
+        rows = [(n, line.split()) for n, line in enumerate(fh, start=1)]
+    return [(n, tokens) for n, tokens in rows if tokens]
+
+
+def lfw_image_index(identity: str, file_name: str) -> int | None:
+    """The index in ``<identity>_<NNNN>.<ext>`` (an image extension), else None.
+
+    Args:
+        identity: the identity (folder) name.
+        file_name: a file name or path; only its last component is read.
+    """
+    base = os.path.basename(file_name)
+    stem, ext = os.path.splitext(base)
+    if ext.lower() not in IMAGE_EXTENSIONS:
+        return None
+    match = re.fullmatch(re.escape(identity) + r"_(\d+)", stem)
+    return int(match.group(1)) if match else None
+
+
+class _ImageResolver:
+    """Finds ``root/<name>/<name>_<idx:04d>.<ext>``, listing each identity folder once."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._folders: dict[str, dict[int, str]] = {}
+
+    def _index_folder(self, name: str) -> dict[int, str]:
+        folder = self.root / name
+        found: dict[int, tuple[int, str]] = {}
+        if folder.is_dir():
+            for entry in sorted(os.listdir(folder)):
+                idx = lfw_image_index(name, entry)
+                if idx is None:
+                    continue
+                rank = IMAGE_EXTENSIONS.index(os.path.splitext(entry)[1].lower())
+                if idx not in found or rank < found[idx][0]:
+                    found[idx] = (rank, entry)
+        return {idx: str(folder / entry) for idx, (_, entry) in found.items()}
+
+    def find(self, name: str, idx: int) -> str | None:
+        """The image path, or None when no such file exists."""
+        if name not in self._folders:
+            self._folders[name] = self._index_folder(name)
+        return self._folders[name].get(idx)
+
+    def expected(self, name: str, idx: int) -> str:
+        """The path without extension that was looked for."""
+        return str(self.root / name / f"{name}_{idx:04d}")
+
+
+def _check_pair_count(path, header_line: int, n_folds: int, per_fold: int, n_pairs: int) -> None:
+    expected = n_folds * 2 * per_fold
+    if n_pairs != expected:
+        raise PairsFormatError(
+            path,
+            header_line,
+            f"the header promises {n_folds} fold(s) x 2 x {per_fold} = {expected} pairs, "
+            f"but the file holds {n_pairs}",
+        )
+
+
+def read_pairs(
+    pairs_path: str | os.PathLike, root: str | os.PathLike | None = None, skip_missing: bool = False
+) -> PairList:
+    """Read an LFW-format pairs file and resolve its images.
+
+    Args:
+        pairs_path: the pairs file (see the module docstring for the format).
+        root: the image folder holding ``<name>/<name>_<idx:04d>.<ext>``; default the pairs
+            file's folder. Paths in the result are absolute.
+        skip_missing: skip pairs with a missing image (recorded in ``skipped``, reported by
+            ``skip_report()`` and a warning) instead of raising.
+
+    Raises:
+        FileNotFoundError: the pairs file or the image root does not exist.
+        PairsFormatError: a malformed header or pair line, or a pair count that does not match
+            the header.
+        MissingImagesError: images are missing and ``skip_missing`` is False.
+    """
+    pairs_path = Path(pairs_path)
+    root = Path(os.path.abspath(pairs_path.parent if root is None else root))
+    if not root.is_dir():
+        raise FileNotFoundError(f"image root {root} (for {pairs_path}) is not a folder")
+    lines = _read_lines(pairs_path)
+    if not lines:
+        raise PairsFormatError(pairs_path, 0, "empty pairs file")
+    header_line, header = lines[0]
+    n_folds, per_fold = _parse_header(header, pairs_path, header_line)
+    parsed = [(n, _parse_pair(tokens, pairs_path, n)) for n, tokens in lines[1:]]
+    _check_pair_count(pairs_path, header_line, n_folds, per_fold, len(parsed))
+    return _resolve_pairs(pairs_path, root, parsed, n_folds, per_fold, skip_missing)
+
+
+def _resolve_pairs(pairs_path, root, parsed, n_folds, per_fold, skip_missing) -> PairList:
+    """Turn parsed lines into paths; collect missing images."""
+    resolver = _ImageResolver(root)
+    kept, missing, skipped = [], [], []
+    for position, (line_no, (name1, idx1, name2, idx2, same)) in enumerate(parsed):
+        path1, path2 = resolver.find(name1, idx1), resolver.find(name2, idx2)
+        sides = ((name1, idx1, path1), (name2, idx2, path2))
+        absent = [resolver.expected(name, idx) for name, idx, path in sides if path is None]
+        fold = position // (2 * per_fold)
+        if absent:
+            missing.extend((line_no, a) for a in absent)
+            skipped.append((line_no, fold, "missing " + ", ".join(a + ".*" for a in absent)))
+            continue
+        kept.append((line_no, fold, path1, path2, same))
+    if missing and not skip_missing:
+        raise MissingImagesError(pairs_path, root, missing)
+    pair_list = PairList(
+        paths1=[k[2] for k in kept],
+        paths2=[k[3] for k in kept],
+        issame=np.array([k[4] for k in kept], dtype=bool),
+        n_folds=n_folds,
+        pairs_per_fold=per_fold,
+        fold_ids=np.array([k[1] for k in kept], dtype=np.int64),
+        line_numbers=np.array([k[0] for k in kept], dtype=np.int64),
+        skipped=[(line_no, reason) for line_no, _, reason in skipped],
+        skipped_folds=np.array([fold for _, fold, _ in skipped], dtype=np.int64),
+        source=str(pairs_path),
+    )
+    if skipped:
+        warnings.warn(pair_list.skip_report(), stacklevel=3)
+    return pair_list
+
+
+# --------------------------------------------------------------------------- generating
+
+
+def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
+    """``{identity: [image file name, ...]}`` for every ``root/<identity>/`` folder, sorted.
+
+    Args:
+        root: the image folder; hidden entries and non-image files are left out.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image root {root} is not a folder")
+    listing = {}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        listing[folder.name] = sorted(
+            f.name
+            for f in folder.iterdir()
+            if f.suffix.lower() in IMAGE_EXTENSIONS and not f.name.startswith(".")
+        )
+    return listing
+
+
+def _lfw_indices(images_by_identity: dict[str, list[str]]) -> dict[str, list[int]]:
+    """Sorted unique image indices per identity; LFW-style names are required."""
+    indices = {}
+    for identity in sorted(images_by_identity):
+        if not identity or re.search(r"\s", identity):
+            raise ValueError(f"identity name {identity!r} is empty or holds whitespace")
+        found = set()
+        for name in images_by_identity[identity]:
+            if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
+                continue  # not an image: ignored, as when reading
+            idx = lfw_image_index(identity, name)
+            if idx is None:
+                raise ValueError(
+                    f"identity {identity!r}: image {os.path.basename(name)!r} is not named "
+                    f"'{identity}_<NNNN>.<ext>', the only names a pairs file can refer to; "
+                    "rename the files, or give scripts/make_pairs.py --link-dir to build an "
+                    "LFW-named view of the folder"
+                )
+            found.add(idx)
+        indices[identity] = sorted(found)
+    return indices
+
+
+def _split_identities(indices: dict[str, list[int]], n_groups: int, rng) -> list[list[str]]:
+    """Deal identities into ``n_groups`` groups of balanced same-pair capacity.
+
+    Identities are shuffled, then (largest capacity first, ties in shuffled order) each goes to
+    the group with the fewest possible same pairs so far, then the fewest identities.
+    """
+    shuffled = [list(indices)[i] for i in rng.permutation(len(indices))]
+    capacity = {name: math.comb(len(indices[name]), 2) for name in shuffled}
+    groups: list[list[str]] = [[] for _ in range(n_groups)]
+    load = [0] * n_groups
+    for name in sorted(shuffled, key=lambda n: -capacity[n]):  # stable: ties stay shuffled
+        g = min(range(n_groups), key=lambda k: (load[k], len(groups[k])))
+        groups[g].append(name)
+        load[g] += capacity[name]
+    return groups
+
+
+def _same_candidates(indices: dict[str, list[int]], names: list[str]) -> list[tuple]:
+    return [
+        (name, a, b)
+        for name in names
+        for i, a in enumerate(indices[name])
+        for b in indices[name][i + 1 :]
+    ]
+
+
+def _different_candidates(indices: dict[str, list[int]], names: list[str]) -> list[tuple]:
+    ordered = sorted(names)
+    return [
+        (n1, a, n2, b)
+        for i, n1 in enumerate(ordered)
+        for n2 in ordered[i + 1 :]
+        for a in indices[n1]
+        for b in indices[n2]
+    ]
+
+
+def _draw_same(indices, names, rng) -> tuple:
+    """One random same pair: a uniform identity with 2+ images, two distinct images."""
+    name = names[rng.integers(len(names))]
+    a, b = sorted(rng.choice(indices[name], size=2, replace=False).tolist())
+    return (name, a, b)
+
+
+def _draw_different(indices, names, rng) -> tuple:
+    """One random different pair: two distinct uniform identities, one image of each."""
+    i, j = sorted(rng.choice(len(names), size=2, replace=False).tolist())
+    n1, n2 = sorted((names[i], names[j]))
+    return (n1, int(rng.choice(indices[n1])), n2, int(rng.choice(indices[n2])))
+
+
+def _sample_distinct(count: int, possible: int, draw, candidates, rng, what: str) -> list[tuple]:
+    """``count`` distinct pairs: rejection sampling, or enumeration when pairs are scarce.
+
+    Args:
+        count: pairs wanted.
+        possible: number of distinct pairs that exist.
+        draw: () -> one random pair.
+        candidates: () -> every possible pair (used when ``count`` is near ``possible``).
+        rng: the numpy Generator.
+        what: the kind of pair, for the error message.
+    """
+    if count > possible:
+        raise ValueError(f"{what}: {count} distinct pairs needed, only {possible} exist")
+    chosen: set[tuple] = set()
+    attempts = 0 if 2 * count <= possible else None  # None: enumerate straight away
+    while attempts is not None and len(chosen) < count:
+        chosen.add(draw())
+        attempts += 1
+        if attempts > 50 * count + 1000:  # identities running out of unused pairs
+            attempts = None
+    if len(chosen) < count:
+        rest = sorted(set(candidates()) - chosen)
+        picks = rng.choice(len(rest), size=count - len(chosen), replace=False)
+        chosen.update(rest[i] for i in picks)
+    return sorted(chosen)
+
+
+def _sample_group(indices, names, n_same, n_different, rng, where: str):
+    """(same pairs, different pairs) drawn from the identities ``names``."""
+    multi = [n for n in names if len(indices[n]) >= 2]
+    sizes = np.array([len(indices[n]) for n in names], dtype=np.int64)
+    possible_same = sum(math.comb(len(indices[n]), 2) for n in multi)
+    possible_different = int((sizes.sum() ** 2 - (sizes**2).sum()) // 2)
+    same = _sample_distinct(
+        n_same,
+        possible_same,
+        lambda: _draw_same(indices, multi, rng),
+        lambda: _same_candidates(indices, multi),
+        rng,
+        f"{where}: same pairs from {len(multi)} identities with 2+ images",
+    )
+    different = _sample_distinct(
+        n_different,
+        possible_different,
+        lambda: _draw_different(indices, names, rng),
+        lambda: _different_candidates(indices, names),
+        rng,
+        f"{where}: different pairs from {len(names)} identities",
+    )
+    return same, different
+
+
+def _shuffled(pairs: list[tuple], rng) -> list[tuple]:
+    return [pairs[i] for i in rng.permutation(len(pairs))]
+
+
+def generate_pairs(
+    images_by_identity: dict[str, list[str]],
+    n_folds: int = 10,
+    pairs_per_fold: int = 300,
+    seed: int = 0,
+    disjoint_folds: bool = True,
+) -> list[PairFold]:
+    """Draw LFW-style folds of same and different pairs, reproducibly.
+
+    Images must be named ``<identity>_<NNNN>.<ext>`` (the only names a pairs file can refer
+    to); the index in a pair is that NNNN (1-based in LFW and the synthetic data). Pairs are
+    distinct, same pairs join two different images, and within each fold both kinds are sorted
+    by name as in LFW's file.
+
+    Args:
+        images_by_identity: ``{identity: [file name or path, ...]}``; non-image files ignored.
+        n_folds: number of folds.
+        pairs_per_fold: same pairs, and also different pairs, per fold.
+        seed: seed of the numpy random generator.
+        disjoint_folds: as in LFW, no identity appears in two folds (identities are dealt to
+            folds at random); False draws all pairs from all identities, then splits them.
+
+    Raises:
+        ValueError: a non-LFW image name, a bad count, or too few identities or images to draw
+            the distinct pairs asked for (the message says which fold and kind).
+    """
+    if n_folds < 1 or pairs_per_fold < 1:
+        raise ValueError(f"n_folds={n_folds} and pairs_per_fold={pairs_per_fold} must be >= 1")
+    indices = _lfw_indices(images_by_identity)
+    rng = np.random.default_rng(seed)
+    if not disjoint_folds:
+        same, different = _sample_group(
+            indices, list(indices), n_folds * pairs_per_fold, n_folds * pairs_per_fold, rng, "all"
+        )
+        same, different = _shuffled(same, rng), _shuffled(different, rng)
+        blocks = [slice(f * pairs_per_fold, (f + 1) * pairs_per_fold) for f in range(n_folds)]
+        return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
+    folds = []
+    for f, names in enumerate(_split_identities(indices, n_folds, rng)):
+        where = f"fold {f} ({len(names)} identities; disjoint_folds=False may help)"
+        same, different = _sample_group(indices, names, pairs_per_fold, pairs_per_fold, rng, where)
+        folds.append(PairFold(same, different))
+    return folds
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _valid_pair(pair, kind: str) -> bool:
+    """A same pair is (name, idx1, idx2), a different one (name1, idx1, name2, idx2)."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != (3 if kind == "same" else 4):
+        return False
+    names = pair[:1] if kind == "same" else pair[0::2]
+    idxs = pair[1:] if kind == "same" else pair[1::2]
+    good_names = all(isinstance(n, str) and n and not re.search(r"\s", n) for n in names)
+    good_idxs = all(
+        isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0 for i in idxs
+    )
+    return good_names and good_idxs
+
+
+def _check_folds(folds) -> int:
+    """pairs_per_fold of ``folds``, after checking the LFW layout and every field."""
+    if not folds:
+        raise ValueError("no folds to write")
+    per_fold = len(folds[0][0])
+    for f, (same, different) in enumerate(folds):
+        if len(same) != per_fold or len(different) != per_fold or per_fold == 0:
+            raise ValueError(
+                f"fold {f} holds {len(same)} same and {len(different)} different pairs; every "
+                f"fold must hold the same positive number of each ({per_fold} in fold 0)"
+            )
+        for kind, pairs in (("same", same), ("different", different)):
+            bad = [pair for pair in pairs if not _valid_pair(pair, kind)]
+            if bad:
+                raise ValueError(f"fold {f}: malformed {kind} pair {bad[0]!r}")
+    return per_fold
+
+
+def write_pairs(path: str | os.PathLike, folds) -> None:
+    """Write folds in the LFW format, atomically (temporary file + ``os.replace``).
+
+    Args:
+        path: the pairs file to write.
+        folds: a sequence of ``(same, different)`` (e.g. :class:`PairFold`), same pairs as
+            (name, idx1, idx2), different pairs as (name1, idx1, name2, idx2).
+    """
+    per_fold = _check_folds(folds)
+    lines = [f"{len(folds)}\t{per_fold}"]
+    for same, different in folds:
+        lines += ["\t".join(str(v) for v in pair) for pair in same]
+        lines += ["\t".join(str(v) for v in pair) for pair in different]
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
