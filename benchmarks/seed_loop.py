@@ -1,0 +1,523 @@
+"""BASELINE - NOT AN EXAMPLE TO FOLLOW. The seed's training loop, ported faithfully.
+
+This module reproduces the training loop of ``train_triplet.py`` from liorshk/facenet_pytorch
+(quoted in ``/work/shared/SEED.md``), bugs included, so that the corrected trainer can be measured
+against what it replaces. Its known faults are kept on purpose:
+
+- hard triplets are chosen through a numpy round trip and the chosen embeddings are re-created as
+  new leaf tensors, so the triplet loss sends NO gradient to the model; only cross-entropy trains;
+- three full-batch forwards with grad (anchor, positive, negative) build graphs that are never
+  backpropagated; the loop variables ``out_a``, ``out_p``, ``out_n``, ``d_p``, ``d_n`` keep them
+  alive into the next iteration, where the next three forwards run before the old graphs are
+  released: the peak holds two steps' graphs;
+- ``forward_classifier`` runs three more forwards on images already embedded;
+- BatchNorm running statistics are updated six times per step, three by passes never trained on;
+- images and embeddings travel device -> CPU -> device every step; losses are synced per step;
+- the learning rate decays twice (Adagrad's ``lr_decay`` plus ``adjust_learning_rate``) when the
+  original's optimizer is used (:func:`create_optimizer`).
+
+Only what no longer runs on current PyTorch is changed, each change marked ``# MODERNISED``:
+``Variable(...)`` is dropped, ``.data[0]`` becomes ``.item()``, ``.cuda()`` becomes
+``.to(device)`` (the model's device, so the port also runs on a CPU), ``subdist[0]`` is dropped,
+and the old-style ``autograd.Function`` helpers whose ``forward`` was called directly become
+plain classes. Logging to TensorBoard, the progress bar, the end-of-epoch evaluation and the
+checkpoint are left out: they do not touch the graphs.
+
+The loop's local variables live in a ``state`` dict that the caller passes from one step to the
+next, so their survival into the next iteration - the heart of the seed's memory problem - is
+reproduced. With a :class:`facenet.memory.GraphMemoryMeter`, each ported line is followed by
+``meter.mark("<original source line>")``: the meter's timeline says which line allocates graph
+memory, which line frees it and what is left when the step ends.
+
+Run ``python benchmarks/seed_loop.py`` to print that timeline for a small model.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from facenet.memory import GraphMemoryMeter, format_bytes, graph_bytes_by_variable
+from facenet.models import EmbeddingNet
+
+__all__ = [
+    "PairwiseDistance",
+    "TripletMarginLoss",
+    "l2_dist",
+    "SeedModel",
+    "adjust_learning_rate",
+    "create_optimizer",
+    "seed_train_step",
+    "seed_epoch",
+]
+
+
+# --------------------------------------------------------------------------- the helpers
+
+
+class PairwiseDistance:
+    """The original ``utils.PairwiseDistance``: ``(sum |x1 - x2|^p + eps)^(1/p)`` per row.
+
+    MODERNISED: an old-style ``autograd.Function`` whose ``forward`` was called directly (so it
+    built an ordinary graph); now a plain class with the same ``forward``.
+
+    Args:
+        p: the norm.
+    """
+
+    def __init__(self, p: float):
+        self.norm = p
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        """(B, D), (B, D) -> (B,) distances."""
+        assert x1.size() == x2.size()
+        eps = 1e-4 / x1.size(1)
+        diff = torch.abs(x1 - x2)
+        out = torch.pow(diff, self.norm).sum(dim=1)
+        return torch.pow(out + eps, 1.0 / self.norm)
+
+
+class TripletMarginLoss:
+    """The original's triplet loss: ``mean(clamp(margin + d(a, p) - d(a, n), min=0))``.
+
+    MODERNISED: an old-style ``autograd.Function`` called through ``forward``; now a plain class.
+
+    Args:
+        margin: the triplet margin.
+    """
+
+    def __init__(self, margin: float):
+        self.margin = margin
+        self.pdist = PairwiseDistance(2)  # norm 2
+
+    def forward(
+        self, anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, D) x 3 -> scalar loss."""
+        d_p = self.pdist.forward(anchor, positive)
+        d_n = self.pdist.forward(anchor, negative)
+        dist_hinge = torch.clamp(self.margin + d_p - d_n, min=0.0)
+        loss = torch.mean(dist_hinge)
+        return loss
+
+
+l2_dist = PairwiseDistance(2)  # a module-level global, as in the original
+
+
+class SeedModel(nn.Module):
+    """The original ``FaceModel`` around any embedding network, with ``forward_classifier``.
+
+    ``forward_classifier(x)`` runs ``forward(x)`` again and applies a linear classifier to the
+    embeddings, as the original did; ``forward`` keeps its last output in ``self.features``, as
+    the original did.
+
+    Args:
+        embedding_net: a module mapping images (B, C, H, W) to embeddings (B, D).
+        num_classes: classes of the classifier head.
+        embedding_dim: D; read from ``embedding_net.embedding_dim`` or ``.embed_dim`` if omitted.
+    """
+
+    def __init__(
+        self, embedding_net: nn.Module, num_classes: int, embedding_dim: int | None = None
+    ):
+        super().__init__()
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(
+                f"SeedModel: num_classes must be a positive integer, got {num_classes!r}"
+            )
+        dim = embedding_dim or getattr(embedding_net, "embedding_dim", None)
+        dim = dim or getattr(embedding_net, "embed_dim", None)
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(
+                f"SeedModel: cannot tell the embedding size of {type(embedding_net).__name__} "
+                f"(no embedding_dim or embed_dim attribute); pass embedding_dim=D"
+            )
+        self.model = embedding_net
+        self.classifier = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> embeddings (B, D)."""
+        self.features = self.model(x)
+        return self.features
+
+    def forward_classifier(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> logits (B, num_classes), through a new ``forward``."""
+        features = self.forward(x)
+        res = self.classifier(features)
+        return res
+
+
+def adjust_learning_rate(optimizer: torch.optim.Optimizer, lr_decay: float) -> None:
+    """The original's per-step decay ``lr = lr0 / (1 + step * lr_decay)`` on every group.
+
+    Args:
+        optimizer: its groups get a ``step`` counter, as in the original.
+        lr_decay: the decay rate; 0 leaves the rate unchanged.
+    """
+    for group in optimizer.param_groups:
+        if "step" not in group:
+            group["step"] = 0
+            group["seed_lr"] = group["lr"]  # stands for the original's global args.lr
+        group["step"] += 1
+
+        group["lr"] = group["seed_lr"] / (1 + group["step"] * lr_decay)
+
+
+def create_optimizer(
+    model: nn.Module,
+    name: str = "adagrad",
+    lr: float = 0.1,
+    lr_decay: float = 1e-4,
+    wd: float = 0.0,
+) -> torch.optim.Optimizer:
+    """The original's optimizers and defaults (Adagrad, lr 0.1, lr_decay 1e-4).
+
+    Args:
+        model: the model whose parameters are optimised.
+        name: ``sgd``, ``adam`` or ``adagrad``.
+        lr: the learning rate.
+        lr_decay: Adagrad's own decay (applied on top of :func:`adjust_learning_rate`'s).
+        wd: weight decay.
+    """
+    if name == "sgd":
+        return torch.optim.SGD(
+            model.parameters(), lr=lr, momentum=0.9, dampening=0.9, weight_decay=wd
+        )
+    if name == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd)
+    if name == "adagrad":
+        return torch.optim.Adagrad(model.parameters(), lr=lr, lr_decay=lr_decay, weight_decay=wd)
+    raise ValueError(
+        f"create_optimizer: name must be one of 'sgd', 'adam', 'adagrad'; got {name!r}"
+    )
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class _LoopVariables:
+    """Attribute access to the ``state`` dict, so the ported lines read like the original's."""
+
+    __slots__ = ("_variables",)
+
+    def __init__(self, variables: dict[str, Any]):
+        object.__setattr__(self, "_variables", variables)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._variables[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._variables[name] = value
+
+
+def _no_mark(label: str) -> None:
+    """Stands for ``meter.mark`` when no meter is given."""
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    """Where the model's parameters are: the port's stand-in for ``.cuda()``."""
+    return next(model.parameters()).device
+
+
+def seed_train_step(
+    model: SeedModel,
+    optimizer: torch.optim.Optimizer,
+    data_a: torch.Tensor,
+    data_p: torch.Tensor,
+    data_n: torch.Tensor,
+    label_p: torch.Tensor,
+    label_n: torch.Tensor,
+    margin: float = 0.2,
+    state: dict[str, Any] | None = None,
+    meter: GraphMemoryMeter | None = None,
+    *,
+    lr_decay: float = 0.0,
+) -> dict[str, Any]:
+    """One iteration of the original loop's body, faithfully, bugs included.
+
+    Args:
+        model: a :class:`SeedModel` (anything with ``forward`` and ``forward_classifier``).
+        optimizer: the optimizer (:func:`create_optimizer` gives the original's).
+        data_a, data_p, data_n: anchor, positive and negative images (B, C, H, W).
+        label_p, label_n: class labels (B,) of the positives (and anchors) and negatives.
+        margin: the original's ``args.margin``: selection threshold and triplet-loss margin.
+        state: the loop's local variables, carried from one iteration to the next (pass the same
+            dict every step to reproduce the original's retention); a fresh dict if None, whose
+            graphs die when the step returns.
+        meter: a ``GraphMemoryMeter`` whose ``mark`` is called with the original source line
+            after each ported line; None for no timeline.
+        lr_decay: the original's ``args.lr_decay`` for :func:`adjust_learning_rate`; 0 keeps the
+            learning rate.
+
+    Returns:
+        ``triplet_loss``, ``ce_loss``, ``total_loss`` (Python floats, NaN when skipped),
+        ``n_selected`` (int) and ``skipped`` (True when no triplet was hard: the original's
+        ``continue``, with no backward and no optimizer step).
+    """
+    v = _LoopVariables(state if state is not None else {})
+    mark = meter.mark if meter is not None else _no_mark
+    device = _model_device(model)
+    if "distances" not in v._variables:
+        v.labels, v.distances = [], []  # the epoch's lists, created before the loop
+
+    # The for-statement binds the new batch to the loop variables.
+    v.data_a, v.data_p, v.data_n, v.label_p, v.label_n = data_a, data_p, data_n, label_p, label_n
+    mark("for batch_idx, (data_a, data_p, data_n,label_p,label_n) in pbar:")
+
+    # MODERNISED: .cuda() -> .to(device); the Variable(...) line that followed is dropped.
+    v.data_a, v.data_p, v.data_n = v.data_a.to(device), v.data_p.to(device), v.data_n.to(device)
+    mark("data_a, data_p, data_n = data_a.cuda(), data_p.cuda(), data_n.cuda()")
+
+    # compute output
+    v.out_a, v.out_p, v.out_n = model(v.data_a), model(v.data_p), model(v.data_n)
+    mark("out_a, out_p, out_n = model(data_a), model(data_p), model(data_n)")
+
+    # Choose the hard negatives
+    v.d_p = l2_dist.forward(v.out_a, v.out_p)
+    mark("d_p = l2_dist.forward(out_a, out_p)")
+    v.d_n = l2_dist.forward(v.out_a, v.out_n)
+    mark("d_n = l2_dist.forward(out_a, out_n)")
+    v.all = (v.d_n - v.d_p < margin).cpu().data.numpy().flatten()
+    mark("all = (d_n - d_p < args.margin).cpu().data.numpy().flatten()")
+    v.hard_triplets = np.where(v.all == 1)
+    mark("hard_triplets = np.where(all == 1)")
+    if len(v.hard_triplets[0]) == 0:
+        mark("continue")
+        nan = float("nan")
+        return {
+            "triplet_loss": nan,
+            "ce_loss": nan,
+            "total_loss": nan,
+            "n_selected": 0,
+            "skipped": True,
+        }
+    # MODERNISED (the next six lines): Variable(...) dropped, .cuda() -> .to(device).
+    v.out_selected_a = torch.from_numpy(v.out_a.cpu().data.numpy()[v.hard_triplets]).to(device)
+    mark(
+        "out_selected_a = Variable(torch.from_numpy(out_a.cpu().data.numpy()[hard_triplets]).cuda())"  # noqa: E501 (the original line)
+    )
+    v.out_selected_p = torch.from_numpy(v.out_p.cpu().data.numpy()[v.hard_triplets]).to(device)
+    mark(
+        "out_selected_p = Variable(torch.from_numpy(out_p.cpu().data.numpy()[hard_triplets]).cuda())"  # noqa: E501 (the original line)
+    )
+    v.out_selected_n = torch.from_numpy(v.out_n.cpu().data.numpy()[v.hard_triplets]).to(device)
+    mark(
+        "out_selected_n = Variable(torch.from_numpy(out_n.cpu().data.numpy()[hard_triplets]).cuda())"  # noqa: E501 (the original line)
+    )
+
+    v.selected_data_a = torch.from_numpy(v.data_a.cpu().data.numpy()[v.hard_triplets]).to(device)
+    mark(
+        "selected_data_a = Variable(torch.from_numpy(data_a.cpu().data.numpy()[hard_triplets]).cuda())"  # noqa: E501 (the original line)
+    )
+    v.selected_data_p = torch.from_numpy(v.data_p.cpu().data.numpy()[v.hard_triplets]).to(device)
+    mark(
+        "selected_data_p = Variable(torch.from_numpy(data_p.cpu().data.numpy()[hard_triplets]).cuda())"  # noqa: E501 (the original line)
+    )
+    v.selected_data_n = torch.from_numpy(v.data_n.cpu().data.numpy()[v.hard_triplets]).to(device)
+    mark(
+        "selected_data_n = Variable(torch.from_numpy(data_n.cpu().data.numpy()[hard_triplets]).cuda())"  # noqa: E501 (the original line)
+    )
+
+    v.selected_label_p = torch.from_numpy(v.label_p.cpu().numpy()[v.hard_triplets])
+    mark("selected_label_p = torch.from_numpy(label_p.cpu().numpy()[hard_triplets])")
+    v.selected_label_n = torch.from_numpy(v.label_n.cpu().numpy()[v.hard_triplets])
+    mark("selected_label_n= torch.from_numpy(label_n.cpu().numpy()[hard_triplets])")
+    v.triplet_loss = TripletMarginLoss(margin).forward(
+        v.out_selected_a, v.out_selected_p, v.out_selected_n
+    )
+    mark(
+        "triplet_loss = TripletMarginLoss(args.margin).forward(out_selected_a, out_selected_p, out_selected_n)"  # noqa: E501 (the original line)
+    )
+
+    v.cls_a = model.forward_classifier(v.selected_data_a)
+    mark("cls_a = model.forward_classifier(selected_data_a)")
+    v.cls_p = model.forward_classifier(v.selected_data_p)
+    mark("cls_p = model.forward_classifier(selected_data_p)")
+    v.cls_n = model.forward_classifier(v.selected_data_n)
+    mark("cls_n = model.forward_classifier(selected_data_n)")
+
+    v.criterion = nn.CrossEntropyLoss()
+    v.predicted_labels = torch.cat([v.cls_a, v.cls_p, v.cls_n])
+    mark("predicted_labels = torch.cat([cls_a,cls_p,cls_n])")
+    # MODERNISED: Variable(...) dropped, .cuda() -> .to(device).
+    v.true_labels = torch.cat(
+        [
+            v.selected_label_p.to(device),
+            v.selected_label_p.to(device),
+            v.selected_label_n.to(device),
+        ]
+    )
+    mark(
+        "true_labels = torch.cat([Variable(selected_label_p.cuda()),Variable(selected_label_p.cuda()),Variable(selected_label_n.cuda())])"  # noqa: E501 (the original line)
+    )
+
+    v.cross_entropy_loss = v.criterion(v.predicted_labels.to(device), v.true_labels.to(device))
+    mark("cross_entropy_loss = criterion(predicted_labels.cuda(),true_labels.cuda())")
+
+    v.loss = v.cross_entropy_loss + v.triplet_loss
+    mark("loss = cross_entropy_loss + triplet_loss")
+    # compute gradient and update weights
+    optimizer.zero_grad()
+    v.loss.backward()
+    mark("loss.backward()")
+    optimizer.step()
+    mark("optimizer.step()")
+
+    # update the optimizer learning rate
+    adjust_learning_rate(optimizer, lr_decay)
+
+    # log loss value. MODERNISED: .data[0] -> .item(); each is a device sync, as it was.
+    triplet_value = v.triplet_loss.item()
+    ce_value = v.cross_entropy_loss.item()
+    total_value = v.loss.item()
+
+    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_n)
+    v.distances.append(v.dists.data.cpu().numpy())
+    v.labels.append(np.zeros(v.dists.size(0)))
+
+    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_p)
+    v.distances.append(v.dists.data.cpu().numpy())
+    v.labels.append(np.ones(v.dists.size(0)))
+    mark("labels.append(np.ones(dists.size(0)))  # end of the loop body")
+
+    return {
+        "triplet_loss": triplet_value,
+        "ce_loss": ce_value,
+        "total_loss": total_value,
+        "n_selected": len(v.hard_triplets[0]),
+        "skipped": False,
+    }
+
+
+def seed_epoch(
+    model: SeedModel,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[tuple[torch.Tensor, ...]],
+    margin: float,
+    meter: GraphMemoryMeter | None = None,
+    *,
+    state: dict[str, Any] | None = None,
+    lr_decay: float = 0.0,
+) -> dict[str, Any]:
+    """The original ``train()`` up to its evaluation: ``model.train()`` and the loop.
+
+    Args:
+        model: a :class:`SeedModel`.
+        optimizer: the optimizer.
+        batches: iterable of ``(data_a, data_p, data_n, label_p, label_n)``.
+        margin: the original's ``args.margin``.
+        meter: a ``GraphMemoryMeter`` for the per-line timeline of every step; None for none.
+        state: the loop's variables; pass a dict to inspect them afterwards (it keeps the last
+            step's graphs alive while you hold it). If None they die when the epoch returns,
+            as the original's locals did when ``train()`` returned.
+        lr_decay: the original's ``args.lr_decay`` for :func:`adjust_learning_rate`.
+
+    Returns:
+        ``steps`` (one dict per batch, from :func:`seed_train_step`), and the epoch's
+        ``distances`` and ``labels`` (numpy, one per selected pair: 0 for anchor-negative,
+        1 for anchor-positive) that the original handed to its evaluation.
+    """
+    # switch to train mode
+    model.train()
+
+    state = {} if state is None else state
+    v = _LoopVariables(state)
+    v.labels, v.distances = [], []
+
+    steps = [
+        seed_train_step(
+            model, optimizer, *batch, margin=margin, state=state, meter=meter, lr_decay=lr_decay
+        )
+        for batch in batches
+    ]
+
+    labels = np.array([sublabel for label in v.labels for sublabel in label])
+    # MODERNISED: subdist[0] -> subdist (a distance is now a 0-d element, not a 1-element row).
+    distances = np.array([subdist for dist in v.distances for subdist in dist])
+    return {"steps": steps, "distances": distances, "labels": labels}
+
+
+# --------------------------------------------------------------------------- the timeline
+
+
+def _random_triplet_batch(batch_size: int, image_size: int, num_classes: int, seed: int):
+    """A random (data_a, data_p, data_n, label_p, label_n) batch; anchors share label_p."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def images() -> torch.Tensor:  # (B, 3, H, W), its own storage as a DataLoader batch has
+        return torch.randn(batch_size, 3, image_size, image_size, generator=generator)
+
+    label_p = torch.randint(0, num_classes, (batch_size,), generator=generator)
+    offset = torch.randint(1, num_classes, (batch_size,), generator=generator)
+    return images(), images(), images(), label_p, (label_p + offset) % num_classes
+
+
+def print_timeline(meter: GraphMemoryMeter, state: dict[str, Any]) -> None:
+    """Print each marked line with the graph bytes alive after it and the change it made, then
+    which loop variables keep graph bytes alive.
+
+    Args:
+        meter: the ``GraphMemoryMeter`` that recorded the step.
+        state: the loop's variables after the step.
+    """
+    previous = None
+    for label, alive in meter.timeline:
+        delta = (
+            ""
+            if previous is None
+            else f"{'+' if alive >= previous else ''}{format_bytes(alive - previous)}"
+        )
+        print(f"{format_bytes(alive):>11} {delta:>12}  {label}")
+        previous = alive
+    held = {name: n for name, n in graph_bytes_by_variable(state).items() if n > 0}
+    print(
+        "\nStill alive after the step, reachable from these loop variables (shared parts repeat):"
+    )
+    for name, nbytes in held.items():
+        print(f"{format_bytes(nbytes):>11}  {name}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run two steps of the seed loop on a small model and print the second step's timeline."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backbone", default="tiny")
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--margin", type=float, default=0.2)
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    num_classes = 10
+    model = SeedModel(EmbeddingNet(args.backbone, embedding_dim=64), num_classes)
+    optimizer = create_optimizer(model)
+    meter, state = GraphMemoryMeter(exclude=model), {}
+    with meter:
+        batch = _random_triplet_batch(args.batch_size, args.image_size, num_classes, seed=0)
+        seed_train_step(model, optimizer, *batch, margin=args.margin, state=state)
+        meter.clear_timeline()
+        meter.reset_peak()
+        batch = _random_triplet_batch(args.batch_size, args.image_size, num_classes, seed=1)
+        result = seed_train_step(
+            model, optimizer, *batch, margin=args.margin, state=state, meter=meter
+        )
+    print(
+        f"Seed loop, second step ({args.backbone}, {args.image_size} px, batch 3 x "
+        f"{args.batch_size}, {result['n_selected']} selected); graph bytes after each line:\n"
+    )
+    print_timeline(meter, state)
+    print(
+        f"\npeak during the step: {format_bytes(meter.peak_bytes)}; "
+        f"alive after it: {format_bytes(meter.alive_bytes)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
