@@ -1,0 +1,230 @@
+#!/usr/bin/env python
+"""Verification with the LFW protocol: accuracy, VAL@FAR, AUC, EER and the ROC curve.
+
+Two sources of pair distances:
+
+- ``--distances FILE``: an ``.npz`` with arrays ``distances`` and ``issame``, or a ``.csv`` with
+  rows ``distance,issame`` (issame 0/1 or true/false; an optional header row).
+- ``--checkpoint PATH --pairs FILE``: a training checkpoint embeds the images a pairs.txt names.
+
+Prints a table and writes ``metrics.json`` and ``roc.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+
+from facenet.evaluation import (  # noqa: E402
+    DISTANCES,
+    VerificationResult,
+    evaluate_embeddings,
+    evaluate_verification,
+    plot_roc,
+)
+
+
+class InputError(ValueError):
+    """A distances file or option that cannot be used; the message names it."""
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    """The command-line interface of ``evaluate.py``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--distances", help=".npz (distances, issame) or .csv (distance,issame)")
+    source.add_argument("--checkpoint", help="a training checkpoint (.pt) to embed --pairs with")
+    parser.add_argument("--pairs", help="pairs.txt (with --checkpoint)")
+    parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
+    parser.add_argument("--out", default="runs/evaluate", help="where metrics.json and roc.png go")
+    parser.add_argument("--folds", type=int, default=10, help="number of folds (default 10)")
+    parser.add_argument("--far-target", type=float, default=1e-3, help="FAR for VAL (1e-3)")
+    parser.add_argument(
+        "--distance",
+        choices=DISTANCES,
+        default="squared",
+        help="metric of the distances (chooses the threshold grids) or to measure embeddings",
+    )
+    parser.add_argument("--log-scale", action="store_true", help="logarithmic FAR axis")
+    parser.add_argument("--title", default=None, help="ROC plot title")
+    embed = parser.add_argument_group("checkpoint mode")
+    embed.add_argument("--flip", action="store_true", help="concatenate flipped-image embeddings")
+    embed.add_argument("--subtract-mean", action="store_true", help="classic mean subtraction")
+    embed.add_argument("--batch-size", type=int, default=128, help="images per forward")
+    embed.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
+    return parser
+
+
+# --------------------------------------------------------------------------- distances mode
+
+
+def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        for key in ("distances", "issame"):
+            if key not in data.files:
+                raise InputError(f"{path}: no array '{key}' (found: {', '.join(data.files)})")
+        return data["distances"], data["issame"]
+
+
+_TRUE, _FALSE = {"1", "true", "yes", "same"}, {"0", "false", "no", "different"}
+
+
+def _parse_csv_row(row: list[str], path: Path, line_no: int) -> tuple[float, bool]:
+    if len(row) != 2:
+        raise InputError(f"{path}:{line_no}: expected 'distance,issame', got {row}")
+    label = row[1].strip().lower()
+    if label not in _TRUE | _FALSE:
+        raise InputError(f"{path}:{line_no}: issame must be 0/1 or true/false, got {row[1]!r}")
+    try:
+        return float(row[0]), label in _TRUE
+    except ValueError:
+        raise InputError(f"{path}:{line_no}: distance {row[0]!r} is not a number") from None
+
+
+def _load_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = [(n, row) for n, row in enumerate(csv.reader(fh), start=1) if any(row)]
+    if rows and rows[0][1] and not _is_number(rows[0][1][0]):
+        rows = rows[1:]  # a header row
+    if not rows:
+        raise InputError(f"{path}: no rows")
+    values = [_parse_csv_row(row, path, n) for n, row in rows]
+    return np.array([v[0] for v in values]), np.array([v[1] for v in values])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def load_distances(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(distances, issame) from an ``.npz`` or a ``.csv`` file.
+
+    Args:
+        path: the file; the suffix decides the format.
+
+    Raises:
+        InputError: an unknown suffix, a missing array, a malformed row.
+        FileNotFoundError: no such file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"distances file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        return _load_npz(path)
+    if suffix in (".csv", ".txt"):
+        return _load_csv(path)
+    raise InputError(f"{path}: unknown format {suffix!r}; use .npz or .csv")
+
+
+# --------------------------------------------------------------------------- checkpoint mode
+
+
+def evaluate_checkpoint(args: argparse.Namespace) -> VerificationResult:
+    """Embed the images of ``--pairs`` with the network of ``--checkpoint`` and evaluate.
+
+    Raises:
+        ImportError: the trainer's embedding helper or the checkpoint loader is missing.
+    """
+    from facenet.checkpoint import load_checkpoint
+    from facenet.config import config_from_dict
+    from facenet.data.pairs import read_pairs
+    from facenet.models import build_model
+    from facenet.trainer import embed_pair_list
+
+    state = load_checkpoint(args.checkpoint, map_location="cpu")
+    cfg = config_from_dict(state["config"], source=f"{args.checkpoint} (saved configuration)")
+    weights = state["model"]
+    classifier = weights.get("classifier.weight")
+    cfg.model.weights = None  # the checkpoint holds every weight; no backbone file is read
+    model = build_model(cfg.model, None if classifier is None else classifier.shape[0])
+    model.load_state_dict(weights)
+    model.to(args.device)
+    pair_list = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
+    emb1, emb2 = embed_pair_list(
+        model, pair_list, cfg.data.image_size, args.batch_size, args.device, args.flip
+    )
+    return evaluate_embeddings(
+        emb1,
+        emb2,
+        pair_list.issame,
+        metric=args.distance,
+        subtract_mean=args.subtract_mean,
+        n_folds=args.folds,
+        far_target=args.far_target,
+    )
+
+
+# --------------------------------------------------------------------------- output
+
+
+def format_table(result: VerificationResult) -> str:
+    """Per-fold accuracy, thresholds, VAL and FAR, then the summary lines."""
+    lines = [f"{'fold':>4}  {'accuracy':>8}  {'threshold':>9}  {'VAL':>6}  {'FAR':>7}"]
+    for f in range(result.n_folds):
+        lines.append(
+            f"{f:>4}  {result.accuracy[f]:>8.4f}  {result.best_thresholds[f]:>9.4f}  "
+            f"{result.val_per_fold[f]:>6.4f}  {result.far_per_fold[f]:>7.5f}"
+        )
+    lines += [
+        f"accuracy  {result.accuracy_mean:.4f} ± {result.accuracy_std:.4f}",
+        f"VAL       {result.val:.4f} ± {result.val_std:.4f} @ FAR = {result.far:.5f} "
+        f"(target {result.far_target:g})",
+        f"AUC       {result.auc:.4f}",
+        f"EER       {result.eer:.4f}",
+        f"pairs     {result.n_pairs} in {result.n_folds} folds ({result.distance} distance)",
+    ]
+    return "\n".join(lines)
+
+
+def write_outputs(result: VerificationResult, out: Path, source: str, args) -> None:
+    """``metrics.json`` (the result plus where it came from) and ``roc.png`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = {"source": source, **result.to_dict()}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    plot_roc(result, out / "roc.png", log_scale=args.log_scale, title=args.title)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Evaluate; returns the exit code (1: checkpoint mode unavailable, 2: bad input)."""
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    if args.checkpoint and not args.pairs:
+        parser.error("--checkpoint needs --pairs")
+    try:
+        if args.distances:
+            distances, issame = load_distances(args.distances)
+            result = evaluate_verification(
+                distances, issame, args.folds, args.far_target, distance=args.distance
+            )
+            source = str(args.distances)
+        else:
+            try:
+                result = evaluate_checkpoint(args)
+            except ImportError as err:
+                print(f"evaluate.py: checkpoint mode not available yet ({err})", file=sys.stderr)
+                return 1
+            source = f"{args.checkpoint} on {args.pairs}"
+    except (ValueError, OSError, RuntimeError) as err:  # RuntimeError: a refused checkpoint
+        print(f"evaluate.py: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(result))
+    write_outputs(result, Path(args.out), source, args)
+    print(f"wrote {Path(args.out) / 'metrics.json'} and {Path(args.out) / 'roc.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
