@@ -54,6 +54,7 @@ __all__ = [
     "create_optimizer",
     "seed_train_step",
     "seed_epoch",
+    "print_timeline",
 ]
 
 
