@@ -191,7 +191,7 @@ def _check_issame(issame: Any, n_pairs: int) -> np.ndarray:
     if bad.any():
         index = int(np.flatnonzero(bad)[0])
         raise ValueError(
-            f"issame must hold only 0/1 or True/False; found {arr[index]!r} at index {index}"
+            f"issame must hold only 0/1 or True/False; found {arr[index].item()!r} at index {index}"
         )
     return arr == 1
 
