@@ -1,0 +1,273 @@
+"""A face dataset laid out as ``root/<identity>/<image>`` (VGGFace2, CASIA-WebFace, LFW crops).
+
+Listing a large folder and checking every image takes a while, so the index (identities, their
+usable images and the corrupt files found) is built once and cached in a JSON file, keyed on the
+folder's listing signature (names, modification times and sizes). Any change to the folder
+changes the signature and the index is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from facenet.data.images import IMAGE_EXTENSIONS, CorruptImageError, looks_like_image, read_image
+
+__all__ = ["IdentityFolder", "INDEX_FILE_NAME", "listing_signature"]
+
+INDEX_FILE_NAME = ".facenet_index.json"
+INDEX_VERSION = 1
+# How many names a warning lists before it says "and N more".
+_NAMES_IN_WARNING = 10
+_HEADER_CHECK_THREADS = 8
+
+# {identity: [(file name, mtime_ns, size), ...]}, both levels sorted by name.
+Listing = dict[str, list[tuple[str, int, int]]]
+
+
+def _is_image_name(name: str) -> bool:
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def list_identities(root: Path) -> Listing:
+    """Every identity folder under ``root`` and the image files in it, with mtimes and sizes.
+
+    Args:
+        root: the dataset folder; hidden entries and plain files at its top level are ignored.
+    """
+    listing: Listing = {}
+    with os.scandir(root) as entries:
+        identity_dirs = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    for identity in identity_dirs:
+        files = []
+        with os.scandir(root / identity) as entries:
+            for entry in entries:
+                if entry.is_file() and _is_image_name(entry.name):
+                    stat = entry.stat()
+                    files.append((entry.name, stat.st_mtime_ns, stat.st_size))
+        listing[identity] = sorted(files)
+    return listing
+
+
+def listing_signature(listing: Listing) -> str:
+    """A hash of every identity name, file name, modification time and size in a listing.
+
+    Args:
+        listing: the output of :func:`list_identities`.
+    """
+    digest = hashlib.sha256(f"facenet-index-v{INDEX_VERSION}\n".encode())
+    for identity, files in listing.items():
+        digest.update(f"D {identity}\n".encode())
+        for name, mtime_ns, size in files:
+            digest.update(f"F {name} {mtime_ns} {size}\n".encode())
+    return digest.hexdigest()
+
+
+def _index_path(root: Path, cache_dir: str | os.PathLike | None) -> Path:
+    """Where the index of ``root`` is cached: next to the data, or in ``cache_dir``."""
+    if cache_dir is None:
+        return root / INDEX_FILE_NAME
+    key = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"facenet_index_{key}.json"
+
+
+def _load_index(path: Path, signature: str) -> dict | None:
+    """The cached index at ``path`` if it exists and matches ``signature``; else None."""
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(index, dict) or index.get("signature") != signature:
+        return None
+    if index.get("version") != INDEX_VERSION or not isinstance(index.get("identities"), dict):
+        return None
+    return index
+
+
+def _save_index(path: Path, index: dict) -> None:
+    """Write the index atomically; a read-only location only costs a warning."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(index), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        warnings.warn(
+            f"cannot write the dataset index {path}: {err.strerror or err}; "
+            "the folder will be checked again next time",
+            stacklevel=3,
+        )
+        tmp.unlink(missing_ok=True)
+
+
+def _build_index(root: Path, listing: Listing, signature: str) -> dict:
+    """Check every image's header; split the files into usable and corrupt ones."""
+    pairs = [(identity, name) for identity, files in listing.items() for name, _, _ in files]
+    with ThreadPoolExecutor(max_workers=_HEADER_CHECK_THREADS) as pool:
+        ok = list(pool.map(lambda p: looks_like_image(root / p[0] / p[1]), pairs))
+    identities: dict[str, list[str]] = {identity: [] for identity in listing}
+    corrupt = []
+    for (identity, name), good in zip(pairs, ok):
+        if good:
+            identities[identity].append(name)
+        else:
+            corrupt.append([identity, name])
+    return {
+        "version": INDEX_VERSION,
+        "root": str(root.resolve()),
+        "signature": signature,
+        "identities": identities,
+        "corrupt": corrupt,
+    }
+
+
+def _names_for_warning(names: list[str]) -> str:
+    shown = ", ".join(names[:_NAMES_IN_WARNING])
+    if len(names) > _NAMES_IN_WARNING:
+        shown += f" and {len(names) - _NAMES_IN_WARNING} more"
+    return shown
+
+
+class IdentityFolder(Dataset):
+    """Face images in ``root/<identity>/<image>``, one label per identity folder.
+
+    Identities are numbered in sorted order of their folder names. A file that fails the cheap
+    header check (:func:`~facenet.data.images.looks_like_image`) is dropped with one warning
+    naming the files (``on_corrupt="skip"``) or raises :class:`CorruptImageError`
+    (``on_corrupt="error"``); a file that passes it but still cannot be decoded raises
+    :class:`CorruptImageError` naming it when loaded. Identity folders with no usable image are
+    ignored with a warning. Identities with fewer than ``min_images`` images stay in ``samples``
+    but are left out of triplet sampling (``triplet_labels`` is -1 for them), with a warning.
+
+    Attributes:
+        samples: ``[(path, label), ...]``, grouped by identity.
+        targets: the labels of ``samples``.
+        classes: identity names; ``classes[label]`` is the folder of that label.
+        class_to_idx: identity name -> label.
+        triplet_labels: int64 array (N,): the label, or -1 where the identity has fewer than
+            ``min_images`` images. Samplers draw only samples with a label >= 0.
+        triplet_indices: int64 array of the dataset indices with ``triplet_labels >= 0``.
+        skipped: paths of the corrupt files left out.
+
+    Args:
+        root: the dataset folder.
+        transform: applied to the uint8 (3, H, W) image; None returns the image as decoded.
+        on_corrupt: "skip" or "error".
+        cache_dir: where to cache the index; None caches it in ``root`` as
+            ``.facenet_index.json``.
+        min_images: identities with fewer images are left out of triplet sampling.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        on_corrupt: str = "skip",
+        cache_dir: str | os.PathLike | None = None,
+        min_images: int = 2,
+    ):
+        if on_corrupt not in ("skip", "error"):
+            raise ValueError(f"on_corrupt={on_corrupt!r}: expected 'skip' or 'error'")
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ValueError(f"dataset folder not found: {self.root}")
+        self.transform = transform
+        self.min_images = min_images
+        index = self._load_or_build_index(cache_dir)
+        self.skipped = self._apply_corrupt_policy(index["corrupt"], on_corrupt)
+        self.classes = self._usable_identities(index["identities"])
+        self.class_to_idx = {name: label for label, name in enumerate(self.classes)}
+        self.samples = [
+            (str(self.root / identity / name), self.class_to_idx[identity])
+            for identity in self.classes
+            for name in index["identities"][identity]
+        ]
+        self.targets = [label for _, label in self.samples]
+        self.triplet_labels = self._triplet_labels()
+        self.triplet_indices = np.flatnonzero(self.triplet_labels >= 0)
+
+    def _load_or_build_index(self, cache_dir: str | os.PathLike | None) -> dict:
+        listing = list_identities(self.root)
+        signature = listing_signature(listing)
+        path = _index_path(self.root, cache_dir)
+        index = _load_index(path, signature)
+        self.index_reused = index is not None
+        if index is None:
+            index = _build_index(self.root, listing, signature)
+            _save_index(path, index)
+        self.index_path = path
+        return index
+
+    def _apply_corrupt_policy(self, corrupt: list, on_corrupt: str) -> list[str]:
+        paths = [str(self.root / identity / name) for identity, name in corrupt]
+        if not paths:
+            return []
+        if on_corrupt == "error":
+            more = f" ({len(paths) - 1} more corrupt files)" if len(paths) > 1 else ""
+            raise CorruptImageError(paths[0], "not a complete JPEG, PNG, WebP or GIF file" + more)
+        warnings.warn(
+            f"{self.root}: skipped {len(paths)} corrupt or unreadable image(s): "
+            + _names_for_warning(paths),
+            stacklevel=3,
+        )
+        return paths
+
+    def _usable_identities(self, identities: dict[str, list[str]]) -> list[str]:
+        usable = [identity for identity, names in identities.items() if names]
+        empty = [identity for identity, names in identities.items() if not names]
+        if empty:
+            warnings.warn(
+                f"{self.root}: ignored {len(empty)} identity folder(s) without usable images: "
+                + _names_for_warning(empty),
+                stacklevel=3,
+            )
+        if len(usable) < 2:
+            raise ValueError(
+                f"{self.root}: found {len(usable)} identity folder(s) with usable images; "
+                "need at least 2 (layout: root/<identity>/<image>)"
+            )
+        return sorted(usable)
+
+    def _triplet_labels(self) -> np.ndarray:
+        labels = np.asarray(self.targets, dtype=np.int64)  # (N,)
+        counts = np.bincount(labels, minlength=len(self.classes))  # (C,)
+        too_few = counts < self.min_images
+        if too_few.any():
+            names = [self.classes[c] for c in np.flatnonzero(too_few)]
+            warnings.warn(
+                f"{self.root}: {len(names)} identit(y/ies) with fewer than {self.min_images} "
+                "images left out of triplet sampling: " + _names_for_warning(names),
+                stacklevel=3,
+            )
+        return np.where(too_few[labels], -1, labels)
+
+    def images_by_identity(self) -> dict[str, list[str]]:
+        """``{identity: [image path, ...]}`` over the usable images (for making pairs)."""
+        result: dict[str, list[str]] = {name: [] for name in self.classes}
+        for path, label in self.samples:
+            result[self.classes[label]].append(path)
+        return result
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """``(image, label)``; the image as ``transform`` makes it.
+
+        Raises:
+            CorruptImageError: the file cannot be decoded (it names the file).
+        """
+        path, label = self.samples[index]
+        image = read_image(path)  # uint8 (3, H, W)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
