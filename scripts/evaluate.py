@@ -154,7 +154,13 @@ def evaluate_checkpoint(args: argparse.Namespace) -> VerificationResult:
     model.to(args.device)
     pair_list = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
     emb1, emb2 = embed_pair_list(
-        model, pair_list, cfg.data.image_size, args.batch_size, args.device, args.flip
+        model,
+        pair_list,
+        cfg.data.image_size,
+        args.batch_size,
+        args.device,
+        args.flip,
+        normalize=cfg.data.normalize,  # the pixel standardisation the network was trained with
     )
     return evaluate_embeddings(
         emb1,
