@@ -130,6 +130,10 @@ def _build_index(root: Path, listing: Listing, signature: str) -> dict:
     }
 
 
+def _count(n: int, singular: str, plural: str) -> str:
+    return f"{n} {singular if n == 1 else plural}"
+
+
 def _names_for_warning(names: list[str]) -> str:
     shown = ", ".join(names[:_NAMES_IN_WARNING])
     if len(names) > _NAMES_IN_WARNING:
@@ -226,8 +230,8 @@ class IdentityFolder(Dataset):
         empty = [identity for identity, names in identities.items() if not names]
         if empty:
             warnings.warn(
-                f"{self.root}: ignored {len(empty)} identity folder(s) without usable images: "
-                + _names_for_warning(empty),
+                f"{self.root}: ignored {_count(len(empty), 'identity folder', 'identity folders')}"
+                " without usable images: " + _names_for_warning(empty),
                 stacklevel=3,
             )
         if len(usable) < 2:
@@ -244,8 +248,9 @@ class IdentityFolder(Dataset):
         if too_few.any():
             names = [self.classes[c] for c in np.flatnonzero(too_few)]
             warnings.warn(
-                f"{self.root}: {len(names)} identit(y/ies) with fewer than {self.min_images} "
-                "images left out of triplet sampling: " + _names_for_warning(names),
+                f"{self.root}: {_count(len(names), 'identity', 'identities')} with fewer than "
+                f"{self.min_images} images left out of triplet sampling: "
+                + _names_for_warning(names),
                 stacklevel=3,
             )
         return np.where(too_few[labels], -1, labels)

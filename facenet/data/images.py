@@ -68,11 +68,12 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
         CorruptImageError: the file is missing, unreadable or cannot be decoded.
     """
     try:
-        data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)
+        raw = Path(path).read_bytes()
     except OSError as err:
         raise CorruptImageError(path, err.strerror or str(err)) from None
-    if data.numel() == 0:
+    if not raw:
         raise CorruptImageError(path, "empty file")
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # (n_bytes,)
     try:
         image = decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
     except RuntimeError as err:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -490,17 +490,22 @@ class SyntheticIdentities(Dataset):
         """
         return sample_template(self._rng(label, 0))
 
-    def image(self, label: int, image_index: int) -> torch.Tensor:
+    def image(self, label: int, image_index: int, aligned: bool = False) -> torch.Tensor:
         """Image ``image_index`` of identity ``label``: uint8 (3, S, S).
 
         Args:
             label: the identity, in ``[0, num_identities)``.
             image_index: any non-negative integer (not limited to ``images_per_identity``).
+            aligned: render it without the pose nuisance (rotation, shift, scale, turn of the
+                head), as a perfect face aligner would; colours, expression, occlusion and
+                noise are unchanged. For diagnostics.
         """
         if image_index < 0:
             raise ValueError(f"image_index={image_index}: expected >= 0")
         rng = self._rng(label, 1, image_index)
         nuisance = sample_nuisance(rng)
+        if aligned:
+            nuisance = replace(nuisance, rotation=0.0, scale=1.0, shift=(0.0, 0.0), yaw=0.0)
         pixels = render_face(self.template(label), nuisance, self.image_size, rng)  # (S, S, 3)
         return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 

@@ -1,0 +1,224 @@
+"""IdentityFolder on a generated folder: formats, corrupt files, small identities, index cache."""
+
+import json
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torchvision.io import encode_jpeg, write_png
+
+import facenet.data.folder as folder_module
+from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder
+from facenet.data.images import CorruptImageError, build_transform
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
+
+
+def pixels(channels, seed, size=12):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (channels, size, size), dtype=torch.uint8, generator=gen)
+
+
+def jpeg_bytes(image):
+    return encode_jpeg(image, quality=90).numpy().tobytes()
+
+
+def make_folder(root):
+    """alice: 2 PNG + 1 JPEG + a truncated JPEG; bob: gray PNG, RGBA PNG, gray JPEG;
+    carol: one image; empty: no image (a text file only); dave: only a corrupt file."""
+    pil_image = pytest.importorskip("PIL.Image")  # write_png writes 1 or 3 channels only
+    for name in ("alice", "bob", "carol", "empty", "dave"):
+        (root / name).mkdir(parents=True)
+    write_png(pixels(3, 0), str(root / "alice" / "a1.png"))
+    write_png(pixels(3, 1), str(root / "alice" / "a2.png"))
+    (root / "alice" / "a3.jpg").write_bytes(jpeg_bytes(pixels(3, 2)))
+    good = jpeg_bytes(pixels(3, 3))
+    (root / "alice" / "a4_truncated.jpg").write_bytes(good[: len(good) // 2])
+    write_png(pixels(1, 4), str(root / "bob" / "b1_gray.png"))
+    rgba = pixels(4, 5).permute(1, 2, 0).numpy()
+    pil_image.fromarray(rgba, mode="RGBA").save(root / "bob" / "b2_rgba.png")
+    (root / "bob" / "b3_gray.jpg").write_bytes(jpeg_bytes(pixels(1, 6)))
+    write_png(pixels(3, 7), str(root / "carol" / "c1.png"))
+    (root / "empty" / "notes.txt").write_text("not an image")
+    (root / "dave" / "d1.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    (root / "README.txt").write_text("top-level files are not identities")
+    return root
+
+
+@pytest.fixture
+def root(tmp_path):
+    return make_folder(tmp_path / "faces")
+
+
+def build(root, **kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dataset = IdentityFolder(root, **kwargs)
+    return dataset, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_index_holds_usable_images_by_identity(root):
+    ds, _ = build(root)
+    assert ds.classes == ["alice", "bob", "carol"]
+    assert ds.class_to_idx == {"alice": 0, "bob": 1, "carol": 2}
+    names = [(os.path.basename(path), label) for path, label in ds.samples]
+    assert names == [
+        ("a1.png", 0),
+        ("a2.png", 0),
+        ("a3.jpg", 0),
+        ("b1_gray.png", 1),
+        ("b2_rgba.png", 1),
+        ("b3_gray.jpg", 1),
+        ("c1.png", 2),
+    ]
+    assert list(ds.targets) == [label for _, label in names]
+    assert len(ds) == 7
+
+
+def test_corrupt_files_are_skipped_with_one_warning_naming_them(root):
+    ds, messages = build(root)
+    assert sorted(os.path.basename(p) for p in ds.skipped) == ["a4_truncated.jpg", "d1.png"]
+    corrupt_warnings = [m for m in messages if "corrupt or unreadable" in m]
+    assert len(corrupt_warnings) == 1
+    assert "a4_truncated.jpg" in corrupt_warnings[0] and "d1.png" in corrupt_warnings[0]
+    assert "skipped 2" in corrupt_warnings[0]
+
+
+def test_on_corrupt_error_raises_naming_the_file(root):
+    with pytest.raises(CorruptImageError, match="a4_truncated.jpg|d1.png"):
+        IdentityFolder(root, on_corrupt="error")
+
+
+def test_identities_without_usable_images_are_ignored_with_a_warning(root):
+    ds, messages = build(root)
+    assert "empty" not in ds.classes and "dave" not in ds.classes
+    ignored = [m for m in messages if "without usable images" in m]
+    assert len(ignored) == 1 and "empty" in ignored[0] and "dave" in ignored[0]
+
+
+def test_one_image_identity_stays_in_samples_but_not_in_triplet_sampling(root):
+    ds, messages = build(root)
+    carol = ds.class_to_idx["carol"]
+    assert carol in ds.targets
+    expected = np.where(np.asarray(ds.targets) == carol, -1, ds.targets)
+    assert np.array_equal(ds.triplet_labels, expected)
+    assert np.array_equal(ds.triplet_indices, np.flatnonzero(expected >= 0))
+    left_out = [m for m in messages if "left out of triplet sampling" in m]
+    assert len(left_out) == 1 and "carol" in left_out[0] and "alice" not in left_out[0]
+
+
+def test_min_images_moves_the_threshold(root):
+    ds, _ = build(root, min_images=1)
+    assert (ds.triplet_labels >= 0).all()
+    ds, _ = build(root, min_images=4)
+    assert (ds.triplet_labels == -1).all()
+
+
+def test_items_are_rgb_uint8_whatever_the_file(root):
+    ds, _ = build(root)
+    for i in range(len(ds)):
+        image, label = ds[i]
+        assert image.dtype == torch.uint8 and image.shape == (3, 12, 12)
+        assert label == ds.targets[i]
+    gray = ds[ds.samples.index((str(root / "bob" / "b1_gray.png"), 1))][0]
+    assert torch.equal(gray[0], pixels(1, 4)[0]) and torch.equal(gray[1], gray[2])
+    rgba = ds[ds.samples.index((str(root / "bob" / "b2_rgba.png"), 1))][0]
+    assert torch.equal(rgba, pixels(4, 5)[:3])
+
+
+def test_transform_is_applied(root):
+    ds, _ = build(root, transform=build_transform(8, train=False))
+    image, _ = ds[0]
+    assert image.dtype == torch.float32 and image.shape == (3, 8, 8)
+
+
+def test_file_corrupt_past_its_header_raises_at_load_naming_it(root):
+    # Valid start and end markers around garbage: passes the cheap check, fails to decode.
+    (root / "bob" / "b4_garbage.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 64 + b"\xff\xd9")
+    ds, _ = build(root)
+    index = [os.path.basename(p) for p, _ in ds.samples].index("b4_garbage.jpg")
+    with pytest.raises(CorruptImageError, match="b4_garbage.jpg"):
+        ds[index]
+
+
+def count_header_checks(monkeypatch):
+    calls = []
+    original = folder_module.looks_like_image
+
+    def counting(path):
+        calls.append(path)
+        return original(path)
+
+    monkeypatch.setattr(folder_module, "looks_like_image", counting)
+    return calls
+
+
+def test_index_is_cached_next_to_the_data_and_reused(root, monkeypatch):
+    calls = count_header_checks(monkeypatch)
+    first, _ = build(root)
+    assert (root / INDEX_FILE_NAME).is_file() and not first.index_reused
+    assert len(calls) == 9  # every image file once
+    second, _ = build(root)
+    assert second.index_reused and len(calls) == 9  # no file opened again
+    assert second.samples == first.samples and second.skipped == first.skipped
+
+
+@pytest.mark.parametrize("change", ["add", "remove", "modify", "new_identity"])
+def test_index_is_rebuilt_when_the_folder_changes(root, change):
+    first, _ = build(root)
+    if change == "add":
+        write_png(pixels(3, 9), str(root / "carol" / "c2.png"))
+    elif change == "remove":
+        (root / "alice" / "a2.png").unlink()
+    elif change == "modify":  # same name and size, newer mtime: a repaired file
+        path = root / "alice" / "a4_truncated.jpg"
+        stamp = time.time() + 5
+        os.utime(path, (stamp, stamp))
+    else:
+        (root / "erin").mkdir()
+        write_png(pixels(3, 10), str(root / "erin" / "e1.png"))
+    second, _ = build(root)
+    assert not second.index_reused
+    if change == "add":
+        assert second.targets.count(second.class_to_idx["carol"]) == 2
+        assert (second.triplet_labels >= 0).all()
+    elif change == "remove":
+        assert len(second) == len(first) - 1
+    elif change == "new_identity":
+        assert second.classes[-1] == "erin"
+
+
+def test_index_in_cache_dir_leaves_the_data_folder_untouched(root, tmp_path):
+    cache = tmp_path / "cache"
+    first, _ = build(root, cache_dir=cache)
+    assert not (root / INDEX_FILE_NAME).exists()
+    files = list(cache.glob("*.json"))
+    assert len(files) == 1
+    assert json.loads(files[0].read_text())["root"] == str(root.resolve())
+    second, _ = build(root, cache_dir=cache)
+    assert second.index_reused and second.samples == first.samples
+
+
+def test_corrupt_cache_file_is_rebuilt(root):
+    build(root)
+    (root / INDEX_FILE_NAME).write_text("{ not json")
+    ds, _ = build(root)
+    assert not ds.index_reused and len(ds) == 7
+
+
+def test_fewer_than_two_identities_is_an_error_naming_the_root(tmp_path):
+    root = tmp_path / "lonely"
+    (root / "only").mkdir(parents=True)
+    write_png(pixels(3, 0), str(root / "only" / "x.png"))
+    with pytest.raises(ValueError, match="lonely"):
+        build(root)
+
+
+def test_bad_arguments_are_named(root, tmp_path):
+    with pytest.raises(ValueError, match="on_corrupt='ignore'"):
+        IdentityFolder(root, on_corrupt="ignore")
+    with pytest.raises(ValueError, match="no_such_folder"):
+        IdentityFolder(tmp_path / "no_such_folder")
