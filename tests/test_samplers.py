@@ -1,0 +1,200 @@
+"""PKSampler: P x K batches, labels, coverage, determinism, distributed ranks, resume."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
+
+from facenet.data.samplers import PKSampler
+
+
+def random_labels(n_identities, low, high, seed=0):
+    """Shuffled labels: identity i has between low and high images."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(low, high + 1, n_identities)
+    labels = np.repeat(np.arange(n_identities), counts)
+    return rng.permutation(labels)
+
+
+def check_batch(batch, labels, p, k):
+    """P distinct identities x K images, identity-major; distinct images when enough exist."""
+    assert len(batch) == p * k
+    grid = labels[np.asarray(batch)].reshape(p, k)  # (P, K)
+    assert (grid == grid[:, :1]).all(), "each row of K images must be one identity"
+    assert len(set(grid[:, 0])) == p, "the P identities must be distinct"
+    counts = np.bincount(labels[labels >= 0])
+    for row, identity in zip(np.asarray(batch).reshape(p, k), grid[:, 0]):
+        expected_distinct = min(k, counts[identity])
+        assert len(set(row.tolist())) == expected_distinct
+
+
+def test_hand_case_two_identities():
+    labels = np.array([0, 0, 1, 1])
+    batches = list(PKSampler(labels, p=2, k=2))
+    assert len(batches) == 1
+    batch = batches[0]
+    assert sorted(batch) == [0, 1, 2, 3]
+    assert labels[batch[0]] == labels[batch[1]] != labels[batch[2]] == labels[batch[3]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n_identities=st.integers(2, 30),
+    p=st.integers(2, 6),
+    k=st.integers(1, 5),
+    seed=st.integers(0, 1000),
+)
+def test_batches_are_p_by_k_and_an_epoch_covers_every_identity(n_identities, p, k, seed):
+    assume(p <= n_identities)
+    labels = random_labels(n_identities, 1, 8, seed=seed)
+    assume(p * k <= len(labels))
+    sampler = PKSampler(labels, p, k, seed=seed)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == math.ceil(n_identities / p)
+    for batch in batches:
+        check_batch(batch, labels, p, k)
+    seen = {labels[i] for batch in batches for i in batch}
+    assert seen == set(range(n_identities))
+
+
+def test_identity_with_fewer_than_k_images_gives_all_of_them_with_repeats():
+    labels = np.array([0] * 2 + [1] * 6 + [2] * 6)
+    sampler = PKSampler(labels, p=3, k=4, with_replacement=True)
+    (batch,) = list(sampler)
+    rows = np.asarray(batch).reshape(3, 4)
+    small = [row for row in rows if labels[row[0]] == 0][0]
+    assert set(small.tolist()) == {0, 1}
+
+
+def test_without_replacement_small_identities_are_left_out():
+    labels = np.array([0] * 2 + [1] * 4 + [2] * 4 + [3] * 5)
+    sampler = PKSampler(labels, p=2, k=4, with_replacement=False)
+    assert sampler.num_identities == 3
+    drawn = {labels[i] for _ in range(5) for batch in sampler for i in batch}
+    assert drawn == {1, 2, 3}
+
+
+def test_negative_labels_are_never_drawn():
+    labels = random_labels(10, 2, 6)
+    labels[labels == 3] = -1
+    labels[::7] = -1
+    sampler = PKSampler(labels, p=3, k=2)
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            assert (labels[batch] >= 0).all()
+
+
+def test_order_is_a_function_of_seed_and_epoch():
+    labels = random_labels(20, 2, 9)
+    a, b = PKSampler(labels, 4, 3, seed=5), PKSampler(labels, 4, 3, seed=5)
+    assert list(a) == list(b)
+    assert list(a) == list(a)  # iterating again repeats the epoch
+    epoch0 = list(a)
+    a.set_epoch(1)
+    assert list(a) != epoch0
+    a.set_epoch(0)
+    assert list(a) == epoch0
+    assert list(PKSampler(labels, 4, 3, seed=6)) != epoch0
+
+
+def test_images_of_large_identities_vary_across_epochs():
+    labels = np.repeat(np.arange(4), 10)
+    sampler = PKSampler(labels, 2, 2)
+    drawn = set()
+    for epoch in range(40):
+        sampler.set_epoch(epoch)
+        drawn |= {i for batch in sampler for i in batch}
+    assert drawn == set(range(40))  # every image, including each identity's last one
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_get_disjoint_equal_shares_covering_every_identity(world_size):
+    labels = random_labels(23, 2, 7, seed=1)
+    p, k = 3, 2
+    samplers = [
+        PKSampler(labels, p, k, seed=3, rank=r, world_size=world_size) for r in range(world_size)
+    ]
+    shares = [list(s) for s in samplers]
+    assert len({len(s) for s in samplers}) == 1
+    assert all(len(share) == len(samplers[0]) for share in shares)
+    per_pass = math.ceil(23 / p)
+    assert len(samplers[0]) == math.ceil(per_pass / world_size)
+    # Rebuild the global order: batch j of rank r is global batch j * world_size + r.
+    ordered = [shares[g % world_size][g // world_size] for g in range(per_pass)]
+    first_pass = [labels[i] for batch in ordered[: per_pass - 1] for i in batch[::k]]
+    assert len(first_pass) == len(set(first_pass)), "identities repeat across ranks in a pass"
+    seen = {labels[i] for share in shares for batch in share for i in batch}
+    assert seen == set(range(23))
+    as_tuples = [tuple(batch) for share in shares for batch in share]
+    assert len(as_tuples) == len(set(as_tuples))
+    for share in shares:
+        for batch in share:
+            check_batch(batch, labels, p, k)
+
+
+def test_drop_last_false_yields_a_shorter_last_batch():
+    labels = np.repeat(np.arange(7), 3)
+    batches = list(PKSampler(labels, p=3, k=2, drop_last=False))
+    assert [len(b) for b in batches] == [6, 6, 2]
+    assert {labels[i] for b in batches for i in b} == set(range(7))
+    assert [len(b) for b in PKSampler(labels, p=3, k=2, drop_last=True)] == [6, 6, 6]
+
+
+def test_batches_per_epoch_draws_more_passes():
+    labels = np.repeat(np.arange(5), 3)
+    sampler = PKSampler(labels, p=2, k=2, batches_per_epoch=7)
+    batches = list(sampler)
+    assert len(sampler) == len(batches) == 7
+    for batch in batches:
+        check_batch(batch, labels, 2, 2)
+    first_pass = {labels[i] for b in batches[:3] for i in b}
+    assert first_pass == set(range(5))
+
+
+def test_state_dict_round_trip_resumes_the_same_epoch():
+    labels = random_labels(12, 2, 5)
+    sampler = PKSampler(labels, 3, 2, seed=11)
+    sampler.set_epoch(7)
+    state = sampler.state_dict()
+    assert state == {"epoch": 7, "seed": 11}
+    resumed = PKSampler(labels, 3, 2)
+    resumed.load_state_dict(state)
+    assert list(resumed) == list(sampler)
+    with pytest.raises(KeyError, match="epoch"):
+        resumed.load_state_dict({"seed": 1})
+
+
+def test_too_large_p_by_k_names_the_numbers():
+    labels = np.repeat(np.arange(3), 2)
+    with pytest.raises(ValueError, match=r"4 x 2 = 8.*3 identities.*6 images"):
+        PKSampler(labels, p=4, k=2)
+    with pytest.raises(ValueError, match="P x K = 3 x 4 = 12"):
+        PKSampler(labels, p=3, k=4)
+    with pytest.raises(ValueError, match="at least k=3 images"):
+        PKSampler(np.repeat(np.arange(5), 2), p=2, k=3, with_replacement=False)
+
+
+def test_bad_arguments_are_named():
+    labels = np.repeat(np.arange(4), 2)
+    with pytest.raises(ValueError, match="p=0"):
+        PKSampler(labels, p=0, k=2)
+    with pytest.raises(ValueError, match="rank=2"):
+        PKSampler(labels, p=2, k=2, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="integers"):
+        PKSampler(np.array([0.5, 1.5]), p=1, k=1)
+
+
+def test_works_as_a_dataloader_batch_sampler():
+    labels = torch.arange(6).repeat_interleave(4)
+    dataset = TensorDataset(torch.arange(24).float(), labels)
+    loader = DataLoader(dataset, batch_sampler=PKSampler(labels, p=3, k=4))
+    batches = list(loader)
+    assert len(batches) == len(loader) == 2
+    for values, batch_labels in batches:
+        assert values.shape == (12,)
+        assert torch.equal(batch_labels, labels[values.long()])
