@@ -20,6 +20,14 @@ def random_labels(n_identities, low, high, seed=0):
     return rng.permutation(labels)
 
 
+def expected_length(labels, p, k, world_size=1):
+    """About one look at every image, at least one pass over the identities."""
+    drawable = labels[labels >= 0]
+    one_pass = math.ceil(len(np.unique(drawable)) / p)
+    one_look = math.ceil(len(drawable) / (p * k))
+    return math.ceil(max(one_pass, one_look) / world_size)
+
+
 def check_batch(batch, labels, p, k):
     """P distinct identities x K images, identity-major; distinct images when enough exist."""
     assert len(batch) == p * k
@@ -54,20 +62,21 @@ def test_batches_are_p_by_k_and_an_epoch_covers_every_identity(n_identities, p, 
     assume(p * k <= len(labels))
     sampler = PKSampler(labels, p, k, seed=seed)
     batches = list(sampler)
-    assert len(batches) == len(sampler) == math.ceil(n_identities / p)
+    assert len(batches) == len(sampler) == expected_length(labels, p, k)
     for batch in batches:
         check_batch(batch, labels, p, k)
-    seen = {labels[i] for batch in batches for i in batch}
+    first_pass = batches[: math.ceil(n_identities / p)]
+    seen = {labels[i] for batch in first_pass for i in batch}
     assert seen == set(range(n_identities))
 
 
 def test_identity_with_fewer_than_k_images_gives_all_of_them_with_repeats():
     labels = np.array([0] * 2 + [1] * 6 + [2] * 6)
     sampler = PKSampler(labels, p=3, k=4, with_replacement=True)
-    (batch,) = list(sampler)
-    rows = np.asarray(batch).reshape(3, 4)
-    small = [row for row in rows if labels[row[0]] == 0][0]
-    assert set(small.tolist()) == {0, 1}
+    rows = np.concatenate([np.asarray(batch).reshape(3, 4) for batch in sampler])
+    small = [row for row in rows if labels[row[0]] == 0]
+    assert len(small) == len(sampler)  # P = 3 of 3 identities: in every batch
+    assert all(set(row.tolist()) == {0, 1} for row in small)
 
 
 def test_without_replacement_small_identities_are_left_out():
@@ -123,7 +132,7 @@ def test_ranks_get_disjoint_equal_shares_covering_every_identity(world_size):
     assert len({len(s) for s in samplers}) == 1
     assert all(len(share) == len(samplers[0]) for share in shares)
     per_pass = math.ceil(23 / p)
-    assert len(samplers[0]) == math.ceil(per_pass / world_size)
+    assert len(samplers[0]) == expected_length(labels, p, k, world_size)
     # Rebuild the global order: batch j of rank r is global batch j * world_size + r.
     ordered = [shares[g % world_size][g // world_size] for g in range(per_pass)]
     first_pass = [labels[i] for batch in ordered[: per_pass - 1] for i in batch[::k]]
@@ -139,10 +148,16 @@ def test_ranks_get_disjoint_equal_shares_covering_every_identity(world_size):
 
 def test_drop_last_false_yields_a_shorter_last_batch():
     labels = np.repeat(np.arange(7), 3)
-    batches = list(PKSampler(labels, p=3, k=2, drop_last=False))
-    assert [len(b) for b in batches] == [6, 6, 2]
+    batches = list(PKSampler(labels, p=3, k=3, drop_last=False))
+    assert [len(b) for b in batches] == [9, 9, 3]
     assert {labels[i] for b in batches for i in b} == set(range(7))
-    assert [len(b) for b in PKSampler(labels, p=3, k=2, drop_last=True)] == [6, 6, 6]
+    assert [len(b) for b in PKSampler(labels, p=3, k=3, drop_last=True)] == [9, 9, 9]
+
+
+def test_epoch_length_follows_the_number_of_images():
+    labels = np.repeat(np.arange(6), 20)  # 120 images, 6 identities
+    sampler = PKSampler(labels, p=3, k=4)
+    assert len(sampler) == len(list(sampler)) == 10  # 120 / 12, not 6 / 3
 
 
 def test_batches_per_epoch_draws_more_passes():

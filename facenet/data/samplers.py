@@ -1,10 +1,12 @@
 """P x K batch sampling: every batch holds P identities with K images each.
 
-With K >= 2 every anchor in a batch has positives, which online triplet mining needs. One epoch
-is one pass over the identities in a random order: each identity appears in exactly one batch
-(the last group is completed with identities drawn from the others). The order depends only on
-``(seed, epoch)``, so every rank of a distributed run computes the same list and takes its own
-share of it.
+With K >= 2 every anchor in a batch has positives, which online triplet mining needs. Batches
+are drawn in passes over the identities: a pass is a random order of all identities cut into
+groups of P, so each identity appears in exactly one batch of the pass (the last group is
+completed with identities drawn from the others). An epoch holds about as many images as the
+data (at least one pass), so it covers every identity and epochs mean what they mean with any
+other sampler. The order depends only on ``(seed, epoch)``, so every rank of a distributed run
+computes the same list and takes its own share of it.
 """
 
 from __future__ import annotations
@@ -59,10 +61,12 @@ class PKSampler(Sampler[list[int]]):
         world_size: the number of processes sharing the epoch; each takes every
             ``world_size``-th batch, so the ranks' batches are disjoint.
         drop_last: yield only full P x K batches: the last group of identities of a pass is
-            completed with identities from the other groups. False yields a shorter last batch
-            instead (in a single-process run).
-        batches_per_epoch: batches per epoch for this rank; None is one pass over the
-            identities. More passes are drawn as needed, each a fresh random order.
+            completed with identities from the other groups. False leaves that group short
+            (single-process runs only; ranks always get full batches, to stay in step).
+        batches_per_epoch: batches per epoch for this rank; None draws
+            ``max(ceil(identities / P), ceil(images / (P x K)))`` batches over all ranks
+            (rounded up to a multiple of ``world_size``): about one look at every image, and
+            at least one pass over the identities.
     """
 
     def __init__(
@@ -117,14 +121,13 @@ class PKSampler(Sampler[list[int]]):
         """How many identities the sampler draws from."""
         return len(self.identities)
 
-    def _batches_per_pass(self) -> int:
-        return math.ceil(self.num_identities / self.p)
-
     def _global_batch_count(self) -> int:
         """Batches per epoch over all ranks (a multiple of ``world_size``)."""
         if self.batches_per_epoch is not None:
             return self.batches_per_epoch * self.world_size
-        return math.ceil(self._batches_per_pass() / self.world_size) * self.world_size
+        one_pass = math.ceil(self.num_identities / self.p)
+        one_look = math.ceil(len(self._drawable) / (self.p * self.k))
+        return math.ceil(max(one_pass, one_look) / self.world_size) * self.world_size
 
     def __len__(self) -> int:
         """Batches per epoch for this rank."""
@@ -167,7 +170,7 @@ class PKSampler(Sampler[list[int]]):
 
     def _pad_last(self) -> bool:
         # Shorter batches only in single-process runs: ranks must stay in step.
-        return self.drop_last or self.world_size > 1 or self.batches_per_epoch is not None
+        return self.drop_last or self.world_size > 1
 
     def _complete_group(self, rng: np.random.Generator, rest: np.ndarray) -> np.ndarray:
         """Fill a short group up to P with other identities, drawn without repeats."""
