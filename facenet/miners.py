@@ -52,8 +52,9 @@ __all__ = [
 TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 FALLBACKS = ("hardest", "skip")
 
-# Output triplets written per step when ranges are expanded (bounds the temporaries).
-_EXPAND_CHUNK = 1 << 20
+# Output triplets written per step when ranges are expanded: bounds the temporaries to
+# 64 MB while keeping the number of (thread-pool) operations small.
+_EXPAND_CHUNK = 1 << 22
 # Candidate triplets per chunk when their distances are computed row by row.
 _CANDIDATE_CHUNK = 1 << 14
 
@@ -264,12 +265,13 @@ def _expand_ranges(
     for s, e, os_, oe in zip(pair_bounds, pair_bounds[1:], out_bounds, out_bounds[1:]):
         if oe == os_:
             continue
-        pairs = torch.arange(s, e, device=device)
-        row = torch.repeat_interleave(pairs, length[s:e], output_size=oe - os_)  # (k,)
-        position = flat_base[row] + torch.arange(os_, oe, device=device)  # (k,)
-        out.negative[os_:oe] = flat_index[position]
-        out.anchor[os_:oe] = pair_a[row]
-        out.positive[os_:oe] = pair_p[row]
+        # row[t]: the pair (index into pair_a[s:e]) that output t belongs to. (k,)
+        row = torch.repeat_interleave(length[s:e], output_size=oe - os_)
+        torch.index_select(pair_a[s:e], 0, row, out=out.anchor[os_:oe])
+        torch.index_select(pair_p[s:e], 0, row, out=out.positive[os_:oe])
+        position = flat_base[s:e].index_select(0, row)  # (k,)
+        position += torch.arange(os_, oe, device=device)
+        torch.index_select(flat_index, 0, position, out=out.negative[os_:oe])
     return out
 
 
