@@ -154,7 +154,8 @@ class Trainer:
         self.max_nonfinite_steps = int(max_nonfinite_steps)
         self.channels_last = channels_last
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == "fp16")
-        self.meter = meter if meter is not None else GraphMemoryMeter()
+        # Excluding the model leaves out parameters and BatchNorm's running buffers (saved too).
+        self.meter = meter if meter is not None else GraphMemoryMeter(exclude=self.model)
         self.global_step = 0
         self.nonfinite_in_a_row = 0
         self.counts = {"steps": 0, "trained": 0, "no_triplets": 0, "nonfinite": 0}
