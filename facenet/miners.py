@@ -109,7 +109,11 @@ def _check_candidates(candidates, embeddings: torch.Tensor, who: str) -> Triplet
     """Candidate (a, p, n) as int64 tensors of one shape (T,) on the embeddings' device."""
     if not isinstance(candidates, Sequence) or len(candidates) != 3:
         raise ValueError(f"{who}: candidates must be a 3-tuple (anchor, positive, negative)")
-    a, p, n = (torch.as_tensor(c, device=embeddings.device).long() for c in candidates)
+    a, p, n = (torch.as_tensor(c, device=embeddings.device) for c in candidates)
+    for name, t in (("anchor", a), ("positive", p), ("negative", n)):
+        if t.is_floating_point() or t.dtype == torch.bool:
+            raise ValueError(f"{who}: candidate {name} indices must be integers, got {t.dtype}")
+    a, p, n = a.long(), p.long(), n.long()
     if not (a.dim() == p.dim() == n.dim() == 1) or not (a.shape == p.shape == n.shape):
         raise ValueError(
             f"{who}: candidate index tensors must be 1-D and equally long, got shapes "

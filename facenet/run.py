@@ -152,6 +152,7 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
         grad_clip=cfg.optim.grad_clip,
         max_nonfinite_steps=cfg.train.max_nonfinite_steps,
         channels_last=cfg.model.channels_last,
+        chunk_size=cfg.train.chunk_size,
     )
 
 

@@ -115,6 +115,8 @@ class Trainer:
         grad_clip: max gradient norm (0: off).
         max_nonfinite_steps: this many non-finite losses in a row stop the run.
         channels_last: feed images in channels-last memory format.
+        chunk_size: gradient caching: run the grad pass in chunks of this many images with
+            the loss gradient cached on the mining embeddings (0: off).
         meter: a :class:`GraphMemoryMeter`; one is made if None.
     """
 
@@ -133,6 +135,7 @@ class Trainer:
         grad_clip: float = 0.0,
         max_nonfinite_steps: int = 5,
         channels_last: bool = False,
+        chunk_size: int = 0,
         meter: GraphMemoryMeter | None = None,
     ):
         if passes not in (1, 2):
@@ -153,6 +156,9 @@ class Trainer:
         self.grad_clip = float(grad_clip)
         self.max_nonfinite_steps = int(max_nonfinite_steps)
         self.channels_last = channels_last
+        if chunk_size < 0:
+            raise ValueError(f"chunk_size must be >= 0, got {chunk_size!r}")
+        self.chunk_size = int(chunk_size)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == "fp16")
         # Excluding the model leaves out parameters and BatchNorm's running buffers (saved too).
         self.meter = meter if meter is not None else GraphMemoryMeter(exclude=self.model)

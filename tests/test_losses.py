@@ -281,6 +281,21 @@ def test_float32_under_autocast():
     assert torch.isfinite(w.grad).all()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_loss_equals_cpu_and_keeps_stats_on_the_device():
+    x, labels = random_batch(24, 4, seed=16)
+    t = all_valid_triplets(labels)
+    loss_fn = TripletMarginLoss(0.5, swap=True)
+    xc = x.cuda().requires_grad_()
+    loss = loss_fn(xc, tuple(v.cuda() for v in t))
+    assert all(v.device.type == "cuda" for v in loss_fn.last_stats.values())
+    assert torch.allclose(loss.cpu(), loss_fn(x, t), atol=1e-10)
+    loss.backward()
+    assert torch.isfinite(xc.grad).all()
+    batch_all = batch_all_triplet_loss(x.cuda(), labels.cuda(), 0.5)
+    assert torch.allclose(batch_all.cpu(), batch_all_triplet_loss(x, labels, 0.5), atol=1e-10)
+
+
 # --------------------------------------------------------------------------- batch-all
 
 

@@ -355,6 +355,20 @@ def test_half_precision_inputs_mine_as_their_float32_values(dtype, miner):
     assert as_set(got) == as_set(miner(half.float(), labels))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("miner", all_miners(), ids=repr)
+def test_cuda_mines_on_the_device_as_on_the_cpu(miner):
+    x, labels = random_batch(64, 8, seed=44)
+    miner.generator = None
+    got = miner(x.cuda(), labels.cuda())
+    assert all(t.device.type == "cuda" and t.dtype == torch.int64 for t in got)
+    if not isinstance(miner, SemiHardNegativeMiner):  # its draws use the device's generator
+        assert as_set(got) == as_set(miner(x, labels))
+    candidates = tuple(t.cuda() for t in TripletMarginMiner(1e9, "all")(x, labels))
+    filtered = miner(x.cuda(), None, candidates=candidates)
+    assert as_set(filtered) == as_set(miner(x, None, candidates=tuple(t.cpu() for t in candidates)))
+
+
 def test_labels_may_be_a_list_and_are_moved_to_the_device():
     x, labels = random_batch(10, 2, seed=43)
     t = BatchHardMiner()(x, labels.tolist())
@@ -404,6 +418,8 @@ def test_bad_arguments_are_clear_errors():
         BatchHardMiner()(x, None, candidates=(torch.zeros(2), torch.zeros(2)))
     with pytest.raises(ValueError, match="equally long"):
         BatchHardMiner()(x, None, candidates=(torch.zeros(2), torch.zeros(2), torch.zeros(3)))
+    with pytest.raises(ValueError, match="candidate anchor indices must be integers"):
+        BatchHardMiner()(x, None, candidates=(torch.zeros(2),) * 3)
     with pytest.raises(ValueError, match="unknown distance"):
         BatchHardMiner(distance="l3")
 

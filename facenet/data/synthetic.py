@@ -66,6 +66,8 @@ class FaceTemplate:
     mouth_curve: float  # smile (> 0) or frown (< 0) at the corners
     mouth_thick: float
     hair_top: float  # top of the hair above the centre
+    hair_volume: float  # how far the hair stands out at the sides
+    hair_length: float  # how far below the centre long hair falls; 0 for short hair
     hairline_y: float
     hairline_slope: float  # a side parting
     hairline_curve: float
@@ -121,6 +123,7 @@ def sample_template(rng: np.random.Generator) -> FaceTemplate:
     Args:
         rng: the identity's own random stream.
     """
+    bald = rng.random() < 0.12
     n_moles = int(rng.integers(0, 4))
     moles = tuple(
         (_u(rng, -0.38, 0.38), _u(rng, -0.25, 0.5), _u(rng, 0.02, 0.038)) for _ in range(n_moles)
@@ -145,8 +148,10 @@ def sample_template(rng: np.random.Generator) -> FaceTemplate:
         mouth_w=_u(rng, 0.11, 0.22),
         mouth_curve=_u(rng, -0.06, 0.06),
         mouth_thick=_u(rng, 0.014, 0.032),
-        hair_top=_u(rng, 0.80, 0.98),
-        hairline_y=_u(rng, -0.62, -0.38),
+        hair_top=_u(rng, 0.80, 0.98) if not bald else 0.0,
+        hair_volume=_u(rng, 0.03, 0.14),
+        hair_length=_u(rng, 0.2, 0.8) if rng.random() < 0.4 else 0.0,
+        hairline_y=_u(rng, -0.62, -0.38) if not bald else _u(rng, -0.9, -0.78),
         hairline_slope=_u(rng, -0.25, 0.25),
         hairline_curve=_u(rng, -0.15, 0.35),
         ear_size=_u(rng, 0.07, 0.12),
@@ -173,7 +178,7 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
         occluder = (x0, y0, x0 + w, y0 + h) + _colour(rng, 0, 1)
     return Nuisance(
         rotation=float(np.clip(rng.normal(0, 0.1), -0.25, 0.25)),
-        scale=_u(rng, 0.92, 1.08),
+        scale=_u(rng, 1.15, 1.35),
         shift=(_u(rng, -0.06, 0.06), _u(rng, -0.06, 0.06)),
         yaw=_u(rng, -0.2, 0.2),
         eye_open=_u(rng, 0.55, 1.15),
@@ -262,15 +267,16 @@ class _FaceDrawer:
 
     def hair_back(self, canvas):
         t = self.t
-        top = t.hair_top
-        sd = _ellipse_sd(
-            self.x,
-            self.y,
-            0,
-            (top - t.head_h) * -0.5 - 0.05,
-            t.head_w * self.narrow + 0.06,
-            (top + t.head_h) * 0.5 * 0.9,
-        )
+        if t.hair_top <= 0:  # bald
+            return
+        half_width = t.head_w * self.narrow + t.hair_volume
+        top_cy = (t.hair_top - t.head_h) * -0.5 - 0.05
+        sd = _ellipse_sd(self.x, self.y, 0, top_cy, half_width, (t.hair_top + t.head_h) * 0.5 * 0.9)
+        if t.hair_length > 0:  # long hair: a band behind the head down to hair_length
+            band = np.maximum(
+                np.abs(self.x) - half_width, np.maximum(-self.y, self.y - t.hair_length)
+            )
+            sd = np.minimum(sd, band)
         _paint(canvas, self.mask(sd), self.n.hair)
 
     def ears(self, canvas):
