@@ -1,5 +1,6 @@
 """SyntheticIdentities: determinism, disjoint held-out identities, files, pairs, hardness."""
 
+import importlib.util
 import os
 
 import numpy as np
@@ -283,3 +284,47 @@ def test_short_cpu_training_clearly_learns_heldout_verification():
     after = pair_auc(net, test_x, pairs, issame)
     print(f"held-out AUC before {before:.3f}, after 300 steps {after:.3f}")
     assert after >= 0.7 and after - before >= 0.15, (before, after)
+
+
+# ----------------------------------------------------------------------------- the script
+
+
+def load_script():
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "make_synthetic.py")
+    spec = importlib.util.spec_from_file_location("make_synthetic", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SMALL_SETTINGS = [
+    "--set",
+    "data.image_size=16",
+    "--set",
+    "data.synthetic_identities=3",
+    "--set",
+    "data.synthetic_images_per_identity=2",
+    "--set",
+    "data.synthetic_heldout_identities=4",
+    "--set",
+    "data.synthetic_heldout_images_per_identity=3",
+    "--set",
+    "data.synthetic_pairs_per_fold=1",
+]
+
+
+def test_script_writes_the_data_set_and_a_preview(tmp_path, capsys):
+    main = load_script().main
+    out = tmp_path / "synthetic"
+    preview = tmp_path / "preview.png"
+    assert main([str(out), *SMALL_SETTINGS, "--preview", str(preview)]) == 0
+    assert len(IdentityFolder(out / "train")) == 6
+    assert read_pairs(out / "heldout" / "pairs.txt").n_folds == 10
+    assert read_image(preview).shape == (3, 8 * 18 + 2, 8 * 18 + 2)
+    assert "heldout" in capsys.readouterr().out
+
+
+def test_script_reports_a_bad_key_with_exit_code_2(tmp_path, capsys):
+    main = load_script().main
+    assert main([str(tmp_path), "--set", "data.synthetic_faces=3"]) == 2
+    assert "synthetic_faces" in capsys.readouterr().err

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # bump whenever the rendering changes: regenerates old folders
 PAIRS_FOLDS = 10  # held-out pairs.txt: folds, as in LFW
 
 
