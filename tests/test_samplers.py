@@ -1,14 +1,17 @@
-"""PKSampler: P x K batches, labels, coverage, determinism, distributed ranks, resume."""
+"""PKSampler (P x K batches, coverage, determinism, ranks, resume) and the loader helpers."""
 
 import math
+import random
+import time
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset, get_worker_info
 
+from facenet.data.loading import count_images, make_loader, measure_throughput, seed_worker
 from facenet.data.samplers import PKSampler
 
 
@@ -213,3 +216,76 @@ def test_works_as_a_dataloader_batch_sampler():
     for values, batch_labels in batches:
         assert values.shape == (12,)
         assert torch.equal(batch_labels, labels[values.long()])
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class RandomDraws(Dataset):
+    """Item i: (i, a torch draw, a numpy draw, a Python draw) from the loading process."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        worker = -1 if info is None else info.id
+        return i, worker, torch.rand(()), np.random.rand(), random.random()
+
+
+def draws_by_worker(seed):
+    labels = np.repeat(np.arange(4), 4)
+    loader = make_loader(RandomDraws(), PKSampler(labels, 2, 2), num_workers=2, seed=seed)
+    assert loader.persistent_workers and loader.worker_init_fn is seed_worker
+    rows = []
+    for index, worker, t, n, r in loader:
+        rows += list(zip(index.tolist(), worker.tolist(), t.tolist(), n.tolist(), r.tolist()))
+    return sorted(rows)
+
+
+def test_workers_get_their_own_streams_reproducibly_from_the_seed():
+    first, again, other = draws_by_worker(0), draws_by_worker(0), draws_by_worker(1)
+    assert first == again
+    assert [row[2:] for row in first] != [row[2:] for row in other]
+    by_worker = {}
+    for _, worker, t, n, r in first:
+        by_worker.setdefault(worker, []).append((t, n, r))
+    assert set(by_worker) == {0, 1}
+    for stream in range(3):  # torch, numpy and random differ between the two workers
+        assert {v[stream] for v in by_worker[0]}.isdisjoint({v[stream] for v in by_worker[1]})
+
+
+def test_make_loader_in_process_yields_the_sampler_batches():
+    labels = torch.arange(5).repeat_interleave(3)
+    sampler = PKSampler(labels, p=2, k=3)
+    dataset = TensorDataset(torch.arange(15), labels)
+    loader = make_loader(dataset, sampler, pin_memory=False)
+    assert not loader.persistent_workers
+    assert [values.tolist() for values, _ in loader] == list(sampler)
+    with pytest.raises(ValueError, match="num_workers=-1"):
+        make_loader(dataset, sampler, num_workers=-1)
+
+
+def test_count_images_counts_every_image_tensor():
+    images = torch.zeros(4, 3, 8, 8)
+    labels = torch.zeros(4)
+    assert count_images((images, labels)) == 4
+    assert count_images((images, images, images, labels, labels)) == 12
+    assert count_images(labels) == 0
+
+
+def slow_batches(first_delay, delay, n, batch_size=8):
+    """Batches of 8 images after a sleep: a loader whose speed is known."""
+    for i in range(n):
+        time.sleep(first_delay if i == 0 else delay)
+        yield torch.zeros(batch_size, 3, 2, 2), torch.zeros(batch_size)
+
+
+def test_throughput_is_bounded_by_the_loader_speed_and_skips_start_up():
+    rate = measure_throughput(slow_batches(0.5, 0.02, 100), max_batches=6)
+    assert rate <= 8 / 0.02 * 1.05  # cannot beat the sleeps
+    assert rate >= 8 / 0.02 / 3  # the slow first batch is not timed
+    single = measure_throughput(slow_batches(0.05, 0.0, 1), max_batches=5)
+    assert single <= 8 / 0.05 * 1.05
+    with pytest.raises(ValueError, match="max_batches=0"):
+        measure_throughput(slow_batches(0, 0, 1), max_batches=0)
