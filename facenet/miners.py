@@ -1,8 +1,8 @@
 """Triplet miners: which (anchor, positive, negative) triplets of a batch to train on.
 
-Every miner runs under ``torch.no_grad()`` on the embeddings' device, never leaves it (no
-numpy), never copies embeddings, and returns :class:`Triplets` of int64 index tensors that
-index the batch, so the loss can index the live graph and the gradient reaches the model.
+Every miner runs under ``torch.no_grad()`` on the embeddings' device and never leaves it (no
+numpy, no host round trip of embeddings). It returns :class:`Triplets` of int64 index tensors
+into the batch, so the loss indexes the live graph and the gradient reaches the model.
 A ``Triplets`` is a plain 3-tuple: pytorch-metric-learning losses accept it as
 ``indices_tuple``, and this package's losses accept that library's miner outputs.
 
@@ -24,8 +24,8 @@ Two ways of calling every miner:
 Conditions, with ``tm = d(a,n) - d(a,p)`` and margin ``m`` (pytorch-metric-learning's):
 ``all`` tm <= m, ``hard`` tm <= 0 and tm <= m, ``semihard`` 0 < tm <= m, ``easy`` tm > m.
 Mining a batch compares ``d(a,n)`` with ``d(a,p) + m``; filtering candidates computes
-``d(a,n) - d(a,p)`` as the seed did. The two can differ only for a triplet whose margin equals
-``m`` to the last bit of the float.
+``d(a,n) - d(a,p)`` as the seed did. The two roundings can disagree only for a triplet whose
+margin is within one rounding error of ``m``.
 """
 
 from __future__ import annotations
@@ -381,7 +381,8 @@ class TripletMarginMiner(_Miner):
 
     The types are pytorch-metric-learning's, so mined sets can be compared with it:
     ``all`` tm <= m, ``hard`` tm <= 0 (and <= m), ``semihard`` 0 < tm <= m, ``easy`` tm > m.
-    Triplets come sorted by (anchor, positive, negative), as that library returns them.
+    Triplets come grouped by (anchor, positive) in increasing order, each pair's negatives
+    nearest first (that library lists negatives by index: compare the two as sets).
 
     Args:
         margin: m.
@@ -412,7 +413,6 @@ class TripletMarginMiner(_Miner):
         self.margin = float(margin)
         self.type_of_triplets = type_of_triplets
         self.strict_margin = bool(strict_margin)
-        self._condition = _margin_condition(type_of_triplets, self.margin, self.strict_margin)
 
     def __repr__(self) -> str:
         return (
@@ -422,7 +422,8 @@ class TripletMarginMiner(_Miner):
 
     def _filter_candidates(self, embeddings: torch.Tensor, candidates: Triplets) -> Triplets:
         d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
-        return _filter(candidates, self._condition(d_an - d_ap))
+        condition = _margin_condition(self.type_of_triplets, self.margin, self.strict_margin)
+        return _filter(candidates, condition(d_an - d_ap))
 
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor) -> Triplets:
         same = _same_identity(labels)  # (B, B)

@@ -417,7 +417,9 @@ def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="3-tuple"):
         BatchHardMiner()(x, None, candidates=(torch.zeros(2), torch.zeros(2)))
     with pytest.raises(ValueError, match="equally long"):
-        BatchHardMiner()(x, None, candidates=(torch.zeros(2), torch.zeros(2), torch.zeros(3)))
+        BatchHardMiner()(
+            x, None, candidates=(torch.zeros(2).long(),) * 2 + (torch.zeros(3).long(),)
+        )
     with pytest.raises(ValueError, match="candidate anchor indices must be integers"):
         BatchHardMiner()(x, None, candidates=(torch.zeros(2),) * 3)
     with pytest.raises(ValueError, match="unknown distance"):
