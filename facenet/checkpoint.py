@@ -2,26 +2,58 @@
 
 A checkpoint holds plain contents only (state dicts, the config as a dict, counters, RNG states),
 so it loads without unpickling arbitrary objects. Writing goes to a temporary file in the same
-folder, is flushed to disk, then ``os.replace``d over the target: a crash or a full disk at any
-moment leaves either the old file or the new one, never a torn one.
+folder, is flushed to disk, then ``os.replace``d over the target, and the folder entry is
+flushed too: a crash, a ``kill -9`` or a full disk at any moment leaves either the old file or
+the new one, never a torn one. A temporary file left by a killed writer is removed by
+:func:`remove_stale_temporary_files`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state"]
+__all__ = [
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "remove_stale_temporary_files",
+    "rng_state",
+    "set_rng_state",
+]
+
+# ".last.pt.<pid>.tmp": the temporary name save_checkpoint writes to before the rename.
+_TEMPORARY_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<pid>\d+)\.tmp$")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or was refused on loading."""
+
+
+def _temporary_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (a power cut after it keeps the new entry)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a folder; the rename itself is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
@@ -36,7 +68,7 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
             is removed and an existing checkpoint at ``path`` is left untouched.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temporary_path(path)
     try:
         with open(tmp, "wb") as fh:
             torch.save(state, fh)
@@ -49,7 +81,60 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
             f"cannot write checkpoint {path}: {err.strerror or err}; "
             f"{'the previous checkpoint is intact' if path.exists() else 'nothing was written'}"
         ) from err
+    except BaseException:  # KeyboardInterrupt or a bug mid-write: leave no temporary file
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)
     return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of :func:`save_checkpoint` writers that no longer run.
+
+    A writer killed mid-write (``kill -9``, power loss) leaves ``.<name>.<pid>.tmp`` behind;
+    the checkpoint itself is intact. Files of this process and of live processes are kept.
+
+    Args:
+        folder: the run directory.
+
+    Returns:
+        The removed paths.
+    """
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        match = _TEMPORARY_NAME.match(entry.name)
+        if not match or not entry.is_file():
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            removed.append(entry)
+    return removed
+
+
+def _unpickler_detail(err: pickle.UnpicklingError) -> str:
+    """The one informative line of torch's weights_only error (its advice runs to a page)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for line in lines:
+        if "unsupported global" in line.lower() or line.startswith("Unsupported operand"):
+            return line.split(" Please use")[0]
+    return lines[-1] if lines else type(err).__name__
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
@@ -69,12 +154,19 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
+        detail = _unpickler_detail(err)
+        if "unsupported global" in detail.lower():
+            raise CheckpointError(
+                f"refused to load {path}: it holds objects other than tensors and plain "
+                f"containers (loaded with weights_only=True): {detail}"
+            ) from None
         raise CheckpointError(
-            f"refused to load {path}: it holds objects other than tensors and plain containers "
-            f"(loaded with weights_only=True): {str(err).splitlines()[0]}"
+            f"refused to load {path}: not a torch.save file of plain contents, or a damaged one "
+            f"(loaded with weights_only=True): {detail}"
         ) from None
-    except (RuntimeError, EOFError, OSError) as err:
-        raise CheckpointError(f"cannot read checkpoint {path}: {err}") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"cannot read checkpoint {path}: {reason}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: expected a dict of contents, got {type(state).__name__}")
     return state
@@ -99,7 +191,11 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore the generators saved by :func:`rng_state`."""
+    """Restore the generators saved by :func:`rng_state`.
+
+    Args:
+        state: the dict :func:`rng_state` returned (possibly through a checkpoint).
+    """
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]
     np.random.set_state(

@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -51,7 +51,7 @@ class DataConfig:
     # synthetic: built-in SyntheticIdentities written to disk; folder: root/<identity>/<image>;
     # triplets: seed-compatible (anchor, positive, negative) batches from a TripletListDataset.
     dataset: Literal["synthetic", "folder", "triplets"] = "synthetic"
-    root: Optional[str] = None  # image folder; for synthetic, where it is generated
+    root: str | None = None  # image folder; for synthetic, where it is generated
     image_size: int = 64
     p: int = 16  # identities per batch
     k: int = 4  # images per identity
@@ -64,7 +64,7 @@ class DataConfig:
     random_crop: bool = True
     on_corrupt: Literal["skip", "error"] = "skip"
     sample_with_replacement: bool = True  # identities with < k images
-    cache_dir: Optional[str] = None
+    cache_dir: str | None = None
     # SyntheticIdentities (dataset: synthetic)
     synthetic_identities: int = 60
     synthetic_images_per_identity: int = 20
@@ -83,7 +83,7 @@ class ModelConfig:
     ] = "tiny"
     embedding_dim: int = 128
     dropout: float = 0.0
-    weights: Optional[str] = None  # a local state-dict file for the backbone; never downloaded
+    weights: str | None = None  # a local state-dict file for the backbone; never downloaded
     channels_last: bool = False
 
 
@@ -147,8 +147,8 @@ class EvalConfig:
     """Verification on held-out pairs (the LFW protocol)."""
 
     every: int = 1  # epochs; 0 = never
-    pairs: Optional[str] = None  # pairs.txt; None: the synthetic held-out pairs
-    root: Optional[str] = None  # image folder the pairs name; None: next to pairs.txt
+    pairs: str | None = None  # pairs.txt; None: the synthetic held-out pairs
+    root: str | None = None  # image folder the pairs name; None: next to pairs.txt
     n_folds: int = 10
     far_target: float = 1e-3
     distance: Distance = "squared"
@@ -234,9 +234,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value
     else:  # pragma: no cover - a new annotation kind must be taught here
         raise TypeError(f"unsupported config annotation {tp!r} at {where}")
-    raise ConfigError(
-        f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})"
-    )
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
 def _section_from_dict(cls: type, values: Any, section: str, source: str) -> Any:

@@ -46,7 +46,11 @@ class RunLogger:
         if self.writer is not None:
             epoch = int(record.get("epoch", 0))
             for key, value in record.items():
-                if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if (
+                    key != "epoch"
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                ):
                     self.writer.add_scalar(key, value, epoch)
             self.writer.flush()
 

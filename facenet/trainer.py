@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from facenet.grad_cache import BatchState
 from facenet.memory import (
     GraphMemoryMeter,
     cuda_memory_stats,
@@ -53,6 +54,11 @@ STAT_KEYS = (
     "mean_dan",
     "selected_images",
 )
+
+
+def _at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """Losses run in float32 or wider, also under autocast (float64 stays float64)."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
 
 
 class NonFiniteLossError(RuntimeError):
@@ -192,7 +198,7 @@ class Trainer:
                 embeddings, logits = self.model(images, return_logits=True)
             else:
                 embeddings, logits = self.model(images), None
-        return embeddings.float(), None if logits is None else logits.float()
+        return _at_least_float32(embeddings), None if logits is None else _at_least_float32(logits)
 
     def _skipped(self, reason: str) -> dict:
         self.counts["steps"] += 1
@@ -222,6 +228,8 @@ class Trainer:
         images, labels = self._to_device(images, labels)
         if self.passes == 1:
             return self._one_pass_step(images, labels, candidates)
+        if self.chunk_size > 0:
+            return self._chunked_step(images, labels, candidates)
         # 1. Mining pass: no graph, BatchNorm running statistics untouched.
         with torch.no_grad(), frozen_bn_running_stats(self.model):
             mining_embeddings, _ = self._forward(images, with_logits=False)  # (B, D)
@@ -236,7 +244,51 @@ class Trainer:
         loss, stats = self._loss(embeddings, local, logits, labels[unique])
         stats["selected_images"] = torch.tensor(float(unique.numel()))
         # 5. backward frees the graph; the optimizer steps.
-        return self._backward_and_step(loss, stats, images)
+        self.scaler.scale(loss).backward()  # every tensor saved for backward is released here
+        return self._finish_step(loss, stats, images)
+
+    def _chunked_step(self, images, labels, candidates) -> dict:
+        """Gradient caching: the loss gradient w.r.t. the mining embeddings, then the grad
+        pass over the selected images in chunks, each backpropagating its slice of it.
+
+        The peak graph memory is one chunk's, whatever the number of selected images.
+        """
+        state = BatchState(self.model)
+        with torch.no_grad(), frozen_bn_running_stats(self.model), state.record():
+            mining_embeddings, _ = self._forward(images, with_logits=False)  # (B, D)
+        triplets = self.miner(mining_embeddings, labels, candidates=candidates)
+        if triplets.anchor.numel() == 0:
+            return self._skipped("no_triplets")
+        unique, local = unique_triplet_images(triplets)
+        cached = mining_embeddings[unique].detach().requires_grad_(True)  # (U, D) leaf
+        del mining_embeddings
+        triplet_loss = self.loss_fn(cached, local)
+        stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
+        stats["triplet_loss"] = triplet_loss.detach()
+        (cached_grad,) = torch.autograd.grad(self.scaler.scale(triplet_loss), cached)  # (U, D)
+        ce_total = torch.zeros((), device=self.device, dtype=cached.dtype)
+        with state.replay() as rows:
+            for chunk in torch.arange(unique.numel(), device=self.device).split(self.chunk_size):
+                rows[0] = unique[chunk]  # batch indices of this chunk's images
+                embeddings, logits = self._forward(images[rows[0]], self.ce_weight > 0)
+                surrogate = (embeddings * cached_grad[chunk]).sum()  # d(surrogate)/d(emb) = grad
+                if logits is not None:
+                    # Sum over the chunk / U: the chunks add up to the mean over all U images.
+                    ce_sum = F.cross_entropy(logits, labels[rows[0]], reduction="sum")
+                    ce_total += ce_sum.detach()
+                    surrogate = surrogate + self.scaler.scale(
+                        self.ce_weight * ce_sum / unique.numel()
+                    )
+                surrogate.backward()  # frees this chunk's graph before the next is built
+                del embeddings, logits, surrogate
+        state.update_running_stats()  # once per step, with the whole batch's statistics
+        loss = triplet_loss.detach()
+        if self.ce_weight > 0:
+            stats["ce_loss"] = ce_total / unique.numel()
+            loss = loss + self.ce_weight * stats["ce_loss"]
+        stats["loss"] = loss
+        stats["selected_images"] = torch.tensor(float(unique.numel()))
+        return self._finish_step(loss, stats, images)
 
     def _one_pass_step(self, images, labels, candidates) -> dict:
         """Forward with grad on the whole batch; mine on detached embeddings; index the graph."""
@@ -253,7 +305,8 @@ class Trainer:
         loss, stats = self._loss(embeddings, triplets, logits, ce_labels)
         selected = used if used is not None else unique_triplet_images(triplets)[0]
         stats["selected_images"] = torch.tensor(float(selected.numel()))
-        return self._backward_and_step(loss, stats, images)
+        self.scaler.scale(loss).backward()  # every tensor saved for backward is released here
+        return self._finish_step(loss, stats, images)
 
     def _loss(self, embeddings, triplets, logits, ce_labels):
         triplet_loss = self.loss_fn(embeddings, triplets)
@@ -267,16 +320,18 @@ class Trainer:
         stats["loss"] = loss.detach()
         return loss, stats
 
-    def _backward_and_step(self, loss: torch.Tensor, stats: dict, images: torch.Tensor) -> dict:
-        self.scaler.scale(loss).backward()  # every tensor saved for backward is released here
+    def _finish_step(self, loss: torch.Tensor, stats: dict, images: torch.Tensor) -> dict:
+        """After backward: skip a non-finite step, else clip, step and zero the gradients."""
         # One host sync per step: a non-finite loss must not reach the parameters.
         if not bool(torch.isfinite(loss)):
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
-                cause = "the input images hold NaN or inf" if not bool(
-                    torch.isfinite(images).all()
-                ) else "check the learning rate and the data"
+                cause = (
+                    "the input images hold NaN or inf"
+                    if not bool(torch.isfinite(images).all())
+                    else "check the learning rate and the data"
+                )
                 raise NonFiniteLossError(
                     f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss "
                     f"(last: {loss.item()}); {cause}"

@@ -208,7 +208,9 @@ def test_no_triplets_means_no_grad_forward_and_no_update():
     images = torch.randn(8, 3, 32, 32)
     labels = torch.zeros(8, dtype=torch.long)  # one identity: no negatives
     calls = []
-    trainer.model.backbone.register_forward_hook(lambda m, i, o: calls.append(torch.is_grad_enabled()))
+    trainer.model.backbone.register_forward_hook(
+        lambda m, i, o: calls.append(torch.is_grad_enabled())
+    )
     before = [p.detach().clone() for p in trainer.model.parameters()]
     stats = trainer.train_step(images, labels)
     assert stats["skipped"] == "no_triplets"
