@@ -36,18 +36,19 @@ def as_set(triplets) -> set[tuple[int, int, int]]:
     return set(zip(a, p, n))
 
 
-def passes(tm: float, margin: float, kind: str) -> bool:
-    """pytorch-metric-learning's conditions on tm = d(a,n) - d(a,p)."""
+def passes(tm: float, margin: float, kind: str, strict: bool = False) -> bool:
+    """pytorch-metric-learning's conditions on tm = d(a,n) - d(a,p) (strict: < m, >= m)."""
+    within = tm < margin if strict else tm <= margin
     if kind == "all":
-        return tm <= margin
+        return within
     if kind == "hard":
-        return tm <= margin and tm <= 0
+        return within and tm <= 0
     if kind == "semihard":
-        return 0 < tm <= margin
-    return tm > margin
+        return within and tm > 0
+    return not within
 
 
-def brute_force_triplets(dist, labels, margin, kind) -> set[tuple[int, int, int]]:
+def brute_force_triplets(dist, labels, margin, kind, strict=False) -> set[tuple[int, int, int]]:
     """Every valid (a, p, n) by a triple loop, kept if it passes the condition."""
     labels = labels.tolist()
     out = set()
@@ -55,7 +56,7 @@ def brute_force_triplets(dist, labels, margin, kind) -> set[tuple[int, int, int]
         if a == p or labels[a] != labels[p] or labels[a] == labels[n]:
             continue
         tm = float(dist[a, n]) - float(dist[a, p])
-        if passes(tm, margin, kind):
+        if passes(tm, margin, kind, strict):
             out.add((a, p, n))
     return out
 
@@ -138,6 +139,22 @@ def test_triplet_margin_miner_matches_brute_force(kind, metric, margin):
     expected = brute_force_triplets(pairwise_distance(x, metric=metric), labels, margin, kind)
     assert as_set(got) == expected
     assert len(got.anchor) == len(expected)  # no duplicates
+
+
+@pytest.mark.parametrize("kind", TRIPLET_TYPES)
+def test_strict_margin_on_exact_ties(kind):
+    # 1-D points on a grid of 1/4: squared distances and their differences are exact, so
+    # tm == m happens for real and strict and non-strict tests differ on those triplets.
+    x = torch.tensor([[0.0], [0.5], [1.0], [1.5], [2.0], [0.25]], dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    dist = pairwise_distance(x)
+    for strict in (False, True):
+        got = TripletMarginMiner(0.75, kind, strict_margin=strict)(x, labels)
+        assert as_set(got) == brute_force_triplets(dist, labels, 0.75, kind, strict)
+    loose = as_set(TripletMarginMiner(0.75, kind)(x, labels))
+    assert loose != as_set(TripletMarginMiner(0.75, kind, strict_margin=True)(x, labels)) or (
+        kind == "hard"
+    )
 
 
 @pytest.mark.parametrize("metric", METRICS)
@@ -496,7 +513,7 @@ def test_mining_memory_is_quadratic_not_cubic():
     peak_all, peak_semi, cube, num = map(int, result.stdout.split())
     batch = 512
     # A B x B x B bool mask alone is 134 MB; the measurement must see it ...
-    assert cube > batch**3
+    assert cube > 0.9 * batch**3
     # ... while the miners stay within the output plus a few B x B matrices.
     assert num > 0
     assert peak_all < 24 * num + 16 * min(num, 2**22) + 40 * batch**2 + 16 * 2**20
