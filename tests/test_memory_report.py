@@ -1,0 +1,243 @@
+"""The memory report, measured: the seed loop keeps graphs alive after a step and the corrected
+steps keep none; the JSON has every key; the timeline names the lines that hold memory."""
+
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from facenet.memory import GraphMemoryMeter
+from facenet.models import EmbeddingNet
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "memory_report.py"
+_spec = importlib.util.spec_from_file_location("memory_report", SCRIPT)
+memory_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(memory_report)
+seed_loop = memory_report.seed_loop
+
+T, SIZE, STEPS, DIM, CLASSES = 4, 32, 2, 128, 10
+# Unit embeddings: d_n - d_p <= 2 < 5, so the seed's rule selects every triplet.
+MARGIN = 5.0
+OUT_LINE = "out_a, out_p, out_n = model(data_a), model(data_p), model(data_n)"
+D_P_LINE = "d_p = l2_dist.forward(out_a, out_p)"
+D_N_LINE = "d_n = l2_dist.forward(out_a, out_n)"
+CORRECTED = ("two_pass", "one_pass", "two_pass_pk", "one_pass_pk")
+ARGV = [
+    "--backbone", "tiny", "--image-size", str(SIZE), "--batch-size", str(T),
+    "--steps", str(STEPS), "--device", "cpu", "--margin", str(MARGIN),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One report on a tiny model: (returned report, JSON file contents, printed text, paths)."""
+    out = tmp_path_factory.mktemp("memory_report")
+    json_path, plot_path = out / "report.json", out / "report.png"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        report = memory_report.main([*ARGV, "--json", str(json_path), "--plot", str(plot_path)])
+    return {
+        "report": report,
+        "json": json.loads(json_path.read_text()),
+        "printed": printed.getvalue(),
+        "plot": plot_path,
+    }
+
+
+def reference_seed_graph_bytes(batch):
+    """Measured afresh: graph bytes of the seed's three mining forwards, and with d_p and d_n."""
+    torch.manual_seed(0)
+    model = seed_loop.SeedModel(EmbeddingNet("tiny", embedding_dim=DIM), CLASSES)
+    meter = GraphMemoryMeter(exclude=model)
+    data_a, data_p, data_n = batch[:3]
+    with meter:
+        out_a, out_p, out_n = model(data_a), model(data_p), model(data_n)
+        forwards = meter.alive_bytes
+        d_p = seed_loop.l2_dist.forward(out_a, out_p)
+        d_n = seed_loop.l2_dist.forward(out_a, out_n)
+        retained = meter.alive_bytes
+    del out_a, out_p, out_n, d_p, d_n
+    return forwards, retained
+
+
+def last_batch():
+    return memory_report.make_triplet_batches(STEPS, T, SIZE, CLASSES, seed=0)[-1]
+
+
+# --------------------------------------------------------------------------- graphs after a step
+
+
+def test_seed_loop_keeps_graph_bytes_alive_and_corrected_steps_keep_none(run):
+    variants = run["report"]["variants"]
+    _, retained = reference_seed_graph_bytes(last_batch())
+    seed = variants["seed"]
+    assert seed["graph_bytes_alive_after_step"] == retained > 0
+    assert all(step["graph_bytes_alive_after_step"] == retained for step in seed["per_step"])
+    assert seed["graph_bytes_after_loop_variables_deleted"] == 0
+    for name in CORRECTED:
+        figures = variants[name]
+        assert figures["graph_bytes_peak"] > 0  # the grad forward did hold activations
+        assert figures["graph_bytes_alive_after_step"] == 0
+        assert all(step["graph_bytes_alive_after_step"] == 0 for step in figures["per_step"])
+
+
+def test_seed_peak_holds_two_steps_of_graphs(run):
+    variants = run["report"]["variants"]
+    forwards, retained = reference_seed_graph_bytes(last_batch())
+    seed_second_step = variants["seed"]["per_step"][1]
+    # Step 2's three forwards run while step 1's graphs are still bound to the loop variables.
+    assert seed_second_step["graph_bytes_peak"] >= retained + forwards
+    assert variants["seed"]["per_step"][0]["graph_bytes_peak"] < retained + forwards
+    # Every triplet is selected: the two-pass step forwards the same 3T images once, with grad.
+    assert variants["seed"]["graph_bytes_peak"] >= 1.9 * variants["two_pass"]["graph_bytes_peak"]
+
+
+def test_images_forwarded_per_step(run):
+    variants = run["report"]["variants"]
+    assert variants["seed"]["selected_triplets"] == T
+    # Three full-batch forwards, then forward_classifier's three on the selected images.
+    assert variants["seed"]["images_forwarded_with_grad"] == 3 * T + 3 * T
+    assert variants["seed"]["images_forwarded_no_grad"] == 0
+    for name in ("two_pass", "two_pass_pk"):
+        assert variants[name]["images_forwarded_no_grad"] == 3 * T
+        assert 0 < variants[name]["images_forwarded_with_grad"] <= 3 * T
+    for name in ("one_pass", "one_pass_pk"):
+        assert variants[name]["images_forwarded_no_grad"] == 0
+        assert variants[name]["images_forwarded_with_grad"] == 3 * T
+
+
+# --------------------------------------------------------------------------- the JSON
+
+
+def test_json_has_every_key_per_variant(run):
+    written = run["json"]
+    assert set(written["variants"]) == {"seed", *CORRECTED}
+    for name, figures in written["variants"].items():
+        missing = [key for key in memory_report.REQUIRED_KEYS if key not in figures]
+        assert not missing, f"{name} lacks {missing}"
+        assert figures["step_seconds"] > 0
+        for key in memory_report.REQUIRED_KEYS[:-1]:
+            assert isinstance(figures[key], int) and figures[key] >= 0, (name, key)
+        assert not any(key in figures for key in memory_report.CUDA_KEYS)  # measured on CPU
+        assert len(figures["per_step"]) == STEPS
+    assert written["config"]["device"] == "cpu"
+    assert written["config"]["pk"] == {"P": T, "K": 3}  # 3T images
+    assert written == json.loads(json.dumps(run["report"]))  # the file is the returned report
+
+
+def test_state_bytes_against_the_model(run):
+    variants = run["report"]["variants"]
+    model = EmbeddingNet("tiny", embedding_dim=DIM, num_classes=CLASSES)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    tensors = len(list(model.parameters()))
+    for name, figures in variants.items():
+        assert figures["param_bytes"] == param_bytes, name  # the same network in every variant
+        assert figures["grad_bytes_at_optimizer_step"] == param_bytes, name
+        # Adagrad: a running sum per parameter plus a scalar step counter per tensor.
+        assert param_bytes < figures["optimizer_state_bytes"] <= param_bytes + 8 * tensors
+    assert variants["seed"]["grad_bytes"] == param_bytes  # zero_grad() before backward: kept
+    assert all(variants[name]["grad_bytes"] == 0 for name in CORRECTED)  # set_to_none after
+
+
+# --------------------------------------------------------------------------- the timeline
+
+
+def test_timeline_names_the_lines_that_hold_memory(run):
+    timeline = run["report"]["seed_timeline"]
+    seed = run["report"]["variants"]["seed"]
+    rows = timeline["lines"]
+    change = {row["line"]: row["change_bytes"] for row in rows}
+    assert max(change, key=change.get) == OUT_LINE
+    assert change[D_P_LINE] < 0 and change[D_N_LINE] < 0  # the old graphs go here, not before
+    assert change["loss.backward()"] < 0
+    assert rows[0]["alive_bytes"] == seed["per_step"][0]["graph_bytes_alive_after_step"]
+    assert rows[-1]["alive_bytes"] == timeline["alive_after_step"]
+    assert timeline["alive_after_step"] == seed["graph_bytes_alive_after_step"]
+    for before, after in zip(rows, rows[1:]):
+        assert after["change_bytes"] == after["alive_bytes"] - before["alive_bytes"]
+    held = {name for name, nbytes in timeline["held_by_variable"].items() if nbytes > 0}
+    assert held == {"out_a", "out_p", "out_n", "d_p", "d_n"}
+    assert timeline["held_by_variable"]["loss"] == 0  # backpropagated: freed
+    assert timeline["held_by_variable"]["model.features"] == 0
+
+
+def test_printed_report_shows_the_table_the_timeline_and_the_holders(run):
+    printed = run["printed"]
+    for name in ("seed", *CORRECTED):
+        assert f"\n{name} " in printed
+    out_row = next(line for line in printed.splitlines() if line.endswith(OUT_LINE))
+    assert "allocates" in out_row
+    d_n_row = next(line for line in printed.splitlines() if line.endswith(D_N_LINE))
+    assert "frees" in d_n_row
+    holders = printed.split("alive when it ends:")[1]
+    for name in ("out_a", "out_p", "out_n", "d_p", "d_n"):
+        assert f"  {name}\n" in holders
+
+
+def test_chart_is_a_png_and_the_figure_is_closed(run):
+    import matplotlib.pyplot as plt
+
+    assert run["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plt.get_fignums() == []
+
+
+# --------------------------------------------------------------------------- graph lifecycle
+
+
+def test_graph_lifecycle(run):
+    life = run["report"]["graph_lifecycle"]
+    forward = life["forward_with_grad"]
+    assert forward > 0
+    assert life["after_backward_output_still_referenced"] == 0
+    assert "second time" in life["second_backward_error"]
+    assert life["after_del_output_without_backward"] == 0
+    assert life["after_backward_retain_graph"] == forward
+    assert life["after_retained_output_deleted"] == 0
+    assert life["forward_no_grad"] == life["forward_inference_mode"] == 0
+    # Rebinding: both graphs at once, sharing only the input images the first conv saved.
+    image_bytes = T * 3 * SIZE * SIZE * 4
+    assert life["rebind_without_del_peak"] == 2 * forward - image_bytes
+    assert life["rebind_after_del_peak"] == forward
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def test_triplet_batches_are_seeded_and_valid():
+    first = memory_report.make_triplet_batches(2, 3, 8, 4, seed=1)
+    again = memory_report.make_triplet_batches(2, 3, 8, 4, seed=1)
+    for batch, same in zip(first, again):
+        assert all(torch.equal(x, y) for x, y in zip(batch, same))
+        a, p, n, label_p, label_n = batch
+        assert a.shape == p.shape == n.shape == (3, 3, 8, 8)
+        assert (label_p != label_n).all() and label_n.max() < 4
+    assert not torch.equal(first[0][0], first[1][0])
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--steps", "1"], "--steps"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--batch-size", "4", "--pk", "5"], "--pk"),
+        (["--num-classes", "1"], "--num-classes"),
+        (["--margin", "0"], "--margin"),
+        (["--device", "tpu"], "--device"),
+        (["--device", "cpu", "--snapshot", "s.pickle"], "--snapshot"),
+    ],
+)
+def test_bad_input_names_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit):
+        memory_report.parse_args(argv)
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_cuda_without_cuda_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        memory_report.parse_args(["--device", "cuda"])
+    assert "CUDA is not available" in capsys.readouterr().err
