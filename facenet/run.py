@@ -3,15 +3,33 @@
 ``run_training(cfg)`` is what ``scripts/train.py`` calls. The run directory receives
 ``config.yaml``, ``metrics.jsonl`` (one line per epoch), TensorBoard events, ``roc_epoch_N.png``,
 ``last.pt`` / ``best.pt`` and ``summary.json``.
+
+Reliability (see ``docs/reliability.md``):
+
+- ``last.pt`` is written atomically after every epoch; ``kill -9`` at any moment leaves the
+  previous or the new one, and ``--resume`` continues from it. It holds everything the next
+  epoch depends on (model, optimizer, schedule, scaler, the global RNG states, the miner's
+  generator, the sampler), so on the CPU in deterministic mode with ``num_workers: 0`` a resumed
+  run ends with exactly the parameters of an uninterrupted one.
+- SIGINT / SIGTERM: the current step finishes, ``last.pt`` is written and the run exits with
+  128 + the signal number. If the epoch was not finished, the checkpoint records how many of its
+  batches were trained and ``--resume`` continues with the next batch of the same epoch (the
+  sampler's order is a function of the seed and the epoch, so it skips exactly the trained
+  batches); that continuation is exact as well. A second signal stops at once.
+- Bad input ends the run with one line naming the key or the file (exit code 2); a run of
+  non-finite losses ends it with exit code 3.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import math
+import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +38,43 @@ import torch
 from facenet.checkpoint import (
     CheckpointError,
     load_checkpoint,
+    remove_stale_temporary_files,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
 from facenet.config import Config, config_to_dict, save_config
+from facenet.data.images import CorruptImageError
 from facenet.memory import format_bytes
 from facenet.run_logger import RunLogger
 from facenet.trainer import NonFiniteLossError, Trainer
 
-__all__ = ["TrainingData", "build_data", "build_trainer", "resolve_device", "fit", "run_training"]
+__all__ = [
+    "TrainingData",
+    "NonFiniteInputError",
+    "build_data",
+    "build_trainer",
+    "resolve_device",
+    "fit",
+    "run_training",
+    "describe_error",
+    "EXIT_BAD_INPUT",
+    "EXIT_NONFINITE_LOSS",
+]
 
 SUMMARY_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
+EXIT_BAD_INPUT = 2
+EXIT_NONFINITE_LOSS = 3
+CHECKPOINT_FORMAT = 2
+# Keys every training checkpoint holds; a file without them is not one of ours.
+_REQUIRED_KEYS = ("model", "optimizer", "epoch", "rng", "config", "history", "best_accuracy")
+# Settings that may change between a run and its resumption without a warning.
+_FREELY_CHANGED = ("logging.", "train.epochs", "train.device", "data.num_workers", "eval.")
+_FILES_IN_MESSAGE = 3
+
+
+class NonFiniteInputError(ValueError):
+    """A batch whose images hold NaN or infinite values."""
 
 
 @dataclass
@@ -46,8 +89,27 @@ class TrainingData:
     normalize: str
 
 
+@dataclass
+class _Progress:
+    """Where a run stands: the next epoch, how many of its batches are trained, the history."""
+
+    epoch: int = 1
+    steps_done: int = 0
+    best: float = -1.0
+    history: list = field(default_factory=list)
+    before_training: dict | None = None
+    resumed: bool = False
+
+
+# --------------------------------------------------------------------------- building
+
+
 def resolve_device(name: str) -> torch.device:
-    """"auto" picks CUDA when present; "cuda" without a GPU is an error naming the key."""
+    """The device of ``train.device``.
+
+    Args:
+        name: "auto" (CUDA when present), "cpu" or "cuda" ("cuda" without a GPU is an error).
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -62,27 +124,21 @@ def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, str | None]:
         from facenet.data.synthetic import prepare_synthetic_data
 
         root = Path(data.root) if data.root else run_dir / "data"
-        prepared = prepare_synthetic_data(root, data)
+        try:
+            prepared = prepare_synthetic_data(root, data)
+        except OSError as err:
+            raise OSError(err.errno, f"data.root: cannot write the synthetic data: {err}") from err
         return str(prepared["train_root"]), cfg.eval.pairs or str(prepared["pairs"])
     if not data.root:
         raise ValueError(f"data.root: required for data.dataset: {data.dataset}")
     return data.root, cfg.eval.pairs
 
 
-def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -> TrainingData:
-    """Datasets, sampler and loader from the ``data`` and ``eval`` sections.
-
-    Args:
-        cfg: the run configuration.
-        run_dir: the run directory (the synthetic data goes there when ``data.root`` is unset).
-        rank: this process's rank (the sampler gives each rank disjoint batches).
-        world_size: number of processes.
-    """
-    from facenet.data import IdentityFolder, PKSampler, TripletListDataset, build_transform
-    from facenet.data.loading import make_loader
+def _identity_folder(cfg: Config, train_root: str):
+    """The training images, with errors that name the ``data`` keys to change."""
+    from facenet.data import IdentityFolder, build_transform
 
     data = cfg.data
-    train_root, pairs_path = _data_roots(cfg, run_dir)
     transform = build_transform(
         data.image_size,
         train=True,
@@ -90,14 +146,36 @@ def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -
         hflip=data.hflip,
         random_crop=data.random_crop,
     )
-    dataset = IdentityFolder(
-        train_root, transform=transform, on_corrupt=data.on_corrupt, cache_dir=data.cache_dir
-    )
-    seed = cfg.train.seed
-    if data.dataset == "triplets":
-        sampler = TripletListDataset(
-            dataset.targets, data.triplets_per_epoch, seed=seed, paths_or_dataset=dataset
+    try:
+        return IdentityFolder(
+            train_root, transform=transform, on_corrupt=data.on_corrupt, cache_dir=data.cache_dir
         )
+    except CorruptImageError as err:
+        raise CorruptImageError(
+            err.path, f"{err.reason} (data.on_corrupt: skip leaves such files out)"
+        ) from None
+    except ValueError as err:
+        raise ValueError(f"data.root: {err}") from None
+
+
+def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
+    """(loader, sampler): P x K batches, or seed-style triplet batches (data.dataset: triplets)."""
+    from facenet.data import PKSampler, TripletListDataset
+    from facenet.data.loading import make_loader
+
+    data, seed = cfg.data, cfg.train.seed
+    if data.dataset == "triplets":
+        try:
+            sampler = TripletListDataset(
+                dataset.targets, data.triplets_per_epoch, seed=seed, paths_or_dataset=dataset
+            )
+        except ValueError as err:
+            raise ValueError(f"data.triplets_per_epoch: {err}") from None
+        if data.triplet_batch_size > len(sampler):
+            raise ValueError(
+                f"data.triplet_batch_size={data.triplet_batch_size} is larger than "
+                f"data.triplets_per_epoch={len(sampler)}: an epoch would hold no batch"
+            )
         loader = torch.utils.data.DataLoader(
             sampler,
             batch_size=data.triplet_batch_size,
@@ -106,9 +184,10 @@ def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -
             pin_memory=data.pin_memory,
             drop_last=True,
         )
-    else:
+        return loader, sampler
+    try:
         sampler = PKSampler(
-            dataset.targets,
+            dataset.triplet_labels,
             p=data.p,
             k=data.k,
             seed=seed,
@@ -116,19 +195,61 @@ def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -
             rank=rank,
             world_size=world_size,
         )
-        loader = make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed=seed)
-    eval_pairs = None
-    if cfg.eval.every > 0 and pairs_path:
-        from facenet.data.pairs import read_pairs
+    except ValueError as err:
+        raise ValueError(f"data.p={data.p}, data.k={data.k}: {err}") from None
+    return make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed=seed), sampler
 
-        eval_pairs = read_pairs(pairs_path, root=cfg.eval.root, skip_missing=cfg.eval.skip_missing)
+
+def _eval_pairs(cfg: Config, pairs_path: str | None):
+    """The held-out pairs, or None when evaluation is off."""
+    if cfg.eval.every <= 0 or not pairs_path:
+        return None
+    from facenet.data.pairs import MissingImagesError, PairsFormatError, read_pairs
+
+    try:
+        return read_pairs(pairs_path, root=cfg.eval.root, skip_missing=cfg.eval.skip_missing)
+    except (PairsFormatError, MissingImagesError):
+        raise  # their messages name the file, the line and the eval.skip_missing option
+    except FileNotFoundError as err:
+        key = "eval.pairs" if not Path(pairs_path).is_file() else "eval.root"
+        what = f"file not found: {pairs_path}" if key == "eval.pairs" else str(err)
+        raise ValueError(f"{key}: {what}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"eval.pairs: {pairs_path} is not a text file") from None
+
+
+def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -> TrainingData:
+    """Datasets, sampler and loader from the ``data`` and ``eval`` sections.
+
+    Errors name the configuration key to change (``data.root``, ``data.p``, ``eval.pairs``...).
+
+    Args:
+        cfg: the run configuration.
+        run_dir: the run directory (the synthetic data goes there when ``data.root`` is unset).
+        rank: this process's rank (the sampler gives each rank disjoint batches).
+        world_size: number of processes.
+    """
+    train_root, pairs_path = _data_roots(cfg, Path(run_dir))
+    dataset = _identity_folder(cfg, train_root)
+    loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
     return TrainingData(
-        loader, sampler, len(dataset.classes), eval_pairs, data.image_size, data.normalize
+        loader,
+        sampler,
+        len(dataset.classes),
+        _eval_pairs(cfg, pairs_path),
+        cfg.data.image_size,
+        cfg.data.normalize,
     )
 
 
 def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) -> Trainer:
-    """Model, miner, loss, optimizer and schedule from the configuration."""
+    """Model, miner, loss, optimizer and schedule from the configuration.
+
+    Args:
+        cfg: the run configuration.
+        num_classes: identities in the training data (for the optional classifier head).
+        device: where the model and the miner's generator live.
+    """
     from facenet.losses import build_loss
     from facenet.miners import build_miner
     from facenet.models import build_model
@@ -136,6 +257,7 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
 
     use_ce = cfg.loss.ce_weight > 0
     model = build_model(cfg.model, num_classes=num_classes if use_ce else None)
+    # The miner's own generator (the max_triplets cap draws from it): checkpointed with the run.
     generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
     miner = build_miner(cfg.mining, generator=generator)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
@@ -156,18 +278,33 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
     )
 
 
+# --------------------------------------------------------------------------- signals
+
+
 class _StopFlag:
-    """SIGINT/SIGTERM set a flag: the current step finishes, a checkpoint is written."""
+    """SIGINT/SIGTERM set a flag: the current step finishes, a checkpoint is written.
+
+    A second signal raises ``KeyboardInterrupt`` at once (the checkpoint on disk is intact:
+    writes are atomic).
+    """
 
     def __init__(self):
-        self.signal = None
-        self._previous = {}
+        self.signal: str | None = None
+        self._previous: dict = {}
 
     def __call__(self) -> bool:
         return self.signal is not None
 
     def _handle(self, signum, frame):
+        if self.signal is not None:
+            raise KeyboardInterrupt(f"second signal {signal.Signals(signum).name}")
         self.signal = signal.Signals(signum).name
+        print(
+            f"{self.signal} received: finishing the current step, then writing a checkpoint "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -181,6 +318,236 @@ class _StopFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         return False
+
+
+# --------------------------------------------------------------------------- batches
+
+
+class _SkipBatches:
+    """A batch sampler without its first ``skip`` batches (a resumed, half-trained epoch).
+
+    Args:
+        batch_sampler: yields lists of dataset indices, the same order on every iteration of
+            an epoch (PKSampler and TripletListDataset orders are functions of seed and epoch).
+        skip: batches already trained.
+    """
+
+    def __init__(self, batch_sampler, skip: int):
+        self.batch_sampler, self.skip = batch_sampler, skip
+
+    def __iter__(self):
+        return itertools.islice(iter(self.batch_sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip)
+
+
+def _remaining_loader(loader, skip: int):
+    """``loader`` from its batch ``skip`` on, without loading the skipped batches."""
+    if skip == 0:
+        return loader
+    return torch.utils.data.DataLoader(
+        loader.dataset,
+        batch_sampler=_SkipBatches(loader.batch_sampler, skip),
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        collate_fn=loader.collate_fn,
+        worker_init_fn=loader.worker_init_fn,
+        # Its own generator: the global one must not advance (the interrupted epoch already
+        # drew its loader seed from it before the checkpoint captured its state).
+        generator=torch.Generator(),
+    )
+
+
+def _nonfinite_rows(batch) -> torch.Tensor:
+    """(B,) bool: images of the batch holding NaN or inf (a/p/n triplets: any of the three)."""
+    images = [t for t in batch if torch.is_tensor(t) and t.ndim == 4 and t.is_floating_point()]
+    bad = torch.zeros(images[0].shape[0], dtype=torch.bool) if images else torch.zeros(0)
+    for tensor in images:
+        bad |= ~torch.isfinite(tensor).flatten(1).all(dim=1).cpu()
+    return bad
+
+
+def _files_of_batch(loader, position: int, rows: list[int]) -> list[str]:
+    """The image files at ``rows`` of the loader's batch ``position`` (PK batches only)."""
+    dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
+    if not hasattr(dataset, "samples") or batch_sampler is None:
+        return []
+    # The order of an epoch is fixed, so iterating the sampler again finds the same batch.
+    indices = next(itertools.islice(iter(batch_sampler), position, None), None)
+    if indices is None:
+        return []
+    return [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
+
+
+class _CheckedBatches:
+    """The loader's batches, counted, each refused if its images hold NaN or inf.
+
+    Decoded images are finite by construction, so a non-finite value comes from a transform
+    or a custom dataset; left alone it would make every step select no triplet or skip.
+
+    Args:
+        loader: the epoch's loader.
+        epoch: the epoch number (for messages).
+        first_step: batches of the epoch trained before this loader's first one.
+    """
+
+    def __init__(self, loader, epoch: int, first_step: int):
+        self.loader, self.epoch, self.first_step = loader, epoch, first_step
+        self.yielded = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for position, batch in enumerate(self.loader):
+            bad = _nonfinite_rows(batch)
+            if bool(bad.any()):
+                self._refuse(position, bad)
+            self.yielded += 1
+            yield batch
+
+    def _refuse(self, position: int, bad: torch.Tensor):
+        rows = bad.nonzero().flatten().tolist()
+        files = _files_of_batch(self.loader, position, rows[:_FILES_IN_MESSAGE])
+        named = ""
+        if files:
+            named = ": " + ", ".join(files) + (" ..." if len(rows) > len(files) else "")
+        raise NonFiniteInputError(
+            f"epoch {self.epoch}, step {self.first_step + position + 1}: {len(rows)} of "
+            f"{bad.numel()} input images hold NaN or infinite values after the transform{named}"
+        )
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _miner_generator(trainer: Trainer) -> torch.Generator | None:
+    return getattr(trainer.miner, "generator", None)
+
+
+def _checkpoint_state(trainer, data, cfg, progress: _Progress) -> dict:
+    """Everything the rest of the run depends on, as plain contents.
+
+    ``epoch`` is the last finished epoch; ``partial`` is None, or ``{"epoch", "steps_done"}``
+    when ``progress`` stands inside an epoch (some of its batches trained).
+    """
+    generator = _miner_generator(trainer)
+    partial = None
+    if progress.steps_done:
+        partial = {"epoch": progress.epoch, "steps_done": progress.steps_done}
+    state = trainer.state_dict()
+    state.update(
+        format=CHECKPOINT_FORMAT,
+        epoch=progress.epoch - 1,
+        partial=partial,
+        config=config_to_dict(cfg),
+        rng=rng_state(),
+        miner_rng=None if generator is None else generator.get_state(),
+        sampler=data.sampler.state_dict() if hasattr(data.sampler, "state_dict") else None,
+        best_accuracy=progress.best,
+        history=progress.history,
+        before_training=progress.before_training,
+    )
+    return state
+
+
+def _read_resume_checkpoint(run_dir: Path) -> dict | None:
+    """``run_dir/last.pt``, checked to be a training checkpoint; None (with a note) if absent."""
+    path = run_dir / "last.pt"
+    if not path.exists():
+        print(f"--resume: no checkpoint at {path}; starting a new run", file=sys.stderr)
+        return None
+    state = load_checkpoint(path, map_location="cpu")
+    missing = [key for key in _REQUIRED_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(
+            f"{path} is not a training checkpoint of this package (missing: {', '.join(missing)})"
+        )
+    return state
+
+
+def _changed_settings(saved: dict, current: dict) -> list[str]:
+    """``section.key: old -> new`` for settings that differ from the checkpoint's."""
+    changes = []
+    for section, values in current.items():
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            old = (saved.get(section) or {}).get(key, value)
+            if old != value and not name.startswith(_FREELY_CHANGED):
+                changes.append(f"{name}: {old!r} -> {value!r}")
+    return changes
+
+
+def _restore(trainer, data, cfg, state: dict, path: Path) -> _Progress:
+    """Load a checkpoint into the trainer, sampler and RNGs; where the run stands."""
+    changes = _changed_settings(state["config"], config_to_dict(cfg))
+    if changes:
+        print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
+    try:
+        trainer.load_state_dict(state)
+        if state.get("sampler") is not None and hasattr(data.sampler, "load_state_dict"):
+            data.sampler.load_state_dict(state["sampler"])
+        generator = _miner_generator(trainer)
+        if generator is not None and state.get("miner_rng") is not None:
+            generator.set_state(state["miner_rng"])
+        set_rng_state(state["rng"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path} does not fit this configuration: {reason}") from None
+    partial = state.get("partial")
+    progress = _Progress(
+        epoch=int(partial["epoch"]) if partial else int(state["epoch"]) + 1,
+        steps_done=int(partial["steps_done"]) if partial else 0,
+        best=float(state["best_accuracy"]),
+        history=list(state["history"]),
+        before_training=state.get("before_training"),
+        resumed=True,
+    )
+    where = f"step {progress.steps_done + 1} of " if progress.steps_done else ""
+    print(f"resumed from {path}: continuing with {where}epoch {progress.epoch}")
+    return progress
+
+
+def _save_for_error(state: dict, path: Path) -> str:
+    """Write a checkpoint while an error propagates; a failure to write is reported, not raised."""
+    try:
+        save_checkpoint(state, path)
+    except CheckpointError as err:
+        return f"no checkpoint written ({err})"
+    return f"checkpoint written to {path}"
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _rewrite_metrics(run_dir: Path, history: list) -> None:
+    """``metrics.jsonl`` as the checkpoint knows it: epochs after the checkpoint are dropped."""
+    lines = "".join(json.dumps(_json_safe(record)) + "\n" for record in history)
+    _write_text_atomic(run_dir / "metrics.jsonl", lines)
+
+
+# --------------------------------------------------------------------------- the loop
 
 
 def _eval_record(result) -> dict:
@@ -216,27 +583,16 @@ def _collapse_warning(record: dict, margin: float) -> str | None:
     return None
 
 
-def _checkpoint_state(trainer, data, cfg, epoch, best, history) -> dict:
-    state = trainer.state_dict()
-    state.update(
-        epoch=epoch,
-        config=config_to_dict(cfg),
-        rng=rng_state(),
-        sampler=data.sampler.state_dict() if hasattr(data.sampler, "state_dict") else None,
-        best_accuracy=best,
-        history=history,
-    )
-    return state
-
-
-def _resume(trainer, data, run_dir: Path) -> tuple[int, float, list]:
-    state = load_checkpoint(run_dir / "last.pt", map_location="cpu")
-    trainer.load_state_dict(state)
-    if state.get("sampler") is not None and hasattr(data.sampler, "load_state_dict"):
-        data.sampler.load_state_dict(state["sampler"])
-    set_rng_state(state["rng"])
-    print(f"resumed from {run_dir / 'last.pt'} after epoch {state['epoch']}")
-    return int(state["epoch"]) + 1, float(state["best_accuracy"]), list(state["history"])
+def _idle_warning(record: dict) -> str | None:
+    """Every step of the epoch was skipped: nothing was trained."""
+    skipped = record.get("skipped_no_triplets", 0) + record.get("skipped_nonfinite", 0)
+    if record.get("steps", 0) and skipped == record["steps"]:
+        return (
+            f"warning: epoch {record['epoch']} trained on no step "
+            f"({record.get('skipped_no_triplets', 0)} without triplets, "
+            f"{record.get('skipped_nonfinite', 0)} with a non-finite loss)"
+        )
+    return None
 
 
 def _evaluate(trainer, data, cfg, epoch, run_dir, logger) -> dict:
@@ -248,115 +604,308 @@ def _evaluate(trainer, data, cfg, epoch, run_dir, logger) -> dict:
     return _eval_record(result)
 
 
-def fit(trainer: Trainer, data: TrainingData, cfg: Config, run_dir: Path, resume: bool) -> dict:
+def _epoch_length(data: TrainingData, cfg: Config) -> int:
+    """Batches in one epoch: the sampler's, capped by ``train.steps_per_epoch``."""
+    length = len(data.loader)
+    return min(length, cfg.train.steps_per_epoch) if cfg.train.steps_per_epoch else length
+
+
+def _schedule_snapshot(trainer: Trainer) -> tuple:
+    scheduler = trainer.scheduler
+    return (
+        None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
+        [group["lr"] for group in trainer.optimizer.param_groups],
+    )
+
+
+def _restore_schedule(trainer: Trainer, snapshot: tuple) -> None:
+    """Undo the epoch's scheduler step: an interrupted epoch is continued, not ended."""
+    scheduler_state, lrs = snapshot
+    if trainer.scheduler is not None:
+        trainer.scheduler.load_state_dict(scheduler_state)
+    for group, lr in zip(trainer.optimizer.param_groups, lrs):
+        group["lr"] = lr
+
+
+def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
+    """Train (the rest of) ``progress.epoch``; returns (record, batches of it trained in all).
+
+    On a data error or a run of non-finite losses a checkpoint of the state at the last
+    finished step is written before the error propagates; its ``checkpoint_note`` says where.
+    """
+    epoch, skip = progress.epoch, progress.steps_done
+    if hasattr(data.sampler, "set_epoch"):
+        data.sampler.set_epoch(epoch)
+    batches = _CheckedBatches(_remaining_loader(data.loader, skip), epoch, skip)
+    steps = cfg.train.steps_per_epoch
+    snapshot = _schedule_snapshot(trainer)
+    try:
+        record = trainer.train_one_epoch(
+            batches,
+            epoch,
+            max_steps=steps - skip if steps else 0,
+            log_interval=cfg.train.log_interval,
+            progress=cfg.logging.progress,
+            should_stop=stop,
+        )
+    except (CorruptImageError, NonFiniteInputError) as err:
+        progress.steps_done = skip + batches.yielded
+        state = _checkpoint_state(trainer, data, cfg, progress)
+        saved = _save_for_error(state, run_dir / "last.pt")
+        err.checkpoint_note = (
+            f"{saved}; after fixing the data, --resume continues with step "
+            f"{progress.steps_done + 1} of epoch {epoch}"
+        )
+        raise
+    except NonFiniteLossError as err:
+        progress.steps_done = skip + batches.yielded
+        state = _checkpoint_state(trainer, data, cfg, progress)
+        err.checkpoint_note = (
+            f"{_save_for_error(state, run_dir / 'nonfinite.pt')} for inspection; "
+            f"{run_dir / 'last.pt'} still holds epoch {epoch - 1}"
+        )
+        raise
+    done = min(skip + batches.yielded, _epoch_length(data, cfg))
+    if done < _epoch_length(data, cfg):
+        _restore_schedule(trainer, snapshot)
+    return record, done
+
+
+def _stop_message(signal_name: str, progress: _Progress, path: Path) -> str:
+    if progress.steps_done:
+        where = f"after step {progress.steps_done} of epoch {progress.epoch}"
+        then = f"step {progress.steps_done + 1} of epoch {progress.epoch}"
+    else:
+        where = f"after epoch {progress.epoch - 1}"
+        then = f"epoch {progress.epoch}"
+    return (
+        f"stopped by {signal_name} {where}; checkpoint written to {path}; "
+        f"--resume continues with {then}"
+    )
+
+
+def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None:
+    """Evaluate, log and checkpoint a finished epoch."""
+    epoch, every = record["epoch"], cfg.eval.every
+    if data.eval_pairs is not None and every > 0 and (
+        epoch % every == 0 or epoch == cfg.train.epochs
+    ):
+        record.update(_evaluate(trainer, data, cfg, epoch, run_dir, logger))
+    logger.log_epoch(record)
+    progress.history.append(record)
+    print(_console_line(record, cfg.train.epochs), flush=True)
+    for warning in (_collapse_warning(record, cfg.loss.margin), _idle_warning(record)):
+        if warning:
+            print(warning, file=sys.stderr)
+    is_best = record.get("accuracy_mean", -1.0) > progress.best
+    progress.best = max(progress.best, record.get("accuracy_mean", -1.0))
+    progress.epoch, progress.steps_done = epoch + 1, 0
+    state = _checkpoint_state(trainer, data, cfg, progress)
+    save_checkpoint(state, run_dir / "last.pt")
+    if is_best:
+        save_checkpoint(state, run_dir / "best.pt")
+
+
+def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
+    """The epoch loop; returns the name of the signal that stopped it, or None."""
+    saved = False
+    with _StopFlag() as stop:
+        while progress.epoch <= cfg.train.epochs and not stop():
+            record, done = _train_epoch(trainer, data, cfg, progress, stop, run_dir)
+            if done < _epoch_length(data, cfg):  # a signal stopped the epoch
+                progress.steps_done = done
+                break
+            _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger)
+            saved = True
+        if stop():
+            if not saved or progress.steps_done:  # the state on disk is not the current one
+                state = _checkpoint_state(trainer, data, cfg, progress)
+                save_checkpoint(state, run_dir / "last.pt")
+            print(_stop_message(stop.signal, progress, run_dir / "last.pt"), file=sys.stderr)
+        return stop.signal
+
+
+def fit(
+    trainer: Trainer,
+    data: TrainingData,
+    cfg: Config,
+    run_dir: Path,
+    resume: bool,
+    resume_state: dict | None = None,
+) -> dict:
     """Train for ``cfg.train.epochs`` epochs with evaluation, logging and checkpoints.
 
-    Returns the summary written to ``summary.json``.
+    Args:
+        trainer: built by :func:`build_trainer`.
+        data: built by :func:`build_data`.
+        cfg: the run configuration.
+        run_dir: the run directory.
+        resume: continue from ``run_dir/last.pt`` when it exists.
+        resume_state: that checkpoint, already loaded (``run_training`` reads it first).
+
+    Returns:
+        The summary written to ``summary.json``; ``stopped_by`` names the signal that stopped
+        the run early (None when all epochs ran).
+
+    Raises:
+        CorruptImageError, NonFiniteInputError, NonFiniteLossError: mid-epoch; a checkpoint of
+            the last finished step is written first and the error's ``checkpoint_note`` says
+            where.
     """
+    run_dir = Path(run_dir)
+    remove_stale_temporary_files(run_dir)
+    if resume and resume_state is None:
+        resume_state = _read_resume_checkpoint(run_dir)
+    progress = _Progress()
+    if resume_state is not None:
+        progress = _restore(trainer, data, cfg, resume_state, run_dir / "last.pt")
+    _rewrite_metrics(run_dir, progress.history)
     logger = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard)
-    start, best, history = 1, -1.0, []
-    summary: dict[str, Any] = {}
-    if resume and (run_dir / "last.pt").exists():
-        start, best, history = _resume(trainer, data, run_dir)
-        summary_path = run_dir / "summary.json"
-        if summary_path.exists():
-            summary = json.loads(summary_path.read_text())
-    elif data.eval_pairs is not None:
-        summary["before_training"] = _evaluate(trainer, data, cfg, 0, run_dir, logger)
-        print(f"before training: accuracy {summary['before_training']['accuracy_mean']:.4f}")
-    epoch = start - 1
     try:
-        with _StopFlag() as stop:
-            for epoch in range(start, cfg.train.epochs + 1):
-                if hasattr(data.sampler, "set_epoch"):
-                    data.sampler.set_epoch(epoch)
-                record = trainer.train_one_epoch(
-                    data.loader,
-                    epoch,
-                    max_steps=cfg.train.steps_per_epoch,
-                    log_interval=cfg.train.log_interval,
-                    progress=cfg.logging.progress,
-                    should_stop=stop,
-                )
-                every = cfg.eval.every
-                if data.eval_pairs is not None and every > 0 and (
-                    epoch % every == 0 or epoch == cfg.train.epochs
-                ):
-                    record.update(_evaluate(trainer, data, cfg, epoch, run_dir, logger))
-                logger.log_epoch(record)
-                history.append(record)
-                print(_console_line(record, cfg.train.epochs))
-                warning = _collapse_warning(record, cfg.loss.margin)
-                if warning:
-                    print(warning, file=sys.stderr)
-                is_best = record.get("accuracy_mean", -1.0) > best
-                best = max(best, record.get("accuracy_mean", -1.0))
-                state = _checkpoint_state(trainer, data, cfg, epoch, best, history)
-                save_checkpoint(state, run_dir / "last.pt")
-                if is_best:
-                    save_checkpoint(state, run_dir / "best.pt")
-                if stop():
-                    print(
-                        f"stopped by {stop.signal} during epoch {epoch}; checkpoint written to "
-                        f"{run_dir / 'last.pt'} (--resume continues with epoch {epoch + 1})",
-                        file=sys.stderr,
-                    )
-                    break
-    except NonFiniteLossError:
-        state = _checkpoint_state(trainer, data, cfg, epoch - 1, best, history)
-        save_checkpoint(state, run_dir / "nonfinite.pt")
-        raise
+        if not progress.resumed and data.eval_pairs is not None:
+            progress.before_training = _evaluate(trainer, data, cfg, 0, run_dir, logger)
+            print(f"before training: accuracy {progress.before_training['accuracy_mean']:.4f}")
+        stopped_by = _train_epochs(trainer, data, cfg, progress, run_dir, logger)
     finally:
         logger.close()
-    summary.update(_summary(history, best))
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary = _summary(progress, stopped_by)
+    _write_text_atomic(run_dir / "summary.json", json.dumps(_json_safe(summary), indent=2))
     return summary
 
 
-def _summary(history: list, best: float) -> dict:
+def _summary(progress: _Progress, stopped_by: str | None) -> dict:
+    history, best = progress.history, progress.best
     evaluated = [r for r in history if "accuracy_mean" in r]
-    summary = {
-        "epochs": len(history),
-        "best_accuracy": best if best >= 0 else None,
-        "memory_per_epoch": [
+    summary: dict[str, Any] = {}
+    if progress.before_training is not None:
+        summary["before_training"] = progress.before_training
+    summary.update(
+        epochs=len(history),
+        stopped_by=stopped_by,
+        best_accuracy=best if best >= 0 else None,
+        memory_per_epoch=[
             {k: r[k] for k in r if k == "epoch" or "bytes" in k or k.startswith("cuda")}
             for r in history
         ],
-    }
+    )
     if evaluated:
         summary["final"] = {k: evaluated[-1][k] for k in SUMMARY_KEYS}
     return summary
 
 
-def run_training(cfg: Config, resume: bool = False) -> int:
-    """The whole run for ``scripts/train.py``; returns an exit code."""
-    run_dir = Path(cfg.logging.out_dir)
+# --------------------------------------------------------------------------- the command
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for the user: what went wrong, naming the file or configuration key.
+
+    Args:
+        err: an error from setting up or running the training.
+    """
+    from facenet.data.pairs import MissingImagesError
+
+    if isinstance(err, MissingImagesError):
+        head = str(err).splitlines()[0].rstrip(":")
+        first = err.missing[0]
+        text = (
+            f"{head}; first: {first}.* (line {err.lines[first][0]}); "
+            "eval.skip_missing: true skips those pairs"
+        )
+    elif isinstance(err, OSError) and err.filename and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    else:
+        text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        text = text or type(err).__name__
+    note = getattr(err, "checkpoint_note", None)
+    return f"{text} ({note})" if note else text
+
+
+def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) -> str | None:
+    """Create the run directory and write ``config.yaml``; an error message, or None."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot create the run directory {run_dir}: {err.strerror or err}"
+    if (run_dir / "last.pt").exists() and not (resume or overwrite):
+        return (
+            f"{run_dir / 'last.pt'} exists: --resume continues that run, --overwrite starts a "
+            "new one in its place (or choose another --out)"
+        )
+    try:
         save_config(cfg, run_dir / "config.yaml")
     except OSError as err:
-        print(f"error: cannot write the run directory {run_dir}: {err.strerror}", file=sys.stderr)
-        return 2
+        return f"cannot write the run directory {run_dir}: {err.strerror or err}"
+    return None
+
+
+def _run(cfg: Config, run_dir: Path, resume: bool) -> dict:
+    state = _read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
+    device = resolve_device(cfg.train.device)
+    if cfg.train.deterministic and device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    data = build_data(cfg, run_dir)
+    trainer = build_trainer(cfg, data.num_classes, device)
+    return fit(trainer, data, cfg, run_dir, resume=state is not None, resume_state=state)
+
+
+def _final_line(summary: dict, cfg: Config) -> str | None:
+    before = (summary.get("before_training") or {}).get("accuracy_mean")
+    final = summary.get("final", {})
+    if not final:
+        return None
+    return (
+        "held-out verification: accuracy "
+        + (f"{before:.4f} before training -> " if before is not None else "")
+        + f"{final['accuracy_mean']:.4f} ± {final['accuracy_std']:.4f} after; "
+        f"VAL@FAR={cfg.eval.far_target:g}: {final['val']:.4f}; AUC {final['auc']:.4f}; "
+        f"EER {final['eer']:.4f}"
+    )
+
+
+def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> int:
+    """The whole run for ``scripts/train.py``; returns an exit code.
+
+    Args:
+        cfg: the run configuration (``logging.out_dir`` is the run directory).
+        resume: continue from ``<out_dir>/last.pt`` (a new run if there is none).
+        overwrite: start a new run even if ``<out_dir>/last.pt`` exists (it is replaced after
+            the first epoch).
+
+    Returns:
+        0 when every epoch ran; 2 for bad input (configuration, data, pairs, checkpoint, an
+        unwritable output folder), 3 for a run of non-finite losses, 128 + the signal number
+        when SIGINT/SIGTERM stopped the run, 130 for a second signal.
+    """
+    run_dir = Path(cfg.logging.out_dir)
+    problem = _prepare_run_dir(run_dir, cfg, resume, overwrite)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    deterministic_before = torch.are_deterministic_algorithms_enabled()
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
     try:
-        device = resolve_device(cfg.train.device)
-        data = build_data(cfg, run_dir)
-        trainer = build_trainer(cfg, data.num_classes, device)
-        summary = fit(trainer, data, cfg, run_dir, resume)
-    except (ValueError, FileNotFoundError, CheckpointError, NonFiniteLossError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2 if not isinstance(err, NonFiniteLossError) else 3
-    before = summary.get("before_training", {}).get("accuracy_mean")
-    final = summary.get("final", {})
-    if final:
+        summary = _run(cfg, run_dir, resume)
+    except KeyboardInterrupt:
         print(
-            "held-out verification: accuracy "
-            + (f"{before:.4f} before training -> " if before is not None else "")
-            + f"{final['accuracy_mean']:.4f} ± {final['accuracy_std']:.4f} after; "
-            f"VAL@FAR={cfg.eval.far_target:g}: {final['val']:.4f}; AUC {final['auc']:.4f}; "
-            f"EER {final['eer']:.4f}"
+            f"error: stopped at once by a second signal; {run_dir / 'last.pt'} holds the last "
+            "checkpoint written",
+            file=sys.stderr,
         )
+        return 128 + signal.SIGINT
+    except NonFiniteLossError as err:
+        print(f"error: {describe_error(err)}", file=sys.stderr)
+        return EXIT_NONFINITE_LOSS
+    except (ValueError, OSError, CheckpointError) as err:
+        print(f"error: {describe_error(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        torch.use_deterministic_algorithms(deterministic_before)
+    line = _final_line(summary, cfg)
+    if line:
+        print(line)
     print(f"run directory: {run_dir}")
+    if summary["stopped_by"]:
+        return 128 + signal.Signals[summary["stopped_by"]].value
     return 0

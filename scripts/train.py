@@ -2,12 +2,17 @@
 """Train a FaceNet embedding: ``python scripts/train.py --config configs/<name>.yaml``.
 
 The YAML file supplies the run; ``--set section.key=value`` overrides single keys.
+
+Exit codes: 0 done; 2 bad input (configuration, data, pairs file, checkpoint, output folder),
+each reported on one line naming the key or the file; 3 a run of non-finite losses;
+128 + N stopped by signal N (SIGINT 130, SIGTERM 143) after writing ``last.pt``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
@@ -34,7 +39,17 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resume", action="store_true", help="continue from <out>/last.pt if it exists"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run even if <out>/last.pt exists (it is replaced after one epoch)",
+    )
     return parser
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as ``warning: <message>`` on stderr, without the source line."""
+    print(f"warning: {message}", file=sys.stderr if file is None else file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,9 +67,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
+    if args.resume and args.overwrite:
+        print("error: --resume and --overwrite exclude each other", file=sys.stderr)
+        return 2
     from facenet.run import run_training
 
-    return run_training(cfg, resume=args.resume)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return run_training(cfg, resume=args.resume, overwrite=args.overwrite)
 
 
 if __name__ == "__main__":

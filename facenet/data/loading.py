@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import signal
 import time
 from collections.abc import Iterable
 
@@ -14,10 +15,15 @@ __all__ = ["seed_worker", "make_loader", "measure_throughput", "count_images"]
 
 
 def seed_worker(worker_id: int) -> None:
-    """Give a DataLoader worker its own numpy and ``random`` streams.
+    """Give a DataLoader worker its own numpy and ``random`` streams; leave signals to the parent.
 
     torch seeds each worker differently (base seed + worker id) but leaves numpy's and Python's
     global generators as forked, so without this every worker would draw the same numbers.
+
+    A terminal's Ctrl-C sends SIGINT to every process of the job. A worker that died of it
+    would fail the training loop's next fetch before the loop could finish its step and write
+    a checkpoint, so workers ignore SIGINT: the main process stops them. (SIGTERM keeps its
+    default: the loader ends stuck workers with it.)
 
     Args:
         worker_id: the worker's number (unused: torch's initial seed already differs).
@@ -25,6 +31,8 @@ def seed_worker(worker_id: int) -> None:
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
+    if torch.utils.data.get_worker_info() is not None:  # never in the main process
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def make_loader(
