@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from facenet.distributed import all_gather_tensor, get_rank, get_world_size
 from facenet.grad_cache import BatchState
 from facenet.memory import (
     GraphMemoryMeter,
@@ -59,6 +60,14 @@ STAT_KEYS = (
 def _at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
     """Losses run in float32 or wider, also under autocast (float64 stays float64)."""
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def _all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks of a scalar statistic (itself for one process)."""
+    if get_world_size() > 1:
+        value = value.clone()
+        torch.distributed.all_reduce(value)
+    return value
 
 
 class NonFiniteLossError(RuntimeError):
@@ -191,13 +200,14 @@ class Trainer:
             images = images.contiguous(memory_format=torch.channels_last)
         return images, labels.to(self.device, non_blocking=True)
 
-    def _forward(self, images: torch.Tensor, with_logits: bool):
-        """One forward; returns (embeddings (N, D) float32, logits (N, C) or None)."""
+    def _forward(self, images: torch.Tensor, with_logits: bool, model: nn.Module | None = None):
+        """One forward; returns (embeddings (N, D) float32+, logits (N, C) or None)."""
+        model = self.model if model is None else model
         with self._autocast():
             if with_logits:
-                embeddings, logits = self.model(images, return_logits=True)
+                embeddings, logits = model(images, return_logits=True)
             else:
-                embeddings, logits = self.model(images), None
+                embeddings, logits = model(images), None
         return _at_least_float32(embeddings), None if logits is None else _at_least_float32(logits)
 
     def _skipped(self, reason: str) -> dict:
@@ -226,10 +236,12 @@ class Trainer:
             no triplet was selected or the loss was not finite (no parameter update then).
         """
         images, labels = self._to_device(images, labels)
+        if get_world_size() > 1:
+            return self._cached_gradient_step(images, labels, candidates, self.passes == 1)
         if self.passes == 1:
             return self._one_pass_step(images, labels, candidates)
         if self.chunk_size > 0:
-            return self._chunked_step(images, labels, candidates)
+            return self._cached_gradient_step(images, labels, candidates)
         # 1. Mining pass: no graph, BatchNorm running statistics untouched.
         with torch.no_grad(), frozen_bn_running_stats(self.model):
             mining_embeddings, _ = self._forward(images, with_logits=False)  # (B, D)
@@ -247,48 +259,96 @@ class Trainer:
         self.scaler.scale(loss).backward()  # every tensor saved for backward is released here
         return self._finish_step(loss, stats, images)
 
-    def _chunked_step(self, images, labels, candidates) -> dict:
-        """Gradient caching: the loss gradient w.r.t. the mining embeddings, then the grad
-        pass over the selected images in chunks, each backpropagating its slice of it.
+    def _cached_gradient_step(self, images, labels, candidates, one_pass: bool = False) -> dict:
+        """Gradient caching, and the multi-process step (the same mechanism).
 
-        The peak graph memory is one chunk's, whatever the number of selected images.
+        The loss over the triplets mined in the GLOBAL batch (all ranks' embeddings gathered)
+        is computed on detached embeddings; its gradient with respect to them is cached and
+        backpropagated through a grad pass over this rank's own images, in chunks of
+        ``chunk_size``, so the peak graph memory is one chunk's. With N ranks the cached
+        gradient is multiplied by N: DDP averages the ranks' gradients, which then equal the
+        single-process gradient on the concatenated batch. With ``one_pass`` the grad forward
+        on the whole local batch comes first and the cached gradient goes through its graph.
         """
-        state = BatchState(self.model)
-        with torch.no_grad(), frozen_bn_running_stats(self.model), state.record():
-            mining_embeddings, _ = self._forward(images, with_logits=False)  # (B, D)
-        triplets = self.miner(mining_embeddings, labels, candidates=candidates)
-        if triplets.anchor.numel() == 0:
+        world, rank, count = get_world_size(), get_rank(), images.shape[0]
+        state = BatchState(self._core_model)
+        with_logits = self.ce_weight > 0
+        if one_pass:
+            local_embeddings, local_logits = self._forward(images, with_logits)  # (b, D) graph
+            detached = local_embeddings.detach()
+        else:
+            with torch.no_grad(), frozen_bn_running_stats(self.model), state.record():
+                detached, _ = self._forward(images, False, model=self._core_model)  # (b, D)
+        embeddings = all_gather_tensor(detached)  # (W*b, D), rank-major
+        all_labels = all_gather_tensor(labels)  # (W*b,)
+        if candidates is not None:
+            candidates = tuple(all_gather_tensor(c + rank * count) for c in candidates)
+        triplets = self.miner(embeddings, all_labels, candidates=candidates)
+        if triplets.anchor.numel() == 0:  # the same answer on every rank
             return self._skipped("no_triplets")
-        unique, local = unique_triplet_images(triplets)
-        cached = mining_embeddings[unique].detach().requires_grad_(True)  # (U, D) leaf
-        del mining_embeddings
+        unique, local = unique_triplet_images(triplets)  # (U,) global indices
+        cached = embeddings[unique].detach().requires_grad_(True)  # (U, D) leaf
         triplet_loss = self.loss_fn(cached, local)
         stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
         stats["triplet_loss"] = triplet_loss.detach()
-        (cached_grad,) = torch.autograd.grad(self.scaler.scale(triplet_loss), cached)  # (U, D)
-        ce_total = torch.zeros((), device=self.device, dtype=cached.dtype)
-        with state.replay() as rows:
-            for chunk in torch.arange(unique.numel(), device=self.device).split(self.chunk_size):
-                rows[0] = unique[chunk]  # batch indices of this chunk's images
-                embeddings, logits = self._forward(images[rows[0]], self.ce_weight > 0)
-                surrogate = (embeddings * cached_grad[chunk]).sum()  # d(surrogate)/d(emb) = grad
-                if logits is not None:
-                    # Sum over the chunk / U: the chunks add up to the mean over all U images.
-                    ce_sum = F.cross_entropy(logits, labels[rows[0]], reduction="sum")
-                    ce_total += ce_sum.detach()
-                    surrogate = surrogate + self.scaler.scale(
-                        self.ce_weight * ce_sum / unique.numel()
-                    )
-                surrogate.backward()  # frees this chunk's graph before the next is built
-                del embeddings, logits, surrogate
-        state.update_running_stats()  # once per step, with the whole batch's statistics
+        (cached_grad,) = torch.autograd.grad(self.scaler.scale(triplet_loss) * world, cached)
+        mine = (unique >= rank * count) & (unique < (rank + 1) * count)
+        rows, grads = unique[mine] - rank * count, cached_grad[mine]  # this rank's images
+        # Cross-entropy: mean over the U selected images, summed across ranks by DDP.
+        ce_scale = self.ce_weight * world / unique.numel()
+        if one_pass:
+            logits = local_logits[rows] if with_logits else None
+            ce_sum = self._surrogate_backward(
+                local_embeddings[rows], grads, logits, labels[rows], ce_scale
+            )
+        else:
+            ce_sum = self._chunked_backward(images, labels, rows, grads, state, ce_scale)
+            state.update_running_stats()  # once per step, with the mining pass's statistics
         loss = triplet_loss.detach()
-        if self.ce_weight > 0:
-            stats["ce_loss"] = ce_total / unique.numel()
+        if with_logits:
+            stats["ce_loss"] = _all_reduce_sum(ce_sum) / unique.numel()
             loss = loss + self.ce_weight * stats["ce_loss"]
         stats["loss"] = loss
         stats["selected_images"] = torch.tensor(float(unique.numel()))
         return self._finish_step(loss, stats, images)
+
+    def _gradient_sync(self, last: bool):
+        """DDP all-reduces on the last backward of a step only (``no_sync`` before it)."""
+        if last or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def _surrogate_backward(self, embeddings, grads, logits, ce_labels, ce_scale):
+        """Backward of sum(embeddings * grads) (+ scaled cross-entropy); returns the CE sum."""
+        surrogate = (embeddings * grads).sum()  # d(surrogate)/d(embeddings) = grads
+        ce_sum = torch.zeros((), device=self.device, dtype=grads.dtype)
+        if logits is not None:
+            ce = F.cross_entropy(logits, ce_labels, reduction="sum")
+            ce_sum = ce.detach()
+            surrogate = surrogate + self.scaler.scale(ce * ce_scale)
+        surrogate.backward()  # frees this graph before the next one is built
+        return ce_sum
+
+    def _chunked_backward(self, images, labels, rows, grads, state, ce_scale):
+        """The grad pass over ``rows`` in chunks; DDP synchronises on the last chunk only."""
+        size = self.chunk_size or max(1, rows.numel())
+        chunks = list(torch.arange(rows.numel(), device=self.device).split(size))
+        if not chunks:
+            # No image of this rank was selected: one zero-gradient pass still joins DDP's
+            # all-reduce, so every rank runs exactly one synchronising backward.
+            rows, grads = rows.new_zeros(1), grads.new_zeros((1, grads.shape[1]))
+            chunks = [torch.zeros(1, dtype=torch.long, device=self.device)]
+            ce_scale = 0.0
+        ce_total = torch.zeros((), device=self.device, dtype=grads.dtype)
+        with state.replay() as replay_rows:
+            for index, chunk in enumerate(chunks):
+                replay_rows[0] = rows[chunk]  # batch indices of this chunk's images
+                with self._gradient_sync(last=index == len(chunks) - 1):
+                    embeddings, logits = self._forward(images[replay_rows[0]], self.ce_weight > 0)
+                    ce_total += self._surrogate_backward(
+                        embeddings, grads[chunk], logits, labels[replay_rows[0]], ce_scale
+                    )
+        return ce_total
 
     def _one_pass_step(self, images, labels, candidates) -> dict:
         """Forward with grad on the whole batch; mine on detached embeddings; index the graph."""
@@ -296,15 +356,10 @@ class Trainer:
         triplets = self.miner(embeddings.detach(), labels, candidates=candidates)
         if triplets.anchor.numel() == 0:
             return self._skipped("no_triplets")  # the graph dies with this frame's locals
-        used = None
-        if logits is not None:
-            used, _ = unique_triplet_images(triplets)
-            logits, ce_labels = logits[used], labels[used]
-        else:
-            ce_labels = None
-        loss, stats = self._loss(embeddings, triplets, logits, ce_labels)
-        selected = used if used is not None else unique_triplet_images(triplets)[0]
-        stats["selected_images"] = torch.tensor(float(selected.numel()))
+        used, _ = unique_triplet_images(triplets)  # (U,) images in some triplet
+        ce_logits, ce_labels = (None, None) if logits is None else (logits[used], labels[used])
+        loss, stats = self._loss(embeddings, triplets, ce_logits, ce_labels)
+        stats["selected_images"] = torch.tensor(float(used.numel()))
         self.scaler.scale(loss).backward()  # every tensor saved for backward is released here
         return self._finish_step(loss, stats, images)
 

@@ -1,0 +1,66 @@
+"""Multi-process training: N ranks x B/N give the parameters of 1 process x B."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ddp_worker  # noqa: E402
+
+from facenet.distributed import all_gather_tensor, gather_variable_rows  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def torchrun(nproc, *args, timeout=240):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp") / "params.pt"
+    proc = torchrun(2, "tests/ddp_worker.py", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.mark.parametrize(
+    "mode, passes, chunk_size",
+    [("two_pass", 2, 0), ("one_pass", 1, 0), ("two_pass_chunked", 2, 5)],
+)
+def test_two_ranks_match_one_process_on_the_whole_batch(two_rank_results, mode, passes, chunk_size):
+    single = ddp_worker.train(passes=passes, chunk_size=chunk_size)
+    torch.manual_seed(0)
+    initial = ddp_worker.GroupNormNet().double().state_dict()
+    distributed = two_rank_results[mode]
+    moved = False
+    for name, value in single.items():
+        torch.testing.assert_close(distributed[name], value, rtol=0, atol=1e-5)
+        moved |= not torch.allclose(value, initial[name])
+    assert moved
+
+
+def test_gathers_are_identity_for_one_process():
+    x = torch.arange(6.0).reshape(3, 2)
+    assert all_gather_tensor(x) is x
+    assert gather_variable_rows(x)[0] is x
