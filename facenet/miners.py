@@ -52,9 +52,9 @@ __all__ = [
 TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 FALLBACKS = ("hardest", "skip")
 
-# Output triplets written per step when ranges are expanded: bounds the temporaries to
-# 64 MB while keeping the number of (thread-pool) operations small.
-_EXPAND_CHUNK = 1 << 22
+# Output triplets written per step when ranges are expanded: max(B^2, this). The step's two
+# int64 temporaries stay O(B^2) while the number of (thread-pool) operations stays small.
+_MIN_EXPAND_STEP = 1 << 18
 # Candidate triplets per chunk when their distances are computed row by row.
 _CANDIDATE_CHUNK = 1 << 14
 
@@ -238,6 +238,11 @@ def _search_pairs(
     return torch.minimum(found[pair_a, slots.slot], negatives.count[pair_a])
 
 
+def _expand_step(batch_size: int) -> int:
+    """Triplets written per step of :func:`_expand_ranges`."""
+    return max(batch_size**2, _MIN_EXPAND_STEP)
+
+
 def _expand_ranges(
     negatives: _SortedNegatives,
     pair_a: torch.Tensor,
@@ -247,8 +252,8 @@ def _expand_ranges(
 ) -> Triplets:
     """Triplets (a, p, n) for n in each pair's range [start, start + length) of sorted negatives.
 
-    The output is allocated once at its final size and filled in steps of ~_EXPAND_CHUNK
-    triplets, so the working memory beside it is bounded.
+    The output is allocated once at its final size and filled in steps of max(B^2,
+    _MIN_EXPAND_STEP) triplets, so the working memory beside it stays O(B^2).
     """
     device = pair_a.device
     end = length.cumsum(0)  # (P,) where each pair's triplets end in the output
@@ -257,10 +262,11 @@ def _expand_ranges(
     if total == 0:
         return out
     batch_size = negatives.index.shape[0]
+    step = _expand_step(batch_size)
     # Output position t of pair i maps to flat sorted index a*B + start + (t - first_t(i)).
     flat_base = pair_a * batch_size + start - (end - length)  # (P,)
     flat_index = negatives.index.reshape(-1)  # (B * B,)
-    steps = torch.arange(_EXPAND_CHUNK, max(total, _EXPAND_CHUNK), _EXPAND_CHUNK, device=device)
+    steps = torch.arange(step, max(total, step), step, device=device)
     # Cut between pairs: each step's pairs are those whose triplets end within the step.
     cut = torch.searchsorted(end, steps, right=True)  # (S,) pair counts
     end_from_zero = torch.cat([end.new_zeros(1), end])  # (P + 1,)

@@ -141,6 +141,19 @@ def test_triplet_margin_miner_matches_brute_force(kind, metric, margin):
     assert len(got.anchor) == len(expected)  # no duplicates
 
 
+@pytest.mark.parametrize("step", [1, 5, 64])
+def test_output_written_in_many_steps_is_complete(monkeypatch, step):
+    # Large batches fill the output in steps; force small steps on a small batch.
+    import facenet.miners as miners_module
+
+    monkeypatch.setattr(miners_module, "_expand_step", lambda batch_size: step)
+    x, labels = random_batch(14, 3, seed=61)
+    got = TripletMarginMiner(1.0, "all")(x, labels)
+    expected = brute_force_triplets(pairwise_distance(x), labels, 1.0, "all")
+    assert len(expected) > 2 * step  # several steps, the last one partial
+    assert len(got.anchor) == len(expected) and as_set(got) == expected
+
+
 @pytest.mark.parametrize("kind", TRIPLET_TYPES)
 def test_strict_margin_on_exact_ties(kind):
     # 1-D points on a grid of 1/4: squared distances and their differences are exact, so
