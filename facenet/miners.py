@@ -406,6 +406,7 @@ class TripletMarginMiner(_Miner):
         margin: float = 0.2,
         type_of_triplets: str = "all",
         distance: DistanceLike = "squared",
+        *,
         strict_margin: bool = False,
         max_triplets: int = 0,
         generator: torch.Generator | None = None,
@@ -482,6 +483,7 @@ class BatchHardMiner(_Miner):
     def __init__(
         self,
         distance: DistanceLike = "squared",
+        *,
         max_triplets: int = 0,
         generator: torch.Generator | None = None,
     ) -> None:
@@ -534,8 +536,8 @@ class SemiHardNegativeMiner(_Miner):
         margin: width of the band.
         distance: a name ("squared", "euclidean", "cosine", "seed_l2") or a callable.
         fallback: "hardest" or "skip", for pairs with an empty band.
-        max_triplets: keep a seeded random subset of at most this many; 0 keeps all.
         generator: the torch.Generator for the draws and the subset.
+        max_triplets: keep a seeded random subset of at most this many; 0 keeps all.
     """
 
     def __init__(
@@ -543,8 +545,9 @@ class SemiHardNegativeMiner(_Miner):
         margin: float = 0.2,
         distance: DistanceLike = "squared",
         fallback: str = "hardest",
-        max_triplets: int = 0,
         generator: torch.Generator | None = None,
+        *,
+        max_triplets: int = 0,
     ) -> None:
         super().__init__(distance, max_triplets, generator)
         if fallback not in FALLBACKS:
