@@ -273,7 +273,7 @@ def test_short_cpu_training_clearly_learns_heldout_verification():
     optimizer = torch.optim.Adam([*net.parameters(), *classifier.parameters()], lr=3e-3)
     generator = torch.Generator().manual_seed(0)
     net.train()
-    for _ in range(300):
+    for _ in range(200):
         batch = torch.randint(0, len(train_x), (64,), generator=generator)
         x = train_x[batch]
         x = torch.where(torch.rand(64, 1, 1, 1, generator=generator) < 0.5, x, x.flip(3))
@@ -282,7 +282,7 @@ def test_short_cpu_training_clearly_learns_heldout_verification():
         loss.backward()
         optimizer.step()
     after = pair_auc(net, test_x, pairs, issame)
-    print(f"held-out AUC before {before:.3f}, after 300 steps {after:.3f}")
+    print(f"held-out AUC before {before:.3f}, after 200 steps {after:.3f}")
     assert after >= 0.7 and after - before >= 0.15, (before, after)
 
 
