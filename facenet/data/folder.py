@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from facenet.data.images import IMAGE_EXTENSIONS, CorruptImageError, looks_like_image, read_image
 
-__all__ = ["IdentityFolder", "INDEX_FILE_NAME", "listing_signature"]
+__all__ = ["IdentityFolder", "INDEX_FILE_NAME", "list_identities", "listing_signature"]
 
 INDEX_FILE_NAME = ".facenet_index.json"
 INDEX_VERSION = 1
@@ -161,6 +161,8 @@ class IdentityFolder(Dataset):
             ``min_images`` images. Samplers draw only samples with a label >= 0.
         triplet_indices: int64 array of the dataset indices with ``triplet_labels >= 0``.
         skipped: paths of the corrupt files left out.
+        index_path: where the index is cached.
+        index_reused: True when the cached index matched the folder and nothing was re-checked.
 
     Args:
         root: the dataset folder.
