@@ -381,26 +381,29 @@ def _files_of_batch(loader, position: int, rows: list[int]) -> list[str]:
 
 
 class _CheckedBatches:
-    """The loader's batches, counted, each refused if its images hold NaN or inf.
+    """At most ``limit`` of the loader's batches, counted, each refused if it holds NaN or inf.
 
     Decoded images are finite by construction, so a non-finite value comes from a transform
     or a custom dataset; left alone it would make every step select no triplet or skip.
+    Stopping after ``limit`` batches (rather than fetching one more and discarding it) keeps
+    the global RNG where a run stopped by a signal at that point leaves it.
 
     Args:
         loader: the epoch's loader.
         epoch: the epoch number (for messages).
         first_step: batches of the epoch trained before this loader's first one.
+        limit: batches to yield at most.
     """
 
-    def __init__(self, loader, epoch: int, first_step: int):
-        self.loader, self.epoch, self.first_step = loader, epoch, first_step
+    def __init__(self, loader, epoch: int, first_step: int, limit: int):
+        self.loader, self.epoch, self.first_step, self.limit = loader, epoch, first_step, limit
         self.yielded = 0
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return min(len(self.loader), self.limit)
 
     def __iter__(self):
-        for position, batch in enumerate(self.loader):
+        for position, batch in enumerate(itertools.islice(self.loader, self.limit)):
             bad = _nonfinite_rows(batch)
             if bool(bad.any()):
                 self._refuse(position, bad)
@@ -636,14 +639,14 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
     epoch, skip = progress.epoch, progress.steps_done
     if hasattr(data.sampler, "set_epoch"):
         data.sampler.set_epoch(epoch)
-    batches = _CheckedBatches(_remaining_loader(data.loader, skip), epoch, skip)
-    steps = cfg.train.steps_per_epoch
+    length = _epoch_length(data, cfg)
+    batches = _CheckedBatches(_remaining_loader(data.loader, skip), epoch, skip, length - skip)
     snapshot = _schedule_snapshot(trainer)
     try:
         record = trainer.train_one_epoch(
             batches,
             epoch,
-            max_steps=steps - skip if steps else 0,
+            max_steps=length - skip,
             log_interval=cfg.train.log_interval,
             progress=cfg.logging.progress,
             should_stop=stop,
@@ -665,8 +668,8 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
             f"{run_dir / 'last.pt'} still holds epoch {epoch - 1}"
         )
         raise
-    done = min(skip + batches.yielded, _epoch_length(data, cfg))
-    if done < _epoch_length(data, cfg):
+    done = skip + batches.yielded
+    if done < length:
         _restore_schedule(trainer, snapshot)
     return record, done
 
