@@ -37,7 +37,8 @@ __all__ = [
     "save_config",
 ]
 
-Distance = Literal["squared", "euclidean", "cosine"]
+# seed_l2: the original script's sqrt(||x - y||^2 + 1e-4 / D), to reproduce its selection.
+Distance = Literal["squared", "euclidean", "cosine", "seed_l2"]
 
 
 class ConfigError(ValueError):
@@ -97,6 +98,7 @@ class MiningConfig:
     distance: Distance = "squared"
     fallback: Literal["hardest", "skip"] = "hardest"
     max_triplets: int = 0  # 0: no cap
+    strict_margin: bool = False  # triplet_margin: d(a,n) - d(a,p) < margin, as the seed filtered
     passes: Literal[1, 2] = 2  # 2: no-grad mining pass + grad pass on the selected images
 
 
@@ -151,7 +153,7 @@ class EvalConfig:
     root: str | None = None  # image folder the pairs name; None: next to pairs.txt
     n_folds: int = 10
     far_target: float = 1e-3
-    distance: Distance = "squared"
+    distance: Literal["squared", "euclidean", "cosine"] = "squared"
     flip: bool = False
     subtract_mean: bool = False
     batch_size: int = 128

@@ -626,6 +626,7 @@ def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> 
             margin=cfg.margin,
             type_of_triplets=cfg.type_of_triplets,
             distance=cfg.distance,
+            strict_margin=cfg.strict_margin,
             max_triplets=cfg.max_triplets,
             generator=generator,
         )
