@@ -265,14 +265,17 @@ def _measure_steps(
     batches: Sequence[tuple],
     meter: GraphMemoryMeter,
     device: torch.device,
+    forwards: _ForwardCounter,
 ) -> list[dict[str, float]]:
-    """Run ``run_step`` on each batch under ``meter``; per step: graph and CUDA bytes, seconds.
+    """Run ``run_step`` on each batch under ``meter``; per step: graph and CUDA bytes, seconds,
+    images forwarded with and without grad (read from ``forwards``).
 
     The meter stays counting between steps, so graphs a step leaves behind are still seen (and
     their release is counted) during the next one.
     """
     per_step = []
     for batch in batches:
+        with_grad, no_grad = forwards.with_grad, forwards.no_grad
         reset_cuda_peaks(device)
         with meter:
             meter.reset_peak()  # the new peak starts from what the last step left alive
@@ -285,6 +288,8 @@ def _measure_steps(
             "graph_bytes_peak": meter.peak_bytes,
             "graph_bytes_alive_after_step": meter.alive_bytes,
             "step_seconds": seconds,
+            "images_forwarded_with_grad": forwards.with_grad - with_grad,
+            "images_forwarded_no_grad": forwards.no_grad - no_grad,
         }
         cuda = cuda_memory_stats(device)
         if cuda:
@@ -311,10 +316,13 @@ def _summarize(
     ``step_seconds`` is the median over the steps after the first (which pays for lazy setup).
     """
     steps = len(per_step)
+    for step, count in zip(per_step, selected):
+        step["selected_triplets"] = count
     state = module_state_bytes(model, optimizer)
     summary: dict[str, Any] = {
         "graph_bytes_alive_after_step": per_step[-1]["graph_bytes_alive_after_step"],
         "graph_bytes_peak": max(s["graph_bytes_peak"] for s in per_step),
+        "graph_bytes_peak_mean": statistics.mean(s["graph_bytes_peak"] for s in per_step),
         "param_bytes": state["param_bytes"],
         "grad_bytes": state["grad_bytes"],  # gradients still allocated after the step
         "grad_bytes_at_optimizer_step": grads.peak,
@@ -414,7 +422,7 @@ def measure_seed(
 
     if args.snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
-    per_step = _measure_steps(run_step, batches, meter, args.device)
+    per_step = _measure_steps(run_step, batches, meter, args.device, forwards)
     if args.snapshot:
         args.snapshot.parent.mkdir(parents=True, exist_ok=True)
         torch.cuda.memory._dump_snapshot(str(args.snapshot))
@@ -484,7 +492,7 @@ def measure_trainer(
         else:
             results.append(trainer.train_triplet_step(*batch))
 
-    per_step = _measure_steps(run_step, batches, trainer.meter, args.device)
+    per_step = _measure_steps(run_step, batches, trainer.meter, args.device, forwards)
     forwards.remove()
     grads.remove()
     selected = [int(r["num_triplets"].item()) if "num_triplets" in r else 0 for r in results]

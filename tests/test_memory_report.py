@@ -103,6 +103,11 @@ def test_images_forwarded_per_step(run):
     # Three full-batch forwards, then forward_classifier's three on the selected images.
     assert variants["seed"]["images_forwarded_with_grad"] == 3 * T + 3 * T
     assert variants["seed"]["images_forwarded_no_grad"] == 0
+    for step in variants["seed"]["per_step"]:
+        assert step["images_forwarded_with_grad"] == 3 * T + 3 * step["selected_triplets"]
+    for figures in variants.values():
+        per_step = [step["images_forwarded_with_grad"] for step in figures["per_step"]]
+        assert sum(per_step) == figures["images_forwarded_with_grad"] * STEPS
     for name in ("two_pass", "two_pass_pk"):
         assert variants[name]["images_forwarded_no_grad"] == 3 * T
         assert 0 < variants[name]["images_forwarded_with_grad"] <= 3 * T
