@@ -1,0 +1,940 @@
+#!/usr/bin/env python
+"""Training step, side by side: the seed's loop, the two-pass step, the one-pass step.
+
+Every variant trains the same initial network on the same batches with the same optimizer
+(SGD, lr 1e-4, momentum 0.9), in its own forked process, so each gets its own peak resident
+set size (``ru_maxrss`` of a forked child starts from what it maps at the fork). Measured per
+variant: median step time over the timed steps (the first step is a warm-up), images per
+second, peak graph bytes (:class:`facenet.memory.GraphMemoryMeter`, parameters and BatchNorm
+buffers excluded, over every step: the seed loop's peak needs a second step, when the first
+step's graphs are still alive), the graph bytes alive after the last step, peak RSS, and the
+CUDA allocator's peak on a GPU.
+
+Variants:
+
+- ``seed``: ``benchmarks/seed_loop.seed_train_step``, the seed's loop ported faithfully (three
+  grad forwards, the numpy filter, three ``forward_classifier`` passes, cross-entropy).
+- ``two_pass``: ``Trainer(passes=2)``: a no-grad forward on the batch, the miner, one grad
+  forward on the unique selected images (embeddings and logits from it).
+- ``one_pass``: ``Trainer(passes=1)``: one grad forward on the whole batch.
+- ``two_pass_chunked``: ``Trainer(passes=2, chunk_size=N)``: gradient caching.
+
+Batches. Triplet mode (what the seed's loop eats): T triplets (3T images), anchors random
+images, positives the anchor plus a little noise, negatives other random images. The seed's
+own filter ``d(a,n) - d(a,p) < margin`` selects them; our steps use the same filter
+(``TripletMarginMiner("all", distance="seed_l2", strict_margin=True)`` on the candidates) and
+the same job (triplet loss + cross-entropy on the selected images). "sparse": the margin is
+placed so that 20% of the candidate triplets pass the seed's filter on the initial network
+(measured, and the fraction each variant then selected is reported); "dense": margin 10, every
+triplet passes. P x K mode: FaceNet's semi-hard mining over every anchor-positive pair, the
+triplet loss alone; every image is selected.
+
+The floor: the step's parts timed alone in another forked process (no-grad forward on the
+batch; forward and backward on as many images as the two-pass step selected) against the
+whole two-pass step: overhead = step / floor - 1. The optimizer step and the grad-mode forward
+on the batch (what the seed and the one-pass step pay instead of a no-grad forward) are timed
+too, outside the floor.
+
+    python benchmarks/bench_training_step.py --json step.json       # CPU suite, ~5 min on 2 cores
+    python benchmarks/bench_training_step.py --quick --json q.json   # seconds
+    python benchmarks/bench_training_step.py --suite gpu --device cuda --json gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_loop
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # facenet from a checkout
+
+from seed_loop import SeedModel, seed_train_step  # noqa: E402
+
+from facenet.losses import TripletMarginLoss  # noqa: E402
+from facenet.memory import (  # noqa: E402
+    GraphMemoryMeter,
+    cuda_memory_stats,
+    current_rss_bytes,
+    peak_rss_bytes,
+    reset_cuda_peaks,
+)
+from facenet.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
+from facenet.models import EmbeddingNet  # noqa: E402
+from facenet.trainer import Trainer, frozen_bn_running_stats  # noqa: E402
+
+EMBEDDING_DIM = 128
+NUM_CLASSES = 16  # triplet mode: labels of the classifier head
+SPARSE_FRACTION = 0.2  # share of candidate triplets the sparse margin lets through
+DENSE_MARGIN = 10.0  # unit embeddings: d(a,n) - d(a,p) >= -2 < 10, every triplet passes
+PK_MARGIN = 0.2
+POSITIVE_NOISE = 0.3  # positives = anchor + this x N(0, 1) in pixel space (images are N(0, 1))
+LEARNING_RATE = 1e-4
+VARIANTS = ("seed", "two_pass", "one_pass", "two_pass_chunked")
+SELECTIONS = ("sparse", "dense")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row group of the table: a model, a batch and the variants measured on it.
+
+    Args:
+        backbone: an ``EmbeddingNet`` backbone name.
+        image_size: side of the square input images.
+        batch: "triplets" (seed-style, 3T images) or "pk" (P identities x K images).
+        selection: triplet mode: "sparse" or "dense"; P x K mode: "semihard".
+        triplets: T, triplet mode.
+        p, k: P x K mode.
+        variants: which of :data:`VARIANTS` to run.
+        repeats: timed steps per variant (after one warm-up step).
+        chunk_size: images per chunk of ``two_pass_chunked``.
+        device: "cpu" or "cuda".
+        amp: "none" or "bf16" (autocast; the seed loop is wrapped in autocast).
+    """
+
+    backbone: str
+    image_size: int
+    batch: str
+    selection: str
+    triplets: int = 0
+    p: int = 0
+    k: int = 0
+    variants: tuple[str, ...] = ("seed", "two_pass", "one_pass")
+    repeats: int = 3
+    chunk_size: int = 0
+    device: str = "cpu"
+    amp: str = "none"
+
+    @property
+    def images_per_step(self) -> int:
+        """Images in one batch: 3T or P x K."""
+        return 3 * self.triplets if self.batch == "triplets" else self.p * self.k
+
+    @property
+    def name(self) -> str:
+        """The label printed and written, e.g. ``resnet18 112px T=16 sparse``."""
+        shape = f"T={self.triplets}" if self.batch == "triplets" else f"PxK={self.p}x{self.k}"
+        amp = "" if self.amp == "none" else f" {self.amp}"
+        return f"{self.backbone} {self.image_size}px {shape} {self.selection}{amp}"
+
+    def as_dict(self) -> dict:
+        """The fields and the name, JSON-ready."""
+        return {**dataclasses.asdict(self), "name": self.name, "images": self.images_per_step}
+
+
+# --------------------------------------------------------------------------- suites
+
+
+def cpu_cases(quick: bool) -> list[Case]:
+    """The CPU suite: the step on resnet18 and tiny, then the gradient-caching rows."""
+    if quick:
+        steps = [Case("tiny", 32, "triplets", sel, triplets=8, repeats=1) for sel in SELECTIONS]
+        chunk_batches = [(8, 4), (16, 4)]
+        chunk_size, chunk_repeats = 8, 1
+    else:
+        # resnet18 with T = 16: at 20%, about 3 triplets a step (with 1, the seed's
+        # forward_classifier fails: BatchNorm1d in training mode needs more than one image).
+        steps = [
+            Case("resnet18", 112, "triplets", sel, triplets=16, repeats=2) for sel in SELECTIONS
+        ] + [Case("tiny", 64, "triplets", sel, triplets=32, repeats=5) for sel in SELECTIONS]
+        # FaceNet's batch was ~1,800 faces; K = 8 images per identity throughout.
+        chunk_batches = [(32, 8), (64, 8), (225, 8)]
+        chunk_size, chunk_repeats = 64, 2
+    chunks = [
+        Case(
+            "tiny",
+            32,
+            "pk",
+            "semihard",
+            p=p,
+            k=k,
+            variants=("two_pass", "two_pass_chunked"),
+            repeats=chunk_repeats,
+            chunk_size=chunk_size,
+        )
+        for p, k in chunk_batches
+    ]
+    return steps + chunks
+
+
+def gpu_cases() -> list[Case]:
+    """The GPU suite: resnet50 at 160 px, 3 x 128 triplets and P x K = 256, fp32 and bf16."""
+    cases = []
+    for amp in ("none", "bf16"):
+        cases += [
+            Case("resnet50", 160, "triplets", sel, triplets=128, repeats=5, device="cuda", amp=amp)
+            for sel in SELECTIONS
+        ]
+        cases.append(
+            Case(
+                "resnet50",
+                160,
+                "pk",
+                "semihard",
+                p=64,
+                k=4,
+                variants=("two_pass", "one_pass", "two_pass_chunked"),
+                repeats=5,
+                chunk_size=64,
+                device="cuda",
+                amp=amp,
+            )
+        )
+    return cases
+
+
+def override_cases(cases: list[Case], args: argparse.Namespace) -> list[Case]:
+    """Apply the command line's --device/--backbone/--image-size/... to every case."""
+    changes = {}
+    if args.device:
+        changes["device"] = args.device
+    if args.backbone:
+        changes["backbone"] = args.backbone
+    if args.image_size:
+        changes["image_size"] = args.image_size
+    if args.repeats:
+        changes["repeats"] = args.repeats
+    out = []
+    for case in cases:
+        case = dataclasses.replace(case, **changes)
+        if args.triplets and case.batch == "triplets":
+            case = dataclasses.replace(case, triplets=args.triplets)
+        if args.pk and case.batch == "pk":
+            case = dataclasses.replace(case, p=args.pk[0], k=args.pk[1])
+        if args.chunk_size and case.chunk_size:
+            case = dataclasses.replace(case, chunk_size=args.chunk_size)
+        out.append(case)
+    return out
+
+
+# --------------------------------------------------------------------------- forked children
+
+
+def run_forked(fn, *args) -> dict:
+    """``fn(*args)`` in a forked child; its JSON-able dict comes back through a pipe.
+
+    A child that raises returns ``{"error": ...}``; one that dies (killed for memory) too. The
+    parent must not have initialised CUDA: each child starts its own context.
+    """
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_end)
+        try:
+            result = fn(*args)
+        except BaseException as err:  # reported to the parent, never raised past the fork
+            last = traceback.extract_tb(err.__traceback__)[-1]
+            where = f"{Path(last.filename).name}:{last.lineno}"
+            result = {"error": f"{type(err).__name__}: {str(err)[:300]} ({where})"}
+        try:
+            text = json.dumps(result)
+        except (TypeError, ValueError) as err:
+            text = json.dumps({"error": f"result not JSON-serialisable: {err}"})
+        with os.fdopen(write_end, "w") as fh:
+            fh.write(text)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as fh:
+        text = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if not text:
+        return {"error": f"child died (wait status {status}), likely out of memory"}
+    return json.loads(text)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def make_triplet_batches(case: Case, count: int, seed: int = 0) -> list[tuple]:
+    """``count`` seed-style batches ``(a, p, n, label_p, label_n)`` on the case's device.
+
+    Anchors and negatives are independent N(0, 1) images; positives are their anchor plus
+    ``POSITIVE_NOISE`` x N(0, 1), so d(a,p) is mostly smaller than d(a,n), as after some training.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    shape = (case.triplets, 3, case.image_size, case.image_size)
+    batches = []
+    for _ in range(count):
+        anchor = torch.randn(shape, generator=gen)
+        positive = anchor + POSITIVE_NOISE * torch.randn(shape, generator=gen)
+        negative = torch.randn(shape, generator=gen)
+        label_p = torch.randint(0, NUM_CLASSES, (case.triplets,), generator=gen)
+        offset = torch.randint(1, NUM_CLASSES, (case.triplets,), generator=gen)
+        label_n = (label_p + offset) % NUM_CLASSES
+        batch = (anchor, positive, negative, label_p, label_n)
+        batches.append(tuple(t.to(case.device) for t in batch))
+    return batches
+
+
+def make_pk_batches(case: Case, count: int, seed: int = 0) -> list[tuple]:
+    """``count`` batches ``(images (PK, 3, S, S), labels (PK,))`` of random images."""
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.arange(case.p).repeat_interleave(case.k)  # (PK,)
+    shape = (case.p * case.k, 3, case.image_size, case.image_size)
+    return [
+        (torch.randn(shape, generator=gen).to(case.device), labels.to(case.device))
+        for _ in range(count)
+    ]
+
+
+def make_batches(case: Case) -> list[tuple]:
+    """One distinct batch per step (warm-up included), the same in every variant."""
+    count = case.repeats + 1
+    if case.batch == "triplets":
+        return make_triplet_batches(case, count)
+    return make_pk_batches(case, count)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def autocast(case: Case):
+    """bf16 autocast on the case's device, or nothing."""
+    if case.amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(case.device).type, dtype=torch.bfloat16)
+
+
+def uses_classifier(case: Case) -> bool:
+    """Triplet mode trains cross-entropy too (the seed's job); P x K mode the triplet loss only."""
+    return case.batch == "triplets"
+
+
+def build_network(case: Case) -> EmbeddingNet:
+    """The network every variant of a case starts from (seeded: identical initial weights)."""
+    torch.manual_seed(0)
+    classes = NUM_CLASSES if uses_classifier(case) else None
+    return EmbeddingNet(case.backbone, EMBEDDING_DIM, num_classes=classes)
+
+
+def build_seed_model(case: Case) -> SeedModel:
+    """The seed's ``FaceModel``: the same backbone and embedding, its own classifier."""
+    torch.manual_seed(0)
+    net = EmbeddingNet(case.backbone, EMBEDDING_DIM)
+    return SeedModel(net, NUM_CLASSES).to(case.device)
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The same optimizer for every variant."""
+    return torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9)
+
+
+def build_trainer(case: Case, variant: str, margin: float) -> Trainer:
+    """A Trainer for ``variant`` ("two_pass", "one_pass", "two_pass_chunked")."""
+    model = build_network(case)
+    if case.batch == "triplets":
+        miner = TripletMarginMiner(margin, "all", distance="seed_l2", strict_margin=True)
+        loss_fn = TripletMarginLoss(margin, distance="seed_l2", reduction="mean")
+    else:
+        miner = SemiHardNegativeMiner(margin, "squared", generator=torch.Generator().manual_seed(0))
+        loss_fn = TripletMarginLoss(margin, distance="squared")
+    return Trainer(
+        model,
+        miner,
+        loss_fn,
+        make_optimizer(model),
+        device=case.device,
+        amp=case.amp,
+        ce_weight=1.0 if uses_classifier(case) else 0.0,
+        passes=1 if variant == "one_pass" else 2,
+        chunk_size=case.chunk_size if variant == "two_pass_chunked" else 0,
+        meter=GraphMemoryMeter(exclude=model),
+    )
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued device work, so wall time is the work's."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(device: str, fn) -> tuple[float, object]:
+    """(seconds, result) of ``fn()``, device work included."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return time.perf_counter() - start, result
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def seed_filter_margins(model: SeedModel, batches: list[tuple]) -> torch.Tensor:
+    """d(a,n) - d(a,p) of every candidate triplet, as the seed's loop computes it (count, T).
+
+    Three separate forwards per batch in training mode (BatchNorm sees a, p and n apart, as in
+    the seed), with no graph and the running statistics left alone.
+    """
+    from seed_loop import l2_dist
+
+    margins = []  # one (T,) tensor per batch
+    with torch.no_grad(), frozen_bn_running_stats(model):
+        for data_a, data_p, data_n, _, _ in batches:
+            out_a, out_p, out_n = model(data_a), model(data_p), model(data_n)
+            d_p = l2_dist.forward(out_a.float(), out_p.float())
+            d_n = l2_dist.forward(out_a.float(), out_n.float())
+            margins.append((d_n - d_p).cpu())
+    return torch.stack(margins)  # (batches, T)
+
+
+def margin_passing(margins: torch.Tensor, fraction: float) -> float:
+    """A margin m such that exactly round(fraction x N) of ``margins`` satisfy ``tm < m``.
+
+    Args:
+        margins: (N,) values of d(a,n) - d(a,p).
+        fraction: the share to let through, in (0, 1).
+    """
+    ordered = margins.double().sort().values  # (N,)
+    count = max(1, min(len(ordered) - 1, round(fraction * len(ordered))))
+    return float((ordered[count - 1] + ordered[count]) / 2)
+
+
+def calibrate(case: Case) -> dict:
+    """The margin of a triplet-mode case and the share of candidates the seed's filter passes."""
+    model = build_seed_model(case)
+    model.train()
+    with autocast(case):
+        margins = seed_filter_margins(model, make_batches(case))
+    if case.selection == "sparse":
+        margin = margin_passing(margins.flatten(), SPARSE_FRACTION)
+    elif case.selection == "dense":
+        margin = DENSE_MARGIN
+    else:
+        raise ValueError(f"case {case.name!r}: unknown selection {case.selection!r}")
+    passing = margins < margin  # (batches, T)
+    return {
+        "margin": margin,
+        "seed_filter_pass_fraction": float(passing.double().mean()),
+        "candidates": int(margins.numel()),
+        "passing_per_batch": passing.sum(1).tolist(),
+    }
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def memory_readings(meter: GraphMemoryMeter, case: Case, rss_before: int) -> dict:
+    """Graph bytes (peak, alive now), RSS (before the steps, peak) and the CUDA peak."""
+    readings = {
+        "graph_peak_bytes": int(meter.peak_bytes),
+        "graph_alive_after_bytes": int(meter.alive_bytes),
+        "rss_before_bytes": rss_before,
+        "rss_peak_bytes": peak_rss_bytes(),
+    }
+    cuda = cuda_memory_stats(case.device)
+    if cuda:
+        readings["cuda_peak_allocated_bytes"] = int(cuda["max_allocated"])
+        readings["cuda_peak_reserved_bytes"] = int(cuda["max_reserved"])
+    return readings
+
+
+def summarise_steps(case: Case, seconds: list[float], triplets: list[int], images: list[int]):
+    """Median step time, images/s and the selection of the timed steps."""
+    median = statistics.median(seconds)
+    summary = {
+        "step_seconds": seconds,
+        "median_step_s": median,
+        "images_per_s": case.images_per_step / median,
+        "selected_triplets_mean": statistics.mean(triplets),
+        "selected_images_mean": statistics.mean(images),
+    }
+    if case.batch == "triplets":
+        summary["selected_fraction"] = statistics.mean(triplets) / case.triplets
+    return summary
+
+
+def measure_seed(case: Case, margin: float) -> dict:
+    """The seed's loop: ``repeats + 1`` steps with its loop variables carried between them."""
+    if case.batch != "triplets":
+        raise ValueError("the seed loop takes (a, p, n) triplet batches only")
+    batches = make_batches(case)
+    model = build_seed_model(case)
+    model.train()
+    optimizer = make_optimizer(model)
+    meter = GraphMemoryMeter(exclude=model)
+    state: dict = {}  # the loop's variables: they outlive each iteration, as in the seed
+    rss_before = current_rss_bytes()
+    reset_cuda_peaks(case.device)
+    seconds, triplets, images = [], [], []
+    for index, batch in enumerate(batches):
+        with meter, autocast(case):
+            step_s, out = timed(
+                case.device,
+                lambda b=batch: seed_train_step(model, optimizer, *b, margin=margin, state=state),
+            )
+        if index > 0:  # the first step is a warm-up
+            seconds.append(step_s)
+            triplets.append(out["n_selected"])
+            images.append(3 * out["n_selected"])  # the seed runs forward_classifier on each
+    readings = memory_readings(meter, case, rss_before)
+    return {**summarise_steps(case, seconds, triplets, images), **readings}
+
+
+def run_trainer_step(trainer: Trainer, case: Case, batch: tuple) -> dict:
+    """One step of our trainer on a triplet or P x K batch."""
+    if case.batch == "triplets":
+        return trainer.train_triplet_step(*batch)
+    return trainer.train_step(*batch)
+
+
+def measure_trainer(case: Case, variant: str, margin: float) -> dict:
+    """Our step (two-pass, one-pass or chunked): ``repeats + 1`` steps."""
+    batches = make_batches(case)
+    trainer = build_trainer(case, variant, margin)
+    trainer.model.train()
+    meter = trainer.meter
+    rss_before = current_rss_bytes()
+    reset_cuda_peaks(case.device)
+    seconds, triplets, images = [], [], []
+    for index, batch in enumerate(batches):
+        with meter:
+            step_s, stats = timed(case.device, lambda b=batch: run_trainer_step(trainer, case, b))
+        if index > 0:
+            seconds.append(step_s)
+            skipped = "skipped" in stats
+            triplets.append(0 if skipped else int(stats["num_triplets"]))
+            images.append(0 if skipped else int(stats["selected_images"]))
+    readings = memory_readings(meter, case, rss_before)
+    return {**summarise_steps(case, seconds, triplets, images), **readings}
+
+
+def measure_variant(case: Case, variant: str, margin: float) -> dict:
+    """Dispatch one variant (runs in a forked child)."""
+    if variant == "seed":
+        return measure_seed(case, margin)
+    if variant in ("two_pass", "one_pass", "two_pass_chunked"):
+        return measure_trainer(case, variant, margin)
+    raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+
+
+# --------------------------------------------------------------------------- the floor
+
+
+def forward_graph_bytes(model: torch.nn.Module, images: torch.Tensor, case: Case) -> int:
+    """Graph bytes of one grad forward on ``images`` (embeddings and logits), then freed."""
+    meter = GraphMemoryMeter(exclude=model)
+    with meter, autocast(case):
+        outputs = model(images, return_logits=uses_classifier(case))
+        peak = meter.peak_bytes
+        del outputs
+    return int(peak)
+
+
+def measure_floor(case: Case, selected_images: int) -> dict:
+    """The step's parts alone, each timed ``repeats`` times after a warm-up (forked child).
+
+    Args:
+        case: the case (model, batch).
+        selected_images: how many images the two-pass step selected (its mean, rounded).
+    """
+    images = make_batches(case)[0]
+    images = torch.cat(images[:3]) if case.batch == "triplets" else images[0]  # (B, C, S, S)
+    selected = images[: max(1, selected_images)]  # (U, C, S, S): cost depends on U only
+    model = build_network(case).to(case.device)
+    model.train()
+    optimizer = make_optimizer(model)
+    with_logits = uses_classifier(case)
+
+    def nograd_forward():
+        with torch.no_grad(), frozen_bn_running_stats(model), autocast(case):
+            model(images)
+
+    def grad_forward():  # what the seed and the one-pass step pay on the batch (graph dropped)
+        with autocast(case):
+            model(images, return_logits=with_logits)
+
+    def selected_forward_backward():
+        with autocast(case):
+            out = model(selected, return_logits=with_logits)
+        outputs = out if with_logits else (out,)
+        sum(o.float().sum() for o in outputs).backward()
+
+    def optimizer_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    parts = {
+        "nograd_forward_s": nograd_forward,
+        "selected_forward_backward_s": selected_forward_backward,
+        "optimizer_step_s": optimizer_step,
+        "grad_forward_s": grad_forward,
+    }
+    times: dict[str, list[float]] = {name: [] for name in parts}
+    for repeat in range(case.repeats + 1):
+        for name, part in parts.items():
+            seconds, _ = timed(case.device, part)
+            if repeat > 0:  # the first round is a warm-up
+                times[name].append(seconds)
+    floor = {name: statistics.median(values) for name, values in times.items()}
+    floor["floor_s"] = floor["nograd_forward_s"] + floor["selected_forward_backward_s"]
+    floor["selected_images"] = int(selected.shape[0])
+    if case.chunk_size:
+        chunk = selected[: case.chunk_size]
+        floor["chunk_forward_graph_bytes"] = forward_graph_bytes(model, chunk, case)
+    floor["selected_forward_graph_bytes"] = forward_graph_bytes(model, selected, case)
+    return floor
+
+
+# --------------------------------------------------------------------------- gradient caching
+
+
+def probe_chunking() -> dict:
+    """Whether ``Trainer(chunk_size=N)`` works and lowers the peak (forked child, < 1 s).
+
+    A tiny P x K step with chunks of 4 must run and peak below 3/4 of the unchunked step.
+    """
+    case = Case("tiny", 32, "pk", "semihard", p=4, k=4, repeats=1, chunk_size=4)
+    try:
+        chunked = measure_trainer(case, "two_pass_chunked", PK_MARGIN)
+    except (TypeError, NotImplementedError) as err:
+        return {"available": False, "reason": f"{type(err).__name__}: {err}"}
+    plain = measure_trainer(case, "two_pass", PK_MARGIN)
+    if chunked["graph_peak_bytes"] >= 0.75 * plain["graph_peak_bytes"]:
+        return {
+            "available": False,
+            "reason": "Trainer(chunk_size=4) ran but its peak graph bytes did not fall "
+            f"({chunked['graph_peak_bytes']} vs {plain['graph_peak_bytes']} unchunked)",
+        }
+    return {"available": True, "reason": ""}
+
+
+# --------------------------------------------------------------------------- one case
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None when either is missing or den is not positive."""
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def case_ratios(variants: dict, floor: dict | None) -> dict:
+    """The ratios the targets are stated in, from one case's measurements."""
+
+    def value(variant: str, key: str):
+        row = variants.get(variant) or {}
+        return None if "error" in row else row.get(key)
+
+    ratios = {
+        "graph_peak_two_pass_vs_seed": ratio(
+            value("two_pass", "graph_peak_bytes"), value("seed", "graph_peak_bytes")
+        ),
+        "graph_peak_one_pass_vs_seed": ratio(
+            value("one_pass", "graph_peak_bytes"), value("seed", "graph_peak_bytes")
+        ),
+        "throughput_two_pass_vs_seed": ratio(
+            value("two_pass", "images_per_s"), value("seed", "images_per_s")
+        ),
+        "throughput_one_pass_vs_seed": ratio(
+            value("one_pass", "images_per_s"), value("seed", "images_per_s")
+        ),
+        "graph_peak_chunked_vs_two_pass": ratio(
+            value("two_pass_chunked", "graph_peak_bytes"), value("two_pass", "graph_peak_bytes")
+        ),
+        "throughput_chunked_vs_two_pass": ratio(
+            value("two_pass_chunked", "images_per_s"), value("two_pass", "images_per_s")
+        ),
+    }
+    if floor and "error" not in floor:
+        step = value("two_pass", "median_step_s")
+        ratios["two_pass_overhead_above_floor"] = (
+            None if step is None else step / floor["floor_s"] - 1.0
+        )
+        seed_step = value("seed", "median_step_s")
+        ratios["seed_step_vs_floor"] = ratio(seed_step, floor["floor_s"])
+        ratios["graph_peak_chunked_vs_one_chunk"] = ratio(
+            value("two_pass_chunked", "graph_peak_bytes"), floor.get("chunk_forward_graph_bytes")
+        )
+    return {key: val for key, val in ratios.items() if val is not None}
+
+
+def run_case(case: Case, chunking: dict) -> dict:
+    """Calibrate, run every variant in its own child, then the floor; ratios at the end."""
+    result: dict = {"case": case.as_dict(), "variants": {}}
+    if case.batch == "triplets":
+        calibration = run_forked(calibrate, case)
+        result["calibration"] = calibration
+        if "error" in calibration:
+            return result
+        margin = calibration["margin"]
+    else:
+        margin = PK_MARGIN
+    result["margin"] = margin
+    for variant in case.variants:
+        if variant == "two_pass_chunked" and not chunking["available"]:
+            result["variants"][variant] = {
+                "error": "not available: " + chunking["reason"],
+                "not_available": True,
+            }
+            continue
+        result["variants"][variant] = run_forked(measure_variant, case, variant, margin)
+    two_pass = result["variants"].get("two_pass") or {}
+    if "selected_images_mean" in two_pass:
+        selected = round(two_pass["selected_images_mean"])
+        result["floor"] = run_forked(measure_floor, case, selected)
+    result["ratios"] = case_ratios(result["variants"], result.get("floor"))
+    return result
+
+
+# --------------------------------------------------------------------------- largest batch
+
+
+def try_batch(case: Case) -> dict:
+    """One two-pass step on a P x K batch: did it fit? (forked child)"""
+    result = measure_trainer(case, "two_pass_chunked" if case.chunk_size else "two_pass", PK_MARGIN)
+    return {key: result[key] for key in ("median_step_s", "graph_peak_bytes")} | {
+        key: result[key] for key in ("cuda_peak_allocated_bytes",) if key in result
+    }
+
+
+def search_largest_batch(template: Case, sizes: list[int], chunking: dict) -> list[dict]:
+    """For each chunk setting, the P x K sizes (K fixed) tried in order until one fails."""
+    rows = []
+    settings = [0] + ([template.chunk_size] if chunking["available"] else [])
+    for chunk_size in settings:
+        for size in sizes:
+            case = dataclasses.replace(
+                template,
+                p=size // template.k,
+                repeats=1,
+                chunk_size=chunk_size,
+            )
+            outcome = run_forked(try_batch, case)
+            rows.append({"batch": case.p * case.k, "chunk_size": chunk_size, **outcome})
+            print(
+                f"  P x K = {case.p * case.k:>5}, chunk {chunk_size:>3}: "
+                + ("fits" if "error" not in outcome else outcome["error"][:90]),
+                flush=True,
+            )
+            if "error" in outcome:
+                break
+    return rows
+
+
+# --------------------------------------------------------------------------- report
+
+
+def describe_machine(device: str) -> dict:
+    """CPU model, cores, torch version, threads, load, and the GPU when one is used."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    machine = {
+        "cpu_model": model,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": os.getloadavg()[0],
+    }
+    if torch.device(device).type == "cuda":
+        machine["gpu"] = run_forked(_gpu_name).get("name", "unknown")
+    return machine
+
+
+def _gpu_name() -> dict:
+    return {"name": torch.cuda.get_device_name(0), "cuda": torch.version.cuda}
+
+
+def _mib(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+def print_case(result: dict) -> None:
+    """One case's rows: per variant, time, images/s, selection, graph and RSS figures."""
+    case = result["case"]
+    margin = result.get("margin")
+    calibration = result.get("calibration") or {}
+    head = f"== {case['name']}  ({case['batch']}, {case['images']} images/step"
+    if margin is not None:
+        head += f", margin {margin:.4g}"
+    if "seed_filter_pass_fraction" in calibration:
+        head += f", seed filter passes {calibration['seed_filter_pass_fraction']:.1%}"
+    print(head + ")", flush=True)
+    print(
+        f"   {'variant':<18}{'step s':>8}{'img/s':>9}{'selected':>10}{'graph MiB':>11}"
+        f"{'alive':>7}{'RSS MiB':>9}{'+RSS':>8}{'CUDA MiB':>10}"
+    )
+    for name, row in result["variants"].items():
+        if "error" in row:
+            print(f"   {name:<18}{row['error'][:100]}")
+            continue
+        selected = row.get("selected_fraction")
+        if selected is None:
+            selected = f"{row['selected_images_mean']:.0f}"
+        else:
+            selected = f"{selected:.0%}"
+        print(
+            f"   {name:<18}{row['median_step_s']:>8.3f}{row['images_per_s']:>9.1f}{selected:>10}"
+            f"{_mib(row['graph_peak_bytes']):>11}{_mib(row['graph_alive_after_bytes']):>7}"
+            f"{_mib(row['rss_peak_bytes']):>9}"
+            f"{_mib(row['rss_peak_bytes'] - row['rss_before_bytes']):>8}"
+            f"{_mib(row.get('cuda_peak_allocated_bytes')):>10}"
+        )
+    floor = result.get("floor") or {}
+    if "floor_s" in floor:
+        print(
+            f"   floor: no-grad forward {floor['nograd_forward_s']:.3f} s + forward/backward on "
+            f"{floor['selected_images']} images {floor['selected_forward_backward_s']:.3f} s = "
+            f"{floor['floor_s']:.3f} s (optimizer step {floor['optimizer_step_s']:.3f} s, "
+            f"grad forward on the batch {floor['grad_forward_s']:.3f} s)"
+        )
+    elif "error" in floor:
+        print(f"   floor: {floor['error']}")
+    for key, value in result.get("ratios", {}).items():
+        print(f"   {key}: {value:.3f}")
+
+
+def write_report(path: Path | None, report: dict) -> None:
+    """Write the JSON report (atomically; called after every case so a timeout keeps them)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_pk(text: str) -> tuple[int, int]:
+    """``"64x4"`` -> (64, 4)."""
+    try:
+        p, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pk {text!r}: expected PxK, e.g. 64x4") from None
+    if p < 2 or k < 2:
+        raise argparse.ArgumentTypeError(f"--pk {text!r}: P and K must be at least 2")
+    return p, k
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny model, small batches")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--device", default=None, help="override every case's device")
+    parser.add_argument("--backbone", default=None, help="override every case's backbone")
+    parser.add_argument("--image-size", type=int, default=0, help="override the image size")
+    parser.add_argument("--triplets", type=int, default=0, help="override T (triplet mode)")
+    parser.add_argument("--pk", type=parse_pk, default=None, help="override P x K, e.g. 64x4")
+    parser.add_argument("--chunk-size", type=int, default=0, help="override the chunk size")
+    parser.add_argument("--repeats", type=int, default=0, help="override the timed steps")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--pk-search",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=None,
+        help="comma-separated P x K sizes: find the largest two-pass batch that fits, with and "
+        "without chunks (after the suite)",
+    )
+    parser.add_argument("--only-search", action="store_true", help="skip the suite")
+    parser.add_argument(
+        "--only-case",
+        action="append",
+        default=[],
+        help="run only the cases whose name contains this text (repeatable)",
+    )
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse what cannot run, with the flag named."""
+    if sys.platform != "linux":
+        raise SystemExit("bench_training_step.py: Linux only (fork, /proc)")
+    device = args.device or ("cuda" if args.suite == "gpu" else "cpu")
+    if device.startswith("cuda") and not run_forked(_cuda_available)["available"]:
+        raise SystemExit(f"--device {device}: torch sees no CUDA device")
+    for flag in ("image_size", "triplets", "chunk_size", "repeats", "threads"):
+        if getattr(args, flag) < 0:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be positive")
+
+
+def _cuda_available() -> dict:
+    return {"available": torch.cuda.is_available()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite; print the tables; write the JSON report."""
+    args = get_args_parser().parse_args(argv)
+    check_args(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)  # inherited by every forked child
+    cases = cpu_cases(args.quick) if args.suite == "cpu" else gpu_cases()
+    cases = override_cases(cases, args)
+    if args.only_case:
+        cases = [c for c in cases if any(text in c.name for text in args.only_case)]
+        if not cases:
+            raise SystemExit(f"--only-case {args.only_case}: no case of the suite matches")
+    device = cases[0].device
+    report: dict = {
+        "benchmark": "bench_training_step",
+        "suite": args.suite,
+        "quick": args.quick,
+        "command": "python benchmarks/bench_training_step.py " + " ".join(argv or sys.argv[1:]),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": describe_machine(device),
+        "cases": [],
+    }
+    started = time.perf_counter()
+    report["chunking"] = run_forked(probe_chunking)
+    if "error" in report["chunking"]:
+        report["chunking"] = {"available": False, "reason": report["chunking"]["error"]}
+    print(
+        f"torch {torch.__version__}, {report['machine']['cpu_count']} CPUs "
+        f"({report['machine']['cpu_model']}), load {report['machine']['load_average']:.2f}; "
+        f"gradient caching: {'available' if report['chunking']['available'] else 'not available'}"
+        f"{'' if report['chunking']['available'] else ' (' + report['chunking']['reason'] + ')'}",
+        flush=True,
+    )
+    if not args.only_search:
+        for case in cases:
+            result = run_case(case, report["chunking"])
+            print_case(result)
+            report["cases"].append(result)
+            report["seconds_total"] = time.perf_counter() - started
+            write_report(args.json, report)
+    if args.pk_search:
+        template = next(c for c in cases if c.batch == "pk")
+        print(f"largest P x K (K = {template.k}) on {template.backbone} {template.image_size}px:")
+        report["pk_search"] = search_largest_batch(template, args.pk_search, report["chunking"])
+    report["seconds_total"] = time.perf_counter() - started
+    report["load_average_after"] = os.getloadavg()[0]
+    write_report(args.json, report)
+    print(f"total {report['seconds_total']:.0f} s")
+    if args.json:
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,952 @@
+#!/usr/bin/env python
+"""Every benchmark in one run: writes BENCHMARKS.md and benchmarks/results.json.
+
+Runs, in this order, each in this process through its own ``main`` (each forks its own
+measurement children):
+
+1. ``bench_training_step.py``: the seed's loop vs the two-pass and one-pass steps, the floor,
+   and the gradient-caching rows;
+2. ``bench_miners.py``: our miners vs pytorch-metric-learning 2.9.0;
+3. ``bench_evaluation.py``: the verification protocol vs the classic loops;
+4. ``bench_data.py``: IdentityFolder + transforms, 0 and 2 workers, vs the step's consumption.
+
+Then it checks the targets (ratios measured in this run) and writes the report.
+
+    python benchmarks/run_all.py                  # make bench: BENCHMARKS.md, results.json
+    python benchmarks/run_all.py --quick          # seconds; writes into runs/bench_quick/
+    python benchmarks/run_all.py --gpu-json gpu_check.json   # add gpu_check.sh's figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+import bench_data  # noqa: E402
+import bench_evaluation  # noqa: E402
+import bench_training_step  # noqa: E402
+
+SECTIONS = ("training_step", "miners", "evaluation", "data")
+QUICK_OUT = REPO / "runs" / "bench_quick"
+
+# The targets of the benchmark issues, as ratios measured in one run.
+DENSE_GRAPH_RATIO = 0.5
+SPARSE_GRAPH_RATIO = 0.15
+CHUNK_GRAPH_TOLERANCE = 1.10  # chunked peak <= this x one chunk's grad-forward graph bytes
+THROUGHPUT_RATIO = 1.5
+OVERHEAD = 0.10
+MINER_SPEEDUP = 3.0
+MINER_MEMORY_RATIO = 3.0
+EVALUATION_SPEEDUP = 100.0
+
+
+# --------------------------------------------------------------------------- running
+
+
+def section_commands(quick: bool, threads: int) -> dict[str, list[str]]:
+    """The arguments each benchmark's ``main`` gets (its JSON path is added when run)."""
+    thread_args = ["--threads", str(threads)] if threads else []
+    if quick:
+        return {
+            "training_step": ["--quick", *thread_args],
+            "miners": ["--quick", "--time-budget", "0.2", *thread_args],
+            "evaluation": ["--sizes", "2000", "--repeats", "3", "--reference-repeats", "1"],
+            "data": ["--quick"],
+        }
+    return {
+        "training_step": [*thread_args],
+        "miners": [*thread_args],
+        "evaluation": [],
+        "data": [],
+    }
+
+
+def run_section(name: str, argv: list[str], json_path: Path) -> dict:
+    """Run one benchmark's ``main`` with ``--json``; return its report plus wall time."""
+    print(f"\n######## {name}: {' '.join(argv)}", flush=True)
+    started = time.perf_counter()
+    main = _section_main(name)
+    try:
+        code = main([*argv, "--json", str(json_path)])
+    except SystemExit as stop:  # argparse or a refusal inside the benchmark
+        code = stop.code if isinstance(stop.code, int) else 1
+    seconds = time.perf_counter() - started
+    if not json_path.is_file():
+        return {"error": f"{name} wrote no report (exit status {code})", "seconds": seconds}
+    report = json.loads(json_path.read_text(encoding="utf-8"))
+    return {**report, "exit_status": code, "seconds": seconds, "argv": argv}
+
+
+def _section_main(name: str):
+    """The ``main`` of a section's benchmark module (miners needs pytorch-metric-learning)."""
+    if name == "training_step":
+        return bench_training_step.main
+    if name == "evaluation":
+        return bench_evaluation.main
+    if name == "data":
+        return bench_data.main
+    import bench_miners  # imports pytorch-metric-learning, a dev dependency
+
+    return bench_miners.main
+
+
+def script_command(name: str, argv: list[str]) -> str:
+    """The command that reproduces one section alone."""
+    script = {
+        "training_step": "bench_training_step.py",
+        "miners": "bench_miners.py",
+        "evaluation": "bench_evaluation.py",
+        "data": "bench_data.py",
+    }[name]
+    extra = " --step-json training_step.json" if name == "data" else ""
+    return f"python benchmarks/{script} {' '.join(argv)}{extra} --json {name}.json".replace(
+        "  ", " "
+    )
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def target(name: str, wanted: str, measured: float | None, met: bool | None, where: str) -> dict:
+    """One row of the targets table."""
+    return {"target": name, "wanted": wanted, "measured": measured, "met": met, "where": where}
+
+
+def _step_cases(sections: dict, batch: str) -> list[dict]:
+    step = sections.get("training_step") or {}
+    return [r for r in step.get("cases", []) if r["case"]["batch"] == batch]
+
+
+def graph_targets(sections: dict) -> list[dict]:
+    """Two-pass peak graph bytes vs the seed's: <= 0.5x dense, <= 0.15x sparse."""
+    rows = []
+    limits = {"dense": DENSE_GRAPH_RATIO, "sparse": SPARSE_GRAPH_RATIO}
+    for result in _step_cases(sections, "triplets"):
+        case = result["case"]
+        limit = limits.get(case["selection"])
+        value = result.get("ratios", {}).get("graph_peak_two_pass_vs_seed")
+        rows.append(
+            target(
+                f"peak graph bytes, two-pass / seed, {case['selection']}",
+                f"<= {limit}",
+                value,
+                None if value is None else value <= limit,
+                case["name"],
+            )
+        )
+    return rows
+
+
+def throughput_targets(sections: dict) -> list[dict]:
+    """Two-pass images/s at least 1.5x the seed loop's."""
+    rows = []
+    for result in _step_cases(sections, "triplets"):
+        value = result.get("ratios", {}).get("throughput_two_pass_vs_seed")
+        rows.append(
+            target(
+                "images/s, two-pass / seed",
+                f">= {THROUGHPUT_RATIO}",
+                value,
+                None if value is None else value >= THROUGHPUT_RATIO,
+                result["case"]["name"],
+            )
+        )
+    return rows
+
+
+def overhead_targets(sections: dict) -> list[dict]:
+    """Two-pass step time at most 10% above the floor (training-step table)."""
+    rows = []
+    for result in _step_cases(sections, "triplets"):
+        value = result.get("ratios", {}).get("two_pass_overhead_above_floor")
+        rows.append(
+            target(
+                "two-pass step above the floor",
+                f"<= {OVERHEAD:.0%}",
+                value,
+                None if value is None else value <= OVERHEAD,
+                result["case"]["name"],
+            )
+        )
+    return rows
+
+
+def chunk_targets(sections: dict) -> list[dict]:
+    """Chunked peak graph bytes at most one chunk's worth whatever the batch."""
+    rows = []
+    for result in _step_cases(sections, "pk"):
+        if "two_pass_chunked" not in result["case"]["variants"]:
+            continue
+        value = result.get("ratios", {}).get("graph_peak_chunked_vs_one_chunk")
+        chunked = result["variants"].get("two_pass_chunked") or {}
+        rows.append(
+            target(
+                "peak graph bytes, chunked / one chunk's forward",
+                f"<= {CHUNK_GRAPH_TOLERANCE:.2f}",
+                value,
+                None if value is None else value <= CHUNK_GRAPH_TOLERANCE,
+                result["case"]["name"]
+                + (" (chunking not available)" if chunked.get("not_available") else ""),
+            )
+        )
+    return rows
+
+
+def miner_targets(sections: dict) -> list[dict]:
+    """B = 1024, 64 identities, "all" and "semihard": >= 3x faster, <= 1/3 of PML's memory;
+    never slower than PML at any size."""
+    miners = sections.get("miners") or {}
+    rows_in = miners.get("rows", [])
+    rows = []
+    for miner in ("all", "semihard"):
+        match = [
+            r
+            for r in rows_in
+            if r["batch"] == 1024 and r["identities"] == 64 and r["miner"] == miner
+        ]
+        row = match[0] if match else {}
+        where = f"B=1024, 64 ids, {miner}"
+        speed, memory = row.get("speedup"), row.get("memory_ratio")
+        rows.append(
+            target(
+                "miner speed, PML / ours",
+                f">= {MINER_SPEEDUP:.0f}x",
+                speed,
+                None if speed is None else speed >= MINER_SPEEDUP,
+                where,
+            )
+        )
+        rows.append(
+            target(
+                "miner peak memory, PML / ours",
+                f">= {MINER_MEMORY_RATIO:.0f}x",
+                memory,
+                None if memory is None else memory >= MINER_MEMORY_RATIO,
+                where,
+            )
+        )
+    speeds = [r["speedup"] for r in rows_in if r.get("speedup") is not None]
+    slowest = min(speeds) if speeds else None
+    rows.append(
+        target(
+            "miner never slower than PML (slowest case)",
+            ">= 1x",
+            slowest,
+            None if slowest is None else slowest >= 1.0,
+            f"{len(speeds)} cases with PML figures",
+        )
+    )
+    return rows
+
+
+def evaluation_targets(sections: dict) -> list[dict]:
+    """The protocol at least 100x faster than the loops, with identical numbers."""
+    rows = []
+    for case in (sections.get("evaluation") or {}).get("cases", []):
+        rows.append(
+            target(
+                "evaluation speed, loops / ours (identical numbers)",
+                f">= {EVALUATION_SPEEDUP:.0f}x",
+                case["speedup"],
+                case["speedup"] >= EVALUATION_SPEEDUP and case["identical"],
+                f"{case['n_pairs']} pairs" + ("" if case["identical"] else ", NUMBERS DIFFER"),
+            )
+        )
+    return rows
+
+
+def all_targets(sections: dict) -> list[dict]:
+    """Every target row, in the order of the issues."""
+    return (
+        graph_targets(sections)
+        + chunk_targets(sections)
+        + throughput_targets(sections)
+        + overhead_targets(sections)
+        + miner_targets(sections)
+        + evaluation_targets(sections)
+    )
+
+
+def status_text(met: bool | None) -> str:
+    """met / MISSED / not measured."""
+    return "not measured" if met is None else ("met" if met else "MISSED")
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    """A GitHub markdown table; numbers right-aligned."""
+
+    def cell(value) -> str:
+        return "-" if value is None else str(value).replace("|", "\\|")
+
+    align = ["---:" if rows and _is_number(rows[0][i]) else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _is_number(text) -> bool:
+    try:
+        float(str(text).rstrip("x%").replace(",", ""))
+        return True
+    except ValueError:
+        return False
+
+
+def mib(value) -> str | None:
+    """Bytes as MiB with one decimal."""
+    return None if value is None else f"{value / 2**20:.1f}"
+
+
+def num(value, spec: str = ".2f", suffix: str = "") -> str | None:
+    """A formatted number, or None."""
+    return None if value is None else f"{format(value, spec)}{suffix}"
+
+
+def machine_lines(machine: dict, load_after: float | None) -> list[str]:
+    """The machine description."""
+    lines = [
+        f"- CPU: {machine.get('cpu_model')}, {machine.get('cpu_count')} cores; "
+        f"torch {machine.get('torch')} with {machine.get('torch_threads')} intra-op threads; "
+        f"Python {machine.get('python')}; {machine.get('platform')}",
+        f"- Load average (1 min) at the start: {machine.get('load_average', 0):.2f}"
+        + ("" if load_after is None else f"; at the end: {load_after:.2f}"),
+    ]
+    if machine.get("gpu"):
+        lines.append(f"- GPU: {machine['gpu']}")
+    return lines
+
+
+def targets_section(targets: list[dict]) -> str:
+    """The targets table."""
+    rows = []
+    for row in targets:
+        measured = row["measured"]
+        if measured is not None and "above the floor" in row["target"]:
+            shown = f"{measured:+.1%}"
+        elif measured is not None:
+            shown = f"{measured:.3g}"
+        else:
+            shown = None
+        rows.append([row["target"], row["where"], row["wanted"], shown, status_text(row["met"])])
+    return md_table(["target", "where", "wanted", "measured", "status"], rows)
+
+
+def step_case_table(result: dict) -> str:
+    """One training-step case: a row per variant."""
+    rows = []
+    for name, row in result["variants"].items():
+        if "error" in row:
+            rows.append([name, row["error"][:120], *[None] * 8])
+            continue
+        fraction = row.get("selected_fraction")
+        rows.append(
+            [
+                name,
+                num(row["median_step_s"], ".3f"),
+                num(row["images_per_s"], ".1f"),
+                num(fraction, ".0%")
+                if fraction is not None
+                else num(row["selected_images_mean"], ".0f"),
+                mib(row["graph_peak_bytes"]),
+                mib(row["graph_alive_after_bytes"]),
+                mib(row["rss_peak_bytes"]),
+                mib(row["rss_peak_bytes"] - row["rss_before_bytes"]),
+                mib(row.get("cuda_peak_allocated_bytes")),
+            ]
+        )
+    headers = [
+        "variant",
+        "step s (median)",
+        "images/s",
+        "selected",
+        "peak graph MiB",
+        "graph MiB alive after",
+        "peak RSS MiB",
+        "RSS rise MiB",
+        "CUDA peak MiB",
+    ]
+    return md_table(headers, rows)
+
+
+def floor_table(results: list[dict]) -> str:
+    """The floor of every case with a two-pass row."""
+    rows = []
+    for result in results:
+        floor = result.get("floor") or {}
+        if "floor_s" not in floor:
+            continue
+        ratios = result.get("ratios", {})
+        two = result["variants"].get("two_pass") or {}
+        rows.append(
+            [
+                result["case"]["name"],
+                num(floor["nograd_forward_s"], ".3f"),
+                f"{num(floor['selected_forward_backward_s'], '.3f')} ({floor['selected_images']})",
+                num(floor["floor_s"], ".3f"),
+                num(two.get("median_step_s"), ".3f"),
+                num(ratios.get("two_pass_overhead_above_floor"), "+.1%"),
+                num(ratios.get("seed_step_vs_floor"), ".2f", "x"),
+                num(floor["grad_forward_s"], ".3f"),
+                num(floor["optimizer_step_s"], ".3f"),
+            ]
+        )
+    headers = [
+        "case",
+        "no-grad forward s",
+        "fwd+bwd on selected s (images)",
+        "floor s",
+        "two-pass step s",
+        "overhead",
+        "seed step / floor",
+        "grad forward on batch s",
+        "optimizer step s",
+    ]
+    return md_table(headers, rows)
+
+
+def chunk_table(results: list[dict]) -> str:
+    """Gradient caching: peak graph bytes and images/s against the batch size."""
+    rows = []
+    for result in results:
+        case, floor = result["case"], result.get("floor") or {}
+        for name in ("two_pass", "two_pass_chunked"):
+            row = result["variants"].get(name) or {}
+            if "error" in row:
+                rows.append([case["p"] * case["k"], name, row["error"][:100], *[None] * 4])
+                continue
+            label = name if name == "two_pass" else f"{name} ({case['chunk_size']})"
+            rows.append(
+                [
+                    case["p"] * case["k"],
+                    label,
+                    num(row.get("images_per_s"), ".1f"),
+                    mib(row.get("graph_peak_bytes")),
+                    mib(floor.get("chunk_forward_graph_bytes")),
+                    num(result["ratios"].get("graph_peak_chunked_vs_one_chunk"), ".2f")
+                    if name != "two_pass"
+                    else None,
+                    num(result["ratios"].get("graph_peak_chunked_vs_two_pass"), ".3f")
+                    if name != "two_pass"
+                    else None,
+                ]
+            )
+    headers = [
+        "P x K",
+        "variant (chunk)",
+        "images/s",
+        "peak graph MiB",
+        "one chunk's forward MiB",
+        "chunked / one chunk",
+        "chunked / unchunked",
+    ]
+    return md_table(headers, rows)
+
+
+def training_section(step: dict, command: str) -> str:
+    """Section 1: the training step, the floor, gradient caching."""
+    if "error" in step:
+        return f"## 1. Training step\n\n{step['error']}\n"
+    triplet_cases = [r for r in step.get("cases", []) if r["case"]["batch"] == "triplets"]
+    pk_cases = [r for r in step.get("cases", []) if r["case"]["batch"] == "pk"]
+    parts = [
+        "## 1. Training step: the seed's loop, two-pass, one-pass",
+        f"Command: `{command}`",
+        "Each variant runs in its own forked process (its own peak RSS) on the same batches from "
+        "the same initial weights (SGD, lr 1e-4, momentum 0.9); one warm-up step, then the "
+        "median of the timed steps. Triplet batches: T random anchors, positives = anchor + "
+        "0.3 x noise, random negatives; the seed's filter `d(a,n) - d(a,p) < margin` selects "
+        "(ours: the same filter on the device), then triplet loss + cross-entropy on the "
+        "selected images. *sparse*: the margin lets 20% of the candidates through the seed's "
+        "filter on the initial network; *dense*: every triplet. *selected* is the share of "
+        "triplets each variant actually selected (our steps see a, p and n in one BatchNorm "
+        "batch, the seed in three, so their embeddings and selections differ a little). Peak "
+        "graph bytes: tensors saved for backward (GraphMemoryMeter), over all steps.",
+    ]
+    for result in triplet_cases:
+        calibration = result.get("calibration") or {}
+        ratios = result.get("ratios", {})
+        parts.append(
+            f"### {result['case']['name']}\n\n"
+            f"margin {num(result.get('margin'), '.4g')}; the seed's filter passes "
+            f"{num(calibration.get('seed_filter_pass_fraction'), '.1%')} of "
+            f"{calibration.get('candidates')} candidates on the initial network. "
+            f"Two-pass / seed: peak graph {num(ratios.get('graph_peak_two_pass_vs_seed'), '.3f')}"
+            f"x, images/s {num(ratios.get('throughput_two_pass_vs_seed'), '.2f')}x. "
+            f"One-pass / seed: peak graph {num(ratios.get('graph_peak_one_pass_vs_seed'), '.3f')}"
+            f"x, images/s {num(ratios.get('throughput_one_pass_vs_seed'), '.2f')}x.\n\n"
+            + step_case_table(result)
+        )
+    parts.append(
+        "### The floor\n\nThe step's parts timed alone in another process (median over the "
+        "same number of repeats): a no-grad forward on the batch, and a forward + backward on "
+        "as many images as the two-pass step selected. Overhead = two-pass step / floor - 1; "
+        "it holds the miner, the index bookkeeping, the loss and the optimizer step (timed "
+        "alone in the last column). *grad forward on batch* is what the seed (three times, on "
+        "a third each) and the one-pass step pay instead of the no-grad forward.\n\n"
+        + floor_table(step.get("cases", []))
+    )
+    if pk_cases:
+        chunking = step.get("chunking", {})
+        note = (
+            ""
+            if chunking.get("available")
+            else f"\n\nGradient caching was not available in this run: {chunking.get('reason')}."
+        )
+        parts.append(
+            "### Gradient caching: batch size\n\n`tiny` at 32 px, P x K batches of random "
+            "images (K = 8), FaceNet's semi-hard mining (every anchor-positive pair, so every "
+            "image is selected), triplet loss only; two-pass with and without "
+            "`Trainer(chunk_size=N)`. *one chunk's forward*: graph bytes of one grad forward "
+            "on N images, measured alone." + note + "\n\n" + chunk_table(pk_cases)
+        )
+    return "\n\n".join(parts)
+
+
+def miners_section(miners: dict, command: str) -> str:
+    """Section 2: miners vs pytorch-metric-learning."""
+    if "error" in miners or not miners:
+        return "## 2. Miners vs pytorch-metric-learning 2.9.0\n\n" + miners.get("error", "not run")
+    rows = [
+        [
+            r["batch"],
+            r["identities"],
+            r["miner"],
+            f"{(r['ours'] or {}).get('triplets', 0):,}",
+            num((r["ours"] or {}).get("seconds"), ".4f"),
+            num((r["pml"] or {}).get("seconds"), ".4f"),
+            num(r.get("speedup"), ".1f", "x"),
+            mib((r["ours"] or {}).get("peak_bytes")),
+            mib((r["pml"] or {}).get("peak_bytes")),
+            num(r.get("memory_ratio"), ".1f", "x"),
+            r.get("note") or "",
+        ]
+        for r in miners.get("rows", [])
+    ]
+    headers = [
+        "B",
+        "ids",
+        "miner",
+        "triplets",
+        "ours s",
+        "PML s",
+        "speedup",
+        "ours MiB",
+        "PML MiB",
+        "PML / ours memory",
+        "note",
+    ]
+    return (
+        "## 2. Miners vs pytorch-metric-learning 2.9.0\n\n"
+        f"Command: `{command}`\n\n"
+        f"D = {miners.get('dim')}, margin {miners.get('margin')}, squared distance, embedding "
+        f"noise {miners.get('noise')}; median time; peak memory: {miners.get('memory_method')}; "
+        f"{miners.get('threads')} torch threads.\n\n" + md_table(headers, rows)
+    )
+
+
+def evaluation_section(evaluation: dict, command: str) -> str:
+    """Section 3: the verification protocol vs the loops."""
+    if "error" in evaluation or not evaluation:
+        return "## 3. Evaluation vs the classic loops\n\n" + evaluation.get("error", "not run")
+    rows = [
+        [
+            f"{c['n_pairs']:,}",
+            num(c["ours_median_s"] * 1e3, ".2f"),
+            num(c["reference_median_s"], ".2f"),
+            num(c["speedup"], ".0f", "x"),
+            "yes" if c["identical"] else "NO",
+            num(c["accuracy_mean"], ".4f"),
+            num(c["val"], ".4f"),
+            num(c["auc"], ".4f"),
+        ]
+        for c in evaluation.get("cases", [])
+    ]
+    headers = ["pairs", "ours ms", "loops s", "speedup", "identical", "accuracy", "VAL", "AUC"]
+    return (
+        "## 3. Evaluation vs the classic loops\n\n"
+        f"Command: `{command}`\n\n"
+        "10 folds, grids `arange(0, 4, 0.01)` (accuracy) and `arange(0, 4, 0.001)` (VAL at "
+        "FAR = 1e-3); median time; every number compared.\n\n" + md_table(headers, rows)
+    )
+
+
+def data_section(data: dict, command: str) -> str:
+    """Section 4: the loader against the step's consumption."""
+    if "error" in data or not data:
+        return "## 4. Data loading\n\n" + data.get("error", "not run")
+    rows = []
+    for row in data.get("rows", []):
+        consumers = row.get("step_consumption") or [{}]
+        for consumer in consumers:
+            rows.append(
+                [
+                    row["image_size"],
+                    row["workers"],
+                    num(row["images_per_s"], ".0f"),
+                    consumer.get("case"),
+                    num(consumer.get("images_per_s"), ".1f"),
+                    num(consumer.get("loader_vs_step"), ".1f", "x"),
+                ]
+            )
+    headers = [
+        "image px",
+        "workers",
+        "loader images/s",
+        "training step (two-pass)",
+        "step images/s",
+        "loader / step",
+    ]
+    return (
+        "## 4. Data loading vs the training step\n\n"
+        f"Command: `{command}`\n\n"
+        f"{data.get('images')} synthetic identity images stored as {data.get('stored_size')} px "
+        f"PNG files; `IdentityFolder` + the training transform, `PKSampler` batches of "
+        f"{data.get('batch')}, {data.get('batches_read')} batches read (the first, worker "
+        "start-up, not timed). A loader / step ratio of at least 1 means the loader keeps "
+        "up. On this 2-core machine the workers share the cores with the training process, "
+        "which these figures (measured alone) do not show.\n\n" + md_table(headers, rows)
+    )
+
+
+def gpu_section(gpu: dict | None) -> str:
+    """The GPU figures of gpu_check.sh, or what to run to get them."""
+    head = "## GPU: resnet50 at 160 px\n\n"
+    if not gpu:
+        return (
+            head + "No GPU was available when these figures were taken. "
+            "`bash benchmarks/gpu_check.sh` (at most 8 minutes on one GPU) measures the CUDA "
+            "peak allocated memory and images/s of the seed loop, two-pass and one-pass on "
+            "resnet50 at 160 px (triplet batch 3 x 128, and P x K = 256), with and without "
+            "bf16 autocast, then the largest P x K that fits with and without gradient caching; "
+            "it prints a table and writes `gpu_check.json` and `gpu_search.json` into "
+            "`${OUT:-.}`. `python benchmarks/run_all.py --gpu-json gpu_check.json "
+            "gpu_search.json` adds them here."
+        )
+    machine = gpu.get("machine", {})
+    parts = [
+        head + f"Device: {machine.get('gpu')}; date {gpu.get('date')}; command "
+        f"`{gpu.get('command')}`."
+    ]
+    for result in gpu.get("cases", []):
+        ratios = result.get("ratios", {})
+        parts.append(
+            f"### {result['case']['name']}\n\n"
+            f"two-pass / seed images/s {num(ratios.get('throughput_two_pass_vs_seed'), '.2f')}x"
+            f"; overhead above the floor "
+            f"{num(ratios.get('two_pass_overhead_above_floor'), '+.1%')}.\n\n"
+            + step_case_table(result)
+        )
+    if gpu.get("pk_search"):
+        rows = [
+            [
+                r["batch"],
+                r["chunk_size"],
+                "fits" if "error" not in r else r["error"][:80],
+                mib(r.get("cuda_peak_allocated_bytes")),
+            ]
+            for r in gpu["pk_search"]
+        ]
+        parts.append(
+            "### Largest P x K\n\n" + md_table(["P x K", "chunk", "outcome", "CUDA peak MiB"], rows)
+        )
+    return "\n\n".join(parts)
+
+
+# --------------------------------------------------------------------------- closing notes
+
+
+def throughput_note(step: dict) -> str | None:
+    """Why two-pass is (or is not) 1.5x the seed: the parts explain the ratio."""
+    lines = []
+    for result in _step_cases({"training_step": step}, "triplets"):
+        floor = result.get("floor") or {}
+        ratios = result.get("ratios", {})
+        measured = ratios.get("throughput_two_pass_vs_seed")
+        if "floor_s" not in floor or measured is None or measured >= THROUGHPUT_RATIO:
+            continue
+        grad, nograd = floor["grad_forward_s"], floor["nograd_forward_s"]
+        seed_parts = grad + floor["selected_forward_backward_s"]
+        predicted = seed_parts / floor["floor_s"]
+        lines.append(
+            f"{result['case']['name']}: measured {measured:.2f}x. The seed does the same "
+            f"forward + backward on the selected images as we do; what it does on top is a "
+            f"grad-mode forward on the batch where we run a no-grad one: {grad:.3f} s vs "
+            f"{nograd:.3f} s here. From these parts alone the ratio would be "
+            f"{predicted:.2f}x; the rest of the seed's cost (step / floor "
+            f"{num(ratios.get('seed_step_vs_floor'), '.2f')}x) is its three BatchNorm "
+            f"batches, host copies and the graphs it keeps alive."
+        )
+    if not lines:
+        return None
+    return (
+        "**Throughput (two-pass >= 1.5x the seed) is missed on this CPU.** On a CPU a forward "
+        "without a graph costs about as much as one with a graph, and host copies are free, "
+        "so the seed's waste is mostly memory, not time. The 1.5x belongs to a GPU, where the "
+        "seed also pays device-to-host copies and a sync per step; gpu_check.sh measures it. "
+        + " ".join(lines)
+    )
+
+
+def overhead_note(step: dict) -> str | None:
+    """Why the two-pass step is more than 10% above its floor."""
+    lines = []
+    for result in _step_cases({"training_step": step}, "triplets"):
+        floor = result.get("floor") or {}
+        value = result.get("ratios", {}).get("two_pass_overhead_above_floor")
+        if "floor_s" not in floor or value is None or value <= OVERHEAD:
+            continue
+        lines.append(
+            f"{result['case']['name']}: {value:+.1%} (optimizer step alone "
+            f"{floor['optimizer_step_s'] / floor['floor_s']:.1%} of the floor)"
+        )
+    if not lines:
+        return None
+    return (
+        "**Overhead above the floor exceeds 10% in some cases.** The floor leaves out the "
+        "optimizer step, the miner and the loss; with the small `tiny` network those fixed "
+        "costs are a large share of a step of a few milliseconds, and on a shared machine the "
+        "floor and the step, timed in different processes, see different loads. "
+        + "; ".join(lines)
+        + "."
+    )
+
+
+def graph_note(step: dict) -> str | None:
+    """Why a peak-graph target is missed."""
+    lines = []
+    for result in _step_cases({"training_step": step}, "triplets"):
+        selection = result["case"]["selection"]
+        limit = DENSE_GRAPH_RATIO if selection == "dense" else SPARSE_GRAPH_RATIO
+        value = result.get("ratios", {}).get("graph_peak_two_pass_vs_seed")
+        two = result["variants"].get("two_pass") or {}
+        if value is None or value <= limit:
+            continue
+        lines.append(
+            f"{result['case']['name']}: {value:.3f}x with "
+            f"{num(two.get('selected_fraction'), '.0%')} of the triplets selected by the "
+            "two-pass step (its graph scales with the unique selected images)"
+        )
+    if not lines:
+        return None
+    return "**Peak graph memory target missed.** " + "; ".join(lines) + "."
+
+
+def chunk_note(step: dict) -> str | None:
+    """Why the chunked peak is above one chunk's forward."""
+    lines = []
+    for result in _step_cases({"training_step": step}, "pk"):
+        value = result.get("ratios", {}).get("graph_peak_chunked_vs_one_chunk")
+        if value is None or value <= CHUNK_GRAPH_TOLERANCE:
+            continue
+        lines.append(f"{result['case']['name']}: {value:.2f}x one chunk's forward")
+    if not lines:
+        return None
+    return (
+        "**Chunked peak above one chunk's worth.** The chunked step also builds the loss "
+        "graph on the cached (U, D) embeddings, whose (U, U) distance matrix grows with the "
+        "batch, not the chunk: " + "; ".join(lines) + "."
+    )
+
+
+def closing_notes(sections: dict, targets: list[dict]) -> str:
+    """Why each missed target was missed, and what was not measured."""
+    step = sections.get("training_step") or {}
+    notes = [
+        note
+        for note in (
+            graph_note(step),
+            chunk_note(step),
+            throughput_note(step),
+            overhead_note(step),
+        )
+        if note
+    ]
+    missed_other = [
+        t
+        for t in targets
+        if t["met"] is False and (t["target"].startswith("miner") or "evaluation" in t["target"])
+    ]
+    for row in missed_other:
+        notes.append(
+            f"**{row['target']} ({row['where']}) missed: {num(row['measured'], '.2f')}.** See "
+            "the table above; timings of a shared machine move between runs."
+        )
+    not_measured = [t for t in targets if t["met"] is None]
+    if not_measured:
+        notes.append(
+            "Not measured in this run: "
+            + "; ".join(f"{t['target']} ({t['where']})" for t in not_measured)
+            + "."
+        )
+    if not notes:
+        notes.append("Every target was met in this run.")
+    return "## Closing notes\n\n" + "\n\n".join(f"- {n}" for n in notes)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def render_markdown(results: dict) -> str:
+    """BENCHMARKS.md from the combined results."""
+    sections = results["sections"]
+    step = sections.get("training_step") or {}
+    machine = step.get("machine") or results.get("machine") or {}
+    commands = results["commands"]
+    minutes = results["seconds_total"] / 60
+    head = [
+        "# Benchmarks",
+        f"Written by `{results['command']}` on {results['date']} ({minutes:.1f} minutes). "
+        "Every ratio below was measured in this one run, on this machine:",
+        "\n".join(machine_lines(machine, results.get("load_average_after"))),
+        "CPU timings were taken on a shared 2-core machine, with other jobs running at the "
+        "same time (see the load averages): absolute times are pessimistic and move between "
+        "runs by tens of percent; memory figures (graph bytes, RSS) do not depend on the load.",
+        "## Targets\n\n" + targets_section(results["targets"]),
+    ]
+    body = [
+        training_section(step, commands.get("training_step", "")),
+        miners_section(sections.get("miners") or {}, commands.get("miners", "")),
+        evaluation_section(sections.get("evaluation") or {}, commands.get("evaluation", "")),
+        data_section(sections.get("data") or {}, commands.get("data", "")),
+        gpu_section(results.get("gpu")),
+        closing_notes(sections, results["targets"]),
+    ]
+    return "\n\n".join(head + body) + "\n"
+
+
+def write_outputs(results: dict, markdown_path: Path, json_path: Path) -> None:
+    """Write results.json and BENCHMARKS.md atomically."""
+    for path, text in (
+        (json_path, json.dumps(results, indent=1) + "\n"),
+        (markdown_path, render_markdown(results)),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every benchmark's quick mode")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="where BENCHMARKS.md and results.json go (default: the repository, or "
+        "runs/bench_quick with --quick)",
+    )
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=SECTIONS, help="sections not to run"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads in the timed processes; 0: torch's default, or 1 when the load "
+        "average is above half the CPUs",
+    )
+    parser.add_argument(
+        "--gpu-json",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="gpu_check.sh's gpu_check.json (and gpu_search.json)",
+    )
+    return parser
+
+
+def read_gpu_reports(paths: list[Path]) -> dict | str | None:
+    """gpu_check.sh's reports merged (cases from each, the P x K search from any); an error
+    message naming the file when one cannot be read; None without files."""
+    merged: dict | None = None
+    for path in paths:
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            return f"--gpu-json {path}: cannot read it ({err})"
+        if merged is None:
+            merged = {**report, "cases": list(report.get("cases", []))}
+        else:
+            merged["cases"] += report.get("cases", [])
+        if report.get("pk_search"):
+            merged["pk_search"] = report["pk_search"]
+    return merged
+
+
+def busy_machine_threads() -> int:
+    """1 when the machine is busy, else 0 (torch's default).
+
+    With more runnable processes than cores, an op split over several threads waits for
+    descheduled siblings (OpenMP threads spin meanwhile): timings grow tenfold and scatter.
+    """
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load > 0.5 * cpus:
+        print(f"load average {load:.1f} on {cpus} CPUs: timing with 1 torch thread", flush=True)
+        return 1
+    return 0
+
+
+def output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(BENCHMARKS.md, results.json) for these arguments."""
+    if args.out_dir is not None:
+        return args.out_dir / "BENCHMARKS.md", args.out_dir / "results.json"
+    if args.quick:
+        return QUICK_OUT / "BENCHMARKS.md", QUICK_OUT / "results.json"
+    return REPO / "BENCHMARKS.md", HERE / "results.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every section, check the targets, write the report."""
+    args = get_args_parser().parse_args(argv)
+    gpu = read_gpu_reports(args.gpu_json or [])
+    if isinstance(gpu, str):
+        print(gpu, file=sys.stderr)
+        return 2
+    markdown_path, json_path = output_paths(args)
+    threads = args.threads or busy_machine_threads()
+    commands_args = section_commands(args.quick, threads)
+    started = time.perf_counter()
+    sections: dict = {}
+    with tempfile.TemporaryDirectory(prefix="facenet_bench_") as tmp:
+        for name in SECTIONS:
+            if name in args.skip:
+                continue
+            argv_section = list(commands_args[name])
+            if name == "data" and (Path(tmp) / "training_step.json").is_file():
+                argv_section += ["--step-json", str(Path(tmp) / "training_step.json")]
+            sections[name] = run_section(name, argv_section, Path(tmp) / f"{name}.json")
+    targets = all_targets(sections)
+    results = {
+        "command": "python benchmarks/run_all.py " + " ".join(argv or sys.argv[1:]),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "seconds_total": time.perf_counter() - started,
+        "load_average_after": os.getloadavg()[0],
+        "commands": {name: script_command(name, commands_args[name]) for name in SECTIONS},
+        "targets": targets,
+        "sections": sections,
+        "gpu": gpu,
+    }
+    write_outputs(results, markdown_path, json_path)
+    print("\n" + targets_section(targets))
+    print(f"\nwrote {markdown_path} and {json_path} in {results['seconds_total'] / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""The benchmarks run in their quick modes, write their JSON and BENCHMARKS.md, and what they
+measure holds: the calibrated selection, graphs alive after a step, the report's targets."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import bench_training_step as step  # noqa: E402
+import run_all  # noqa: E402
+
+QUICK_SECTIONS = ("training_step", "evaluation", "data")
+
+
+def run_script(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    """A benchmark script in a fresh interpreter (its children are forked from that one)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    """run_all.py --quick (without the miners: see the slow test) into a temporary folder."""
+    out = tmp_path_factory.mktemp("bench")
+    done = run_script(
+        "benchmarks/run_all.py",
+        "--quick",
+        "--out-dir",
+        str(out),
+        "--skip",
+        "miners",
+        "--threads",
+        "1",  # steady on a shared machine; the figures are not asserted on
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    return results, (out / "BENCHMARKS.md").read_text()
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def test_margin_passing_hand_case():
+    margins = torch.tensor([0.1, 0.5, 0.3, 0.9, 0.7])
+    margin = step.margin_passing(margins, 0.4)  # round(0.4 x 5) = 2 values below
+    assert margin == pytest.approx(0.4)
+    assert int((margins < margin).sum()) == 2
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_margin_passing_lets_exactly_the_fraction_through(seed):
+    gen = torch.Generator().manual_seed(seed)
+    margins = torch.randn(int(torch.randint(5, 400, (1,), generator=gen)), generator=gen)
+    fraction = float(torch.rand((), generator=gen)) * 0.8 + 0.1
+    margin = step.margin_passing(margins, fraction)
+    expected = max(1, min(len(margins) - 1, round(fraction * len(margins))))
+    assert int((margins < margin).sum()) == expected
+
+
+def test_case_ratios_from_hand_figures():
+    variants = {
+        "seed": {"graph_peak_bytes": 400, "images_per_s": 10.0, "median_step_s": 3.0},
+        "two_pass": {"graph_peak_bytes": 100, "images_per_s": 15.0, "median_step_s": 1.1},
+        "one_pass": {"error": "failed"},
+    }
+    ratios = step.case_ratios(variants, {"floor_s": 1.0})
+    assert ratios["graph_peak_two_pass_vs_seed"] == pytest.approx(0.25)
+    assert ratios["throughput_two_pass_vs_seed"] == pytest.approx(1.5)
+    assert ratios["two_pass_overhead_above_floor"] == pytest.approx(0.1)
+    assert ratios["seed_step_vs_floor"] == pytest.approx(3.0)
+    assert "graph_peak_one_pass_vs_seed" not in ratios  # a failed variant gives no ratio
+
+
+def _triplet_case(selection, ratios):
+    return {
+        "case": {"name": selection, "batch": "triplets", "selection": selection},
+        "ratios": ratios,
+        "variants": {},
+    }
+
+
+def test_targets_are_met_missed_or_not_measured():
+    sections = {
+        "training_step": {
+            "cases": [
+                _triplet_case(
+                    "dense",
+                    {"graph_peak_two_pass_vs_seed": 0.5, "throughput_two_pass_vs_seed": 1.49},
+                ),
+                _triplet_case(
+                    "sparse",
+                    {"graph_peak_two_pass_vs_seed": 0.16, "two_pass_overhead_above_floor": 0.05},
+                ),
+            ]
+        }
+    }
+    graph = run_all.graph_targets(sections)
+    assert [t["met"] for t in graph] == [True, False]  # 0.5 <= 0.5; 0.16 > 0.15
+    assert [t["met"] for t in run_all.throughput_targets(sections)] == [False, None]
+    assert [t["met"] for t in run_all.overhead_targets(sections)] == [None, True]
+    assert [run_all.status_text(m) for m in (True, False, None)] == [
+        "met",
+        "MISSED",
+        "not measured",
+    ]
+
+
+def test_miner_targets_read_the_1024_row_and_the_slowest_case():
+    rows = [
+        {"batch": 1024, "identities": 64, "miner": "all", "speedup": 4.0, "memory_ratio": 2.0},
+        {"batch": 1024, "identities": 64, "miner": "semihard", "speedup": 3.0, "memory_ratio": 5.0},
+        {"batch": 256, "identities": 16, "miner": "hard", "speedup": 0.9, "memory_ratio": 9.0},
+    ]
+    targets = run_all.miner_targets({"miners": {"rows": rows}})
+    assert [t["met"] for t in targets] == [True, False, True, True, False]
+    assert targets[-1]["measured"] == pytest.approx(0.9)
+
+
+def test_md_table_escapes_bars_and_right_aligns_numbers():
+    table = run_all.md_table(["name", "value"], [["a|b", "1.5x"], ["c", None]])
+    lines = table.splitlines()
+    assert lines[1] == "| --- | ---: |"
+    assert "a\\|b" in lines[2] and lines[3] == "| c | - |"
+
+
+# ---------------------------------------------------------------- the quick run
+
+
+def test_quick_run_writes_every_section_and_the_markdown(quick_report):
+    results, markdown = quick_report
+    for name in QUICK_SECTIONS:
+        assert "error" not in results["sections"][name], results["sections"][name]
+    for heading in (
+        "## Targets",
+        "## 1. Training step",
+        "## 3. Evaluation",
+        "## 4. Data",
+        "## GPU",
+        "## Closing notes",
+        "shared 2-core machine",
+    ):
+        assert heading in markdown
+    for name in QUICK_SECTIONS:
+        assert results["commands"][name] in markdown  # each table says how to repeat it
+    statuses = {run_all.status_text(t["met"]) for t in results["targets"]}
+    assert statuses <= {"met", "MISSED", "not measured"} and statuses
+
+
+def test_quick_training_step_selection_and_graphs(quick_report):
+    results, _ = quick_report
+    cases = results["sections"]["training_step"]["cases"]
+    triplet_cases = [c for c in cases if c["case"]["batch"] == "triplets"]
+    assert {c["case"]["selection"] for c in triplet_cases} == {"sparse", "dense"}
+    for result in triplet_cases:
+        calibration, variants = result["calibration"], result["variants"]
+        wanted = step.SPARSE_FRACTION if result["case"]["selection"] == "sparse" else 1.0
+        assert (
+            abs(calibration["seed_filter_pass_fraction"] - wanted)
+            <= 1 / calibration["candidates"] + 1e-9
+        )
+        seed, two = variants["seed"], variants["two_pass"]
+        assert "error" not in two, two
+        assert two["graph_alive_after_bytes"] == 0  # nothing outlives our step
+        assert 0 < two["graph_peak_bytes"]
+        if "error" not in seed:
+            assert seed["graph_alive_after_bytes"] > 0  # the seed's loop variables hold graphs
+            assert two["graph_peak_bytes"] < seed["graph_peak_bytes"]
+        assert result["floor"]["floor_s"] > 0
+    dense = next(c for c in triplet_cases if c["case"]["selection"] == "dense")
+    assert dense["variants"]["two_pass"]["selected_fraction"] == 1.0
+
+
+def test_quick_chunk_rows_measure_both_variants(quick_report):
+    results, _ = quick_report
+    report = results["sections"]["training_step"]
+    pk_cases = [c for c in report["cases"] if c["case"]["batch"] == "pk"]
+    assert len(pk_cases) == 2
+    for result in pk_cases:
+        two = result["variants"]["two_pass"]
+        assert two["graph_alive_after_bytes"] == 0
+        assert two["selected_images_mean"] == result["case"]["p"] * result["case"]["k"]
+        chunked = result["variants"]["two_pass_chunked"]
+        if report["chunking"]["available"]:
+            assert chunked["graph_peak_bytes"] < two["graph_peak_bytes"]
+        else:
+            assert chunked["not_available"]
+
+
+def test_quick_data_rows_compare_with_the_step(quick_report):
+    results, _ = quick_report
+    rows = results["sections"]["data"]["rows"]
+    assert sorted(r["workers"] for r in rows) == [0, 2]
+    for row in rows:
+        assert row["images_per_s"] > 0
+        assert row["step_consumption"]  # the quick step runs at the same image size
+        for consumer in row["step_consumption"]:
+            assert consumer["loader_vs_step"] == pytest.approx(
+                row["images_per_s"] / consumer["images_per_s"]
+            )
+
+
+def test_quick_evaluation_numbers_are_identical(quick_report):
+    results, _ = quick_report
+    cases = results["sections"]["evaluation"]["cases"]
+    assert cases and all(c["identical"] for c in cases)
+
+
+# ---------------------------------------------------------------- the GPU check
+
+
+def test_gpu_suite_runs_on_cpu_with_a_tiny_model(tmp_path):
+    out = tmp_path / "gpu.json"
+    done = run_script(
+        "benchmarks/bench_training_step.py",
+        "--suite",
+        "gpu",
+        "--device",
+        "cpu",
+        "--backbone",
+        "tiny",
+        "--image-size",
+        "32",
+        "--triplets",
+        "8",
+        "--pk",
+        "4x2",
+        "--chunk-size",
+        "4",
+        "--repeats",
+        "1",
+        "--pk-search",
+        "8,16",
+        "--json",
+        str(out),
+        "--only-case",
+        "bf16",
+        "--threads",
+        "1",  # fp32 takes the CPU suite's paths
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    bf16_cases = [c for c in step.gpu_cases() if c.amp == "bf16"]
+    assert [c["case"]["batch"] for c in report["cases"]] == [c.batch for c in bf16_cases]
+    for result in report["cases"]:
+        assert (result["case"]["device"], result["case"]["backbone"]) == ("cpu", "tiny")
+        assert result["case"]["amp"] == "bf16"
+    for result in report["cases"]:
+        assert "error" not in result["variants"]["two_pass"], result["variants"]["two_pass"]
+    assert [r["batch"] for r in report["pk_search"] if r["chunk_size"] == 0] == [8, 16]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the check would run")
+def test_gpu_check_refuses_without_cuda(tmp_path):
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable},
+    )
+    assert done.returncode == 2
+    assert "sees no CUDA" in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+# ---------------------------------------------------------------- everything, slowly
+
+
+@pytest.mark.slow
+def test_run_all_quick_with_the_miners(tmp_path):
+    done = run_script(
+        "benchmarks/run_all.py",
+        "--quick",
+        "--out-dir",
+        str(tmp_path),
+        "--threads",
+        "1",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["sections"]["miners"]["rows"]
+    assert "## 2. Miners" in (tmp_path / "BENCHMARKS.md").read_text()
