@@ -150,6 +150,9 @@ def _resolve_device(name: str) -> torch.device:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and check the arguments; bad values exit with a message naming the flag.
 
+    Args:
+        argv: command-line arguments (``sys.argv[1:]`` if None).
+
     Adds ``device`` (a torch.device), ``identities`` (P of the P x K case, 0 when skipped) and
     ``classes`` (classifier size: at least P, so every P x K label has a class).
     """
@@ -599,7 +602,11 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_report(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure every variant on the same batches; returns the report (see :func:`main`)."""
+    """Measure every variant on the same batches; returns the report (see :func:`main`).
+
+    Args:
+        args: what :func:`parse_args` returned.
+    """
     batches = make_triplet_batches(
         args.steps, args.batch_size, args.image_size, args.classes, args.seed
     )
@@ -627,7 +634,11 @@ def run_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_table(variants: dict[str, dict[str, Any]]) -> str:
-    """The variants side by side: one row each, bytes in KiB/MiB/GiB."""
+    """The variants side by side: one row each, bytes in KiB/MiB/GiB.
+
+    Args:
+        variants: name -> figures, as in the report's ``variants``.
+    """
     columns = [
         ("graph peak", "graph_bytes_peak"),
         ("graph after", "graph_bytes_alive_after_step"),
@@ -658,7 +669,11 @@ def format_table(variants: dict[str, dict[str, Any]]) -> str:
 
 def format_timeline(timeline: dict[str, Any]) -> str:
     """The seed loop's step as text: graph bytes after each source line, what it allocated or
-    freed, and which loop variable keeps which graph when the step ends."""
+    freed, and which loop variable keeps which graph when the step ends.
+
+    Args:
+        timeline: the report's ``seed_timeline``.
+    """
     lines = [
         f"Seed loop, step {timeline['step']}: graph bytes alive after each line "
         "(the previous step's graphs are still alive when it starts)",
