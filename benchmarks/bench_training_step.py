@@ -23,11 +23,12 @@ Batches. Triplet mode (what the seed's loop eats): T triplets (3T images), ancho
 images, positives the anchor plus a little noise, negatives other random images. The seed's
 own filter ``d(a,n) - d(a,p) < margin`` selects them; our steps use the same filter
 (``TripletMarginMiner("all", distance="seed_l2", strict_margin=True)`` on the candidates) and
-the same job (triplet loss + cross-entropy on the selected images). "sparse": the margin is
-placed so that 20% of the candidate triplets pass the seed's filter on the initial network
-(measured, and the fraction each variant then selected is reported); "dense": margin 10, every
-triplet passes. P x K mode: FaceNet's semi-hard mining over every anchor-positive pair, the
-triplet loss alone; every image is selected.
+the same job (triplet loss + cross-entropy on the selected images). "sparse": the margins are
+placed so that 20% of the candidate triplets pass on the initial network, one margin for the
+seed's loop and one for our steps (the seed's BatchNorm sees a, p and n as three batches, ours
+as one, so their embeddings differ); the share each variant then selected is reported.
+"dense": margin 10, every triplet passes. P x K mode: FaceNet's semi-hard mining over every
+anchor-positive pair, the triplet loss alone; every image is selected.
 
 The floor: the step's parts timed alone in another forked process (no-grad forward on the
 batch; forward and backward on as many images as the two-pass step selected) against the
@@ -147,11 +148,11 @@ def cpu_cases(quick: bool) -> list[Case]:
         # resnet18 with T = 16: at 20%, about 3 triplets a step (with 1, the seed's
         # forward_classifier fails: BatchNorm1d in training mode needs more than one image).
         steps = [
-            Case("resnet18", 112, "triplets", sel, triplets=16, repeats=2) for sel in SELECTIONS
-        ] + [Case("tiny", 64, "triplets", sel, triplets=32, repeats=5) for sel in SELECTIONS]
+            Case("resnet18", 112, "triplets", sel, triplets=16, repeats=4) for sel in SELECTIONS
+        ] + [Case("tiny", 64, "triplets", sel, triplets=32, repeats=10) for sel in SELECTIONS]
         # FaceNet's batch was ~1,800 faces; K = 8 images per identity throughout.
         chunk_batches = [(32, 8), (64, 8), (225, 8)]
-        chunk_size, chunk_repeats = 64, 2
+        chunk_size, chunk_repeats = 64, 4
     chunks = [
         Case(
             "tiny",
@@ -397,6 +398,22 @@ def seed_filter_margins(model: SeedModel, batches: list[tuple]) -> torch.Tensor:
     return torch.stack(margins)  # (batches, T)
 
 
+def step_filter_margins(model: EmbeddingNet, batches: list[tuple]) -> torch.Tensor:
+    """d(a,n) - d(a,p) of every candidate triplet, as our steps' mining pass sees it (count, T).
+
+    One no-grad forward on the concatenated (a, p, n) batch, as ``train_triplet_step`` runs it.
+    """
+    from facenet.distances import get_distance
+
+    distance = get_distance("seed_l2")
+    margins = []  # one (T,) tensor per batch
+    with torch.no_grad(), frozen_bn_running_stats(model):
+        for data_a, data_p, data_n, _, _ in batches:
+            out_a, out_p, out_n = model(torch.cat([data_a, data_p, data_n])).float().chunk(3)
+            margins.append((distance.paired(out_a, out_n) - distance.paired(out_a, out_p)).cpu())
+    return torch.stack(margins)  # (batches, T)
+
+
 def margin_passing(margins: torch.Tensor, fraction: float) -> float:
     """A margin m such that exactly round(fraction x N) of ``margins`` satisfy ``tm < m``.
 
@@ -409,25 +426,39 @@ def margin_passing(margins: torch.Tensor, fraction: float) -> float:
     return float((ordered[count - 1] + ordered[count]) / 2)
 
 
+def selection_margin(margins: torch.Tensor, selection: str) -> float:
+    """The margin giving the case's selection: 20% of ``margins`` (sparse) or all (dense)."""
+    if selection == "sparse":
+        return margin_passing(margins.flatten(), SPARSE_FRACTION)
+    if selection == "dense":
+        return DENSE_MARGIN
+    raise ValueError(f"unknown selection {selection!r}; valid: {', '.join(SELECTIONS)}")
+
+
 def calibrate(case: Case) -> dict:
-    """The margin of a triplet-mode case and the share of candidates the seed's filter passes."""
-    model = build_seed_model(case)
-    model.train()
+    """The margins of a triplet-mode case: one for the seed's loop, one for our steps.
+
+    The seed's BatchNorm sees a, p and n as three batches, ours as one, so the same margin
+    selects different shares; each gets the margin that selects the case's share of the
+    candidates on the initial network, so both do the same amount of work.
+    """
+    batches = make_batches(case)
+    seed_model, network = build_seed_model(case), build_network(case).to(case.device)
+    seed_model.train()
+    network.train()
     with autocast(case):
-        margins = seed_filter_margins(model, make_batches(case))
-    if case.selection == "sparse":
-        margin = margin_passing(margins.flatten(), SPARSE_FRACTION)
-    elif case.selection == "dense":
-        margin = DENSE_MARGIN
-    else:
-        raise ValueError(f"case {case.name!r}: unknown selection {case.selection!r}")
-    passing = margins < margin  # (batches, T)
-    return {
-        "margin": margin,
-        "seed_filter_pass_fraction": float(passing.double().mean()),
-        "candidates": int(margins.numel()),
-        "passing_per_batch": passing.sum(1).tolist(),
-    }
+        margins = {
+            "seed": seed_filter_margins(seed_model, batches),
+            "ours": step_filter_margins(network, batches),
+        }
+    result = {"candidates": int(margins["seed"].numel())}
+    for kind, values in margins.items():
+        margin = selection_margin(values, case.selection)
+        passing = values < margin  # (batches, T)
+        result[f"margin_{kind}"] = margin
+        result[f"pass_fraction_{kind}"] = float(passing.double().mean())
+        result[f"passing_per_batch_{kind}"] = passing.sum(1).tolist()
+    return result
 
 
 # --------------------------------------------------------------------------- variants
@@ -549,7 +580,8 @@ def measure_floor(case: Case, selected_images: int) -> dict:
     """
     images = make_batches(case)[0]
     images = torch.cat(images[:3]) if case.batch == "triplets" else images[0]  # (B, C, S, S)
-    selected = images[: max(1, selected_images)]  # (U, C, S, S): cost depends on U only
+    # (U, C, S, S): cost depends on U only. Own storages: a saved view would count the batch's.
+    selected = images[: max(1, selected_images)].clone()
     model = build_network(case).to(case.device)
     model.train()
     optimizer = make_optimizer(model)
@@ -589,7 +621,7 @@ def measure_floor(case: Case, selected_images: int) -> dict:
     floor["floor_s"] = floor["nograd_forward_s"] + floor["selected_forward_backward_s"]
     floor["selected_images"] = int(selected.shape[0])
     if case.chunk_size:
-        chunk = selected[: case.chunk_size]
+        chunk = selected[: case.chunk_size].clone()
         floor["chunk_forward_graph_bytes"] = forward_graph_bytes(model, chunk, case)
     floor["selected_forward_graph_bytes"] = forward_graph_bytes(model, selected, case)
     return floor
@@ -676,10 +708,10 @@ def run_case(case: Case, chunking: dict) -> dict:
         result["calibration"] = calibration
         if "error" in calibration:
             return result
-        margin = calibration["margin"]
+        margins = {"seed": calibration["margin_seed"], "ours": calibration["margin_ours"]}
     else:
-        margin = PK_MARGIN
-    result["margin"] = margin
+        margins = {"seed": PK_MARGIN, "ours": PK_MARGIN}
+    result["margins"] = margins
     for variant in case.variants:
         if variant == "two_pass_chunked" and not chunking["available"]:
             result["variants"][variant] = {
@@ -687,6 +719,7 @@ def run_case(case: Case, chunking: dict) -> dict:
                 "not_available": True,
             }
             continue
+        margin = margins["seed" if variant == "seed" else "ours"]
         result["variants"][variant] = run_forked(measure_variant, case, variant, margin)
     two_pass = result["variants"].get("two_pass") or {}
     if "selected_images_mean" in two_pass:
@@ -770,13 +803,14 @@ def _mib(value) -> str:
 def print_case(result: dict) -> None:
     """One case's rows: per variant, time, images/s, selection, graph and RSS figures."""
     case = result["case"]
-    margin = result.get("margin")
     calibration = result.get("calibration") or {}
     head = f"== {case['name']}  ({case['batch']}, {case['images']} images/step"
-    if margin is not None:
-        head += f", margin {margin:.4g}"
-    if "seed_filter_pass_fraction" in calibration:
-        head += f", seed filter passes {calibration['seed_filter_pass_fraction']:.1%}"
+    for kind in ("seed", "ours"):
+        if f"margin_{kind}" in calibration:
+            head += (
+                f"; {kind}: margin {calibration[f'margin_{kind}']:.4g} passes "
+                f"{calibration[f'pass_fraction_{kind}']:.1%}"
+            )
     print(head + ")", flush=True)
     print(
         f"   {'variant':<18}{'step s':>8}{'img/s':>9}{'selected':>10}{'graph MiB':>11}"

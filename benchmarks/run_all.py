@@ -470,19 +470,22 @@ def training_section(step: dict, command: str) -> str:
         "median of the timed steps. Triplet batches: T random anchors, positives = anchor + "
         "0.3 x noise, random negatives; the seed's filter `d(a,n) - d(a,p) < margin` selects "
         "(ours: the same filter on the device), then triplet loss + cross-entropy on the "
-        "selected images. *sparse*: the margin lets 20% of the candidates through the seed's "
-        "filter on the initial network; *dense*: every triplet. *selected* is the share of "
-        "triplets each variant actually selected (our steps see a, p and n in one BatchNorm "
-        "batch, the seed in three, so their embeddings and selections differ a little). Peak "
-        "graph bytes: tensors saved for backward (GraphMemoryMeter), over all steps.",
+        "selected images. *sparse*: a margin that lets 20% of the candidates through on the "
+        "initial network, one for the seed and one for our steps (the seed's BatchNorm sees "
+        "a, p and n as three batches, ours as one, so the same margin would select different "
+        "shares); *dense*: margin 10, every triplet. *selected* is the share of triplets each "
+        "variant selected in its timed steps. Peak graph bytes: tensors saved for backward "
+        "(GraphMemoryMeter), over all steps; *alive after*: what the last step left behind.",
     ]
     for result in triplet_cases:
         calibration = result.get("calibration") or {}
         ratios = result.get("ratios", {})
         parts.append(
             f"### {result['case']['name']}\n\n"
-            f"margin {num(result.get('margin'), '.4g')}; the seed's filter passes "
-            f"{num(calibration.get('seed_filter_pass_fraction'), '.1%')} of "
+            f"Margins: seed {num(calibration.get('margin_seed'), '.4g')} (passes "
+            f"{num(calibration.get('pass_fraction_seed'), '.1%')}), ours "
+            f"{num(calibration.get('margin_ours'), '.4g')} (passes "
+            f"{num(calibration.get('pass_fraction_ours'), '.1%')}) of "
             f"{calibration.get('candidates')} candidates on the initial network. "
             f"Two-pass / seed: peak graph {num(ratios.get('graph_peak_two_pass_vs_seed'), '.3f')}"
             f"x, images/s {num(ratios.get('throughput_two_pass_vs_seed'), '.2f')}x. "
@@ -806,10 +809,11 @@ def render_markdown(results: dict) -> str:
     step = sections.get("training_step") or {}
     machine = step.get("machine") or results.get("machine") or {}
     commands = results["commands"]
-    minutes = results["seconds_total"] / 60
+    seconds = results["seconds_total"]
+    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} minutes"
     head = [
         "# Benchmarks",
-        f"Written by `{results['command']}` on {results['date']} ({minutes:.1f} minutes). "
+        f"Written by `{results['command']}` on {results['date']} ({took}). "
         "Every ratio below was measured in this one run, on this machine:",
         "\n".join(machine_lines(machine, results.get("load_average_after"))),
         "CPU timings were taken on a shared 2-core machine, with other jobs running at the "
