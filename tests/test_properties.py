@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -337,6 +337,8 @@ def well_formed(draw):
     st.one_of(well_formed(), st.tuples(header, st.lists(pair_line, max_size=6))),
     st.sampled_from(["\n", "\r\n"]),
 )
+@example(("1\t" + "9" * 5000, []), "\n")  # more digits than int() converts
+@example(("1\t1", ["anna\t1\t" + "7" * 5000, "anna\t1\tbob\t1"]), "\n")
 def test_pairs_parser_gives_pairs_or_an_error_naming_file_and_line(image_root, case, newline):
     first, lines = case
     path = image_root / "pairs.txt"

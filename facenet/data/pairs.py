@@ -174,7 +174,12 @@ def _parse_int(token: str, path, line_no: int, what: str) -> int:
         raise PairsFormatError(
             path, line_no, f"{what} must be a non-negative integer, got {token!r}"
         )
-    return int(token)
+    try:
+        return int(token)
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        raise PairsFormatError(
+            path, line_no, f"{what} has {len(token)} digits: not a plausible count or index"
+        ) from None
 
 
 def _parse_header(tokens: list[str], path, line_no: int) -> tuple[int, int]:
