@@ -54,20 +54,54 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("synthetic")
+    from facenet.data.synthetic import prepare_synthetic_data
+
+    root = tmp_path_factory.mktemp("synthetic")
+    prepare_synthetic_data(root, load_config(None, TINY).data)
+    return root
 
 
-def tiny_config(out, data_root, *extra):
-    cfg = load_config(None, [*TINY, f"data.root={data_root}", *extra])
+# Each mode draws randomness somewhere else: augmentation and the semi-hard draws (all), the
+# loader's seed from the global generator (seed triplets), the classifier head and a step
+# schedule (one pass), the replayed dropout/BatchNorm state (gradient caching).
+MODES = {
+    "pk-two-pass": [],
+    "seed-triplets": [
+        "data.dataset=triplets",
+        "data.triplets_per_epoch=40",
+        "data.triplet_batch_size=4",
+    ],
+    "one-pass-ce-sgd-step": [
+        "mining.passes=1",
+        "loss.ce_weight=0.5",
+        "optim.name=sgd",
+        "optim.schedule=step",
+        "optim.step_size=1",
+    ],
+    "gradient-caching": ["train.chunk_size=2"],
+}
+
+
+def tiny_config(out, data_root, mode="pk-two-pass", *extra):
+    root = data_root / "train" if "data.dataset=triplets" in MODES[mode] else data_root
+    cfg = load_config(None, [*TINY, f"data.root={root}", *MODES[mode], *extra])
     cfg.logging.out_dir = str(out)
     return cfg
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, data_root):
-    out = tmp_path_factory.mktemp("uninterrupted")
-    assert run_training(tiny_config(out, data_root)) == 0
-    return load_checkpoint(out / "last.pt")
+    """mode -> last.pt of an uninterrupted run, made once per mode."""
+    runs = {}
+
+    def last_checkpoint(mode):
+        if mode not in runs:
+            out = tmp_path_factory.mktemp(f"uninterrupted-{mode}")
+            assert run_training(tiny_config(out, data_root, mode)) == 0
+            runs[mode] = load_checkpoint(out / "last.pt")
+        return runs[mode]
+
+    return last_checkpoint
 
 
 def assert_same_training_state(a: dict, b: dict):
@@ -99,15 +133,26 @@ def signal_during_steps(monkeypatch, steps: set[int], times: int = 1):
     monkeypatch.setattr(Trainer, "train_step", train_step)
 
 
+MID_EPOCH = (STEPS + 2, {"epoch": 2, "steps_done": 2})
+END_OF_EPOCH = (STEPS, None)
+
+
 @pytest.mark.parametrize(
-    "stop_step, partial",
-    [(STEPS + 2, {"epoch": 2, "steps_done": 2}), (STEPS, None)],
-    ids=["mid-epoch", "last-step-of-epoch"],
+    "mode, stop",
+    [
+        ("pk-two-pass", MID_EPOCH),
+        ("pk-two-pass", END_OF_EPOCH),
+        ("seed-triplets", MID_EPOCH),
+        ("one-pass-ce-sgd-step", MID_EPOCH),
+        ("gradient-caching", MID_EPOCH),
+    ],
+    ids=["mid-epoch", "end-of-epoch", "seed-triplets", "one-pass", "gradient-caching"],
 )
 def test_signal_then_resume_reaches_the_uninterrupted_parameters(
-    tmp_path, data_root, uninterrupted, monkeypatch, capsys, stop_step, partial
+    tmp_path, data_root, uninterrupted, monkeypatch, capsys, mode, stop
 ):
-    cfg = tiny_config(tmp_path, data_root)
+    stop_step, partial = stop
+    cfg = tiny_config(tmp_path, data_root, mode)
     with monkeypatch.context() as patch:
         signal_during_steps(patch, {stop_step})
         assert run_training(cfg) == 128 + signal.SIGINT
@@ -121,7 +166,7 @@ def test_signal_then_resume_reaches_the_uninterrupted_parameters(
     assert run_training(cfg, resume=True) == 0
     assert "resumed from" in capsys.readouterr().out
     resumed = load_checkpoint(tmp_path / "last.pt")
-    assert_same_training_state(resumed, uninterrupted)
+    assert_same_training_state(resumed, uninterrupted(mode))
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == list(range(1, EPOCHS + 1))
 
