@@ -258,27 +258,30 @@ def _start(command):
                             stderr=subprocess.STDOUT, text=True)
 
 
-def _kill_after_training_starts(proc, delay: float) -> None:
+def _kill_after_training_starts(proc, delay: float) -> int:
+    """SIGKILL ``delay`` seconds into training; the exit status (-9 if it was still running)."""
     for line in proc.stdout:  # the first epoch line: imports and data are done
         if line.startswith(("epoch ", "resumed")):
             break
     time.sleep(delay)
     proc.kill()
-    proc.wait()
+    return proc.wait()
 
 
 @pytest.mark.slow
 def test_kill_9_at_seeded_random_moments_then_resume_matches_an_uninterrupted_run(
     tmp_path, data_root
 ):
-    epochs = 8
+    epochs = 30
     reference = _start(_train_command(tmp_path / "reference", data_root, epochs))
     assert reference.wait() == 0
     out = tmp_path / "killed"
     rng = random.Random(2024)
     for _ in range(3):
-        _kill_after_training_starts(_start(_train_command(out, data_root, epochs)),
-                                    rng.uniform(0.0, 1.5))
+        status = _kill_after_training_starts(
+            _start(_train_command(out, data_root, epochs)), rng.uniform(0.0, 0.8)
+        )
+        assert status == -signal.SIGKILL  # killed while training, not after it
         if (out / "last.pt").exists():
             state = load_checkpoint(out / "last.pt")
             assert 0 <= state["epoch"] <= epochs and state["partial"] is None
