@@ -47,6 +47,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: str) -> str:
+    """A multi-line message (a YAML error quotes the line and a caret) as one line."""
+    lines = [line.strip() for line in str(text).splitlines()]
+    return " ".join(line for line in lines if line and set(line) != {"^"})
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as ``warning: <message>`` on stderr, without the source line."""
     print(f"warning: {message}", file=sys.stderr if file is None else file)
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     if args.out is not None:
         cfg.logging.out_dir = args.out

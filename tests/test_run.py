@@ -387,6 +387,17 @@ def test_a_safe_file_that_is_not_a_training_checkpoint_is_refused(tmp_path, caps
     assert_one_error_line(err, "not a training checkpoint", "model")
 
 
+def test_yaml_python_tag_is_refused_on_one_line_and_runs_nothing(tmp_path, capsys):
+    marker = tmp_path / "created_by_yaml"
+    config = tmp_path / "evil.yaml"
+    config.write_text(f"train: !!python/object/apply:builtins.open ['{marker}', 'w']\n")
+    code = train_script.main(["--config", str(config)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert_one_error_line(err, str(config), "python/object/apply:builtins.open")
+    assert not marker.exists()
+
+
 def test_no_subprocess_call_uses_a_shell():
     calls = []
     for folder in ("facenet", "scripts", "benchmarks", "tests"):
