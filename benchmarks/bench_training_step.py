@@ -30,13 +30,15 @@ as one, so their embeddings differ); the share each variant then selected is rep
 "dense": margin 10, every triplet passes. P x K mode: FaceNet's semi-hard mining over every
 anchor-positive pair, the triplet loss alone; every image is selected.
 
-The floor: the step's parts timed alone in another forked process (no-grad forward on the
-batch; forward and backward on as many images as the two-pass step selected) against the
-whole two-pass step: overhead = step / floor - 1. The optimizer step and the grad-mode forward
-on the batch (what the seed and the one-pass step pay instead of a no-grad forward) are timed
-too, outside the floor.
+The floor: in the two-pass process, after its measured steps, rounds of one whole step and
+each of the step's parts timed alone (no-grad forward on the batch; forward and backward on as
+many images as the step selected); overhead = median step / (sum of the parts' medians) - 1.
+Also timed, outside the floor: the optimizer step, a grad-mode forward on the batch (the
+one-pass step's), and the seed's arithmetic (grad forwards on a, p and n apart, forward and
+backward on the selected images in three parts), which bounds what two-pass can gain over the
+seed on the machine.
 
-    python benchmarks/bench_training_step.py --json step.json       # CPU suite, ~5 min on 2 cores
+    python benchmarks/bench_training_step.py --json step.json       # CPU suite, ~3 min on 2 cores
     python benchmarks/bench_training_step.py --quick --json q.json   # seconds
     python benchmarks/bench_training_step.py --suite gpu --device cuda --json gpu.json
 """
@@ -74,7 +76,11 @@ from facenet.memory import (  # noqa: E402
 )
 from facenet.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
 from facenet.models import EmbeddingNet  # noqa: E402
-from facenet.trainer import Trainer, frozen_bn_running_stats  # noqa: E402
+from facenet.trainer import (  # noqa: E402
+    Trainer,
+    frozen_bn_running_stats,
+    unique_triplet_images,
+)
 
 EMBEDDING_DIM = 128
 NUM_CLASSES = 16  # triplet mode: labels of the classifier head
@@ -103,6 +109,7 @@ class Case:
         chunk_size: images per chunk of ``two_pass_chunked``.
         device: "cpu" or "cuda".
         amp: "none" or "bf16" (autocast; the seed loop is wrapped in autocast).
+        floor: time the two-pass step's parts after its steps.
     """
 
     backbone: str
@@ -117,6 +124,7 @@ class Case:
     chunk_size: int = 0
     device: str = "cpu"
     amp: str = "none"
+    floor: bool = True
 
     @property
     def images_per_step(self) -> int:
@@ -265,8 +273,13 @@ def run_forked(fn, *args) -> dict:
 def make_triplet_batches(case: Case, count: int, seed: int = 0) -> list[tuple]:
     """``count`` seed-style batches ``(a, p, n, label_p, label_n)`` on the case's device.
 
-    Anchors and negatives are independent N(0, 1) images; positives are their anchor plus
-    ``POSITIVE_NOISE`` x N(0, 1), so d(a,p) is mostly smaller than d(a,n), as after some training.
+    Anchors are N(0, 1) images. In an easy triplet the positive is the anchor plus
+    ``POSITIVE_NOISE`` x N(0, 1) and the negative another random image, so d(a,n) - d(a,p) is
+    large; in the :func:`hard_triplets_per_batch` hard ones, at random places, the two swap
+    roles, so it is very negative. Any margin between the two groups then selects exactly the
+    hard triplets of every batch, in every variant: the selected images are the same count
+    each step (no new tensor shapes from step to step) and the seed's loop never sees a
+    single selected triplet (its ``forward_classifier`` would then give BatchNorm1d one image).
     """
     gen = torch.Generator().manual_seed(seed)
     shape = (case.triplets, 3, case.image_size, case.image_size)
@@ -275,12 +288,19 @@ def make_triplet_batches(case: Case, count: int, seed: int = 0) -> list[tuple]:
         anchor = torch.randn(shape, generator=gen)
         positive = anchor + POSITIVE_NOISE * torch.randn(shape, generator=gen)
         negative = torch.randn(shape, generator=gen)
+        hard = torch.randperm(case.triplets, generator=gen)[: hard_triplets_per_batch(case)]
+        positive[hard], negative[hard] = negative[hard].clone(), positive[hard].clone()
         label_p = torch.randint(0, NUM_CLASSES, (case.triplets,), generator=gen)
         offset = torch.randint(1, NUM_CLASSES, (case.triplets,), generator=gen)
         label_n = (label_p + offset) % NUM_CLASSES
         batch = (anchor, positive, negative, label_p, label_n)
         batches.append(tuple(t.to(case.device) for t in batch))
     return batches
+
+
+def hard_triplets_per_batch(case: Case) -> int:
+    """round(20% of T), at least 2: the triplets of a batch made hard by construction."""
+    return max(2, round(SPARSE_FRACTION * case.triplets))
 
 
 def make_pk_batches(case: Case, count: int, seed: int = 0) -> list[tuple]:
@@ -426,21 +446,27 @@ def margin_passing(margins: torch.Tensor, fraction: float) -> float:
     return float((ordered[count - 1] + ordered[count]) / 2)
 
 
-def selection_margin(margins: torch.Tensor, selection: str) -> float:
-    """The margin giving the case's selection: 20% of ``margins`` (sparse) or all (dense)."""
-    if selection == "sparse":
-        return margin_passing(margins.flatten(), SPARSE_FRACTION)
-    if selection == "dense":
+def selection_margin(margins: torch.Tensor, case: Case) -> float:
+    """The margin giving the case's selection: the hard share of ``margins`` (sparse, about
+    20%) or every triplet (dense).
+
+    Args:
+        margins: (batches, T) values of d(a,n) - d(a,p).
+        case: its ``selection`` and T.
+    """
+    if case.selection == "sparse":
+        return margin_passing(margins.flatten(), hard_triplets_per_batch(case) / case.triplets)
+    if case.selection == "dense":
         return DENSE_MARGIN
-    raise ValueError(f"unknown selection {selection!r}; valid: {', '.join(SELECTIONS)}")
+    raise ValueError(f"unknown selection {case.selection!r}; valid: {', '.join(SELECTIONS)}")
 
 
 def calibrate(case: Case) -> dict:
     """The margins of a triplet-mode case: one for the seed's loop, one for our steps.
 
-    The seed's BatchNorm sees a, p and n as three batches, ours as one, so the same margin
-    selects different shares; each gets the margin that selects the case's share of the
-    candidates on the initial network, so both do the same amount of work.
+    The seed's BatchNorm sees a, p and n as three batches, ours as one, so their distances
+    differ; each gets a margin that selects the case's share of the candidates on the initial
+    network (the hard triplets, or all), so both do the same amount of work.
     """
     batches = make_batches(case)
     seed_model, network = build_seed_model(case), build_network(case).to(case.device)
@@ -453,7 +479,7 @@ def calibrate(case: Case) -> dict:
         }
     result = {"candidates": int(margins["seed"].numel())}
     for kind, values in margins.items():
-        margin = selection_margin(values, case.selection)
+        margin = selection_margin(values, case)
         passing = values < margin  # (batches, T)
         result[f"margin_{kind}"] = margin
         result[f"pass_fraction_{kind}"] = float(passing.double().mean())
@@ -529,7 +555,8 @@ def run_trainer_step(trainer: Trainer, case: Case, batch: tuple) -> dict:
 
 
 def measure_trainer(case: Case, variant: str, margin: float) -> dict:
-    """Our step (two-pass, one-pass or chunked): ``repeats + 1`` steps."""
+    """Our step (two-pass, one-pass or chunked): ``repeats + 1`` steps; for two-pass, then
+    the floor, timed against more steps in the same process."""
     batches = make_batches(case)
     trainer = build_trainer(case, variant, margin)
     trainer.model.train()
@@ -545,8 +572,13 @@ def measure_trainer(case: Case, variant: str, margin: float) -> dict:
             skipped = "skipped" in stats
             triplets.append(0 if skipped else int(stats["num_triplets"]))
             images.append(0 if skipped else int(stats["selected_images"]))
+    # Read before the floor, whose grad forward on the whole batch would raise both peaks.
     readings = memory_readings(meter, case, rss_before)
-    return {**summarise_steps(case, seconds, triplets, images), **readings}
+    result = {**summarise_steps(case, seconds, triplets, images), **readings}
+    if variant == "two_pass" and case.floor:
+        selected = round(result["selected_images_mean"])
+        result["floor"] = measure_floor(trainer, case, batches, selected)
+    return result
 
 
 def measure_variant(case: Case, variant: str, margin: float) -> dict:
@@ -561,6 +593,98 @@ def measure_variant(case: Case, variant: str, margin: float) -> dict:
 # --------------------------------------------------------------------------- the floor
 
 
+def batch_tensors(case: Case, batch: tuple):
+    """(images (B, C, S, S), labels (B,), candidates or None) as the trainer's step sees them."""
+    if case.batch != "triplets":
+        return batch[0], batch[1], None
+    data_a, data_p, data_n, label_p, label_n = batch
+    index = torch.arange(case.triplets, device=data_a.device)
+    candidates = (index, index + case.triplets, index + 2 * case.triplets)
+    images = torch.cat([data_a, data_p, data_n])
+    return images, torch.cat([label_p, label_p, label_n]), candidates
+
+
+def floor_parts(trainer: Trainer, case: Case, images: torch.Tensor, selected: torch.Tensor):
+    """The parts of a step, each a callable: what the floor adds up, and what it leaves out.
+
+    Args:
+        trainer: its model and optimizer are used.
+        case: autocast and the classifier.
+        images: the batch (B, C, S, S).
+        selected: (U, C, S, S) as many images as the step selects.
+    """
+    model, optimizer, with_logits = trainer.model, trainer.optimizer, uses_classifier(case)
+
+    def forward_backward(x):
+        with autocast(case):
+            out = model(x, return_logits=with_logits)
+        outputs = out if with_logits else (out,)
+        sum(o.float().sum() for o in outputs).backward()
+
+    def nograd_forward():
+        with torch.no_grad(), frozen_bn_running_stats(model), autocast(case):
+            model(images)
+
+    def selected_forward_backward():
+        forward_backward(selected)
+
+    def optimizer_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def grad_forward():  # the one-pass step's forward on the batch (graph dropped)
+        with autocast(case):
+            model(images, return_logits=with_logits)
+
+    def seed_parts():  # the seed's arithmetic: a, p, n apart with grad, the selected by thirds
+        with autocast(case):
+            for third in images.chunk(3):
+                model(third)
+        for third in selected.chunk(3):
+            forward_backward(third)
+        optimizer.zero_grad(set_to_none=True)
+
+    parts = {
+        "nograd_forward_s": nograd_forward,
+        "selected_forward_backward_s": selected_forward_backward,
+        "optimizer_step_s": optimizer_step,
+        "grad_forward_s": grad_forward,
+    }
+    if "seed" in case.variants:
+        parts["seed_parts_s"] = seed_parts
+    return parts
+
+
+def measure_floor(trainer: Trainer, case: Case, batches: list[tuple], selected_images: int):
+    """The step's parts alone, timed in rounds with a whole step (same process, same load).
+
+    Args:
+        trainer: the two-pass trainer, after its measured steps.
+        case: the case.
+        batches: the case's batches; the steps of the rounds cycle through them.
+        selected_images: how many images the two-pass step selected (its mean, rounded).
+    """
+    images, _, _ = batch_tensors(case, batches[0])
+    # (U, C, S, S): cost depends on U only. Own storages: a saved view would count the batch's.
+    selected = images[: max(1, selected_images)].clone()
+    parts = floor_parts(trainer, case, images, selected)
+    times: dict[str, list[float]] = {name: [] for name in ("step_s", *parts)}
+    for repeat in range(case.repeats + 1):
+        batch = batches[repeat % len(batches)]
+        step_s, _ = timed(case.device, lambda b=batch: run_trainer_step(trainer, case, b))
+        if repeat > 0:  # the first round is a warm-up
+            times["step_s"].append(step_s)
+        for name, part in parts.items():
+            seconds, _ = timed(case.device, part)
+            if repeat > 0:
+                times[name].append(seconds)
+    floor = {name: statistics.median(values) for name, values in times.items()}
+    floor["floor_s"] = floor["nograd_forward_s"] + floor["selected_forward_backward_s"]
+    floor["selected_images"] = int(selected.shape[0])
+    floor.update(floor_graph_bytes(trainer, case, batches[0], selected))
+    return floor
+
+
 def forward_graph_bytes(model: torch.nn.Module, images: torch.Tensor, case: Case) -> int:
     """Graph bytes of one grad forward on ``images`` (embeddings and logits), then freed."""
     meter = GraphMemoryMeter(exclude=model)
@@ -571,60 +695,35 @@ def forward_graph_bytes(model: torch.nn.Module, images: torch.Tensor, case: Case
     return int(peak)
 
 
-def measure_floor(case: Case, selected_images: int) -> dict:
-    """The step's parts alone, each timed ``repeats`` times after a warm-up (forked child).
+def loss_graph_bytes(trainer: Trainer, case: Case, batch: tuple) -> int:
+    """Graph bytes of the triplet loss on cached (U, D) embeddings, as gradient caching runs it.
 
-    Args:
-        case: the case (model, batch).
-        selected_images: how many images the two-pass step selected (its mean, rounded).
+    Mines the batch like a step, then computes the loss on a leaf copy of the selected
+    embeddings: what the chunked step holds between the mining pass and the first chunk.
     """
-    images = make_batches(case)[0]
-    images = torch.cat(images[:3]) if case.batch == "triplets" else images[0]  # (B, C, S, S)
-    # (U, C, S, S): cost depends on U only. Own storages: a saved view would count the batch's.
-    selected = images[: max(1, selected_images)].clone()
-    model = build_network(case).to(case.device)
-    model.train()
-    optimizer = make_optimizer(model)
-    with_logits = uses_classifier(case)
+    images, labels, candidates = batch_tensors(case, batch)
+    with torch.no_grad(), frozen_bn_running_stats(trainer.model), autocast(case):
+        embeddings = trainer.model(images).float()  # (B, D)
+    triplets = trainer.miner(embeddings, labels, candidates=candidates)
+    unique, local = unique_triplet_images(triplets)
+    cached = embeddings[unique].clone().requires_grad_(True)  # (U, D)
+    meter = GraphMemoryMeter()
+    with meter:
+        loss = trainer.loss_fn(cached, local)
+        peak = meter.peak_bytes
+        del loss
+    return int(peak)
 
-    def nograd_forward():
-        with torch.no_grad(), frozen_bn_running_stats(model), autocast(case):
-            model(images)
 
-    def grad_forward():  # what the seed and the one-pass step pay on the batch (graph dropped)
-        with autocast(case):
-            model(images, return_logits=with_logits)
-
-    def selected_forward_backward():
-        with autocast(case):
-            out = model(selected, return_logits=with_logits)
-        outputs = out if with_logits else (out,)
-        sum(o.float().sum() for o in outputs).backward()
-
-    def optimizer_step():
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    parts = {
-        "nograd_forward_s": nograd_forward,
-        "selected_forward_backward_s": selected_forward_backward,
-        "optimizer_step_s": optimizer_step,
-        "grad_forward_s": grad_forward,
-    }
-    times: dict[str, list[float]] = {name: [] for name in parts}
-    for repeat in range(case.repeats + 1):
-        for name, part in parts.items():
-            seconds, _ = timed(case.device, part)
-            if repeat > 0:  # the first round is a warm-up
-                times[name].append(seconds)
-    floor = {name: statistics.median(values) for name, values in times.items()}
-    floor["floor_s"] = floor["nograd_forward_s"] + floor["selected_forward_backward_s"]
-    floor["selected_images"] = int(selected.shape[0])
+def floor_graph_bytes(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tensor):
+    """Graph bytes of a grad forward on the selected images, on one chunk, and of the loss."""
+    model = trainer.model
+    figures = {"selected_forward_graph_bytes": forward_graph_bytes(model, selected, case)}
     if case.chunk_size:
         chunk = selected[: case.chunk_size].clone()
-        floor["chunk_forward_graph_bytes"] = forward_graph_bytes(model, chunk, case)
-    floor["selected_forward_graph_bytes"] = forward_graph_bytes(model, selected, case)
-    return floor
+        figures["chunk_forward_graph_bytes"] = forward_graph_bytes(model, chunk, case)
+        figures["loss_graph_bytes"] = loss_graph_bytes(trainer, case, batch)
+    return figures
 
 
 # --------------------------------------------------------------------------- gradient caching
@@ -635,7 +734,7 @@ def probe_chunking() -> dict:
 
     A tiny P x K step with chunks of 4 must run and peak below 3/4 of the unchunked step.
     """
-    case = Case("tiny", 32, "pk", "semihard", p=4, k=4, repeats=1, chunk_size=4)
+    case = Case("tiny", 32, "pk", "semihard", p=4, k=4, repeats=1, chunk_size=4, floor=False)
     try:
         chunked = measure_trainer(case, "two_pass_chunked", PK_MARGIN)
     except (TypeError, NotImplementedError) as err:
@@ -688,12 +787,13 @@ def case_ratios(variants: dict, floor: dict | None) -> dict:
         ),
     }
     if floor and "error" not in floor:
-        step = value("two_pass", "median_step_s")
-        ratios["two_pass_overhead_above_floor"] = (
-            None if step is None else step / floor["floor_s"] - 1.0
-        )
+        # The steps timed in rounds with the parts: the same load on both sides.
+        ratios["two_pass_overhead_above_floor"] = floor["step_s"] / floor["floor_s"] - 1.0
         seed_step = value("seed", "median_step_s")
         ratios["seed_step_vs_floor"] = ratio(seed_step, floor["floor_s"])
+        # What two-pass / seed throughput the arithmetic alone allows on this machine.
+        if "seed_parts_s" in floor:
+            ratios["seed_parts_vs_floor"] = floor["seed_parts_s"] / floor["floor_s"]
         ratios["graph_peak_chunked_vs_one_chunk"] = ratio(
             value("two_pass_chunked", "graph_peak_bytes"), floor.get("chunk_forward_graph_bytes")
         )
@@ -722,9 +822,8 @@ def run_case(case: Case, chunking: dict) -> dict:
         margin = margins["seed" if variant == "seed" else "ours"]
         result["variants"][variant] = run_forked(measure_variant, case, variant, margin)
     two_pass = result["variants"].get("two_pass") or {}
-    if "selected_images_mean" in two_pass:
-        selected = round(two_pass["selected_images_mean"])
-        result["floor"] = run_forked(measure_floor, case, selected)
+    if "floor" in two_pass:
+        result["floor"] = two_pass.pop("floor")
     result["ratios"] = case_ratios(result["variants"], result.get("floor"))
     return result
 
@@ -734,7 +833,8 @@ def run_case(case: Case, chunking: dict) -> dict:
 
 def try_batch(case: Case) -> dict:
     """One two-pass step on a P x K batch: did it fit? (forked child)"""
-    result = measure_trainer(case, "two_pass_chunked" if case.chunk_size else "two_pass", PK_MARGIN)
+    variant = "two_pass_chunked" if case.chunk_size else "two_pass"
+    result = measure_trainer(dataclasses.replace(case, floor=False), variant, PK_MARGIN)
     return {key: result[key] for key in ("median_step_s", "graph_peak_bytes")} | {
         key: result[key] for key in ("cuda_peak_allocated_bytes",) if key in result
     }
@@ -837,8 +937,14 @@ def print_case(result: dict) -> None:
         print(
             f"   floor: no-grad forward {floor['nograd_forward_s']:.3f} s + forward/backward on "
             f"{floor['selected_images']} images {floor['selected_forward_backward_s']:.3f} s = "
-            f"{floor['floor_s']:.3f} s (optimizer step {floor['optimizer_step_s']:.3f} s, "
-            f"grad forward on the batch {floor['grad_forward_s']:.3f} s)"
+            f"{floor['floor_s']:.3f} s; two-pass step in the same rounds {floor['step_s']:.3f} s "
+            f"(optimizer step {floor['optimizer_step_s']:.3f} s, grad forward on the batch "
+            f"{floor['grad_forward_s']:.3f} s"
+            + (
+                f", the seed's arithmetic {floor['seed_parts_s']:.3f} s)"
+                if "seed_parts_s" in floor
+                else ")"
+            )
         )
     elif "error" in floor:
         print(f"   floor: {floor['error']}")

@@ -390,18 +390,18 @@ def floor_table(results: list[dict]) -> str:
         if "floor_s" not in floor:
             continue
         ratios = result.get("ratios", {})
-        two = result["variants"].get("two_pass") or {}
         rows.append(
             [
                 result["case"]["name"],
                 num(floor["nograd_forward_s"], ".3f"),
                 f"{num(floor['selected_forward_backward_s'], '.3f')} ({floor['selected_images']})",
                 num(floor["floor_s"], ".3f"),
-                num(two.get("median_step_s"), ".3f"),
+                num(floor["step_s"], ".3f"),
                 num(ratios.get("two_pass_overhead_above_floor"), "+.1%"),
-                num(ratios.get("seed_step_vs_floor"), ".2f", "x"),
-                num(floor["grad_forward_s"], ".3f"),
                 num(floor["optimizer_step_s"], ".3f"),
+                num(floor["grad_forward_s"], ".3f"),
+                num(floor.get("seed_parts_s"), ".3f"),
+                num(ratios.get("seed_step_vs_floor"), ".2f", "x"),
             ]
         )
     headers = [
@@ -411,9 +411,10 @@ def floor_table(results: list[dict]) -> str:
         "floor s",
         "two-pass step s",
         "overhead",
-        "seed step / floor",
-        "grad forward on batch s",
         "optimizer step s",
+        "grad forward on batch s",
+        "seed's arithmetic s",
+        "seed step / floor",
     ]
     return md_table(headers, rows)
 
@@ -425,22 +426,26 @@ def chunk_table(results: list[dict]) -> str:
         case, floor = result["case"], result.get("floor") or {}
         for name in ("two_pass", "two_pass_chunked"):
             row = result["variants"].get(name) or {}
+            chunked = name != "two_pass"
             if "error" in row:
-                rows.append([case["p"] * case["k"], name, row["error"][:100], *[None] * 4])
+                rows.append([case["p"] * case["k"], name, row["error"][:100], *[None] * 6])
                 continue
-            label = name if name == "two_pass" else f"{name} ({case['chunk_size']})"
             rows.append(
                 [
                     case["p"] * case["k"],
-                    label,
+                    f"{name} ({case['chunk_size']})" if chunked else name,
                     num(row.get("images_per_s"), ".1f"),
                     mib(row.get("graph_peak_bytes")),
-                    mib(floor.get("chunk_forward_graph_bytes")),
+                    mib(floor.get("chunk_forward_graph_bytes")) if chunked else None,
+                    mib(floor.get("loss_graph_bytes")) if chunked else None,
                     num(result["ratios"].get("graph_peak_chunked_vs_one_chunk"), ".2f")
-                    if name != "two_pass"
+                    if chunked
                     else None,
                     num(result["ratios"].get("graph_peak_chunked_vs_two_pass"), ".3f")
-                    if name != "two_pass"
+                    if chunked
+                    else None,
+                    num(result["ratios"].get("throughput_chunked_vs_two_pass"), ".2f", "x")
+                    if chunked
                     else None,
                 ]
             )
@@ -450,8 +455,10 @@ def chunk_table(results: list[dict]) -> str:
         "images/s",
         "peak graph MiB",
         "one chunk's forward MiB",
+        "loss graph MiB",
         "chunked / one chunk",
-        "chunked / unchunked",
+        "chunked / unchunked graph",
+        "chunked / unchunked images/s",
     ]
     return md_table(headers, rows)
 
@@ -494,13 +501,15 @@ def training_section(step: dict, command: str) -> str:
             + step_case_table(result)
         )
     parts.append(
-        "### The floor\n\nThe step's parts timed alone in another process (median over the "
-        "same number of repeats): a no-grad forward on the batch, and a forward + backward on "
-        "as many images as the two-pass step selected. Overhead = two-pass step / floor - 1; "
-        "it holds the miner, the index bookkeeping, the loss and the optimizer step (timed "
-        "alone in the last column). *grad forward on batch* is what the seed (three times, on "
-        "a third each) and the one-pass step pay instead of the no-grad forward.\n\n"
-        + floor_table(step.get("cases", []))
+        "### The floor\n\nIn the two-pass process, after its measured steps: rounds of one "
+        "whole step and each part of it timed alone (medians over the rounds, so both sides "
+        "see the same load). Floor = a no-grad forward on the batch + a forward and backward "
+        "on as many images as the step selected. Overhead = two-pass step / floor - 1: the "
+        "miner, the index bookkeeping, the loss and the optimizer step (also timed alone). "
+        "*grad forward on batch*: the one-pass step's forward. *seed's arithmetic*: the "
+        "seed's passes alone (grad forwards on a, p and n apart, forward and backward on the "
+        "selected images in three parts); floor / seed's arithmetic is the most two-pass can "
+        "gain over the seed in images/s on this machine.\n\n" + floor_table(step.get("cases", []))
     )
     if pk_cases:
         chunking = step.get("chunking", {})
@@ -513,8 +522,12 @@ def training_section(step: dict, command: str) -> str:
             "### Gradient caching: batch size\n\n`tiny` at 32 px, P x K batches of random "
             "images (K = 8), FaceNet's semi-hard mining (every anchor-positive pair, so every "
             "image is selected), triplet loss only; two-pass with and without "
-            "`Trainer(chunk_size=N)`. *one chunk's forward*: graph bytes of one grad forward "
-            "on N images, measured alone." + note + "\n\n" + chunk_table(pk_cases)
+            "`Trainer(chunk_size=N)`. Measured alone: *one chunk's forward*, the graph bytes "
+            "of one grad forward on N images; *loss graph*, those of the triplet loss on the "
+            "cached (U, D) embeddings (its (U, U) distance matrix grows with the batch)."
+            + note
+            + "\n\n"
+            + chunk_table(pk_cases)
         )
     return "\n\n".join(parts)
 
@@ -673,34 +686,39 @@ def gpu_section(gpu: dict | None) -> str:
 
 
 def throughput_note(step: dict) -> str | None:
-    """Why two-pass is (or is not) 1.5x the seed: the parts explain the ratio."""
-    lines = []
+    """Why two-pass is not 1.5x the seed: the arithmetic of each, timed alone, bounds it."""
+    lines, cheaper = [], False
     for result in _step_cases({"training_step": step}, "triplets"):
         floor = result.get("floor") or {}
         ratios = result.get("ratios", {})
         measured = ratios.get("throughput_two_pass_vs_seed")
-        if "floor_s" not in floor or measured is None or measured >= THROUGHPUT_RATIO:
+        if "seed_parts_s" not in floor or measured is None or measured >= THROUGHPUT_RATIO:
             continue
-        grad, nograd = floor["grad_forward_s"], floor["nograd_forward_s"]
-        seed_parts = grad + floor["selected_forward_backward_s"]
-        predicted = seed_parts / floor["floor_s"]
+        seed_step = (result["variants"].get("seed") or {}).get("median_step_s")
+        bound = ratios["seed_parts_vs_floor"]
+        cheaper = cheaper or bound < 1.0
+        overhead = bench_training_step.ratio(seed_step, floor["seed_parts_s"])
         lines.append(
-            f"{result['case']['name']}: measured {measured:.2f}x. The seed does the same "
-            f"forward + backward on the selected images as we do; what it does on top is a "
-            f"grad-mode forward on the batch where we run a no-grad one: {grad:.3f} s vs "
-            f"{nograd:.3f} s here. From these parts alone the ratio would be "
-            f"{predicted:.2f}x; the rest of the seed's cost (step / floor "
-            f"{num(ratios.get('seed_step_vs_floor'), '.2f')}x) is its three BatchNorm "
-            f"batches, host copies and the graphs it keeps alive."
+            f"{result['case']['name']}: measured {measured:.2f}x; the arithmetic alone: seed "
+            f"{floor['seed_parts_s']:.3f} s, two-pass {floor['floor_s']:.3f} s, so at most "
+            f"{bound:.2f}x; the seed's step took {num(overhead, '.2f')}x its arithmetic"
         )
     if not lines:
         return None
+    smaller = (
+        " Here the seed's arithmetic is even cheaper than ours in some cases: it runs smaller "
+        "batches (a, p and n apart, the selected images in three parts)."
+        if cheaper
+        else ""
+    )
     return (
-        "**Throughput (two-pass >= 1.5x the seed) is missed on this CPU.** On a CPU a forward "
-        "without a graph costs about as much as one with a graph, and host copies are free, "
-        "so the seed's waste is mostly memory, not time. The 1.5x belongs to a GPU, where the "
-        "seed also pays device-to-host copies and a sync per step; gpu_check.sh measures it. "
-        + " ".join(lines)
+        "**Throughput (two-pass >= 1.5x the seed) missed.** Both steps do the same "
+        "arithmetic: a forward on the whole batch (the seed's with grad, ours without) and a "
+        "forward + backward on the selected images. On a CPU a forward without a graph costs "
+        "about what one with a graph costs (*grad forward on batch* against *no-grad forward* "
+        "in the floor table) and host copies cost nothing, so the seed's waste shows in memory, "
+        "not in time." + smaller + " On a GPU the seed also pays a device-to-host copy of every "
+        "batch and a sync per step; gpu_check.sh measures that. " + "; ".join(lines) + "."
     )
 
 
@@ -749,20 +767,41 @@ def graph_note(step: dict) -> str | None:
 
 
 def chunk_note(step: dict) -> str | None:
-    """Why the chunked peak is above one chunk's forward."""
+    """Why the chunked peak is above one chunk's forward: the loss graph, measured alone."""
     lines = []
     for result in _step_cases({"training_step": step}, "pk"):
         value = result.get("ratios", {}).get("graph_peak_chunked_vs_one_chunk")
         if value is None or value <= CHUNK_GRAPH_TOLERANCE:
             continue
-        lines.append(f"{result['case']['name']}: {value:.2f}x one chunk's forward")
+        floor = result.get("floor") or {}
+        peak = (result["variants"].get("two_pass_chunked") or {}).get("graph_peak_bytes")
+        lines.append(
+            f"{result['case']['name']}: peak {mib(peak)} MiB, one chunk's forward "
+            f"{mib(floor.get('chunk_forward_graph_bytes'))} MiB, the loss graph "
+            f"{mib(floor.get('loss_graph_bytes'))} MiB"
+        )
     if not lines:
         return None
     return (
-        "**Chunked peak above one chunk's worth.** The chunked step also builds the loss "
-        "graph on the cached (U, D) embeddings, whose (U, U) distance matrix grows with the "
-        "batch, not the chunk: " + "; ".join(lines) + "."
+        "**Chunked peak above one chunk's worth at the largest batch.** Before the chunks, "
+        "the chunked step computes the triplet loss on the cached (U, D) embeddings; its "
+        "graph holds the (U, U) distance matrix, which grows with the batch, not the chunk. "
+        "With `tiny` at 32 px a chunk's forward is small enough for that matrix to be the "
+        "peak" + real_chunk_text(step) + ". " + "; ".join(lines) + "."
     )
+
+
+def real_chunk_text(step: dict) -> str:
+    """What a chunk of a real backbone holds, from the per-image graph bytes of section 1."""
+    for result in _step_cases({"training_step": step}, "triplets"):
+        floor, case = result.get("floor") or {}, result["case"]
+        if case["backbone"] != "tiny" and floor.get("selected_forward_graph_bytes"):
+            per_image = floor["selected_forward_graph_bytes"] / floor["selected_images"]
+            return (
+                f"; a chunk of 64 images of {case['backbone']} at {case['image_size']} px holds "
+                f"about {mib(64 * per_image)} MiB (per image as measured in section 1)"
+            )
+    return ""
 
 
 def closing_notes(sections: dict, targets: list[dict]) -> str:

@@ -72,11 +72,13 @@ def test_case_ratios_from_hand_figures():
         "two_pass": {"graph_peak_bytes": 100, "images_per_s": 15.0, "median_step_s": 1.1},
         "one_pass": {"error": "failed"},
     }
-    ratios = step.case_ratios(variants, {"floor_s": 1.0})
+    floor = {"floor_s": 1.0, "step_s": 1.1, "seed_parts_s": 0.9}
+    ratios = step.case_ratios(variants, floor)
     assert ratios["graph_peak_two_pass_vs_seed"] == pytest.approx(0.25)
     assert ratios["throughput_two_pass_vs_seed"] == pytest.approx(1.5)
-    assert ratios["two_pass_overhead_above_floor"] == pytest.approx(0.1)
+    assert ratios["two_pass_overhead_above_floor"] == pytest.approx(0.1)  # paired step time
     assert ratios["seed_step_vs_floor"] == pytest.approx(3.0)
+    assert ratios["seed_parts_vs_floor"] == pytest.approx(0.9)
     assert "graph_peak_one_pass_vs_seed" not in ratios  # a failed variant gives no ratio
 
 
