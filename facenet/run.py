@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -630,6 +631,31 @@ def _restore_schedule(trainer: Trainer, snapshot: tuple) -> None:
         group["lr"] = lr
 
 
+# torch re-raises a worker's exception with its traceback in the message, as a RuntimeError
+# when the class cannot be built from one string (CorruptImageError takes path and reason).
+_WORKER_IMAGE_ERROR = re.compile(
+    r"CorruptImageError: corrupt or unreadable image (?P<path>.+): (?P<reason>[^:\n]+)\s*$"
+)
+
+
+def _worker_image_error(err: RuntimeError) -> CorruptImageError | None:
+    """The CorruptImageError a DataLoader worker raised, rebuilt; None for other errors."""
+    text = str(err)
+    match = _WORKER_IMAGE_ERROR.search(text) if text.startswith("Caught ") else None
+    return CorruptImageError(match["path"], match["reason"].strip()) if match else None
+
+
+def _with_checkpoint(err, trainer, data, cfg, progress: _Progress, run_dir: Path):
+    """Write ``last.pt`` at the last finished step; the error, with a note saying so."""
+    state = _checkpoint_state(trainer, data, cfg, progress)
+    saved = _save_for_error(state, run_dir / "last.pt")
+    err.checkpoint_note = (
+        f"{saved}; after fixing the data, --resume continues with step "
+        f"{progress.steps_done + 1} of epoch {progress.epoch}"
+    )
+    return err
+
+
 def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
     """Train (the rest of) ``progress.epoch``; returns (record, batches of it trained in all).
 
@@ -653,13 +679,13 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
         )
     except (CorruptImageError, NonFiniteInputError) as err:
         progress.steps_done = skip + batches.yielded
-        state = _checkpoint_state(trainer, data, cfg, progress)
-        saved = _save_for_error(state, run_dir / "last.pt")
-        err.checkpoint_note = (
-            f"{saved}; after fixing the data, --resume continues with step "
-            f"{progress.steps_done + 1} of epoch {epoch}"
-        )
-        raise
+        raise _with_checkpoint(err, trainer, data, cfg, progress, run_dir) from None
+    except RuntimeError as err:  # a DataLoader worker's CorruptImageError arrives re-wrapped
+        image_error = _worker_image_error(err)
+        if image_error is None:
+            raise
+        progress.steps_done = skip + batches.yielded
+        raise _with_checkpoint(image_error, trainer, data, cfg, progress, run_dir) from None
     except NonFiniteLossError as err:
         progress.steps_done = skip + batches.yielded
         state = _checkpoint_state(trainer, data, cfg, progress)

@@ -148,7 +148,10 @@ def identities_of_last_batch(folder_root: Path, p: int, k: int) -> list[str]:
     return sorted({dataset.classes[dataset.targets[i]] for i in last})
 
 
-def test_undecodable_image_mid_training_checkpoints_and_resume_continues(tmp_path, capsys):
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "in-a-worker"])
+def test_undecodable_image_mid_training_checkpoints_and_resume_continues(
+    tmp_path, capsys, workers
+):
     names = [f"person{i}" for i in range(8)]
     root = make_folder(tmp_path / "faces", dict.fromkeys(names, 2))
     victim = identities_of_last_batch(root, p=2, k=2)[0]  # met at step 4 of 4
@@ -157,7 +160,8 @@ def test_undecodable_image_mid_training_checkpoints_and_resume_continues(tmp_pat
     (root / victim / f"{victim}_0002.png").unlink()
     bad.write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 50 + b"\xff\xd9")
     run = tmp_path / "run"
-    settings = ("train.epochs=2", "train.steps_per_epoch=0", "train.deterministic=true")
+    settings = ("train.epochs=2", "train.steps_per_epoch=0", "train.deterministic=true",
+                f"data.num_workers={workers}")
     code, _, err = train(capsys, run, *settings, data=folder_data(root))
     assert code == 2
     assert_one_error_line(
