@@ -680,12 +680,6 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
     except (CorruptImageError, NonFiniteInputError) as err:
         progress.steps_done = skip + batches.yielded
         raise _with_checkpoint(err, trainer, data, cfg, progress, run_dir) from None
-    except RuntimeError as err:  # a DataLoader worker's CorruptImageError arrives re-wrapped
-        image_error = _worker_image_error(err)
-        if image_error is None:
-            raise
-        progress.steps_done = skip + batches.yielded
-        raise _with_checkpoint(image_error, trainer, data, cfg, progress, run_dir) from None
     except NonFiniteLossError as err:
         progress.steps_done = skip + batches.yielded
         state = _checkpoint_state(trainer, data, cfg, progress)
@@ -694,6 +688,12 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
             f"{run_dir / 'last.pt'} still holds epoch {epoch - 1}"
         )
         raise
+    except RuntimeError as err:  # a DataLoader worker's CorruptImageError arrives re-wrapped
+        image_error = _worker_image_error(err)
+        if image_error is None:
+            raise
+        progress.steps_done = skip + batches.yielded
+        raise _with_checkpoint(image_error, trainer, data, cfg, progress, run_dir) from None
     done = skip + batches.yielded
     if done < length:
         _restore_schedule(trainer, snapshot)
@@ -746,11 +746,11 @@ def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
                 break
             _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger)
             saved = True
-        if stop():
-            if not saved or progress.steps_done:  # the state on disk is not the current one
-                state = _checkpoint_state(trainer, data, cfg, progress)
-                save_checkpoint(state, run_dir / "last.pt")
-            print(_stop_message(stop.signal, progress, run_dir / "last.pt"), file=sys.stderr)
+        if not stop() or progress.epoch > cfg.train.epochs:
+            return None  # every epoch ran (a signal during the last step changes nothing)
+        if not saved or progress.steps_done:  # the state on disk is not the current one
+            save_checkpoint(_checkpoint_state(trainer, data, cfg, progress), run_dir / "last.pt")
+        print(_stop_message(stop.signal, progress, run_dir / "last.pt"), file=sys.stderr)
         return stop.signal
 
 
