@@ -26,7 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from facenet.distributed import all_gather_tensor, get_rank, get_world_size
+from facenet.distributed import (
+    all_gather_tensor,
+    gather_variable_rows,
+    get_rank,
+    get_world_size,
+)
 from facenet.grad_cache import BatchState
 from facenet.memory import (
     GraphMemoryMeter,
@@ -595,6 +600,18 @@ class Trainer:
         )
 
 
+def _gather_shards(chunks: list[torch.Tensor], total: int, world: int) -> torch.Tensor:
+    """Reassemble embeddings sharded round-robin over ranks into input order (U, D)."""
+    local = torch.cat(chunks) if chunks else torch.zeros(0)
+    if world == 1:
+        return local.cpu()
+    shards = gather_variable_rows(local)
+    out = torch.empty((total, shards[0].shape[1]), dtype=local.dtype)
+    for rank, shard in enumerate(shards):
+        out[rank::world] = shard.cpu()
+    return out
+
+
 class _PathDataset(torch.utils.data.Dataset):
     """Images by path, decoded and transformed for evaluation."""
 
@@ -640,8 +657,11 @@ def embed_pair_list(
 
     paths, index1, index2 = pair_list.unique_paths()
     transform = build_transform(image_size, train=False, normalize=normalize)
+    # Several ranks: rank r embeds images r, r + W, r + 2W, ...; the shards are gathered
+    # without padding and interleaved back, so every image counts once.
+    rank, world = get_rank(), get_world_size()
     loader = torch.utils.data.DataLoader(
-        _PathDataset(paths, transform), batch_size=batch_size, num_workers=num_workers
+        _PathDataset(paths[rank::world], transform), batch_size=batch_size, num_workers=num_workers
     )
     was_training = model.training
     model.eval()
@@ -653,10 +673,10 @@ def embed_pair_list(
                 embeddings = model(images)  # (b, D)
                 if flip:
                     embeddings = torch.cat([embeddings, model(images.flip(-1))], dim=1)
-                chunks.append(embeddings.float().cpu())
+                chunks.append(embeddings.float())
     finally:
         model.train(was_training)
-    embeddings = torch.cat(chunks)  # (U, D)
+    embeddings = _gather_shards(chunks, len(paths), world)  # (U, D) on the CPU
     index1 = torch.as_tensor(index1, dtype=torch.long)
     index2 = torch.as_tensor(index2, dtype=torch.long)
     return embeddings[index1], embeddings[index2]

@@ -75,17 +75,29 @@ def train(passes, chunk_size=0, wrap=False):
     return {k: v.detach().clone() for k, v in core.state_dict().items()}
 
 
-def main(out):
+def embed_pairs(pairs_path):
+    """Both sides of the pairs in ``pairs_path``, embedded by the ranks' shards."""
+    from facenet.data.pairs import read_pairs
+    from facenet.trainer import embed_pair_list
+
+    torch.manual_seed(0)
+    model = GroupNormNet().double().float()
+    return embed_pair_list(model, read_pairs(pairs_path), image_size=8, batch_size=2)
+
+
+def main(out, pairs_path=None):
     init_distributed("cpu")
     results = {
         "two_pass": train(passes=2, wrap=True),
         "one_pass": train(passes=1, wrap=True),
         "two_pass_chunked": train(passes=2, chunk_size=5, wrap=True),
     }
+    if pairs_path:
+        results["pairs"] = embed_pairs(pairs_path)
     if get_rank() == 0:
         torch.save(results, out)
     cleanup_distributed()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

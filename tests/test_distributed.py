@@ -36,10 +36,25 @@ def torchrun(nproc, *args, timeout=240):
     )
 
 
+def write_pairs_folder(root):
+    """Five identities of three 16 px images and an LFW-style pairs.txt (odd image count)."""
+    from facenet.data.pairs import generate_pairs, write_pairs
+    from facenet.data.synthetic import SyntheticIdentities
+
+    written = SyntheticIdentities(5, 3, image_size=16, seed=1).write_to_disk(root)
+    write_pairs(root / "pairs.txt", generate_pairs(written, n_folds=2, pairs_per_fold=3, seed=0))
+    return root / "pairs.txt"
+
+
 @pytest.fixture(scope="module")
-def two_rank_results(tmp_path_factory):
+def pairs_path(tmp_path_factory):
+    return write_pairs_folder(tmp_path_factory.mktemp("pairs"))
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory, pairs_path):
     out = tmp_path_factory.mktemp("ddp") / "params.pt"
-    proc = torchrun(2, "tests/ddp_worker.py", str(out))
+    proc = torchrun(2, "tests/ddp_worker.py", str(out), str(pairs_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=True)
 
@@ -58,6 +73,14 @@ def test_two_ranks_match_one_process_on_the_whole_batch(two_rank_results, mode, 
         torch.testing.assert_close(distributed[name], value, rtol=0, atol=1e-5)
         moved |= not torch.allclose(value, initial[name])
     assert moved
+
+
+def test_sharded_evaluation_embeds_every_image_once_in_order(two_rank_results, pairs_path):
+    emb1, emb2 = ddp_worker.embed_pairs(pairs_path)
+    got1, got2 = two_rank_results["pairs"]
+    assert got1.shape == emb1.shape and emb1.shape[0] == 12
+    torch.testing.assert_close(got1, emb1)
+    torch.testing.assert_close(got2, emb2)
 
 
 def test_gathers_are_identity_for_one_process():
