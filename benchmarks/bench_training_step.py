@@ -30,13 +30,15 @@ as one, so their embeddings differ); the share each variant then selected is rep
 "dense": margin 10, every triplet passes. P x K mode: FaceNet's semi-hard mining over every
 anchor-positive pair, the triplet loss alone; every image is selected.
 
-The floor: in the two-pass process, after its measured steps, rounds of one whole step and
-each of the step's parts timed alone (no-grad forward on the batch; forward and backward on as
-many images as the step selected); overhead = median step / (sum of the parts' medians) - 1.
-Also timed, outside the floor: the optimizer step, a grad-mode forward on the batch (the
-one-pass step's), and the seed's arithmetic (grad forwards on a, p and n apart, forward and
-backward on the selected images in three parts), which bounds what two-pass can gain over the
-seed on the machine.
+Time. Each variant's own process times its steps (median after a warm-up step), but processes
+run at different moments of a shared machine's load. So the ratios come from timing rounds in
+one more process: each round runs one step of every variant (each on its own model) and each
+part of the two-pass step alone, in a rotating order, on the same batch; medians over the rounds.
+The floor: the no-grad forward on the batch + the forward and backward on as many images as the
+two-pass step selected; overhead = two-pass step / floor - 1. Also timed, outside the floor: the
+optimizer step, a grad-mode forward on the batch (the one-pass step's), and the seed's
+arithmetic (grad forwards on a, p and n apart, forward and backward on the selected images in
+three parts), which bounds what two-pass can gain over the seed on the machine.
 
     python benchmarks/bench_training_step.py --json step.json       # CPU suite, ~3 min on 2 cores
     python benchmarks/bench_training_step.py --quick --json q.json   # seconds
@@ -109,7 +111,7 @@ class Case:
         chunk_size: images per chunk of ``two_pass_chunked``.
         device: "cpu" or "cuda".
         amp: "none" or "bf16" (autocast; the seed loop is wrapped in autocast).
-        floor: time the two-pass step's parts after its steps.
+        rounds: time the variants and the two-pass step's parts in rounds (the floor).
     """
 
     backbone: str
@@ -124,7 +126,7 @@ class Case:
     chunk_size: int = 0
     device: str = "cpu"
     amp: str = "none"
-    floor: bool = True
+    rounds: bool = True
 
     @property
     def images_per_step(self) -> int:
@@ -555,8 +557,7 @@ def run_trainer_step(trainer: Trainer, case: Case, batch: tuple) -> dict:
 
 
 def measure_trainer(case: Case, variant: str, margin: float) -> dict:
-    """Our step (two-pass, one-pass or chunked): ``repeats + 1`` steps; for two-pass, then
-    the floor, timed against more steps in the same process."""
+    """Our step (two-pass, one-pass or chunked): ``repeats + 1`` steps."""
     batches = make_batches(case)
     trainer = build_trainer(case, variant, margin)
     trainer.model.train()
@@ -572,13 +573,8 @@ def measure_trainer(case: Case, variant: str, margin: float) -> dict:
             skipped = "skipped" in stats
             triplets.append(0 if skipped else int(stats["num_triplets"]))
             images.append(0 if skipped else int(stats["selected_images"]))
-    # Read before the floor, whose grad forward on the whole batch would raise both peaks.
     readings = memory_readings(meter, case, rss_before)
-    result = {**summarise_steps(case, seconds, triplets, images), **readings}
-    if variant == "two_pass" and case.floor:
-        selected = round(result["selected_images_mean"])
-        result["floor"] = measure_floor(trainer, case, batches, selected)
-    return result
+    return {**summarise_steps(case, seconds, triplets, images), **readings}
 
 
 def measure_variant(case: Case, variant: str, margin: float) -> dict:
@@ -655,34 +651,73 @@ def floor_parts(trainer: Trainer, case: Case, images: torch.Tensor, selected: to
     return parts
 
 
-def measure_floor(trainer: Trainer, case: Case, batches: list[tuple], selected_images: int):
-    """The step's parts alone, timed in rounds with a whole step (same process, same load).
+def build_stepper(case: Case, variant: str, margin: float):
+    """``step(batch)``: one training step of ``variant`` on its own model and optimizer."""
+    if variant == "seed":
+        model = build_seed_model(case)
+        model.train()
+        optimizer = make_optimizer(model)
+        state: dict = {}  # carried between steps, as the seed's loop variables are
+
+        def seed_step(batch):
+            with autocast(case):
+                return seed_train_step(model, optimizer, *batch, margin=margin, state=state)
+
+        return seed_step
+    trainer = build_trainer(case, variant, margin)
+    trainer.model.train()
+    return lambda batch: run_trainer_step(trainer, case, batch)
+
+
+def round_order(names: list[str], round_index: int) -> list[str]:
+    """``names`` rotated by the round number: no task always runs right after the same one."""
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def measure_rounds(case: Case, margins: dict, selected_images: int, variants: list[str]):
+    """Every variant's step and the two-pass step's parts, timed in rounds in one process.
+
+    Each round runs each task once, in a rotating order, on the same batch; medians over the
+    rounds after the first (a warm-up). Tasks that share the rounds share the machine's load,
+    so their ratios hold even on a busy machine. Memory is not measured here (the variants'
+    own processes measure it).
 
     Args:
-        trainer: the two-pass trainer, after its measured steps.
         case: the case.
-        batches: the case's batches; the steps of the rounds cycle through them.
+        margins: ``{"seed": m, "ours": m}`` from the calibration.
         selected_images: how many images the two-pass step selected (its mean, rounded).
+        variants: the variants to time (those that ran in their own process).
     """
+    batches = make_batches(case)
     images, _, _ = batch_tensors(case, batches[0])
     # (U, C, S, S): cost depends on U only. Own storages: a saved view would count the batch's.
     selected = images[: max(1, selected_images)].clone()
-    parts = floor_parts(trainer, case, images, selected)
-    times: dict[str, list[float]] = {name: [] for name in ("step_s", *parts)}
-    for repeat in range(case.repeats + 1):
-        batch = batches[repeat % len(batches)]
-        step_s, _ = timed(case.device, lambda b=batch: run_trainer_step(trainer, case, b))
-        if repeat > 0:  # the first round is a warm-up
-            times["step_s"].append(step_s)
-        for name, part in parts.items():
-            seconds, _ = timed(case.device, part)
-            if repeat > 0:
+    parts_trainer = build_trainer(case, "two_pass", margins["ours"])
+    parts_trainer.model.train()
+    tasks = {
+        f"{v}_step_s": build_stepper(case, v, margins["seed" if v == "seed" else "ours"])
+        for v in variants
+    }
+    tasks.update(
+        {
+            name: (lambda batch, f=part: f())
+            for name, part in floor_parts(parts_trainer, case, images, selected).items()
+        }
+    )
+    times: dict[str, list[float]] = {name: [] for name in tasks}
+    for index in range(case.repeats + 1):
+        batch = batches[index % len(batches)]
+        for name in round_order(list(tasks), index):
+            seconds, _ = timed(case.device, lambda t=tasks[name], b=batch: t(b))
+            if index > 0:
                 times[name].append(seconds)
-    floor = {name: statistics.median(values) for name, values in times.items()}
-    floor["floor_s"] = floor["nograd_forward_s"] + floor["selected_forward_backward_s"]
-    floor["selected_images"] = int(selected.shape[0])
-    floor.update(floor_graph_bytes(trainer, case, batches[0], selected))
-    return floor
+    rounds = {name: statistics.median(values) for name, values in times.items()}
+    rounds["floor_s"] = rounds["nograd_forward_s"] + rounds["selected_forward_backward_s"]
+    rounds["selected_images"] = int(selected.shape[0])
+    rounds["rounds"] = case.repeats
+    rounds.update(floor_graph_bytes(parts_trainer, case, batches[0], selected))
+    return rounds
 
 
 def forward_graph_bytes(model: torch.nn.Module, images: torch.Tensor, case: Case) -> int:
@@ -734,7 +769,7 @@ def probe_chunking() -> dict:
 
     A tiny P x K step with chunks of 4 must run and peak below 3/4 of the unchunked step.
     """
-    case = Case("tiny", 32, "pk", "semihard", p=4, k=4, repeats=1, chunk_size=4, floor=False)
+    case = Case("tiny", 32, "pk", "semihard", p=4, k=4, repeats=1, chunk_size=4, rounds=False)
     try:
         chunked = measure_trainer(case, "two_pass_chunked", PK_MARGIN)
     except (TypeError, NotImplementedError) as err:
@@ -759,8 +794,9 @@ def ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
-def case_ratios(variants: dict, floor: dict | None) -> dict:
-    """The ratios the targets are stated in, from one case's measurements."""
+def case_ratios(variants: dict, rounds: dict | None) -> dict:
+    """The ratios the targets are stated in: memory from the variants' own processes, time
+    from the rounds (:func:`measure_rounds`)."""
 
     def value(variant: str, key: str):
         row = variants.get(variant) or {}
@@ -773,35 +809,36 @@ def case_ratios(variants: dict, floor: dict | None) -> dict:
         "graph_peak_one_pass_vs_seed": ratio(
             value("one_pass", "graph_peak_bytes"), value("seed", "graph_peak_bytes")
         ),
-        "throughput_two_pass_vs_seed": ratio(
-            value("two_pass", "images_per_s"), value("seed", "images_per_s")
-        ),
-        "throughput_one_pass_vs_seed": ratio(
-            value("one_pass", "images_per_s"), value("seed", "images_per_s")
-        ),
         "graph_peak_chunked_vs_two_pass": ratio(
             value("two_pass_chunked", "graph_peak_bytes"), value("two_pass", "graph_peak_bytes")
         ),
-        "throughput_chunked_vs_two_pass": ratio(
-            value("two_pass_chunked", "images_per_s"), value("two_pass", "images_per_s")
-        ),
     }
-    if floor and "error" not in floor:
-        # The steps timed in rounds with the parts: the same load on both sides.
-        ratios["two_pass_overhead_above_floor"] = floor["step_s"] / floor["floor_s"] - 1.0
-        seed_step = value("seed", "median_step_s")
-        ratios["seed_step_vs_floor"] = ratio(seed_step, floor["floor_s"])
-        # What two-pass / seed throughput the arithmetic alone allows on this machine.
-        if "seed_parts_s" in floor:
-            ratios["seed_parts_vs_floor"] = floor["seed_parts_s"] / floor["floor_s"]
-        ratios["graph_peak_chunked_vs_one_chunk"] = ratio(
-            value("two_pass_chunked", "graph_peak_bytes"), floor.get("chunk_forward_graph_bytes")
+    if rounds and "error" not in rounds:
+        # Throughput = the inverse ratio of step times timed in the same rounds (same load).
+        two_pass = rounds.get("two_pass_step_s")
+        ratios.update(
+            throughput_two_pass_vs_seed=ratio(rounds.get("seed_step_s"), two_pass),
+            throughput_one_pass_vs_seed=ratio(
+                rounds.get("seed_step_s"), rounds.get("one_pass_step_s")
+            ),
+            throughput_chunked_vs_two_pass=ratio(two_pass, rounds.get("two_pass_chunked_step_s")),
+            two_pass_overhead_above_floor=None
+            if two_pass is None
+            else two_pass / rounds["floor_s"] - 1.0,
+            seed_step_vs_floor=ratio(rounds.get("seed_step_s"), rounds["floor_s"]),
+            # The two-pass / seed throughput that the arithmetic alone allows on this machine.
+            seed_parts_vs_floor=ratio(rounds.get("seed_parts_s"), rounds["floor_s"]),
+            graph_peak_chunked_vs_one_chunk=ratio(
+                value("two_pass_chunked", "graph_peak_bytes"),
+                rounds.get("chunk_forward_graph_bytes"),
+            ),
         )
     return {key: val for key, val in ratios.items() if val is not None}
 
 
 def run_case(case: Case, chunking: dict) -> dict:
-    """Calibrate, run every variant in its own child, then the floor; ratios at the end."""
+    """Calibrate, run every variant in its own child (memory, selection), then the timing
+    rounds in another; ratios at the end."""
     result: dict = {"case": case.as_dict(), "variants": {}}
     if case.batch == "triplets":
         calibration = run_forked(calibrate, case)
@@ -821,10 +858,17 @@ def run_case(case: Case, chunking: dict) -> dict:
             continue
         margin = margins["seed" if variant == "seed" else "ours"]
         result["variants"][variant] = run_forked(measure_variant, case, variant, margin)
+    ran = [name for name, row in result["variants"].items() if "error" not in row]
     two_pass = result["variants"].get("two_pass") or {}
-    if "floor" in two_pass:
-        result["floor"] = two_pass.pop("floor")
-    result["ratios"] = case_ratios(result["variants"], result.get("floor"))
+    if case.rounds and "selected_images_mean" in two_pass:
+        selected = round(two_pass["selected_images_mean"])
+        result["rounds"] = run_forked(measure_rounds, case, margins, selected, ran)
+        for name in ran:  # images/s in the rounds, next to the variant's own figures
+            step_s = result["rounds"].get(f"{name}_step_s")
+            if step_s:
+                result["variants"][name]["rounds_step_s"] = step_s
+                result["variants"][name]["rounds_images_per_s"] = case.images_per_step / step_s
+    result["ratios"] = case_ratios(result["variants"], result.get("rounds"))
     return result
 
 
@@ -834,7 +878,7 @@ def run_case(case: Case, chunking: dict) -> dict:
 def try_batch(case: Case) -> dict:
     """One two-pass step on a P x K batch: did it fit? (forked child)"""
     variant = "two_pass_chunked" if case.chunk_size else "two_pass"
-    result = measure_trainer(dataclasses.replace(case, floor=False), variant, PK_MARGIN)
+    result = measure_trainer(dataclasses.replace(case, rounds=False), variant, PK_MARGIN)
     return {key: result[key] for key in ("median_step_s", "graph_peak_bytes")} | {
         key: result[key] for key in ("cuda_peak_allocated_bytes",) if key in result
     }
@@ -932,22 +976,27 @@ def print_case(result: dict) -> None:
             f"{_mib(row['rss_peak_bytes'] - row['rss_before_bytes']):>8}"
             f"{_mib(row.get('cuda_peak_allocated_bytes')):>10}"
         )
-    floor = result.get("floor") or {}
-    if "floor_s" in floor:
+    rounds = result.get("rounds") or {}
+    if "floor_s" in rounds:
+        steps = ", ".join(
+            f"{name} {rounds[name + '_step_s']:.3f} s"
+            for name in VARIANTS
+            if name + "_step_s" in rounds
+        )
         print(
-            f"   floor: no-grad forward {floor['nograd_forward_s']:.3f} s + forward/backward on "
-            f"{floor['selected_images']} images {floor['selected_forward_backward_s']:.3f} s = "
-            f"{floor['floor_s']:.3f} s; two-pass step in the same rounds {floor['step_s']:.3f} s "
-            f"(optimizer step {floor['optimizer_step_s']:.3f} s, grad forward on the batch "
-            f"{floor['grad_forward_s']:.3f} s"
+            f"   rounds: {steps}; floor: no-grad forward {rounds['nograd_forward_s']:.3f} s + "
+            f"forward/backward on {rounds['selected_images']} images "
+            f"{rounds['selected_forward_backward_s']:.3f} s = {rounds['floor_s']:.3f} s "
+            f"(optimizer step {rounds['optimizer_step_s']:.3f} s, grad forward on the batch "
+            f"{rounds['grad_forward_s']:.3f} s"
             + (
-                f", the seed's arithmetic {floor['seed_parts_s']:.3f} s)"
-                if "seed_parts_s" in floor
+                f", the seed's arithmetic {rounds['seed_parts_s']:.3f} s)"
+                if "seed_parts_s" in rounds
                 else ")"
             )
         )
-    elif "error" in floor:
-        print(f"   floor: {floor['error']}")
+    elif "error" in rounds:
+        print(f"   rounds: {rounds['error']}")
     for key, value in result.get("ratios", {}).items():
         print(f"   {key}: {value:.3f}")
 

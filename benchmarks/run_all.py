@@ -350,14 +350,15 @@ def step_case_table(result: dict) -> str:
     rows = []
     for name, row in result["variants"].items():
         if "error" in row:
-            rows.append([name, row["error"][:120], *[None] * 8])
+            rows.append([name, row["error"][:120], *[None] * 9])
             continue
         fraction = row.get("selected_fraction")
         rows.append(
             [
                 name,
+                num(row.get("rounds_step_s"), ".3f"),
+                num(row.get("rounds_images_per_s"), ".1f"),
                 num(row["median_step_s"], ".3f"),
-                num(row["images_per_s"], ".1f"),
                 num(fraction, ".0%")
                 if fraction is not None
                 else num(row["selected_images_mean"], ".0f"),
@@ -370,8 +371,9 @@ def step_case_table(result: dict) -> str:
         )
     headers = [
         "variant",
-        "step s (median)",
-        "images/s",
+        "step s (rounds)",
+        "images/s (rounds)",
+        "step s (alone)",
         "selected",
         "peak graph MiB",
         "graph MiB alive after",
@@ -386,7 +388,7 @@ def floor_table(results: list[dict]) -> str:
     """The floor of every case with a two-pass row."""
     rows = []
     for result in results:
-        floor = result.get("floor") or {}
+        floor = result.get("rounds") or {}
         if "floor_s" not in floor:
             continue
         ratios = result.get("ratios", {})
@@ -396,7 +398,7 @@ def floor_table(results: list[dict]) -> str:
                 num(floor["nograd_forward_s"], ".3f"),
                 f"{num(floor['selected_forward_backward_s'], '.3f')} ({floor['selected_images']})",
                 num(floor["floor_s"], ".3f"),
-                num(floor["step_s"], ".3f"),
+                num(floor.get("two_pass_step_s"), ".3f"),
                 num(ratios.get("two_pass_overhead_above_floor"), "+.1%"),
                 num(floor["optimizer_step_s"], ".3f"),
                 num(floor["grad_forward_s"], ".3f"),
@@ -423,7 +425,7 @@ def chunk_table(results: list[dict]) -> str:
     """Gradient caching: peak graph bytes and images/s against the batch size."""
     rows = []
     for result in results:
-        case, floor = result["case"], result.get("floor") or {}
+        case, floor = result["case"], result.get("rounds") or {}
         for name in ("two_pass", "two_pass_chunked"):
             row = result["variants"].get(name) or {}
             chunked = name != "two_pass"
@@ -434,7 +436,7 @@ def chunk_table(results: list[dict]) -> str:
                 [
                     case["p"] * case["k"],
                     f"{name} ({case['chunk_size']})" if chunked else name,
-                    num(row.get("images_per_s"), ".1f"),
+                    num(row.get("rounds_images_per_s"), ".1f"),
                     mib(row.get("graph_peak_bytes")),
                     mib(floor.get("chunk_forward_graph_bytes")) if chunked else None,
                     mib(floor.get("loss_graph_bytes")) if chunked else None,
@@ -452,7 +454,7 @@ def chunk_table(results: list[dict]) -> str:
     headers = [
         "P x K",
         "variant (chunk)",
-        "images/s",
+        "images/s (rounds)",
         "peak graph MiB",
         "one chunk's forward MiB",
         "loss graph MiB",
@@ -472,17 +474,22 @@ def training_section(step: dict, command: str) -> str:
     parts = [
         "## 1. Training step: the seed's loop, two-pass, one-pass",
         f"Command: `{command}`",
-        "Each variant runs in its own forked process (its own peak RSS) on the same batches from "
-        "the same initial weights (SGD, lr 1e-4, momentum 0.9); one warm-up step, then the "
-        "median of the timed steps. Triplet batches: T random anchors, positives = anchor + "
-        "0.3 x noise, random negatives; the seed's filter `d(a,n) - d(a,p) < margin` selects "
-        "(ours: the same filter on the device), then triplet loss + cross-entropy on the "
-        "selected images. *sparse*: a margin that lets 20% of the candidates through on the "
-        "initial network, one for the seed and one for our steps (the seed's BatchNorm sees "
-        "a, p and n as three batches, ours as one, so the same margin would select different "
-        "shares); *dense*: margin 10, every triplet. *selected* is the share of triplets each "
-        "variant selected in its timed steps. Peak graph bytes: tensors saved for backward "
-        "(GraphMemoryMeter), over all steps; *alive after*: what the last step left behind.",
+        "Each variant runs in its own forked process (its own peak RSS) on the same batches "
+        "from the same initial weights (SGD, lr 1e-4, momentum 0.9); one warm-up step, then "
+        "the median of the timed steps (*step s (alone)*). Processes run at different moments "
+        "of the machine's load, so the time ratios come from one more process that times one "
+        "step of every variant (each on its own model) in rounds, in a rotating order, on the "
+        "same batch: *step s (rounds)* and *images/s (rounds)*, medians over the rounds. "
+        "Triplet batches: T random anchors; an easy triplet has the anchor plus 0.3 x noise "
+        "as its positive and a random image as its negative, a hard one (about 20% of each "
+        "batch, at random places) the other way round. The seed's filter "
+        "`d(a,n) - d(a,p) < margin` selects (ours: the same filter on the device), then "
+        "triplet loss + cross-entropy on the selected images. *sparse*: a margin between the "
+        "hard and the easy triplets, so exactly the hard ones are selected, one margin for the "
+        "seed and one for our steps (the seed's BatchNorm sees a, p and n as three batches, "
+        "ours as one, so their distances differ); *dense*: margin 10, every triplet. Peak "
+        "graph bytes: tensors saved for backward (GraphMemoryMeter), over all steps; *alive "
+        "after*: what the last step left behind.",
     ]
     for result in triplet_cases:
         calibration = result.get("calibration") or {}
@@ -501,9 +508,9 @@ def training_section(step: dict, command: str) -> str:
             + step_case_table(result)
         )
     parts.append(
-        "### The floor\n\nIn the two-pass process, after its measured steps: rounds of one "
-        "whole step and each part of it timed alone (medians over the rounds, so both sides "
-        "see the same load). Floor = a no-grad forward on the batch + a forward and backward "
+        "### The floor\n\nTimed in rounds in one process (see above): each round runs one "
+        "step of every variant and each part of the two-pass step alone; medians over the "
+        "rounds. Floor = a no-grad forward on the batch + a forward and backward "
         "on as many images as the step selected. Overhead = two-pass step / floor - 1: the "
         "miner, the index bookkeeping, the loss and the optimizer step (also timed alone). "
         "*grad forward on batch*: the one-pass step's forward. *seed's arithmetic*: the "
@@ -689,7 +696,7 @@ def throughput_note(step: dict) -> str | None:
     """Why two-pass is not 1.5x the seed: the arithmetic of each, timed alone, bounds it."""
     lines, cheaper = [], False
     for result in _step_cases({"training_step": step}, "triplets"):
-        floor = result.get("floor") or {}
+        floor = result.get("rounds") or {}
         ratios = result.get("ratios", {})
         measured = ratios.get("throughput_two_pass_vs_seed")
         if "seed_parts_s" not in floor or measured is None or measured >= THROUGHPUT_RATIO:
@@ -726,7 +733,7 @@ def overhead_note(step: dict) -> str | None:
     """Why the two-pass step is more than 10% above its floor."""
     lines = []
     for result in _step_cases({"training_step": step}, "triplets"):
-        floor = result.get("floor") or {}
+        floor = result.get("rounds") or {}
         value = result.get("ratios", {}).get("two_pass_overhead_above_floor")
         if "floor_s" not in floor or value is None or value <= OVERHEAD:
             continue
@@ -738,9 +745,8 @@ def overhead_note(step: dict) -> str | None:
         return None
     return (
         "**Overhead above the floor exceeds 10% in some cases.** The floor leaves out the "
-        "optimizer step, the miner and the loss; with the small `tiny` network those fixed "
-        "costs are a large share of a step of a few milliseconds, and on a shared machine the "
-        "floor and the step, timed in different processes, see different loads. "
+        "optimizer step, the miner, the index bookkeeping and the loss; with the small `tiny` "
+        "network those fixed costs are a large share of a step of a few milliseconds. "
         + "; ".join(lines)
         + "."
     )
@@ -773,7 +779,7 @@ def chunk_note(step: dict) -> str | None:
         value = result.get("ratios", {}).get("graph_peak_chunked_vs_one_chunk")
         if value is None or value <= CHUNK_GRAPH_TOLERANCE:
             continue
-        floor = result.get("floor") or {}
+        floor = result.get("rounds") or {}
         peak = (result["variants"].get("two_pass_chunked") or {}).get("graph_peak_bytes")
         lines.append(
             f"{result['case']['name']}: peak {mib(peak)} MiB, one chunk's forward "
@@ -794,7 +800,7 @@ def chunk_note(step: dict) -> str | None:
 def real_chunk_text(step: dict) -> str:
     """What a chunk of a real backbone holds, from the per-image graph bytes of section 1."""
     for result in _step_cases({"training_step": step}, "triplets"):
-        floor, case = result.get("floor") or {}, result["case"]
+        floor, case = result.get("rounds") or {}, result["case"]
         if case["backbone"] != "tiny" and floor.get("selected_forward_graph_bytes"):
             per_image = floor["selected_forward_graph_bytes"] / floor["selected_images"]
             return (

@@ -68,18 +68,19 @@ def test_margin_passing_lets_exactly_the_fraction_through(seed):
 
 def test_case_ratios_from_hand_figures():
     variants = {
-        "seed": {"graph_peak_bytes": 400, "images_per_s": 10.0, "median_step_s": 3.0},
-        "two_pass": {"graph_peak_bytes": 100, "images_per_s": 15.0, "median_step_s": 1.1},
+        "seed": {"graph_peak_bytes": 400},
+        "two_pass": {"graph_peak_bytes": 100},
         "one_pass": {"error": "failed"},
     }
-    floor = {"floor_s": 1.0, "step_s": 1.1, "seed_parts_s": 0.9}
-    ratios = step.case_ratios(variants, floor)
+    rounds = {"floor_s": 1.0, "seed_step_s": 3.0, "two_pass_step_s": 1.1, "seed_parts_s": 0.9}
+    ratios = step.case_ratios(variants, rounds)
     assert ratios["graph_peak_two_pass_vs_seed"] == pytest.approx(0.25)
-    assert ratios["throughput_two_pass_vs_seed"] == pytest.approx(1.5)
-    assert ratios["two_pass_overhead_above_floor"] == pytest.approx(0.1)  # paired step time
+    assert ratios["throughput_two_pass_vs_seed"] == pytest.approx(3.0 / 1.1)  # same rounds
+    assert ratios["two_pass_overhead_above_floor"] == pytest.approx(0.1)
     assert ratios["seed_step_vs_floor"] == pytest.approx(3.0)
     assert ratios["seed_parts_vs_floor"] == pytest.approx(0.9)
     assert "graph_peak_one_pass_vs_seed" not in ratios  # a failed variant gives no ratio
+    assert "throughput_one_pass_vs_seed" not in ratios  # nor a time
 
 
 def _triplet_case(selection, ratios):
@@ -177,7 +178,8 @@ def test_quick_training_step_selection_and_graphs(quick_report):
         if "error" not in seed:
             assert seed["graph_alive_after_bytes"] > 0  # the seed's loop variables hold graphs
             assert two["graph_peak_bytes"] < seed["graph_peak_bytes"]
-        assert result["floor"]["floor_s"] > 0
+        rounds = result["rounds"]  # every variant timed in the same rounds, and the floor
+        assert rounds["floor_s"] > 0 and rounds["seed_step_s"] > 0 and rounds["two_pass_step_s"] > 0
     dense = next(c for c in triplet_cases if c["case"]["selection"] == "dense")
     assert dense["variants"]["two_pass"]["selected_fraction"] == 1.0
 
