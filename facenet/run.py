@@ -22,7 +22,6 @@ Reliability (see ``docs/reliability.md``):
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import math
@@ -614,23 +613,6 @@ def _epoch_length(data: TrainingData, cfg: Config) -> int:
     return min(length, cfg.train.steps_per_epoch) if cfg.train.steps_per_epoch else length
 
 
-def _schedule_snapshot(trainer: Trainer) -> tuple:
-    scheduler = trainer.scheduler
-    return (
-        None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
-        [group["lr"] for group in trainer.optimizer.param_groups],
-    )
-
-
-def _restore_schedule(trainer: Trainer, snapshot: tuple) -> None:
-    """Undo the epoch's scheduler step: an interrupted epoch is continued, not ended."""
-    scheduler_state, lrs = snapshot
-    if trainer.scheduler is not None:
-        trainer.scheduler.load_state_dict(scheduler_state)
-    for group, lr in zip(trainer.optimizer.param_groups, lrs):
-        group["lr"] = lr
-
-
 # torch re-raises a worker's exception with its traceback in the message, as a RuntimeError
 # when the class cannot be built from one string (CorruptImageError takes path and reason).
 _WORKER_IMAGE_ERROR = re.compile(
@@ -667,7 +649,6 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
         data.sampler.set_epoch(epoch)
     length = _epoch_length(data, cfg)
     batches = _CheckedBatches(_remaining_loader(data.loader, skip), epoch, skip, length - skip)
-    snapshot = _schedule_snapshot(trainer)
     try:
         record = trainer.train_one_epoch(
             batches,
@@ -694,10 +675,7 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
             raise
         progress.steps_done = skip + batches.yielded
         raise _with_checkpoint(image_error, trainer, data, cfg, progress, run_dir) from None
-    done = skip + batches.yielded
-    if done < length:
-        _restore_schedule(trainer, snapshot)
-    return record, done
+    return record, skip + batches.yielded
 
 
 def _stop_message(signal_name: str, progress: _Progress, path: Path) -> str:

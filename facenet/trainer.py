@@ -18,6 +18,7 @@ detached device tensors and turned into Python floats once per log interval.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -453,10 +454,10 @@ class Trainer:
         images_seen, trained, start = 0, 0, time.perf_counter()
         total = max_steps or (len(loader) if hasattr(loader, "__len__") else None)
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress, leave=False)
+        batches = itertools.islice(loader, max_steps) if max_steps else loader
+        stopped_early = False
         with self.meter:
-            for index, batch in enumerate(loader):
-                if max_steps and index >= max_steps:
-                    break
+            for index, batch in enumerate(batches):
                 stats = self._run_batch(batch)
                 images_seen += batch[0].shape[0] * (3 if len(batch) == 5 else 1)
                 if "skipped" not in stats:
@@ -469,6 +470,7 @@ class Trainer:
                 if (index + 1) % log_interval == 0 and trained:
                     bar.set_postfix(self._postfix(totals, trained, images_seen, start))
                 if should_stop is not None and should_stop():
+                    stopped_early = total is None or index + 1 < total
                     break
         bar.close()
         seconds = time.perf_counter() - start
@@ -481,9 +483,11 @@ class Trainer:
             images_per_second=images_seen / max(seconds, 1e-9),
             epoch_seconds=seconds,
             lr=self.optimizer.param_groups[0]["lr"],
+            stopped_early=stopped_early,
         )
         result.update(self.memory_figures())
-        if self.scheduler is not None:
+        # An epoch cut short by a signal is continued on resume, not ended: no schedule step.
+        if self.scheduler is not None and not stopped_early:
             self.scheduler.step()
         return result
 
@@ -525,6 +529,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "global_step": self.global_step,
             "counts": dict(self.counts),
+            "nonfinite_in_a_row": self.nonfinite_in_a_row,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -536,6 +541,7 @@ class Trainer:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.global_step = int(state.get("global_step", 0))
+        self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
         self.counts.update(state.get("counts", {}))
 
     # ------------------------------------------------------------------ from a config
