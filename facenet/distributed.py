@@ -15,8 +15,10 @@ ranks' gradients, so the result is exactly the single-process gradient on the co
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,8 @@ __all__ = [
     "get_world_size",
     "is_main_process",
     "barrier",
+    "main_process_first",
+    "any_rank",
     "all_gather_tensor",
     "gather_variable_rows",
 ]
@@ -110,6 +114,35 @@ def barrier() -> None:
     """Wait for every rank (no-op for one process)."""
     if is_distributed():
         dist.barrier()
+
+
+@contextlib.contextmanager
+def main_process_first() -> Iterator[None]:
+    """Rank 0 runs the block first (writing data, caches); the others run it after it.
+
+    The ranks meet at one barrier: rank 0 after the block, the others before it.
+    """
+    if is_distributed() and not is_main_process():
+        dist.barrier()
+    yield
+    if is_distributed() and is_main_process():
+        dist.barrier()
+
+
+def any_rank(flag: bool) -> bool:
+    """True when ``flag`` is true on any rank; every rank must call it at the same point."""
+    if not is_distributed():
+        return flag
+    value = torch.tensor([int(flag)], device=_collective_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _collective_device() -> torch.device:
+    """NCCL collectives need CUDA tensors; gloo takes CPU tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def all_gather_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ Reliability (see ``docs/reliability.md``):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from facenet.checkpoint import (
     CheckpointError,
@@ -45,6 +47,16 @@ from facenet.checkpoint import (
 )
 from facenet.config import Config, config_to_dict, save_config
 from facenet.data.images import CorruptImageError
+from facenet.distributed import (
+    DistInfo,
+    any_rank,
+    barrier,
+    cleanup_distributed,
+    init_distributed,
+    is_distributed,
+    is_main_process,
+    main_process_first,
+)
 from facenet.memory import format_bytes
 from facenet.run_logger import RunLogger
 from facenet.trainer import NonFiniteLossError, Trainer
@@ -256,7 +268,14 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
     from facenet.optim import build_optimizer, build_scheduler
 
     use_ce = cfg.loss.ce_weight > 0
-    model = build_model(cfg.model, num_classes=num_classes if use_ce else None)
+    model = build_model(cfg.model, num_classes=num_classes if use_ce else None).to(device)
+    if is_distributed():
+        # Buffers are synced once at start; then running statistics stay per rank (rank 0's are saved).
+        model = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            forward_sync_buffers=False,
+        )
     # The miner's own generator (the max_triplets cap draws from it): checkpointed with the run.
     generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
     miner = build_miner(cfg.mining, generator=generator)
@@ -293,7 +312,8 @@ class _StopFlag:
         self._previous: dict = {}
 
     def __call__(self) -> bool:
-        return self.signal is not None
+        # Every rank asks at the same points, so all of them stop after the same step.
+        return any_rank(self.signal is not None)
 
     def _handle(self, signum, frame):
         if self.signal is not None:
@@ -512,8 +532,17 @@ def _restore(trainer, data, cfg, state: dict, path: Path) -> _Progress:
     return progress
 
 
+def _save_on_main(state: dict, path: Path) -> None:
+    """Rank 0 writes the checkpoint; every rank waits until it is on disk."""
+    if is_main_process():
+        save_checkpoint(state, path)
+    barrier()
+
+
 def _save_for_error(state: dict, path: Path) -> str:
     """Write a checkpoint while an error propagates; a failure to write is reported, not raised."""
+    if not is_main_process():
+        return f"rank 0 writes {path}"
     try:
         save_checkpoint(state, path)
     except CheckpointError as err:
@@ -602,7 +631,8 @@ def _evaluate(trainer, data, cfg, epoch, run_dir, logger) -> dict:
     from facenet.evaluation import plot_roc
 
     result = trainer.evaluate(data.eval_pairs, cfg.eval, data.image_size, data.normalize)
-    plot_roc(result, run_dir / f"roc_epoch_{epoch}.png", log_scale=cfg.eval.log_scale_roc)
+    if is_main_process():  # every rank embedded its shard; rank 0 writes the figures
+        plot_roc(result, run_dir / f"roc_epoch_{epoch}.png", log_scale=cfg.eval.log_scale_roc)
     logger.log_figure("roc", plot_roc(result, log_scale=cfg.eval.log_scale_roc), epoch)
     return _eval_record(result)
 
@@ -694,8 +724,10 @@ def _stop_message(signal_name: str, progress: _Progress, path: Path) -> str:
 def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None:
     """Evaluate, log and checkpoint a finished epoch."""
     epoch, every = record["epoch"], cfg.eval.every
-    if data.eval_pairs is not None and every > 0 and (
-        epoch % every == 0 or epoch == cfg.train.epochs
+    if (
+        data.eval_pairs is not None
+        and every > 0
+        and (epoch % every == 0 or epoch == cfg.train.epochs)
     ):
         record.update(_evaluate(trainer, data, cfg, epoch, run_dir, logger))
     logger.log_epoch(record)
@@ -708,9 +740,9 @@ def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None
     progress.best = max(progress.best, record.get("accuracy_mean", -1.0))
     progress.epoch, progress.steps_done = epoch + 1, 0
     state = _checkpoint_state(trainer, data, cfg, progress)
-    save_checkpoint(state, run_dir / "last.pt")
+    _save_on_main(state, run_dir / "last.pt")
     if is_best:
-        save_checkpoint(state, run_dir / "best.pt")
+        _save_on_main(state, run_dir / "best.pt")
 
 
 def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
@@ -727,9 +759,10 @@ def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
         if not stop() or progress.epoch > cfg.train.epochs:
             return None  # every epoch ran (a signal during the last step changes nothing)
         if not saved or progress.steps_done:  # the state on disk is not the current one
-            save_checkpoint(_checkpoint_state(trainer, data, cfg, progress), run_dir / "last.pt")
-        print(_stop_message(stop.signal, progress, run_dir / "last.pt"), file=sys.stderr)
-        return stop.signal
+            _save_on_main(_checkpoint_state(trainer, data, cfg, progress), run_dir / "last.pt")
+        signal_name = stop.signal or "SIGTERM"  # another rank received it
+        print(_stop_message(signal_name, progress, run_dir / "last.pt"), file=sys.stderr)
+        return signal_name
 
 
 def fit(
@@ -760,14 +793,17 @@ def fit(
             where.
     """
     run_dir = Path(run_dir)
-    remove_stale_temporary_files(run_dir)
+    main = is_main_process()
+    if main:
+        remove_stale_temporary_files(run_dir)
     if resume and resume_state is None:
         resume_state = _read_resume_checkpoint(run_dir)
     progress = _Progress()
     if resume_state is not None:
         progress = _restore(trainer, data, cfg, resume_state, run_dir / "last.pt")
-    _rewrite_metrics(run_dir, progress.history)
-    logger = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard)
+    if main:
+        _rewrite_metrics(run_dir, progress.history)
+    logger = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
     try:
         if not progress.resumed and data.eval_pairs is not None:
             progress.before_training = _evaluate(trainer, data, cfg, 0, run_dir, logger)
@@ -776,7 +812,8 @@ def fit(
     finally:
         logger.close()
     summary = _summary(progress, stopped_by)
-    _write_text_atomic(run_dir / "summary.json", json.dumps(_json_safe(summary), indent=2))
+    if main:
+        _write_text_atomic(run_dir / "summary.json", json.dumps(_json_safe(summary), indent=2))
     return summary
 
 
@@ -839,18 +876,20 @@ def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) 
             "new one in its place (or choose another --out)"
         )
     try:
-        save_config(cfg, run_dir / "config.yaml")
+        if is_main_process():
+            save_config(cfg, run_dir / "config.yaml")
     except OSError as err:
         return f"cannot write the run directory {run_dir}: {err.strerror or err}"
     return None
 
 
-def _run(cfg: Config, run_dir: Path, resume: bool) -> dict:
+def _run(cfg: Config, run_dir: Path, resume: bool, info: DistInfo) -> dict:
     state = _read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
-    device = resolve_device(cfg.train.device)
+    device = info.device if info.world_size > 1 else resolve_device(cfg.train.device)
     if cfg.train.deterministic and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
-    data = build_data(cfg, run_dir)
+    with main_process_first():  # rank 0 writes the synthetic data and the folder index
+        data = build_data(cfg, run_dir, info.rank, info.world_size)
     trainer = build_trainer(cfg, data.num_classes, device)
     return fit(trainer, data, cfg, run_dir, resume=state is not None, resume_state=state)
 
@@ -883,17 +922,29 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
         unwritable output folder), 3 for a run of non-finite losses, 128 + the signal number
         when SIGINT/SIGTERM stopped the run, 130 for a second signal.
     """
+    info = init_distributed(cfg.train.device)
+    try:
+        with contextlib.ExitStack() as stack:
+            if not info.is_main:  # one console: rank 0's (errors still reach stderr)
+                devnull = stack.enter_context(open(os.devnull, "w"))
+                stack.enter_context(contextlib.redirect_stdout(devnull))
+            return _run_training(cfg, resume, overwrite, info)
+    finally:
+        cleanup_distributed()
+
+
+def _run_training(cfg: Config, resume: bool, overwrite: bool, info: DistInfo) -> int:
     run_dir = Path(cfg.logging.out_dir)
     problem = _prepare_run_dir(run_dir, cfg, resume, overwrite)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     deterministic_before = torch.are_deterministic_algorithms_enabled()
-    torch.manual_seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed + info.rank)  # augmentation differs per rank
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
     try:
-        summary = _run(cfg, run_dir, resume)
+        summary = _run(cfg, run_dir, resume, info)
     except KeyboardInterrupt:
         print(
             f"error: stopped at once by a second signal; {run_dir / 'last.pt'} holds the last "

@@ -54,7 +54,7 @@ def train(passes, chunk_size=0, wrap=False):
     torch.manual_seed(0)
     model = GroupNormNet().double()
     if wrap:
-        model = DistributedDataParallel(model, broadcast_buffers=False)
+        model = DistributedDataParallel(model, forward_sync_buffers=False)
     trainer = Trainer(
         model,
         BatchHardMiner(distance="squared"),

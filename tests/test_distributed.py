@@ -87,3 +87,34 @@ def test_gathers_are_identity_for_one_process():
     x = torch.arange(6.0).reshape(3, 2)
     assert all_gather_tensor(x) is x
     assert gather_variable_rows(x)[0] is x
+
+
+TINY_DEMO = [
+    "data.synthetic_identities=8",
+    "data.synthetic_images_per_identity=4",
+    "data.synthetic_heldout_identities=10",
+    "data.synthetic_pairs_per_fold=6",
+    "data.image_size=32",
+    "data.p=2",
+    "data.k=2",
+    "train.epochs=2",
+    "train.steps_per_epoch=2",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+
+
+def test_torchrun_demo_ends_cleanly_with_one_checkpoint_and_one_log(tmp_path):
+    out = tmp_path / "run"
+    settings = [*TINY_DEMO, f"data.root={tmp_path / 'data'}"]
+    sets = [arg for item in settings for arg in ("--set", item)]
+    proc = torchrun(
+        2, "scripts/train.py", "--config", "configs/demo.yaml", "--out", str(out), *sets
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("held-out verification") == 1  # rank 0 alone prints
+    assert sorted(p.name for p in out.glob("*.pt")) == ["best.pt", "last.pt"]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    state = torch.load(out / "last.pt", weights_only=True)
+    assert not any(key.startswith("module.") for key in state["model"])  # saved unwrapped
+    assert not list(out.glob(".*.tmp"))
