@@ -270,7 +270,7 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
     use_ce = cfg.loss.ce_weight > 0
     model = build_model(cfg.model, num_classes=num_classes if use_ce else None).to(device)
     if is_distributed():
-        # Buffers are synced once at start; then running statistics stay per rank (rank 0's are saved).
+        # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
         model = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
