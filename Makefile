@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 train: install
-	$(PY) scripts/train.py --config configs/demo.yaml
+	$(PY) scripts/train.py --config configs/demo.yaml --overwrite
 
 test: install
 	$(PY) -m pytest -q
