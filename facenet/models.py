@@ -156,7 +156,8 @@ def _read_weights_file(path: str | os.PathLike) -> object:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         detail = _unpickler_detail(err)
-        if detail.startswith("Unsupported global"):
+        # torch words it "Unsupported global" or "Trying to load unsupported GLOBAL", by version.
+        if "unsupported global" in detail.lower():
             raise WeightsError(
                 f"refused to load weights file {path}: it holds objects other than tensors and "
                 f"plain containers (loaded with weights_only=True): {detail}"
