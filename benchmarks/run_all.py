@@ -62,13 +62,13 @@ def section_commands(quick: bool, threads: int) -> dict[str, list[str]]:
             "training_step": ["--quick", *thread_args],
             "miners": ["--quick", "--time-budget", "0.2", *thread_args],
             "evaluation": ["--sizes", "2000", "--repeats", "3", "--reference-repeats", "1"],
-            "data": ["--quick"],
+            "data": ["--quick", *thread_args],
         }
     return {
         "training_step": [*thread_args],
         "miners": [*thread_args],
         "evaluation": [],
-        "data": [],
+        "data": [*thread_args],
     }
 
 
@@ -292,7 +292,11 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     def cell(value) -> str:
         return "-" if value is None else str(value).replace("|", "\\|")
 
-    align = ["---:" if rows and _is_number(rows[0][i]) else "---" for i in range(len(headers))]
+    def numeric(column: int) -> bool:  # every filled cell of the column is a number
+        filled = [row[column] for row in rows if row[column] not in (None, "")]
+        return bool(filled) and all(_is_number(value) for value in filled)
+
+    align = ["---:" if numeric(i) else "---" for i in range(len(headers))]
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -320,7 +324,7 @@ def machine_lines(machine: dict, load_after: float | None) -> list[str]:
     """The machine description."""
     lines = [
         f"- CPU: {machine.get('cpu_model')}, {machine.get('cpu_count')} cores; "
-        f"torch {machine.get('torch')} with {machine.get('torch_threads')} intra-op threads; "
+        f"torch {machine.get('torch')} with {machine.get('torch_threads')} intra-op thread(s); "
         f"Python {machine.get('python')}; {machine.get('platform')}",
         f"- Load average (1 min) at the start: {machine.get('load_average', 0):.2f}"
         + ("" if load_after is None else f"; at the end: {load_after:.2f}"),
@@ -338,7 +342,7 @@ def targets_section(targets: list[dict]) -> str:
         if measured is not None and "above the floor" in row["target"]:
             shown = f"{measured:+.1%}"
         elif measured is not None:
-            shown = f"{measured:.3g}"
+            shown = f"{measured:.3f}" if measured < 10 else f"{measured:.0f}"
         else:
             shown = None
         rows.append([row["target"], row["where"], row["wanted"], shown, status_text(row["met"])])
@@ -525,12 +529,14 @@ def training_section(step: dict, command: str) -> str:
             if chunking.get("available")
             else f"\n\nGradient caching was not available in this run: {chunking.get('reason')}."
         )
+        first = pk_cases[0]["case"]
         parts.append(
-            "### Gradient caching: batch size\n\n`tiny` at 32 px, P x K batches of random "
-            "images (K = 8), FaceNet's semi-hard mining (every anchor-positive pair, so every "
-            "image is selected), triplet loss only; two-pass with and without "
-            "`Trainer(chunk_size=N)`. Measured alone: *one chunk's forward*, the graph bytes "
-            "of one grad forward on N images; *loss graph*, those of the triplet loss on the "
+            "### Gradient caching: batch size\n\n"
+            f"`{first['backbone']}` at {first['image_size']} px, P x K batches of random images "
+            f"(K = {first['k']}), FaceNet's semi-hard mining (every anchor-positive pair, so "
+            "every image is selected), triplet loss only; two-pass with and without "
+            "`Trainer(chunk_size=N)`. Measured alone: *one chunk's forward*, the graph bytes of "
+            "one grad forward on N images; *loss graph*, those of the triplet loss on the "
             "cached (U, D) embeddings (its (U, U) distance matrix grows with the batch)."
             + note
             + "\n\n"
@@ -906,9 +912,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--threads",
         type=int,
-        default=0,
-        help="torch threads in the timed processes; 0: torch's default, or 1 when the load "
-        "average is above half the CPUs",
+        default=1,
+        help="torch intra-op threads in the timed processes (default 1: on a shared machine an "
+        "op split over threads waits for descheduled siblings); 0: torch's default",
     )
     parser.add_argument(
         "--gpu-json",
@@ -938,19 +944,6 @@ def read_gpu_reports(paths: list[Path]) -> dict | str | None:
     return merged
 
 
-def busy_machine_threads() -> int:
-    """1 when the machine is busy, else 0 (torch's default).
-
-    With more runnable processes than cores, an op split over several threads waits for
-    descheduled siblings (OpenMP threads spin meanwhile): timings grow tenfold and scatter.
-    """
-    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
-    if load > 0.5 * cpus:
-        print(f"load average {load:.1f} on {cpus} CPUs: timing with 1 torch thread", flush=True)
-        return 1
-    return 0
-
-
 def output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     """(BENCHMARKS.md, results.json) for these arguments."""
     if args.out_dir is not None:
@@ -968,8 +961,7 @@ def main(argv: list[str] | None = None) -> int:
         print(gpu, file=sys.stderr)
         return 2
     markdown_path, json_path = output_paths(args)
-    threads = args.threads or busy_machine_threads()
-    commands_args = section_commands(args.quick, threads)
+    commands_args = section_commands(args.quick, args.threads)
     started = time.perf_counter()
     sections: dict = {}
     with tempfile.TemporaryDirectory(prefix="facenet_bench_") as tmp:
