@@ -2,7 +2,8 @@
 
 ``run_training(cfg)`` is what ``scripts/train.py`` calls. The run directory receives
 ``config.yaml``, ``metrics.jsonl`` (one line per epoch), TensorBoard events, ``roc_epoch_N.png``,
-``last.pt`` / ``best.pt`` and ``summary.json``.
+``last.pt`` / ``best.pt`` and ``summary.json``. The objects of a run are built in
+``facenet.builders``; what a checkpoint holds and how a run resumes is ``facenet.resume``.
 
 Reliability (see ``docs/reliability.md``):
 
@@ -30,34 +31,38 @@ import os
 import re
 import signal
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
-from facenet.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    remove_stale_temporary_files,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from facenet.config import Config, config_to_dict, save_config
+from facenet.builders import TrainingData, build_data, build_trainer, resolve_device
+from facenet.checkpoint import CheckpointError, remove_stale_temporary_files
+from facenet.config import Config, save_config
 from facenet.data.images import CorruptImageError
 from facenet.distributed import (
     DistInfo,
     any_rank,
-    barrier,
     cleanup_distributed,
     init_distributed,
-    is_distributed,
     is_main_process,
     main_process_first,
 )
 from facenet.memory import format_bytes
+from facenet.resume import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # kept importable from here
+from facenet.resume import (
+    Progress,
+    checkpoint_state,
+    json_safe,
+    read_resume_checkpoint,
+    remaining_loader,
+    restore,
+    rewrite_metrics,
+    save_for_error,
+    save_on_main,
+    with_error_checkpoint,
+    write_text_atomic,
+)
 from facenet.run_logger import RunLogger
 from facenet.trainer import NonFiniteLossError, Trainer
 
@@ -77,224 +82,11 @@ __all__ = [
 SUMMARY_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE_LOSS = 3
-CHECKPOINT_FORMAT = 2
-# Keys every training checkpoint holds; a file without them is not one of ours.
-_REQUIRED_KEYS = ("model", "optimizer", "epoch", "rng", "config", "history", "best_accuracy")
-# Settings that may change between a run and its resumption without a warning.
-_FREELY_CHANGED = ("logging.", "train.epochs", "train.device", "data.num_workers", "eval.")
 _FILES_IN_MESSAGE = 3
 
 
 class NonFiniteInputError(ValueError):
     """A batch whose images hold NaN or infinite values."""
-
-
-@dataclass
-class TrainingData:
-    """Everything the loop needs from the data side."""
-
-    loader: Any
-    sampler: Any  # has set_epoch / state_dict / load_state_dict
-    num_classes: int
-    eval_pairs: Any  # a PairList, or None
-    image_size: int
-    normalize: str
-
-
-@dataclass
-class _Progress:
-    """Where a run stands: the next epoch, how many of its batches are trained, the history."""
-
-    epoch: int = 1
-    steps_done: int = 0
-    best: float = -1.0
-    history: list = field(default_factory=list)
-    before_training: dict | None = None
-    resumed: bool = False
-
-
-# --------------------------------------------------------------------------- building
-
-
-def resolve_device(name: str) -> torch.device:
-    """The device of ``train.device``.
-
-    Args:
-        name: "auto" (CUDA when present), "cpu" or "cuda" ("cuda" without a GPU is an error).
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("train.device: 'cuda' was asked for but no CUDA device is available")
-    return torch.device(name)
-
-
-def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, str | None]:
-    """The training image folder and the pairs file, generating the synthetic set if needed."""
-    data = cfg.data
-    if data.dataset == "synthetic":
-        from facenet.data.synthetic import prepare_synthetic_data
-
-        root = Path(data.root) if data.root else run_dir / "data"
-        try:
-            prepared = prepare_synthetic_data(root, data)
-        except OSError as err:
-            raise OSError(err.errno, f"data.root: cannot write the synthetic data: {err}") from err
-        return str(prepared["train_root"]), cfg.eval.pairs or str(prepared["pairs"])
-    if not data.root:
-        raise ValueError(f"data.root: required for data.dataset: {data.dataset}")
-    return data.root, cfg.eval.pairs
-
-
-def _identity_folder(cfg: Config, train_root: str):
-    """The training images, with errors that name the ``data`` keys to change."""
-    from facenet.data import IdentityFolder, build_transform
-
-    data = cfg.data
-    transform = build_transform(
-        data.image_size,
-        train=True,
-        normalize=data.normalize,
-        hflip=data.hflip,
-        random_crop=data.random_crop,
-    )
-    try:
-        return IdentityFolder(
-            train_root, transform=transform, on_corrupt=data.on_corrupt, cache_dir=data.cache_dir
-        )
-    except CorruptImageError as err:
-        raise CorruptImageError(
-            err.path, f"{err.reason} (data.on_corrupt: skip leaves such files out)"
-        ) from None
-    except ValueError as err:
-        raise ValueError(f"data.root: {err}") from None
-
-
-def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
-    """(loader, sampler): P x K batches, or seed-style triplet batches (data.dataset: triplets)."""
-    from facenet.data import PKSampler, TripletListDataset
-    from facenet.data.loading import make_loader
-
-    data, seed = cfg.data, cfg.train.seed
-    if data.dataset == "triplets":
-        try:
-            sampler = TripletListDataset(
-                dataset.targets, data.triplets_per_epoch, seed=seed, paths_or_dataset=dataset
-            )
-        except ValueError as err:
-            raise ValueError(f"data.triplets_per_epoch: {err}") from None
-        if data.triplet_batch_size > len(sampler):
-            raise ValueError(
-                f"data.triplet_batch_size={data.triplet_batch_size} is larger than "
-                f"data.triplets_per_epoch={len(sampler)}: an epoch would hold no batch"
-            )
-        loader = torch.utils.data.DataLoader(
-            sampler,
-            batch_size=data.triplet_batch_size,
-            shuffle=False,
-            num_workers=data.num_workers,
-            pin_memory=data.pin_memory,
-            drop_last=True,
-        )
-        return loader, sampler
-    try:
-        sampler = PKSampler(
-            dataset.triplet_labels,
-            p=data.p,
-            k=data.k,
-            seed=seed,
-            with_replacement=data.sample_with_replacement,
-            rank=rank,
-            world_size=world_size,
-        )
-    except ValueError as err:
-        raise ValueError(f"data.p={data.p}, data.k={data.k}: {err}") from None
-    return make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed=seed), sampler
-
-
-def _eval_pairs(cfg: Config, pairs_path: str | None):
-    """The held-out pairs, or None when evaluation is off."""
-    if cfg.eval.every <= 0 or not pairs_path:
-        return None
-    from facenet.data.pairs import MissingImagesError, PairsFormatError, read_pairs
-
-    try:
-        return read_pairs(pairs_path, root=cfg.eval.root, skip_missing=cfg.eval.skip_missing)
-    except (PairsFormatError, MissingImagesError):
-        raise  # their messages name the file, the line and the eval.skip_missing option
-    except FileNotFoundError as err:
-        key = "eval.pairs" if not Path(pairs_path).is_file() else "eval.root"
-        what = f"file not found: {pairs_path}" if key == "eval.pairs" else str(err)
-        raise ValueError(f"{key}: {what}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"eval.pairs: {pairs_path} is not a text file") from None
-
-
-def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -> TrainingData:
-    """Datasets, sampler and loader from the ``data`` and ``eval`` sections.
-
-    Errors name the configuration key to change (``data.root``, ``data.p``, ``eval.pairs``...).
-
-    Args:
-        cfg: the run configuration.
-        run_dir: the run directory (the synthetic data goes there when ``data.root`` is unset).
-        rank: this process's rank (the sampler gives each rank disjoint batches).
-        world_size: number of processes.
-    """
-    train_root, pairs_path = _data_roots(cfg, Path(run_dir))
-    dataset = _identity_folder(cfg, train_root)
-    loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
-    return TrainingData(
-        loader,
-        sampler,
-        len(dataset.classes),
-        _eval_pairs(cfg, pairs_path),
-        cfg.data.image_size,
-        cfg.data.normalize,
-    )
-
-
-def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) -> Trainer:
-    """Model, miner, loss, optimizer and schedule from the configuration.
-
-    Args:
-        cfg: the run configuration.
-        num_classes: identities in the training data (for the optional classifier head).
-        device: where the model and the miner's generator live.
-    """
-    from facenet.losses import build_loss
-    from facenet.miners import build_miner
-    from facenet.models import build_model
-    from facenet.optim import build_optimizer, build_scheduler
-
-    use_ce = cfg.loss.ce_weight > 0
-    model = build_model(cfg.model, num_classes=num_classes if use_ce else None).to(device)
-    if is_distributed():
-        # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
-        model = DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            forward_sync_buffers=False,
-        )
-    # The miner's own generator (the max_triplets cap draws from it): checkpointed with the run.
-    generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
-    miner = build_miner(cfg.mining, generator=generator)
-    optimizer = build_optimizer(model.parameters(), cfg.optim)
-    return Trainer(
-        model,
-        miner,
-        build_loss(cfg.loss),
-        optimizer,
-        scheduler=build_scheduler(optimizer, cfg.optim, cfg.train.epochs),
-        device=device,
-        amp=cfg.train.amp,
-        ce_weight=cfg.loss.ce_weight,
-        passes=cfg.mining.passes,
-        grad_clip=cfg.optim.grad_clip,
-        max_nonfinite_steps=cfg.train.max_nonfinite_steps,
-        channels_last=cfg.model.channels_last,
-        chunk_size=cfg.train.chunk_size,
-    )
 
 
 # --------------------------------------------------------------------------- signals
@@ -341,42 +133,6 @@ class _StopFlag:
 
 
 # --------------------------------------------------------------------------- batches
-
-
-class _SkipBatches:
-    """A batch sampler without its first ``skip`` batches (a resumed, half-trained epoch).
-
-    Args:
-        batch_sampler: yields lists of dataset indices, the same order on every iteration of
-            an epoch (PKSampler and TripletListDataset orders are functions of seed and epoch).
-        skip: batches already trained.
-    """
-
-    def __init__(self, batch_sampler, skip: int):
-        self.batch_sampler, self.skip = batch_sampler, skip
-
-    def __iter__(self):
-        return itertools.islice(iter(self.batch_sampler), self.skip, None)
-
-    def __len__(self) -> int:
-        return max(0, len(self.batch_sampler) - self.skip)
-
-
-def _remaining_loader(loader, skip: int):
-    """``loader`` from its batch ``skip`` on, without loading the skipped batches."""
-    if skip == 0:
-        return loader
-    return torch.utils.data.DataLoader(
-        loader.dataset,
-        batch_sampler=_SkipBatches(loader.batch_sampler, skip),
-        num_workers=loader.num_workers,
-        pin_memory=loader.pin_memory,
-        collate_fn=loader.collate_fn,
-        worker_init_fn=loader.worker_init_fn,
-        # Its own generator: the global one must not advance (the interrupted epoch already
-        # drew its loader seed from it before the checkpoint captured its state).
-        generator=torch.Generator(),
-    )
 
 
 def _nonfinite_rows(batch) -> torch.Tensor:
@@ -440,146 +196,6 @@ class _CheckedBatches:
             f"epoch {self.epoch}, step {self.first_step + position + 1}: {len(rows)} of "
             f"{bad.numel()} input images hold NaN or infinite values after the transform{named}"
         )
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def _miner_generator(trainer: Trainer) -> torch.Generator | None:
-    return getattr(trainer.miner, "generator", None)
-
-
-def _checkpoint_state(trainer, data, cfg, progress: _Progress) -> dict:
-    """Everything the rest of the run depends on, as plain contents.
-
-    ``epoch`` is the last finished epoch; ``partial`` is None, or ``{"epoch", "steps_done"}``
-    when ``progress`` stands inside an epoch (some of its batches trained).
-    """
-    generator = _miner_generator(trainer)
-    partial = None
-    if progress.steps_done:
-        partial = {"epoch": progress.epoch, "steps_done": progress.steps_done}
-    state = trainer.state_dict()
-    state.update(
-        format=CHECKPOINT_FORMAT,
-        epoch=progress.epoch - 1,
-        partial=partial,
-        config=config_to_dict(cfg),
-        rng=rng_state(),
-        miner_rng=None if generator is None else generator.get_state(),
-        sampler=data.sampler.state_dict() if hasattr(data.sampler, "state_dict") else None,
-        best_accuracy=progress.best,
-        history=progress.history,
-        before_training=progress.before_training,
-    )
-    return state
-
-
-def _read_resume_checkpoint(run_dir: Path) -> dict | None:
-    """``run_dir/last.pt``, checked to be a training checkpoint; None (with a note) if absent."""
-    path = run_dir / "last.pt"
-    if not path.exists():
-        print(f"--resume: no checkpoint at {path}; starting a new run", file=sys.stderr)
-        return None
-    state = load_checkpoint(path, map_location="cpu")
-    missing = [key for key in _REQUIRED_KEYS if key not in state]
-    if missing:
-        raise CheckpointError(
-            f"{path} is not a training checkpoint of this package (missing: {', '.join(missing)})"
-        )
-    return state
-
-
-def _changed_settings(saved: dict, current: dict) -> list[str]:
-    """``section.key: old -> new`` for settings that differ from the checkpoint's."""
-    changes = []
-    for section, values in current.items():
-        for key, value in values.items():
-            name = f"{section}.{key}"
-            old = (saved.get(section) or {}).get(key, value)
-            if old != value and not name.startswith(_FREELY_CHANGED):
-                changes.append(f"{name}: {old!r} -> {value!r}")
-    return changes
-
-
-def _restore(trainer, data, cfg, state: dict, path: Path) -> _Progress:
-    """Load a checkpoint into the trainer, sampler and RNGs; where the run stands."""
-    changes = _changed_settings(state["config"], config_to_dict(cfg))
-    if changes:
-        print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
-    try:
-        trainer.load_state_dict(state)
-        if state.get("sampler") is not None and hasattr(data.sampler, "load_state_dict"):
-            data.sampler.load_state_dict(state["sampler"])
-        generator = _miner_generator(trainer)
-        if generator is not None and state.get("miner_rng") is not None:
-            generator.set_state(state["miner_rng"])
-        set_rng_state(state["rng"])
-    except (RuntimeError, KeyError, ValueError, TypeError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path} does not fit this configuration: {reason}") from None
-    partial = state.get("partial")
-    progress = _Progress(
-        epoch=int(partial["epoch"]) if partial else int(state["epoch"]) + 1,
-        steps_done=int(partial["steps_done"]) if partial else 0,
-        best=float(state["best_accuracy"]),
-        history=list(state["history"]),
-        before_training=state.get("before_training"),
-        resumed=True,
-    )
-    where = f"step {progress.steps_done + 1} of " if progress.steps_done else ""
-    print(f"resumed from {path}: continuing with {where}epoch {progress.epoch}")
-    return progress
-
-
-def _save_on_main(state: dict, path: Path) -> None:
-    """Rank 0 writes the checkpoint; every rank waits until it is on disk."""
-    if is_main_process():
-        save_checkpoint(state, path)
-    barrier()
-
-
-def _save_for_error(state: dict, path: Path) -> str:
-    """Write a checkpoint while an error propagates; a failure to write is reported, not raised."""
-    if not is_main_process():
-        return f"rank 0 writes {path}"
-    try:
-        save_checkpoint(state, path)
-    except CheckpointError as err:
-        return f"no checkpoint written ({err})"
-    return f"checkpoint written to {path}"
-
-
-# --------------------------------------------------------------------------- files
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _rewrite_metrics(run_dir: Path, history: list) -> None:
-    """``metrics.jsonl`` as the checkpoint knows it: epochs after the checkpoint are dropped."""
-    lines = "".join(json.dumps(_json_safe(record)) + "\n" for record in history)
-    _write_text_atomic(run_dir / "metrics.jsonl", lines)
-
-
-# --------------------------------------------------------------------------- the loop
 
 
 def _eval_record(result) -> dict:
@@ -657,18 +273,7 @@ def _worker_image_error(err: RuntimeError) -> CorruptImageError | None:
     return CorruptImageError(match["path"], match["reason"].strip()) if match else None
 
 
-def _with_checkpoint(err, trainer, data, cfg, progress: _Progress, run_dir: Path):
-    """Write ``last.pt`` at the last finished step; the error, with a note saying so."""
-    state = _checkpoint_state(trainer, data, cfg, progress)
-    saved = _save_for_error(state, run_dir / "last.pt")
-    err.checkpoint_note = (
-        f"{saved}; after fixing the data, --resume continues with step "
-        f"{progress.steps_done + 1} of epoch {progress.epoch}"
-    )
-    return err
-
-
-def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
+def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path):
     """Train (the rest of) ``progress.epoch``; returns (record, batches of it trained in all).
 
     On a data error or a run of non-finite losses a checkpoint of the state at the last
@@ -678,7 +283,7 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
     if hasattr(data.sampler, "set_epoch"):
         data.sampler.set_epoch(epoch)
     length = _epoch_length(data, cfg)
-    batches = _CheckedBatches(_remaining_loader(data.loader, skip), epoch, skip, length - skip)
+    batches = _CheckedBatches(remaining_loader(data.loader, skip), epoch, skip, length - skip)
     try:
         record = trainer.train_one_epoch(
             batches,
@@ -690,12 +295,12 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
         )
     except (CorruptImageError, NonFiniteInputError) as err:
         progress.steps_done = skip + batches.yielded
-        raise _with_checkpoint(err, trainer, data, cfg, progress, run_dir) from None
+        raise with_error_checkpoint(err, trainer, data, cfg, progress, run_dir) from None
     except NonFiniteLossError as err:
         progress.steps_done = skip + batches.yielded
-        state = _checkpoint_state(trainer, data, cfg, progress)
+        state = checkpoint_state(trainer, data, cfg, progress)
         err.checkpoint_note = (
-            f"{_save_for_error(state, run_dir / 'nonfinite.pt')} for inspection; "
+            f"{save_for_error(state, run_dir / 'nonfinite.pt')} for inspection; "
             f"{run_dir / 'last.pt'} still holds epoch {epoch - 1}"
         )
         raise
@@ -704,11 +309,11 @@ def _train_epoch(trainer, data, cfg, progress: _Progress, stop, run_dir: Path):
         if image_error is None:
             raise
         progress.steps_done = skip + batches.yielded
-        raise _with_checkpoint(image_error, trainer, data, cfg, progress, run_dir) from None
+        raise with_error_checkpoint(image_error, trainer, data, cfg, progress, run_dir) from None
     return record, skip + batches.yielded
 
 
-def _stop_message(signal_name: str, progress: _Progress, path: Path) -> str:
+def _stop_message(signal_name: str, progress: Progress, path: Path) -> str:
     if progress.steps_done:
         where = f"after step {progress.steps_done} of epoch {progress.epoch}"
         then = f"step {progress.steps_done + 1} of epoch {progress.epoch}"
@@ -739,10 +344,10 @@ def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None
     is_best = record.get("accuracy_mean", -1.0) > progress.best
     progress.best = max(progress.best, record.get("accuracy_mean", -1.0))
     progress.epoch, progress.steps_done = epoch + 1, 0
-    state = _checkpoint_state(trainer, data, cfg, progress)
-    _save_on_main(state, run_dir / "last.pt")
+    state = checkpoint_state(trainer, data, cfg, progress)
+    save_on_main(state, run_dir / "last.pt")
     if is_best:
-        _save_on_main(state, run_dir / "best.pt")
+        save_on_main(state, run_dir / "best.pt")
 
 
 def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
@@ -759,7 +364,7 @@ def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
         if not stop() or progress.epoch > cfg.train.epochs:
             return None  # every epoch ran (a signal during the last step changes nothing)
         if not saved or progress.steps_done:  # the state on disk is not the current one
-            _save_on_main(_checkpoint_state(trainer, data, cfg, progress), run_dir / "last.pt")
+            save_on_main(checkpoint_state(trainer, data, cfg, progress), run_dir / "last.pt")
         signal_name = stop.signal or "SIGTERM"  # another rank received it
         print(_stop_message(signal_name, progress, run_dir / "last.pt"), file=sys.stderr)
         return signal_name
@@ -797,12 +402,12 @@ def fit(
     if main:
         remove_stale_temporary_files(run_dir)
     if resume and resume_state is None:
-        resume_state = _read_resume_checkpoint(run_dir)
-    progress = _Progress()
+        resume_state = read_resume_checkpoint(run_dir)
+    progress = Progress()
     if resume_state is not None:
-        progress = _restore(trainer, data, cfg, resume_state, run_dir / "last.pt")
+        progress = restore(trainer, data, cfg, resume_state, run_dir / "last.pt")
     if main:
-        _rewrite_metrics(run_dir, progress.history)
+        rewrite_metrics(run_dir, progress.history)
     logger = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
     try:
         if not progress.resumed and data.eval_pairs is not None:
@@ -813,11 +418,11 @@ def fit(
         logger.close()
     summary = _summary(progress, stopped_by)
     if main:
-        _write_text_atomic(run_dir / "summary.json", json.dumps(_json_safe(summary), indent=2))
+        write_text_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2))
     return summary
 
 
-def _summary(progress: _Progress, stopped_by: str | None) -> dict:
+def _summary(progress: Progress, stopped_by: str | None) -> dict:
     history, best = progress.history, progress.best
     evaluated = [r for r in history if "accuracy_mean" in r]
     summary: dict[str, Any] = {}
@@ -884,7 +489,7 @@ def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) 
 
 
 def _run(cfg: Config, run_dir: Path, resume: bool, info: DistInfo) -> dict:
-    state = _read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
+    state = read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
     device = info.device if info.world_size > 1 else resolve_device(cfg.train.device)
     if cfg.train.deterministic and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS

@@ -1,0 +1,340 @@
+"""What a training checkpoint holds, and how a run continues from one.
+
+``last.pt`` / ``best.pt`` hold everything the rest of the run depends on: the trainer's state
+(model, optimizer, schedule, scaler), the global RNG states, the miner's generator, the sampler,
+the history and, when a signal or an error stopped an epoch part-way, how many of its batches
+were trained. Resuming reads the checkpoint back (refusing files that are not training
+checkpoints of this package), warns about changed settings, restores every state, rewrites
+``metrics.jsonl`` to the checkpoint's history and skips the batches already trained.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from facenet.builders import TrainingData
+from facenet.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from facenet.config import Config, config_to_dict
+from facenet.distributed import barrier, is_main_process
+from facenet.trainer import Trainer
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "Progress",
+    "checkpoint_state",
+    "read_resume_checkpoint",
+    "restore",
+    "remaining_loader",
+    "save_on_main",
+    "save_for_error",
+    "with_error_checkpoint",
+    "rewrite_metrics",
+    "json_safe",
+    "write_text_atomic",
+]
+
+CHECKPOINT_FORMAT = 2
+# Keys every training checkpoint holds; a file without them is not one of ours.
+_REQUIRED_KEYS = ("model", "optimizer", "epoch", "rng", "config", "history", "best_accuracy")
+# Settings that may change between a run and its resumption without a warning.
+_FREELY_CHANGED = ("logging.", "train.epochs", "train.device", "data.num_workers", "eval.")
+
+
+@dataclass
+class Progress:
+    """Where a run stands: the next epoch, how many of its batches are trained, the history.
+
+    Args:
+        epoch: the epoch to train next (1-based).
+        steps_done: batches of ``epoch`` already trained (0 at an epoch's start).
+        best: the best held-out accuracy so far (-1 before any evaluation).
+        history: one record per finished epoch, as written to ``metrics.jsonl``.
+        before_training: the evaluation before the first step, or None.
+        resumed: True when the run continues from a checkpoint.
+    """
+
+    epoch: int = 1
+    steps_done: int = 0
+    best: float = -1.0
+    history: list = field(default_factory=list)
+    before_training: dict | None = None
+    resumed: bool = False
+
+
+# --------------------------------------------------------------------------- contents
+
+
+def _miner_generator(trainer: Trainer) -> torch.Generator | None:
+    return getattr(trainer.miner, "generator", None)
+
+
+def checkpoint_state(trainer: Trainer, data: TrainingData, cfg: Config, progress: Progress) -> dict:
+    """Everything the rest of the run depends on, as plain contents.
+
+    ``epoch`` is the last finished epoch; ``partial`` is None, or ``{"epoch", "steps_done"}``
+    when ``progress`` stands inside an epoch (some of its batches trained).
+
+    Args:
+        trainer: the run's trainer (model, optimizer, schedule, scaler, miner).
+        data: the run's data (its sampler's state is saved).
+        cfg: the run configuration (saved to compare on resume).
+        progress: where the run stands.
+    """
+    generator = _miner_generator(trainer)
+    partial = None
+    if progress.steps_done:
+        partial = {"epoch": progress.epoch, "steps_done": progress.steps_done}
+    state = trainer.state_dict()
+    state.update(
+        format=CHECKPOINT_FORMAT,
+        epoch=progress.epoch - 1,
+        partial=partial,
+        config=config_to_dict(cfg),
+        rng=rng_state(),
+        miner_rng=None if generator is None else generator.get_state(),
+        sampler=data.sampler.state_dict() if hasattr(data.sampler, "state_dict") else None,
+        best_accuracy=progress.best,
+        history=progress.history,
+        before_training=progress.before_training,
+    )
+    return state
+
+
+# --------------------------------------------------------------------------- resuming
+
+
+def read_resume_checkpoint(run_dir: Path) -> dict | None:
+    """``run_dir/last.pt``, checked to be a training checkpoint; None (with a note) if absent.
+
+    Args:
+        run_dir: the run directory.
+
+    Raises:
+        CheckpointError: the file is unreadable, refused, or not a training checkpoint.
+    """
+    path = run_dir / "last.pt"
+    if not path.exists():
+        print(f"--resume: no checkpoint at {path}; starting a new run", file=sys.stderr)
+        return None
+    state = load_checkpoint(path, map_location="cpu")
+    missing = [key for key in _REQUIRED_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(
+            f"{path} is not a training checkpoint of this package (missing: {', '.join(missing)})"
+        )
+    return state
+
+
+def _changed_settings(saved: dict, current: dict) -> list[str]:
+    """``section.key: old -> new`` for settings that differ from the checkpoint's."""
+    changes = []
+    for section, values in current.items():
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            old = (saved.get(section) or {}).get(key, value)
+            if old != value and not name.startswith(_FREELY_CHANGED):
+                changes.append(f"{name}: {old!r} -> {value!r}")
+    return changes
+
+
+def restore(trainer: Trainer, data: TrainingData, cfg: Config, state: dict, path: Path) -> Progress:
+    """Load a checkpoint into the trainer, sampler and RNGs; where the run stands.
+
+    Args:
+        trainer: receives the model, optimizer, schedule and scaler states.
+        data: its sampler receives the sampler state.
+        cfg: the current configuration (settings changed since the checkpoint are warned of).
+        state: the checkpoint, from :func:`read_resume_checkpoint`.
+        path: the checkpoint's file (for messages).
+
+    Raises:
+        CheckpointError: the checkpoint does not fit the trainer built from ``cfg``.
+    """
+    changes = _changed_settings(state["config"], config_to_dict(cfg))
+    if changes:
+        print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
+    try:
+        trainer.load_state_dict(state)
+        if state.get("sampler") is not None and hasattr(data.sampler, "load_state_dict"):
+            data.sampler.load_state_dict(state["sampler"])
+        generator = _miner_generator(trainer)
+        if generator is not None and state.get("miner_rng") is not None:
+            generator.set_state(state["miner_rng"])
+        set_rng_state(state["rng"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path} does not fit this configuration: {reason}") from None
+    partial = state.get("partial")
+    progress = Progress(
+        epoch=int(partial["epoch"]) if partial else int(state["epoch"]) + 1,
+        steps_done=int(partial["steps_done"]) if partial else 0,
+        best=float(state["best_accuracy"]),
+        history=list(state["history"]),
+        before_training=state.get("before_training"),
+        resumed=True,
+    )
+    where = f"step {progress.steps_done + 1} of " if progress.steps_done else ""
+    print(f"resumed from {path}: continuing with {where}epoch {progress.epoch}")
+    return progress
+
+
+class _SkipBatches:
+    """A batch sampler without its first ``skip`` batches (a resumed, half-trained epoch).
+
+    Args:
+        batch_sampler: yields lists of dataset indices, the same order on every iteration of
+            an epoch (PKSampler and TripletListDataset orders are functions of seed and epoch).
+        skip: batches already trained.
+    """
+
+    def __init__(self, batch_sampler, skip: int):
+        self.batch_sampler, self.skip = batch_sampler, skip
+
+    def __iter__(self):
+        return itertools.islice(iter(self.batch_sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip)
+
+
+def remaining_loader(loader, skip: int):
+    """``loader`` from its batch ``skip`` on, without loading the skipped batches.
+
+    Args:
+        loader: the epoch's DataLoader (its batch sampler's order is fixed within an epoch).
+        skip: batches of the epoch already trained.
+    """
+    if skip == 0:
+        return loader
+    return torch.utils.data.DataLoader(
+        loader.dataset,
+        batch_sampler=_SkipBatches(loader.batch_sampler, skip),
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        collate_fn=loader.collate_fn,
+        worker_init_fn=loader.worker_init_fn,
+        # Its own generator: the global one must not advance (the interrupted epoch already
+        # drew its loader seed from it before the checkpoint captured its state).
+        generator=torch.Generator(),
+    )
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_on_main(state: dict, path: Path) -> None:
+    """Rank 0 writes the checkpoint; every rank waits until it is on disk.
+
+    Args:
+        state: from :func:`checkpoint_state`.
+        path: the checkpoint file (written atomically).
+    """
+    if is_main_process():
+        save_checkpoint(state, path)
+    barrier()
+
+
+def save_for_error(state: dict, path: Path) -> str:
+    """Write a checkpoint while an error propagates; a failure to write is reported, not raised.
+
+    Args:
+        state: from :func:`checkpoint_state`.
+        path: the checkpoint file.
+
+    Returns:
+        What happened, for the error's ``checkpoint_note``.
+    """
+    if not is_main_process():
+        return f"rank 0 writes {path}"
+    try:
+        save_checkpoint(state, path)
+    except CheckpointError as err:
+        return f"no checkpoint written ({err})"
+    return f"checkpoint written to {path}"
+
+
+def with_error_checkpoint(
+    err: Exception,
+    trainer: Trainer,
+    data: TrainingData,
+    cfg: Config,
+    progress: Progress,
+    run_dir: Path,
+) -> Exception:
+    """Write ``last.pt`` at the last finished step; the error, with a note saying so.
+
+    Args:
+        err: a data error raised mid-epoch (it receives ``checkpoint_note``).
+        trainer: the run's trainer.
+        data: the run's data.
+        cfg: the run configuration.
+        progress: where the run stands (``steps_done``: the batches trained before the error).
+        run_dir: the run directory.
+    """
+    state = checkpoint_state(trainer, data, cfg, progress)
+    saved = save_for_error(state, run_dir / "last.pt")
+    err.checkpoint_note = (
+        f"{saved}; after fixing the data, --resume continues with step "
+        f"{progress.steps_done + 1} of epoch {progress.epoch}"
+    )
+    return err
+
+
+# --------------------------------------------------------------------------- files
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats replaced by None, through dicts and lists (strict JSON).
+
+    Args:
+        value: a float, dict, list or any other JSON-serialisable value.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file and ``os.replace`` it: ``path`` is old or new, never half.
+
+    Args:
+        path: the file to write.
+        text: its contents (UTF-8).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def rewrite_metrics(run_dir: Path, history: list) -> None:
+    """``metrics.jsonl`` as the checkpoint knows it: epochs after the checkpoint are dropped.
+
+    Args:
+        run_dir: the run directory.
+        history: one record per finished epoch (the checkpoint's, or empty for a new run).
+    """
+    lines = "".join(json.dumps(json_safe(record)) + "\n" for record in history)
+    write_text_atomic(run_dir / "metrics.jsonl", lines)
