@@ -23,17 +23,30 @@ OUT_DIR="${OUT:-.}"
 SUITE_LIMIT_S="${SUITE_LIMIT_S:-360}"   # the table
 SEARCH_LIMIT_S="${SEARCH_LIMIT_S:-100}"  # the largest P x K
 
-if ! "$PY" -c 'import torch' 2>/dev/null; then
-  echo "gpu_check.sh: $PY cannot import torch; set PYTHON=/path/to/python" >&2
+# One interpreter start: torch importable, a CUDA device visible, its name.
+if ! info=$("$PY" - <<'PYTHON'
+import sys
+
+try:
+    import torch
+except Exception as err:  # a broken or missing installation
+    print(f"cannot import torch ({err}); set PYTHON=/path/to/python")
+    sys.exit(3)
+if not torch.cuda.is_available():
+    print(f"torch {torch.__version__} sees no CUDA device; nothing measured")
+    sys.exit(2)
+props = torch.cuda.get_device_properties(0)
+print(
+    f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB; "
+    f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+)
+PYTHON
+); then
+  echo "gpu_check.sh: $info" >&2
   exit 2
 fi
-if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  echo "gpu_check.sh: torch $("$PY" -c 'import torch; print(torch.__version__)') sees no CUDA" \
-    "device; nothing measured (run it on a machine with a GPU)" >&2
-  exit 2
-fi
+echo "$info"
 mkdir -p "$OUT_DIR"
-"$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"GPU: {p.name}, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}, CUDA {torch.version.cuda}")'
 date
 
 status=0
