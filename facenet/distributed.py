@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,6 +108,10 @@ def init_distributed(device: str = "auto", timeout_minutes: int = 30) -> DistInf
 def cleanup_distributed() -> None:
     """Destroy the process group (a clean shutdown)."""
     if dist.is_available() and dist.is_initialized():
+        # DDP wrappers sit in reference cycles; collected only at interpreter exit, after the
+        # group is gone, their reducer aborts the process ("terminate called without an
+        # active exception"). Collect them while the group still exists.
+        gc.collect()
         dist.destroy_process_group()
 
 

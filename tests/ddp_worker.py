@@ -14,7 +14,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from facenet.distributed import cleanup_distributed, get_rank, get_world_size, init_distributed
+from facenet.distributed import (
+    barrier,
+    cleanup_distributed,
+    get_rank,
+    get_world_size,
+    init_distributed,
+)
 from facenet.losses import TripletMarginLoss
 from facenet.miners import BatchHardMiner
 from facenet.trainer import Trainer
@@ -96,6 +102,7 @@ def main(out, pairs_path=None):
         results["pairs"] = embed_pairs(pairs_path)
     if get_rank() == 0:
         torch.save(results, out)
+    barrier()  # no rank tears the group down while another still uses it
     cleanup_distributed()
 
 
