@@ -100,11 +100,16 @@ def test_header_check_accepts_complete_and_rejects_truncated_files(tmp_path):
     assert looks_like_image(tmp_path / "absent.png") is False
 
 
+# S = 16 resizes the shorter side to 18 = 1.125 x 16, so an 18 x 18 image keeps its pixels and
+# the centre crop is rows and columns 1..16.
+CENTRE = (slice(None), slice(1, 17), slice(1, 17))
+
+
 def test_fixed_normalisation_is_facenet_standardisation():
-    image = random_image(h=8, w=8)
-    out = build_transform(8, train=False, normalize="fixed")(image)
+    image = random_image(h=18, w=18)
+    out = build_transform(16, train=False, normalize="fixed")(image)
     assert out.dtype == torch.float32
-    torch.testing.assert_close(out, (image.float() - 127.5) / 128.0)
+    torch.testing.assert_close(out, (image[CENTRE].float() - 127.5) / 128.0)
     extremes = torch.tensor([[0, 255], [255, 0]], dtype=torch.uint8).expand(3, 2, 2)
     out = build_transform(2, train=False)(extremes.contiguous())
     assert out.min().item() == pytest.approx(-127.5 / 128)
@@ -112,18 +117,18 @@ def test_fixed_normalisation_is_facenet_standardisation():
 
 
 def test_imagenet_normalisation_uses_mean_and_std():
-    image = random_image(h=8, w=8)
-    out = build_transform(8, train=False, normalize="imagenet")(image)
+    image = random_image(h=18, w=18)
+    out = build_transform(16, train=False, normalize="imagenet")(image)
     mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    torch.testing.assert_close(out, (image.float() / 255 - mean) / std)
+    torch.testing.assert_close(out, (image[CENTRE].float() / 255 - mean) / std)
 
 
 def test_eval_transform_resizes_shorter_side_and_centre_crops():
-    image = random_image(h=8, w=16)  # already S high: the resize is the identity
-    out = build_transform(8, train=False)(image)
-    assert out.shape == (3, 8, 8)
-    torch.testing.assert_close(out, (image[:, :, 4:12].float() - 127.5) / 128)
+    image = random_image(h=18, w=34)  # already 1.125 x S high: the resize is the identity
+    out = build_transform(16, train=False)(image)
+    assert out.shape == (3, 16, 16)
+    torch.testing.assert_close(out, (image[:, 1:17, 9:25].float() - 127.5) / 128)
     big = build_transform(5, train=False)(random_image(h=40, w=30))
     assert big.shape == (3, 5, 5)
 
@@ -145,9 +150,9 @@ def test_train_transform_crops_at_random_places():
 
 def test_train_flip_only_gives_the_image_or_its_mirror():
     torch.manual_seed(0)
-    image = random_image(h=8, w=8)
-    transform = build_transform(8, train=True, random_crop=False, hflip=True)
-    plain = (image.float() - 127.5) / 128
+    image = random_image(h=18, w=18)
+    transform = build_transform(16, train=True, random_crop=False, hflip=True)
+    plain = (image[CENTRE].float() - 127.5) / 128
     seen = set()
     for _ in range(20):
         out = transform(image)
@@ -165,3 +170,9 @@ def test_bad_arguments_are_named():
         build_transform(8, train=False, normalize="unit")
     with pytest.raises(ValueError, match="image_size=0"):
         build_transform(0, train=False)
+
+
+def test_training_and_evaluation_see_faces_at_the_same_scale():
+    image = random_image(h=40, w=30)
+    train = build_transform(16, train=True, random_crop=False, hflip=False)
+    torch.testing.assert_close(train(image), build_transform(16, train=False)(image))

@@ -138,9 +138,10 @@ def build_transform(
 ) -> v2.Compose:
     """The transform from a uint8 RGB tensor (3, H, W) to a float tensor (3, S, S).
 
-    Training: resize the shorter side to 1.125 x S and take a random S x S crop (or resize to S
-    and take the centre crop without ``random_crop``), then a random horizontal flip.
-    Evaluation (``train=False``): resize the shorter side to S and take the centre crop only.
+    The shorter side is resized to 1.125 x S, then an S x S crop is taken: at a random place in
+    training (with ``random_crop``), in the centre otherwise. Faces thus have the same scale in
+    training and evaluation (torchvision's 256 -> 224 convention); training then flips
+    horizontally at random.
 
     Args:
         image_size: S, the side of the output.
@@ -151,14 +152,8 @@ def build_transform(
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"image_size={image_size!r}: expected a positive integer")
-    steps: list = []
-    if train and random_crop:
-        steps += [
-            v2.Resize(round(image_size * TRAIN_RESIZE_RATIO), antialias=True),
-            v2.RandomCrop(image_size),
-        ]
-    else:
-        steps += [v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)]
+    crop = v2.RandomCrop(image_size) if train and random_crop else v2.CenterCrop(image_size)
+    steps: list = [v2.Resize(round(image_size * TRAIN_RESIZE_RATIO), antialias=True), crop]
     if train and hflip:
         steps.append(v2.RandomHorizontalFlip(p=0.5))
     steps += _normalize_steps(normalize)
