@@ -246,7 +246,9 @@ def _idle_warning(record: dict) -> str | None:
 def _evaluate(trainer, data, cfg, epoch, run_dir, logger) -> dict:
     from facenet.evaluation import plot_roc
 
-    result = trainer.evaluate(data.eval_pairs, cfg.eval, data.image_size, data.normalize)
+    result = trainer.evaluate(
+        data.eval_pairs, cfg.eval, data.image_size, data.normalize, cfg.data.num_workers
+    )
     if is_main_process():  # every rank embedded its shard; rank 0 writes the figures
         plot_roc(result, run_dir / f"roc_epoch_{epoch}.png", log_scale=cfg.eval.log_scale_roc)
     logger.log_figure("roc", plot_roc(result, log_scale=cfg.eval.log_scale_roc), epoch)

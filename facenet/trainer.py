@@ -186,6 +186,14 @@ class Trainer:
         self.global_step = 0
         self.nonfinite_in_a_row = 0
         self.counts = {"steps": 0, "trained": 0, "no_triplets": 0, "nonfinite": 0}
+        self._bn_buffers = [
+            buffer
+            for module in self._core_model.modules()
+            if isinstance(module, nn.modules.batchnorm._BatchNorm)
+            for buffer in (module.running_mean, module.running_var, module.num_batches_tracked)
+            if buffer is not None
+        ]
+        self._bn_before_step: list = []
 
     # ------------------------------------------------------------------ helpers
 
@@ -242,6 +250,9 @@ class Trainer:
             no triplet was selected or the loss was not finite (no parameter update then).
         """
         images, labels = self._to_device(images, labels)
+        # BatchNorm updates its running statistics in the grad pass, before the loss is known:
+        # keep a copy so that a skipped (non-finite) step leaves them as they were.
+        self._bn_before_step = [(b, b.clone()) for b in self._bn_buffers]
         if get_world_size() > 1:
             return self._cached_gradient_step(images, labels, candidates, self.passes == 1)
         if self.passes == 1:
@@ -386,6 +397,8 @@ class Trainer:
         # One host sync per step: a non-finite loss must not reach the parameters.
         if not bool(torch.isfinite(loss)):
             self.optimizer.zero_grad(set_to_none=True)
+            for buffer, saved in self._bn_before_step:
+                buffer.copy_(saved)
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
                 cause = (
@@ -572,7 +585,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, pair_list, eval_cfg, image_size: int, normalize: str = "fixed"):
+    def evaluate(
+        self, pair_list, eval_cfg, image_size: int, normalize: str = "fixed", num_workers: int = 0
+    ):
         """Verification on held-out pairs with the LFW protocol.
 
         Args:
@@ -580,6 +595,7 @@ class Trainer:
             eval_cfg: the ``eval`` section (distance, flip, subtract_mean, folds, FAR target).
             image_size: the network's input size.
             normalize: the pixel standardisation used in training.
+            num_workers: DataLoader workers decoding the images.
 
         Returns:
             A ``VerificationResult``.
@@ -594,7 +610,10 @@ class Trainer:
             device=self.device,
             flip=eval_cfg.flip,
             normalize=normalize,
+            num_workers=num_workers,
         )
+        # The file's own folds (they differ from contiguous blocks once pairs were skipped).
+        same_folds = getattr(pair_list, "n_folds", None) == eval_cfg.n_folds
         return evaluate_embeddings(
             emb1.numpy(),
             emb2.numpy(),
@@ -603,6 +622,7 @@ class Trainer:
             subtract_mean=eval_cfg.subtract_mean,
             n_folds=eval_cfg.n_folds,
             far_target=eval_cfg.far_target,
+            folds=pair_list.fold_ids if same_folds else None,
         )
 
 

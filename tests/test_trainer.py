@@ -235,3 +235,16 @@ def test_bf16_autocast_step_runs_and_frees_the_graph():
     trainer = make_trainer(amp="bf16")
     stats, peak, alive = step_under_meter(trainer, *make_batch())
     assert torch.isfinite(stats["loss"]) and alive == 0
+
+
+@pytest.mark.parametrize("chunk_size", [0, 4])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_a_skipped_nonfinite_step_leaves_batchnorm_statistics_untouched(passes, chunk_size):
+    trainer = make_trainer(passes=passes, chunk_size=chunk_size)
+    images, labels = make_batch()
+    trainer.train_step(images, labels)  # one good step: statistics are not the initial ones
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    images[3, 0, 0, 0] = float("inf")
+    assert trainer.train_step(images, labels)["skipped"] == "nonfinite"
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
