@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ __all__ = [
 
 # seed_l2: the original script's sqrt(||x - y||^2 + 1e-4 / D), to reproduce its selection.
 Distance = Literal["squared", "euclidean", "cosine", "seed_l2"]
+
+
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 class ConfigError(ValueError):
@@ -230,6 +234,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        # YAML 1.1 reads 1e-3 (no dot) as a string; accept what is plainly a number.
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
             return float(value)
     elif tp is str:
         if isinstance(value, str):

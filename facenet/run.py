@@ -549,7 +549,9 @@ def _run_training(cfg: Config, resume: bool, overwrite: bool, info: DistInfo) ->
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     torch.manual_seed(cfg.train.seed + info.rank)  # augmentation differs per rank
     if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True)
+        # warn_only: some CUDA backward kernels (adaptive average pooling) have no
+        # deterministic version; they warn instead of stopping the run.
+        torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         summary = _run(cfg, run_dir, resume, info)
     except KeyboardInterrupt:

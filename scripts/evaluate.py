@@ -170,6 +170,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> VerificationResult:
         subtract_mean=args.subtract_mean,
         n_folds=args.folds,
         far_target=args.far_target,
+        # The file's own folds: they differ from contiguous blocks once pairs were skipped.
+        folds=pair_list.fold_ids if pair_list.n_folds == args.folds else None,
     )
 
 

@@ -144,3 +144,12 @@ def test_print_config_shows_the_resolved_values():
     proc = run_train("--config", "configs/demo.yaml", "--set", "train.epochs=4", "--print-config")
     assert proc.returncode == 0
     assert yaml.safe_load(proc.stdout)["train"]["epochs"] == 4
+
+
+def test_scientific_notation_is_a_float(tmp_path):
+    cfg = load_config(write(tmp_path, "optim:\n  lr: 3e-4\n"), ["optim.weight_decay=5E-4"])
+    assert cfg.optim.lr == 3e-4 and cfg.optim.weight_decay == 5e-4
+    with pytest.raises(ConfigError, match="optim.lr"):
+        load_config(None, ["optim.lr=1e-3x"])
+    with pytest.raises(ConfigError, match="train.epochs"):
+        load_config(None, ["train.epochs=1e3"])  # an int key does not take a float
