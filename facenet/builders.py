@@ -115,9 +115,18 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
                 f"data.triplet_batch_size={data.triplet_batch_size} is larger than "
                 f"data.triplets_per_epoch={len(sampler)}: an epoch would hold no batch"
             )
+        # Several ranks: each takes every W-th triplet of the (already random) list.
+        split = (
+            torch.utils.data.DistributedSampler(
+                sampler, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True
+            )
+            if world_size > 1
+            else None
+        )
         loader = torch.utils.data.DataLoader(
             sampler,
             batch_size=data.triplet_batch_size,
+            sampler=split,
             shuffle=False,
             num_workers=data.num_workers,
             pin_memory=data.pin_memory,

@@ -118,3 +118,25 @@ def test_torchrun_demo_ends_cleanly_with_one_checkpoint_and_one_log(tmp_path):
     state = torch.load(out / "last.pt", weights_only=True)
     assert not any(key.startswith("module.") for key in state["model"])  # saved unwrapped
     assert not list(out.glob(".*.tmp"))
+
+
+def test_triplet_list_batches_are_split_between_ranks():
+    from facenet.builders import _batch_loader
+    from facenet.config import load_config
+
+    class Faces(torch.utils.data.Dataset):
+        targets = [i // 3 for i in range(30)]
+
+        def __len__(self):
+            return 30
+
+        def __getitem__(self, index):
+            return torch.zeros(1), self.targets[index]
+
+    cfg = load_config(
+        None, ["data.dataset=triplets", "data.triplets_per_epoch=40", "data.triplet_batch_size=4"]
+    )
+    per_rank = [list(_batch_loader(cfg, Faces(), rank, 2)[0].batch_sampler) for rank in (0, 1)]
+    assert len(per_rank[0]) == len(per_rank[1]) == 5
+    seen = [{i for batch in batches for i in batch} for batches in per_rank]
+    assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 40
