@@ -41,6 +41,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--distances", help=".npz (distances, issame) or .csv (distance,issame)")
     source.add_argument("--checkpoint", help="a training checkpoint (.pt) to embed --pairs with")
+    parser.add_argument(
+        "--config", help="a run configuration whose eval section gives the defaults below"
+    )
     parser.add_argument("--pairs", help="pairs.txt (with --checkpoint)")
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
     parser.add_argument("--out", default="runs/evaluate", help="where metrics.json and roc.png go")
@@ -205,9 +208,39 @@ def write_outputs(result: VerificationResult, out: Path, source: str, args) -> N
     plot_roc(result, out / "roc.png", log_scale=args.log_scale, title=args.title)
 
 
+def config_defaults(path: str) -> dict:
+    """Defaults for the command line from a run configuration's ``eval`` section."""
+    from facenet.config import load_config
+
+    cfg = load_config(path)
+    e = cfg.eval
+    return {
+        "pairs": e.pairs,
+        "root": e.root,
+        "folds": e.n_folds,
+        "far_target": e.far_target,
+        "distance": e.distance,
+        "flip": e.flip,
+        "subtract_mean": e.subtract_mean,
+        "batch_size": e.batch_size,
+        "skip_missing": e.skip_missing,
+        "log_scale": e.log_scale_roc,
+        "out": cfg.logging.out_dir,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Evaluate; returns the exit code (1: checkpoint mode unavailable, 2: bad input)."""
+    from facenet.config import ConfigError
+
     parser = get_args_parser()
+    known, _ = parser.parse_known_args(argv)
+    if known.config:  # the file gives defaults; flags on the command line still win
+        try:
+            parser.set_defaults(**config_defaults(known.config))
+        except ConfigError as err:
+            print(f"evaluate.py: error: {err}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     if args.checkpoint and not args.pairs:
         parser.error("--checkpoint needs --pairs")

@@ -424,3 +424,20 @@ def test_evaluate_script_npz_without_issame(tmp_path, capsys):
     np.savez(tmp_path / "d.npz", distances=np.zeros(4))
     assert evaluate_script.main(["--distances", str(tmp_path / "d.npz")]) == 2
     assert "no array 'issame'" in capsys.readouterr().err
+
+
+def test_evaluate_script_takes_defaults_from_a_run_configuration(tmp_path):
+    rng = np.random.default_rng(0)
+    issame = np.tile([True, False], 50)
+    distances = np.where(issame, rng.uniform(0, 2, 100), rng.uniform(1, 4, 100))
+    np.savez(tmp_path / "scores.npz", distances=distances, issame=issame)
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  n_folds: 5\nlogging:\n  out_dir: {tmp_path / 'from_config'}\n")
+    argv = ["--config", str(config), "--distances", str(tmp_path / "scores.npz")]
+    assert evaluate_script.main(argv) == 0
+    metrics = json.loads((tmp_path / "from_config" / "metrics.json").read_text())
+    assert len(metrics["accuracy"]) == 5
+    assert evaluate_script.main([*argv, "--folds", "4", "--out", str(tmp_path / "cli")]) == 0
+    assert len(json.loads((tmp_path / "cli" / "metrics.json").read_text())["accuracy"]) == 4
+    config.write_text("eval:\n  n_fold: 5\n")
+    assert evaluate_script.main(argv) == 2
