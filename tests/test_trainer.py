@@ -248,3 +248,19 @@ def test_a_skipped_nonfinite_step_leaves_batchnorm_statistics_untouched(passes, 
     assert trainer.train_step(images, labels)["skipped"] == "nonfinite"
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+def test_memory_is_flat_across_epochs():
+    from facenet.memory import current_rss_bytes
+
+    trainer = make_trainer(miner=FirstIdentitiesMiner(3))
+    loader = [make_batch(p=4, k=4, seed=s) for s in range(2)]  # the same batches each epoch
+    records, rss = [], []
+    for epoch in range(1, 6):
+        records.append(trainer.train_one_epoch(loader, epoch, progress=False))
+        rss.append(current_rss_bytes())
+    first, last = records[0], records[-1]
+    assert first["graph_bytes_peak"] > 0
+    assert last["graph_bytes_peak"] <= first["graph_bytes_peak"] * 1.02
+    assert last["graph_bytes_alive"] == first["graph_bytes_alive"] == 0
+    assert rss[-1] <= rss[0] + 32 * 2**20  # nothing accumulates from epoch to epoch
