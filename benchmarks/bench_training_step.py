@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import datetime
 import json
@@ -610,16 +611,24 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
         batch: a batch of the case.
         selected: (U, C, S, S) as many images as the step selects.
     """
-    model, optimizer, with_logits = trainer.model, trainer.optimizer, uses_classifier(case)
+    model, with_logits = trainer.model, uses_classifier(case)
     images, labels, candidates = batch_tensors(case, batch)  # (B, C, S, S), (B,)
     with torch.no_grad(), autocast(case):
         embeddings = model(images).float()  # (B, D), for the miner alone
 
-    def forward_backward(x):
+    def forward_backward(x, on=model):
         with autocast(case):
-            out = model(x, return_logits=with_logits)
+            out = on(x, return_logits=with_logits)
         outputs = out if with_logits else (out,)
         sum(o.float().sum() for o in outputs).backward()
+        on.zero_grad(set_to_none=True)  # as the step does after its update
+
+    # The update on a copy whose gradients stay: every timed call has all of them to apply.
+    update_model = copy.deepcopy(model)
+    with autocast(case):
+        out = update_model(selected, return_logits=with_logits)
+    sum(o.float().sum() for o in (out if with_logits else (out,))).backward()
+    optimizer = make_optimizer(update_model)
 
     def nograd_forward():
         with torch.no_grad(), frozen_bn_running_stats(model), autocast(case):
@@ -630,7 +639,6 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
 
     def optimizer_step():
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
 
     def mine():
         trainer.miner(embeddings, labels, candidates=candidates)
@@ -645,7 +653,6 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
                 model(third)
         for third in selected.chunk(3):
             forward_backward(third)
-        optimizer.zero_grad(set_to_none=True)
 
     parts = {
         "nograd_forward_s": nograd_forward,

@@ -587,7 +587,7 @@ def miners_section(miners: dict, command: str) -> str:
         f"Command: `{command}`\n\n"
         f"D = {miners.get('dim')}, margin {miners.get('margin')}, squared distance, embedding "
         f"noise {miners.get('noise')}; median time; peak memory: {miners.get('memory_method')}; "
-        f"{miners.get('threads')} torch threads.\n\n" + md_table(headers, rows)
+        f"torch threads: {miners.get('threads')}.\n\n" + md_table(headers, rows)
     )
 
 
@@ -711,10 +711,9 @@ def throughput_note(step: dict) -> str | None:
         measured = ratios.get("throughput_two_pass_vs_seed")
         if "seed_parts_s" not in floor or measured is None or measured >= THROUGHPUT_RATIO:
             continue
-        seed_step = (result["variants"].get("seed") or {}).get("median_step_s")
         bound = ratios["seed_parts_vs_floor"]
         cheaper = cheaper or bound < 0.95  # a few percent is within the timing noise
-        overhead = bench_training_step.ratio(seed_step, floor["seed_parts_s"])
+        overhead = bench_training_step.ratio(floor.get("seed_step_s"), floor["seed_parts_s"])
         lines.append(
             f"{result['case']['name']}: measured {measured:.2f}x; the arithmetic alone: seed "
             f"{floor['seed_parts_s']:.3f} s, two-pass {floor['floor_s']:.3f} s, so at most "
