@@ -12,10 +12,11 @@ from sklearn.linear_model import RidgeClassifier
 from sklearn.metrics import roc_auc_score
 
 from facenet.config import DataConfig
+from facenet.data import synthetic
 from facenet.data.folder import IdentityFolder
 from facenet.data.images import read_image
 from facenet.data.pairs import read_pairs
-from facenet.data.synthetic import SyntheticIdentities, prepare_synthetic_data
+from facenet.data.synthetic import SyntheticIdentities, prepare_synthetic_data, sample_nuisance
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
@@ -101,6 +102,27 @@ def test_write_to_disk_uses_the_lfw_layout_losslessly(tmp_path):
         "id00011": ["id00011_0001.png", "id00011_0002.png", "id00011_0003.png"],
     }
     assert torch.equal(read_image(tmp_path / "id00011" / "id00011_0002.png"), ds.image(1, 1))
+
+
+def test_pose_nuisance_stays_within_its_bounds_and_occluders_are_occasional():
+    draws = 2000
+    nuisances = [sample_nuisance(np.random.default_rng(i)) for i in range(draws)]
+    rotation = np.array([n.rotation for n in nuisances])
+    scale = np.array([n.scale for n in nuisances])
+    shift = np.array([n.shift for n in nuisances])  # (N, 2)
+    yaw = np.array([n.yaw for n in nuisances])
+    assert np.abs(rotation).max() <= synthetic.MAX_ROTATION
+    assert np.std(rotation) == pytest.approx(synthetic.ROTATION_STD, rel=0.15)
+    low, high = synthetic.SCALE_RANGE
+    assert low <= scale.min() and scale.max() <= high
+    assert np.abs(shift).max() <= synthetic.MAX_SHIFT
+    assert np.abs(yaw).max() <= synthetic.MAX_YAW
+    # Every range is used, not just respected: the extremes come within 5 % of the bounds.
+    assert np.abs(yaw).max() >= 0.95 * synthetic.MAX_YAW
+    assert scale.max() - scale.min() >= 0.95 * (high - low)
+    occluded = np.mean([n.occluder is not None for n in nuisances])
+    p = synthetic.OCCLUDER_PROBABILITY
+    assert abs(occluded - p) <= 4 * np.sqrt(p * (1 - p) / draws), occluded
 
 
 # ----------------------------------------------------------------------------- on disk
@@ -259,6 +281,32 @@ def test_identity_is_in_the_pixels_once_pose_is_removed():
     unaligned = ridge_probe_accuracy(ds, aligned=False, train_images=15)
     assert aligned >= 5 * chance, aligned  # the structure is consistent per identity
     assert aligned > unaligned  # and pose is a real nuisance
+
+
+def test_identity_is_not_readable_from_global_colour():
+    # Per-image mean and spread of each channel: every colour is redrawn per image, so a
+    # probe on them identifies no better than chance (1 / 10).
+    ds = SyntheticIdentities(10, 20, image_size=32, seed=0)
+    rows, labels = [], []
+    for label in range(ds.num_identities):
+        for i in range(ds.images_per_identity):
+            pixels = ds.image(label, i).float() / 255.0  # (3, S, S)
+            rows.append(torch.cat([pixels.mean(dim=(1, 2)), pixels.std(dim=(1, 2))]).numpy())
+            labels.append(label)
+    x, y = np.stack(rows), np.array(labels)
+    train = np.tile(np.arange(ds.images_per_identity) < 15, ds.num_identities)
+    probe = RidgeClassifier(alpha=1.0).fit(x[train], y[train])
+    assert probe.score(x[~train], y[~train]) <= 2.5 / ds.num_identities
+
+
+def test_raw_pixel_distance_is_near_chance_on_heldout_pairs():
+    # No shortcut in the pixels themselves: standardised images compared directly.
+    images, labels = as_batch(SyntheticIdentities(40, 6, image_size=32, identity_offset=1000))
+    pairs, issame = verification_pairs(labels)
+    flat = images.flatten(1)
+    flat = (flat - flat.mean(dim=1, keepdim=True)) / flat.std(dim=1, keepdim=True)  # (N, 3S²)
+    dist = ((flat[pairs[:, 0]] - flat[pairs[:, 1]]) ** 2).sum(dim=1)  # (M,)
+    assert roc_auc_score(issame, -dist.numpy()) <= 0.65
 
 
 @pytest.mark.slow
