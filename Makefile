@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# One intra-op thread: on a busy 2-core machine two threads spin-wait and run several times slower.
 train: install
-	$(PY) scripts/train.py --config configs/demo.yaml --overwrite
+	OMP_NUM_THREADS=1 $(PY) scripts/train.py --config configs/demo.yaml --overwrite
 
 test: install
 	$(PY) -m pytest -q

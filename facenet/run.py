@@ -221,9 +221,18 @@ def _console_line(record: dict, epochs: int) -> str:
 
 
 def _collapse_warning(record: dict, margin: float) -> str | None:
-    """The loss sits at the margin with d(a,p) ~ d(a,n): embeddings may have collapsed."""
-    gap = record.get("mean_dan", math.nan) - record.get("mean_dap", math.nan)
-    if abs(gap) < 0.05 * margin and record.get("triplet_loss", 0.0) > 0.9 * margin:
+    """The loss sits at the margin with d(a,p) ~ d(a,n) ~ 0: the embeddings have collapsed.
+
+    Random initial embeddings also give d(a,p) ~ d(a,n), but far apart: a collapse is when
+    every distance has shrunk below the margin.
+    """
+    dan = record.get("mean_dan", math.nan)
+    gap = dan - record.get("mean_dap", math.nan)
+    if (
+        abs(gap) < 0.05 * margin
+        and dan < margin
+        and record.get("triplet_loss", 0.0) > 0.9 * margin
+    ):
         return (
             f"warning: possible collapse at epoch {record['epoch']}: triplet loss "
             f"{record['triplet_loss']:.4f} ~ margin {margin} with d(a,n) - d(a,p) = {gap:.4f}"

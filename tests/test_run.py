@@ -463,3 +463,14 @@ def test_signal_finishes_the_step_writes_a_checkpoint_and_resume_finishes(
     assert code == 0, err
     assert "resumed from" in out
     assert load_checkpoint(tmp_path / "last.pt")["epoch"] == epochs
+
+
+def test_collapse_warning_needs_shrunk_distances_not_just_equal_ones():
+    from facenet.run import _collapse_warning
+
+    random_start = {"epoch": 1, "mean_dap": 1.02, "mean_dan": 1.03, "triplet_loss": 0.2}
+    collapsed = {"epoch": 7, "mean_dap": 0.011, "mean_dan": 0.012, "triplet_loss": 0.199}
+    learning = {"epoch": 7, "mean_dap": 0.3, "mean_dan": 0.9, "triplet_loss": 0.05}
+    assert _collapse_warning(random_start, margin=0.2) is None
+    assert _collapse_warning(learning, margin=0.2) is None
+    assert "possible collapse at epoch 7" in _collapse_warning(collapsed, margin=0.2)
