@@ -43,13 +43,7 @@ TINY = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two threads on two shared cores spin-wait: a tiny model runs ~20x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
