@@ -228,11 +228,7 @@ def _collapse_warning(record: dict, margin: float) -> str | None:
     """
     dan = record.get("mean_dan", math.nan)
     gap = dan - record.get("mean_dap", math.nan)
-    if (
-        abs(gap) < 0.05 * margin
-        and dan < margin
-        and record.get("triplet_loss", 0.0) > 0.9 * margin
-    ):
+    if abs(gap) < 0.05 * margin and dan < margin and record.get("triplet_loss", 0.0) > 0.9 * margin:
         return (
             f"warning: possible collapse at epoch {record['epoch']}: triplet loss "
             f"{record['triplet_loss']:.4f} ~ margin {margin} with d(a,n) - d(a,p) = {gap:.4f}"

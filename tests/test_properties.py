@@ -118,7 +118,8 @@ def test_batch_hard_takes_each_anchors_farthest_positive_and_nearest_negative(ba
     assert_valid_triplets(triplets, labels)
     dist = get_distance(distance)(embeddings)
     eligible = [
-        a for a in range(labels.shape[0])
+        a
+        for a in range(labels.shape[0])
         if negatives_of(labels, a) and any(x == a for x, _ in positive_pairs(labels))
     ]
     assert triplets.anchor.tolist() == eligible
@@ -141,9 +142,7 @@ def test_semihard_miner_draws_from_the_band_or_falls_back_to_the_hardest(
 ):
     embeddings, labels = batch
     generator = torch.Generator().manual_seed(0)
-    miner = SemiHardNegativeMiner(
-        margin, distance, fallback, generator, max_triplets=max_triplets
-    )
+    miner = SemiHardNegativeMiner(margin, distance, fallback, generator, max_triplets=max_triplets)
     triplets = miner(embeddings, labels)
     assert_valid_triplets(triplets, labels)
     dist = get_distance(distance)(embeddings)
@@ -201,8 +200,13 @@ def assert_metrics_in_range(result):
     for name in ("accuracy_mean", "val", "far", "auc", "eer"):
         assert 0.0 <= getattr(result, name) <= 1.0, name
     assert result.accuracy_std >= 0 and result.val_std >= 0
-    for curve in (result.accuracy, result.tpr, result.fpr, result.val_per_fold,
-                  result.far_per_fold):
+    for curve in (
+        result.accuracy,
+        result.tpr,
+        result.fpr,
+        result.val_per_fold,
+        result.far_per_fold,
+    ):
         assert np.all((curve >= 0) & (curve <= 1))
     assert np.isclose(result.accuracy_mean, result.accuracy.mean())
 
@@ -304,9 +308,7 @@ pair_line = st.one_of(
     st.lists(token, min_size=0, max_size=5).map("\t".join),
     st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20),
 )
-header = st.one_of(
-    st.sampled_from(["1\t1", "1\t2", "2\t1", "1", "2", "0\t1", "x"]), pair_line
-)
+header = st.one_of(st.sampled_from(["1\t1", "1\t2", "2\t1", "1", "2", "0\t1", "x"]), pair_line)
 
 
 # Mostly images that exist (anna 1-3, bob 1-2), sometimes one that does not.

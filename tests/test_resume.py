@@ -104,9 +104,9 @@ def assert_same_training_state(a: dict, b: dict):
         assert torch.equal(a["model"][key], b["model"][key]), key
     for index, state in a["optimizer"]["state"].items():
         for name, value in state.items():
-            assert torch.equal(torch.as_tensor(value), torch.as_tensor(
-                b["optimizer"]["state"][index][name]
-            )), (index, name)
+            assert torch.equal(
+                torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][index][name])
+            ), (index, name)
     assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
     assert a["scheduler"] == b["scheduler"]
     assert a["epoch"] == b["epoch"] and a["partial"] is None and b["partial"] is None
@@ -175,8 +175,12 @@ def test_second_signal_stops_at_once_and_leaves_no_temporary_file(
 
 
 def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     stale = tmp_path / f".last.pt.{int(dead.stdout)}.tmp"
     own = tmp_path / f".last.pt.{os.getpid()}.tmp"
     unrelated = tmp_path / ".notes.tmp"
@@ -195,6 +199,7 @@ def _write_checkpoints(path: Path, weights: torch.Tensor, pause_pipe: int | None
     try:
         for counter in range(1, 10**9):
             if pause_pipe is not None and counter == 2:
+
                 def fsync_then_wait(fd):
                     os.write(pause_pipe, b"x")
                     time.sleep(3600)
@@ -238,18 +243,33 @@ def test_kill_9_while_writing_checkpoints_leaves_a_loadable_last_pt(tmp_path, se
 def _train_command(out: Path, data_root: Path, epochs: int) -> list[str]:
     sets = [
         item
-        for setting in [*TINY, f"train.epochs={epochs}", "train.steps_per_epoch=4",
-                        "data.image_size=32", f"data.root={data_root}"]
+        for setting in [
+            *TINY,
+            f"train.epochs={epochs}",
+            "train.steps_per_epoch=4",
+            "data.image_size=32",
+            f"data.root={data_root}",
+        ]
         for item in ("--set", setting)
     ]
-    return [sys.executable, "-u", str(ROOT / "scripts" / "train.py"), "--config",
-            "configs/demo.yaml", "--out", str(out), "--resume", *sets]
+    return [
+        sys.executable,
+        "-u",
+        str(ROOT / "scripts" / "train.py"),
+        "--config",
+        "configs/demo.yaml",
+        "--out",
+        str(out),
+        "--resume",
+        *sets,
+    ]
 
 
 def _start(command):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _kill_after_training_starts(proc, delay: float) -> int:
@@ -282,7 +302,8 @@ def test_kill_9_at_seeded_random_moments_then_resume_matches_an_uninterrupted_ru
     final = _start(_train_command(out, data_root, epochs))
     output = final.communicate()[0]
     assert final.returncode == 0, output
-    assert_same_training_state(load_checkpoint(out / "last.pt"),
-                               load_checkpoint(tmp_path / "reference" / "last.pt"))
+    assert_same_training_state(
+        load_checkpoint(out / "last.pt"), load_checkpoint(tmp_path / "reference" / "last.pt")
+    )
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == list(range(1, epochs + 1))

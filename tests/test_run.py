@@ -102,9 +102,7 @@ def assert_one_error_line(err: str, *needles: str) -> str:
 # --------------------------------------------------------------------------- images
 
 
-def test_grayscale_rgba_corrupt_and_empty_folders_train_with_one_line_warnings(
-    tmp_path, capsys
-):
+def test_grayscale_rgba_corrupt_and_empty_folders_train_with_one_line_warnings(tmp_path, capsys):
     root = make_folder(tmp_path / "faces", {"anna": 2, "bob": 2})
     make_folder(root, {"gray": 2}, mode="L")
     make_folder(root, {"alpha": 2}, mode="RGBA")
@@ -124,9 +122,7 @@ def test_corrupt_image_with_on_corrupt_error_stops_naming_file_and_option(tmp_pa
     root = make_folder(tmp_path / "faces", {"anna": 2, "bob": 2})
     truncated = root / "bob" / "bob_0003.png"
     truncated.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 30)
-    code, _, err = train(
-        capsys, tmp_path / "run", "data.on_corrupt=error", data=folder_data(root)
-    )
+    code, _, err = train(capsys, tmp_path / "run", "data.on_corrupt=error", data=folder_data(root))
     assert code == 2
     assert_one_error_line(err, str(truncated), "data.on_corrupt")
 
@@ -143,9 +139,7 @@ def identities_of_last_batch(folder_root: Path, p: int, k: int) -> list[str]:
 
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "in-a-worker"])
-def test_undecodable_image_mid_training_checkpoints_and_resume_continues(
-    tmp_path, capsys, workers
-):
+def test_undecodable_image_mid_training_checkpoints_and_resume_continues(tmp_path, capsys, workers):
     names = [f"person{i}" for i in range(8)]
     root = make_folder(tmp_path / "faces", dict.fromkeys(names, 2))
     victim = identities_of_last_batch(root, p=2, k=2)[0]  # met at step 4 of 4
@@ -154,8 +148,12 @@ def test_undecodable_image_mid_training_checkpoints_and_resume_continues(
     (root / victim / f"{victim}_0002.png").unlink()
     bad.write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 50 + b"\xff\xd9")
     run = tmp_path / "run"
-    settings = ("train.epochs=2", "train.steps_per_epoch=0", "train.deterministic=true",
-                f"data.num_workers={workers}")
+    settings = (
+        "train.epochs=2",
+        "train.steps_per_epoch=0",
+        "train.deterministic=true",
+        f"data.num_workers={workers}",
+    )
     code, _, err = train(capsys, run, *settings, data=folder_data(root))
     assert code == 2
     assert_one_error_line(
@@ -199,8 +197,10 @@ def test_missing_dataset_folder_names_the_key(tmp_path, capsys):
 @pytest.mark.parametrize(
     "lines, needles",
     [
-        (["1\t1", "anna\t1\t9", "anna\t1\tbob\t1"], ["not found", "anna_0009", "line 2",
-                                                    "eval.skip_missing"]),
+        (
+            ["1\t1", "anna\t1\t9", "anna\t1\tbob\t1"],
+            ["not found", "anna_0009", "line 2", "eval.skip_missing"],
+        ),
         (["1\t1", "anna\t1\t2\textra\tfield", "anna\t1\tbob\t1"], [":2:", "field(s)"]),
         (["1\t1", "anna\tone\t2", "anna\t1\tbob\t1"], [":2:", "idx1", "'one'"]),
         (["2\t1", "anna\t1\t2", "anna\t1\tbob\t1"], [":1:", "header promises"]),
@@ -291,7 +291,10 @@ def test_nan_loss_exits_3_and_keeps_the_last_good_checkpoint(
     monkeypatch.setattr(facenet.losses, "build_loss", lambda cfg: NanFromStep(build_loss(cfg), 2))
     run = tmp_path / "run"
     code, _, err = train(
-        capsys, run, "train.epochs=3", "train.max_nonfinite_steps=2",
+        capsys,
+        run,
+        "train.epochs=3",
+        "train.max_nonfinite_steps=2",
         data=synthetic_data(synthetic_root),
     )
     assert code == 3
@@ -415,13 +418,27 @@ def test_no_subprocess_call_uses_a_shell():
 
 def start_train(out: Path, data_root: Path, *settings: str):
     """``train.py`` in a new process (and session, so a signal can reach its whole group)."""
-    argv = [sys.executable, "-u", str(ROOT / "scripts" / "train.py"), "--config",
-            "configs/demo.yaml", "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-u",
+        str(ROOT / "scripts" / "train.py"),
+        "--config",
+        "configs/demo.yaml",
+        "--out",
+        str(out),
+    ]
     for setting in [*TINY, *synthetic_data(data_root), *settings]:
         argv += ["--set", setting]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -452,8 +469,14 @@ def test_signal_finishes_the_step_writes_a_checkpoint_and_resume_finishes(
 
     # Two more epochs (train.epochs may change on resume) keep the test short.
     epochs = state["epoch"] + 2
-    code, out, err = train(capsys, tmp_path, f"train.epochs={epochs}", *settings,
-                           flags=["--resume"], data=synthetic_data(synthetic_root))
+    code, out, err = train(
+        capsys,
+        tmp_path,
+        f"train.epochs={epochs}",
+        *settings,
+        flags=["--resume"],
+        data=synthetic_data(synthetic_root),
+    )
     assert code == 0, err
     assert "resumed from" in out
     assert load_checkpoint(tmp_path / "last.pt")["epoch"] == epochs

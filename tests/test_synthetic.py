@@ -345,9 +345,16 @@ def test_demo_config_meets_its_target(tmp_path):
     # training, at least 0.90 held-out accuracy after (about 2 minutes on 2 quiet cores).
     root = Path(__file__).resolve().parents[1]
     command = [
-        sys.executable, str(root / "scripts" / "train.py"), "--config",
-        str(root / "configs" / "demo.yaml"), "--out", str(tmp_path / "run"),
-        "--set", f"data.root={tmp_path / 'data'}", "--set", "logging.progress=false",
+        sys.executable,
+        str(root / "scripts" / "train.py"),
+        "--config",
+        str(root / "configs" / "demo.yaml"),
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        f"data.root={tmp_path / 'data'}",
+        "--set",
+        "logging.progress=false",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # no spin-waiting threads on shared cores
     start = time.perf_counter()
