@@ -46,6 +46,9 @@ from pytorch_metric_learning import miners as pml_miners
 
 from facenet.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # forking, beside this file
+import forking  # noqa: E402
+
 MARGIN = 0.2
 DIM = 128
 MINERS = ("all", "semihard", "hard", "batch_hard", "facenet_semihard")
@@ -137,24 +140,7 @@ def measure_in_child(library: str, miner: str, case: dict, time_budget: float) -
 
 def run_forked(library: str, miner: str, case: dict, time_budget: float) -> dict:
     """``measure_in_child`` in a fresh forked process; its result comes back through a pipe."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(read_end)
-        try:
-            result = measure_in_child(library, miner, case, time_budget)
-        except BaseException as err:  # reported, never raised past the fork
-            result = {"error": f"{type(err).__name__}: {err}"}
-        with os.fdopen(write_end, "w") as fh:
-            json.dump(result, fh)
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as fh:
-        text = fh.read()
-    _, status = os.waitpid(pid, 0)
-    if not text:
-        return {"error": f"child died (wait status {status}), likely out of memory"}
-    return json.loads(text)
+    return forking.run_forked(measure_in_child, library, miner, case, time_budget)
 
 
 def available_bytes() -> int:
