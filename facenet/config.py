@@ -35,6 +35,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "apply_overrides",
+    "add_override_argument",
     "save_config",
 ]
 
@@ -314,6 +315,22 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
         section, key, value = _parse_override(item)
         data.setdefault(section, {})[key] = value
     return data
+
+
+def add_override_argument(parser) -> None:
+    """Add the repeatable ``--set section.key=value`` option (to ``args.overrides``).
+
+    Args:
+        parser: an ``argparse.ArgumentParser``.
+    """
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one key (value parsed as YAML, e.g. data.image_size=32); repeatable",
+    )
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:

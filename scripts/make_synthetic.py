@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from facenet.config import ConfigError, load_config  # noqa: E402
+from facenet.config import ConfigError, add_override_argument, load_config  # noqa: E402
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -23,14 +23,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="folder to write the data set into")
     parser.add_argument("--config", default=None, help="YAML run configuration (data section)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one key, e.g. data.image_size=32; repeatable",
-    )
+    add_override_argument(parser)
     parser.add_argument(
         "--preview",
         default=None,

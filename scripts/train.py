@@ -17,21 +17,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from facenet.config import ConfigError, config_to_dict, load_config  # noqa: E402
+from facenet.config import (  # noqa: E402
+    ConfigError,
+    add_override_argument,
+    config_to_dict,
+    load_config,
+)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``train.py``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML run configuration")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one key (value parsed as YAML); repeatable",
-    )
+    add_override_argument(parser)
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved configuration and exit"
     )
