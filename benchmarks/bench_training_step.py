@@ -70,6 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # facenet from a c
 from forking import run_forked  # noqa: E402
 from seed_loop import SeedModel, seed_train_step  # noqa: E402
 
+from facenet.files import write_text_atomic  # noqa: E402
 from facenet.losses import TripletMarginLoss  # noqa: E402
 from facenet.memory import (  # noqa: E402
     GraphMemoryMeter,
@@ -988,9 +989,7 @@ def write_report(path: Path | None, report: dict) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(report, indent=1) + "\n")
 
 
 # --------------------------------------------------------------------------- main

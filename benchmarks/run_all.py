@@ -37,6 +37,8 @@ import bench_data  # noqa: E402
 import bench_evaluation  # noqa: E402
 import bench_training_step  # noqa: E402
 
+from facenet.files import write_text_atomic  # noqa: E402
+
 SECTIONS = ("training_step", "miners", "evaluation", "data")
 QUICK_OUT = REPO / "runs" / "bench_quick"
 
@@ -903,9 +905,7 @@ def write_outputs(results: dict, markdown_path: Path, json_path: Path) -> None:
         (markdown_path, render_markdown(results)),
     ):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -1,8 +1,9 @@
 """Turning a configuration into the objects of a run: device, data, loader, pairs, trainer.
 
 ``build_data`` reads the ``data`` and ``eval`` sections (writing the synthetic set first when
-asked for) and ``build_trainer`` the ``model``, ``mining``, ``loss``, ``optim`` and ``train``
-ones. Bad input raises an error whose message names the configuration key to change.
+asked for), ``build_device`` the ``train.device`` key and ``build_trainer`` the ``model``,
+``mining``, ``loss``, ``optim`` and ``train`` sections. Bad input raises a ``FacenetError``
+whose message names the configuration key to change.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from facenet.config import Config
+from facenet.data import IdentityFolder, PKSampler, TripletListDataset, build_transform
 from facenet.data.images import CorruptImageError
-from facenet.distributed import is_distributed
+from facenet.data.loading import make_loader
+from facenet.data.pairs import MissingImagesError, PairsFormatError, read_pairs
+from facenet.data.synthetic import prepare_synthetic_data
+from facenet.distributed import is_distributed, resolve_device
+from facenet.errors import ConfigError, DataError, FacenetError
+from facenet.losses import build_loss
+from facenet.miners import build_miner
+from facenet.models import build_model
+from facenet.optim import build_optimizer, build_scheduler
 from facenet.trainer import Trainer
 
-__all__ = ["TrainingData", "build_data", "build_trainer", "resolve_device"]
+__all__ = ["TrainingData", "build_data", "build_device", "build_trainer"]
 
 
 @dataclass
@@ -43,25 +53,28 @@ class TrainingData:
     normalize: str
 
 
-def resolve_device(name: str) -> torch.device:
-    """The device of ``train.device``.
+def build_device(cfg: Config) -> torch.device:
+    """The device of ``train.device`` ("auto": CUDA when present)."""
+    try:
+        return resolve_device(cfg.train.device)
+    except FacenetError as err:
+        raise ConfigError(f"train.device: {err}") from None
 
-    Args:
-        name: "auto" (CUDA when present), "cpu" or "cuda" ("cuda" without a GPU is an error).
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("train.device: 'cuda' was asked for but no CUDA device is available")
-    return torch.device(name)
+
+def _from_section(section: str, build, *args, **kwargs):
+    """``build(*args, **kwargs)``; a value it refuses becomes a ConfigError naming ``section``."""
+    try:
+        return build(*args, **kwargs)
+    except FacenetError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"{section}: {err}") from None
 
 
 def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, str | None]:
     """The training image folder and the pairs file, generating the synthetic set if needed."""
     data = cfg.data
     if data.dataset == "synthetic":
-        from facenet.data.synthetic import prepare_synthetic_data
-
         root = Path(data.root) if data.root else run_dir / "data"
         try:
             prepared = prepare_synthetic_data(root, data)
@@ -69,14 +82,12 @@ def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, str | None]:
             raise OSError(err.errno, f"data.root: cannot write the synthetic data: {err}") from err
         return str(prepared["train_root"]), cfg.eval.pairs or str(prepared["pairs"])
     if not data.root:
-        raise ValueError(f"data.root: required for data.dataset: {data.dataset}")
+        raise ConfigError(f"data.root: required for data.dataset: {data.dataset}")
     return data.root, cfg.eval.pairs
 
 
 def _identity_folder(cfg: Config, train_root: str):
     """The training images, with errors that name the ``data`` keys to change."""
-    from facenet.data import IdentityFolder, build_transform
-
     data = cfg.data
     transform = build_transform(
         data.image_size,
@@ -93,15 +104,12 @@ def _identity_folder(cfg: Config, train_root: str):
         raise CorruptImageError(
             err.path, f"{err.reason} (data.on_corrupt: skip leaves such files out)"
         ) from None
-    except ValueError as err:
-        raise ValueError(f"data.root: {err}") from None
+    except DataError as err:
+        raise DataError(f"data.root: {err}") from None
 
 
 def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
     """(loader, sampler): P x K batches, or seed-style triplet batches (data.dataset: triplets)."""
-    from facenet.data import PKSampler, TripletListDataset
-    from facenet.data.loading import make_loader
-
     data, seed = cfg.data, cfg.train.seed
     if data.dataset == "triplets":
         try:
@@ -109,9 +117,9 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
                 dataset.targets, data.triplets_per_epoch, seed=seed, paths_or_dataset=dataset
             )
         except ValueError as err:
-            raise ValueError(f"data.triplets_per_epoch: {err}") from None
+            raise ConfigError(f"data.triplets_per_epoch: {err}") from None
         if data.triplet_batch_size > len(sampler):
-            raise ValueError(
+            raise ConfigError(
                 f"data.triplet_batch_size={data.triplet_batch_size} is larger than "
                 f"data.triplets_per_epoch={len(sampler)}: an epoch would hold no batch"
             )
@@ -144,7 +152,7 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
             world_size=world_size,
         )
     except ValueError as err:
-        raise ValueError(f"data.p={data.p}, data.k={data.k}: {err}") from None
+        raise ConfigError(f"data.p={data.p}, data.k={data.k}: {err}") from None
     return make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed=seed), sampler
 
 
@@ -152,8 +160,6 @@ def _eval_pairs(cfg: Config, pairs_path: str | None):
     """The held-out pairs, or None when evaluation is off."""
     if cfg.eval.every <= 0 or not pairs_path:
         return None
-    from facenet.data.pairs import MissingImagesError, PairsFormatError, read_pairs
-
     try:
         return read_pairs(pairs_path, root=cfg.eval.root, skip_missing=cfg.eval.skip_missing)
     except (PairsFormatError, MissingImagesError):
@@ -161,9 +167,9 @@ def _eval_pairs(cfg: Config, pairs_path: str | None):
     except FileNotFoundError as err:
         key = "eval.pairs" if not Path(pairs_path).is_file() else "eval.root"
         what = f"file not found: {pairs_path}" if key == "eval.pairs" else str(err)
-        raise ValueError(f"{key}: {what}") from None
+        raise ConfigError(f"{key}: {what}") from None
     except UnicodeDecodeError:
-        raise ValueError(f"eval.pairs: {pairs_path} is not a text file") from None
+        raise DataError(f"eval.pairs: {pairs_path} is not a text file") from None
 
 
 def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -> TrainingData:
@@ -198,13 +204,9 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
         num_classes: identities in the training data (for the optional classifier head).
         device: where the model and the miner's generator live.
     """
-    from facenet.losses import build_loss
-    from facenet.miners import build_miner
-    from facenet.models import build_model
-    from facenet.optim import build_optimizer, build_scheduler
-
     use_ce = cfg.loss.ce_weight > 0
-    model = build_model(cfg.model, num_classes=num_classes if use_ce else None).to(device)
+    num_classes = num_classes if use_ce else None
+    model = _from_section("model", build_model, cfg.model, num_classes=num_classes).to(device)
     if is_distributed():
         # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
         model = DistributedDataParallel(
@@ -214,20 +216,26 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
         )
     # The miner's own generator (the max_triplets cap draws from it): checkpointed with the run.
     generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
-    miner = build_miner(cfg.mining, generator=generator)
-    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    miner = _from_section("mining", build_miner, cfg.mining, generator=generator)
+    optimizer = _from_section("optim", build_optimizer, model.parameters(), cfg.optim)
+    scheduler = _from_section("optim", build_scheduler, optimizer, cfg.optim, cfg.train.epochs)
+    # Seed-style triplet lists are sparse selections whatever the miner: two passes.
+    passes = cfg.mining.passes
+    if passes == "auto" and cfg.data.dataset == "triplets" and cfg.train.chunk_size == 0:
+        passes = 2
     return Trainer(
         model,
         miner,
-        build_loss(cfg.loss),
+        _from_section("loss", build_loss, cfg.loss),
         optimizer,
-        scheduler=build_scheduler(optimizer, cfg.optim, cfg.train.epochs),
+        scheduler=scheduler,
         device=device,
         amp=cfg.train.amp,
         ce_weight=cfg.loss.ce_weight,
-        passes=cfg.mining.passes,
+        passes=passes,
         grad_clip=cfg.optim.grad_clip,
         max_nonfinite_steps=cfg.train.max_nonfinite_steps,
         channels_last=cfg.model.channels_last,
         chunk_size=cfg.train.chunk_size,
+        graph_memory=cfg.logging.graph_memory,
     )

@@ -1,10 +1,11 @@
 """Checkpoints: written atomically, loaded with ``weights_only=True``.
 
 A checkpoint holds plain contents only (state dicts, the config as a dict, counters, RNG states),
-so it loads without unpickling arbitrary objects. Writing goes to a temporary file in the same
-folder, is flushed to disk, then ``os.replace``d over the target, and the folder entry is
-flushed too: a crash, a ``kill -9`` or a full disk at any moment leaves either the old file or
-the new one, never a torn one. A temporary file left by a killed writer is removed by
+so it loads without unpickling arbitrary objects. Writing goes through
+:func:`facenet.files.write_atomic`: a temporary file in the same folder, flushed to disk, then
+``os.replace``d over the target, and the folder entry is flushed too: a crash, a ``kill -9``
+or a full disk at any moment leaves either the old file or the new one, never a torn one. A
+temporary file left by a killed writer is removed by
 :func:`remove_stale_temporary_files`.
 """
 
@@ -14,15 +15,16 @@ import contextlib
 import os
 import pickle
 import random
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from facenet.errors import CheckpointError
+from facenet.files import TEMPORARY_NAME, write_atomic
+
 __all__ = [
-    "CheckpointError",
     "save_checkpoint",
     "load_checkpoint",
     "remove_stale_temporary_files",
@@ -30,34 +32,9 @@ __all__ = [
     "set_rng_state",
 ]
 
-# ".last.pt.<pid>.tmp": the temporary name save_checkpoint writes to before the rename.
-_TEMPORARY_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<pid>\d+)\.tmp$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or was refused on loading."""
-
-
-def _temporary_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (a power cut after it keeps the new entry)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some platforms cannot open a folder; the rename itself is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
-    """Write ``state`` to ``path`` atomically (temporary file, fsync, ``os.replace``).
+    """Write ``state`` to ``path`` atomically (:func:`facenet.files.write_atomic`).
 
     Args:
         state: plain contents: tensors, numbers, strings, lists, tuples and dicts of them.
@@ -68,25 +45,13 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
             is removed and an existing checkpoint at ``path`` is left untouched.
     """
     path = Path(path)
-    tmp = _temporary_path(path)
     try:
-        with open(tmp, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
+        return write_atomic(path, lambda fh: torch.save(state, fh))
+    except OSError as err:  # write_atomic has removed its temporary file
         raise CheckpointError(
             f"cannot write checkpoint {path}: {err.strerror or err}; "
             f"{'the previous checkpoint is intact' if path.exists() else 'nothing was written'}"
         ) from err
-    except BaseException:  # KeyboardInterrupt or a bug mid-write: leave no temporary file
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
-    _fsync_folder(path.parent)
-    return path
 
 
 def _pid_alive(pid: int) -> bool:
@@ -116,7 +81,7 @@ def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
     if not folder.is_dir():
         return removed
     for entry in folder.iterdir():
-        match = _TEMPORARY_NAME.match(entry.name)
+        match = TEMPORARY_NAME.match(entry.name)
         if not match or not entry.is_file():
             continue
         pid = int(match["pid"])

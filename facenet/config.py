@@ -3,8 +3,9 @@
 A configuration has eight sections (data, model, mining, loss, optim, train, eval, logging).
 Every key has a default here; a YAML file overrides some of them and ``--set section.key=value``
 on the command line overrides the file. Unknown keys, values of the wrong type and unknown
-choices are rejected with a :class:`ConfigError` naming the key, the value, the file and the
-valid options. The resolved configuration is written next to the run as ``config.yaml``.
+choices are rejected with a :class:`facenet.errors.ConfigError` naming the key, the value, the
+file and the valid options. The resolved configuration is written next to the run as
+``config.yaml``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from facenet.errors import ConfigError
+from facenet.files import write_text_atomic
+
 __all__ = [
-    "ConfigError",
     "DataConfig",
     "ModelConfig",
     "MiningConfig",
@@ -44,10 +47,6 @@ Distance = Literal["squared", "euclidean", "cosine", "seed_l2"]
 
 
 _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with a message meant for the user (no traceback needed)."""
 
 
 @dataclass
@@ -104,7 +103,11 @@ class MiningConfig:
     fallback: Literal["hardest", "skip"] = "hardest"
     max_triplets: int = 0  # 0: no cap
     strict_margin: bool = False  # triplet_margin: d(a,n) - d(a,p) < margin, as the seed filtered
-    passes: Literal[1, 2] = 2  # 2: no-grad mining pass + grad pass on the selected images
+    # auto: one grad pass when the miner selects every image (batch_hard; semihard with
+    # fallback: hardest and no max_triplets), two passes (no-grad mining pass + grad pass on
+    # the selected images) when selection is sparse (triplet lists, max_triplets, fallback:
+    # skip, the triplet_margin miner), chunked when train.chunk_size > 0.
+    passes: Literal["auto", 1, 2] = "auto"
 
 
 @dataclass
@@ -173,6 +176,9 @@ class LoggingConfig:
     out_dir: str = "runs/demo"
     tensorboard: bool = True
     progress: bool = True
+    # Count the bytes autograd saves for backward each step; opt-in, it costs a hook per saved
+    # tensor.
+    graph_memory: bool = False
 
 
 @dataclass
@@ -284,7 +290,18 @@ def config_from_dict(data: Any, source: str = "<dict>") -> Config:
                 f"{source}: unknown section '{name}'; valid sections: " + ", ".join(hints)
             )
         sections[name] = _section_from_dict(hints[name], values, name, source)
-    return Config(**sections)
+    cfg = Config(**sections)
+    _check_combinations(cfg, source)
+    return cfg
+
+
+def _check_combinations(cfg: Config, source: str) -> None:
+    """Reject keys whose values are valid alone but not together."""
+    if cfg.mining.passes == 1 and cfg.train.chunk_size > 0:
+        raise ConfigError(
+            f"{source}: mining.passes: 1 cannot be used with train.chunk_size: "
+            f"{cfg.train.chunk_size}; chunked steps are two-pass (use mining.passes: 2 or auto)"
+        )
 
 
 def config_to_dict(cfg: Config) -> dict:
@@ -372,9 +389,5 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the resolved configuration as YAML, atomically (temporary file + ``os.replace``)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(config_to_dict(cfg), fh, sort_keys=False)
-    os.replace(tmp, path)
+    """Write the resolved configuration as YAML, atomically (``files.write_text_atomic``)."""
+    write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

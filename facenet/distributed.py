@@ -25,8 +25,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from facenet.errors import FacenetError
+
 __all__ = [
     "DistInfo",
+    "resolve_device",
     "init_distributed",
     "cleanup_distributed",
     "is_distributed",
@@ -54,6 +57,23 @@ class DistInfo:
     def is_main(self) -> bool:
         """True on rank 0, the process that logs and writes checkpoints."""
         return self.rank == 0
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """The device a run asks for by name.
+
+    Args:
+        name: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N".
+
+    Raises:
+        FacenetError: CUDA was asked for but no CUDA device is available.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise FacenetError(f"device {name!r} was asked for but no CUDA device is available")
+    return device
 
 
 def is_distributed() -> bool:
@@ -84,7 +104,7 @@ def init_distributed(device: str = "auto", timeout_minutes: int = 30) -> DistInf
             use gloo.
         timeout_minutes: collective timeout.
     """
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    use_cuda = resolve_device(device).type == "cuda"
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistInfo(device=torch.device("cuda" if use_cuda else "cpu"))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

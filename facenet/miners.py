@@ -372,6 +372,15 @@ class _Miner:
                 triplets = self._mine(embeddings, labels)
         return _cap(triplets, self.max_triplets, self.generator)
 
+    @property
+    def selects_every_image(self) -> bool:
+        """True when every image of a P x K batch (K >= 2) lands in some triplet.
+
+        The training step uses it to choose its path: with dense selection a second,
+        selection-only forward pass buys nothing.
+        """
+        return False
+
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor) -> Triplets:
         raise NotImplementedError
 
@@ -492,6 +501,11 @@ class BatchHardMiner(_Miner):
     def __repr__(self) -> str:
         return f"BatchHardMiner(distance={self.distance.name!r})"
 
+    @property
+    def selects_every_image(self) -> bool:
+        """Every anchor with a positive and a negative gets a triplet (no cap: all images)."""
+        return self.max_triplets == 0
+
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor) -> Triplets:
         same = _same_identity(labels)  # (B, B)
         positive = same.clone()
@@ -570,6 +584,11 @@ class SemiHardNegativeMiner(_Miner):
     def _filter_candidates(self, embeddings: torch.Tensor, candidates: Triplets) -> Triplets:
         d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
         return _filter(candidates, self._in_band(d_an - d_ap))
+
+    @property
+    def selects_every_image(self) -> bool:
+        """With the hardest fallback every anchor-positive pair keeps a triplet (no cap)."""
+        return self.fallback == "hardest" and self.max_triplets == 0
 
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor) -> Triplets:
         same = _same_identity(labels)  # (B, B)

@@ -30,6 +30,7 @@ from facenet.backbones import (
     TinyCNN,
     convert_facenet_pytorch_state_dict,
 )
+from facenet.errors import WeightsError
 
 if TYPE_CHECKING:
     from facenet.config import ModelConfig
@@ -38,7 +39,6 @@ __all__ = [
     "BACKBONES",
     "EmbeddingHead",
     "EmbeddingNet",
-    "WeightsError",
     "build_backbone",
     "build_model",
     "convert_facenet_pytorch_state_dict",
@@ -48,10 +48,6 @@ __all__ = [
 
 # The embedding BatchNorm uses FaceNet's epsilon, so heads converted from its ports match.
 HEAD_BN_EPS = 1e-3
-
-
-class WeightsError(ValueError):
-    """A weights file that cannot be read or does not fit the backbone."""
 
 
 # --------------------------------------------------------------------------- backbones

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from facenet.builders import TrainingData
 from facenet.checkpoint import (
-    CheckpointError,
     load_checkpoint,
     rng_state,
     save_checkpoint,
@@ -31,6 +26,8 @@ from facenet.checkpoint import (
 )
 from facenet.config import Config, config_to_dict
 from facenet.distributed import barrier, is_main_process
+from facenet.errors import CheckpointError
+from facenet.files import json_safe, write_text_atomic
 from facenet.trainer import Trainer
 
 __all__ = [
@@ -44,8 +41,6 @@ __all__ = [
     "save_for_error",
     "with_error_checkpoint",
     "rewrite_metrics",
-    "json_safe",
-    "write_text_atomic",
 ]
 
 CHECKPOINT_FORMAT = 2
@@ -83,7 +78,7 @@ def _miner_generator(trainer: Trainer) -> torch.Generator | None:
     return getattr(trainer.miner, "generator", None)
 
 
-def checkpoint_state(trainer: Trainer, data: TrainingData, cfg: Config, progress: Progress) -> dict:
+def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress) -> dict:
     """Everything the rest of the run depends on, as plain contents.
 
     ``epoch`` is the last finished epoch; ``partial`` is None, or ``{"epoch", "steps_done"}``
@@ -91,7 +86,7 @@ def checkpoint_state(trainer: Trainer, data: TrainingData, cfg: Config, progress
 
     Args:
         trainer: the run's trainer (model, optimizer, schedule, scaler, miner).
-        data: the run's data (its sampler's state is saved).
+        sampler: the run's batch order (its ``state_dict`` is saved, if it has one).
         cfg: the run configuration (saved to compare on resume).
         progress: where the run stands.
     """
@@ -107,7 +102,7 @@ def checkpoint_state(trainer: Trainer, data: TrainingData, cfg: Config, progress
         config=config_to_dict(cfg),
         rng=rng_state(),
         miner_rng=None if generator is None else generator.get_state(),
-        sampler=data.sampler.state_dict() if hasattr(data.sampler, "state_dict") else None,
+        sampler=sampler.state_dict() if hasattr(sampler, "state_dict") else None,
         best_accuracy=progress.best,
         history=progress.history,
         before_training=progress.before_training,
@@ -152,12 +147,12 @@ def _changed_settings(saved: dict, current: dict) -> list[str]:
     return changes
 
 
-def restore(trainer: Trainer, data: TrainingData, cfg: Config, state: dict, path: Path) -> Progress:
+def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> Progress:
     """Load a checkpoint into the trainer, sampler and RNGs; where the run stands.
 
     Args:
         trainer: receives the model, optimizer, schedule and scaler states.
-        data: its sampler receives the sampler state.
+        sampler: receives the sampler state (if it has ``load_state_dict``).
         cfg: the current configuration (settings changed since the checkpoint are warned of).
         state: the checkpoint, from :func:`read_resume_checkpoint`.
         path: the checkpoint's file (for messages).
@@ -170,8 +165,8 @@ def restore(trainer: Trainer, data: TrainingData, cfg: Config, state: dict, path
         print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
     try:
         trainer.load_state_dict(state)
-        if state.get("sampler") is not None and hasattr(data.sampler, "load_state_dict"):
-            data.sampler.load_state_dict(state["sampler"])
+        if state.get("sampler") is not None and hasattr(sampler, "load_state_dict"):
+            sampler.load_state_dict(state["sampler"])
         generator = _miner_generator(trainer)
         if generator is not None and state.get("miner_rng") is not None:
             generator.set_state(state["miner_rng"])
@@ -271,7 +266,7 @@ def save_for_error(state: dict, path: Path) -> str:
 def with_error_checkpoint(
     err: Exception,
     trainer: Trainer,
-    data: TrainingData,
+    sampler,
     cfg: Config,
     progress: Progress,
     run_dir: Path,
@@ -281,12 +276,12 @@ def with_error_checkpoint(
     Args:
         err: a data error raised mid-epoch (it receives ``checkpoint_note``).
         trainer: the run's trainer.
-        data: the run's data.
+        sampler: the run's batch order.
         cfg: the run configuration.
         progress: where the run stands (``steps_done``: the batches trained before the error).
         run_dir: the run directory.
     """
-    state = checkpoint_state(trainer, data, cfg, progress)
+    state = checkpoint_state(trainer, sampler, cfg, progress)
     saved = save_for_error(state, run_dir / "last.pt")
     err.checkpoint_note = (
         f"{saved}; after fixing the data, --resume continues with step "
@@ -296,37 +291,6 @@ def with_error_checkpoint(
 
 
 # --------------------------------------------------------------------------- files
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with non-finite floats replaced by None, through dicts and lists (strict JSON).
-
-    Args:
-        value: a float, dict, list or any other JSON-serialisable value.
-    """
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file and ``os.replace`` it: ``path`` is old or new, never half.
-
-    Args:
-        path: the file to write.
-        text: its contents (UTF-8).
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def rewrite_metrics(run_dir: Path, history: list) -> None:

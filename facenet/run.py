@@ -36,10 +36,11 @@ from typing import Any
 
 import torch
 
-from facenet.builders import TrainingData, build_data, build_trainer, resolve_device
-from facenet.checkpoint import CheckpointError, remove_stale_temporary_files
+from facenet.builders import TrainingData, build_data, build_device, build_trainer
+from facenet.checkpoint import remove_stale_temporary_files
 from facenet.config import Config, save_config
 from facenet.data.images import CorruptImageError
+from facenet.data.pairs import MissingImagesError
 from facenet.distributed import (
     DistInfo,
     any_rank,
@@ -48,12 +49,14 @@ from facenet.distributed import (
     is_main_process,
     main_process_first,
 )
+from facenet.embed import embed_pair_list
+from facenet.errors import FacenetError, NonFiniteInputError, NonFiniteLossError
+from facenet.evaluation import evaluate_embeddings, plot_roc
+from facenet.files import json_safe, write_text_atomic
 from facenet.memory import format_bytes
-from facenet.resume import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # kept importable from here
 from facenet.resume import (
     Progress,
     checkpoint_state,
-    json_safe,
     read_resume_checkpoint,
     remaining_loader,
     restore,
@@ -61,32 +64,16 @@ from facenet.resume import (
     save_for_error,
     save_on_main,
     with_error_checkpoint,
-    write_text_atomic,
 )
 from facenet.run_logger import RunLogger
-from facenet.trainer import NonFiniteLossError, Trainer
+from facenet.trainer import Trainer
 
-__all__ = [
-    "TrainingData",
-    "NonFiniteInputError",
-    "build_data",
-    "build_trainer",
-    "resolve_device",
-    "fit",
-    "run_training",
-    "describe_error",
-    "EXIT_BAD_INPUT",
-    "EXIT_NONFINITE_LOSS",
-]
+__all__ = ["fit", "run_training", "describe_error", "EXIT_BAD_INPUT", "EXIT_NONFINITE_LOSS"]
 
 SUMMARY_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE_LOSS = 3
 _FILES_IN_MESSAGE = 3
-
-
-class NonFiniteInputError(ValueError):
-    """A batch whose images hold NaN or infinite values."""
 
 
 # --------------------------------------------------------------------------- signals
@@ -135,15 +122,6 @@ class _StopFlag:
 # --------------------------------------------------------------------------- batches
 
 
-def _nonfinite_rows(batch) -> torch.Tensor:
-    """(B,) bool: images of the batch holding NaN or inf (a/p/n triplets: any of the three)."""
-    images = [t for t in batch if torch.is_tensor(t) and t.ndim == 4 and t.is_floating_point()]
-    bad = torch.zeros(images[0].shape[0], dtype=torch.bool) if images else torch.zeros(0)
-    for tensor in images:
-        bad |= ~torch.isfinite(tensor).flatten(1).all(dim=1).cpu()
-    return bad
-
-
 def _files_of_batch(loader, position: int, rows: list[int]) -> list[str]:
     """The image files at ``rows`` of the loader's batch ``position`` (PK batches only)."""
     dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
@@ -156,46 +134,35 @@ def _files_of_batch(loader, position: int, rows: list[int]) -> list[str]:
     return [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
 
 
-class _CheckedBatches:
-    """At most ``limit`` of the loader's batches, counted, each refused if it holds NaN or inf.
+def _name_files(err: NonFiniteInputError, loader, epoch: int, first_step: int):
+    """The error, its message naming the epoch, the step and (PK batches) the files."""
+    position = getattr(err, "batch_index", 0)
+    files = _files_of_batch(loader, position, err.rows[:_FILES_IN_MESSAGE])
+    named = ""
+    if files:
+        named = ": " + ", ".join(files) + (" ..." if len(err.rows) > len(files) else "")
+    return NonFiniteInputError(
+        f"epoch {epoch}, step {first_step + position + 1}: {err}{named}", rows=err.rows
+    )
 
-    Decoded images are finite by construction, so a non-finite value comes from a transform
-    or a custom dataset; left alone it would make every step select no triplet or skip.
+
+class _CountedBatches:
+    """At most ``limit`` of the loader's batches, counted as they are handed out.
+
     Stopping after ``limit`` batches (rather than fetching one more and discarding it) keeps
     the global RNG where a run stopped by a signal at that point leaves it.
-
-    Args:
-        loader: the epoch's loader.
-        epoch: the epoch number (for messages).
-        first_step: batches of the epoch trained before this loader's first one.
-        limit: batches to yield at most.
     """
 
-    def __init__(self, loader, epoch: int, first_step: int, limit: int):
-        self.loader, self.epoch, self.first_step, self.limit = loader, epoch, first_step, limit
-        self.yielded = 0
+    def __init__(self, loader, limit: int):
+        self.loader, self.limit, self.yielded = loader, limit, 0
 
     def __len__(self) -> int:
         return min(len(self.loader), self.limit)
 
     def __iter__(self):
-        for position, batch in enumerate(itertools.islice(self.loader, self.limit)):
-            bad = _nonfinite_rows(batch)
-            if bool(bad.any()):
-                self._refuse(position, bad)
+        for batch in itertools.islice(self.loader, self.limit):
             self.yielded += 1
             yield batch
-
-    def _refuse(self, position: int, bad: torch.Tensor):
-        rows = bad.nonzero().flatten().tolist()
-        files = _files_of_batch(self.loader, position, rows[:_FILES_IN_MESSAGE])
-        named = ""
-        if files:
-            named = ": " + ", ".join(files) + (" ..." if len(rows) > len(files) else "")
-        raise NonFiniteInputError(
-            f"epoch {self.epoch}, step {self.first_step + position + 1}: {len(rows)} of "
-            f"{bad.numel()} input images hold NaN or infinite values after the transform{named}"
-        )
 
 
 def _eval_record(result) -> dict:
@@ -248,12 +215,35 @@ def _idle_warning(record: dict) -> str | None:
     return None
 
 
-def _evaluate(trainer, data, cfg, epoch, run_dir, logger) -> dict:
-    from facenet.evaluation import plot_roc
-
-    result = trainer.evaluate(
-        data.eval_pairs, cfg.eval, data.image_size, data.normalize, cfg.data.num_workers
+def _verify(trainer: Trainer, data: TrainingData, cfg: Config):
+    """The LFW protocol on the held-out pairs, every rank embedding a shard of the images."""
+    pairs = data.eval_pairs
+    emb1, emb2 = embed_pair_list(
+        trainer.core_model,
+        pairs,
+        image_size=data.image_size,
+        batch_size=cfg.eval.batch_size,
+        device=trainer.device,
+        flip=cfg.eval.flip,
+        normalize=data.normalize,
+        num_workers=cfg.data.num_workers,
     )
+    # The file's own folds (they differ from contiguous blocks once pairs were skipped).
+    same_folds = getattr(pairs, "n_folds", None) == cfg.eval.n_folds
+    return evaluate_embeddings(
+        emb1.numpy(),
+        emb2.numpy(),
+        pairs.issame,
+        metric=cfg.eval.distance,
+        subtract_mean=cfg.eval.subtract_mean,
+        n_folds=cfg.eval.n_folds,
+        far_target=cfg.eval.far_target,
+        folds=pairs.fold_ids if same_folds else None,
+    )
+
+
+def _evaluate(trainer, data, cfg, epoch, run_dir, logger) -> dict:
+    result = _verify(trainer, data, cfg)
     if is_main_process():  # every rank embedded its shard; rank 0 writes the figures
         plot_roc(result, run_dir / f"roc_epoch_{epoch}.png", log_scale=cfg.eval.log_scale_roc)
     logger.log_figure("roc", plot_roc(result, log_scale=cfg.eval.log_scale_roc), epoch)
@@ -290,7 +280,8 @@ def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path):
     if hasattr(data.sampler, "set_epoch"):
         data.sampler.set_epoch(epoch)
     length = _epoch_length(data, cfg)
-    batches = _CheckedBatches(remaining_loader(data.loader, skip), epoch, skip, length - skip)
+    loader = remaining_loader(data.loader, skip)
+    batches = _CountedBatches(loader, length - skip)
     try:
         record = trainer.train_one_epoch(
             batches,
@@ -300,12 +291,16 @@ def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path):
             progress=cfg.logging.progress,
             should_stop=stop,
         )
-    except (CorruptImageError, NonFiniteInputError) as err:
+    except NonFiniteInputError as err:  # found by the step: the batch was not trained
+        progress.steps_done = skip + batches.yielded - 1
+        err = _name_files(err, loader, epoch, skip)
+        raise with_error_checkpoint(err, trainer, data.sampler, cfg, progress, run_dir) from None
+    except CorruptImageError as err:  # found while loading the next batch
         progress.steps_done = skip + batches.yielded
-        raise with_error_checkpoint(err, trainer, data, cfg, progress, run_dir) from None
+        raise with_error_checkpoint(err, trainer, data.sampler, cfg, progress, run_dir) from None
     except NonFiniteLossError as err:
         progress.steps_done = skip + batches.yielded
-        state = checkpoint_state(trainer, data, cfg, progress)
+        state = checkpoint_state(trainer, data.sampler, cfg, progress)
         err.checkpoint_note = (
             f"{save_for_error(state, run_dir / 'nonfinite.pt')} for inspection; "
             f"{run_dir / 'last.pt'} still holds epoch {epoch - 1}"
@@ -316,7 +311,9 @@ def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path):
         if image_error is None:
             raise
         progress.steps_done = skip + batches.yielded
-        raise with_error_checkpoint(image_error, trainer, data, cfg, progress, run_dir) from None
+        raise with_error_checkpoint(
+            image_error, trainer, data.sampler, cfg, progress, run_dir
+        ) from None
     return record, skip + batches.yielded
 
 
@@ -351,7 +348,7 @@ def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None
     is_best = record.get("accuracy_mean", -1.0) > progress.best
     progress.best = max(progress.best, record.get("accuracy_mean", -1.0))
     progress.epoch, progress.steps_done = epoch + 1, 0
-    state = checkpoint_state(trainer, data, cfg, progress)
+    state = checkpoint_state(trainer, data.sampler, cfg, progress)
     save_on_main(state, run_dir / "last.pt")
     if is_best:
         save_on_main(state, run_dir / "best.pt")
@@ -371,7 +368,9 @@ def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
         if not stop() or progress.epoch > cfg.train.epochs:
             return None  # every epoch ran (a signal during the last step changes nothing)
         if not saved or progress.steps_done:  # the state on disk is not the current one
-            save_on_main(checkpoint_state(trainer, data, cfg, progress), run_dir / "last.pt")
+            save_on_main(
+                checkpoint_state(trainer, data.sampler, cfg, progress), run_dir / "last.pt"
+            )
         signal_name = stop.signal or "SIGTERM"  # another rank received it
         print(_stop_message(signal_name, progress, run_dir / "last.pt"), file=sys.stderr)
         return signal_name
@@ -412,7 +411,7 @@ def fit(
         resume_state = read_resume_checkpoint(run_dir)
     progress = Progress()
     if resume_state is not None:
-        progress = restore(trainer, data, cfg, resume_state, run_dir / "last.pt")
+        progress = restore(trainer, data.sampler, cfg, resume_state, run_dir / "last.pt")
     if main:
         rewrite_metrics(run_dir, progress.history)
     logger = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
@@ -458,8 +457,6 @@ def describe_error(err: BaseException) -> str:
     Args:
         err: an error from setting up or running the training.
     """
-    from facenet.data.pairs import MissingImagesError
-
     if isinstance(err, MissingImagesError):
         head = str(err).splitlines()[0].rstrip(":")
         first = err.missing[0]
@@ -497,7 +494,7 @@ def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) 
 
 def _run(cfg: Config, run_dir: Path, resume: bool, info: DistInfo) -> dict:
     state = read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
-    device = info.device if info.world_size > 1 else resolve_device(cfg.train.device)
+    device = info.device if info.world_size > 1 else build_device(cfg)
     if cfg.train.deterministic and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     with main_process_first():  # rank 0 writes the synthetic data and the folder index
@@ -569,7 +566,7 @@ def _run_training(cfg: Config, resume: bool, overwrite: bool, info: DistInfo) ->
     except NonFiniteLossError as err:
         print(f"error: {describe_error(err)}", file=sys.stderr)
         return EXIT_NONFINITE_LOSS
-    except (ValueError, OSError, CheckpointError) as err:
+    except (FacenetError, OSError) as err:  # a bug keeps its traceback
         print(f"error: {describe_error(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:

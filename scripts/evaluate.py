@@ -16,12 +16,14 @@ import argparse
 import csv
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
+from facenet.errors import CheckpointError, DataError, FacenetError  # noqa: E402
 from facenet.evaluation import (  # noqa: E402
     DISTANCES,
     VerificationResult,
@@ -29,9 +31,10 @@ from facenet.evaluation import (  # noqa: E402
     evaluate_verification,
     plot_roc,
 )
+from facenet.files import write_text_atomic  # noqa: E402
 
 
-class InputError(ValueError):
+class InputError(DataError):
     """A distances file or option that cannot be used; the message names it."""
 
 
@@ -70,11 +73,22 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
+    # ValueError here is numpy's refusal of a pickle or of a damaged array header.
+    damaged = (zipfile.BadZipFile, EOFError, ValueError)
+    try:
+        data = np.load(path, allow_pickle=False)
+    except damaged as err:
+        raise InputError(f"{path}: not a readable .npz archive ({err})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise InputError(f"{path}: a single .npy array, not an .npz archive")
+    with data:
         for key in ("distances", "issame"):
             if key not in data.files:
                 raise InputError(f"{path}: no array '{key}' (found: {', '.join(data.files)})")
-        return data["distances"], data["issame"]
+        try:
+            return data["distances"], data["issame"]
+        except damaged as err:
+            raise InputError(f"{path}: not a readable .npz archive ({err})") from None
 
 
 _TRUE, _FALSE = {"1", "true", "yes", "same"}, {"0", "false", "no", "different"}
@@ -93,8 +107,11 @@ def _parse_csv_row(row: list[str], path: Path, line_no: int) -> tuple[float, boo
 
 
 def _load_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = [(n, row) for n, row in enumerate(csv.reader(fh), start=1) if any(row)]
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = [(n, row) for n, row in enumerate(csv.reader(fh), start=1) if any(row)]
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a UTF-8 text file") from None
     if rows and rows[0][1] and not _is_number(rows[0][1][0]):
         rows = rows[1:]  # a header row
     if not rows:
@@ -140,42 +157,62 @@ def evaluate_checkpoint(args: argparse.Namespace) -> VerificationResult:
 
     Raises:
         ImportError: the trainer's embedding helper or the checkpoint loader is missing.
+        FacenetError: a refused checkpoint, a damaged pairs file, an unusable device.
     """
     from facenet.checkpoint import load_checkpoint
     from facenet.config import config_from_dict
     from facenet.data.pairs import read_pairs
+    from facenet.distributed import resolve_device
     from facenet.models import build_model
     from facenet.trainer import embed_pair_list
 
+    try:
+        device = resolve_device(args.device)
+    except RuntimeError as err:  # torch's refusal of a device string it cannot parse
+        raise InputError(f"--device {args.device!r}: {str(err).splitlines()[0]}") from None
     state = load_checkpoint(args.checkpoint, map_location="cpu")
+    absent = [key for key in ("config", "model") if not isinstance(state.get(key), dict)]
+    if absent:
+        raise CheckpointError(
+            f"{args.checkpoint}: not a training checkpoint (no {' or '.join(absent)} dict)"
+        )
     cfg = config_from_dict(state["config"], source=f"{args.checkpoint} (saved configuration)")
     weights = state["model"]
     classifier = weights.get("classifier.weight")
     cfg.model.weights = None  # the checkpoint holds every weight; no backbone file is read
     model = build_model(cfg.model, None if classifier is None else classifier.shape[0])
-    model.load_state_dict(weights)
-    model.to(args.device)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"{args.checkpoint}: its weights do not fit its saved configuration: "
+            + " ".join(line.strip() for line in str(err).splitlines()[:2])
+        ) from None
+    model.to(device)
     pair_list = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
     emb1, emb2 = embed_pair_list(
         model,
         pair_list,
         cfg.data.image_size,
         args.batch_size,
-        args.device,
+        device,
         args.flip,
         normalize=cfg.data.normalize,  # the pixel standardisation the network was trained with
     )
-    return evaluate_embeddings(
-        emb1,
-        emb2,
-        pair_list.issame,
-        metric=args.distance,
-        subtract_mean=args.subtract_mean,
-        n_folds=args.folds,
-        far_target=args.far_target,
-        # The file's own folds: they differ from contiguous blocks once pairs were skipped.
-        folds=pair_list.fold_ids if pair_list.n_folds == args.folds else None,
-    )
+    try:
+        return evaluate_embeddings(
+            emb1,
+            emb2,
+            pair_list.issame,
+            metric=args.distance,
+            subtract_mean=args.subtract_mean,
+            n_folds=args.folds,
+            far_target=args.far_target,
+            # The file's own folds: they differ from contiguous blocks once pairs were skipped.
+            folds=pair_list.fold_ids if pair_list.n_folds == args.folds else None,
+        )
+    except ValueError as err:  # the options were checked: the pairs (or embeddings) do not fit
+        raise InputError(f"{args.pairs} embedded by {args.checkpoint}: {err}") from None
 
 
 # --------------------------------------------------------------------------- output
@@ -204,7 +241,7 @@ def write_outputs(result: VerificationResult, out: Path, source: str, args) -> N
     """``metrics.json`` (the result plus where it came from) and ``roc.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     metrics = {"source": source, **result.to_dict()}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
     plot_roc(result, out / "roc.png", log_scale=args.log_scale, title=args.title)
 
 
@@ -229,27 +266,37 @@ def config_defaults(path: str) -> dict:
     }
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Reject fold counts and FAR targets the protocol cannot use (from flags or --config)."""
+    if args.folds < 2:
+        raise InputError(f"--folds {args.folds} (eval.n_folds): expected an integer >= 2")
+    if not 0.0 < args.far_target <= 1.0:
+        raise InputError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Evaluate; returns the exit code (1: checkpoint mode unavailable, 2: bad input)."""
-    from facenet.config import ConfigError
-
     parser = get_args_parser()
     known, _ = parser.parse_known_args(argv)
     if known.config:  # the file gives defaults; flags on the command line still win
         try:
             parser.set_defaults(**config_defaults(known.config))
-        except ConfigError as err:
-            print(f"evaluate.py: error: {err}", file=sys.stderr)
+        except FacenetError as err:
+            print(f"error: {err}", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
     if args.checkpoint and not args.pairs:
         parser.error("--checkpoint needs --pairs")
     try:
+        _check_options(args)
         if args.distances:
             distances, issame = load_distances(args.distances)
-            result = evaluate_verification(
-                distances, issame, args.folds, args.far_target, distance=args.distance
-            )
+            try:
+                result = evaluate_verification(
+                    distances, issame, args.folds, args.far_target, distance=args.distance
+                )
+            except ValueError as err:  # the options were checked: the file's contents do not fit
+                raise InputError(f"{args.distances}: {err}") from None
             source = str(args.distances)
         else:
             try:
@@ -258,11 +305,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"evaluate.py: checkpoint mode not available yet ({err})", file=sys.stderr)
                 return 1
             source = f"{args.checkpoint} on {args.pairs}"
-    except (ValueError, OSError, RuntimeError) as err:  # RuntimeError: a refused checkpoint
-        print(f"evaluate.py: error: {err}", file=sys.stderr)
+    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print(format_table(result))
-    write_outputs(result, Path(args.out), source, args)
+    try:
+        write_outputs(result, Path(args.out), source, args)
+    except OSError as err:  # an unwritable --out
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {Path(args.out) / 'metrics.json'} and {Path(args.out) / 'roc.png'}")
     return 0
 

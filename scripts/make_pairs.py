@@ -19,6 +19,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
 from facenet.data.pairs import generate_pairs, scan_identities, write_pairs  # noqa: E402
+from facenet.errors import FacenetError  # noqa: E402
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 1")
+    return value
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -26,9 +38,14 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", help="image folder holding one sub-folder per identity")
     parser.add_argument("--out", default=None, help="pairs file (default: <root>/pairs.txt)")
-    parser.add_argument("--folds", type=int, default=10, help="number of folds (default 10)")
     parser.add_argument(
-        "--pairs-per-fold", type=int, default=300, help="same and different pairs per fold"
+        "--folds", type=_positive_int, default=10, help="number of folds (default 10)"
+    )
+    parser.add_argument(
+        "--pairs-per-fold",
+        type=_positive_int,
+        default=300,
+        help="same and different pairs per fold",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
@@ -96,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         out = Path(args.out) if args.out else root / "pairs.txt"
         write_pairs(out, folds)
-    except (ValueError, OSError) as err:
-        print(f"make_pairs.py: error: {err}", file=sys.stderr)
+    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print(
         f"wrote {out}: {args.folds} folds x ({args.pairs_per_fold} same + "

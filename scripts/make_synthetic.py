@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from facenet.config import ConfigError, add_override_argument, load_config  # noqa: E402
+from facenet.config import add_override_argument, load_config  # noqa: E402
+from facenet.errors import FacenetError  # noqa: E402
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -53,18 +54,14 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the data set; returns the exit code (2 for a configuration mistake)."""
+    """Write the data set; returns the exit code (2 for bad configuration or an unwritable OUT)."""
     args = get_args_parser().parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     from facenet.data.synthetic import prepare_synthetic_data
 
     try:
+        cfg = load_config(args.config, args.overrides)
         paths = prepare_synthetic_data(args.out, cfg.data)
-    except ValueError as err:
+    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     data = cfg.data

@@ -24,7 +24,6 @@ import argparse
 import functools
 import gc
 import json
-import math
 import statistics
 import sys
 import time
@@ -40,6 +39,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the seed-loop baseline
 
 import seed_loop  # noqa: E402
 
+from facenet.distributed import resolve_device  # noqa: E402
+from facenet.errors import FacenetError  # noqa: E402
+from facenet.files import json_safe  # noqa: E402
 from facenet.losses import TripletMarginLoss  # noqa: E402
 from facenet.memory import (  # noqa: E402
     GraphMemoryMeter,
@@ -132,16 +134,14 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def _resolve_device(name: str) -> torch.device:
     """``auto`` -> cuda when available, else cpu; a CUDA device that is not there is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(name)
-    except RuntimeError:
+        device = resolve_device(name)
+    except FacenetError:
+        raise ValueError(f"--device {name}: CUDA is not available on this machine") from None
+    except RuntimeError:  # torch cannot parse the name
         raise ValueError(
             f"--device: unknown device {name!r}; use cpu, cuda, cuda:N or auto"
         ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device {name}: only cpu and cuda are measured")
     return device
@@ -765,17 +765,6 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
         plt.close(fig)
 
 
-def _json_ready(value: Any) -> Any:
-    """Non-finite floats become None: JSON has no NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_ready(v) for v in value]
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the report; print the table, the seed timeline and the graph lifecycle.
 
@@ -804,7 +793,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print("\n" + torch.cuda.memory_summary(args.device, abbreviated=True))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_json_ready(report), indent=2) + "\n")
+        args.json.write_text(json.dumps(json_safe(report), indent=2) + "\n")
         print(f"\nwrote {args.json}")
     if args.plot:
         plot_report(report, args.plot)

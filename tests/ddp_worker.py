@@ -1,103 +1,107 @@
 """Run a few training steps under torchrun (gloo, CPU) and save rank 0's parameters.
 
-Used by tests/test_distributed.py: ``torchrun --nproc_per_node=N tests/ddp_worker.py OUT``.
-The same steps in one process on the concatenated batch must give the same parameters.
+Used by tests/test_distributed.py: ``torchrun --nproc_per_node=2 tests/ddp_worker.py OUT``.
+Each case trains a conv-BatchNorm net in float64 with DDP; the test holds the result against
+autograd through the stated forward (one process forwarding each rank's part separately).
 """
 
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from facenet.distributed import (
+from step_reference import BNNet, make_batch  # noqa: E402
+
+from facenet.distributed import (  # noqa: E402
     barrier,
     cleanup_distributed,
     get_rank,
     get_world_size,
     init_distributed,
 )
-from facenet.losses import TripletMarginLoss
-from facenet.miners import BatchHardMiner
-from facenet.trainer import Trainer
+from facenet.embed import embed_pair_list  # noqa: E402
+from facenet.losses import TripletMarginLoss  # noqa: E402
+from facenet.miners import BatchHardMiner, TripletMarginMiner  # noqa: E402
+from facenet.trainer import Trainer  # noqa: E402
 
-STEPS, P, K = 3, 6, 4
-
-
-class GroupNormNet(nn.Module):
-    """Batch-independent normalisation, so per-rank and whole-batch forwards agree exactly."""
-
-    def __init__(self, dim=8, num_classes=P):
-        super().__init__()
-        self.backbone = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1),
-            nn.GroupNorm(2, 8),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-        )
-        self.head = nn.Sequential(nn.Linear(8, dim), nn.LayerNorm(dim))
-        self.classifier = nn.Linear(dim, num_classes)
-
-    def forward(self, x, return_logits=False):
-        z = self.head(self.backbone(x))
-        embeddings = F.normalize(z, dim=1)
-        return (embeddings, self.classifier(z)) if return_logits else embeddings
+STEPS, P, K, LR, MARGIN = 3, 6, 4, 0.5, 0.5
 
 
-def batch(step):
-    generator = torch.Generator().manual_seed(100 + step)
-    images = torch.randn(P * K, 3, 8, 8, generator=generator, dtype=torch.float64)
-    return images, torch.arange(P).repeat_interleave(K)
+class FirstBlockMiner:
+    """Batch-hard triplets among the first 12 images only: rank 1 of 2 selects nothing."""
+
+    selects_every_image = False
+
+    def __call__(self, embeddings, labels, candidates=None):
+        return BatchHardMiner()(embeddings[:12], labels[:12])
 
 
-def train(passes, chunk_size=0, wrap=False):
-    """The parameters after STEPS steps; this rank trains on its slice of each batch."""
+MINERS = {
+    "batch_hard": BatchHardMiner,
+    "sparse": lambda: TripletMarginMiner(margin=0.02, type_of_triplets="semihard"),
+    "first_block": FirstBlockMiner,
+}
+# (path, miner, ce_weight, chunk_size)
+CASES = [
+    ("one-pass", "batch_hard", 0.5, 0),
+    ("one-pass", "batch_hard", 0.0, 0),
+    ("two-pass", "batch_hard", 0.5, 0),
+    ("two-pass", "sparse", 0.5, 0),
+    ("two-pass", "sparse", 0.0, 0),
+    ("two-pass", "first_block", 0.5, 0),
+    ("chunked", "batch_hard", 0.5, 5),
+    ("chunked", "sparse", 0.0, 4),
+    ("chunked", "first_block", 0.5, 4),
+]
+
+
+def initial_model(ce):
     torch.manual_seed(0)
-    model = GroupNormNet().double()
-    if wrap:
-        model = DistributedDataParallel(model, forward_sync_buffers=False)
+    return BNNet(num_classes=P if ce else None).double()
+
+
+def batches():
+    return [make_batch(P, K, seed=100 + step) for step in range(STEPS)]
+
+
+def train(path, miner, ce, chunk):
+    """The parameters after STEPS steps; this rank trains on its block of each batch."""
+    model = DistributedDataParallel(initial_model(ce), forward_sync_buffers=False)
     trainer = Trainer(
         model,
-        BatchHardMiner(distance="squared"),
-        TripletMarginLoss(margin=0.5),
-        torch.optim.SGD(model.parameters(), lr=0.5),
-        passes=passes,
-        ce_weight=0.5,
-        chunk_size=chunk_size,
+        MINERS[miner](),
+        TripletMarginLoss(margin=MARGIN),
+        torch.optim.SGD(model.parameters(), lr=LR),
+        passes=1 if path == "one-pass" else 2,
+        ce_weight=ce,
+        chunk_size=chunk,
     )
+    assert trainer.step.name == path
     rank, world = get_rank(), get_world_size()
-    for step in range(STEPS):
-        images, labels = batch(step)
+    for images, labels in batches():
         share = images.shape[0] // world
         local = slice(rank * share, (rank + 1) * share)
         stats = trainer.train_step(images[local], labels[local])
         assert "skipped" not in stats, stats
-    core = getattr(model, "module", model)
-    return {k: v.detach().clone() for k, v in core.state_dict().items()}
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
 
 
 def embed_pairs(pairs_path):
     """Both sides of the pairs in ``pairs_path``, embedded by the ranks' shards."""
     from facenet.data.pairs import read_pairs
-    from facenet.trainer import embed_pair_list
 
     torch.manual_seed(0)
-    model = GroupNormNet().double().float()
+    model = BNNet(num_classes=None).eval()
     return embed_pair_list(model, read_pairs(pairs_path), image_size=8, batch_size=2)
 
 
 def main(out, pairs_path=None):
     init_distributed("cpu")
-    results = {
-        "two_pass": train(passes=2, wrap=True),
-        "one_pass": train(passes=1, wrap=True),
-        "two_pass_chunked": train(passes=2, chunk_size=5, wrap=True),
-    }
+    results = {"|".join(map(str, case)): train(*case) for case in CASES}
     if pairs_path:
         results["pairs"] = embed_pairs(pairs_path)
     if get_rank() == 0:

@@ -4,18 +4,21 @@ import errno
 import os
 import pickle
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from facenet.checkpoint import (
-    CheckpointError,
     load_checkpoint,
+    remove_stale_temporary_files,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
+from facenet.errors import CheckpointError
 
 
 def test_round_trip_of_plain_contents(tmp_path):
@@ -72,6 +75,19 @@ def test_full_disk_leaves_previous_checkpoint_and_no_temp_file(tmp_path, monkeyp
     monkeypatch.undo()
     assert load_checkpoint(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
+    save_checkpoint({"epoch": 1}, tmp_path / "last.pt")
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = tmp_path / f".last.pt.{int(dead.stdout)}.tmp"
+    stale.write_bytes(b"torn")
+    mine = tmp_path / f".last.pt.{os.getpid()}.tmp"
+    mine.write_bytes(b"in progress")
+    assert remove_stale_temporary_files(tmp_path) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["last.pt", mine.name])
 
 
 def test_unwritable_folder_names_the_path(tmp_path):

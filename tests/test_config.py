@@ -9,12 +9,12 @@ import yaml
 
 from facenet.config import (
     Config,
-    ConfigError,
     config_from_dict,
     config_to_dict,
     load_config,
     save_config,
 )
+from facenet.errors import ConfigError, FacenetError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,3 +153,24 @@ def test_scientific_notation_is_a_float(tmp_path):
         load_config(None, ["optim.lr=1e-3x"])
     with pytest.raises(ConfigError, match="train.epochs"):
         load_config(None, ["train.epochs=1e3"])  # an int key does not take a float
+
+
+def test_one_pass_with_chunks_is_refused_naming_both_keys():
+    assert Config().mining.passes == "auto"
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["mining.passes=1", "train.chunk_size=64"])
+    message = str(err.value)
+    assert "mining.passes: 1" in message and "train.chunk_size: 64" in message
+    assert "two-pass" in message and "mining.passes: 2 or auto" in message
+    assert isinstance(err.value, FacenetError) and isinstance(err.value, ValueError)
+    for passes in ("auto", 2):
+        cfg = config_from_dict({"mining": {"passes": passes}, "train": {"chunk_size": 64}})
+        assert cfg.mining.passes == passes
+    assert config_from_dict({"mining": {"passes": 1}}).mining.passes == 1
+    with pytest.raises(ConfigError, match="mining.passes"):
+        load_config(None, ["mining.passes=3"])
+
+
+def test_graph_memory_is_opt_in():
+    assert Config().logging.graph_memory is False
+    assert load_config(None, ["logging.graph_memory=true"]).logging.graph_memory is True

@@ -13,6 +13,7 @@ import torch
 from scipy import interpolate
 from sklearn.metrics import roc_auc_score
 
+from facenet.errors import FacenetError
 from facenet.evaluation import (
     VerificationResult,
     default_thresholds,
@@ -441,3 +442,23 @@ def test_evaluate_script_takes_defaults_from_a_run_configuration(tmp_path):
     assert len(json.loads((tmp_path / "cli" / "metrics.json").read_text())["accuracy"]) == 4
     config.write_text("eval:\n  n_fold: 5\n")
     assert evaluate_script.main(argv) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "argv", "message"),
+    [
+        ("d.npz", b"PK\x03\x04torn", [], "not a readable .npz archive"),
+        ("d.csv", b"\xff\xfe\x00\x01", [], "not a UTF-8 text file"),
+        ("d.csv", b"0.1,1\n0.2,0\n0.3,1\n0.4,0\n", ["--folds", "1"], "--folds 1"),
+        ("d.csv", b"0.1,1\n0.2,0\n0.3,1\n0.4,0\n", ["--far-target", "2"], "--far-target"),
+    ],
+)
+def test_evaluate_script_reports_bad_input_on_one_line(
+    tmp_path, capsys, name, content, argv, message
+):
+    (tmp_path / name).write_bytes(content)
+    argv = ["--distances", str(tmp_path / name), "--out", str(tmp_path / "out"), *argv]
+    assert evaluate_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert issubclass(evaluate_script.InputError, FacenetError)

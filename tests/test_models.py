@@ -10,11 +10,11 @@ from torch import nn
 
 from facenet.backbones import TinyCNN
 from facenet.config import ModelConfig
+from facenet.errors import WeightsError
 from facenet.models import (
     BACKBONES,
     EmbeddingHead,
     EmbeddingNet,
-    WeightsError,
     build_model,
     convert_facenet_pytorch_state_dict,
     count_parameters,

@@ -261,3 +261,25 @@ def test_make_pairs_script_link_dir_for_other_names(tmp_path, capsys):
     assert make_pairs_script.main(argv) == 0
     assert (view / "y" / "y_0002.jpg").read_bytes() == bytes([1])  # 2nd image in sorted order
     assert len(read_pairs(view / "pairs.txt")) == 4
+
+
+def test_make_pairs_script_reports_data_problems_with_exit_code_2(tmp_path, capsys):
+    make_lfw_folder(tmp_path / "lfw", {f"Id{i}": 2 for i in range(3)})
+    argv = [str(tmp_path / "lfw"), "--folds", "1", "--pairs-per-fold", "50"]
+    assert make_pairs_script.main(argv) == 2  # too few images: a DataError
+    assert capsys.readouterr().err.startswith("error: ")
+    assert make_pairs_script.main([str(tmp_path / "absent")]) == 2  # an OSError
+    assert "absent" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        make_pairs_script.main([str(tmp_path / "lfw"), "--folds", "0"])
+    assert "--folds" in capsys.readouterr().err
+
+
+def test_pairs_errors_belong_to_the_facenet_family(tmp_path):
+    from facenet.errors import DataError
+
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00\x01")
+    with pytest.raises(PairsFormatError, match="not a UTF-8 text file") as err:
+        read_pairs(tmp_path / "bin.txt", root=tmp_path)
+    assert isinstance(err.value, DataError) and isinstance(err.value, ValueError)
+    assert issubclass(MissingImagesError, DataError) and issubclass(MissingImagesError, OSError)

@@ -410,3 +410,19 @@ def test_script_reports_a_bad_key_with_exit_code_2(tmp_path, capsys):
     main = load_script().main
     assert main([str(tmp_path), "--set", "data.synthetic_faces=3"]) == 2
     assert "synthetic_faces" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ("data.synthetic_identities=0", "data.synthetic_identities"),
+        ("data.image_size=-4", "data.image_size"),
+        ("data.synthetic_heldout_identities=1", "data.synthetic_heldout_identities"),
+    ],
+)
+def test_script_reports_unusable_sizes_on_one_line_with_exit_code_2(tmp_path, capsys, setting, key):
+    main = load_script().main
+    assert main([str(tmp_path / "out"), *SMALL_SETTINGS, "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and key in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

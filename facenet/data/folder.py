@@ -21,6 +21,8 @@ import torch
 from torch.utils.data import Dataset
 
 from facenet.data.images import IMAGE_EXTENSIONS, CorruptImageError, looks_like_image, read_image
+from facenet.errors import DataError
+from facenet.files import write_text_atomic
 
 __all__ = ["IdentityFolder", "INDEX_FILE_NAME", "list_identities", "listing_signature"]
 
@@ -95,18 +97,15 @@ def _load_index(path: Path, signature: str) -> dict | None:
 
 def _save_index(path: Path, index: dict) -> None:
     """Write the index atomically; a read-only location only costs a warning."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(index), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as err:
+        write_text_atomic(path, json.dumps(index))
+    except OSError as err:  # write_atomic has removed its temporary file
         warnings.warn(
             f"cannot write the dataset index {path}: {err.strerror or err}; "
             "the folder will be checked again next time",
             stacklevel=3,
         )
-        tmp.unlink(missing_ok=True)
 
 
 def _build_index(root: Path, listing: Listing, signature: str) -> dict:
@@ -185,7 +184,7 @@ class IdentityFolder(Dataset):
             raise ValueError(f"on_corrupt={on_corrupt!r}: expected 'skip' or 'error'")
         self.root = Path(root)
         if not self.root.is_dir():
-            raise ValueError(f"dataset folder not found: {self.root}")
+            raise DataError(f"dataset folder not found: {self.root}")
         self.transform = transform
         self.min_images = min_images
         index = self._load_or_build_index(cache_dir)
@@ -237,7 +236,7 @@ class IdentityFolder(Dataset):
                 stacklevel=3,
             )
         if len(usable) < 2:
-            raise ValueError(
+            raise DataError(
                 f"{self.root}: found {len(usable)} identity folder(s) with usable images; "
                 "need at least 2 (layout: root/<identity>/<image>)"
             )

@@ -15,6 +15,8 @@ from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
+from facenet.errors import DataError
+
 __all__ = [
     "IMAGE_EXTENSIONS",
     "CorruptImageError",
@@ -41,7 +43,7 @@ TRAIN_RESIZE_RATIO = 1.125
 _TAIL_BYTES = 1024
 
 
-class CorruptImageError(ValueError):
+class CorruptImageError(DataError):
     """An image file that cannot be decoded; the message and ``path`` name the file.
 
     Args:

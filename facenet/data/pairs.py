@@ -33,6 +33,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from facenet.errors import DataError
+from facenet.files import write_text_atomic
+
 __all__ = [
     "IMAGE_EXTENSIONS",
     "PairsFormatError",
@@ -52,7 +55,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 _LISTED_MISSING = 20  # missing images quoted in an error message
 
 
-class PairsFormatError(ValueError):
+class PairsFormatError(DataError):
     """A pairs file line that does not follow the format; the message names file and line.
 
     Args:
@@ -67,7 +70,7 @@ class PairsFormatError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
-class MissingImagesError(FileNotFoundError):
+class MissingImagesError(DataError, FileNotFoundError):
     """Images named by a pairs file that do not exist.
 
     ``missing`` lists each missing image once (its path without extension, sorted) and
@@ -215,8 +218,11 @@ def _parse_pair(tokens: list[str], path, line_no: int) -> tuple[str, int, str, i
 
 def _read_lines(pairs_path: Path) -> list[tuple[int, list[str]]]:
     """(line number, whitespace-split fields) of every non-blank line."""
-    with open(pairs_path, encoding="utf-8", newline=None) as fh:  # universal newlines: CRLF ok
-        rows = [(n, line.split()) for n, line in enumerate(fh, start=1)]
+    try:
+        with open(pairs_path, encoding="utf-8", newline=None) as fh:  # universal newlines: CRLF ok
+            rows = [(n, line.split()) for n, line in enumerate(fh, start=1)]
+    except UnicodeDecodeError:
+        raise PairsFormatError(pairs_path, 0, "not a UTF-8 text file") from None
     return [(n, tokens) for n, tokens in rows if tokens]
 
 
@@ -291,8 +297,8 @@ def read_pairs(
 
     Raises:
         FileNotFoundError: the pairs file or the image root does not exist.
-        PairsFormatError: a malformed header or pair line, or a pair count that does not match
-            the header.
+        PairsFormatError: a malformed header or pair line, a pair count that does not match
+            the header, or a file that is not UTF-8 text.
         MissingImagesError: images are missing and ``skip_missing`` is False.
     """
     pairs_path = Path(pairs_path)
@@ -369,14 +375,14 @@ def _lfw_indices(images_by_identity: dict[str, list[str]]) -> dict[str, list[int
     indices = {}
     for identity in sorted(images_by_identity):
         if not identity or re.search(r"\s", identity):
-            raise ValueError(f"identity name {identity!r} is empty or holds whitespace")
+            raise DataError(f"identity name {identity!r} is empty or holds whitespace")
         found = set()
         for name in images_by_identity[identity]:
             if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
                 continue  # not an image: ignored, as when reading
             idx = lfw_image_index(identity, name)
             if idx is None:
-                raise ValueError(
+                raise DataError(
                     f"identity {identity!r}: image {os.path.basename(name)!r} is not named "
                     f"'{identity}_<NNNN>.<ext>', the only names a pairs file can refer to; "
                     "rename the files, or give scripts/make_pairs.py --link-dir to build an "
@@ -450,7 +456,7 @@ def _sample_distinct(count: int, possible: int, draw, candidates, rng, what: str
         what: the kind of pair, for the error message.
     """
     if count > possible:
-        raise ValueError(f"{what}: {count} distinct pairs needed, only {possible} exist")
+        raise DataError(f"{what}: {count} distinct pairs needed, only {possible} exist")
     chosen: set[tuple] = set()
     attempts = 0 if 2 * count <= possible else None  # None: enumerate straight away
     while attempts is not None and len(chosen) < count:
@@ -517,8 +523,9 @@ def generate_pairs(
             folds at random); False draws all pairs from all identities, then splits them.
 
     Raises:
-        ValueError: a non-LFW image name, a bad count, or too few identities or images to draw
-            the distinct pairs asked for (the message says which fold and kind).
+        DataError: a non-LFW image name, or too few identities or images to draw the distinct
+            pairs asked for (the message says which fold and kind).
+        ValueError: ``n_folds`` or ``pairs_per_fold`` below 1.
     """
     if n_folds < 1 or pairs_per_fold < 1:
         raise ValueError(f"n_folds={n_folds} and pairs_per_fold={pairs_per_fold} must be >= 1")
@@ -574,7 +581,7 @@ def _check_folds(folds) -> int:
 
 
 def write_pairs(path: str | os.PathLike, folds) -> None:
-    """Write folds in the LFW format, atomically (temporary file + ``os.replace``).
+    """Write folds in the LFW format, atomically (:func:`facenet.files.write_text_atomic`).
 
     Args:
         path: the pairs file to write.
@@ -586,7 +593,4 @@ def write_pairs(path: str | os.PathLike, folds) -> None:
     for same, different in folds:
         lines += ["\t".join(str(v) for v in pair) for pair in same]
         lines += ["\t".join(str(v) for v in pair) for pair in different]
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, "\n".join(lines) + "\n")

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from facenet.errors import DataError
+
 __all__ = ["PKSampler", "as_label_array"]
 
 
@@ -107,7 +109,7 @@ class PKSampler(Sampler[list[int]]):
         n_images = len(drawable)
         if len(identities) < self.p or self.p * self.k > n_images:
             rule = "" if self.with_replacement else f" with at least k={self.k} images"
-            raise ValueError(
+            raise DataError(
                 f"P x K = {self.p} x {self.k} = {self.p * self.k} is larger than the data: "
                 f"{len(identities)} identities{rule} with {n_images} images"
             )

@@ -28,6 +28,9 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.io import write_png
 
+from facenet.errors import ConfigError, DataError
+from facenet.files import write_text_atomic
+
 __all__ = [
     "FaceTemplate",
     "Nuisance",
@@ -595,9 +598,7 @@ def _read_manifest(path: Path) -> dict | None:
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(manifest, indent=2))
 
 
 def _folder_complete(folder: Path, part: dict) -> bool:
@@ -616,7 +617,7 @@ def _clear_previous(root: Path, manifest_path: Path) -> None:
     if not manifest_path.exists():
         occupied = [t for t in targets if t.exists() and any(t.iterdir())]
         if occupied:
-            raise ValueError(
+            raise DataError(
                 f"{occupied[0]} exists and {manifest_path} does not: the folder was not written "
                 "by prepare_synthetic_data; choose another data.root for the synthetic data"
             )
@@ -630,12 +631,39 @@ def _write_heldout_pairs(written: dict[str, list[str]], path: Path, pairs_per_fo
 
     try:
         folds = generate_pairs(written, PAIRS_FOLDS, pairs_per_fold, seed=seed)
-    except ValueError:
+    except DataError:
         # Too few identities per fold for disjoint folds: draw from all, then split.
-        folds = generate_pairs(
-            written, PAIRS_FOLDS, pairs_per_fold, seed=seed, disjoint_folds=False
-        )
+        try:
+            folds = generate_pairs(
+                written, PAIRS_FOLDS, pairs_per_fold, seed=seed, disjoint_folds=False
+            )
+        except DataError as err:
+            raise ConfigError(
+                "data.synthetic_heldout_identities, data.synthetic_heldout_images_per_identity "
+                f"and data.synthetic_pairs_per_fold: too small for the held-out pairs: {err}"
+            ) from None
     write_pairs(path, folds)
+
+
+# The DataConfig keys prepare_synthetic_data reads as sizes.
+_SIZE_KEYS = (
+    "image_size",
+    "synthetic_identities",
+    "synthetic_images_per_identity",
+    "synthetic_heldout_identities",
+    "synthetic_heldout_images_per_identity",
+    "synthetic_pairs_per_fold",
+)
+
+
+def _check_sizes(cfg) -> None:
+    """Every size key a positive integer and the seed >= 0, else a ConfigError naming the key."""
+    for key in _SIZE_KEYS:
+        value = getattr(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"data.{key}: {value!r}: expected a positive integer")
+    if cfg.synthetic_seed < 0:
+        raise ConfigError(f"data.synthetic_seed: {cfg.synthetic_seed!r}: expected >= 0")
 
 
 def prepare_synthetic_data(root: str | Path, cfg) -> dict:
@@ -653,7 +681,13 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
 
     Returns:
         ``{"train_root", "heldout_root", "pairs"}`` as path strings.
+
+    Raises:
+        ConfigError: a size key below 1, or sizes too small for the held-out pairs.
+        DataError: ``root`` holds ``train``/``heldout`` folders this function did not write.
+        OSError: ``root`` cannot be written.
     """
+    _check_sizes(cfg)
     root = Path(root)
     paths = {
         "train_root": str(root / "train"),

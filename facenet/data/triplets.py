@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 
 from facenet.data.images import read_image
 from facenet.data.samplers import as_label_array
+from facenet.errors import DataError
 
 __all__ = ["TripletListDataset", "generate_triplets"]
 
@@ -56,7 +57,7 @@ def generate_triplets(
     n_ids = len(counts)
     anchor_ids = np.flatnonzero(counts >= 2)  # identity numbers that can hold an anchor
     if len(anchor_ids) == 0 or n_ids < 2:
-        raise ValueError(
+        raise DataError(
             f"triplets need an identity with at least 2 images and a second identity; "
             f"got {n_ids} identities, {len(anchor_ids)} with 2 or more images"
         )
