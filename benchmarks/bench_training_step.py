@@ -81,11 +81,8 @@ from facenet.memory import (  # noqa: E402
 )
 from facenet.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
 from facenet.models import EmbeddingNet  # noqa: E402
-from facenet.trainer import (  # noqa: E402
-    Trainer,
-    frozen_bn_running_stats,
-    unique_triplet_images,
-)
+from facenet.step import frozen_bn_running_stats, unique_triplet_images  # noqa: E402
+from facenet.trainer import Trainer  # noqa: E402
 
 EMBEDDING_DIM = 128
 NUM_CLASSES = 16  # triplet mode: labels of the classifier head

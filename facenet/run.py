@@ -173,10 +173,13 @@ def _console_line(record: dict, epochs: int) -> str:
     line = (
         f"epoch {record['epoch']}/{epochs}  loss {record['loss']:.4f}  "
         f"active {record['active_fraction']:.2f}  {record['images_per_second']:.0f} img/s  "
-        f"| graph peak {format_bytes(record['graph_bytes_peak'])} "
-        f"alive {format_bytes(record['graph_bytes_alive'])} "
-        f"rss {format_bytes(record['peak_rss_bytes'])}"
+        f"| rss {format_bytes(record['peak_rss_bytes'])}"
     )
+    if "graph_bytes_peak" in record:
+        line += (
+            f" graph peak {format_bytes(record['graph_bytes_peak'])} "
+            f"alive {format_bytes(record['graph_bytes_alive'])}"
+        )
     if "cuda_max_allocated" in record:
         line += f" cuda {format_bytes(record['cuda_max_allocated'])}"
     if "accuracy_mean" in record:

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any
+
+from torch.utils.tensorboard import SummaryWriter
+
+from facenet.files import json_safe
 
 __all__ = ["RunLogger"]
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 class RunLogger:
@@ -33,8 +29,6 @@ class RunLogger:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
             self.writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def log_epoch(self, record: dict) -> None:
@@ -42,7 +36,7 @@ class RunLogger:
         if not self.enabled:
             return
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({k: _json_safe(v) for k, v in record.items()}) + "\n")
+            fh.write(json.dumps(json_safe(record)) + "\n")
         if self.writer is not None:
             epoch = int(record.get("epoch", 0))
             for key, value in record.items():

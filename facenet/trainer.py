@@ -96,12 +96,7 @@ class Trainer:
         core = getattr(self.model, "module", self.model)
         if ce_weight > 0 and getattr(core, "classifier", None) is None:
             raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
-        self.miner, self.loss_fn, self.optimizer, self.scheduler = (
-            miner,
-            loss_fn,
-            optimizer,
-            scheduler,
-        )
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.grad_clip = float(grad_clip)
         self.max_nonfinite_steps = int(max_nonfinite_steps)
         self.channels_last = channels_last
@@ -131,6 +126,24 @@ class Trainer:
             for buffer in (module.running_mean, module.running_var, module.num_batches_tracked)
             if buffer is not None
         ]
+
+    @property
+    def miner(self):
+        """The step's miner (assignable)."""
+        return self.step.miner
+
+    @miner.setter
+    def miner(self, miner) -> None:
+        self.step.miner = miner
+
+    @property
+    def loss_fn(self):
+        """The step's triplet loss (assignable)."""
+        return self.step.loss_fn
+
+    @loss_fn.setter
+    def loss_fn(self, loss_fn) -> None:
+        self.step.loss_fn = loss_fn
 
     @property
     def core_model(self) -> nn.Module:
@@ -171,13 +184,12 @@ class Trainer:
         bn_before = [b.clone() for b in self._bn_buffers]
         result = self.step(images, labels, candidates)
         if result is None:
-            self._check_images(images)
+            self._check_images(images, bn_before)
             return self._skipped("no_triplets")
         if not bool(torch.isfinite(result.loss)):  # one host sync per step
             self.optimizer.zero_grad(set_to_none=True)
-            for buffer, saved in zip(self._bn_buffers, bn_before):
-                buffer.copy_(saved)
-            self._check_images(images)
+            self._restore(bn_before)
+            self._check_images(images, bn_before)
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
                 raise NonFiniteLossError(
@@ -201,11 +213,19 @@ class Trainer:
         self.counts["steps"] += 1
         self.counts["trained"] += 1
 
-    @staticmethod
-    def _check_images(images: torch.Tensor) -> None:
-        """After a step that selected nothing or lost finiteness: are the inputs to blame?"""
+    def _restore(self, bn_before: list[torch.Tensor]) -> None:
+        for buffer, saved in zip(self._bn_buffers, bn_before):
+            buffer.copy_(saved)
+
+    def _check_images(self, images: torch.Tensor, bn_before: list[torch.Tensor]) -> None:
+        """After a step that selected nothing or lost finiteness: are the inputs to blame?
+
+        If so the step is undone (BatchNorm's running statistics restored) and refused.
+        """
         bad = ~torch.isfinite(images).flatten(1).all(dim=1)  # (B,)
         if bool(bad.any()):
+            self.optimizer.zero_grad(set_to_none=True)
+            self._restore(bn_before)
             rows = bad.nonzero().flatten().tolist()
             raise NonFiniteInputError(
                 f"{len(rows)} of {bad.numel()} input images hold NaN or infinite values "

@@ -164,7 +164,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> VerificationResult:
     from facenet.data.pairs import read_pairs
     from facenet.distributed import resolve_device
     from facenet.models import build_model
-    from facenet.trainer import embed_pair_list
+    from facenet.embed import embed_pair_list
 
     try:
         device = resolve_device(args.device)

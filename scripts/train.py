@@ -17,12 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from facenet.config import (  # noqa: E402
-    ConfigError,
-    add_override_argument,
-    config_to_dict,
-    load_config,
-)
+from facenet.config import add_override_argument, config_to_dict, load_config  # noqa: E402
+from facenet.errors import ConfigError  # noqa: E402
 
 
 def get_args_parser() -> argparse.ArgumentParser:

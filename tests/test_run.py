@@ -269,9 +269,9 @@ def test_nan_in_the_inputs_stops_naming_the_images(tmp_path, capsys, monkeypatch
 def test_nan_loss_exits_3_and_keeps_the_last_good_checkpoint(
     tmp_path, capsys, monkeypatch, synthetic_root
 ):
-    import facenet.losses
+    import facenet.builders
 
-    build_loss = facenet.losses.build_loss
+    build_loss = facenet.builders.build_loss
 
     class NanFromStep:
         """The real loss for ``good`` steps, then NaN."""
@@ -288,7 +288,7 @@ def test_nan_loss_exits_3_and_keeps_the_last_good_checkpoint(
             loss = self.inner(embeddings, triplets)
             return loss if self.calls <= self.good else loss * float("nan")
 
-    monkeypatch.setattr(facenet.losses, "build_loss", lambda cfg: NanFromStep(build_loss(cfg), 2))
+    monkeypatch.setattr(facenet.builders, "build_loss", lambda cfg: NanFromStep(build_loss(cfg), 2))
     run = tmp_path / "run"
     code, _, err = train(
         capsys,
