@@ -163,8 +163,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> VerificationResult:
     from facenet.config import config_from_dict
     from facenet.data.pairs import read_pairs
     from facenet.distributed import resolve_device
-    from facenet.models import build_model
     from facenet.embed import embed_pair_list
+    from facenet.models import build_model
 
     try:
         device = resolve_device(args.device)

@@ -483,7 +483,13 @@ def measure_trainer(
     optimizer = seed_loop.create_optimizer(model, name=args.optimizer, lr=args.lr)
     miner, loss_fn = _pk_parts(args.margin, args.seed) if pk else _seed_rule_parts(args.margin)
     trainer = Trainer(
-        model, miner, loss_fn, optimizer, passes=passes, ce_weight=1.0, device=args.device,
+        model,
+        miner,
+        loss_fn,
+        optimizer,
+        passes=passes,
+        ce_weight=1.0,
+        device=args.device,
         graph_memory=True,
     )
     model.train()
