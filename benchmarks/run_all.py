@@ -8,7 +8,9 @@ measurement children):
    and the gradient-caching rows;
 2. ``bench_miners.py``: our miners vs pytorch-metric-learning 2.9.0;
 3. ``bench_evaluation.py``: the verification protocol vs the classic loops;
-4. ``bench_data.py``: IdentityFolder + transforms, 0 and 2 workers, vs the step's consumption.
+4. ``bench_data.py``: IdentityFolder + transforms, 0 and 2 workers, vs the step's consumption;
+5. ``bench_step_paths.py``: the default step (``passes="auto"``) vs the previous default
+   (``passes=2``) and a plain loop, graph meter on vs off, on the demo config and resnet18.
 
 Then it checks the targets (ratios measured in this run) and writes the report.
 
@@ -35,11 +37,12 @@ sys.path.insert(0, str(REPO))
 
 import bench_data  # noqa: E402
 import bench_evaluation  # noqa: E402
+import bench_step_paths  # noqa: E402
 import bench_training_step  # noqa: E402
 
 from facenet.files import write_text_atomic  # noqa: E402
 
-SECTIONS = ("training_step", "miners", "evaluation", "data")
+SECTIONS = ("training_step", "miners", "evaluation", "data", "step_paths")
 QUICK_OUT = REPO / "runs" / "bench_quick"
 
 # The targets of the benchmark issues, as ratios measured in one run.
@@ -65,12 +68,14 @@ def section_commands(quick: bool, threads: int) -> dict[str, list[str]]:
             "miners": ["--quick", "--time-budget", "0.2", *thread_args],
             "evaluation": ["--sizes", "2000", "--repeats", "3", "--reference-repeats", "1"],
             "data": ["--quick", *thread_args],
+            "step_paths": ["--quick", *thread_args],
         }
     return {
         "training_step": [*thread_args],
         "miners": [*thread_args],
         "evaluation": [],
         "data": [*thread_args],
+        "step_paths": [*thread_args],
     }
 
 
@@ -98,6 +103,8 @@ def _section_main(name: str):
         return bench_evaluation.main
     if name == "data":
         return bench_data.main
+    if name == "step_paths":
+        return bench_step_paths.main
     import bench_miners  # imports pytorch-metric-learning, a dev dependency
 
     return bench_miners.main
@@ -110,6 +117,7 @@ def script_command(name: str, argv: list[str]) -> str:
         "miners": "bench_miners.py",
         "evaluation": "bench_evaluation.py",
         "data": "bench_data.py",
+        "step_paths": "bench_step_paths.py",
     }[name]
     extra = " --step-json training_step.json" if name == "data" else ""
     return f"python benchmarks/{script} {' '.join(argv)}{extra} --json {name}.json".replace(
@@ -657,6 +665,110 @@ def data_section(data: dict, command: str) -> str:
     )
 
 
+def step_paths_workload_text(work: dict) -> str:
+    """One workload's setup in words."""
+    loss = (
+        f"cross-entropy (weight {work['ce_weight']:g}) over {work['num_classes']} classes"
+        if work["ce_weight"] > 0
+        else "no cross-entropy"
+    )
+    optimizer = "Adam" if work["optimizer"] == "adam" else "SGD (momentum 0.9)"
+    return (
+        f"*{work['name']}*: `{work['backbone']}` at {work['image_size']} px, P x K = "
+        f"{work['p']} x {work['k']} ({work['images']} images), {loss}, {optimizer} lr "
+        f"{work['lr']:g}; {work['rounds']} timed rounds after {work['warmup']} warm-up "
+        + ("round" if work["warmup"] == 1 else "rounds")
+    )
+
+
+def step_paths_tables(results: list[dict]) -> tuple[str, str]:
+    """(every variant's step time, the ratios) for the step-paths workloads."""
+    rows, ratio_rows = [], []
+    for result in results:
+        name = result["workload"]["name"]
+        if "error" in result:
+            rows.append([name, result["error"][:120], *[None] * 6])
+            continue
+        variants = result["variants"]
+        auto = (variants.get("auto") or {}).get("fastest_s")
+        for row in variants.values():
+            rows.append(
+                [
+                    name,
+                    row["label"],
+                    row["step"],
+                    num(row.get("fastest_s"), ".3f"),
+                    num(row.get("median_s"), ".3f"),
+                    num(row.get("images_per_s"), ".1f"),
+                    num(bench_training_step.ratio(row.get("fastest_s"), auto), ".2f", "x"),
+                    mib(row.get("graph_peak_bytes")),
+                ]
+            )
+        ratios = result["ratios"]
+        ratio_rows.append(
+            [
+                name,
+                num(ratios.get("two_pass_vs_auto"), ".2f", "x"),
+                num(ratios.get("auto_overhead_vs_plain"), "+.1%"),
+                num(ratios.get("meter_on_vs_off"), ".2f", "x"),
+                num(ratios.get("two_pass_vs_auto_median"), ".2f", "x"),
+                num(ratios.get("auto_overhead_vs_plain_median"), "+.1%"),
+                num(ratios.get("meter_on_vs_off_median"), ".2f", "x"),
+            ]
+        )
+    headers = [
+        "workload",
+        "variant",
+        "step",
+        "step s (fastest)",
+        "step s (median)",
+        "images/s (fastest)",
+        "/ auto",
+        "peak graph MiB",
+    ]
+    ratio_headers = [
+        "workload",
+        "two-pass / auto",
+        "auto over plain",
+        "meter on / off",
+        "two-pass / auto (medians)",
+        "auto over plain (medians)",
+        "meter on / off (medians)",
+    ]
+    return md_table(headers, rows), md_table(ratio_headers, ratio_rows)
+
+
+def step_paths_section(report: dict, command: str) -> str:
+    """Section 5: the default step vs the previous default and a plain loop; the graph meter."""
+    head = "## 5. Step paths: the default against the previous default"
+    if "error" in report or not report:
+        return f"{head}\n\n" + report.get("error", "not run")
+    results = report.get("workloads", [])
+    works = "; ".join(step_paths_workload_text(r["workload"]) for r in results)
+    table, ratios = step_paths_tables(results)
+    return (
+        f"{head}\n\nCommand: `{command}`\n\n"
+        "P x K batches of random images (seeded), FaceNet's semi-hard mining (margin 0.2, "
+        "squared distance, the hardest negative when the band is empty, so every image is "
+        "selected), triplet loss with margin 0.2. " + works + ". *demo* is `configs/demo.yaml`'s "
+        'model, loss and optimizer. Variants: `Trainer(passes="auto")`, the new default (with '
+        "this miner the one-pass step: *step* is `trainer.step.name`); `Trainer(passes=2)`, the "
+        "previous default (a no-grad mining forward on the batch, then a grad forward on the "
+        "selected images); a plain loop without a Trainer as pytorch-metric-learning's examples "
+        "write it (`emb = model(x)`, the miner on `emb.detach()`, the loss on `emb` (+ "
+        "cross-entropy), `backward`, `optimizer.step`, `zero_grad`); and the default with the "
+        "graph meter on (`graph_memory=True`, each step inside `with trainer.meter:`). Every "
+        "variant of a workload starts from the same initial network and trains on the same "
+        "batches, in one process, in rounds: each round runs one step of every variant, in a "
+        "rotating order, on the same batch, so the ratios are taken side by side. *fastest*: a "
+        "variant's fastest round (the ratios use it: other jobs only ever add time); *median*: "
+        "its median round; *auto over plain*: auto / plain - 1, the step's overhead over the "
+        "plain loop; *peak graph MiB*: what the meter measured. These figures are from a shared "
+        "2-core CPU (see the load averages above): absolute times move between runs, the "
+        "ratios of one run less so.\n\n" + table + "\n\n" + ratios
+    )
+
+
 def gpu_section(gpu: dict | None) -> str:
     """The GPU figures of gpu_check.sh, or what to run to get them."""
     head = "## GPU: resnet50 at 160 px\n\n"
@@ -892,6 +1004,7 @@ def render_markdown(results: dict) -> str:
         miners_section(sections.get("miners") or {}, commands.get("miners", "")),
         evaluation_section(sections.get("evaluation") or {}, commands.get("evaluation", "")),
         data_section(sections.get("data") or {}, commands.get("data", "")),
+        step_paths_section(sections.get("step_paths") or {}, commands.get("step_paths", "")),
         gpu_section(results.get("gpu")),
         closing_notes(sections, results["targets"]),
     ]
