@@ -54,8 +54,6 @@ __all__ = [
     "unique_triplet_images",
 ]
 
-STEP_NAMES = ("one-pass", "two-pass", "chunked")
-
 
 class StepResult(NamedTuple):
     """What a step leaves besides the gradients: the loss value and statistics.
@@ -282,37 +280,25 @@ class ChunkedStep(_Step):
         self.chunk_size = int(chunk_size)
 
     def __call__(self, images, labels, candidates=None) -> StepResult | None:
-        count, world = images.shape[0], get_world_size()
+        count = images.shape[0]
         chunks = torch.arange(count, device=images.device).split(self.chunk_size)
-        states = []
-        with torch.no_grad():  # the stated forward; running statistics update once per chunk
-            pieces = []
-            for chunk in chunks:
-                states.append(_rng_state(images.device))
-                pieces.append(self.forward(images[chunk], grad=False)[0])
-        everyone, triplets = self.mine(torch.cat(pieces), labels, candidates)  # (W*b, D)
+        embeddings, states = self._no_grad_pass(images, chunks)  # (b, D), one state per chunk
+        everyone, triplets = self.mine(embeddings, labels, candidates)  # (W*b, D)
         if triplets.anchor.numel() == 0:
             return None
         unique, local = unique_triplet_images(triplets)
         cached = everyone[unique].requires_grad_(True)  # (U, D) leaf
         triplet_loss = self.loss_fn(cached, local)
         stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
-        (grad,) = torch.autograd.grad(self.scale(triplet_loss) * world, cached)  # (U, D)
+        scaled = self.scale(triplet_loss) * get_world_size()  # DDP averages the ranks
+        (grad,) = torch.autograd.grad(scaled, cached)  # (U, D)
         mine, rows = self.own_rows(unique, count)
         row_grads = grad.new_zeros((count, grad.shape[1]))  # (b, D), zero for unselected
         row_grads[rows] = grad[mine]
         selected = torch.zeros(count, dtype=torch.bool, device=images.device)
         selected[rows] = True
-        run = [i for i, chunk in enumerate(chunks) if bool(selected[chunk].any())]
         ce_sum = self._backward_chunks(
-            images,
-            labels,
-            chunks,
-            run or [len(chunks) - 1],
-            states,
-            row_grads,
-            selected,
-            unique.numel(),
+            images, labels, chunks, states, row_grads, selected, unique.numel()
         )
         stats["triplet_loss"] = value = triplet_loss.detach()
         if self.ce_weight > 0:
@@ -321,23 +307,32 @@ class ChunkedStep(_Step):
         stats["loss"], stats["selected_images"] = value, torch.tensor(float(unique.numel()))
         return StepResult(value, stats)
 
-    def _backward_chunks(self, images, labels, chunks, run, states, row_grads, selected, total):
-        """Re-forward the chunks in ``run`` with grad and backpropagate their cached rows.
+    def _no_grad_pass(self, images, chunks):
+        """The stated forward without a graph, chunk by chunk: each chunk its own BatchNorm
+        batch, running statistics updated once per chunk; the random state before each."""
+        pieces, states = [], []
+        with torch.no_grad():
+            for chunk in chunks:
+                states.append(_rng_state(images.device))
+                pieces.append(self.forward(images[chunk], grad=False)[0])
+        return torch.cat(pieces), states
 
-        DDP all-reduces on the last backward only. Returns this rank's cross-entropy sum.
+    def _backward_chunks(self, images, labels, chunks, states, row_grads, selected, total):
+        """Re-forward with grad the chunks holding a selected image; backpropagate their rows.
+
+        A rank with no selected image runs its last chunk with zero gradients, so that it
+        joins DDP's all-reduce, which happens on the last backward only. Returns this rank's
+        cross-entropy sum over its selected images (``total``: U, of every rank).
         """
         with_logits, ce_sum = self.ce_weight > 0, row_grads.new_zeros(())
         ce_scale = self.ce_weight * get_world_size() / total
+        has_selected = torch.stack([selected[chunk].any() for chunk in chunks]).tolist()
+        run = [i for i, flag in enumerate(has_selected) if flag] or [len(chunks) - 1]
         for position, index in enumerate(run):
-            chunk = chunks[index]
-            last = position == len(run) - 1
-            sync = (
-                contextlib.nullcontext()
-                if last or not hasattr(self.model, "no_sync")
-                else (self.model.no_sync())
-            )
+            chunk, last = chunks[index], position == len(run) - 1
+            sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else None
             with (
-                sync,
+                sync or contextlib.nullcontext(),
                 _replayed_rng(states[index], images.device),
                 frozen_bn_running_stats(self.core),
             ):

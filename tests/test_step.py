@@ -199,3 +199,95 @@ def test_no_graph_outlives_a_step(passes, chunk):
         trainer.train_step(images, labels)
         assert trainer.meter.peak_bytes > 0
         assert trainer.meter.alive_bytes == 0
+
+
+# ---------------------------------------------------------------- without batch dependence
+
+
+class GroupNormNet(nn.Module):
+    """An embedding net whose output for an image does not depend on the rest of the batch."""
+
+    def __init__(self, dim=8, num_classes=6):
+        super().__init__()
+        self.backbone = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.GroupNorm(2, 8),
+            nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1),
+            nn.GroupNorm(4, 16),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.head = nn.Sequential(nn.Linear(16, dim), nn.LayerNorm(dim))
+        self.classifier = nn.Linear(dim, num_classes)
+
+    def forward(self, x, return_logits=False):
+        z = self.head(self.backbone(x))
+        embeddings = torch.nn.functional.normalize(z, dim=1)
+        return (embeddings, self.classifier(z)) if return_logits else embeddings
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5, 18, 64])
+@pytest.mark.parametrize("ce", [0.0, 0.5])
+def test_without_batch_dependence_chunked_equals_unchunked(chunk, ce):
+    torch.manual_seed(0)
+    model = GroupNormNet().double()
+    images, labels = make_batch(p=6, k=3, size=12)
+    recorded = []
+    for chunk_size, passes in ((0, 1), (chunk, 2)):
+        copy_ = copy.deepcopy(model)
+        optimizer = RecordingSGD(copy_.parameters(), lr=0.1)
+        trainer = Trainer(
+            copy_,
+            BatchHardMiner(),
+            TripletMarginLoss(0.5),
+            optimizer,
+            ce_weight=ce,
+            passes=passes,
+            chunk_size=chunk_size,
+        )
+        stats = trainer.train_step(images, labels)
+        recorded.append((stats["loss"], optimizer.recorded))
+    (want_loss, want), (got_loss, got) = recorded
+    assert_relative_close(got_loss, want_loss, rel=1e-12)
+    largest = max(g.abs().max() for g in want if g is not None)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if w is not None:
+            assert_relative_close(g, w, scale=largest)
+
+
+def forward_peak(model, images):
+    meter = GraphMemoryMeter(exclude=model)
+    with meter:
+        out = model(images)
+        peak = meter.peak_bytes
+        del out
+    return peak
+
+
+@pytest.mark.parametrize("chunk", [3, 6, 9])
+def test_chunked_peak_is_one_chunks_worth(chunk):
+    torch.manual_seed(0)
+    model = BNNet(num_classes=None)
+    images, labels = make_batch(p=6, k=3, size=32, dtype=torch.float32)
+    peaks = {}
+    for name, chunk_size, passes in (("whole", 0, 1), ("chunked", chunk, 2)):
+        copy_ = copy.deepcopy(model)
+        trainer = Trainer(
+            copy_,
+            BatchHardMiner(),
+            TripletMarginLoss(0.5),
+            torch.optim.SGD(copy_.parameters(), 0.1),
+            passes=passes,
+            chunk_size=chunk_size,
+            graph_memory=True,
+        )
+        with trainer.meter:
+            trainer.train_step(images, labels)
+        peaks[name] = trainer.meter.peak_bytes
+        assert trainer.meter.alive_bytes == 0
+    assert peaks["chunked"] <= chunk / images.shape[0] * peaks["whole"] * 1.1 + 32 * 1024
+    one_chunk = forward_peak(copy.deepcopy(model).train(), images[:chunk])
+    assert peaks["chunked"] <= one_chunk * 1.1 + 32 * 1024
