@@ -296,7 +296,13 @@ def config_from_dict(data: Any, source: str = "<dict>") -> Config:
 
 
 def _check_combinations(cfg: Config, source: str) -> None:
-    """Reject keys whose values are valid alone but not together."""
+    """Reject values that no run can use, and keys whose values are valid alone but not
+    together."""
+    if cfg.train.chunk_size < 0 or cfg.train.chunk_size == 1:
+        raise ConfigError(
+            f"{source}: train.chunk_size: {cfg.train.chunk_size}; 0 (off) or at least 2: each "
+            "chunk is a BatchNorm batch, and BatchNorm needs two images"
+        )
     if cfg.mining.passes == 1 and cfg.train.chunk_size > 0:
         raise ConfigError(
             f"{source}: mining.passes: 1 cannot be used with train.chunk_size: "

@@ -534,7 +534,11 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
         unwritable output folder), 3 for a run of non-finite losses, 128 + the signal number
         when SIGINT/SIGTERM stopped the run, 130 for a second signal.
     """
-    info = init_distributed(cfg.train.device)
+    try:
+        info = init_distributed(cfg.train.device)
+    except FacenetError as err:  # CUDA asked for where there is none
+        print(f"error: train.device: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         with contextlib.ExitStack() as stack:
             if not info.is_main:  # one console: rank 0's (errors still reach stderr)

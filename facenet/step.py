@@ -15,15 +15,19 @@ plain forward written down for each path (tests hold every path against it in fl
   detached copy, ``loss(emb[triplets])``. The BatchNorm batch is the rank's batch.
 - ``TwoPassStep``: a no-grad mining pass over the batch (BatchNorm running statistics
   untouched), then ``emb = model(images[selected])`` with grad on the rank's selected images
-  only: they are their own BatchNorm batch. Mining may see other statistics than the loss;
-  selection is the mining pass's, the loss and its gradient are the grad pass's.
+  only: they are their own BatchNorm batch (a rank with one selected image adds the first other
+  image of its batch, unused by the loss: BatchNorm needs two). Mining may see other statistics
+  than the loss; selection is the mining pass's, the loss and its gradient are the grad pass's.
 - ``ChunkedStep`` (gradient caching, ghost BatchNorm): the rank's batch is cut into consecutive
-  chunks of ``chunk_size`` images and each chunk is a BatchNorm batch; the stated forward is
+  chunks of ``chunk_size`` images (a last chunk of one image joins the one before) and each
+  chunk is a BatchNorm batch; the stated forward is
   ``emb = cat(model(chunk) for chunk in chunks)`` and ``loss(emb[triplets])``. A no-grad pass
   computes ``emb`` (and updates the running statistics once per chunk, as that forward does);
   the loss gradient with respect to ``emb`` is cached; each chunk holding a selected image is
   forwarded again with grad, with its random state replayed (dropout draws the same masks), and
-  backpropagates its rows of the cached gradient. Peak graph memory: one chunk's.
+  backpropagates its rows of the cached gradient. Peak graph memory: one chunk's. The replay
+  covers torch's global generators (CPU and the device's): a layer drawing from its own
+  ``torch.Generator`` or from Python's ``random`` would not recompute the cached rows.
 
 Every path: triplets index the global batch in rank order; cross-entropy (``ce_weight > 0``)
 is the mean over the selected images of the logits from the same grad forward.
@@ -50,6 +54,7 @@ __all__ = [
     "ChunkedStep",
     "choose_step",
     "build_step",
+    "batch_chunks",
     "frozen_bn_running_stats",
     "unique_triplet_images",
 ]
@@ -241,13 +246,22 @@ class TwoPassStep(_Step):
         return self.loss_and_backward(embeddings, local, unique.numel(), logits, labels[rows])
 
     def _grad_forward(self, images, rows):
-        """The grad forward on ``images[rows]``; a rank with no selected image still joins
-        DDP's all-reduce through a zero-weight slice of a forward that updates nothing."""
-        if rows.numel() > 0:
-            return self.forward(images[rows], self.ce_weight > 0)
-        with frozen_bn_running_stats(self.core):
-            embeddings, logits = self.forward(images, self.ce_weight > 0)
-        return embeddings[:0], None if logits is None else logits[:0]
+        """The grad forward on ``images[rows]``, their own BatchNorm batch.
+
+        BatchNorm needs two images: a rank with one selected image adds the first other image
+        of its batch, whose embedding the loss does not use. A rank with none still joins
+        DDP's all-reduce through a zero-length slice of a forward that updates nothing.
+        """
+        with_logits = self.ce_weight > 0
+        if rows.numel() == 0:
+            with frozen_bn_running_stats(self.core):
+                embeddings, logits = self.forward(images, with_logits)
+            return embeddings[:0], None if logits is None else logits[:0]
+        if rows.numel() == 1 and images.shape[0] > 1:
+            other = rows.new_tensor([int(rows[0] == 0)])  # image 0, or 1 if 0 is selected
+            embeddings, logits = self.forward(images[torch.cat([rows, other])], with_logits)
+            return embeddings[:1], None if logits is None else logits[:1]
+        return self.forward(images[rows], with_logits)
 
 
 def _rng_state(device: torch.device) -> tuple:
@@ -263,6 +277,21 @@ def _replayed_rng(state: tuple, device: torch.device) -> Iterator[None]:
         if state[1] is not None:
             torch.cuda.set_rng_state(state[1], device)
         yield
+
+
+def batch_chunks(count: int, chunk_size: int, device=None) -> list[torch.Tensor]:
+    """Consecutive chunks of ``chunk_size`` rows; a last chunk of one row joins the one before
+    (a single image is not a BatchNorm batch).
+
+    Args:
+        count: rows in the batch.
+        chunk_size: rows per chunk.
+        device: where the index tensors live.
+    """
+    chunks = list(torch.arange(count, device=device).split(chunk_size))
+    if len(chunks) > 1 and chunks[-1].numel() == 1:
+        chunks[-2:] = [torch.cat(chunks[-2:])]
+    return chunks
 
 
 class ChunkedStep(_Step):
@@ -281,7 +310,7 @@ class ChunkedStep(_Step):
 
     def __call__(self, images, labels, candidates=None) -> StepResult | None:
         count = images.shape[0]
-        chunks = torch.arange(count, device=images.device).split(self.chunk_size)
+        chunks = batch_chunks(count, self.chunk_size, images.device)
         embeddings, states = self._no_grad_pass(images, chunks)  # (b, D), one state per chunk
         everyone, triplets = self.mine(embeddings, labels, candidates)  # (W*b, D)
         if triplets.anchor.numel() == 0:
@@ -362,10 +391,10 @@ def choose_step(passes: int | str, chunk_size: int, selects_every_image: bool) -
         ConfigError: ``passes=1`` with ``chunk_size > 0`` (a chunked step is a two-pass step),
             or an unknown value.
     """
-    if passes not in ("auto", 1, 2):
+    if isinstance(passes, bool) or passes not in ("auto", 1, 2):
         raise ConfigError(f"passes must be 'auto', 1 or 2, got {passes!r}")
-    if chunk_size < 0:
-        raise ConfigError(f"chunk_size must be >= 0, got {chunk_size!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 0:
+        raise ConfigError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
     if chunk_size > 0:
         if passes == 1:
             raise ConfigError(

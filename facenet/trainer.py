@@ -3,7 +3,8 @@
 ``Trainer.train_step(images, labels)`` runs the step path chosen once at construction (see
 ``facenet.step`` for what each path computes) and then::
 
-    if the loss is not finite: drop the gradients, restore BatchNorm's running statistics, skip
+    no triplet, or a non-finite loss, gradient or running statistic: drop the gradients,
+        restore BatchNorm's running statistics (the model is as it was), look at the images
     clip the gradient norm (after unscaling, under fp16)
     scaler.step(optimizer); scaler.update(); optimizer.zero_grad(set_to_none=True)
 
@@ -23,8 +24,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import get_total_norm
 from tqdm import tqdm
 
+from facenet.distributed import any_rank, get_rank
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, cuda_memory_stats, peak_rss_bytes, reset_cuda_peaks
 from facenet.step import build_step, choose_step
@@ -68,6 +71,9 @@ class Trainer:
         meter: a :class:`GraphMemoryMeter` counting saved-tensor bytes during epochs, or None.
         graph_memory: make such a meter when ``meter`` is None (off by default: it costs a
             hook call per saved tensor).
+
+    Under DDP (``model`` wrapped) every parameter must take part in the loss: a classifier
+    head with ``ce_weight=0`` makes DDP wait for its gradient (build the model without it).
     """
 
     def __init__(
@@ -101,13 +107,13 @@ class Trainer:
         self.max_nonfinite_steps = int(max_nonfinite_steps)
         self.channels_last = channels_last
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == "fp16")
-        name = choose_step(passes, int(chunk_size), getattr(miner, "selects_every_image", False))
+        name = choose_step(passes, chunk_size, getattr(miner, "selects_every_image", False))
         self.step = build_step(
             name,
             self.model,
             miner,
             loss_fn,
-            chunk_size=int(chunk_size),
+            chunk_size=chunk_size,
             ce_weight=ce_weight,
             autocast_dtype=_AUTOCAST[amp],
             scale=self.scaler.scale,
@@ -179,57 +185,63 @@ class Trainer:
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         labels = labels.to(self.device, non_blocking=True)
-        # The step may update BatchNorm's running statistics before the loss is known: keep a
-        # copy so that a skipped (non-finite) step leaves them as they were.
+        # The step may update BatchNorm's running statistics before it is known to count:
+        # keep a copy, so that a skipped step leaves the model exactly as it was.
         bn_before = [b.clone() for b in self._bn_buffers]
         result = self.step(images, labels, candidates)
-        if result is None:
-            self._check_images(images, bn_before)
+        if result is None:  # the same answer on every rank (the miner saw the global batch)
+            self._undo(bn_before)
+            self._check_images(images)
             return self._skipped("no_triplets")
-        if not bool(torch.isfinite(result.loss)):  # one host sync per step
-            self.optimizer.zero_grad(set_to_none=True)
-            self._restore(bn_before)
-            self._check_images(images, bn_before)
+        if not self._finite(result.loss):
+            self._undo(bn_before)
+            self._check_images(images)
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
                 raise NonFiniteLossError(
-                    f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss "
-                    f"(last: {result.loss.item()}); check the learning rate and the data"
+                    f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
+                    f"gradient (last loss: {result.loss.item()}); check the learning rate"
                 )
             return self._skipped("nonfinite")
         self.nonfinite_in_a_row = 0
         self._update()
         return result.stats
 
-    def _update(self) -> None:
-        """Clip, step the optimizer through the scaler, drop the gradients."""
-        if self.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
-        self.counts["steps"] += 1
-        self.counts["trained"] += 1
+    def _finite(self, loss: torch.Tensor) -> bool:
+        """The loss, the gradients and BatchNorm's running statistics are finite, on every rank.
 
-    def _restore(self, bn_before: list[torch.Tensor]) -> None:
+        One host sync: a NaN image that the miner leaves out still poisons the running
+        statistics and (through 0 x NaN) the gradients, with a finite loss. Under fp16 the
+        GradScaler judges the gradients itself (it skips the update on inf).
+        """
+        checks = [loss]
+        if not self.scaler.is_enabled():
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            checks += [get_total_norm(grads)] if grads else []
+        buffers = [b for b in self._bn_buffers if b.is_floating_point()]
+        checks += [get_total_norm(buffers)] if buffers else []
+        finite = bool(torch.isfinite(torch.stack([c.float() for c in checks])).all())
+        return not any_rank(not finite)  # one decision for all ranks
+
+    def _undo(self, bn_before: list[torch.Tensor]) -> None:
+        """Drop the step's gradients and restore BatchNorm's running statistics."""
+        self.optimizer.zero_grad(set_to_none=True)
         for buffer, saved in zip(self._bn_buffers, bn_before):
             buffer.copy_(saved)
 
-    def _check_images(self, images: torch.Tensor, bn_before: list[torch.Tensor]) -> None:
+    @staticmethod
+    def _check_images(images: torch.Tensor) -> None:
         """After a step that selected nothing or lost finiteness: are the inputs to blame?
 
-        If so the step is undone (BatchNorm's running statistics restored) and refused.
+        Every rank raises when any rank's images hold NaN or inf (``rows``: this rank's).
         """
         bad = ~torch.isfinite(images).flatten(1).all(dim=1)  # (B,)
-        if bool(bad.any()):
-            self.optimizer.zero_grad(set_to_none=True)
-            self._restore(bn_before)
+        if any_rank(bool(bad.any())):
             rows = bad.nonzero().flatten().tolist()
+            where = f"{len(rows)} of {bad.numel()}" if rows else "some"
             raise NonFiniteInputError(
-                f"{len(rows)} of {bad.numel()} input images hold NaN or infinite values "
-                "after the transform",
+                f"{where} input images hold NaN or infinite values after the transform"
+                + ("" if rows else f" (on another rank than rank {get_rank()})"),
                 rows=rows,
             )
 
@@ -249,6 +261,18 @@ class Trainer:
         index = torch.arange(count, device=self.device)
         candidates = (index, index + count, index + 2 * count)
         return self.train_step(images, labels, candidates=candidates)
+
+    def _update(self) -> None:
+        """Clip, step the optimizer through the scaler, drop the gradients."""
+        if self.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        self.counts["steps"] += 1
+        self.counts["trained"] += 1
 
     # ------------------------------------------------------------------ the epoch
 

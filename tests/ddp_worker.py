@@ -24,8 +24,9 @@ from facenet.distributed import (  # noqa: E402
     init_distributed,
 )
 from facenet.embed import embed_pair_list  # noqa: E402
+from facenet.errors import NonFiniteInputError  # noqa: E402
 from facenet.losses import TripletMarginLoss  # noqa: E402
-from facenet.miners import BatchHardMiner, TripletMarginMiner  # noqa: E402
+from facenet.miners import BatchHardMiner, TripletMarginMiner, Triplets  # noqa: E402
 from facenet.trainer import Trainer  # noqa: E402
 
 STEPS, P, K, LR, MARGIN = 3, 6, 4, 0.5, 0.5
@@ -40,10 +41,22 @@ class FirstBlockMiner:
         return BatchHardMiner()(embeddings[:12], labels[:12])
 
 
+class OneOnRankOneMiner(FirstBlockMiner):
+    """Like FirstBlockMiner, but the first triplet's negative is image 12: rank 1 of 2 has
+    exactly one selected image."""
+
+    def __call__(self, embeddings, labels, candidates=None):
+        anchor, positive, negative = super().__call__(embeddings, labels)
+        negative = negative.clone()
+        negative[0] = 12
+        return Triplets(anchor, positive, negative)
+
+
 MINERS = {
     "batch_hard": BatchHardMiner,
     "sparse": lambda: TripletMarginMiner(margin=0.02, type_of_triplets="semihard"),
     "first_block": FirstBlockMiner,
+    "one_on_rank_one": OneOnRankOneMiner,
 }
 # (path, miner, ce_weight, chunk_size)
 CASES = [
@@ -53,10 +66,15 @@ CASES = [
     ("two-pass", "sparse", 0.5, 0),
     ("two-pass", "sparse", 0.0, 0),
     ("two-pass", "first_block", 0.5, 0),
+    ("two-pass", "one_on_rank_one", 0.5, 0),
     ("chunked", "batch_hard", 0.5, 5),
     ("chunked", "sparse", 0.0, 4),
     ("chunked", "first_block", 0.5, 4),
+    ("chunked", "batch_hard", 0.0, 11),  # 11 + 1: the last image joins the first chunk
 ]
+
+
+NAN_CASES = [(1, 0), (2, 0), (2, 4)]
 
 
 def initial_model(ce):
@@ -90,6 +108,34 @@ def train(path, miner, ce, chunk):
     return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
 
 
+def nan_on_rank_one(passes, chunk):
+    """One step where only rank 1's images hold NaN; what each rank saw (every rank must raise,
+    or the ranks would part ways at the next collective)."""
+    model = DistributedDataParallel(initial_model(0.0), forward_sync_buffers=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    trainer = Trainer(
+        model,
+        BatchHardMiner(),
+        TripletMarginLoss(MARGIN),
+        optimizer,
+        passes=passes,
+        chunk_size=chunk,
+    )
+    images, labels = make_batch(P, K, seed=7)
+    share = images.shape[0] // get_world_size()
+    local = images[get_rank() * share : (get_rank() + 1) * share].clone()
+    if get_rank() == 1:
+        local[3, 0, 0, 0] = float("nan")
+    try:
+        trainer.train_step(local, labels[get_rank() * share : (get_rank() + 1) * share])
+        seen = "trained"
+    except NonFiniteInputError as err:
+        seen = f"raised rows={err.rows}"
+    everyone = [None] * get_world_size()
+    torch.distributed.all_gather_object(everyone, seen)  # the group still works
+    return everyone
+
+
 def embed_pairs(pairs_path):
     """Both sides of the pairs in ``pairs_path``, embedded by the ranks' shards."""
     from facenet.data.pairs import read_pairs
@@ -102,6 +148,9 @@ def embed_pairs(pairs_path):
 def main(out, pairs_path=None):
     init_distributed("cpu")
     results = {"|".join(map(str, case)): train(*case) for case in CASES}
+    results["nan_on_rank_one"] = {
+        f"{passes}|{chunk}": nan_on_rank_one(passes, chunk) for passes, chunk in NAN_CASES
+    }
     if pairs_path:
         results["pairs"] = embed_pairs(pairs_path)
     if get_rank() == 0:

@@ -59,6 +59,14 @@ def _loss(loss_fn, embeddings, triplets, logits, labels, ce_weight):
     return loss
 
 
+def _chunks(part, size):
+    """Consecutive chunks of ``size``; a last chunk of one image joins the one before."""
+    pieces = list(part.split(size))
+    if len(pieces) > 1 and pieces[-1].shape[0] == 1:
+        pieces[-2:] = [torch.cat(pieces[-2:])]
+    return pieces
+
+
 def _unique(triplets):
     flat = torch.cat(list(triplets))
     unique, inverse = torch.unique(flat, sorted=True, return_inverse=True)
@@ -70,7 +78,7 @@ def stated_backward(model, images, labels, path, miner, loss_fn, *, world=1, chu
     parts = list(images.chunk(world))
     count = parts[0].shape[0]
     if path in ("one-pass", "chunked"):
-        pieces = [piece for part in parts for piece in (part.split(chunk) if chunk else [part])]
+        pieces = [piece for part in parts for piece in (_chunks(part, chunk) if chunk else [part])]
         outputs = [_forward(model, piece, ce > 0) for piece in pieces]
         embeddings = torch.cat([e for e, _ in outputs])  # (B, D)
         triplets = miner(embeddings.detach(), labels)
@@ -86,7 +94,13 @@ def stated_backward(model, images, labels, path, miner, loss_fn, *, world=1, chu
         outputs = []
         for rank, part in enumerate(parts):
             rows = unique[(unique >= rank * count) & (unique < (rank + 1) * count)] - rank * count
-            outputs.append(_forward(model, part[rows], ce > 0))
+            if len(rows) == 1:  # BatchNorm needs two: the first other image joins, unused
+                embeddings, logits = _forward(
+                    model, part[[rows.item(), int(rows.item() == 0)]], ce > 0
+                )
+                outputs.append((embeddings[:1], None if logits is None else logits[:1]))
+            elif len(rows) > 1:
+                outputs.append(_forward(model, part[rows], ce > 0))
         embeddings = torch.cat([e for e, _ in outputs])  # (U, D)
         logits = torch.cat([lg for _, lg in outputs]) if ce > 0 else None
         loss = _loss(loss_fn, embeddings, local, logits, labels[unique], ce)

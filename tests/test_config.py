@@ -174,3 +174,9 @@ def test_one_pass_with_chunks_is_refused_naming_both_keys():
 def test_graph_memory_is_opt_in():
     assert Config().logging.graph_memory is False
     assert load_config(None, ["logging.graph_memory=true"]).logging.graph_memory is True
+
+
+@pytest.mark.parametrize("size", [-1, 1])
+def test_a_chunk_size_no_batchnorm_can_use_is_refused_naming_the_key(size):
+    with pytest.raises(ConfigError, match=f"train.chunk_size: {size}; 0 \\(off\\) or at least 2"):
+        load_config(None, [f"train.chunk_size={size}"])

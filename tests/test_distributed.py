@@ -88,6 +88,12 @@ def test_two_ranks_equal_autograd_through_per_rank_forwards(two_rank_results, ca
         assert error <= 1e-8 * update, f"{name}: {error:.3e} > 1e-8 x {update:.3e}"
 
 
+@pytest.mark.parametrize("passes, chunk", ddp_worker.NAN_CASES)
+def test_nan_images_on_one_rank_stop_every_rank(two_rank_results, passes, chunk):
+    seen = two_rank_results["nan_on_rank_one"][f"{passes}|{chunk}"]
+    assert seen == ["raised rows=[]", "raised rows=[3]"]
+
+
 def test_sharded_evaluation_embeds_every_image_once_in_order(two_rank_results, pairs_path):
     emb1, emb2 = ddp_worker.embed_pairs(pairs_path)
     got1, got2 = two_rank_results["pairs"]

@@ -491,3 +491,25 @@ def test_collapse_warning_needs_shrunk_distances_not_just_equal_ones():
     assert _collapse_warning(random_start, margin=0.2) is None
     assert _collapse_warning(learning, margin=0.2) is None
     assert "possible collapse at epoch 7" in _collapse_warning(collapsed, margin=0.2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_without_a_gpu_is_one_line_exit_2(capsys, tmp_path):
+    code, _, err = train(capsys, tmp_path / "run", "train.device=cuda")
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "error: train.device: device 'cuda' was asked for but no CUDA device is available"
+    ]
+
+
+def test_a_bug_keeps_its_traceback(capsys, tmp_path, monkeypatch):
+    """Only the FacenetError family (and file-system errors) become one line: an internal
+    ValueError is a bug and propagates."""
+    import facenet.trainer
+
+    def broken(self, *args, **kwargs):
+        raise ValueError("internal invariant broken")
+
+    monkeypatch.setattr(facenet.trainer.Trainer, "train_step", broken)
+    with pytest.raises(ValueError, match="internal invariant broken"):
+        train(capsys, tmp_path / "run", "eval.every=0")

@@ -100,7 +100,7 @@ def test_one_and_two_pass_equal_autograd_through_their_forward(path, miner, ce):
 
 @pytest.mark.parametrize("ce", [0.0, 0.5])
 @pytest.mark.parametrize("miner", ["batch_hard", "sparse"])
-@pytest.mark.parametrize("chunk", [5, 8, 24])
+@pytest.mark.parametrize("chunk", [5, 8, 23, 24])  # 23: 23 + 1, one chunk of 24
 def test_chunked_equals_autograd_through_per_chunk_forwards(chunk, miner, ce):
     compare_one_step("chunked", miner, ce, chunk=chunk)
 
@@ -148,6 +148,11 @@ def test_one_pass_with_chunks_is_refused_naming_both():
         choose_step(1, 4, True)
     with pytest.raises(ConfigError, match="passes"):
         choose_step(3, 0, True)
+    with pytest.raises(ConfigError, match="passes"):
+        choose_step(True, 0, True)
+    for bad in (-1, 2.5, "4", True):
+        with pytest.raises(ConfigError, match="chunk_size"):
+            choose_step(2, bad, True)
 
 
 @pytest.mark.parametrize(

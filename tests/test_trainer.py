@@ -293,3 +293,61 @@ def test_memory_is_flat_across_epochs():
     assert last["graph_bytes_peak"] <= first["graph_bytes_peak"] * 1.02
     assert last["graph_bytes_alive"] == first["graph_bytes_alive"] == 0
     assert rss[-1] <= rss[0] + 32 * 2**20  # nothing accumulates from epoch to epoch
+
+
+class NoNormNet(torch.nn.Module):
+    """Convolutions only: a NaN image leaves the other images' embeddings finite."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8, 16),
+        )
+
+    def forward(self, x):
+        return torch.nn.functional.normalize(self.net(x), dim=1)
+
+
+@pytest.mark.parametrize("passes, chunk_size", [(1, 0), (2, 0), (2, 8)])
+@pytest.mark.parametrize("batchnorm", [True, False])
+def test_a_nan_image_the_miner_leaves_out_is_still_refused(passes, chunk_size, batchnorm):
+    """With a finite loss, a NaN image can still poison BatchNorm's running statistics (its
+    chunk's) or the gradients (0 x NaN): the step is undone and the image named."""
+    torch.manual_seed(0)
+    model = EmbeddingNet("tiny", embedding_dim=16) if batchnorm else NoNormNet()
+    miner = TripletMarginMiner(margin=0.5, type_of_triplets="all")  # leaves NaN rows out
+    trainer = Trainer(
+        model,
+        miner,
+        TripletMarginLoss(0.2),
+        torch.optim.SGD(model.parameters(), 0.1),
+        passes=passes,
+        chunk_size=chunk_size,
+    )
+    images, labels = make_batch(p=8, k=4)
+    images[30, 0, 0, 0] = float("nan")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    if passes == 2 and chunk_size == 0 and not batchnorm:
+        # Nothing touched the NaN image: the grad pass forwards the selected images only.
+        assert "skipped" not in trainer.train_step(images, labels)
+        assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+        return
+    with pytest.raises(NonFiniteInputError) as info:
+        trainer.train_step(images, labels)
+    assert info.value.rows == [30]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("passes, chunk_size", [(1, 0), (2, 0), (2, 4)])
+def test_a_batch_without_triplets_leaves_the_model_as_it_was(passes, chunk_size):
+    trainer = make_trainer(passes=passes, chunk_size=chunk_size)
+    images, labels = make_batch(p=16, k=1)  # K = 1: no positive, no triplet
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    assert trainer.train_step(images, labels)["skipped"] == "no_triplets"
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
