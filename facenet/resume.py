@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from facenet.checkpoint import (
 )
 from facenet.config import Config, config_to_dict
 from facenet.distributed import barrier, is_main_process
-from facenet.errors import CheckpointError
+from facenet.errors import CheckpointError, ConfigError
 from facenet.files import json_safe, write_text_atomic
 from facenet.trainer import Trainer
 
@@ -57,18 +58,27 @@ class Progress:
     Args:
         epoch: the epoch to train next (1-based).
         steps_done: batches of ``epoch`` already trained (0 at an epoch's start).
-        best: the best held-out accuracy so far (-1 before any evaluation).
+        best: the best validation accuracy so far (-1 before any evaluation).
+        best_epoch: the epoch ``best.pt`` holds (None before any validation).
         history: one record per finished epoch, as written to ``metrics.jsonl``.
-        before_training: the evaluation before the first step, or None.
+        before_training: the validation figures before the first step, or None.
         resumed: True when the run continues from a checkpoint.
+        seconds: training wall time so far (earlier sessions of a resumed run included).
     """
 
     epoch: int = 1
     steps_done: int = 0
     best: float = -1.0
+    best_epoch: int | None = None
     history: list = field(default_factory=list)
     before_training: dict | None = None
     resumed: bool = False
+    seconds: float = 0.0
+    session_start: float = field(default_factory=time.perf_counter, repr=False)
+
+    def elapsed(self) -> float:
+        """Wall time of the run so far, earlier sessions included."""
+        return self.seconds + time.perf_counter() - self.session_start
 
 
 # --------------------------------------------------------------------------- contents
@@ -104,6 +114,8 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
         miner_rng=None if generator is None else generator.get_state(),
         sampler=sampler.state_dict() if hasattr(sampler, "state_dict") else None,
         best_accuracy=progress.best,
+        best_epoch=progress.best_epoch,
+        seconds=progress.elapsed(),
         history=progress.history,
         before_training=progress.before_training,
     )
@@ -128,6 +140,8 @@ def read_resume_checkpoint(run_dir: Path) -> dict | None:
         return None
     state = load_checkpoint(path, map_location="cpu")
     missing = [key for key in _REQUIRED_KEYS if key not in state]
+    if not missing and not isinstance(state["config"], dict):
+        raise CheckpointError(f"{path}: its config field is not a mapping")
     if missing:
         raise CheckpointError(
             f"{path} is not a training checkpoint of this package (missing: {', '.join(missing)})"
@@ -160,6 +174,7 @@ def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> 
     Raises:
         CheckpointError: the checkpoint does not fit the trainer built from ``cfg``.
     """
+    _check_schedule_length(state["config"], cfg)
     changes = _changed_settings(state["config"], config_to_dict(cfg))
     if changes:
         print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
@@ -174,18 +189,51 @@ def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> 
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path} does not fit this configuration: {reason}") from None
-    partial = state.get("partial")
-    progress = Progress(
-        epoch=int(partial["epoch"]) if partial else int(state["epoch"]) + 1,
-        steps_done=int(partial["steps_done"]) if partial else 0,
-        best=float(state["best_accuracy"]),
-        history=list(state["history"]),
-        before_training=state.get("before_training"),
-        resumed=True,
-    )
+    try:
+        progress = _progress_of(state)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: a field holds a value of the wrong type: {err}") from None
     where = f"step {progress.steps_done + 1} of " if progress.steps_done else ""
     print(f"resumed from {path}: continuing with {where}epoch {progress.epoch}")
     return progress
+
+
+def _progress_of(state: dict) -> Progress:
+    """Where the checkpointed run stands (fields of the wrong type raise TypeError/ValueError)."""
+    partial = state.get("partial")
+    history = state["history"]
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        raise TypeError(f"history: expected a list of records, got {type(history).__name__}")
+    best_epoch = state.get("best_epoch")
+    return Progress(
+        epoch=int(partial["epoch"]) if partial else int(state["epoch"]) + 1,
+        steps_done=int(partial["steps_done"]) if partial else 0,
+        best=float(state["best_accuracy"]),
+        best_epoch=None if best_epoch is None else int(best_epoch),
+        history=list(history),
+        before_training=state.get("before_training"),
+        resumed=True,
+        seconds=float(state.get("seconds", 0.0)),
+    )
+
+
+def _check_schedule_length(saved: dict, cfg: Config) -> None:
+    """A schedule built for the run's length cannot be stretched on resume: refused.
+
+    A cosine schedule (or a warm-up) with another ``train.epochs`` would make the learning
+    rate jump or climb again; ``step`` and ``none`` do not depend on the length.
+    """
+    old = (saved.get("train") or {}).get("epochs")
+    schedule = (saved.get("optim") or {}).get("schedule")
+    if old is None or old == cfg.train.epochs:
+        return
+    if schedule == "cosine" or (saved.get("optim") or {}).get("warmup_epochs", 0):
+        raise ConfigError(
+            f"train.epochs: {cfg.train.epochs} differs from the checkpoint's {old}, and its "
+            f"optim.schedule: {schedule} was built for {old} epochs (the learning rate would "
+            f"jump, or climb again); resume with --set train.epochs={old}, or start a new run "
+            "from its weights (model.weights)"
+        )
 
 
 class _SkipBatches:

@@ -38,7 +38,7 @@ import torch
 
 from facenet.builders import TrainingData, build_data, build_device, build_trainer
 from facenet.checkpoint import remove_stale_temporary_files
-from facenet.config import Config, save_config
+from facenet.config import Config, config_to_dict, save_config
 from facenet.data.images import CorruptImageError
 from facenet.data.pairs import MissingImagesError
 from facenet.distributed import (
@@ -49,9 +49,7 @@ from facenet.distributed import (
     is_main_process,
     main_process_first,
 )
-from facenet.embed import embed_pair_list
 from facenet.errors import FacenetError, NonFiniteInputError, NonFiniteLossError
-from facenet.evaluation import evaluate_embeddings, plot_roc
 from facenet.files import json_safe, write_text_atomic
 from facenet.memory import format_bytes
 from facenet.resume import (
@@ -65,12 +63,13 @@ from facenet.resume import (
     save_on_main,
     with_error_checkpoint,
 )
+from facenet.run_dir import RunDirLock, clear_previous_outputs
+from facenet.run_eval import figures_line, test_selected, validate
 from facenet.run_logger import RunLogger
 from facenet.trainer import Trainer
 
 __all__ = ["fit", "run_training", "describe_error", "EXIT_BAD_INPUT", "EXIT_NONFINITE_LOSS"]
 
-SUMMARY_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE_LOSS = 3
 _FILES_IN_MESSAGE = 3
@@ -165,10 +164,6 @@ class _CountedBatches:
             yield batch
 
 
-def _eval_record(result) -> dict:
-    return {key: float(getattr(result, key)) for key in SUMMARY_KEYS}
-
-
 def _console_line(record: dict, epochs: int) -> str:
     line = (
         f"epoch {record['epoch']}/{epochs}  loss {record['loss']:.4f}  "
@@ -182,11 +177,8 @@ def _console_line(record: dict, epochs: int) -> str:
         )
     if "cuda_max_allocated" in record:
         line += f" cuda {format_bytes(record['cuda_max_allocated'])}"
-    if "accuracy_mean" in record:
-        line += (
-            f"  | acc {record['accuracy_mean']:.4f}±{record['accuracy_std']:.4f} "
-            f"val {record['val']:.4f} auc {record['auc']:.4f}"
-        )
+    if "validation" in record:
+        line += "  | " + figures_line("validation", record["validation"])
     return line
 
 
@@ -218,41 +210,6 @@ def _idle_warning(record: dict) -> str | None:
     return None
 
 
-def _verify(trainer: Trainer, data: TrainingData, cfg: Config):
-    """The LFW protocol on the held-out pairs, every rank embedding a shard of the images."""
-    pairs = data.eval_pairs
-    emb1, emb2 = embed_pair_list(
-        trainer.core_model,
-        pairs,
-        image_size=data.image_size,
-        batch_size=cfg.eval.batch_size,
-        device=trainer.device,
-        flip=cfg.eval.flip,
-        normalize=data.normalize,
-        num_workers=cfg.data.num_workers,
-    )
-    # The file's own folds (they differ from contiguous blocks once pairs were skipped).
-    same_folds = getattr(pairs, "n_folds", None) == cfg.eval.n_folds
-    return evaluate_embeddings(
-        emb1.numpy(),
-        emb2.numpy(),
-        pairs.issame,
-        metric=cfg.eval.distance,
-        subtract_mean=cfg.eval.subtract_mean,
-        n_folds=cfg.eval.n_folds,
-        far_target=cfg.eval.far_target,
-        folds=pairs.fold_ids if same_folds else None,
-    )
-
-
-def _evaluate(trainer, data, cfg, epoch, run_dir, logger) -> dict:
-    result = _verify(trainer, data, cfg)
-    if is_main_process():  # every rank embedded its shard; rank 0 writes the figures
-        plot_roc(result, run_dir / f"roc_epoch_{epoch}.png", log_scale=cfg.eval.log_scale_roc)
-    logger.log_figure("roc", plot_roc(result, log_scale=cfg.eval.log_scale_roc), epoch)
-    return _eval_record(result)
-
-
 def _epoch_length(data: TrainingData, cfg: Config) -> int:
     """Batches in one epoch: the sampler's, capped by ``train.steps_per_epoch``."""
     length = len(data.loader)
@@ -273,7 +230,29 @@ def _worker_image_error(err: RuntimeError) -> CorruptImageError | None:
     return CorruptImageError(match["path"], match["reason"].strip()) if match else None
 
 
-def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path):
+def _show_bar(cfg: Config) -> bool:
+    """A progress bar only on rank 0 and only on a terminal (a log file gets lines)."""
+    return cfg.logging.progress and is_main_process() and sys.stderr.isatty()
+
+
+def _interval_logger(cfg: Config, logger, epoch: int, length: int):
+    """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
+    line = cfg.logging.progress and is_main_process() and not _show_bar(cfg)
+
+    def on_interval(global_step: int, means: dict) -> None:
+        logger.log_scalars("train", means, global_step)
+        if line:
+            print(
+                f"epoch {epoch} step {global_step}: loss {means['loss']:.4f} active "
+                f"{means['active_fraction']:.2f} {means['images_per_second']:.0f} img/s "
+                f"({length} steps per epoch)",
+                flush=True,
+            )
+
+    return on_interval
+
+
+def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path, logger):
     """Train (the rest of) ``progress.epoch``; returns (record, batches of it trained in all).
 
     On a data error or a run of non-finite losses a checkpoint of the state at the last
@@ -291,8 +270,9 @@ def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path):
             epoch,
             max_steps=length - skip,
             log_interval=cfg.train.log_interval,
-            progress=cfg.logging.progress,
+            progress=_show_bar(cfg),
             should_stop=stop,
+            on_interval=_interval_logger(cfg, logger, epoch, length),
         )
     except NonFiniteInputError as err:  # found by the step: the batch was not trained
         progress.steps_done = skip + batches.yielded - 1
@@ -333,23 +313,30 @@ def _stop_message(signal_name: str, progress: Progress, path: Path) -> str:
     )
 
 
-def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None:
-    """Evaluate, log and checkpoint a finished epoch."""
-    epoch, every = record["epoch"], cfg.eval.every
-    if (
-        data.eval_pairs is not None
+def _validation_due(data: TrainingData, cfg: Config, epoch: int) -> bool:
+    every = cfg.eval.every
+    return (
+        data.val_pairs is not None
         and every > 0
         and (epoch % every == 0 or epoch == cfg.train.epochs)
-    ):
-        record.update(_evaluate(trainer, data, cfg, epoch, run_dir, logger))
+    )
+
+
+def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None:
+    """Validate, log and checkpoint a finished epoch; best.pt follows validation accuracy."""
+    epoch = record["epoch"]
+    if _validation_due(data, cfg, epoch):
+        record["validation"] = validate(trainer, data, cfg, epoch, run_dir, logger)
     logger.log_epoch(record)
     progress.history.append(record)
     print(_console_line(record, cfg.train.epochs), flush=True)
     for warning in (_collapse_warning(record, cfg.loss.margin), _idle_warning(record)):
         if warning:
             print(warning, file=sys.stderr)
-    is_best = record.get("accuracy_mean", -1.0) > progress.best
-    progress.best = max(progress.best, record.get("accuracy_mean", -1.0))
+    accuracy = record.get("validation", {}).get("accuracy_mean", -1.0)
+    is_best = accuracy > progress.best
+    if is_best:
+        progress.best, progress.best_epoch = accuracy, epoch
     progress.epoch, progress.steps_done = epoch + 1, 0
     state = checkpoint_state(trainer, data.sampler, cfg, progress)
     save_on_main(state, run_dir / "last.pt")
@@ -362,7 +349,7 @@ def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
     saved = False
     with _StopFlag() as stop:
         while progress.epoch <= cfg.train.epochs and not stop():
-            record, done = _train_epoch(trainer, data, cfg, progress, stop, run_dir)
+            record, done = _train_epoch(trainer, data, cfg, progress, stop, run_dir, logger)
             if done < _epoch_length(data, cfg):  # a signal stopped the epoch
                 progress.steps_done = done
                 break
@@ -419,36 +406,89 @@ def fit(
         rewrite_metrics(run_dir, progress.history)
     logger = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
     try:
-        if not progress.resumed and data.eval_pairs is not None:
-            progress.before_training = _evaluate(trainer, data, cfg, 0, run_dir, logger)
-            print(f"before training: accuracy {progress.before_training['accuracy_mean']:.4f}")
+        for note in data.notes if main else ():
+            print(note, file=sys.stderr)
+        if not progress.resumed and data.val_pairs is not None and cfg.eval.every > 0:
+            progress.before_training = validate(trainer, data, cfg, 0, run_dir, logger)
+            print(figures_line("before training: validation", progress.before_training))
         stopped_by = _train_epochs(trainer, data, cfg, progress, run_dir, logger)
+        test = None
+        if stopped_by is None and progress.history and data.test_pairs is not None:
+            test = _test(trainer, data, cfg, progress, run_dir, logger)
+        summary = _summary(progress, stopped_by, test)
+        logger.log_hparams(config_to_dict(cfg), _final_metrics(summary))
     finally:
         logger.close()
-    summary = _summary(progress, stopped_by)
     if main:
         write_text_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2))
     return summary
 
 
-def _summary(progress: Progress, stopped_by: str | None) -> dict:
-    history, best = progress.history, progress.best
-    evaluated = [r for r in history if "accuracy_mean" in r]
-    summary: dict[str, Any] = {}
-    if progress.before_training is not None:
-        summary["before_training"] = progress.before_training
-    summary.update(
-        epochs=len(history),
-        stopped_by=stopped_by,
-        best_accuracy=best if best >= 0 else None,
-        memory_per_epoch=[
+def _validation_of(progress: Progress, epoch: int | None) -> dict | None:
+    """The validation figures recorded for ``epoch``, or None."""
+    for record in progress.history:
+        if record.get("epoch") == epoch and "validation" in record:
+            return record["validation"]
+    return None
+
+
+def _test(trainer, data, cfg, progress, run_dir, logger) -> dict:
+    """The test pairs, once: best.pt (chosen on validation) and the last model."""
+    best = _validation_of(progress, progress.best_epoch)
+    threshold = None if best is None else best["threshold"]
+    last_epoch = progress.history[-1]["epoch"]
+    return test_selected(
+        trainer, data, cfg, progress.best_epoch, threshold, last_epoch, run_dir, logger
+    )
+
+
+def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> dict:
+    """What ``summary.json`` holds: selection, threshold, test figures, time, memory."""
+    history = progress.history
+    best = _validation_of(progress, progress.best_epoch)
+    validated = [r["validation"] for r in history if "validation" in r]
+    summary: dict[str, Any] = {
+        "epochs": len(history),
+        "stopped_by": stopped_by,
+        "before_training": progress.before_training and {"validation": progress.before_training},
+        "best_epoch": progress.best_epoch,
+        "best_validation": best,
+        "final_validation": validated[-1] if validated else None,
+        "threshold": best
+        and {
+            "value": best["threshold"],
+            "distance": best["distance"],
+            "chosen_on": "validation pairs",
+            "epoch": progress.best_epoch,
+        },
+        "test": test,
+        "wall_seconds": progress.elapsed(),
+        "train_seconds": sum(r.get("epoch_seconds", 0.0) for r in history),
+        "images_per_second": _mean([r.get("images_per_second") for r in history]),
+        "peak_rss_bytes": max((r.get("peak_rss_bytes", 0) for r in history), default=None),
+        "memory_per_epoch": [
             {k: r[k] for k in r if k == "epoch" or "bytes" in k or k.startswith("cuda")}
             for r in history
         ],
-    )
-    if evaluated:
-        summary["final"] = {k: evaluated[-1][k] for k in SUMMARY_KEYS}
+    }
+    if any("cuda_max_allocated" in r for r in history):
+        summary["cuda_max_allocated"] = max(r.get("cuda_max_allocated", 0) for r in history)
     return summary
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _final_metrics(summary: dict) -> dict:
+    """The figures shown next to the hyper-parameters in TensorBoard."""
+    metrics = {}
+    if summary["best_validation"]:
+        metrics["hparam/best_validation_accuracy"] = summary["best_validation"]["accuracy_mean"]
+    for name, values in (summary["test"] or {}).items():
+        metrics[f"hparam/test_{name}_accuracy"] = values["accuracy_mean"]
+    return metrics
 
 
 # --------------------------------------------------------------------------- the command
@@ -464,7 +504,7 @@ def describe_error(err: BaseException) -> str:
         head = str(err).splitlines()[0].rstrip(":")
         first = err.missing[0]
         text = (
-            f"{head}; first: {first}.* (line {err.lines[first][0]}); "
+            f"{head}; first: {first} (line {err.lines[first][0]}); "
             "eval.skip_missing: true skips those pairs"
         )
     elif isinstance(err, OSError) and err.filename and err.strerror:
@@ -476,8 +516,13 @@ def describe_error(err: BaseException) -> str:
     return f"{text} ({note})" if note else text
 
 
-def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) -> str | None:
-    """Create the run directory and write ``config.yaml``; an error message, or None."""
+def _prepare_run_dir(
+    run_dir: Path, cfg: Config, resume: bool, overwrite: bool, stack: contextlib.ExitStack
+) -> str | None:
+    """Create and lock the run directory, clear it on --overwrite, write ``config.yaml``.
+
+    Returns an error message, or None. Rank 0 holds the lock for the life of ``stack``.
+    """
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -487,12 +532,27 @@ def _prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, overwrite: bool) 
             f"{run_dir / 'last.pt'} exists: --resume continues that run, --overwrite starts a "
             "new one in its place (or choose another --out)"
         )
+    if not is_main_process():
+        return None
     try:
-        if is_main_process():
-            save_config(cfg, run_dir / "config.yaml")
+        stack.enter_context(RunDirLock(run_dir))
+        if overwrite:  # a new run: nothing of the previous one may mix with it
+            clear_previous_outputs(run_dir)
+        save_config(cfg, run_dir / "config.yaml")
+    except FacenetError as err:  # locked by a live process
+        return str(err)
     except OSError as err:
         return f"cannot write the run directory {run_dir}: {err.strerror or err}"
     return None
+
+
+def _interrupted_message(err: KeyboardInterrupt, run_dir: Path) -> str:
+    """What a Ctrl-C outside the stopping protocol (or a second signal) leaves behind."""
+    how = f"stopped at once ({err})" if str(err) else "interrupted"
+    last = run_dir / "last.pt"
+    if last.is_file():
+        return f"{how}; {last}, written before, is intact: --resume continues from it"
+    return f"{how}; no checkpoint was written"
 
 
 def _run(cfg: Config, run_dir: Path, resume: bool, info: DistInfo) -> dict:
@@ -506,18 +566,27 @@ def _run(cfg: Config, run_dir: Path, resume: bool, info: DistInfo) -> dict:
     return fit(trainer, data, cfg, run_dir, resume=state is not None, resume_state=state)
 
 
-def _final_line(summary: dict, cfg: Config) -> str | None:
-    before = (summary.get("before_training") or {}).get("accuracy_mean")
-    final = summary.get("final", {})
-    if not final:
-        return None
-    return (
-        "held-out verification: accuracy "
-        + (f"{before:.4f} before training -> " if before is not None else "")
-        + f"{final['accuracy_mean']:.4f} ± {final['accuracy_std']:.4f} after; "
-        f"VAL@FAR={cfg.eval.far_target:g}: {final['val']:.4f}; AUC {final['auc']:.4f}; "
-        f"EER {final['eer']:.4f}"
-    )
+def _final_lines(summary: dict) -> list[str]:
+    """The run's figures for the console: selection on validation, then the test figures."""
+    lines = []
+    before = (summary.get("before_training") or {}).get("validation")
+    best = summary.get("best_validation")
+    if best:
+        start = f"{before['accuracy_mean']:.4f} before training -> " if before else ""
+        threshold = summary["threshold"]
+        lines.append(
+            f"validation: accuracy {start}{best['accuracy_mean']:.4f} at epoch "
+            f"{summary['best_epoch']} (best.pt; threshold {threshold['value']:.4f} on "
+            f"{threshold['distance']} distance)"
+        )
+    for name, values in (summary.get("test") or {}).items():
+        what = "best.pt" if name == "best" else "last model"
+        line = figures_line(f"test ({what}, epoch {values['epoch']}):", values)
+        at_threshold = values.get("accuracy_at_validation_threshold")
+        if at_threshold is not None:
+            line += f"; accuracy at the validation threshold {at_threshold:.4f}"
+        lines.append(line)
+    return lines
 
 
 def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> int:
@@ -526,13 +595,14 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
     Args:
         cfg: the run configuration (``logging.out_dir`` is the run directory).
         resume: continue from ``<out_dir>/last.pt`` (a new run if there is none).
-        overwrite: start a new run even if ``<out_dir>/last.pt`` exists (it is replaced after
-            the first epoch).
+        overwrite: start a new run even if ``<out_dir>/last.pt`` exists: the previous run's
+            checkpoints, logs, figures and TensorBoard events are removed first.
 
     Returns:
         0 when every epoch ran; 2 for bad input (configuration, data, pairs, checkpoint, an
-        unwritable output folder), 3 for a run of non-finite losses, 128 + the signal number
-        when SIGINT/SIGTERM stopped the run, 130 for a second signal.
+        unwritable output folder, a run directory another process trains in), 3 for a run of
+        non-finite losses, 128 + the signal number when SIGINT/SIGTERM stopped the run, 130
+        for a second signal or a Ctrl-C outside the training loop.
     """
     try:
         info = init_distributed(cfg.train.device)
@@ -551,35 +621,32 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
 
 def _run_training(cfg: Config, resume: bool, overwrite: bool, info: DistInfo) -> int:
     run_dir = Path(cfg.logging.out_dir)
-    problem = _prepare_run_dir(run_dir, cfg, resume, overwrite)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    deterministic_before = torch.are_deterministic_algorithms_enabled()
-    torch.manual_seed(cfg.train.seed + info.rank)  # augmentation differs per rank
-    if cfg.train.deterministic:
-        # warn_only: some CUDA backward kernels (adaptive average pooling) have no
-        # deterministic version; they warn instead of stopping the run.
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        summary = _run(cfg, run_dir, resume, info)
-    except KeyboardInterrupt:
-        print(
-            f"error: stopped at once by a second signal; {run_dir / 'last.pt'} holds the last "
-            "checkpoint written",
-            file=sys.stderr,
-        )
-        return 128 + signal.SIGINT
-    except NonFiniteLossError as err:
-        print(f"error: {describe_error(err)}", file=sys.stderr)
-        return EXIT_NONFINITE_LOSS
-    except (FacenetError, OSError) as err:  # a bug keeps its traceback
-        print(f"error: {describe_error(err)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    finally:
-        torch.use_deterministic_algorithms(deterministic_before)
-    line = _final_line(summary, cfg)
-    if line:
+    with contextlib.ExitStack() as stack:
+        problem = _prepare_run_dir(run_dir, cfg, resume, overwrite, stack)
+        if any_rank(problem is not None):  # every rank stops when rank 0 cannot go on
+            if problem:
+                print(f"error: {problem}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        deterministic_before = torch.are_deterministic_algorithms_enabled()
+        torch.manual_seed(cfg.train.seed + info.rank)  # augmentation differs per rank
+        if cfg.train.deterministic:
+            # warn_only: some CUDA backward kernels (adaptive average pooling) have no
+            # deterministic version; they warn instead of stopping the run.
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            summary = _run(cfg, run_dir, resume, info)
+        except KeyboardInterrupt as err:
+            print(f"error: {_interrupted_message(err, run_dir)}", file=sys.stderr)
+            return 128 + signal.SIGINT
+        except NonFiniteLossError as err:
+            print(f"error: {describe_error(err)}", file=sys.stderr)
+            return EXIT_NONFINITE_LOSS
+        except (FacenetError, OSError) as err:  # a bug keeps its traceback
+            print(f"error: {describe_error(err)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        finally:
+            torch.use_deterministic_algorithms(deterministic_before)
+    for line in _final_lines(summary):
         print(line)
     print(f"run directory: {run_dir}")
     if summary["stopped_by"]:

@@ -48,6 +48,37 @@ STAT_KEYS = (
 _AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class _EpochTotals:
+    """The epoch's per-step statistics, summed on the device; floats only when read.
+
+    Args:
+        device: where the sums live.
+    """
+
+    def __init__(self, device: torch.device):
+        self.sums = {k: torch.zeros((), device=device) for k in STAT_KEYS}
+        self.trained, self.images, self.start = 0, 0, time.perf_counter()
+
+    def add(self, stats: dict, batch) -> None:
+        """Count a batch's images; add the statistics of a step that trained."""
+        self.images += batch[0].shape[0] * (3 if len(batch) == 5 else 1)
+        if "skipped" in stats:
+            return
+        self.trained += 1
+        for key in STAT_KEYS:
+            if key in stats:
+                self.sums[key] += stats[key].to(self.sums[key].device)
+
+    def means(self) -> dict:
+        """Mean of every statistic over the trained steps (NaN if none); images per second."""
+        out = {
+            k: (v / self.trained).item() if self.trained else float("nan")
+            for k, v in self.sums.items()
+        }
+        out["images_per_second"] = self.images / max(time.perf_counter() - self.start, 1e-9)
+        return out
+
+
 class Trainer:
     """Trains an embedding network with mined triplets, keeping no graph alive between steps.
 
@@ -284,6 +315,7 @@ class Trainer:
         log_interval: int = 10,
         progress: bool = True,
         should_stop=None,
+        on_interval=None,
     ) -> dict:
         """Run one epoch; returns averaged statistics, throughput and memory figures.
 
@@ -294,70 +326,66 @@ class Trainer:
             log_interval: batches between host syncs of the statistics.
             progress: show a tqdm bar.
             should_stop: callable returning True to stop after the current step (signals).
+            on_interval: called as ``on_interval(global_step, means)`` every ``log_interval``
+                batches, ``means`` the epoch's running means (floats) so far.
         """
         self.model.train()
         if self.meter is not None:
             self.meter.reset_peak()
         reset_cuda_peaks(self.device)
-        totals = {k: torch.zeros((), device=self.device) for k in STAT_KEYS}
-        counts_before = dict(self.counts)
-        images_seen, trained, start = 0, 0, time.perf_counter()
+        totals, counts_before = _EpochTotals(self.device), dict(self.counts)
         total = max_steps or (len(loader) if hasattr(loader, "__len__") else None)
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress, leave=False)
         batches = itertools.islice(loader, max_steps) if max_steps else loader
         stopped_early = False
         with self.meter if self.meter is not None else contextlib.nullcontext():
             for index, batch in enumerate(batches):
-                try:
-                    stats = self._run_batch(batch)
-                except NonFiniteInputError as err:
-                    err.batch_index = index  # the loader's batch, for naming its files
-                    raise
-                images_seen += batch[0].shape[0] * (3 if len(batch) == 5 else 1)
-                if "skipped" not in stats:
-                    trained += 1
-                    for key in STAT_KEYS:
-                        if key in stats:
-                            totals[key] += stats[key].to(self.device)
-                del stats, batch  # nothing of this step outlives it
+                totals.add(self._run_batch(batch, index), batch)
+                del batch  # nothing of this step outlives it
                 bar.update(1)
-                if (index + 1) % log_interval == 0 and trained:
-                    bar.set_postfix(self._postfix(totals, trained, images_seen, start))
+                if (index + 1) % log_interval == 0 and totals.trained:
+                    means = totals.means()
+                    bar.set_postfix(
+                        loss=f"{means['loss']:.4f}", active=f"{means['active_fraction']:.2f}"
+                    )
+                    if on_interval is not None:
+                        on_interval(self.global_step, means)
                 if should_stop is not None and should_stop():
                     stopped_early = total is None or index + 1 < total
                     break
         bar.close()
-        seconds = time.perf_counter() - start
-        result = {k: (v / trained).item() if trained else float("nan") for k, v in totals.items()}
-        result.update(
-            epoch=epoch,
-            steps=self.counts["steps"] - counts_before["steps"],
-            skipped_no_triplets=self.counts["no_triplets"] - counts_before["no_triplets"],
-            skipped_nonfinite=self.counts["nonfinite"] - counts_before["nonfinite"],
-            images_per_second=images_seen / max(seconds, 1e-9),
-            epoch_seconds=seconds,
-            lr=self.optimizer.param_groups[0]["lr"],
-            stopped_early=stopped_early,
-        )
-        result.update(self.memory_figures())
+        result = self._epoch_record(totals, epoch, counts_before, stopped_early)
         # An epoch cut short by a signal is continued on resume, not ended: no schedule step.
         if self.scheduler is not None and not stopped_early:
             self.scheduler.step()
         return result
 
-    def _run_batch(self, batch) -> dict:
-        if len(batch) == 5:
-            return self.train_triplet_step(*batch)
-        images, labels = batch[0], batch[1]
-        return self.train_step(images, labels)
+    def _run_batch(self, batch, index: int) -> dict:
+        try:
+            if len(batch) == 5:
+                return self.train_triplet_step(*batch)
+            return self.train_step(batch[0], batch[1])
+        except NonFiniteInputError as err:
+            err.batch_index = index  # the loader's batch, for naming its files
+            raise
 
-    @staticmethod
-    def _postfix(totals, trained, images_seen, start) -> dict:
-        return {
-            "loss": f"{(totals['loss'] / trained).item():.4f}",
-            "active": f"{(totals['active_fraction'] / trained).item():.2f}",
-            "img/s": f"{images_seen / max(time.perf_counter() - start, 1e-9):.0f}",
-        }
+    def _epoch_record(self, totals, epoch: int, counts_before: dict, stopped_early: bool) -> dict:
+        """The epoch's means, counters, throughput, learning rate and memory figures."""
+        seconds = time.perf_counter() - totals.start
+        result = totals.means()
+        del result["images_per_second"]
+        result.update(
+            epoch=epoch,
+            steps=self.counts["steps"] - counts_before["steps"],
+            skipped_no_triplets=self.counts["no_triplets"] - counts_before["no_triplets"],
+            skipped_nonfinite=self.counts["nonfinite"] - counts_before["nonfinite"],
+            images_per_second=totals.images / max(seconds, 1e-9),
+            epoch_seconds=seconds,
+            lr=self.optimizer.param_groups[0]["lr"],
+            stopped_early=stopped_early,
+        )
+        result.update(self.memory_figures())
+        return result
 
     def memory_figures(self) -> dict:
         """Peak RSS, CUDA peaks and, with a meter, graph bytes (epoch peak, alive now)."""

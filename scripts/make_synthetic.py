@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{data.synthetic_images_per_identity} images, {data.image_size} px)\n"
         f"heldout: {paths['heldout_root']} ({data.synthetic_heldout_identities} identities x "
         f"{data.synthetic_heldout_images_per_identity} images)\n"
-        f"pairs:   {paths['pairs']} (10 folds x {data.synthetic_pairs_per_fold} same and "
-        "different pairs)"
+        f"pairs:   {paths['val_pairs']} (validation) and {paths['test_pairs']} (test), "
+        f"identity-disjoint halves, each 10 folds x {data.synthetic_pairs_per_fold} same and "
+        "different pairs"
     )
     if args.preview:
         write_preview(args.preview, data.image_size, data.synthetic_seed)

@@ -36,7 +36,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="start a new run even if <out>/last.pt exists (it is replaced after one epoch)",
+        help="start a new run even if <out>/last.pt exists (removing the previous run's "
+        "checkpoints, logs, figures and TensorBoard events first)",
     )
     return parser
 

@@ -452,7 +452,8 @@ def start_train(out: Path, data_root: Path, *settings: str):
 def test_signal_finishes_the_step_writes_a_checkpoint_and_resume_finishes(
     tmp_path, capsys, synthetic_root, sig, workers, to_group
 ):
-    settings = ("train.steps_per_epoch=3", f"data.num_workers={workers}")
+    # No schedule: the run's length may change on resume (a cosine schedule refuses that).
+    settings = ("train.steps_per_epoch=3", f"data.num_workers={workers}", "optim.schedule=none")
     proc = start_train(tmp_path, synthetic_root, "train.epochs=500", *settings)
     for line in proc.stdout:
         if line.startswith("epoch 1/"):
@@ -502,7 +503,7 @@ def test_cuda_asked_for_without_a_gpu_is_one_line_exit_2(capsys, tmp_path):
     ]
 
 
-def test_a_bug_keeps_its_traceback(capsys, tmp_path, monkeypatch):
+def test_a_bug_keeps_its_traceback(capsys, tmp_path, monkeypatch, synthetic_root):
     """Only the FacenetError family (and file-system errors) become one line: an internal
     ValueError is a bug and propagates."""
     import facenet.trainer
@@ -512,4 +513,4 @@ def test_a_bug_keeps_its_traceback(capsys, tmp_path, monkeypatch):
 
     monkeypatch.setattr(facenet.trainer.Trainer, "train_step", broken)
     with pytest.raises(ValueError, match="internal invariant broken"):
-        train(capsys, tmp_path / "run", "eval.every=0")
+        train(capsys, tmp_path / "run", data=synthetic_data(synthetic_root))

@@ -31,7 +31,7 @@ def small_config(**overrides):
         image_size=16,
         synthetic_identities=6,
         synthetic_images_per_identity=3,
-        synthetic_heldout_identities=5,
+        synthetic_heldout_identities=10,
         synthetic_heldout_images_per_identity=4,
         synthetic_pairs_per_fold=2,
         synthetic_seed=0,
@@ -139,25 +139,34 @@ def test_prepare_writes_train_heldout_and_balanced_pairs(tmp_path):
     assert out == {
         "train_root": str(tmp_path / "train"),
         "heldout_root": str(tmp_path / "heldout"),
-        "pairs": str(tmp_path / "heldout" / "pairs.txt"),
+        "val_pairs": str(tmp_path / "heldout" / "val_pairs.txt"),
+        "test_pairs": str(tmp_path / "heldout" / "test_pairs.txt"),
     }
     train = IdentityFolder(out["train_root"])
     heldout = IdentityFolder(out["heldout_root"])
     assert len(train.classes) == 6 and len(train) == 18
-    assert len(heldout.classes) == 5 and len(heldout) == 20
+    assert len(heldout.classes) == 10 and len(heldout) == 40
     assert not set(train.classes) & set(heldout.classes)
-    pairs = read_pairs(out["pairs"])
-    assert pairs.n_folds == 10 and pairs.pairs_per_fold == 2
-    same_per_fold = np.bincount(pairs.fold_ids, weights=pairs.issame, minlength=10)
-    assert (same_per_fold == 2).all() and len(pairs) == 40  # balanced in every fold
-    for path in pairs.paths1 + pairs.paths2:
-        assert os.path.dirname(os.path.dirname(path)) == out["heldout_root"]
+    identities = {}
+    for split in ("val_pairs", "test_pairs"):
+        pairs = read_pairs(out[split])
+        assert pairs.n_folds == 10 and pairs.pairs_per_fold == 2
+        same_per_fold = np.bincount(pairs.fold_ids, weights=pairs.issame, minlength=10)
+        assert (same_per_fold == 2).all() and len(pairs) == 40  # balanced in every fold
+        for path in pairs.paths1 + pairs.paths2:
+            assert os.path.dirname(os.path.dirname(path)) == out["heldout_root"]
+        identities[split] = {
+            os.path.basename(os.path.dirname(p)) for p in pairs.paths1 + pairs.paths2
+        }
+    # Validation and test: identity-disjoint halves of the held-out identities.
+    assert not identities["val_pairs"] & identities["test_pairs"]
+    assert len(identities["val_pairs"] | identities["test_pairs"]) == 10
 
 
 def test_prepare_deals_identities_to_disjoint_folds_when_it_can(tmp_path):
-    cfg = small_config(synthetic_heldout_identities=20, synthetic_heldout_images_per_identity=4)
+    cfg = small_config(synthetic_heldout_identities=40, synthetic_heldout_images_per_identity=4)
     out = prepare_synthetic_data(tmp_path, cfg)
-    pairs = read_pairs(out["pairs"])
+    pairs = read_pairs(out["test_pairs"])
     identity = lambda path: os.path.basename(os.path.dirname(path))
     folds_of = {}
     for path1, path2, fold in zip(pairs.paths1, pairs.paths2, pairs.fold_ids):
@@ -387,7 +396,7 @@ SMALL_SETTINGS = [
     "--set",
     "data.synthetic_images_per_identity=2",
     "--set",
-    "data.synthetic_heldout_identities=4",
+    "data.synthetic_heldout_identities=8",
     "--set",
     "data.synthetic_heldout_images_per_identity=3",
     "--set",
@@ -401,7 +410,7 @@ def test_script_writes_the_data_set_and_a_preview(tmp_path, capsys):
     preview = tmp_path / "preview.png"
     assert main([str(out), *SMALL_SETTINGS, "--preview", str(preview)]) == 0
     assert len(IdentityFolder(out / "train")) == 6
-    assert read_pairs(out / "heldout" / "pairs.txt").n_folds == 10
+    assert read_pairs(out / "heldout" / "test_pairs.txt").n_folds == 10
     assert read_image(preview).shape == (3, 8 * 18 + 2, 8 * 18 + 2)
     assert "heldout" in capsys.readouterr().out
 

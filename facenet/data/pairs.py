@@ -88,7 +88,7 @@ class MissingImagesError(DataError, FileNotFoundError):
             self.lines.setdefault(path, []).append(line_no)
         self.missing = sorted(self.lines)
         shown = "\n".join(
-            f"  {path}.* (line(s) {', '.join(map(str, self.lines[path]))})"
+            f"  {path} (line(s) {', '.join(map(str, self.lines[path]))})"
             for path in self.missing[:_LISTED_MISSING]
         )
         more = len(self.missing) - _LISTED_MISSING
@@ -198,16 +198,32 @@ def _parse_header(tokens: list[str], path, line_no: int) -> tuple[int, int]:
     return n_folds, per_fold
 
 
-def _parse_pair(tokens: list[str], path, line_no: int) -> tuple[str, int, str, int, bool]:
-    """(name1, idx1, name2, idx2, issame) from a 3-field or 4-field line."""
+def _parse_image_ref(token: str, path, line_no: int, what: str) -> int | str:
+    """An LFW image index (``<name>_<NNNN>``), or the image's file name in its identity folder."""
+    if os.path.splitext(token)[1].lower() in IMAGE_EXTENSIONS and not re.fullmatch(r"\d+", token):
+        if "/" in token or "\\" in token or token in (".", ".."):
+            raise PairsFormatError(
+                path,
+                line_no,
+                f"{what} must be a file name inside its identity folder, got {token!r}",
+            )
+        return token
+    return _parse_int(token, path, line_no, what)
+
+
+def _parse_pair(
+    tokens: list[str], path, line_no: int
+) -> tuple[str, int | str, str, int | str, bool]:
+    """(name1, ref1, name2, ref2, issame) from a 3-field or 4-field line; a ref is an LFW
+    index or an image file name."""
     if len(tokens) == 3:
         name, a, b = tokens
-        idx1, idx2 = _parse_int(a, path, line_no, "idx1"), _parse_int(b, path, line_no, "idx2")
-        return name, idx1, name, idx2, True
+        ref1 = _parse_image_ref(a, path, line_no, "idx1")
+        return name, ref1, name, _parse_image_ref(b, path, line_no, "idx2"), True
     if len(tokens) == 4:
         name1, a, name2, b = tokens
-        idx1 = _parse_int(a, path, line_no, "idx1")
-        return name1, idx1, name2, _parse_int(b, path, line_no, "idx2"), False
+        ref1 = _parse_image_ref(a, path, line_no, "idx1")
+        return name1, ref1, name2, _parse_image_ref(b, path, line_no, "idx2"), False
     raise PairsFormatError(
         path,
         line_no,
@@ -216,11 +232,18 @@ def _parse_pair(tokens: list[str], path, line_no: int) -> tuple[str, int, str, i
     )
 
 
+def _fields(line: str) -> list[str]:
+    """Tab-separated fields when the line has a tab (names may hold spaces), else words."""
+    if "\t" in line:
+        return [field.strip() for field in line.split("\t") if field.strip()]
+    return line.split()
+
+
 def _read_lines(pairs_path: Path) -> list[tuple[int, list[str]]]:
     """(line number, whitespace-split fields) of every non-blank line."""
     try:
         with open(pairs_path, encoding="utf-8", newline=None) as fh:  # universal newlines: CRLF ok
-            rows = [(n, line.split()) for n, line in enumerate(fh, start=1)]
+            rows = [(n, _fields(line)) for n, line in enumerate(fh, start=1)]
     except UnicodeDecodeError:
         raise PairsFormatError(pairs_path, 0, "not a UTF-8 text file") from None
     return [(n, tokens) for n, tokens in rows if tokens]
@@ -261,15 +284,20 @@ class _ImageResolver:
                     found[idx] = (rank, entry)
         return {idx: str(folder / entry) for idx, (_, entry) in found.items()}
 
-    def find(self, name: str, idx: int) -> str | None:
+    def find(self, name: str, idx: int | str) -> str | None:
         """The image path, or None when no such file exists."""
+        if isinstance(idx, str):  # a file name in the identity folder
+            path = self.root / name / idx
+            return str(path) if path.is_file() else None
         if name not in self._folders:
             self._folders[name] = self._index_folder(name)
         return self._folders[name].get(idx)
 
-    def expected(self, name: str, idx: int) -> str:
-        """The path without extension that was looked for."""
-        return str(self.root / name / f"{name}_{idx:04d}")
+    def expected(self, name: str, idx: int | str) -> str:
+        """The path that was looked for (``.*``: any image extension)."""
+        if isinstance(idx, str):
+            return str(self.root / name / idx)
+        return str(self.root / name / f"{name}_{idx:04d}") + ".*"
 
 
 def _check_pair_count(path, header_line: int, n_folds: int, per_fold: int, n_pairs: int) -> None:
@@ -326,7 +354,7 @@ def _resolve_pairs(pairs_path, root, parsed, n_folds, per_fold, skip_missing) ->
         fold = position // (2 * per_fold)
         if absent:
             missing.extend((line_no, a) for a in absent)
-            skipped.append((line_no, fold, "missing " + ", ".join(a + ".*" for a in absent)))
+            skipped.append((line_no, fold, "missing " + ", ".join(absent)))
             continue
         kept.append((line_no, fold, path1, path2, same))
     if missing and not skip_missing:
@@ -370,27 +398,27 @@ def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
     return listing
 
 
-def _lfw_indices(images_by_identity: dict[str, list[str]]) -> dict[str, list[int]]:
-    """Sorted unique image indices per identity; LFW-style names are required."""
-    indices = {}
+def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
+    """How a pairs file names each identity's images, sorted and unique: the LFW indices when
+    every image of the identity is named ``<identity>_<NNNN>.<ext>``, else the file names."""
+    keys = {}
     for identity in sorted(images_by_identity):
-        if not identity or re.search(r"\s", identity):
-            raise DataError(f"identity name {identity!r} is empty or holds whitespace")
-        found = set()
-        for name in images_by_identity[identity]:
-            if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
-                continue  # not an image: ignored, as when reading
-            idx = lfw_image_index(identity, name)
-            if idx is None:
-                raise DataError(
-                    f"identity {identity!r}: image {os.path.basename(name)!r} is not named "
-                    f"'{identity}_<NNNN>.<ext>', the only names a pairs file can refer to; "
-                    "rename the files, or give scripts/make_pairs.py --link-dir to build an "
-                    "LFW-named view of the folder"
-                )
-            found.add(idx)
-        indices[identity] = sorted(found)
-    return indices
+        if not identity or re.search(r"[\t\n\r]", identity) or identity != identity.strip():
+            raise DataError(f"identity name {identity!r} is empty or holds tabs or line breaks")
+        names = [
+            os.path.basename(name)
+            for name in images_by_identity[identity]
+            if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS  # others are ignored
+        ]
+        bad = [n for n in names if re.search(r"[\t\n\r]", n) or n != n.strip()]
+        if bad:
+            raise DataError(
+                f"identity {identity!r}: image file name {bad[0]!r} holds tabs, line breaks or "
+                "surrounding spaces, which a pairs file cannot name"
+            )
+        indices = [lfw_image_index(identity, n) for n in names]
+        keys[identity] = sorted(set(indices if None not in indices else names))
+    return keys
 
 
 def _split_identities(indices: dict[str, list[int]], n_groups: int, rng) -> list[list[str]]:
@@ -433,7 +461,8 @@ def _different_candidates(indices: dict[str, list[int]], names: list[str]) -> li
 def _draw_same(indices, names, rng) -> tuple:
     """One random same pair: a uniform identity with 2+ images, two distinct images."""
     name = names[rng.integers(len(names))]
-    a, b = sorted(rng.choice(indices[name], size=2, replace=False).tolist())
+    first, second = rng.choice(len(indices[name]), size=2, replace=False).tolist()
+    a, b = sorted((indices[name][first], indices[name][second]))
     return (name, a, b)
 
 
@@ -441,7 +470,12 @@ def _draw_different(indices, names, rng) -> tuple:
     """One random different pair: two distinct uniform identities, one image of each."""
     i, j = sorted(rng.choice(len(names), size=2, replace=False).tolist())
     n1, n2 = sorted((names[i], names[j]))
-    return (n1, int(rng.choice(indices[n1])), n2, int(rng.choice(indices[n2])))
+    return (n1, _pick(indices[n1], rng), n2, _pick(indices[n2], rng))
+
+
+def _pick(keys: list, rng):
+    """One uniform key (the draw ``rng.choice`` makes, for indices and file names alike)."""
+    return keys[int(rng.integers(len(keys)))]
 
 
 def _sample_distinct(count: int, possible: int, draw, candidates, rng, what: str) -> list[tuple]:
@@ -509,10 +543,10 @@ def generate_pairs(
 ) -> list[PairFold]:
     """Draw LFW-style folds of same and different pairs, reproducibly.
 
-    Images must be named ``<identity>_<NNNN>.<ext>`` (the only names a pairs file can refer
-    to); the index in a pair is that NNNN (1-based in LFW and the synthetic data). Pairs are
-    distinct, same pairs join two different images, and within each fold both kinds are sorted
-    by name as in LFW's file.
+    An identity whose images are all named ``<identity>_<NNNN>.<ext>`` is referred to by that
+    NNNN, as in LFW (1-based in LFW and the synthetic data); any other identity by its images'
+    file names (the reader accepts both). Pairs are distinct, same pairs join two different
+    images, and within each fold both kinds are sorted by name as in LFW's file.
 
     Args:
         images_by_identity: ``{identity: [file name or path, ...]}``; non-image files ignored.
@@ -523,13 +557,14 @@ def generate_pairs(
             folds at random); False draws all pairs from all identities, then splits them.
 
     Raises:
-        DataError: a non-LFW image name, or too few identities or images to draw the distinct
-            pairs asked for (the message says which fold and kind).
+        DataError: a name a pairs file cannot hold (tabs, line breaks), or too few identities
+            or images to draw the distinct pairs asked for (the message says which fold and
+            kind).
         ValueError: ``n_folds`` or ``pairs_per_fold`` below 1.
     """
     if n_folds < 1 or pairs_per_fold < 1:
         raise ValueError(f"n_folds={n_folds} and pairs_per_fold={pairs_per_fold} must be >= 1")
-    indices = _lfw_indices(images_by_identity)
+    indices = _image_keys(images_by_identity)
     rng = np.random.default_rng(seed)
     if not disjoint_folds:
         same, different = _sample_group(
@@ -540,7 +575,7 @@ def generate_pairs(
         return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
     folds = []
     for f, names in enumerate(_split_identities(indices, n_folds, rng)):
-        where = f"fold {f} ({len(names)} identities; disjoint_folds=False may help)"
+        where = f"fold {f} ({len(names)} identities; folds sharing identities may help)"
         same, different = _sample_group(indices, names, pairs_per_fold, pairs_per_fold, rng, where)
         folds.append(PairFold(same, different))
     return folds
@@ -549,16 +584,25 @@ def generate_pairs(
 # --------------------------------------------------------------------------- writing
 
 
+def _valid_ref(ref) -> bool:
+    """An LFW index (int >= 0) or an image file name without separators, tabs or breaks."""
+    if isinstance(ref, str):
+        return (
+            os.path.splitext(ref)[1].lower() in IMAGE_EXTENSIONS
+            and not re.search(r"[\t\n\r/\\]", ref)
+            and not re.fullmatch(r"\d+", ref)
+        )
+    return isinstance(ref, (int, np.integer)) and not isinstance(ref, bool) and ref >= 0
+
+
 def _valid_pair(pair, kind: str) -> bool:
     """A same pair is (name, idx1, idx2), a different one (name1, idx1, name2, idx2)."""
     if not isinstance(pair, (tuple, list)) or len(pair) != (3 if kind == "same" else 4):
         return False
     names = pair[:1] if kind == "same" else pair[0::2]
     idxs = pair[1:] if kind == "same" else pair[1::2]
-    good_names = all(isinstance(n, str) and n and not re.search(r"\s", n) for n in names)
-    good_idxs = all(
-        isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0 for i in idxs
-    )
+    good_names = all(isinstance(n, str) and n and not re.search(r"[\t\n\r]", n) for n in names)
+    good_idxs = all(_valid_ref(i) for i in idxs)
     return good_names and good_idxs
 
 
