@@ -38,8 +38,9 @@ def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
         normalize=normalize,
         num_workers=cfg.data.num_workers,
     )
-    # The file's own folds (they differ from contiguous blocks once pairs were skipped).
-    same_folds = getattr(pairs, "n_folds", None) == cfg.eval.n_folds
+    # The file's own folds (they differ from contiguous blocks once pairs were skipped), or
+    # folds that each hold both kinds of pair (a one-fold file lists one kind, then the other).
+    folds = pairs.folds_for(cfg.eval.n_folds) if hasattr(pairs, "folds_for") else None
     result = evaluate_embeddings(
         emb1.numpy(),
         emb2.numpy(),
@@ -48,7 +49,7 @@ def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
         subtract_mean=cfg.eval.subtract_mean,
         n_folds=cfg.eval.n_folds,
         far_target=cfg.eval.far_target,
-        folds=pairs.fold_ids if same_folds else None,
+        folds=folds,
     )
     distances = pair_distances(emb1.numpy(), emb2.numpy(), metric=cfg.eval.distance)
     return result, distances
@@ -124,6 +125,9 @@ def _test_one(model, trainer, data, cfg, threshold: float | None):
         model, data.test_pairs, data.image_size, data.normalize, cfg, trainer.device
     )
     values = figures(result)
+    # The protocol's own per-fold thresholds on the test pairs are not handed on: the run's
+    # threshold is the validation one.
+    del values["threshold"], values["distance"]
     if threshold is not None and not cfg.eval.subtract_mean:
         # The validation threshold applied to every test pair: no choice made on the test set.
         same = np.asarray(data.test_pairs.issame, dtype=bool)
@@ -150,15 +154,16 @@ def test_selected(trainer, data, cfg, best_epoch, threshold, last_epoch, run_dir
     """
     with torch.no_grad():
         result, last = _test_one(trainer.core_model, trainer, data, cfg, threshold)
-    out = {"last": {"epoch": last_epoch, **last}}
+    last = {"epoch": last_epoch, **last}
+    out = {}
     best_model = _selected_model(trainer, run_dir, best_epoch, last_epoch)
-    if best_epoch is not None:
-        if best_model is not None:
-            result, best = _test_one(best_model, trainer, data, cfg, threshold)
-            out["best"] = {"epoch": best_epoch, **best}
-        else:
-            out["best"] = out["last"]
-    chosen = out.get("best", out["last"])
+    if best_model is not None:
+        result, best = _test_one(best_model, trainer, data, cfg, threshold)
+        out["best"] = {"epoch": best_epoch, **best}
+    elif best_epoch is not None:
+        out["best"] = last
+    out["last"] = last
+    chosen = out.get("best", last)
     title = f"{run_dir.name}: test, epoch {chosen['epoch']}"
     _plot(result, run_dir, "test", title, cfg, logger, last_epoch)
     for name, values in out.items():

@@ -180,12 +180,12 @@ def test_fewer_than_two_usable_identities(tmp_path, capsys):
     assert_one_error_line(err, "data.root", str(root), "need at least 2")
 
 
-def test_p_times_k_larger_than_the_data(tmp_path, capsys, synthetic_root):
+def test_more_identities_per_batch_than_the_data_holds(tmp_path, capsys, synthetic_root):
     code, _, err = train(
         capsys, tmp_path / "run", "data.p=8", "data.k=2", data=synthetic_data(synthetic_root)
     )
     assert code == 2
-    assert_one_error_line(err, "data.p=8, data.k=2", "larger than the data", "6 identities")
+    assert_one_error_line(err, "data.p=8", "P = 8 identities per batch, but only 6 identities")
 
 
 def test_missing_dataset_folder_names_the_key(tmp_path, capsys):
@@ -514,3 +514,89 @@ def test_a_bug_keeps_its_traceback(capsys, tmp_path, monkeypatch, synthetic_root
     monkeypatch.setattr(facenet.trainer.Trainer, "train_step", broken)
     with pytest.raises(ValueError, match="internal invariant broken"):
         train(capsys, tmp_path / "run", data=synthetic_data(synthetic_root))
+
+
+def test_a_second_run_on_the_same_directory_is_refused(tmp_path, capsys, synthetic_root):
+    import socket
+
+    run = tmp_path / "run"
+    run.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / ".lock").write_text(f"{sleeper.pid}\n{socket.gethostname()}\n")
+        code, _, err = train(capsys, run, data=synthetic_data(synthetic_root))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert code == 2
+    assert_one_error_line(err, str(run), f"process {sleeper.pid}")
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_overwrite_starts_clean(tmp_path, capsys, synthetic_root):
+    run = tmp_path / "run"
+    settings = ("train.epochs=2", "eval.every=1", "logging.tensorboard=true")
+    code, _, err = train(capsys, run, *settings, data=synthetic_data(synthetic_root))
+    assert code == 0, err
+    (run / "roc_val_epoch_9.png").write_bytes(b"from an older, longer run")
+    events_before = list((run / "tensorboard").iterdir())
+    code, _, err = train(
+        capsys,
+        run,
+        "train.epochs=1",
+        "logging.tensorboard=true",
+        flags=["--overwrite"],
+        data=synthetic_data(synthetic_root),
+    )
+    assert code == 0, err
+    assert not (run / "roc_val_epoch_9.png").exists() and not (run / "roc_val_epoch_2.png").exists()
+    assert not any(p in events_before for p in (run / "tensorboard").iterdir())
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not (run / ".lock").exists()
+
+
+def test_ctrl_c_before_training_says_no_checkpoint_was_written(
+    tmp_path, capsys, synthetic_root, monkeypatch
+):
+    import facenet.run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(facenet.run, "validate", interrupted)  # during the first evaluation
+    code, _, err = train(
+        capsys, tmp_path / "run", "eval.every=1", data=synthetic_data(synthetic_root)
+    )
+    assert code == 130
+    assert_one_error_line(err, "interrupted; no checkpoint was written")
+
+
+def test_resume_with_another_length_of_a_cosine_schedule_is_refused(
+    tmp_path, capsys, synthetic_root
+):
+    run = tmp_path / "run"
+    code, _, err = train(capsys, run, "train.epochs=1", data=synthetic_data(synthetic_root))
+    assert code == 0, err
+    code, _, err = train(
+        capsys, run, "train.epochs=3", flags=["--resume"], data=synthetic_data(synthetic_root)
+    )
+    assert code == 2
+    assert_one_error_line(err, "train.epochs: 3 differs from the checkpoint's 1", "cosine")
+    code, _, err = train(
+        capsys,
+        run,
+        "train.epochs=1",
+        "optim.schedule=none",
+        flags=["--overwrite"],
+        data=synthetic_data(synthetic_root),
+    )
+    assert code == 0, err
+    code, out, err = train(
+        capsys,
+        run,
+        "train.epochs=2",
+        "optim.schedule=none",
+        flags=["--resume"],
+        data=synthetic_data(synthetic_root),
+    )
+    assert code == 0, err  # no schedule: the run may grow

@@ -106,12 +106,15 @@ class PKSampler(Sampler[list[int]]):
             identities, inverse, counts = np.unique(
                 labels[drawable], return_inverse=True, return_counts=True
             )
-        n_images = len(drawable)
-        if len(identities) < self.p or self.p * self.k > n_images:
-            rule = "" if self.with_replacement else f" with at least k={self.k} images"
+        if len(identities) < self.p:
+            rule = (
+                "with 2+ images"
+                if self.with_replacement
+                else f"with at least K = {self.k} images (sampling without replacement)"
+            )
             raise DataError(
-                f"P x K = {self.p} x {self.k} = {self.p * self.k} is larger than the data: "
-                f"{len(identities)} identities{rule} with {n_images} images"
+                f"P = {self.p} identities per batch, but only {len(identities)} identities "
+                f"{rule} can be drawn"
             )
         self.identities = identities  # (C,) the label of each identity
         self._inverse = inverse  # (M,) identity number of each drawable image

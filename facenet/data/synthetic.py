@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.io import write_png
 
+from facenet.data.pairs import generate_pairs, write_pairs
 from facenet.errors import ConfigError, DataError
 from facenet.files import write_text_atomic
 
@@ -586,7 +587,11 @@ def _manifest(cfg) -> dict:
             "images_per_identity": cfg.synthetic_heldout_images_per_identity,
             "identity_offset": cfg.synthetic_identities,
         },
-        "pairs": {"n_folds": PAIRS_FOLDS, "pairs_per_fold": cfg.synthetic_pairs_per_fold},
+        "pairs": {
+            "n_folds": PAIRS_FOLDS,
+            "pairs_per_fold": cfg.synthetic_pairs_per_fold,
+            "files": ["val_pairs.txt", "test_pairs.txt"],  # identity-disjoint halves
+        },
     }
 
 
@@ -625,10 +630,15 @@ def _clear_previous(root: Path, manifest_path: Path) -> None:
         shutil.rmtree(target, ignore_errors=True)
 
 
-def _write_heldout_pairs(written: dict[str, list[str]], path: Path, pairs_per_fold: int, seed: int):
-    """pairs.txt for the held-out identities: identity-disjoint folds when there are enough."""
-    from facenet.data.pairs import generate_pairs, write_pairs
+def _split_validation_test(written: dict[str, list[str]]) -> tuple[dict, dict]:
+    """The held-out identities in two identity-disjoint halves: (validation, test)."""
+    names = sorted(written)
+    half = len(names) // 2
+    return {n: written[n] for n in names[:half]}, {n: written[n] for n in names[half:]}
 
+
+def _write_heldout_pairs(written: dict[str, list[str]], path: Path, pairs_per_fold: int, seed: int):
+    """A pairs file for some held-out identities: identity-disjoint folds when there are enough."""
     try:
         folds = generate_pairs(written, PAIRS_FOLDS, pairs_per_fold, seed=seed)
     except DataError:
@@ -640,7 +650,8 @@ def _write_heldout_pairs(written: dict[str, list[str]], path: Path, pairs_per_fo
         except DataError as err:
             raise ConfigError(
                 "data.synthetic_heldout_identities, data.synthetic_heldout_images_per_identity "
-                f"and data.synthetic_pairs_per_fold: too small for the held-out pairs: {err}"
+                f"and data.synthetic_pairs_per_fold: too small for the held-out pairs (half of "
+                f"the held-out identities each for validation and test): {err}"
             ) from None
     write_pairs(path, folds)
 
@@ -670,17 +681,19 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
     """Write the built-in data set once: training identities, held-out identities and pairs.
 
     ``root/train/`` gets ``cfg.synthetic_identities`` identities, ``root/heldout/`` gets
-    ``cfg.synthetic_heldout_identities`` other identities (numbered after the training ones) and
-    ``root/heldout/pairs.txt`` 10 folds of ``cfg.synthetic_pairs_per_fold`` same and different
-    pairs. ``root/manifest.json`` records the settings; a later call with the same settings
-    finds the folders complete and writes nothing. Call it from one process only (rank 0).
+    ``cfg.synthetic_heldout_identities`` other identities (numbered after the training ones),
+    split in two identity-disjoint halves: ``root/heldout/val_pairs.txt`` (validation: model
+    selection) and ``root/heldout/test_pairs.txt`` (test: reported once), each 10 folds of
+    ``cfg.synthetic_pairs_per_fold`` same and different pairs. ``root/manifest.json`` records
+    the settings; a later call with the same settings finds the folders complete and writes
+    nothing. Call it from one process only (rank 0).
 
     Args:
         root: the folder to write into.
         cfg: a :class:`facenet.config.DataConfig` (its ``synthetic_*`` keys and ``image_size``).
 
     Returns:
-        ``{"train_root", "heldout_root", "pairs"}`` as path strings.
+        ``{"train_root", "heldout_root", "val_pairs", "test_pairs"}`` as path strings.
 
     Raises:
         ConfigError: a size key below 1, or sizes too small for the held-out pairs.
@@ -692,14 +705,16 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
     paths = {
         "train_root": str(root / "train"),
         "heldout_root": str(root / "heldout"),
-        "pairs": str(root / "heldout" / "pairs.txt"),
+        "val_pairs": str(root / "heldout" / "val_pairs.txt"),
+        "test_pairs": str(root / "heldout" / "test_pairs.txt"),
     }
     manifest_path = root / MANIFEST_NAME
     wanted = _manifest(cfg)
     found = _read_manifest(manifest_path)
     if (
         found == {**wanted, "complete": True}
-        and Path(paths["pairs"]).is_file()
+        and Path(paths["val_pairs"]).is_file()
+        and Path(paths["test_pairs"]).is_file()
         and _folder_complete(root / "train", wanted["train"])
         and _folder_complete(root / "heldout", wanted["heldout"])
     ):
@@ -717,7 +732,8 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
             spec["identity_offset"],
         )
         written = data.write_to_disk(root / part)
-    pairs_path = Path(paths["pairs"])
-    _write_heldout_pairs(written, pairs_path, cfg.synthetic_pairs_per_fold, cfg.synthetic_seed)
+    validation, test = _split_validation_test(written)
+    for part, path in ((validation, paths["val_pairs"]), (test, paths["test_pairs"])):
+        _write_heldout_pairs(part, Path(path), cfg.synthetic_pairs_per_fold, cfg.synthetic_seed)
     _write_manifest(manifest_path, {**wanted, "complete": True})
     return paths
