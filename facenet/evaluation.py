@@ -89,6 +89,10 @@ class VerificationResult:
         n_pairs: number of pairs evaluated.
         n_folds: number of folds.
         distance: the distance the grids were chosen for.
+        threshold: the verification threshold: the mean over folds of ``best_thresholds``
+            ("same" when ``distance < threshold``); the default of identification.
+        threshold_distance: the distance ``threshold`` applies to (``distance``; on
+            flip-concatenated or mean-subtracted embeddings when those options were used).
     """
 
     accuracy: np.ndarray
@@ -112,6 +116,8 @@ class VerificationResult:
     n_pairs: int
     n_folds: int
     distance: str
+    threshold: float
+    threshold_distance: str
 
     def to_dict(self, curves: bool = True) -> dict[str, Any]:
         """The result as JSON-safe Python floats, ints, strings and lists.
@@ -482,6 +488,8 @@ def _run_protocol(
         n_pairs=len(issame),
         n_folds=int(n_folds),
         distance=distance,
+        threshold=float(np.mean(acc["best_thresholds"])),
+        threshold_distance=distance,
     )
 
 
