@@ -136,3 +136,13 @@ def test_the_training_layer_imports_one_way():
     for lower, name in enumerate(order):
         later = set(order[lower + 1 :])
         assert not graph[name] & later, f"{name} imports {graph[name] & later}"
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["facenet.trained", "facenet.identify", "facenet.export", "facenet.data.insightface_bin"],
+)
+def test_the_modules_for_trained_models_are_library_layer(module):
+    graph = import_graph()
+    assert module in graph
+    assert not graph[module] & TRAINING_LAYER, f"{module} imports {graph[module] & TRAINING_LAYER}"
