@@ -2,18 +2,25 @@
 
 ``embed_pair_list`` embeds both sides of a verification pairs list, each unique image once, in
 eval mode without autograd; under several processes each rank embeds a shard and the shards
-are gathered back into input order.
+are gathered back into input order. ``embed_folder`` embeds every image under a folder
+(identity folders or a flat folder) with the evaluation transform, leaving out the files that
+cannot be decoded; ``embed_dataset`` is the loop both use, for any dataset of image tensors.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 from torch import nn
+from tqdm import tqdm
 
-from facenet.data.images import build_transform, read_image
+from facenet.data.images import IMAGE_EXTENSIONS, CorruptImageError, build_transform, read_image
 from facenet.distributed import gather_variable_rows, get_rank, get_world_size
 
-__all__ = ["embed_pair_list"]
+__all__ = ["FolderEmbeddings", "embed_dataset", "embed_folder", "embed_pair_list", "list_images"]
 
 
 def _gather_shards(chunks: list[torch.Tensor], total: int, world: int) -> torch.Tensor:
@@ -39,6 +46,51 @@ class _PathDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return self.transform(read_image(self.paths[index]))
+
+
+def _embed_batches(model: nn.Module, batches, device, flip: bool) -> list[torch.Tensor]:
+    """Embeddings (b, D), or (b, 2D) with ``flip``, of every image batch, in eval mode."""
+    was_training = model.training
+    model.eval()
+    chunks = []
+    try:
+        with torch.inference_mode():
+            for images in batches:
+                images = images.to(device)
+                embeddings = model(images)  # (b, D)
+                if flip:  # the classic option: [emb(x), emb(flipped x)] -> (b, 2D)
+                    embeddings = torch.cat([embeddings, model(images.flip(-1))], dim=1)
+                chunks.append(embeddings.float().cpu())
+    finally:
+        model.train(was_training)
+    return chunks
+
+
+def embed_dataset(
+    model: nn.Module,
+    dataset,
+    batch_size: int = 128,
+    device: str | torch.device = "cpu",
+    flip: bool = False,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Embed every image of a dataset of (3, S, S) tensors, in order, in one process.
+
+    Args:
+        model: the embedding network.
+        dataset: ``dataset[i]`` is image i, already transformed.
+        batch_size: images per forward.
+        device: where the network runs.
+        flip: concatenate each embedding with that of the horizontally flipped image.
+        progress: show a progress bar (on stderr).
+
+    Returns:
+        (N, D) or (N, 2D) float32 on the CPU.
+    """
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
+    batches = tqdm(loader, desc="embedding", unit="batch", disable=not progress, leave=False)
+    chunks = _embed_batches(model, batches, device, flip)
+    return torch.cat(chunks) if chunks else torch.zeros(0, 0)
 
 
 def embed_pair_list(
@@ -75,20 +127,119 @@ def embed_pair_list(
     loader = torch.utils.data.DataLoader(
         _PathDataset(paths[rank::world], transform), batch_size=batch_size, num_workers=num_workers
     )
-    was_training = model.training
-    model.eval()
-    chunks = []
-    try:
-        with torch.inference_mode():
-            for images in loader:
-                images = images.to(device)
-                embeddings = model(images)  # (b, D)
-                if flip:
-                    embeddings = torch.cat([embeddings, model(images.flip(-1))], dim=1)
-                chunks.append(embeddings.float())
-    finally:
-        model.train(was_training)
+    chunks = _embed_batches(model, loader, device, flip)
     embeddings = _gather_shards(chunks, len(paths), world)  # (U, D) on the CPU
     index1 = torch.as_tensor(index1, dtype=torch.long)
     index2 = torch.as_tensor(index2, dtype=torch.long)
     return embeddings[index1], embeddings[index2]
+
+
+# --------------------------------------------------------------------------- folders
+
+
+def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """Every image file under ``root`` (sorted), and its identity: the top-level folder name.
+
+    Args:
+        root: a folder of identity folders (``root/<identity>/.../<image>``) or of images;
+            hidden files and folders are left out.
+
+    Returns:
+        ``(paths, labels)``; the label of an image directly in ``root`` is "".
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder not found: {root}")
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
+                found.append(Path(folder, name))
+    found.sort()
+    labels = [
+        p.relative_to(root).parts[0] if len(p.relative_to(root).parts) > 1 else "" for p in found
+    ]
+    return [str(p) for p in found], labels
+
+
+class _ReadableImages(torch.utils.data.Dataset):
+    """Images by path; an undecodable one gives None and its reason instead of a tensor."""
+
+    def __init__(self, paths, transform):
+        self.paths, self.transform = list(paths), transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        try:
+            return index, self.transform(read_image(self.paths[index])), None
+        except CorruptImageError as err:
+            return index, None, err.reason
+
+
+def _collate_readable(items):
+    """(indices of the decoded images, their batch (b, 3, S, S), [(index, reason), ...])."""
+    good = [(i, image) for i, image, _ in items if image is not None]
+    bad = [(i, reason) for i, image, reason in items if image is None]
+    images = torch.stack([image for _, image in good]) if good else None
+    return [i for i, _ in good], images, bad
+
+
+@dataclass
+class FolderEmbeddings:
+    """The embeddings of a folder's readable images.
+
+    Args:
+        embeddings: (N, D) float32, one row per readable image.
+        paths: the N image files.
+        labels: their identities (folder names; "" for images directly in the folder).
+        unreadable: ``(path, reason)`` for every file left out.
+    """
+
+    embeddings: torch.Tensor
+    paths: list
+    labels: list
+    unreadable: list
+
+
+def embed_folder(
+    model: nn.Module,
+    root: str | os.PathLike,
+    image_size: int,
+    normalize: str = "fixed",
+    batch_size: int = 128,
+    device: str | torch.device = "cpu",
+    flip: bool = False,
+    progress: bool = False,
+) -> FolderEmbeddings:
+    """Embed every image under ``root`` with the evaluation transform, in one process.
+
+    Args:
+        model: the embedding network.
+        root: identity folders or a flat folder of images (see :func:`list_images`).
+        image_size: the network's input side.
+        normalize: the pixel standardisation the network was trained with.
+        batch_size: images per forward.
+        device: where the network runs.
+        flip: concatenate each embedding with that of the flipped image ((N, 2D)).
+        progress: show a progress bar (on stderr).
+    """
+    paths, labels = list_images(root)
+    dataset = _ReadableImages(paths, build_transform(image_size, train=False, normalize=normalize))
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, collate_fn=_collate_readable
+    )
+    kept, unreadable, chunks = [], [], []
+    for indices, images, bad in tqdm(
+        loader, desc="embedding", unit="batch", disable=not progress, leave=False
+    ):
+        unreadable += [(paths[i], reason) for i, reason in bad]
+        if images is not None:
+            kept += indices
+            chunks += _embed_batches(model, [images], device, flip)
+    embeddings = torch.cat(chunks) if chunks else torch.zeros(0, 0)
+    return FolderEmbeddings(
+        embeddings, [paths[i] for i in kept], [labels[i] for i in kept], unreadable
+    )
