@@ -5,9 +5,14 @@ Two sources of pair distances:
 
 - ``--distances FILE``: an ``.npz`` with arrays ``distances`` and ``issame``, or a ``.csv`` with
   rows ``distance,issame`` (issame 0/1 or true/false; an optional header row).
-- ``--checkpoint PATH --pairs FILE``: a training checkpoint embeds the images a pairs.txt names.
+- ``--checkpoint PATH --pairs FILE``: a trained model (training checkpoint, ``model.pt`` weights
+  export or facenet-pytorch file) embeds the images a pairs.txt names.
+- ``--checkpoint PATH --bin FILE.bin [--bin ...]``: insightface verification sets (lfw, cfp_fp,
+  agedb_30, calfw, cplfw), read without running anything in the pickle; one table row each.
 
-Prints a table and writes ``metrics.json`` and ``roc.png`` into ``--out``.
+Prints a table and writes ``metrics.json`` (with the verification threshold: the mean over
+folds and the distance it applies to) and ``roc.png`` (``roc_<name>.png`` per ``--bin``) into
+``--out``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from facenet.errors import CheckpointError, DataError, FacenetError  # noqa: E402
+from facenet.config import load_config  # noqa: E402
+from facenet.data.insightface_bin import BinImages, read_bin  # noqa: E402
+from facenet.data.pairs import read_pairs  # noqa: E402
+from facenet.distributed import resolve_device  # noqa: E402
+from facenet.embed import embed_dataset, embed_pair_list  # noqa: E402
+from facenet.errors import DataError, FacenetError  # noqa: E402
 from facenet.evaluation import (  # noqa: E402
     DISTANCES,
     VerificationResult,
@@ -32,6 +42,7 @@ from facenet.evaluation import (  # noqa: E402
     plot_roc,
 )
 from facenet.files import write_text_atomic  # noqa: E402
+from facenet.trained import TrainedModel, load_model  # noqa: E402
 
 
 class InputError(DataError):
@@ -43,11 +54,19 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--distances", help=".npz (distances, issame) or .csv (distance,issame)")
-    source.add_argument("--checkpoint", help="a training checkpoint (.pt) to embed --pairs with")
+    source.add_argument(
+        "--checkpoint", help="a checkpoint, model.pt or facenet-pytorch file to embed with"
+    )
     parser.add_argument(
         "--config", help="a run configuration whose eval section gives the defaults below"
     )
     parser.add_argument("--pairs", help="pairs.txt (with --checkpoint)")
+    parser.add_argument(
+        "--bin",
+        action="append",
+        default=[],
+        help="an insightface .bin verification set (with --checkpoint); repeatable",
+    )
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
     parser.add_argument("--out", default="runs/evaluate", help="where metrics.json and roc.png go")
     parser.add_argument("--folds", type=int, default=10, help="number of folds (default 10)")
@@ -152,67 +171,66 @@ def load_distances(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 # --------------------------------------------------------------------------- checkpoint mode
 
 
-def evaluate_checkpoint(args: argparse.Namespace) -> VerificationResult:
-    """Embed the images of ``--pairs`` with the network of ``--checkpoint`` and evaluate.
-
-    Raises:
-        ImportError: the trainer's embedding helper or the checkpoint loader is missing.
-        FacenetError: a refused checkpoint, a damaged pairs file, an unusable device.
-    """
-    from facenet.checkpoint import load_checkpoint
-    from facenet.config import config_from_dict
-    from facenet.data.pairs import read_pairs
-    from facenet.distributed import resolve_device
-    from facenet.embed import embed_pair_list
-    from facenet.models import build_model
-
+def _device(name: str):
     try:
-        device = resolve_device(args.device)
+        return resolve_device(name)
     except RuntimeError as err:  # torch's refusal of a device string it cannot parse
-        raise InputError(f"--device {args.device!r}: {str(err).splitlines()[0]}") from None
-    state = load_checkpoint(args.checkpoint, map_location="cpu")
-    absent = [key for key in ("config", "model") if not isinstance(state.get(key), dict)]
-    if absent:
-        raise CheckpointError(
-            f"{args.checkpoint}: not a training checkpoint (no {' or '.join(absent)} dict)"
-        )
-    cfg = config_from_dict(state["config"], source=f"{args.checkpoint} (saved configuration)")
-    weights = state["model"]
-    classifier = weights.get("classifier.weight")
-    cfg.model.weights = None  # the checkpoint holds every weight; no backbone file is read
-    model = build_model(cfg.model, None if classifier is None else classifier.shape[0])
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as err:
-        raise CheckpointError(
-            f"{args.checkpoint}: its weights do not fit its saved configuration: "
-            + " ".join(line.strip() for line in str(err).splitlines()[:2])
-        ) from None
-    model.to(device)
-    pair_list = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
-    emb1, emb2 = embed_pair_list(
-        model,
-        pair_list,
-        cfg.data.image_size,
-        args.batch_size,
-        device,
-        args.flip,
-        normalize=cfg.data.normalize,  # the pixel standardisation the network was trained with
-    )
+        raise InputError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
+
+
+def _protocol(emb1, emb2, issame, args, what: str, folds=None) -> VerificationResult:
+    """The verification protocol on embedded pairs, with the command line's options."""
     try:
         return evaluate_embeddings(
             emb1,
             emb2,
-            pair_list.issame,
+            issame,
             metric=args.distance,
             subtract_mean=args.subtract_mean,
             n_folds=args.folds,
             far_target=args.far_target,
-            # The file's own folds: they differ from contiguous blocks once pairs were skipped.
-            folds=pair_list.fold_ids if pair_list.n_folds == args.folds else None,
+            folds=folds,
         )
     except ValueError as err:  # the options were checked: the pairs (or embeddings) do not fit
-        raise InputError(f"{args.pairs} embedded by {args.checkpoint}: {err}") from None
+        raise InputError(f"{what}: {err}") from None
+
+
+def evaluate_checkpoint(args: argparse.Namespace, trained: TrainedModel) -> VerificationResult:
+    """Embed the images of ``--pairs`` with the model and evaluate.
+
+    Raises:
+        FacenetError: a damaged pairs file, missing images, an unusable device.
+    """
+    device = _device(args.device)
+    pair_list = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
+    emb1, emb2 = embed_pair_list(
+        trained.model.to(device),
+        pair_list,
+        trained.image_size,
+        args.batch_size,
+        device,
+        args.flip,
+        normalize=trained.normalize,  # the pixel standardisation the network was trained with
+    )
+    # The file's own folds (they differ from contiguous blocks once pairs were skipped), or
+    # folds that each hold both kinds of pair (a one-fold file lists one kind, then the other).
+    folds = pair_list.folds_for(args.folds)
+    what = f"{args.pairs} embedded by {args.checkpoint}"
+    return _protocol(emb1, emb2, pair_list.issame, args, what, folds)
+
+
+def evaluate_bin(args: argparse.Namespace, trained: TrainedModel, path: str) -> VerificationResult:
+    """One insightface ``.bin`` set: 2N images embedded, pairs (2i, 2i + 1), contiguous folds.
+
+    Raises:
+        FacenetError: a refused or damaged file, an undecodable image, an unusable device.
+    """
+    device = _device(args.device)
+    pairs = read_bin(path)
+    images = BinImages(pairs, trained.image_size, trained.normalize)
+    embeddings = embed_dataset(trained.model.to(device), images, args.batch_size, device, args.flip)
+    what = f"{path} embedded by {args.checkpoint}"
+    return _protocol(embeddings[0::2], embeddings[1::2], pairs.issame, args, what)
 
 
 # --------------------------------------------------------------------------- output
@@ -232,9 +250,35 @@ def format_table(result: VerificationResult) -> str:
         f"(target {result.far_target:g})",
         f"AUC       {result.auc:.4f}",
         f"EER       {result.eer:.4f}",
+        f"threshold {result.threshold:.4f} ({result.threshold_distance} distance, mean over "
+        "folds; identify.py's default)",
         f"pairs     {result.n_pairs} in {result.n_folds} folds ({result.distance} distance)",
     ]
     return "\n".join(lines)
+
+
+def format_bin_table(results: dict[str, VerificationResult]) -> str:
+    """One row per ``.bin`` set: accuracy ± std, VAL @ FAR, AUC, EER, threshold, pairs."""
+    lines = [
+        f"{'set':<12} {'accuracy':>16}  {'VAL':>6} {'@ FAR':>8}  {'AUC':>6}  {'EER':>6}  "
+        f"{'threshold':>9}  {'pairs':>6}"
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"{name:<12} {r.accuracy_mean:>7.4f} ± {r.accuracy_std:<6.4f}  {r.val:>6.4f} "
+            f"{r.far:>8.5f}  {r.auc:>6.4f}  {r.eer:>6.4f}  {r.threshold:>9.4f}  {r.n_pairs:>6}"
+        )
+    return "\n".join(lines)
+
+
+def write_bin_outputs(results: dict[str, VerificationResult], out: Path, source: str, args):
+    """``metrics.json`` with one entry per set, and ``roc_<name>.png`` for each."""
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = {"source": source, "sets": {n: r.to_dict(curves=False) for n, r in results.items()}}
+    write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
+    for name, result in results.items():
+        title = args.title or f"{name} ({result.n_pairs} pairs)"
+        plot_roc(result, out / f"roc_{name}.png", log_scale=args.log_scale, title=title)
 
 
 def write_outputs(result: VerificationResult, out: Path, source: str, args) -> None:
@@ -247,8 +291,6 @@ def write_outputs(result: VerificationResult, out: Path, source: str, args) -> N
 
 def config_defaults(path: str) -> dict:
     """Defaults for the command line from a run configuration's ``eval`` section."""
-    from facenet.config import load_config
-
     cfg = load_config(path)
     e = cfg.eval
     return {
@@ -274,8 +316,38 @@ def _check_options(args: argparse.Namespace) -> None:
         raise InputError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Evaluate; returns the exit code (1: checkpoint mode unavailable, 2: bad input)."""
+def _distances_mode(args) -> VerificationResult:
+    distances, issame = load_distances(args.distances)
+    try:
+        return evaluate_verification(
+            distances, issame, args.folds, args.far_target, distance=args.distance
+        )
+    except ValueError as err:  # the options were checked: the file's contents do not fit
+        raise InputError(f"{args.distances}: {err}") from None
+
+
+def _bin_mode(args) -> int:
+    """Every ``--bin`` set: a table row each, metrics.json and a ROC per set."""
+    try:
+        _check_options(args)
+        trained = load_model(args.checkpoint)
+        results = {}
+        for path in args.bin:
+            name = Path(path).stem
+            if name in results:
+                raise InputError(f"--bin {path}: a second set named {name!r}")
+            results[name] = evaluate_bin(args, trained, path)
+        print(format_bin_table(results))
+        write_bin_outputs(results, Path(args.out), str(args.checkpoint), args)
+    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {Path(args.out) / 'metrics.json'} and a roc_<set>.png for each set")
+    return 0
+
+
+def _parse(argv: list[str] | None):
+    """The arguments, with defaults from ``--config``; None after reporting a bad config."""
     parser = get_args_parser()
     known, _ = parser.parse_known_args(argv)
     if known.config:  # the file gives defaults; flags on the command line still win
@@ -283,27 +355,28 @@ def main(argv: list[str] | None = None) -> int:
             parser.set_defaults(**config_defaults(known.config))
         except FacenetError as err:
             print(f"error: {err}", file=sys.stderr)
-            return 2
+            return None
     args = parser.parse_args(argv)
-    if args.checkpoint and not args.pairs:
-        parser.error("--checkpoint needs --pairs")
+    if args.bin and not args.checkpoint:
+        parser.error("--bin needs --checkpoint")
+    if args.checkpoint and not (args.pairs or args.bin):
+        parser.error("--checkpoint needs --pairs or --bin")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Evaluate; returns the exit code (2: bad input)."""
+    args = _parse(argv)
+    if args is None:
+        return 2
+    if args.bin:
+        return _bin_mode(args)
     try:
         _check_options(args)
         if args.distances:
-            distances, issame = load_distances(args.distances)
-            try:
-                result = evaluate_verification(
-                    distances, issame, args.folds, args.far_target, distance=args.distance
-                )
-            except ValueError as err:  # the options were checked: the file's contents do not fit
-                raise InputError(f"{args.distances}: {err}") from None
-            source = str(args.distances)
+            result, source = _distances_mode(args), str(args.distances)
         else:
-            try:
-                result = evaluate_checkpoint(args)
-            except ImportError as err:
-                print(f"evaluate.py: checkpoint mode not available yet ({err})", file=sys.stderr)
-                return 1
+            result = evaluate_checkpoint(args, load_model(args.checkpoint))
             source = f"{args.checkpoint} on {args.pairs}"
     except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
         print(f"error: {err}", file=sys.stderr)
