@@ -1,0 +1,64 @@
+#!/usr/bin/env python
+"""Export a trained model: ``--checkpoint CKPT --format onnx|pt2|weights --out FILE``.
+
+``onnx`` and ``pt2`` (a ``torch.export`` program: ``torch.export.load(FILE).module()``) have a
+dynamic batch dimension; after exporting, the file is run on a batch and compared with the
+eager model, and written only if the largest absolute difference is at most ``--tolerance``
+(1e-4). ``weights`` writes ``model.pt``: the weights, architecture, preprocessing and the
+run's verification threshold, loadable with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+
+from facenet.errors import FacenetError  # noqa: E402
+from facenet.export import FORMATS, PARITY_TOLERANCE, export_model  # noqa: E402
+from facenet.identify import model_threshold  # noqa: E402
+from facenet.trained import load_model  # noqa: E402
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    """The command-line interface of ``export.py``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True, help="checkpoint, model.pt or port file")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="what to write")
+    parser.add_argument("--out", required=True, help="the file to write")
+    parser.add_argument(
+        "--tolerance", type=float, default=PARITY_TOLERANCE, help="largest |exported - eager|"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Export; returns the exit code (2: bad input or a parity failure)."""
+    args = get_args_parser().parse_args(argv)
+    try:
+        trained = load_model(args.checkpoint)
+        threshold = model_threshold(trained)
+        if threshold is not None:  # carried into the export's metadata
+            trained.verification = {"threshold": threshold[0], "threshold_distance": threshold[1]}
+        report = export_model(trained, args.format, args.out, args.tolerance)
+    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    size = trained.image_size
+    print(
+        f"wrote {report.path} ({report.format}: images (B, 3, {size}, {size}) -> embeddings "
+        f"(B, {trained.embedding_dim}); threshold: {trained.verification or 'none saved'})"
+    )
+    if report.format != "weights":
+        print(
+            f"parity: max |exported - eager| = {report.max_abs_diff:.3g} on a batch of "
+            f"{report.batch}, traced at another size: the batch is dynamic (limit "
+            f"{args.tolerance:g})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
