@@ -26,7 +26,7 @@ from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.losses import build_loss
 from facenet.miners import build_miner
 from facenet.models import build_model
-from facenet.optim import build_optimizer, build_scheduler
+from facenet.optim import build_optimizer, build_scheduler, parameter_groups
 from facenet.trainer import Trainer
 
 __all__ = ["TrainingData", "build_data", "build_device", "build_trainer"]
@@ -207,6 +207,8 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
     use_ce = cfg.loss.ce_weight > 0
     num_classes = num_classes if use_ce else None
     model = _from_section("model", build_model, cfg.model, num_classes=num_classes).to(device)
+    # Named groups when fine-tuning (backbone lr scale, frozen stages); read before DDP wraps it.
+    params = _from_section("optim", parameter_groups, model, cfg.optim)
     if is_distributed():
         # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
         model = DistributedDataParallel(
@@ -217,7 +219,7 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
     # The miner's own generator (the max_triplets cap draws from it): checkpointed with the run.
     generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
     miner = _from_section("mining", build_miner, cfg.mining, generator=generator)
-    optimizer = _from_section("optim", build_optimizer, model.parameters(), cfg.optim)
+    optimizer = _from_section("optim", build_optimizer, params, cfg.optim)
     scheduler = _from_section("optim", build_scheduler, optimizer, cfg.optim, cfg.train.epochs)
     # Seed-style triplet lists are sparse selections whatever the miner: two passes.
     passes = cfg.mining.passes

@@ -89,6 +89,9 @@ class ModelConfig:
     embedding_dim: int = 128
     dropout: float = 0.0
     weights: str | None = None  # a local state-dict file for the backbone; never downloaded
+    # Also start the embedding head from model.weights (a facenet-pytorch file's last_linear and
+    # last_bn, or an EmbeddingNet's embedding.*): fine-tuning a published model, head included.
+    weights_head: bool = False
     channels_last: bool = False
 
 
@@ -135,6 +138,12 @@ class OptimConfig:
     step_size: int = 10  # epochs, for schedule: step
     gamma: float = 0.1
     grad_clip: float = 0.0  # 0: off
+    # Fine-tuning: the backbone's learning rate is lr x backbone_lr_scale; for the first
+    # freeze_backbone_epochs epochs the backbone (or its stages up to and including the one
+    # named by freeze_up_to) has learning rate 0.
+    backbone_lr_scale: float = 1.0
+    freeze_backbone_epochs: int = 0
+    freeze_up_to: str | None = None
 
 
 @dataclass

@@ -197,7 +197,7 @@ def _list_keys(keys: list[str], limit: int = 8) -> str:
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
-def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, name: str) -> None:
+def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: str) -> None:
     """Raise a WeightsError naming missing/unexpected keys and shape mismatches, if any."""
     expected = module.state_dict()
     missing = [k for k in expected if k not in state]
@@ -215,9 +215,7 @@ def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, name: s
     if mismatched:
         problems.append(f"{len(mismatched)} shape mismatches: {_list_keys(mismatched)}")
     if problems:
-        raise WeightsError(
-            f"weights file {path} does not fit backbone {name!r}: " + "; ".join(problems)
-        )
+        raise WeightsError(f"weights file {path} does not fit {what}: " + "; ".join(problems))
 
 
 def load_backbone_weights(backbone: nn.Module, path: str | os.PathLike, name: str) -> None:
@@ -237,12 +235,30 @@ def load_backbone_weights(backbone: nn.Module, path: str | os.PathLike, name: st
         WeightsError: the file is missing, unreadable, not a state dict, or its keys or
             shapes do not fit (missing and unexpected keys are named).
     """
-    state = _unwrap_state_dict(_read_weights_file(path), path)
+    _load_backbone_state(backbone, _unwrap_state_dict(_read_weights_file(path), path), path, name)
+
+
+def _load_backbone_state(backbone: nn.Module, state: dict, path, name: str) -> None:
     state = _backbone_keys(state)
     head_keys = _spec(name).source_head_keys
     state = {k: v for k, v in state.items() if not k.startswith(head_keys)}
-    _check_fits(backbone, state, path, name)
+    _check_fits(backbone, state, path, f"backbone {name!r}")
     backbone.load_state_dict(state)
+
+
+def _load_head_state(head: nn.Module, state: dict, path) -> None:
+    """The embedding head's weights: a facenet-pytorch file's last_linear/last_bn, or ours."""
+    if "last_linear.weight" in state:  # the port's layout: map it onto EmbeddingNet keys
+        state = convert_facenet_pytorch_state_dict(state)
+    prefix = "embedding."
+    head_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    if not head_state:
+        raise WeightsError(
+            f"weights file {path} holds no embedding head (last_linear.*/last_bn.* or "
+            "embedding.*); set model.weights_head: false to start the head afresh"
+        )
+    _check_fits(head, head_state, path, "the embedding head (model.embedding_dim)")
+    head.load_state_dict(head_state)
 
 
 # --------------------------------------------------------------------------- the network
@@ -303,6 +319,9 @@ class EmbeddingNet(nn.Module):
         dropout: dropout probability on the pooled features, before the embedding layer.
         weights: a local state-dict file for the backbone (see :func:`load_backbone_weights`).
         in_channels: image channels.
+        weights_head: also load the embedding head from ``weights`` (a facenet-pytorch file's
+            ``last_linear``/``last_bn``, or an EmbeddingNet's ``embedding.*``); its size must
+            be ``embedding_dim``.
     """
 
     def __init__(
@@ -313,6 +332,7 @@ class EmbeddingNet(nn.Module):
         dropout: float = 0.0,
         weights: str | os.PathLike | None = None,
         in_channels: int = 3,
+        weights_head: bool = False,
     ):
         super().__init__()
         _check_positive_int(embedding_dim, "embedding_dim")
@@ -321,12 +341,17 @@ class EmbeddingNet(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"EmbeddingNet: dropout must be in [0, 1), got {dropout!r}")
         self.backbone_name = backbone
+        if weights_head and weights is None:
+            raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
         self.backbone, self.feature_dim = build_backbone(backbone, in_channels)
-        if weights is not None:
-            load_backbone_weights(self.backbone, weights, backbone)
         self.embed_dim = embedding_dim
         self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
+        if weights is not None:  # the file is read once for the backbone and the head
+            state = _unwrap_state_dict(_read_weights_file(weights), weights)
+            _load_backbone_state(self.backbone, state, weights, backbone)
+            if weights_head:
+                _load_head_state(self.embedding, state, weights)
 
     def forward(self, x: torch.Tensor, return_logits: bool = False):
         """Embed a batch of images.
@@ -356,7 +381,8 @@ def build_model(cfg: ModelConfig, num_classes: int | None = None) -> EmbeddingNe
     """Build the :class:`EmbeddingNet` a run configuration describes.
 
     Args:
-        cfg: the ``model`` section (backbone, embedding_dim, dropout, weights, channels_last).
+        cfg: the ``model`` section (backbone, embedding_dim, dropout, weights, weights_head,
+            channels_last).
         num_classes: adds a classifier head (for a cross-entropy term); None for none.
     """
     model = EmbeddingNet(
@@ -365,6 +391,7 @@ def build_model(cfg: ModelConfig, num_classes: int | None = None) -> EmbeddingNe
         num_classes=num_classes,
         dropout=cfg.dropout,
         weights=cfg.weights,
+        weights_head=cfg.weights_head,
     )
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
