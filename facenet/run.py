@@ -235,17 +235,16 @@ def _show_bar(cfg: Config) -> bool:
     return cfg.logging.progress and is_main_process() and sys.stderr.isatty()
 
 
-def _interval_logger(cfg: Config, logger, epoch: int, length: int):
+def _interval_logger(cfg: Config, logger, epoch: int, skip: int, length: int):
     """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
     line = cfg.logging.progress and is_main_process() and not _show_bar(cfg)
 
-    def on_interval(global_step: int, means: dict) -> None:
+    def on_interval(global_step: int, done: int, means: dict) -> None:
         logger.log_scalars("train", means, global_step)
         if line:
             print(
-                f"epoch {epoch} step {global_step}: loss {means['loss']:.4f} active "
-                f"{means['active_fraction']:.2f} {means['images_per_second']:.0f} img/s "
-                f"({length} steps per epoch)",
+                f"epoch {epoch} step {skip + done}/{length}: loss {means['loss']:.4f} active "
+                f"{means['active_fraction']:.2f} {means['images_per_second']:.0f} img/s",
                 flush=True,
             )
 
@@ -272,7 +271,7 @@ def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path, lo
             log_interval=cfg.train.log_interval,
             progress=_show_bar(cfg),
             should_stop=stop,
-            on_interval=_interval_logger(cfg, logger, epoch, length),
+            on_interval=_interval_logger(cfg, logger, epoch, skip, length),
         )
     except NonFiniteInputError as err:  # found by the step: the batch was not trained
         progress.steps_done = skip + batches.yielded - 1

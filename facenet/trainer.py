@@ -326,8 +326,8 @@ class Trainer:
             log_interval: batches between host syncs of the statistics.
             progress: show a tqdm bar.
             should_stop: callable returning True to stop after the current step (signals).
-            on_interval: called as ``on_interval(global_step, means)`` every ``log_interval``
-                batches, ``means`` the epoch's running means (floats) so far.
+            on_interval: called as ``on_interval(global_step, batches_done, means)`` every
+                ``log_interval`` batches, ``means`` the epoch's running means (floats) so far.
         """
         self.model.train()
         if self.meter is not None:
@@ -349,7 +349,7 @@ class Trainer:
                         loss=f"{means['loss']:.4f}", active=f"{means['active_fraction']:.2f}"
                     )
                     if on_interval is not None:
-                        on_interval(self.global_step, means)
+                        on_interval(self.global_step, index + 1, means)
                 if should_stop is not None and should_stop():
                     stopped_early = total is None or index + 1 < total
                     break

@@ -209,7 +209,11 @@ def test_a_folder_without_pairs_says_nothing_will_be_evaluated(tmp_path):
 
 def test_no_terminal_no_bar_one_line_per_interval(run):
     lines = run["stdout"].splitlines()
-    assert sum(line.startswith("epoch 1 step ") for line in lines) == 3
+    assert [line.split(":")[0] for line in lines if line.startswith("epoch 1 step ")] == [
+        "epoch 1 step 1/3",
+        "epoch 1 step 2/3",
+        "epoch 1 step 3/3",
+    ]
     assert "it/s" not in run["stdout"] + run["stderr"]  # no tqdm bar in a log
     assert any(line.startswith("test (best.pt, epoch ") for line in lines)
     assert any(line.startswith("validation: accuracy ") for line in lines)
