@@ -98,7 +98,12 @@ def _identity_folder(cfg: Config, train_root: str):
     )
     try:
         return IdentityFolder(
-            train_root, transform=transform, on_corrupt=data.on_corrupt, cache_dir=data.cache_dir
+            train_root,
+            transform=transform,
+            on_corrupt=data.on_corrupt,
+            cache_dir=data.cache_dir,
+            max_pixels=data.max_image_pixels,
+            max_aspect_ratio=data.max_aspect_ratio,
         )
     except CorruptImageError as err:
         raise CorruptImageError(

@@ -11,8 +11,10 @@ file and the valid options. The resolved configuration is written next to the ru
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -70,6 +72,10 @@ class DataConfig:
     on_corrupt: Literal["skip", "error"] = "skip"
     sample_with_replacement: bool = True  # identities with < k images
     cache_dir: str | None = None
+    # Images whose header declares more pixels, or a longer side / shorter side above this,
+    # are refused before decoding (treated as corrupt: see on_corrupt).
+    max_image_pixels: int = 64_000_000
+    max_aspect_ratio: float = 20.0
     # SyntheticIdentities (dataset: synthetic)
     synthetic_identities: int = 60
     synthetic_images_per_identity: int = 20
@@ -206,6 +212,92 @@ class Config:
 
 # --------------------------------------------------------------------------- validation
 
+_INT_MAX = 2**31 - 1  # counts and sizes; larger values overflow somewhere downstream
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key accepts: low..high, each end open or closed."""
+
+    low: float
+    high: float = _INT_MAX
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"{left}{_number(self.low)}, {_number(self.high)}{right}"
+
+
+def _number(value: float) -> str:
+    """``2147483647`` rather than ``2.14748e+09``; ``inf`` and fractions as floats."""
+    return str(int(value)) if math.isfinite(value) and value == int(value) else f"{value:g}"
+
+
+_COUNT, _POSITIVE, _ONE_PLUS, _TWO_PLUS = Range(0), Range(0, math.inf, True), Range(1), Range(2)
+_NON_NEGATIVE, _FRACTION = Range(0, math.inf), Range(0, 1, False, True)
+
+# Every int and float key: the range it accepts (tests/test_config.py checks none is missing).
+RANGES: dict[str, Range] = {
+    "data.image_size": Range(8, 4096),
+    "data.p": _TWO_PLUS,  # negatives need two identities
+    "data.k": _TWO_PLUS,  # positives need two images
+    "data.triplets_per_epoch": _ONE_PLUS,
+    "data.triplet_batch_size": _ONE_PLUS,
+    "data.num_workers": Range(0, 1024),
+    "data.max_image_pixels": _ONE_PLUS,
+    "data.max_aspect_ratio": Range(1, math.inf),
+    "data.synthetic_identities": _TWO_PLUS,
+    "data.synthetic_images_per_identity": _TWO_PLUS,
+    "data.synthetic_heldout_identities": _TWO_PLUS,
+    "data.synthetic_heldout_images_per_identity": _TWO_PLUS,
+    "data.synthetic_pairs_per_fold": _ONE_PLUS,
+    "data.synthetic_seed": Range(0, 2**63 - 1),
+    "model.embedding_dim": Range(1, 65536),
+    "model.dropout": _FRACTION,
+    "mining.margin": _NON_NEGATIVE,
+    "mining.max_triplets": _COUNT,
+    "loss.margin": _NON_NEGATIVE,
+    "loss.ce_weight": _NON_NEGATIVE,
+    "optim.lr": _POSITIVE,
+    "optim.weight_decay": _NON_NEGATIVE,
+    "optim.momentum": _FRACTION,
+    "optim.warmup_epochs": _COUNT,
+    "optim.step_size": _ONE_PLUS,
+    "optim.gamma": Range(0, math.inf, True),
+    "optim.grad_clip": _NON_NEGATIVE,
+    "optim.backbone_lr_scale": _NON_NEGATIVE,
+    "optim.freeze_backbone_epochs": _COUNT,
+    "train.epochs": _ONE_PLUS,  # zero epochs would train on nothing
+    "train.steps_per_epoch": _COUNT,  # 0: a full pass of the sampler
+    "train.seed": Range(0, 2**63 - 1),
+    "train.log_interval": _ONE_PLUS,
+    "train.max_nonfinite_steps": _ONE_PLUS,
+    "train.chunk_size": _COUNT,  # < 0 and 1 are refused with the reason in _check_combinations
+    "eval.every": _COUNT,  # 0: never
+    "eval.holdout_identities": _COUNT,
+    "eval.holdout_pairs_per_fold": _ONE_PLUS,
+    "eval.n_folds": Range(2, 1000),  # a fold's threshold is chosen on the others
+    "eval.far_target": Range(0, 1, True),
+    "eval.batch_size": _ONE_PLUS,
+}
+
+
+def _check_ranges(cfg: Config, source: str) -> None:
+    """Refuse a numeric value outside its key's range, naming the key and the range."""
+    for dotted, allowed in RANGES.items():
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key, None)
+        if isinstance(value, (int, float)) and value not in allowed:
+            raise ConfigError(f"{source}: {dotted}: {value!r} is out of range; allowed: {allowed}")
+
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -300,7 +392,8 @@ def config_from_dict(data: Any, source: str = "<dict>") -> Config:
             )
         sections[name] = _section_from_dict(hints[name], values, name, source)
     cfg = Config(**sections)
-    _check_combinations(cfg, source)
+    _check_combinations(cfg, source)  # first: its messages say why (train.chunk_size: 1)
+    _check_ranges(cfg, source)
     return cfg
 
 
@@ -365,6 +458,37 @@ def add_override_argument(parser) -> None:
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (YAML keeps the last
+    one silently, so a repeated section would drop the first one's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_config_text(path: str | os.PathLike) -> str:
+    """The text of a config file; only a regular file is read (a FIFO would block)."""
+    source = str(path)
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ConfigError(f"config file {source} is not a regular file")
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {source}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {source} is not UTF-8 text") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {source}: {err.strerror}") from None
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
     """Load a YAML run configuration and apply command-line overrides.
 
@@ -373,21 +497,17 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         overrides: ``["section.key=value", ...]``, applied after the file.
 
     Raises:
-        ConfigError: a missing or unreadable file, invalid YAML (``!!python`` tags included),
-            an unknown section or key, a value of the wrong type or an unknown choice.
+        ConfigError: a missing, unreadable or special file, invalid YAML (``!!python`` tags
+            and duplicate keys included), an unknown section or key, a value of the wrong type,
+            out of its range (the message gives the range) or an unknown choice.
     """
     data: Any = {}
     source = "<defaults>"
     if path is not None:
         source = str(path)
+        text = _read_config_text(path)
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {source}") from None
-        except OSError as err:
-            raise ConfigError(f"cannot read config file {source}: {err.strerror}") from None
-        try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # safe_load, duplicates refused
         except yaml.YAMLError as err:
             raise ConfigError(f"{source}: invalid YAML: {err}") from None
         if data is None:

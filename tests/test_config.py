@@ -1,13 +1,16 @@
 """The config loader: defaults, overrides, each kind of rejection, the resolved round trip."""
 
+import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
 from facenet.config import (
+    RANGES,
     Config,
     config_from_dict,
     config_to_dict,
@@ -180,3 +183,74 @@ def test_graph_memory_is_opt_in():
 def test_a_chunk_size_no_batchnorm_can_use_is_refused_naming_the_key(size):
     with pytest.raises(ConfigError, match=f"train.chunk_size: {size}; 0 \\(off\\) or at least 2"):
         load_config(None, [f"train.chunk_size={size}"])
+
+
+def test_log_interval_zero_is_refused_at_load_naming_the_key_and_range():
+    with pytest.raises(ConfigError, match=r"train.log_interval: 0 is out of range; allowed: \[1, "):
+        load_config(None, ["train.log_interval=0"])
+
+
+def test_zero_epochs_would_train_on_nothing_and_is_refused():
+    with pytest.raises(ConfigError, match=r"train.epochs: 0 is out of range"):
+        load_config(None, ["train.epochs=0"])
+
+
+def _just_outside(allowed):
+    """A value just below the range's low end (its open end itself, when open)."""
+    return allowed.low if allowed.low_open else allowed.low - 1
+
+
+def numeric_keys():
+    hints = {name: typing.get_type_hints(tp) for name, tp in typing.get_type_hints(Config).items()}
+    return {
+        f"{section}.{key}": tp
+        for section, keys in hints.items()
+        for key, tp in keys.items()
+        if tp in (int, float)
+    }
+
+
+@pytest.mark.parametrize("key", sorted(RANGES))
+def test_every_ranged_key_refuses_a_value_below_its_range_naming_it(key):
+    if key not in numeric_keys():
+        pytest.skip(f"{key} is not a key of this configuration")
+    value = numeric_keys()[key](_just_outside(RANGES[key]))
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=f"{key}: {value!r}[ ;]"):
+        config_from_dict({section: {name: value}})
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_non_finite_floats_are_refused(value):
+    with pytest.raises(ConfigError, match="optim.lr: .* is out of range"):
+        load_config(None, [f"optim.lr={value}"])
+
+
+def test_every_numeric_key_has_a_range():
+    assert set(numeric_keys()) - set(RANGES) == set()
+
+
+def test_an_upper_bound_is_named_too():
+    with pytest.raises(ConfigError, match=r"model.dropout: 1.0 is out of range; allowed: \[0, 1\)"):
+        load_config(None, ["model.dropout=1.0"])
+    with pytest.raises(
+        ConfigError, match=r"eval.far_target: 0.0 is out of range; allowed: \(0, 1\]"
+    ):
+        load_config(None, ["eval.far_target=0"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["train:\n  epochs: 3\n  epochs: 4\n", "train:\n  epochs: 3\ntrain:\n  seed: 1\n"],
+    ids=["key", "section"],
+)
+def test_duplicate_yaml_keys_are_refused(tmp_path, text):
+    with pytest.raises(ConfigError, match="duplicate key '(epochs|train)'"):
+        load_config(write(tmp_path, text))
+
+
+def test_a_fifo_as_config_file_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "run.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(fifo)

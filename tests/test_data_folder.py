@@ -136,8 +136,11 @@ def test_transform_is_applied(root):
 
 
 def test_file_corrupt_past_its_header_raises_at_load_naming_it(root):
-    # Valid start and end markers around garbage: passes the cheap check, fails to decode.
-    (root / "bob" / "b4_garbage.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 64 + b"\xff\xd9")
+    # A valid frame header (8 x 8, 3 components) and end marker around garbage: passes the
+    # checks short of decoding, fails to decode.
+    sof = b"\xff\xc0\x00\x11\x08\x00\x08\x00\x08\x03" + b"\x01\x11\x00" * 3
+    garbage = b"\xff\xd8" + sof + b"\x00" * 64 + b"\xff\xd9"
+    (root / "bob" / "b4_garbage.jpg").write_bytes(garbage)
     ds, _ = build(root)
     index = [os.path.basename(p) for p, _ in ds.samples].index("b4_garbage.jpg")
     with pytest.raises(CorruptImageError, match="b4_garbage.jpg"):
@@ -146,13 +149,13 @@ def test_file_corrupt_past_its_header_raises_at_load_naming_it(root):
 
 def count_header_checks(monkeypatch):
     calls = []
-    original = folder_module.looks_like_image
+    original = folder_module.inspect_image
 
-    def counting(path):
+    def counting(path, *limits):
         calls.append(path)
-        return original(path)
+        return original(path, *limits)
 
-    monkeypatch.setattr(folder_module, "looks_like_image", counting)
+    monkeypatch.setattr(folder_module, "inspect_image", counting)
     return calls
 
 
@@ -222,3 +225,30 @@ def test_bad_arguments_are_named(root, tmp_path):
         IdentityFolder(root, on_corrupt="ignore")
     with pytest.raises(ValueError, match="no_such_folder"):
         IdentityFolder(tmp_path / "no_such_folder")
+
+
+def test_damaged_and_oversized_pngs_are_found_at_index_time_with_the_reason(root):
+    data = bytearray((root / "alice" / "a1.png").read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 5] = b"\x00\xff\x00\xff\x00"
+    (root / "alice" / "a5_damaged.png").write_bytes(bytes(data))  # header and IEND intact
+    write_png(torch.zeros(3, 1, 200, dtype=torch.uint8), str(root / "bob" / "b5_strip.png"))
+    ds, messages = build(root, max_aspect_ratio=20.0)
+    assert str(root / "alice" / "a5_damaged.png") in ds.skipped
+    assert str(root / "bob" / "b5_strip.png") in ds.skipped
+    assert any("a5_damaged.png" in m and "b5_strip.png" in m for m in messages)
+    os.remove(root / "alice" / "a4_truncated.jpg")  # the error names the first corrupt file
+    with pytest.raises(CorruptImageError, match="a5_damaged.png: PNG chunk 'IDAT' .* CRC"):
+        IdentityFolder(root, on_corrupt="error")
+    os.remove(root / "alice" / "a5_damaged.png")
+    with pytest.raises(
+        CorruptImageError, match=r"b5_strip.png: 200 x 1 .*\(data.max_aspect_ratio\)"
+    ):
+        IdentityFolder(root, on_corrupt="error")
+
+
+def test_other_limits_rebuild_the_index(root):
+    assert build(root)[1] and build(root)[0].index_reused
+    again, _ = build(root, max_pixels=144)  # 12 x 12 = 144 pixels: every image within it
+    assert not again.index_reused
+    assert build(root, max_pixels=144)[0].index_reused

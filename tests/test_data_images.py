@@ -1,14 +1,21 @@
 """Image decoding (RGB conversion, corrupt files) and the train/eval transforms."""
 
+import io
+import os
+import struct
+import zlib
+
 import pytest
 import torch
-from torchvision.io import encode_jpeg, write_png
+from torchvision.io import encode_jpeg, encode_png, write_png
 
+from facenet.data.image_headers import ImageHeader, read_header
 from facenet.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     CorruptImageError,
     build_transform,
+    inspect_image,
     looks_like_image,
     read_image,
 )
@@ -176,3 +183,110 @@ def test_training_and_evaluation_see_faces_at_the_same_scale():
     image = random_image(h=40, w=30)
     train = build_transform(16, train=True, random_crop=False, hflip=False)
     torch.testing.assert_close(train(image), build_transform(16, train=False)(image))
+
+
+# --------------------------------------------------------------------------- hostile files
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A small PNG whose header declares width x height (8-bit RGB); its data is a stub."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + png_chunk(b"IDAT", zlib.compress(b"\x00" * 16))
+        + png_chunk(b"IEND", b"")
+    )
+
+
+def png_bytes(image) -> bytes:
+    return encode_png(image).numpy().tobytes()
+
+
+def test_png_damaged_in_the_middle_is_refused_by_name_not_a_crash(tmp_path):
+    # torchvision's decoder ended the process with SIGSEGV on this file (libpng's "bad adaptive
+    # filter value" longjmp); the CRC check now names the damaged chunk.
+    data = bytearray(png_bytes(random_image(h=32, w=32)))
+    middle = len(data) // 2
+    data[middle : middle + 50] = bytes(b ^ 0xFF for b in data[middle : middle + 50])
+    path = tmp_path / "damaged.png"
+    path.write_bytes(bytes(data))
+    assert looks_like_image(path)  # header and IEND intact: the cheap check passes
+    with pytest.raises(CorruptImageError, match=r"damaged.png: PNG chunk 'IDAT' .* CRC"):
+        read_image(path)
+    assert "CRC" in inspect_image(path)
+
+
+def test_png_with_bad_filter_bytes_and_valid_checksums_is_refused_not_a_crash(tmp_path):
+    # A crafted file: every CRC right, the first row's filter type 7 (valid: 0..4). libpng
+    # reports it from inside torchvision's decoder, which crashed; Pillow raises.
+    rows = b"".join(b"\x07" + bytes(range(12)) for _ in range(4))  # 4 rows of 4 RGB pixels
+    ihdr = struct.pack(">IIBBBBB", 4, 4, 8, 2, 0, 0, 0)
+    data = (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + png_chunk(b"IDAT", zlib.compress(rows))
+        + png_chunk(b"IEND", b"")
+    )
+    path = tmp_path / "filter.png"
+    path.write_bytes(data)
+    with pytest.raises(CorruptImageError, match="filter.png"):
+        read_image(path)
+
+
+@pytest.mark.parametrize(
+    "width, height, limit",
+    [(60000, 60000, "pixels"), (20000, 20000, "pixels"), (1, 200000, "aspect ratio")],
+)
+def test_declared_size_over_the_limits_is_refused_before_decoding(tmp_path, width, height, limit):
+    path = tmp_path / "huge.png"
+    path.write_bytes(png_declaring(width, height))  # a few bytes; nothing is allocated
+    with pytest.raises(CorruptImageError, match=f"huge.png: {width} x {height} .*{limit}"):
+        read_image(path)
+    assert limit in inspect_image(path)
+
+
+def test_size_limits_are_parameters(tmp_path):
+    path = tmp_path / "small.png"
+    path.write_bytes(png_bytes(random_image(h=8, w=16)))
+    assert read_image(path).shape == (3, 8, 16)
+    with pytest.raises(CorruptImageError, match="data.max_image_pixels"):
+        read_image(path, max_pixels=100)
+    with pytest.raises(CorruptImageError, match="data.max_aspect_ratio"):
+        read_image(path, max_aspect_ratio=1.5)
+
+
+def test_header_sizes_of_every_format(tmp_path):
+    image = random_image(h=12, w=10)
+    jpeg = encode_jpeg(image).numpy().tobytes()
+    assert read_header(io.BytesIO(jpeg)) == ImageHeader("jpeg", 10, 12)
+    assert read_header(io.BytesIO(png_bytes(image))) == ImageHeader("png", 10, 12)
+    gif = b"GIF89a" + struct.pack("<HH", 300, 7) + b"\x00" * 8
+    assert read_header(io.BytesIO(gif)) == ImageHeader("gif", 300, 7)
+    vp8l_bits = (640 - 1) | ((480 - 1) << 14)
+    webp = b"RIFF\x00\x00\x00\x00WEBPVP8L\x00\x00\x00\x00\x2f" + vp8l_bits.to_bytes(4, "little")
+    assert read_header(io.BytesIO(webp + b"\x00" * 8)) == ImageHeader("webp", 640, 480)
+    with pytest.raises(ValueError, match="not a JPEG"):
+        read_header(io.BytesIO(b"hello world!"))
+
+
+def test_jpeg_header_declaring_a_huge_frame_is_refused(tmp_path):
+    sof = b"\xff\xc0\x00\x11\x08" + struct.pack(">HH", 60000, 60000) + b"\x03" + b"\x01\x11\x00" * 3
+    path = tmp_path / "huge.jpg"
+    path.write_bytes(b"\xff\xd8\xff\xe0\x00\x04ab" + sof + b"\xff\xd9")
+    with pytest.raises(CorruptImageError, match="60000 x 60000"):
+        read_image(path)
+
+
+def test_a_fifo_or_device_named_like_an_image_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)  # opening it for reading the usual way would wait for a writer forever
+    for path in (fifo, "/dev/zero"):
+        with pytest.raises(CorruptImageError, match="not a regular file"):
+            read_image(path)
+        assert looks_like_image(path) is False
+        assert inspect_image(path) is not None

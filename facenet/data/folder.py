@@ -20,14 +20,21 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from facenet.data.images import IMAGE_EXTENSIONS, CorruptImageError, looks_like_image, read_image
+from facenet.data.images import (
+    DEFAULT_MAX_ASPECT_RATIO,
+    DEFAULT_MAX_PIXELS,
+    IMAGE_EXTENSIONS,
+    CorruptImageError,
+    inspect_image,
+    read_image,
+)
 from facenet.errors import DataError
 from facenet.files import write_text_atomic
 
 __all__ = ["IdentityFolder", "INDEX_FILE_NAME", "list_identities", "listing_signature"]
 
 INDEX_FILE_NAME = ".facenet_index.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: PNG checksums and the size limits checked; reasons recorded
 # How many names a warning lists before it says "and N more".
 _NAMES_IN_WARNING = 10
 _HEADER_CHECK_THREADS = 8
@@ -60,13 +67,15 @@ def list_identities(root: Path) -> Listing:
     return listing
 
 
-def listing_signature(listing: Listing) -> str:
+def listing_signature(listing: Listing, limits: tuple[int, float] | None = None) -> str:
     """A hash of every identity name, file name, modification time and size in a listing.
 
     Args:
         listing: the output of :func:`list_identities`.
+        limits: (max_pixels, max_aspect_ratio) the files were checked against; other limits
+            give another signature, so the index is rebuilt.
     """
-    digest = hashlib.sha256(f"facenet-index-v{INDEX_VERSION}\n".encode())
+    digest = hashlib.sha256(f"facenet-index-v{INDEX_VERSION} {limits}\n".encode())
     for identity, files in listing.items():
         digest.update(f"D {identity}\n".encode())
         for name, mtime_ns, size in files:
@@ -108,18 +117,18 @@ def _save_index(path: Path, index: dict) -> None:
         )
 
 
-def _build_index(root: Path, listing: Listing, signature: str) -> dict:
-    """Check every image's header; split the files into usable and corrupt ones."""
+def _build_index(root: Path, listing: Listing, signature: str, limits: tuple[int, float]) -> dict:
+    """Check every image's header (and PNG checksums); split usable and corrupt files."""
     pairs = [(identity, name) for identity, files in listing.items() for name, _, _ in files]
     with ThreadPoolExecutor(max_workers=_HEADER_CHECK_THREADS) as pool:
-        ok = list(pool.map(lambda p: looks_like_image(root / p[0] / p[1]), pairs))
+        reasons = list(pool.map(lambda p: inspect_image(root / p[0] / p[1], *limits), pairs))
     identities: dict[str, list[str]] = {identity: [] for identity in listing}
     corrupt = []
-    for (identity, name), good in zip(pairs, ok):
-        if good:
+    for (identity, name), reason in zip(pairs, reasons):
+        if reason is None:
             identities[identity].append(name)
         else:
-            corrupt.append([identity, name])
+            corrupt.append([identity, name, reason])
     return {
         "version": INDEX_VERSION,
         "root": str(root.resolve()),
@@ -143,13 +152,15 @@ def _names_for_warning(names: list[str]) -> str:
 class IdentityFolder(Dataset):
     """Face images in ``root/<identity>/<image>``, one label per identity folder.
 
-    Identities are numbered in sorted order of their folder names. A file that fails the cheap
-    header check (:func:`~facenet.data.images.looks_like_image`) is dropped with one warning
-    naming the files (``on_corrupt="skip"``) or raises :class:`CorruptImageError`
-    (``on_corrupt="error"``); a file that passes it but still cannot be decoded raises
-    :class:`CorruptImageError` naming it when loaded. Identity folders with no usable image are
-    ignored with a warning. Identities with fewer than ``min_images`` images stay in ``samples``
-    but are left out of triplet sampling (``triplet_labels`` is -1 for them), with a warning.
+    Identities are numbered in sorted order of their folder names. A file that fails the checks
+    short of decoding (:func:`~facenet.data.images.inspect_image`: a regular file, complete,
+    its declared size within ``max_pixels`` and ``max_aspect_ratio``, a PNG's checksums) is
+    dropped with one warning naming the files (``on_corrupt="skip"``) or raises
+    :class:`CorruptImageError` (``on_corrupt="error"``); a file that passes them but still
+    cannot be decoded raises :class:`CorruptImageError` naming it when loaded. Identity folders
+    with no usable image are ignored with a warning. Identities with fewer than ``min_images``
+    images stay in ``samples`` but are left out of triplet sampling (``triplet_labels`` is -1
+    for them), with a warning.
 
     Attributes:
         samples: ``[(path, label), ...]``, grouped by identity.
@@ -170,6 +181,8 @@ class IdentityFolder(Dataset):
         cache_dir: where to cache the index; None caches it in ``root`` as
             ``.facenet_index.json``.
         min_images: identities with fewer images are left out of triplet sampling.
+        max_pixels: images declaring more pixels are corrupt for ``on_corrupt``.
+        max_aspect_ratio: images declaring a longer side / shorter side above this, too.
     """
 
     def __init__(
@@ -179,6 +192,8 @@ class IdentityFolder(Dataset):
         on_corrupt: str = "skip",
         cache_dir: str | os.PathLike | None = None,
         min_images: int = 2,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
     ):
         if on_corrupt not in ("skip", "error"):
             raise ValueError(f"on_corrupt={on_corrupt!r}: expected 'skip' or 'error'")
@@ -187,6 +202,7 @@ class IdentityFolder(Dataset):
             raise DataError(f"dataset folder not found: {self.root}")
         self.transform = transform
         self.min_images = min_images
+        self.limits = (int(max_pixels), float(max_aspect_ratio))
         index = self._load_or_build_index(cache_dir)
         self.skipped = self._apply_corrupt_policy(index["corrupt"], on_corrupt)
         self.classes = self._usable_identities(index["identities"])
@@ -202,23 +218,23 @@ class IdentityFolder(Dataset):
 
     def _load_or_build_index(self, cache_dir: str | os.PathLike | None) -> dict:
         listing = list_identities(self.root)
-        signature = listing_signature(listing)
+        signature = listing_signature(listing, self.limits)
         path = _index_path(self.root, cache_dir)
         index = _load_index(path, signature)
         self.index_reused = index is not None
         if index is None:
-            index = _build_index(self.root, listing, signature)
+            index = _build_index(self.root, listing, signature, self.limits)
             _save_index(path, index)
         self.index_path = path
         return index
 
     def _apply_corrupt_policy(self, corrupt: list, on_corrupt: str) -> list[str]:
-        paths = [str(self.root / identity / name) for identity, name in corrupt]
+        paths = [str(self.root / identity / name) for identity, name, _ in corrupt]
         if not paths:
             return []
         if on_corrupt == "error":
             more = f" ({len(paths) - 1} more corrupt files)" if len(paths) > 1 else ""
-            raise CorruptImageError(paths[0], "not a complete JPEG, PNG, WebP or GIF file" + more)
+            raise CorruptImageError(paths[0], corrupt[0][2] + more)
         warnings.warn(
             f"{self.root}: skipped {len(paths)} corrupt or unreadable image(s): "
             + _names_for_warning(paths),
@@ -273,7 +289,7 @@ class IdentityFolder(Dataset):
             CorruptImageError: the file cannot be decoded (it names the file).
         """
         path, label = self.samples[index]
-        image = read_image(path)  # uint8 (3, H, W)
+        image = read_image(path, *self.limits)  # uint8 (3, H, W)
         if self.transform is not None:
             image = self.transform(image)
         return image, label

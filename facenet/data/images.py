@@ -1,27 +1,50 @@
 """Reading face images from disk and the train/eval transforms.
 
-Images are decoded with ``torchvision.io.decode_image`` into uint8 RGB tensors (3, H, W):
-grayscale is replicated to three channels and the alpha channel of RGBA is dropped. Transforms
-use ``torchvision.transforms.v2`` and take that uint8 tensor to a float tensor (3, S, S).
+Images are decoded into uint8 RGB tensors (3, H, W): grayscale is replicated to three channels
+and the alpha channel of RGBA is dropped. Decoding never takes the process down and never
+allocates more than the limits allow:
+
+- only regular files are opened (a FIFO or a device would block or never end), and a file
+  larger than any image within the pixel limit is refused unread;
+- the declared size is read from the header and checked against ``max_pixels`` and
+  ``max_aspect_ratio`` before anything is decoded (:mod:`facenet.data.image_headers`);
+- PNGs have every chunk's CRC verified and are decoded by Pillow, which raises on bad data:
+  torchvision's PNG decoder (libpng with ``setjmp``/``longjmp`` error handling in the function
+  that also holds the output tensor) ends in a segmentation fault when libpng reports an error
+  in the image data, e.g. a "bad adaptive filter value" after a few damaged bytes. GIFs are
+  decoded by Pillow too, first frame only (torchvision decodes every frame);
+- JPEG and WebP go to ``torchvision.io.decode_image``, which raises on damaged data.
+
+Transforms use ``torchvision.transforms.v2`` and take the uint8 tensor to a float tensor
+(3, S, S).
 """
 
 from __future__ import annotations
 
+import io
 import os
-from pathlib import Path
+import stat
+import struct
+import zlib
 
+import numpy as np
 import torch
+from PIL import Image, ImageOps
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
+from facenet.data.image_headers import ImageHeader, check_png_chunks, check_size, read_header
 from facenet.errors import DataError
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MAX_ASPECT_RATIO",
     "CorruptImageError",
     "read_image",
     "looks_like_image",
+    "inspect_image",
     "build_transform",
 ]
 
@@ -42,6 +65,17 @@ TRAIN_RESIZE_RATIO = 1.125
 # append data after a JPEG's end-of-image marker, so the marker need not be the last two bytes.
 _TAIL_BYTES = 1024
 
+# Limits on the declared size (data.max_image_pixels, data.max_aspect_ratio): 64 MP is a
+# 8000 x 8000 photograph; face crops are close to square.
+DEFAULT_MAX_PIXELS = 64_000_000
+DEFAULT_MAX_ASPECT_RATIO = 20.0
+# No image within the pixel limit needs more than 8 bytes per pixel (16-bit RGBA, stored)
+# plus metadata: larger files are refused before they are read.
+_BYTES_PER_PIXEL = 8
+_METADATA_BYTES = 16 * 2**20
+# What Pillow raises on damaged data.
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error)
+
 
 class CorruptImageError(DataError):
     """An image file that cannot be decoded; the message and ``path`` name the file.
@@ -57,34 +91,134 @@ class CorruptImageError(DataError):
         super().__init__(f"corrupt or unreadable image {self.path}: {reason}")
 
 
-def read_image(path: str | os.PathLike) -> torch.Tensor:
-    """Decode an image file into a uint8 RGB tensor (3, H, W).
+def _open_regular(path: str | os.PathLike, max_bytes: int):
+    """Open ``path`` for reading if it is a regular file of at most ``max_bytes``.
 
-    Grayscale and RGBA images are converted to RGB; EXIF orientation is applied; 16-bit PNGs
-    are scaled to 8 bits.
-
-    Args:
-        path: a JPEG, PNG, WebP or GIF file (the first frame of a GIF).
-
-    Raises:
-        CorruptImageError: the file is missing, unreadable or cannot be decoded.
+    ``O_NONBLOCK`` keeps the open of a FIFO from waiting for a writer; the type is then checked
+    on the open descriptor, so a file swapped for a FIFO in between is refused too.
     """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
     try:
-        raw = Path(path).read_bytes()
+        fd = os.open(path, flags)
+    except OSError as err:
+        raise CorruptImageError(path, err.strerror or str(err)) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise CorruptImageError(path, "not a regular file (a FIFO, device or folder)")
+    if info.st_size > max_bytes:
+        os.close(fd)
+        raise CorruptImageError(path, f"{info.st_size} bytes is larger than any image allowed")
+    return os.fdopen(fd, "rb")
+
+
+def _read_checked(path, max_pixels: int, max_aspect_ratio: float) -> tuple[bytes, ImageHeader]:
+    """The file's bytes and header, after the type, size and header checks."""
+    max_bytes = _BYTES_PER_PIXEL * max_pixels + _METADATA_BYTES
+    try:
+        with _open_regular(path, max_bytes) as fh:
+            raw = fh.read(max_bytes + 1)
     except OSError as err:
         raise CorruptImageError(path, err.strerror or str(err)) from None
     if not raw:
         raise CorruptImageError(path, "empty file")
+    try:
+        header = read_header(io.BytesIO(raw))
+        check_size(header, max_pixels, max_aspect_ratio)
+        if header.format == "png":
+            check_png_chunks(raw)
+    except ValueError as err:
+        raise CorruptImageError(path, str(err)) from None
+    return raw, header
+
+
+def _decode_with_pillow(raw: bytes) -> torch.Tensor:
+    """Decode a PNG or the first frame of a GIF with Pillow: uint8 RGB (3, H, W).
+
+    16-bit grayscale keeps its high byte, as torchvision's scaling to 8 bits does.
+    """
+    with Image.open(io.BytesIO(raw)) as image:
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        if image.mode.startswith("I"):  # 16-bit (or 32-bit) grayscale
+            shift = 8 if image.mode.startswith("I;16") else 24
+            gray = np.asarray(image).astype(np.uint32) >> shift
+            array = np.repeat(gray.astype(np.uint8)[:, :, None], 3, axis=2)
+        else:
+            array = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+
+
+def read_image(
+    path: str | os.PathLike,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+) -> torch.Tensor:
+    """Decode an image file into a uint8 RGB tensor (3, H, W).
+
+    Grayscale and RGBA images are converted to RGB; EXIF orientation is applied; 16-bit PNGs
+    are scaled to 8 bits. Nothing is decoded before the checks in the module docstring pass.
+
+    Args:
+        path: a JPEG, PNG, WebP or GIF file (the first frame of a GIF).
+        max_pixels: the largest declared width x height accepted.
+        max_aspect_ratio: the largest declared long side / short side accepted.
+
+    Raises:
+        CorruptImageError: the file is missing, not a regular file, over a limit, damaged or
+            cannot be decoded; the message names the file and the reason.
+    """
+    raw, header = _read_checked(path, max_pixels, max_aspect_ratio)
+    if header.format in ("png", "gif"):
+        try:
+            return _decode_with_pillow(raw)
+        except _PIL_ERRORS + (Image.DecompressionBombError,) as err:
+            raise CorruptImageError(path, str(err) or type(err).__name__) from None
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # (n_bytes,)
     try:
         image = decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
     except RuntimeError as err:
         raise CorruptImageError(path, _short_reason(err)) from None
-    if image.ndim == 4:  # an animated GIF: (frames, 3, H, W); keep the first frame
+    if image.ndim == 4:  # an animated image: (frames, 3, H, W); keep the first frame
         image = image[0]
     if image.dtype != torch.uint8:
         image = TF.to_dtype(image, torch.uint8, scale=True)
     return image
+
+
+def inspect_image(
+    path: str | os.PathLike,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+) -> str | None:
+    """Why ``path`` cannot be used as an image, without decoding it; None when it can.
+
+    The checks of :func:`read_image` short of decoding: a regular file, a complete file
+    (:func:`looks_like_image`), a header within the limits and, for a PNG, every chunk's CRC
+    (which reads the whole PNG; other formats cost about 1 KiB and the header).
+
+    Args:
+        path: the file.
+        max_pixels: see :func:`read_image`.
+        max_aspect_ratio: see :func:`read_image`.
+    """
+    if not looks_like_image(path):
+        return "not a complete JPEG, PNG, WebP or GIF file"
+    max_bytes = _BYTES_PER_PIXEL * max_pixels + _METADATA_BYTES
+    try:
+        with _open_regular(path, max_bytes) as fh:
+            header = read_header(fh)
+            check_size(header, max_pixels, max_aspect_ratio)
+            if header.format == "png":
+                fh.seek(0)
+                check_png_chunks(fh.read(max_bytes + 1))
+    except CorruptImageError as err:
+        return err.reason
+    except ValueError as err:
+        return str(err)
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 def _short_reason(err: Exception) -> str:
@@ -103,12 +237,12 @@ def looks_like_image(path: str | os.PathLike) -> bool:
         path: the file.
     """
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
+        with _open_regular(path, max_bytes=2**63) as fh:
+            size = os.fstat(fh.fileno()).st_size
             head = fh.read(16)
             fh.seek(max(0, size - _TAIL_BYTES))
             tail = fh.read(_TAIL_BYTES)
-    except OSError:
+    except (OSError, CorruptImageError):  # missing, unreadable, a FIFO or a device
         return False
     if head.startswith(b"\xff\xd8\xff"):  # JPEG: SOI marker ... EOI marker
         return b"\xff\xd9" in tail

@@ -1,0 +1,187 @@
+"""What an image file says about itself before it is decoded: format, size, PNG checksums.
+
+Decoders allocate what the header asks for, so the size is read first and checked against
+limits (:func:`check_size`): a 400 KB PNG can declare 20000 x 20000 pixels (1.2 GB once
+decoded), and a 1 x 200000 strip costs a gigabyte inside the resize to a square network input.
+:func:`check_png_chunks` verifies the CRC-32 of every PNG chunk: damage in the middle of a PNG
+is then found and named before a decoder sees it.
+
+Every function raises ``ValueError`` with a short reason; :mod:`facenet.data.images` turns it
+into a :class:`~facenet.data.images.CorruptImageError` naming the file.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import BinaryIO
+
+__all__ = ["ImageHeader", "read_header", "check_size", "check_png_chunks", "PNG_SIGNATURE"]
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they hold the size.
+_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+# Markers without a length field: TEM, RST0..7 (and SOI, handled before the loop).
+_JPEG_STANDALONE = {0x01, *range(0xD0, 0xD8)}
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """The format and the declared size of an image.
+
+    Attributes:
+        format: "jpeg", "png", "gif" or "webp".
+        width: pixels per row.
+        height: rows.
+    """
+
+    format: str
+    width: int
+    height: int
+
+
+def _read_exact(fh: BinaryIO, n: int, what: str) -> bytes:
+    data = fh.read(n)
+    if len(data) != n:
+        raise ValueError(f"truncated {what}")
+    return data
+
+
+def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
+    """(width, height) from the first start-of-frame segment, walking the segments."""
+    while True:
+        byte = _read_exact(fh, 1, "JPEG header")
+        if byte != b"\xff":
+            raise ValueError("JPEG header: expected a marker")
+        marker = _read_exact(fh, 1, "JPEG header")[0]
+        while marker == 0xFF:  # fill bytes before a marker
+            marker = _read_exact(fh, 1, "JPEG header")[0]
+        if marker in _JPEG_STANDALONE:
+            continue
+        if marker in (0xD9, 0xDA):  # end of image or start of scan before any frame header
+            raise ValueError("JPEG header: no frame header before the image data")
+        (length,) = struct.unpack(">H", _read_exact(fh, 2, "JPEG header"))
+        if length < 2:
+            raise ValueError("JPEG header: segment length below 2")
+        if marker in _JPEG_SOF:
+            segment = _read_exact(fh, length - 2, "JPEG frame header")
+            if len(segment) < 5:
+                raise ValueError("JPEG frame header too short")
+            height, width = struct.unpack(">HH", segment[1:5])
+            return width, height
+        fh.seek(length - 2, 1)
+
+
+def _png_size(fh: BinaryIO) -> tuple[int, int]:
+    """(width, height) from the IHDR chunk, which must come first."""
+    length, kind = struct.unpack(">I4s", _read_exact(fh, 8, "PNG header"))
+    if kind != b"IHDR" or length != 13:
+        raise ValueError("PNG header: the first chunk is not a 13-byte IHDR")
+    width, height = struct.unpack(">II", _read_exact(fh, 8, "PNG header"))
+    return width, height
+
+
+def _webp_size(fh: BinaryIO) -> tuple[int, int]:
+    """(width, height) from the first chunk after ``RIFF....WEBP``: VP8, VP8L or VP8X."""
+    kind = _read_exact(fh, 8, "WebP header")[:4]
+    body = _read_exact(fh, 10, "WebP header")
+    if kind == b"VP8 ":  # frame tag (3 bytes), start code 9d 01 2a, 14-bit sizes
+        if body[3:6] != b"\x9d\x01\x2a":
+            raise ValueError("WebP header: bad VP8 start code")
+        width, height = struct.unpack("<HH", body[6:10])
+        return width & 0x3FFF, height & 0x3FFF
+    if kind == b"VP8L":  # signature 0x2f, then 14 bits width - 1, 14 bits height - 1
+        if body[0] != 0x2F:
+            raise ValueError("WebP header: bad VP8L signature")
+        bits = int.from_bytes(body[1:5], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if kind == b"VP8X":  # flags (4 bytes), canvas width - 1 and height - 1 (24 bits each)
+        return int.from_bytes(body[4:7], "little") + 1, int.from_bytes(body[7:10], "little") + 1
+    raise ValueError(f"WebP header: unknown chunk {kind!r}")
+
+
+def read_header(fh: BinaryIO) -> ImageHeader:
+    """Read the format and declared size from the start of an image file.
+
+    Reads only the header (for a JPEG, the segments before the frame header).
+
+    Args:
+        fh: the file, opened for binary reading at its start; seekable.
+
+    Raises:
+        ValueError: not a JPEG, PNG, GIF or WebP file, or its header is cut short or damaged.
+    """
+    head = fh.read(12)
+    if head.startswith(b"\xff\xd8"):
+        fh.seek(2)
+        width, height, kind = *_jpeg_size(fh), "jpeg"
+    elif head.startswith(PNG_SIGNATURE[:8]) and len(head) >= 8:
+        fh.seek(8)
+        width, height, kind = *_png_size(fh), "png"
+    elif head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
+        (width, height), kind = struct.unpack("<HH", head[6:10]), "gif"
+    elif head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        width, height, kind = *_webp_size(fh), "webp"
+    else:
+        raise ValueError("not a JPEG, PNG, GIF or WebP file")
+    if width < 1 or height < 1:
+        raise ValueError(f"{kind.upper()} header declares {width} x {height} pixels")
+    return ImageHeader(kind, width, height)
+
+
+def check_size(header: ImageHeader, max_pixels: int, max_aspect_ratio: float) -> None:
+    """Refuse an image whose declared size is over the limits, before it is decoded.
+
+    Args:
+        header: from :func:`read_header`.
+        max_pixels: the largest width x height accepted.
+        max_aspect_ratio: the largest long side / short side accepted.
+
+    Raises:
+        ValueError: the size is over a limit; the message gives the size and the limit.
+    """
+    w, h = header.width, header.height
+    if w * h > max_pixels:
+        raise ValueError(
+            f"{w} x {h} = {w * h} pixels is more than the limit of {max_pixels} "
+            "(data.max_image_pixels)"
+        )
+    ratio = max(w, h) / min(w, h)
+    if ratio > max_aspect_ratio:
+        raise ValueError(
+            f"{w} x {h} has an aspect ratio of {ratio:.1f}, more than the limit of "
+            f"{max_aspect_ratio:g} (data.max_aspect_ratio)"
+        )
+
+
+def check_png_chunks(data: bytes) -> None:
+    """Verify a PNG's structure and the CRC-32 of every chunk up to IEND.
+
+    Args:
+        data: the whole file.
+
+    Raises:
+        ValueError: no PNG signature, a chunk running past the end, a CRC mismatch (named by
+            chunk type and offset), no IDAT, or no IEND.
+    """
+    if not data.startswith(PNG_SIGNATURE):
+        raise ValueError("not a PNG file")
+    pos, seen_idat = len(PNG_SIGNATURE), False
+    while True:
+        if pos + 12 > len(data):
+            raise ValueError("PNG cut short: no IEND chunk")
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        end = pos + 8 + length
+        if end + 4 > len(data):
+            raise ValueError(f"PNG chunk {kind!r} at byte {pos} runs past the end of the file")
+        (crc,) = struct.unpack(">I", data[end : end + 4])
+        if zlib.crc32(data[pos + 4 : end]) != crc:
+            name = kind.decode("latin-1")
+            raise ValueError(f"PNG chunk {name!r} at byte {pos} fails its CRC check (damaged)")
+        seen_idat = seen_idat or kind == b"IDAT"
+        if kind == b"IEND":
+            break
+        pos = end + 4
+    if not seen_idat:
+        raise ValueError("PNG has no image data (IDAT)")
