@@ -22,6 +22,8 @@ from facenet.data.pairs import (
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import make_pairs as make_pairs_script  # noqa: E402
 
+from facenet.evaluation import evaluate_verification  # noqa: E402
+
 
 def make_lfw_folder(root: Path, counts: dict[str, int], ext: str = ".jpg") -> dict[str, list[str]]:
     """Empty files ``root/<name>/<name>_<k:04d><ext>``, k = 1..count (content is never read)."""
@@ -326,3 +328,20 @@ def test_pairs_errors_belong_to_the_facenet_family(tmp_path):
         read_pairs(tmp_path / "bin.txt", root=tmp_path)
     assert isinstance(err.value, DataError) and isinstance(err.value, ValueError)
     assert issubclass(MissingImagesError, DataError) and issubclass(MissingImagesError, OSError)
+
+
+def test_a_one_fold_file_is_evaluated_in_folds_that_each_hold_both_kinds(tmp_path):
+    make_lfw_folder(tmp_path, {"Alice": 3, "Bob": 3, "Carol": 3})
+    same = ["Alice\t1\t2", "Alice\t1\t3", "Alice\t2\t3", "Bob\t1\t2", "Bob\t1\t3", "Carol\t1\t2"]
+    different = [f"Alice\t{i}\tBob\t{j}" for i, j in ((1, 1), (1, 2), (2, 1), (2, 2), (3, 3))]
+    different.append("Bob\t1\tCarol\t3")
+    (tmp_path / "pairs.txt").write_text("6\n" + "\n".join(same + different) + "\n")  # one fold
+    pairs = read_pairs(tmp_path / "pairs.txt")
+    assert pairs.n_folds == 1
+    folds = pairs.folds_for(3)
+    assert folds.tolist() == [0, 0, 1, 1, 2, 2] * 2  # each kind cut into 3 runs, in file order
+    distances = [0.1] * 6 + [0.9] * 6
+    result = evaluate_verification(distances, pairs.issame, n_folds=3, folds=folds)
+    assert result.accuracy.tolist() == [1.0, 1.0, 1.0]
+    assert pairs.folds_for(1) is pairs.fold_ids  # the file's own folds
+    assert pairs.folds_for(7) is None  # fewer same pairs than folds: the protocol says so

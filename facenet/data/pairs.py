@@ -151,6 +151,29 @@ class PairList:
         n = len(self.paths1)
         return [str(p) for p in unique], inverse[:n], inverse[n:]
 
+    def folds_for(self, n_folds: int) -> np.ndarray | None:
+        """(N,) the fold of each pair for an evaluation in ``n_folds`` folds.
+
+        The file's own folds when it has ``n_folds``. Otherwise the same pairs, in file order,
+        are cut into ``n_folds`` contiguous runs, and the different pairs likewise: every fold
+        holds both kinds. (A one-fold file lists all its same pairs, then all its different
+        ones, so contiguous folds would each hold one kind.) For files of balanced folds this
+        equals contiguous folds whenever ``n_folds`` divides the file's folds. None when a kind
+        has fewer pairs than folds (the protocol then says so).
+
+        Args:
+            n_folds: the folds of the evaluation.
+        """
+        if n_folds == self.n_folds:
+            return self.fold_ids
+        ids = np.empty(len(self), dtype=np.int64)
+        for kind in (True, False):
+            members = np.flatnonzero(np.asarray(self.issame, dtype=bool) == kind)
+            if len(members) < n_folds:
+                return None
+            ids[members] = np.arange(len(members)) * n_folds // len(members)
+        return ids
+
     def skipped_per_fold(self) -> np.ndarray:
         """(n_folds,) number of skipped pairs in each fold of the file."""
         return np.bincount(self.skipped_folds, minlength=self.n_folds)
