@@ -142,6 +142,11 @@ def _unpickler_detail(err: pickle.UnpicklingError) -> str:
     if marker in text:
         text = text.split(marker, 1)[1]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # Never torch's advice to retry with weights_only=False: that is the unsafe path.
+    lines = [line for line in lines if "weights_only" not in line]
+    for line in lines:
+        if "unsupported global" in line.lower():
+            return line.split(" Please use")[0]
     return lines[0].split(" Please use")[0] if lines else type(err).__name__
 
 

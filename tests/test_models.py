@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -291,6 +293,26 @@ def test_unusable_weights_file_is_a_clear_error(tmp_path, content, match):
         EmbeddingNet("tiny", weights=path)
     assert str(path) in str(err.value)
     assert isinstance(err.value, ValueError)
+
+
+class RunsCode:
+    """A pickle that would make a folder when loaded: code execution, in miniature."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_weights_pickle_that_would_run_code_is_refused_without_the_unsafe_advice(tmp_path):
+    path, marker = tmp_path / "evil.pt", tmp_path / "ran"
+    torch.save({"conv.weight": RunsCode(marker)}, path)
+    with pytest.raises(WeightsError, match="refused to load weights file .*evil.pt") as err:
+        EmbeddingNet("tiny", weights=path)
+    message = str(err.value)
+    assert "weights_only=False" not in message and "weights_only` set to" not in message
+    assert "unsupported GLOBAL" in message and not marker.exists()
 
 
 # --------------------------------------------------------------------------- facenet-pytorch layout
