@@ -163,10 +163,16 @@ def identification_rates(matches: Matches, probe_labels, gallery: Gallery) -> di
 
 
 def _threshold_in(record: dict) -> tuple[float, str] | None:
-    """(threshold, distance) from a dict holding both keys, or from its "final" part."""
-    for part in (record, record.get("final"), record.get("verification")):
-        if isinstance(part, dict) and isinstance(part.get("threshold"), (int, float)):
-            return float(part["threshold"]), str(part.get("threshold_distance", "squared"))
+    """(threshold, distance) from an evaluation record or a run summary, if it holds one.
+
+    ``metrics.json``: top-level ``threshold`` and ``threshold_distance``; a run's
+    ``summary.json``: ``threshold: {"value", "distance"}`` (null when nothing was evaluated).
+    """
+    found = record.get("threshold")
+    if isinstance(found, dict) and isinstance(found.get("value"), (int, float)):
+        return float(found["value"]), str(found.get("distance", "squared"))
+    if isinstance(found, (int, float)) and not isinstance(found, bool):
+        return float(found), str(record.get("threshold_distance", "squared"))
     return None
 
 
@@ -174,9 +180,8 @@ def read_threshold(path: str | os.PathLike) -> tuple[float, str] | None:
     """The verification threshold and its distance saved in a JSON file, if it holds one.
 
     Args:
-        path: ``metrics.json`` of scripts/evaluate.py, or a run's ``summary.json``: a
-            top-level ``threshold`` and ``threshold_distance``, or the same keys under
-            ``final``.
+        path: ``metrics.json`` of scripts/evaluate.py (``threshold``, ``threshold_distance``)
+            or a run's ``summary.json`` (``threshold: {"value", "distance"}``).
 
     Raises:
         DataError: the file is not JSON.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -83,17 +82,16 @@ def test_a_parity_failure_exits_2_and_writes_nothing(tiny_run, tmp_path, capsys,
 
 
 def test_weights_export_carries_the_run_threshold(tiny_run, tmp_path, capsys):
-    run = tmp_path / "run"  # a run folder whose summary.json saved the threshold
-    run.mkdir()
-    shutil.copy(tiny_run["checkpoint"], run / "best.pt")
-    final = {"accuracy_mean": 0.5, "threshold": 0.75, "threshold_distance": "squared"}
-    (run / "summary.json").write_text(json.dumps({"final": final}))
     out = tmp_path / "model.pt"
-    argv = ["--checkpoint", str(run / "best.pt"), "--format", "weights", "--out", str(out)]
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--format", "weights", "--out", str(out)]
     assert export_script.main(argv) == 0
     assert "wrote" in capsys.readouterr().out
     trained, again = load_model(tiny_run["checkpoint"]), load_model(out)
-    assert again.verification == {"threshold": 0.75, "threshold_distance": "squared"}
+    saved = json.loads((tiny_run["run"] / "summary.json").read_text())["threshold"]
+    assert again.verification == {
+        "threshold": saved["value"],
+        "threshold_distance": saved["distance"],
+    }
     images = real_images(tiny_run, trained, 2)
     assert np.array_equal(eager(again, images), eager(trained, images))
 

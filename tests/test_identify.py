@@ -71,10 +71,11 @@ def test_bad_galleries_and_probes_are_data_errors():
 
 def test_read_threshold_from_metrics_or_a_run_summary(tmp_path):
     (tmp_path / "m.json").write_text(json.dumps({"threshold": 1.1, "threshold_distance": "cosine"}))
-    (tmp_path / "s.json").write_text(json.dumps({"final": {"threshold": 0.9}}))
+    summary = {"threshold": {"value": 0.9, "distance": "euclidean", "epoch": 3}}
+    (tmp_path / "s.json").write_text(json.dumps(summary))
     (tmp_path / "n.json").write_text(json.dumps({"accuracy_mean": 0.9}))
     assert read_threshold(tmp_path / "m.json") == (1.1, "cosine")
-    assert read_threshold(tmp_path / "s.json") == (0.9, "squared")
+    assert read_threshold(tmp_path / "s.json") == (0.9, "euclidean")
     assert read_threshold(tmp_path / "n.json") is None
 
 
@@ -101,6 +102,12 @@ def test_identify_end_to_end_on_the_synthetic_identities(tiny_run, tmp_path, cap
     argv = ["--checkpoint", checkpoint, "--pairs", str(tiny_run["pairs"])]
     assert evaluate_script.main([*argv, "--out", str(tmp_path / "eval")]) == 0
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    saved = json.loads((tiny_run["run"] / "summary.json").read_text())["threshold"]
+    with np.load(tmp_path / "heldout.npz") as data:  # embed.py recorded the run's threshold
+        assert (float(data["threshold"]), str(data["threshold_distance"])) == (
+            saved["value"],
+            saved["distance"],
+        )
     gallery, probes = split_gallery_and_probes(tmp_path / "heldout.npz", tmp_path)
     capsys.readouterr()
     argv = ["--gallery", str(gallery), "--probes", str(probes), "--out", str(tmp_path / "id")]
