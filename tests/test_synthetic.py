@@ -1,8 +1,10 @@
 """SyntheticIdentities: determinism, disjoint held-out identities, files, pairs, hardness."""
 
+import contextlib
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -435,3 +437,35 @@ def test_script_reports_unusable_sizes_on_one_line_with_exit_code_2(tmp_path, ca
     err = capsys.readouterr().err
     assert err.startswith("error: ") and key in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """Writes past ``limit`` bytes fail with EFBIG, as a full disk fails them with ENOSPC
+    (Python ignores SIGXFSZ, so the write returns the error)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_write_that_fails_part_way_is_an_error_and_the_set_is_not_complete(tmp_path):
+    cfg = small_config(image_size=32)  # PNGs of about 2.5 KB; the manifest and pairs are < 1.5 KB
+    with file_size_limit(1536), pytest.raises(OSError) as err:
+        prepare_synthetic_data(tmp_path, cfg)
+    assert str(err.value.filename).endswith(".png")  # the file that could not be written
+    assert json.loads((tmp_path / "manifest.json").read_text())["complete"] is False
+    out = prepare_synthetic_data(tmp_path, cfg)  # the next call writes the set again, whole
+    assert all(
+        read_image(p).shape == (3, 32, 32) for p, _ in IdentityFolder(out["train_root"]).samples
+    )
+
+
+def test_a_complete_set_with_an_empty_file_is_written_again(tmp_path):
+    out = prepare_synthetic_data(tmp_path, small_config())
+    victim = sorted(Path(out["train_root"]).glob("*/*.png"))[0]
+    victim.write_bytes(b"")  # what torchvision's write_png left on a full disk
+    prepare_synthetic_data(tmp_path, small_config())
+    assert read_image(victim).shape == (3, 16, 16)

@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision.io import write_png
+from torchvision.io import encode_png
 
+from facenet.data.images import looks_like_image
 from facenet.data.pairs import generate_pairs, write_pairs
 from facenet.errors import ConfigError, DataError
 from facenet.files import write_text_atomic
@@ -553,6 +554,10 @@ class SyntheticIdentities(Dataset):
 
         Returns:
             ``{identity: [file name, ...]}`` of what was written.
+
+        Raises:
+            OSError: a file could not be written whole (a full disk, a quota, a file-size
+                limit), or reads back different from what was written.
         """
         root = Path(root)
         written: dict[str, list[str]] = {}
@@ -562,13 +567,27 @@ class SyntheticIdentities(Dataset):
             names = []
             for i in range(self.images_per_identity):
                 name = self.file_name(label, i)
-                write_png(self.image(label, i), str(folder / name))
+                _write_verified(folder / name, encode_png(self.image(label, i)).numpy().tobytes())
                 names.append(name)
             written[self.identity_name(label)] = names
         return written
 
 
 # ----------------------------------------------------------------------------- on disk
+
+
+def _write_verified(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and read it back: a short or failed write raises OSError.
+
+    (torchvision's ``write_png`` ignores write errors: on a full disk it left 0-byte files.)
+    """
+    try:
+        with open(path, "wb") as fh:
+            fh.write(data)
+    except OSError as err:  # name the file: the message reaches the user as one line
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    if path.read_bytes() != data:
+        raise OSError(f"{path}: the file reads back different from what was written")
 
 
 def _manifest(cfg) -> dict:
@@ -613,7 +632,13 @@ def _folder_complete(folder: Path, part: dict) -> bool:
     identities = [p for p in folder.iterdir() if p.is_dir()]
     if len(identities) != part["identities"]:
         return False
-    return all(len(list(p.glob("*.png"))) == part["images_per_identity"] for p in identities)
+    for identity in identities:
+        images = list(identity.glob("*.png"))
+        if len(images) != part["images_per_identity"]:
+            return False
+        if not all(looks_like_image(image) for image in images):  # e.g. 0-byte files
+            return False
+    return True
 
 
 def _clear_previous(root: Path, manifest_path: Path) -> None:
