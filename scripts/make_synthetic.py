@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from facenet.config import add_override_argument, load_config  # noqa: E402
 from facenet.errors import FacenetError  # noqa: E402
+from facenet.files import write_atomic  # noqa: E402
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -43,14 +44,15 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
         seed: the data set's seed.
     """
     import torch
-    from torchvision.io import write_png
+    from torchvision.io import encode_png
     from torchvision.utils import make_grid
 
     from facenet.data.synthetic import SyntheticIdentities
 
     data = SyntheticIdentities(8, 8, image_size=image_size, seed=seed)
     images = torch.stack([data[i][0] for i in range(len(data))])  # (64, 3, S, S) uint8
-    write_png(make_grid(images, nrow=8, padding=2), path)
+    data = encode_png(make_grid(images, nrow=8, padding=2)).numpy().tobytes()
+    write_atomic(path, lambda fh: fh.write(data))  # raises OSError (torchvision's did not)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         "different pairs"
     )
     if args.preview:
-        write_preview(args.preview, data.image_size, data.synthetic_seed)
+        try:
+            write_preview(args.preview, data.image_size, data.synthetic_seed)
+        except OSError as err:
+            reason = err.strerror or err
+            print(f"error: cannot write the preview {args.preview}: {reason}", file=sys.stderr)
+            return 2
         print(f"preview: {args.preview}")
     return 0
 

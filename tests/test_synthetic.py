@@ -469,3 +469,11 @@ def test_a_complete_set_with_an_empty_file_is_written_again(tmp_path):
     victim.write_bytes(b"")  # what torchvision's write_png left on a full disk
     prepare_synthetic_data(tmp_path, small_config())
     assert read_image(victim).shape == (3, 16, 16)
+
+
+def test_script_preview_that_cannot_be_written_is_one_line_exit_2(tmp_path, capsys):
+    main = load_script().main
+    preview = tmp_path / "no_such_folder" / "preview.png"
+    assert main([str(tmp_path / "data"), *SMALL_SETTINGS, "--preview", str(preview)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write the preview") and "Traceback" not in err
