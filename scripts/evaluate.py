@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -281,6 +282,22 @@ def write_bin_outputs(results: dict[str, VerificationResult], out: Path, source:
         plot_roc(result, out / f"roc_{name}.png", log_scale=args.log_scale, title=title)
 
 
+def check_out(out: Path) -> None:
+    """Check, before any evaluation, that ``--out`` can be created or written (nothing is
+    created here: a failing evaluation leaves no empty folder).
+
+    Raises:
+        InputError: ``--out`` or its nearest existing parent is not a writable folder.
+    """
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"--out {out}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"--out {out}: {existing} cannot be written")
+
+
 def write_outputs(result: VerificationResult, out: Path, source: str, args) -> None:
     """``metrics.json`` (the result plus where it came from) and ``roc.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -373,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bin_mode(args)
     try:
         _check_options(args)
+        check_out(Path(args.out))  # before the work, not after it
         if args.distances:
             result, source = _distances_mode(args), str(args.distances)
         else:

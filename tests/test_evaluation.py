@@ -462,3 +462,15 @@ def test_evaluate_script_reports_bad_input_on_one_line(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
     assert issubclass(evaluate_script.InputError, FacenetError)
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/below"])
+def test_evaluate_script_refuses_an_unusable_out_before_evaluating(tmp_path, capsys, where):
+    issame = lfw_like_issame(10, 20)
+    np.savez(tmp_path / "d.npz", distances=np.where(issame, 0.1, 0.9), issame=issame)
+    (tmp_path / "a_file").write_text("in the way")
+    argv = ["--distances", str(tmp_path / "d.npz"), "--out", str(tmp_path / where)]
+    assert evaluate_script.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: --out {tmp_path / where}: ")
+    assert "accuracy" not in captured.out  # refused before the evaluation, not after
