@@ -41,7 +41,7 @@ import seed_loop  # noqa: E402
 
 from facenet.distributed import resolve_device  # noqa: E402
 from facenet.errors import FacenetError  # noqa: E402
-from facenet.files import json_safe  # noqa: E402
+from facenet.files import json_safe, write_text_atomic  # noqa: E402
 from facenet.losses import TripletMarginLoss  # noqa: E402
 from facenet.memory import (  # noqa: E402
     GraphMemoryMeter,
@@ -176,6 +176,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.device = _resolve_device(args.device)
     except ValueError as err:
         parser.error(str(err))
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None and path.is_dir():  # found now, not after the whole report
+            parser.error(f"{flag} {path}: is a folder; give a file name")
     if (args.snapshot or args.memory_summary) and args.device.type != "cuda":
         parser.error("--snapshot and --memory-summary need a CUDA --device")
     args.identities = images // args.pk if args.pk else 0
@@ -799,8 +802,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.memory_summary:
         print("\n" + torch.cuda.memory_summary(args.device, abbreviated=True))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(json_safe(report), indent=2) + "\n")
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(args.json, json.dumps(json_safe(report), indent=2) + "\n")
+        except OSError as err:
+            print(f"error: cannot write {args.json}: {err.strerror or err}", file=sys.stderr)
+            raise SystemExit(2) from None
         print(f"\nwrote {args.json}")
     if args.plot:
         plot_report(report, args.plot)

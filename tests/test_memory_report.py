@@ -247,3 +247,11 @@ def test_cuda_without_cuda_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         memory_report.parse_args(["--device", "cuda"])
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_an_output_that_is_a_folder_is_refused_before_the_report(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as exit_info:
+        memory_report.parse_args([flag, str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"{flag} {tmp_path}: is a folder" in capsys.readouterr().err
