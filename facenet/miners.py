@@ -97,6 +97,9 @@ def _check_labels(labels, embeddings: torch.Tensor, who: str) -> torch.Tensor:
     if labels is None:
         raise ValueError(f"{who}: labels are required unless candidates are given")
     labels = torch.as_tensor(labels, device=embeddings.device)
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        # 1.0 and 1.0000001 would be different identities; True/False only two of them.
+        raise ValueError(f"{who}: labels must be integers, got dtype {labels.dtype}")
     if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
         raise ValueError(
             f"{who}: labels must have shape ({embeddings.shape[0]},) to match embeddings "

@@ -439,7 +439,7 @@ def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="max_triplets must be an int >= 0.*-1"):
         BatchHardMiner(max_triplets=-1)
     with pytest.raises(ValueError, match=r"labels must have shape \(4,\).*got \(3,\)"):
-        BatchHardMiner()(x, torch.zeros(3))
+        BatchHardMiner()(x, torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="labels are required"):
         BatchHardMiner()(x, None)
     with pytest.raises(ValueError, match=r"2-D tensor \(B, D\), got \(4,\)"):
@@ -531,3 +531,12 @@ def test_mining_memory_is_quadratic_not_cubic():
     assert num > 0
     assert peak_all < 24 * num + 16 * min(num, 2**22) + 40 * batch**2 + 16 * 2**20
     assert peak_semi < 40 * batch**2 + 16 * 2**20
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_labels_that_are_not_integers_are_refused(dtype):
+    embeddings = torch.eye(4)
+    labels = torch.tensor([0, 0, 1, 1]).to(dtype)
+    for miner in (BatchHardMiner(), SemiHardNegativeMiner(), TripletMarginMiner(margin=0.2)):
+        with pytest.raises(ValueError, match="labels must be integers"):
+            miner(embeddings, labels)
