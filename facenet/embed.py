@@ -151,7 +151,7 @@ def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
     if not root.is_dir():
         raise FileNotFoundError(f"image folder not found: {root}")
     found = []
-    for folder, dirs, files in os.walk(root):
+    for folder, dirs, files in os.walk(root, followlinks=True):  # as torchvision ImageFolder
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):

@@ -90,3 +90,11 @@ def test_bad_input_is_one_line(tiny_run, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert embed_script.main([*argv, "--images", str(tmp_path / "empty")]) == 2
     assert "no readable image" in capsys.readouterr().err
+
+
+def test_list_images_follows_a_linked_identity_folder(tmp_path):
+    (tmp_path / "data" / "ann").mkdir(parents=True)
+    (tmp_path / "data" / "ann" / "1.png").write_bytes(b"")
+    (tmp_path / "faces").mkdir()
+    (tmp_path / "faces" / "ann").symlink_to(tmp_path / "data" / "ann")
+    assert list_images(tmp_path / "faces") == ([str(tmp_path / "faces" / "ann" / "1.png")], ["ann"])
