@@ -143,10 +143,12 @@ def test_undecodable_image_mid_training_checkpoints_and_resume_continues(tmp_pat
     names = [f"person{i}" for i in range(8)]
     root = make_folder(tmp_path / "faces", dict.fromkeys(names, 2))
     victim = identities_of_last_batch(root, p=2, k=2)[0]  # met at step 4 of 4
-    # Passes the header check (start and end markers) but holds no image.
+    # Passes the checks short of decoding (a valid 8 x 8 frame header, the end marker) but holds
+    # no image.
     bad = root / victim / f"{victim}_0002.jpg"
     (root / victim / f"{victim}_0002.png").unlink()
-    bad.write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 50 + b"\xff\xd9")
+    sof = b"\xff\xc0\x00\x11\x08\x00\x08\x00\x08\x03" + b"\x01\x11\x00" * 3
+    bad.write_bytes(b"\xff\xd8" + sof + b"\x00" * 50 + b"\xff\xd9")
     run = tmp_path / "run"
     settings = (
         "train.epochs=2",
