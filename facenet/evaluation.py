@@ -142,11 +142,12 @@ class VerificationResult:
         return out
 
     def summary(self) -> str:
-        """One line: accuracy ± std, VAL ± std @ FAR, AUC and EER."""
+        """One line: accuracy ± std, VAL ± std @ FAR, AUC, EER and the threshold."""
         return (
             f"accuracy {self.accuracy_mean:.4f} ± {self.accuracy_std:.4f}  "
-            f"VAL {self.val:.4f} ± {self.val_std:.4f} @ FAR {self.far:.5f}  "
-            f"AUC {self.auc:.4f}  EER {self.eer:.4f}"
+            f"{val_at_far_label(self.val, self.far_target, self.far)} ± {self.val_std:.4f}  "
+            f"AUC {self.auc:.4f}  EER {self.eer:.4f}  "
+            f"threshold {self.threshold:.4f} ({self.threshold_distance})"
         )
 
 
@@ -657,6 +658,17 @@ def evaluate_embeddings(
     )
 
 
+def val_at_far_label(val: float, far_target: float, far: float) -> str:
+    """The one way VAL at FAR is written: ``VAL 0.4680 @ FAR 0.001 (achieved 0.0030)``.
+
+    Args:
+        val: the VAL (true accept rate) measured.
+        far_target: the FAR the thresholds aimed at.
+        far: the FAR achieved on the test folds at those thresholds.
+    """
+    return f"VAL {val:.4f} @ FAR {far_target:g} (achieved {far:.4f})"
+
+
 def plot_roc(
     result: VerificationResult,
     path: Any = None,
@@ -690,7 +702,7 @@ def plot_roc(
         [max(result.far, 1e-12) if log_scale else result.far],
         [result.val],
         "s",
-        label=f"VAL = {result.val:.4f} @ FAR = {result.far:.2g}",
+        label=val_at_far_label(result.val, result.far_target, result.far),
     )
     _style_roc_axes(ax, result, log_scale)
     ax.set_title(title or f"ROC ({result.n_pairs} pairs, {result.n_folds} folds)")

@@ -41,6 +41,7 @@ from facenet.evaluation import (  # noqa: E402
     evaluate_embeddings,
     evaluate_verification,
     plot_roc,
+    val_at_far_label,
 )
 from facenet.files import write_text_atomic  # noqa: E402
 from facenet.trained import TrainedModel, load_model  # noqa: E402
@@ -78,7 +79,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         default="squared",
         help="metric of the distances (chooses the threshold grids) or to measure embeddings",
     )
-    parser.add_argument("--log-scale", action="store_true", help="logarithmic FAR axis")
+    parser.add_argument(
+        "--linear-far",
+        dest="log_scale",
+        action="store_false",
+        help="linear FAR axis in the ROC (default: logarithmic, where VAL is read)",
+    )
     parser.add_argument("--title", default=None, help="ROC plot title")
     embed = parser.add_argument_group("checkpoint mode")
     embed.add_argument("--flip", action="store_true", help="concatenate flipped-image embeddings")
@@ -247,8 +253,8 @@ def format_table(result: VerificationResult) -> str:
         )
     lines += [
         f"accuracy  {result.accuracy_mean:.4f} ± {result.accuracy_std:.4f}",
-        f"VAL       {result.val:.4f} ± {result.val_std:.4f} @ FAR = {result.far:.5f} "
-        f"(target {result.far_target:g})",
+        f"{val_at_far_label(result.val, result.far_target, result.far)}, VAL ± "
+        f"{result.val_std:.4f}",
         f"AUC       {result.auc:.4f}",
         f"EER       {result.eer:.4f}",
         f"threshold {result.threshold:.4f} ({result.threshold_distance} distance, mean over "
@@ -261,13 +267,14 @@ def format_table(result: VerificationResult) -> str:
 def format_bin_table(results: dict[str, VerificationResult]) -> str:
     """One row per ``.bin`` set: accuracy ± std, VAL @ FAR, AUC, EER, threshold, pairs."""
     lines = [
-        f"{'set':<12} {'accuracy':>16}  {'VAL':>6} {'@ FAR':>8}  {'AUC':>6}  {'EER':>6}  "
-        f"{'threshold':>9}  {'pairs':>6}"
+        f"{'set':<12} {'accuracy':>16}  {'VAL @ FAR target (achieved)':>36}  {'AUC':>6}  "
+        f"{'EER':>6}  {'threshold':>9}  {'pairs':>6}"
     ]
     for name, r in results.items():
+        label = val_at_far_label(r.val, r.far_target, r.far)
         lines.append(
-            f"{name:<12} {r.accuracy_mean:>7.4f} ± {r.accuracy_std:<6.4f}  {r.val:>6.4f} "
-            f"{r.far:>8.5f}  {r.auc:>6.4f}  {r.eer:>6.4f}  {r.threshold:>9.4f}  {r.n_pairs:>6}"
+            f"{name:<12} {r.accuracy_mean:>7.4f} ± {r.accuracy_std:<6.4f}  {label:>36}  "
+            f"{r.auc:>6.4f}  {r.eer:>6.4f}  {r.threshold:>9.4f}  {r.n_pairs:>6}"
         )
     return "\n".join(lines)
 
