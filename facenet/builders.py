@@ -8,7 +8,8 @@ whose message names the configuration key to change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,16 @@ from facenet.config import Config
 from facenet.data import IdentityFolder, PKSampler, TripletListDataset, build_transform
 from facenet.data.images import CorruptImageError
 from facenet.data.loading import make_loader
-from facenet.data.pairs import MissingImagesError, PairsFormatError, read_pairs
+from facenet.data.pairs import (
+    MissingImagesError,
+    PairsFormatError,
+    generate_pairs,
+    read_pairs,
+    scan_identities,
+    write_pairs,
+)
 from facenet.data.synthetic import prepare_synthetic_data
-from facenet.distributed import is_distributed, resolve_device
+from facenet.distributed import is_distributed, is_main_process, resolve_device
 from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.losses import build_loss
 from facenet.miners import build_miner
@@ -40,17 +48,31 @@ class TrainingData:
         loader: yields the training batches of one epoch.
         sampler: orders the batches; has ``set_epoch``, ``state_dict`` and ``load_state_dict``.
         num_classes: identities in the training data.
-        eval_pairs: the held-out ``PairList``, or None when evaluation is off.
+        val_pairs: the validation ``PairList`` (model selection, the threshold), or None.
+        test_pairs: the test ``PairList`` (reported once, at the end), or None.
         image_size: the network's input size (``data.image_size``).
         normalize: the pixel standardisation of training (``data.normalize``).
+        notes: what the run should say at its start about its evaluation sets.
     """
 
     loader: Any
     sampler: Any  # has set_epoch / state_dict / load_state_dict
     num_classes: int
-    eval_pairs: Any  # a PairList, or None
+    val_pairs: Any  # a PairList, or None
+    test_pairs: Any  # a PairList, or None
     image_size: int
     normalize: str
+    notes: list = field(default_factory=list)
+
+
+@dataclass
+class _EvalSources:
+    """Where the validation and test pairs come from: (file, image root) each, or None."""
+
+    val: tuple[str, str | None] | None = None
+    test: tuple[str, str | None] | None = None
+    held_out: tuple[str, ...] = ()  # identities left out of training
+    notes: list = field(default_factory=list)
 
 
 def build_device(cfg: Config) -> torch.device:
@@ -71,22 +93,77 @@ def _from_section(section: str, build, *args, **kwargs):
         raise ConfigError(f"{section}: {err}") from None
 
 
-def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, str | None]:
-    """The training image folder and the pairs file, generating the synthetic set if needed."""
-    data = cfg.data
+def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, _EvalSources]:
+    """The training image folder and the evaluation sets, generating the synthetic set if
+    needed, or holding out identities of a folder (``eval.holdout_identities``)."""
+    data, ev = cfg.data, cfg.eval
+    given = _EvalSources(
+        val=(ev.val_pairs, ev.val_root) if ev.val_pairs else None,
+        test=(ev.pairs, ev.root) if ev.pairs else None,
+    )
     if data.dataset == "synthetic":
         root = Path(data.root) if data.root else run_dir / "data"
         try:
             prepared = prepare_synthetic_data(root, data)
         except OSError as err:
             raise OSError(err.errno, f"data.root: cannot write the synthetic data: {err}") from err
-        return str(prepared["train_root"]), cfg.eval.pairs or str(prepared["pairs"])
+        given.val = given.val or (prepared["val_pairs"], ev.val_root)
+        given.test = given.test or (prepared["test_pairs"], ev.root)
+        return str(prepared["train_root"]), given
     if not data.root:
         raise ConfigError(f"data.root: required for data.dataset: {data.dataset}")
-    return data.root, cfg.eval.pairs
+    if ev.holdout_identities > 0 and not (given.val or given.test):
+        return data.root, _hold_out(cfg, Path(data.root), run_dir)
+    return data.root, given
 
 
-def _identity_folder(cfg: Config, train_root: str):
+def _hold_out(cfg: Config, root: Path, run_dir: Path) -> _EvalSources:
+    """Leave ``eval.holdout_identities`` identities of the folder out of training, and write
+    identity-disjoint validation and test pairs for them into the run directory."""
+    ev = cfg.eval
+    listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
+    if ev.holdout_identities < 4 or ev.holdout_identities > len(listing) - 2:
+        raise ConfigError(
+            f"eval.holdout_identities: {ev.holdout_identities}; between 4 and "
+            f"{len(listing) - 2} for {root} ({len(listing)} identities with 2+ images; "
+            "two must stay for training)"
+        )
+    rng = random.Random(cfg.train.seed)  # the same identities on every rank and every resume
+    chosen = sorted(rng.sample(sorted(listing), ev.holdout_identities))
+    half = len(chosen) // 2
+    sources = _EvalSources(held_out=tuple(chosen))
+    for split, names in (("val", chosen[:half]), ("test", chosen[half:])):
+        path = run_dir / f"{split}_pairs.txt"
+        if is_main_process():
+            folds = _holdout_folds({n: listing[n] for n in names}, cfg, split)
+            write_pairs(path, folds)
+        setattr(sources, split, (str(path), str(root)))
+    sources.notes.append(
+        f"held out {len(chosen)} identities of {root} from training (eval.holdout_identities): "
+        f"{half} for validation ({run_dir / 'val_pairs.txt'}), {len(chosen) - half} for test "
+        f"({run_dir / 'test_pairs.txt'})"
+    )
+    return sources
+
+
+def _holdout_folds(images: dict, cfg: Config, split: str):
+    """Folds for held-out identities: identity-disjoint when there are enough."""
+    ev = cfg.eval
+    for disjoint in (True, False):
+        try:
+            return generate_pairs(
+                images, ev.n_folds, ev.holdout_pairs_per_fold, cfg.train.seed, disjoint
+            )
+        except DataError as err:
+            problem = err
+    raise ConfigError(
+        f"eval.holdout_identities: {ev.holdout_identities}, eval.holdout_pairs_per_fold: "
+        f"{ev.holdout_pairs_per_fold}, eval.n_folds: {ev.n_folds}: too few {split} images "
+        f"for the pairs ({problem}); hold out more identities or ask for fewer pairs"
+    )
+
+
+def _identity_folder(cfg: Config, train_root: str, exclude=()):
     """The training images, with errors that name the ``data`` keys to change."""
     data = cfg.data
     transform = build_transform(
@@ -102,6 +179,7 @@ def _identity_folder(cfg: Config, train_root: str):
             transform=transform,
             on_corrupt=data.on_corrupt,
             cache_dir=data.cache_dir,
+            exclude=exclude,
             max_pixels=data.max_image_pixels,
             max_aspect_ratio=data.max_aspect_ratio,
         )
@@ -161,43 +239,69 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
     return make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed=seed), sampler
 
 
-def _eval_pairs(cfg: Config, pairs_path: str | None):
-    """The held-out pairs, or None when evaluation is off."""
-    if cfg.eval.every <= 0 or not pairs_path:
+def _read_eval_pairs(cfg: Config, source, keys: tuple[str, str]):
+    """A validation or test PairList, or None; errors name the keys (pairs file, root)."""
+    if cfg.eval.every <= 0 or source is None:
         return None
+    pairs_path, root = source
+    pairs_key, root_key = keys
     try:
-        return read_pairs(pairs_path, root=cfg.eval.root, skip_missing=cfg.eval.skip_missing)
+        return read_pairs(pairs_path, root=root, skip_missing=cfg.eval.skip_missing)
     except (PairsFormatError, MissingImagesError):
         raise  # their messages name the file, the line and the eval.skip_missing option
     except FileNotFoundError as err:
-        key = "eval.pairs" if not Path(pairs_path).is_file() else "eval.root"
-        what = f"file not found: {pairs_path}" if key == "eval.pairs" else str(err)
+        key = pairs_key if not Path(pairs_path).is_file() else root_key
+        what = f"file not found: {pairs_path}" if key == pairs_key else str(err)
         raise ConfigError(f"{key}: {what}") from None
     except UnicodeDecodeError:
-        raise DataError(f"eval.pairs: {pairs_path} is not a text file") from None
+        raise DataError(f"{pairs_key}: {pairs_path} is not a text file") from None
+
+
+def _evaluation_notes(cfg: Config, val, test) -> list[str]:
+    """What a run says at its start when an evaluation set is missing."""
+    if cfg.eval.every <= 0:
+        return ["evaluation is off (eval.every: 0): no best.pt, no test figure"]
+    if val is None and test is None:
+        return [
+            "nothing will be evaluated: no validation or test pairs (set eval.val_pairs and "
+            "eval.pairs, or eval.holdout_identities for a folder)"
+        ]
+    if val is None:
+        return [
+            "no validation pairs (eval.val_pairs): best.pt is not chosen; the test pairs are "
+            "evaluated once, at the end, for the last model"
+        ]
+    if test is None:
+        return ["no test pairs (eval.pairs): validation figures only"]
+    return []
 
 
 def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -> TrainingData:
-    """Datasets, sampler and loader from the ``data`` and ``eval`` sections.
+    """Datasets, sampler, loader and evaluation sets from the ``data`` and ``eval`` sections.
 
     Errors name the configuration key to change (``data.root``, ``data.p``, ``eval.pairs``...).
 
     Args:
         cfg: the run configuration.
-        run_dir: the run directory (the synthetic data goes there when ``data.root`` is unset).
+        run_dir: the run directory (the synthetic data goes there when ``data.root`` is unset;
+            held-out pairs files are written there).
         rank: this process's rank (the sampler gives each rank disjoint batches).
         world_size: number of processes.
     """
-    train_root, pairs_path = _data_roots(cfg, Path(run_dir))
-    dataset = _identity_folder(cfg, train_root)
+    train_root, sources = _data_roots(cfg, Path(run_dir))
+    dataset = _identity_folder(cfg, train_root, exclude=sources.held_out)
     loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
+    val = _read_eval_pairs(cfg, sources.val, ("eval.val_pairs", "eval.val_root"))
+    test = _read_eval_pairs(cfg, sources.test, ("eval.pairs", "eval.root"))
     return TrainingData(
         loader,
         sampler,
         len(dataset.classes),
-        _eval_pairs(cfg, pairs_path),
+        val,
+        test,
         cfg.data.image_size,
         cfg.data.normalize,
+        notes=sources.notes + _evaluation_notes(cfg, val, test),
     )
 
 

@@ -171,9 +171,17 @@ class TrainConfig:
 class EvalConfig:
     """Verification on held-out pairs (the LFW protocol)."""
 
+    # Validation pairs choose best.pt (and the threshold) every `every` epochs; test pairs are
+    # evaluated once, at the end, for best.pt and the last model. Identity-disjoint sets.
     every: int = 1  # epochs; 0 = never
-    pairs: str | None = None  # pairs.txt; None: the synthetic held-out pairs
-    root: str | None = None  # image folder the pairs name; None: next to pairs.txt
+    val_pairs: str | None = None  # validation pairs; None: the synthetic or held-out ones
+    val_root: str | None = None  # image folder the validation pairs name; None: next to them
+    pairs: str | None = None  # test pairs (e.g. LFW's pairs.txt); None: synthetic or held-out
+    root: str | None = None  # image folder the test pairs name; None: next to pairs.txt
+    # folder data without pairs files: hold out this many identities (never trained on), half
+    # for validation, half for test; their pairs files are written into the run directory.
+    holdout_identities: int = 0
+    holdout_pairs_per_fold: int = 50
     n_folds: int = 10
     far_target: float = 1e-3
     distance: Literal["squared", "euclidean", "cosine"] = "squared"
@@ -181,7 +189,7 @@ class EvalConfig:
     subtract_mean: bool = False
     batch_size: int = 128
     skip_missing: bool = False
-    log_scale_roc: bool = False
+    log_scale_roc: bool = True  # logarithmic FAR axis (the low-FAR end is what VAL reads)
 
 
 @dataclass

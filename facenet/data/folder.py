@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -181,6 +181,7 @@ class IdentityFolder(Dataset):
         cache_dir: where to cache the index; None caches it in ``root`` as
             ``.facenet_index.json``.
         min_images: identities with fewer images are left out of triplet sampling.
+        exclude: identity names to leave out entirely (held out for evaluation).
         max_pixels: images declaring more pixels are corrupt for ``on_corrupt``.
         max_aspect_ratio: images declaring a longer side / shorter side above this, too.
     """
@@ -192,6 +193,7 @@ class IdentityFolder(Dataset):
         on_corrupt: str = "skip",
         cache_dir: str | os.PathLike | None = None,
         min_images: int = 2,
+        exclude: Collection[str] = (),
         max_pixels: int = DEFAULT_MAX_PIXELS,
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
     ):
@@ -205,7 +207,9 @@ class IdentityFolder(Dataset):
         self.limits = (int(max_pixels), float(max_aspect_ratio))
         index = self._load_or_build_index(cache_dir)
         self.skipped = self._apply_corrupt_policy(index["corrupt"], on_corrupt)
-        self.classes = self._usable_identities(index["identities"])
+        excluded = set(exclude)
+        kept = {k: v for k, v in index["identities"].items() if k not in excluded}
+        self.classes = self._usable_identities(kept)
         self.class_to_idx = {name: label for label, name in enumerate(self.classes)}
         self.samples = [
             (str(self.root / identity / name), self.class_to_idx[identity])
