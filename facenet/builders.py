@@ -212,16 +212,11 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
                 sampler, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True
             )
             if world_size > 1
-            else None
+            else torch.utils.data.SequentialSampler(sampler)
         )
-        loader = torch.utils.data.DataLoader(
-            sampler,
-            batch_size=data.triplet_batch_size,
-            sampler=split,
-            shuffle=False,
-            num_workers=data.num_workers,
-            pin_memory=data.pin_memory,
-            drop_last=True,
+        batches = torch.utils.data.BatchSampler(split, data.triplet_batch_size, drop_last=True)
+        loader = make_loader(
+            sampler, batches, data.num_workers, data.pin_memory, seed, rank, epoch_of=sampler
         )
         return loader, sampler
     try:
@@ -236,7 +231,8 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
         )
     except ValueError as err:
         raise ConfigError(f"data.p={data.p}, data.k={data.k}: {err}") from None
-    return make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed=seed), sampler
+    loader = make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed, rank)
+    return loader, sampler
 
 
 def _read_eval_pairs(cfg: Config, source, keys: tuple[str, str]):

@@ -41,6 +41,7 @@ __all__ = [
     "any_rank",
     "all_gather_tensor",
     "gather_variable_rows",
+    "gather_objects",
 ]
 
 
@@ -207,3 +208,16 @@ def gather_variable_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
     parts = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(parts, padded)
     return [part[: int(s.item())] for part, s in zip(parts, sizes)]
+
+
+def gather_objects(obj) -> list:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` for one process.
+
+    Args:
+        obj: this rank's object; every rank must call at the same point.
+    """
+    if not is_distributed():
+        return [obj]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, obj)
+    return everyone

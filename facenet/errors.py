@@ -18,6 +18,7 @@ __all__ = [
     "WeightsError",
     "NonFiniteLossError",
     "NonFiniteInputError",
+    "RankFailure",
 ]
 
 
@@ -25,10 +26,12 @@ class FacenetError(Exception):
     """A problem with the input or the environment, reported to the user in one line.
 
     ``checkpoint_note`` (set by the run when it wrote a checkpoint before the error
-    propagated) says where the state at the last finished step is.
+    propagated) says where the state at the last finished step is. ``agreed`` is True when
+    every rank of a multi-process run raises it at the same point (rank 0 alone reports it).
     """
 
     checkpoint_note: str | None = None
+    agreed: bool = False
 
 
 class ConfigError(FacenetError, ValueError):
@@ -62,3 +65,18 @@ class NonFiniteInputError(DataError):
     def __init__(self, message: str, rows: list[int] | None = None):
         super().__init__(message)
         self.rows = list(rows or [])
+
+
+class RankFailure(FacenetError):
+    """Another rank stopped with an error; this rank stops at the same point.
+
+    Args:
+        message: the other rank's message (``rank N: ...``).
+        checkpointable: every rank stands at a finished step and may checkpoint together
+            (False when the other rank's error is a bug: it is leaving without a checkpoint).
+    """
+
+    def __init__(self, message: str, checkpointable: bool = True):
+        super().__init__(message)
+        self.checkpointable = checkpointable
+        self.agreed = True

@@ -26,7 +26,13 @@ from facenet.checkpoint import (
     set_rng_state,
 )
 from facenet.config import Config, config_to_dict
-from facenet.distributed import barrier, is_main_process
+from facenet.distributed import (
+    any_rank,
+    gather_objects,
+    get_rank,
+    get_world_size,
+    is_main_process,
+)
 from facenet.errors import CheckpointError, ConfigError
 from facenet.files import json_safe, write_text_atomic
 from facenet.trainer import Trainer
@@ -88,11 +94,23 @@ def _miner_generator(trainer: Trainer) -> torch.Generator | None:
     return getattr(trainer.miner, "generator", None)
 
 
+def _rank_state(trainer: Trainer, sampler) -> dict:
+    """What this rank alone draws from: its random generators and its data position."""
+    generator = _miner_generator(trainer)
+    return {
+        "rng": rng_state(),
+        "miner_rng": None if generator is None else generator.get_state(),
+        "sampler": sampler.state_dict() if hasattr(sampler, "state_dict") else None,
+    }
+
+
 def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress) -> dict:
     """Everything the rest of the run depends on, as plain contents.
 
     ``epoch`` is the last finished epoch; ``partial`` is None, or ``{"epoch", "steps_done"}``
-    when ``progress`` stands inside an epoch (some of its batches trained).
+    when ``progress`` stands inside an epoch (some of its batches trained). ``ranks`` holds
+    every rank's own random states and data position (each rank restores its own); every
+    rank must call this at the same point (the ranks' states are gathered).
 
     Args:
         trainer: the run's trainer (model, optimizer, schedule, scaler, miner).
@@ -100,19 +118,19 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
         cfg: the run configuration (saved to compare on resume).
         progress: where the run stands.
     """
-    generator = _miner_generator(trainer)
     partial = None
     if progress.steps_done:
         partial = {"epoch": progress.epoch, "steps_done": progress.steps_done}
+    ranks = gather_objects(_rank_state(trainer, sampler))  # every rank calls this
     state = trainer.state_dict()
     state.update(
         format=CHECKPOINT_FORMAT,
         epoch=progress.epoch - 1,
         partial=partial,
         config=config_to_dict(cfg),
-        rng=rng_state(),
-        miner_rng=None if generator is None else generator.get_state(),
-        sampler=sampler.state_dict() if hasattr(sampler, "state_dict") else None,
+        **ranks[0],  # rng, miner_rng, sampler: rank 0's at the top level
+        world_size=len(ranks),
+        ranks=ranks,
         best_accuracy=progress.best,
         best_epoch=progress.best_epoch,
         seconds=progress.elapsed(),
@@ -178,14 +196,15 @@ def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> 
     changes = _changed_settings(state["config"], config_to_dict(cfg))
     if changes:
         print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
+    own = _own_rank_state(state, path)
     try:
         trainer.load_state_dict(state)
-        if state.get("sampler") is not None and hasattr(sampler, "load_state_dict"):
-            sampler.load_state_dict(state["sampler"])
+        if own.get("sampler") is not None and hasattr(sampler, "load_state_dict"):
+            sampler.load_state_dict(own["sampler"])
         generator = _miner_generator(trainer)
-        if generator is not None and state.get("miner_rng") is not None:
-            generator.set_state(state["miner_rng"])
-        set_rng_state(state["rng"])
+        if generator is not None and own.get("miner_rng") is not None:
+            generator.set_state(own["miner_rng"])
+        set_rng_state(own["rng"])
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path} does not fit this configuration: {reason}") from None
@@ -196,6 +215,19 @@ def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> 
     where = f"step {progress.steps_done + 1} of " if progress.steps_done else ""
     print(f"resumed from {path}: continuing with {where}epoch {progress.epoch}")
     return progress
+
+
+def _own_rank_state(state: dict, path: Path) -> dict:
+    """This rank's random states and data position; another world size is refused."""
+    saved, world = int(state.get("world_size", 1)), get_world_size()
+    if saved != world:
+        raise ConfigError(
+            f"{path} was written by a run of {saved} process(es) and this run has {world}: "
+            "each rank resumes its own random state and data position, so resume with "
+            f"{saved} process(es) (torchrun --nproc_per_node and --nnodes)"
+        )
+    ranks = state.get("ranks")
+    return ranks[get_rank()] if isinstance(ranks, list) and ranks else state
 
 
 def _progress_of(state: dict) -> Progress:
@@ -281,15 +313,24 @@ def remaining_loader(loader, skip: int):
 
 
 def save_on_main(state: dict, path: Path) -> None:
-    """Rank 0 writes the checkpoint; every rank waits until it is on disk.
+    """Rank 0 writes the checkpoint; every rank waits until it is on disk, or fails with it.
 
     Args:
         state: from :func:`checkpoint_state`.
         path: the checkpoint file (written atomically).
+
+    Raises:
+        CheckpointError: on every rank, when rank 0 could not write it (a full disk): no rank
+            goes on to wait in a collective that rank 0 will never enter.
     """
+    error = None
     if is_main_process():
-        save_checkpoint(state, path)
-    barrier()
+        try:
+            save_checkpoint(state, path)
+        except CheckpointError as err:
+            error = err
+    if any_rank(error is not None):  # also the barrier: rank 0 has finished writing
+        raise error or CheckpointError(f"rank 0 could not write {path}")
 
 
 def save_for_error(state: dict, path: Path) -> str:

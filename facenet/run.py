@@ -45,11 +45,14 @@ from facenet.distributed import (
     DistInfo,
     any_rank,
     cleanup_distributed,
+    gather_objects,
+    get_rank,
     init_distributed,
+    is_distributed,
     is_main_process,
     main_process_first,
 )
-from facenet.errors import FacenetError, NonFiniteInputError, NonFiniteLossError
+from facenet.errors import FacenetError, NonFiniteInputError, NonFiniteLossError, RankFailure
 from facenet.files import json_safe, write_text_atomic
 from facenet.memory import format_bytes
 from facenet.resume import (
@@ -124,12 +127,14 @@ class _StopFlag:
 def _files_of_batch(loader, position: int, rows: list[int]) -> list[str]:
     """The image files at ``rows`` of the loader's batch ``position`` (PK batches only)."""
     dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
+    dataset = getattr(dataset, "dataset", dataset)  # under SeededSamples
     if not hasattr(dataset, "samples") or batch_sampler is None:
         return []
     # The order of an epoch is fixed, so iterating the sampler again finds the same batch.
-    indices = next(itertools.islice(iter(batch_sampler), position, None), None)
-    if indices is None:
+    items = next(itertools.islice(iter(batch_sampler), position, None), None)
+    if items is None:
         return []
+    indices = [item[0] if isinstance(item, tuple) else item for item in items]
     return [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
 
 
@@ -148,8 +153,10 @@ def _name_files(err: NonFiniteInputError, loader, epoch: int, first_step: int):
 class _CountedBatches:
     """At most ``limit`` of the loader's batches, counted as they are handed out.
 
-    Stopping after ``limit`` batches (rather than fetching one more and discarding it) keeps
-    the global RNG where a run stopped by a signal at that point leaves it.
+    Under several processes every rank learns, before anyone steps, whether every rank's
+    fetch succeeded: a rank that found a corrupt image does not leave the others waiting in
+    the step's collectives. Stopping after ``limit`` batches (rather than fetching one more and
+    discarding it) keeps the global RNG where a run stopped by a signal at that point leaves it.
     """
 
     def __init__(self, loader, limit: int):
@@ -159,9 +166,38 @@ class _CountedBatches:
         return min(len(self.loader), self.limit)
 
     def __iter__(self):
-        for batch in itertools.islice(self.loader, self.limit):
+        batches = iter(itertools.islice(self.loader, self.limit))
+        while True:
+            try:
+                batch, error = next(batches), None
+            except StopIteration:  # every rank holds the same number of batches
+                return
+            except Exception as err:  # this rank's fetch failed
+                batch, error = None, err
+            _agree_on_fetch(error)
             self.yielded += 1
             yield batch
+
+
+def _agree_on_fetch(error: Exception | None) -> None:
+    """Raise on every rank when any rank's fetch failed: its own error where it happened,
+    :class:`RankFailure` naming that rank and its message elsewhere."""
+    if isinstance(error, RuntimeError):  # a DataLoader worker's CorruptImageError, re-wrapped
+        error = _worker_image_error(error) or error
+    if not is_distributed():
+        if error is not None:
+            raise error
+        return
+    if not any_rank(error is not None):
+        return
+    data_error = isinstance(error, FacenetError)
+    report = None if error is None else (get_rank(), describe_error(error), data_error)
+    failures = [r for r in gather_objects(report) if r is not None]
+    if error is not None:
+        error.agreed = data_error
+        raise error
+    rank, message, checkpointable = failures[0]
+    raise RankFailure(f"rank {rank}: {message}", checkpointable=all(f[2] for f in failures))
 
 
 def _console_line(record: dict, epochs: int) -> str:
@@ -277,8 +313,10 @@ def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path, lo
         progress.steps_done = skip + batches.yielded - 1
         err = _name_files(err, loader, epoch, skip)
         raise with_error_checkpoint(err, trainer, data.sampler, cfg, progress, run_dir) from None
-    except CorruptImageError as err:  # found while loading the next batch
+    except (CorruptImageError, RankFailure) as err:  # found while loading the next batch
         progress.steps_done = skip + batches.yielded
+        if isinstance(err, RankFailure) and not err.checkpointable:
+            raise  # the failing rank leaves with a traceback; no collective checkpoint
         raise with_error_checkpoint(err, trainer, data.sampler, cfg, progress, run_dir) from None
     except NonFiniteLossError as err:
         progress.steps_done = skip + batches.yielded
@@ -288,14 +326,6 @@ def _train_epoch(trainer, data, cfg, progress: Progress, stop, run_dir: Path, lo
             f"{run_dir / 'last.pt'} still holds epoch {epoch - 1}"
         )
         raise
-    except RuntimeError as err:  # a DataLoader worker's CorruptImageError arrives re-wrapped
-        image_error = _worker_image_error(err)
-        if image_error is None:
-            raise
-        progress.steps_done = skip + batches.yielded
-        raise with_error_checkpoint(
-            image_error, trainer, data.sampler, cfg, progress, run_dir
-        ) from None
     return record, skip + batches.yielded
 
 
@@ -637,12 +667,10 @@ def _run_training(cfg: Config, resume: bool, overwrite: bool, info: DistInfo) ->
         except KeyboardInterrupt as err:
             print(f"error: {_interrupted_message(err, run_dir)}", file=sys.stderr)
             return 128 + signal.SIGINT
-        except NonFiniteLossError as err:
-            print(f"error: {describe_error(err)}", file=sys.stderr)
-            return EXIT_NONFINITE_LOSS
         except (FacenetError, OSError) as err:  # a bug keeps its traceback
-            print(f"error: {describe_error(err)}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            if info.is_main or not getattr(err, "agreed", False):  # one report of it
+                print(f"error: {describe_error(err)}", file=sys.stderr)
+            return EXIT_NONFINITE_LOSS if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT
         finally:
             torch.use_deterministic_algorithms(deterministic_before)
     for line in _final_lines(summary):

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.utils import get_total_norm
 from tqdm import tqdm
 
-from facenet.distributed import any_rank, get_rank
+from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, cuda_memory_stats, peak_rss_bytes, reset_cuda_peaks
 from facenet.step import build_step, choose_step
@@ -229,10 +229,12 @@ class Trainer:
             self._check_images(images)
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
-                raise NonFiniteLossError(
+                err = NonFiniteLossError(
                     f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
                     f"gradient (last loss: {result.loss.item()}); check the learning rate"
                 )
+                err.agreed = get_world_size() > 1  # the same decision on every rank
+                raise err
             return self._skipped("nonfinite")
         self.nonfinite_in_a_row = 0
         self._update()
@@ -270,11 +272,13 @@ class Trainer:
         if any_rank(bool(bad.any())):
             rows = bad.nonzero().flatten().tolist()
             where = f"{len(rows)} of {bad.numel()}" if rows else "some"
-            raise NonFiniteInputError(
+            err = NonFiniteInputError(
                 f"{where} input images hold NaN or infinite values after the transform"
                 + ("" if rows else f" (on another rank than rank {get_rank()})"),
                 rows=rows,
             )
+            err.agreed = get_world_size() > 1  # every rank raises it here
+            raise err
 
     def _skipped(self, reason: str) -> dict:
         self.counts["steps"] += 1

@@ -19,8 +19,8 @@ from facenet.losses import TripletMarginLoss  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def torchrun(nproc, *args, timeout=240):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def torchrun(nproc, *args, timeout=240, env=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         [
             sys.executable,
@@ -160,3 +160,116 @@ def test_triplet_list_batches_are_split_between_ranks():
     assert len(per_rank[0]) == len(per_rank[1]) == 5
     seen = [{i for batch in batches for i in batch} for batches in per_rank]
     assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 40
+
+
+# --------------------------------------------------------------------------- resume, faults
+
+RESUME_RUN = [
+    "data.synthetic_identities=8",
+    "data.synthetic_images_per_identity=4",
+    "data.synthetic_heldout_identities=10",
+    "data.synthetic_pairs_per_fold=6",
+    "data.image_size=16",
+    "data.p=2",
+    "data.k=2",
+    "train.epochs=2",
+    "train.steps_per_epoch=4",
+    "train.deterministic=true",
+    "model.dropout=0.2",  # the model draws random numbers too
+    "eval.every=0",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+
+
+def train_ranks(out, data_root, *settings, fault=None, flags=(), nproc=2):
+    sets = [
+        arg
+        for item in [*RESUME_RUN, f"data.root={data_root}", *settings]
+        for arg in ("--set", item)
+    ]
+    env = {"FACENET_TEST_FAULT": fault} if fault else {}
+    return torchrun(
+        nproc,
+        "tests/ddp_train.py",
+        "--config",
+        "configs/demo.yaml",
+        "--out",
+        str(out),
+        *sets,
+        *flags,
+        env=env,
+    )
+
+
+def parameters(run_dir):
+    return torch.load(run_dir / "last.pt", weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ddp_resume")
+    runs = {}
+    for workers in (0, 2):
+        proc = train_ranks(base / f"run{workers}", base / "data", f"data.num_workers={workers}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[workers] = parameters(base / f"run{workers}")
+    return base, runs
+
+
+@pytest.mark.parametrize(
+    "workers, stop_after",
+    [
+        (0, 6),
+        pytest.param(2, 4, marks=pytest.mark.slow),
+        pytest.param(0, 4, marks=pytest.mark.slow),
+    ],
+    ids=["no-workers-mid-epoch", "2-workers-epoch-boundary", "no-workers-epoch-boundary"],
+)
+def test_sigterm_to_one_worker_then_resume_is_bit_exact(
+    uninterrupted, tmp_path, workers, stop_after
+):
+    base, runs = uninterrupted
+    out = tmp_path / "run"
+    setting = f"data.num_workers={workers}"
+    proc = train_ranks(out, base / "data", setting, fault=f"1:{stop_after}:sigterm")
+    assert proc.returncode != 0  # the agent reports the workers' 143
+    assert "stopped by SIGTERM" in proc.stderr
+    state = torch.load(out / "last.pt", weights_only=True)
+    assert state["world_size"] == 2 and len(state["ranks"]) == 2
+    assert not torch.equal(state["ranks"][0]["rng"]["torch"], state["ranks"][1]["rng"]["torch"])
+    proc = train_ranks(out, base / "data", setting, flags=["--resume"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = parameters(out)
+    for name, value in runs[workers].items():
+        assert torch.equal(resumed[name], value), name
+
+
+def test_a_corrupt_image_on_one_rank_stops_both_with_one_message(uninterrupted, tmp_path):
+    base, _ = uninterrupted
+    out = tmp_path / "run"
+    proc = train_ranks(out, base / "data", fault="1:9:corrupt", nproc=2)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]  # rank 0 alone reports it
+    assert "rank 1: corrupt or unreadable image faces/injected.png" in errors[0]
+    assert "checkpoint written to" in errors[0] and "--resume continues with step" in errors[0]
+    # No worker traceback (torchrun's agent prints its own ChildFailedError summary).
+    assert not [line for line in proc.stderr.splitlines() if "facenet" in line and "File" in line]
+    assert torch.load(out / "last.pt", weights_only=True)["partial"] is not None
+
+
+def test_resuming_with_another_world_size_is_refused(uninterrupted, tmp_path, capsys):
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train
+
+    base, _ = uninterrupted
+    out = tmp_path / "run"
+    shutil.copytree(base / "run0", out)
+    sets = [arg for item in [*RESUME_RUN, f"data.root={base / 'data'}"] for arg in ("--set", item)]
+    code = train.main(["--config", "configs/demo.yaml", "--out", str(out), *sets, "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "written by a run of 2 process(es) and this run has 1" in err

@@ -189,7 +189,7 @@ def test_holdout_identities_of_a_folder_never_train(tmp_path):
     held = {
         Path(p).parent.name for s in (data.val_pairs, data.test_pairs) for p in s.paths1 + s.paths2
     }
-    assert len(held) >= 4 and not held & set(data.loader.dataset.classes)
+    assert len(held) >= 4 and not held & set(data.loader.dataset.dataset.classes)
     assert data.num_classes == 6
     assert (run_dir / "val_pairs.txt").is_file() and (run_dir / "test_pairs.txt").is_file()
     assert any("held out 6 identities" in note for note in data.notes)

@@ -1,4 +1,12 @@
-"""DataLoader construction with seeded workers, and a throughput measurement."""
+"""DataLoader construction with per-sample seeding, and a throughput measurement.
+
+Augmentation draws from torch's random generator. Which process draws a sample, and in what
+order, depends on ``num_workers``; where an interrupted epoch resumes, the workers start again.
+So every sample is drawn with its own seed, a function of (run seed, rank, epoch, batch position
+in the epoch, row in the batch): :class:`SeededBatches` attaches it to each index and
+:class:`SeededSamples` draws the sample under it. A resumed epoch, on any number of workers
+and ranks' restarts, then draws exactly what the uninterrupted epoch drew.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,81 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["seed_worker", "make_loader", "measure_throughput", "count_images"]
+__all__ = [
+    "SeededBatches",
+    "SeededSamples",
+    "sample_seed",
+    "seed_worker",
+    "make_loader",
+    "measure_throughput",
+    "count_images",
+]
+
+
+def sample_seed(seed: int, rank: int, epoch: int, position: int, row: int) -> int:
+    """The seed of one sample's augmentation (a 63-bit integer).
+
+    Args:
+        seed: the run's seed.
+        rank: the process's rank.
+        epoch: the epoch.
+        position: the batch's position in the epoch (counting from the epoch's first batch).
+        row: the sample's row in its batch.
+    """
+    words = np.random.SeedSequence([seed, rank, epoch, position, row]).generate_state(2)
+    return int(words[0]) << 31 ^ int(words[1])
+
+
+class SeededBatches:
+    """Batches of ``(index, seed)``: each index of ``batch_sampler`` with its sample's seed.
+
+    Args:
+        batch_sampler: yields lists of dataset indices, the same order on every iteration of
+            an epoch.
+        seed: the run's seed.
+        rank: this process's rank.
+        epoch_of: the object whose ``epoch`` attribute is the current epoch (the sampler, or
+            the triplet list); default ``batch_sampler``.
+    """
+
+    def __init__(self, batch_sampler, seed: int, rank: int = 0, epoch_of=None):
+        self.batch_sampler, self.seed, self.rank = batch_sampler, int(seed), int(rank)
+        self.epoch_of = batch_sampler if epoch_of is None else epoch_of
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        epoch = int(getattr(self.epoch_of, "epoch", 0))
+        for position, batch in enumerate(self.batch_sampler):
+            yield [
+                (int(index), sample_seed(self.seed, self.rank, epoch, position, row))
+                for row, index in enumerate(batch)
+            ]
+
+
+class SeededSamples(Dataset):
+    """``dataset[index]`` drawn with torch's CPU generator seeded by the item's seed.
+
+    The generator's state outside the call is left as it was (the main process's stream, or
+    the worker's, does not move).
+
+    Args:
+        dataset: the dataset to wrap (``samples``, ``classes``, ... stay reachable through
+            ``.dataset``).
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]):
+        index, seed = item
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.dataset[index]
 
 
 def seed_worker(worker_id: int) -> None:
@@ -41,8 +123,10 @@ def make_loader(
     num_workers: int = 0,
     pin_memory: bool = False,
     seed: int = 0,
+    rank: int = 0,
+    epoch_of=None,
 ) -> DataLoader:
-    """A DataLoader over ``dataset`` with batches from ``batch_sampler``, reproducibly seeded.
+    """A DataLoader over ``dataset`` with batches from ``batch_sampler``, every sample seeded.
 
     Args:
         dataset: indexed by the sampler's indices.
@@ -50,15 +134,17 @@ def make_loader(
         num_workers: loader processes; 0 loads in the main process. With workers they are
             persistent, so they start once, not every epoch.
         pin_memory: page-locked host memory for faster, asynchronous copies to the GPU.
-        seed: seeds the loader's generator, from which each worker's torch seed derives.
+        seed: the run's seed: with the rank, the epoch and the position, each sample's seed.
+        rank: this process's rank.
+        epoch_of: where the current epoch is read (see :class:`SeededBatches`).
     """
     if num_workers < 0:
         raise ValueError(f"num_workers={num_workers}: expected >= 0")
     generator = torch.Generator()
     generator.manual_seed(seed)
     return DataLoader(
-        dataset,
-        batch_sampler=batch_sampler,
+        SeededSamples(dataset),
+        batch_sampler=SeededBatches(batch_sampler, seed, rank, epoch_of),
         num_workers=num_workers,
         pin_memory=pin_memory,
         worker_init_fn=seed_worker,

@@ -1,0 +1,61 @@
+"""``scripts/train.py`` under torchrun, with an optional fault on one rank (for the tests).
+
+``FACENET_TEST_FAULT=<rank>:<n>:<kind>``: on that rank, ``sigterm`` sends SIGTERM to the
+worker itself after its n-th step; ``corrupt`` makes its n-th image fetch raise
+CorruptImageError, as a damaged file found in training would.
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import train  # noqa: E402
+
+import facenet.data.loading  # noqa: E402
+import facenet.trainer  # noqa: E402
+from facenet.data.images import CorruptImageError  # noqa: E402
+
+
+def after_nth_call(cls, name: str, n: int, action) -> None:
+    """Wrap ``cls.name`` so that ``action`` runs around its n-th call."""
+    original, calls = getattr(cls, name), [0]
+
+    def wrapped(self, *args, **kwargs):
+        calls[0] += 1
+        return action(calls[0] == n, lambda: original(self, *args, **kwargs))
+
+    setattr(cls, name, wrapped)
+
+
+def sigterm_after(hit, call):
+    out = call()
+    if hit:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+
+def corrupt_at(hit, call):
+    if hit:
+        raise CorruptImageError("faces/injected.png", "damaged (injected on this rank)")
+    return call()
+
+
+def install_fault(spec: str) -> None:
+    rank, n, kind = spec.split(":")
+    if int(os.environ.get("RANK", 0)) != int(rank):
+        return
+    if kind == "sigterm":
+        after_nth_call(facenet.trainer.Trainer, "train_step", int(n), sigterm_after)
+    elif kind == "corrupt":
+        after_nth_call(facenet.data.loading.SeededSamples, "__getitem__", int(n), corrupt_at)
+
+
+if __name__ == "__main__":
+    if os.environ.get("FACENET_TEST_FAULT"):
+        install_fault(os.environ["FACENET_TEST_FAULT"])
+    sys.exit(train.main(sys.argv[1:]))
