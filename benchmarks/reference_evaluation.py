@@ -10,6 +10,12 @@ threshold of every fold), with two changes:
   threshold if FAR is already there at the first one; 0.0 if it never reaches it).
 - Distances can be given directly (``dist=``) instead of being computed from embeddings.
 
+``distance_metric="angular"`` is davidsandberg/facenet's ``distance_metric=1``,
+``arccos(cos_sim) / pi``, computed as its ``distance()`` does: no clipping, so two identical
+embeddings whose rounded similarity exceeds 1 give NaN there (never "same"). ``publisher_evaluate``
+is its ``lfw.evaluate``: pairs interleaved in one (2N, D) array and the fixed grids
+``arange(0, 4, 0.01)`` (accuracy) and ``arange(0, 4, 0.001)`` (VAL) for every metric.
+
 It is deliberately slow and simple; ``facenet.evaluation`` must give the same numbers.
 """
 
@@ -21,9 +27,11 @@ from sklearn.model_selection import KFold
 
 def distance(embeddings1, embeddings2, distance_metric="squared"):
     """(N,) distance between matching rows of two (N, D) arrays."""
-    if distance_metric == "cosine":
+    if distance_metric in ("cosine", "angular"):
         dot = np.sum(embeddings1 * embeddings2, axis=1)
         norm = np.linalg.norm(embeddings1, axis=1) * np.linalg.norm(embeddings2, axis=1)
+        if distance_metric == "angular":
+            return np.arccos(dot / norm) / np.pi
         return 1.0 - dot / norm
     dist = np.sum(np.square(embeddings1 - embeddings2), axis=1)
     return dist if distance_metric == "squared" else np.sqrt(dist)
@@ -162,3 +170,29 @@ def training_far_curves(thresholds, dist, actual_issame, nrof_folds=10):
                 threshold, dist[train_set], actual_issame[train_set]
             )
     return curves
+
+
+def publisher_evaluate(
+    embeddings, actual_issame, nrof_folds=10, distance_metric="squared", subtract_mean=False
+):
+    """davidsandberg/facenet's ``lfw.evaluate``: (tpr, fpr, accuracy, val, val_std, far).
+
+    Args:
+        embeddings: (2N, D) with pair i at rows 2i and 2i + 1 (flip-concatenated by the caller).
+        actual_issame: (N,) bool.
+        nrof_folds: contiguous folds.
+        distance_metric: "squared" (its 0) or "angular" (its 1).
+        subtract_mean: subtract the training folds' mean embedding.
+    """
+    embeddings1, embeddings2 = embeddings[0::2], embeddings[1::2]
+    issame = np.asarray(actual_issame)
+    options = dict(
+        nrof_folds=nrof_folds, distance_metric=distance_metric, subtract_mean=subtract_mean
+    )
+    tpr, fpr, accuracy, _ = calculate_roc(
+        np.arange(0, 4, 0.01), embeddings1, embeddings2, issame, **options
+    )
+    val, val_std, far, _, _, _ = calculate_val(
+        np.arange(0, 4, 0.001), embeddings1, embeddings2, issame, 1e-3, **options
+    )
+    return tpr, fpr, accuracy, val, val_std, far

@@ -184,7 +184,13 @@ class EvalConfig:
     holdout_pairs_per_fold: int = 50
     n_folds: int = 10
     far_target: float = 1e-3
-    distance: Literal["squared", "euclidean", "cosine"] = "squared"
+    distance: Literal["squared", "euclidean", "cosine", "angular"] = "squared"
+    # evaluation transform: "resize" (1.125 S, centre S: this project's training convention) or
+    # "crop" (no resize: centre crop or zero-pad to S, as both publishers feed aligned crops)
+    preprocess: Literal["resize", "crop"] = "resize"
+    # threshold grids: "default" (from the distance) or "classic" ([0, 4) in steps of 0.01 and
+    # 0.001 for every distance, as davidsandberg/facenet and facenet-pytorch's LFW code did)
+    grid: Literal["default", "classic"] = "default"
     flip: bool = False
     subtract_mean: bool = False
     batch_size: int = 128

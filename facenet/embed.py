@@ -102,6 +102,7 @@ def embed_pair_list(
     flip: bool = False,
     normalize: str = "fixed",
     num_workers: int = 0,
+    preprocess: str = "resize",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Embed both sides of every pair, each unique image once, in eval mode without autograd.
 
@@ -115,12 +116,14 @@ def embed_pair_list(
             (the classic option: the result is (N, 2D)).
         normalize: the pixel standardisation.
         num_workers: DataLoader workers decoding images.
+        preprocess: "resize" (1.125 S, centre S) or "crop" (no resize, the centre S x S of an
+            aligned crop, as the publishers evaluate); see ``build_transform``.
 
     Returns:
         ``(emb1, emb2)``, each (N, D) or (N, 2D) float32 on the CPU.
     """
     paths, index1, index2 = pair_list.unique_paths()
-    transform = build_transform(image_size, train=False, normalize=normalize)
+    transform = build_transform(image_size, False, normalize, preprocess=preprocess)
     # Several ranks: rank r embeds images r, r + W, r + 2W, ...; the shards are gathered
     # without padding and interleaved back, so every image counts once.
     rank, world = get_rank(), get_world_size()

@@ -48,15 +48,18 @@ __all__ = [
     "plot_roc",
 ]
 
-DISTANCES = ("squared", "euclidean", "cosine")
+DISTANCES = ("squared", "euclidean", "cosine", "angular")
 
 # (upper end, accuracy-grid step, VAL-grid step). The squared row is the classic
 # arange(0, 4, 0.01) / arange(0, 4, 0.001) for unit vectors; euclidean (|a - b|) and cosine
-# (1 - cos) both range over [0, 2] for unit vectors, so they get the same number of steps.
+# (1 - cos) both range over [0, 2] for unit vectors, angular (arccos(cos) / pi) over [0, 1],
+# so they get the same number of steps. The publishers' presets (facenet.presets) keep the
+# classic [0, 4) grids for every metric instead, as their code did.
 _GRIDS = {
     "squared": (4.0, 0.01, 0.001),
     "euclidean": (2.0, 0.005, 0.0005),
     "cosine": (2.0, 0.005, 0.0005),
+    "angular": (1.0, 0.0025, 0.00025),
 }
 
 
@@ -272,8 +275,9 @@ def default_thresholds(distance: str = "squared", fine: bool = False) -> np.ndar
     """The default threshold grid for a distance.
 
     Args:
-        distance: ``"squared"`` (classic ``arange(0, 4, 0.01)``), ``"euclidean"`` or
-            ``"cosine"`` (``1 - cos``; both over [0, 2) with the same number of steps).
+        distance: ``"squared"`` (classic ``arange(0, 4, 0.01)``), ``"euclidean"``,
+            ``"cosine"`` (``1 - cos``; both over [0, 2) with the same number of steps) or
+            ``"angular"`` (``arccos(cos) / pi``; over [0, 1) with the same number of steps).
         fine: the VAL grid (ten times finer: classic ``arange(0, 4, 0.001)``).
     """
     _check_distance_name(distance)
@@ -523,7 +527,7 @@ def evaluate_verification(
         far_target: the FAR at which VAL is reported.
         thresholds: accuracy grid, strictly increasing; default from ``distance``.
         val_thresholds: VAL grid, strictly increasing; default from ``distance`` (10x finer).
-        distance: which metric the distances are in ("squared", "euclidean", "cosine"); it only
+        distance: which metric the distances are in (one of ``DISTANCES``); it only
             chooses the default grids.
         folds: optional (N,) fold index per pair, e.g. ``PairList.fold_ids`` to keep the file's
             folds after skipping pairs; default contiguous folds in input order.
@@ -544,12 +548,17 @@ def evaluate_verification(
 
 def _metric_distance(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> np.ndarray:
     """(N,) distance between matching rows of two (N, D) arrays."""
-    if metric == "cosine":
+    if metric in ("cosine", "angular"):
         dot = np.sum(emb1 * emb2, axis=1)
         norms = np.linalg.norm(emb1, axis=1) * np.linalg.norm(emb2, axis=1)
         if np.any(norms == 0):
-            raise ValueError("cosine distance of a zero-length embedding is undefined")
-        return 1.0 - dot / norms
+            raise ValueError(f"{metric} distance of a zero-length embedding is undefined")
+        similarity = dot / norms  # (N,)
+        if metric == "cosine":
+            return 1.0 - similarity
+        # davidsandberg/facenet's distance_metric=1. Rounding can put the similarity of two
+        # (nearly) identical embeddings just above 1, where arccos is NaN: clip to [-1, 1].
+        return np.arccos(np.clip(similarity, -1.0, 1.0)) / np.pi
     squared = np.sum(np.square(emb1 - emb2), axis=1)
     return squared if metric == "squared" else np.sqrt(squared)
 
@@ -585,7 +594,8 @@ def pair_distances(
         emb1: (N, D) embeddings of the first images (numpy or torch); with flip-concatenation
             already applied by the caller, (N, 2D).
         emb2: (N, D) embeddings of the second images.
-        metric: "squared" (|a-b|^2), "euclidean" (|a-b|) or "cosine" (1 - cos(a, b)).
+        metric: "squared" (|a-b|^2), "euclidean" (|a-b|), "cosine" (1 - cos(a, b)) or
+            "angular" (arccos(cos(a, b)) / pi, davidsandberg/facenet's distance_metric=1).
         subtract_mean: subtract the training folds' mean embedding before measuring.
         n_folds: folds for the mean (contiguous in input order).
         folds: optional (N,) fold index per pair instead of contiguous folds.
@@ -627,7 +637,8 @@ def evaluate_embeddings(
             wanted, is done by the caller when embedding ((N, 2D) then).
         emb2: (N, D) embeddings of the second images.
         issame: (N,) True/1 for same-identity pairs.
-        metric: "squared", "euclidean" or "cosine" (1 - cos); also picks the default grids.
+        metric: "squared", "euclidean", "cosine" (1 - cos) or "angular" (arccos(cos) / pi);
+            also picks the default grids.
         subtract_mean: the classic mean subtraction (off by default).
         n_folds: number of contiguous folds.
         far_target: the FAR at which VAL is reported.

@@ -106,7 +106,8 @@ def match(gallery: Gallery, probes, threshold: float, distance: str = "squared")
         gallery: the enrolled embeddings.
         probes: (P, D) probe embeddings (numpy or torch).
         threshold: accept a match when its distance is below this.
-        distance: "squared", "euclidean" or "cosine" (1 - cos), as in the evaluation.
+        distance: "squared", "euclidean", "cosine" (1 - cos) or "angular" (arccos(cos) / pi),
+            as in the evaluation.
     """
     if distance not in DISTANCES:
         raise DataError(f"distance {distance!r}: valid options: {', '.join(DISTANCES)}")
@@ -120,13 +121,18 @@ def match(gallery: Gallery, probes, threshold: float, distance: str = "squared")
         )
     enrolled = torch.as_tensor(gallery.embeddings, dtype=torch.float64)  # (G, D)
     best_d, best_i = [], []
+    # angular = arccos(1 - cosine) / pi rises with the cosine distance: the same nearest
+    # embedding, so measure cosine and convert the nearest distances below.
+    measured = "cosine" if distance == "angular" else distance
     for start in range(0, len(probes), _PROBE_BLOCK):
-        block = pairwise_distance(probes[start : start + _PROBE_BLOCK], enrolled, distance)
+        block = pairwise_distance(probes[start : start + _PROBE_BLOCK], enrolled, measured)
         d, i = block.min(dim=1)  # (b,), (b,): the first nearest on ties
         best_d.append(d)
         best_i.append(i)
     dist = torch.cat(best_d).numpy() if best_d else np.zeros(0)
     index = torch.cat(best_i).numpy() if best_i else np.zeros(0, dtype=np.int64)
+    if distance == "angular":
+        dist = np.arccos(np.clip(1.0 - dist, -1.0, 1.0)) / np.pi
     nearest = gallery.labels[index].tolist()
     identity = [name if d < threshold else None for name, d in zip(nearest, dist)]
     return Matches(identity, nearest, dist, index, float(threshold), distance)

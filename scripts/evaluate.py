@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
 from facenet.config import load_config  # noqa: E402
+from facenet.data.images import EVAL_PREPROCESS  # noqa: E402
 from facenet.data.insightface_bin import BinImages, read_bin  # noqa: E402
 from facenet.data.pairs import read_pairs  # noqa: E402
 from facenet.distributed import resolve_device  # noqa: E402
@@ -44,6 +45,7 @@ from facenet.evaluation import (  # noqa: E402
     val_at_far_label,
 )
 from facenet.files import write_text_atomic  # noqa: E402
+from facenet.presets import EVAL_PRESETS, classic_thresholds  # noqa: E402
 from facenet.trained import TrainedModel, load_model  # noqa: E402
 
 
@@ -80,6 +82,18 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="metric of the distances (chooses the threshold grids) or to measure embeddings",
     )
     parser.add_argument(
+        "--preset",
+        choices=tuple(EVAL_PRESETS),
+        help="a publisher's evaluation (distance, flip, mean subtraction, preprocessing, grids; "
+        "docs/reproduce.md); flags given still win",
+    )
+    parser.add_argument(
+        "--grid",
+        choices=("default", "classic"),
+        default="default",
+        help="threshold grids: from the distance, or the publishers' [0, 4) for any distance",
+    )
+    parser.add_argument(
         "--linear-far",
         dest="log_scale",
         action="store_false",
@@ -88,6 +102,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--title", default=None, help="ROC plot title")
     embed = parser.add_argument_group("checkpoint mode")
     embed.add_argument("--flip", action="store_true", help="concatenate flipped-image embeddings")
+    embed.add_argument(
+        "--preprocess",
+        choices=EVAL_PREPROCESS,
+        default="resize",
+        help="resize: 1.125 S then the centre S; crop: no resize, the centre S of aligned crops",
+    )
     embed.add_argument("--subtract-mean", action="store_true", help="classic mean subtraction")
     embed.add_argument("--batch-size", type=int, default=128, help="images per forward")
     embed.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -185,6 +205,13 @@ def _device(name: str):
         raise InputError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
 
 
+def _grids(args: argparse.Namespace) -> dict:
+    """The threshold grids ``--grid`` asks for (None: the distance's defaults)."""
+    if args.grid == "classic":  # the publishers' grids, whatever the distance
+        return {"thresholds": classic_thresholds(), "val_thresholds": classic_thresholds(True)}
+    return {"thresholds": None, "val_thresholds": None}
+
+
 def _protocol(emb1, emb2, issame, args, what: str, folds=None) -> VerificationResult:
     """The verification protocol on embedded pairs, with the command line's options."""
     try:
@@ -197,6 +224,7 @@ def _protocol(emb1, emb2, issame, args, what: str, folds=None) -> VerificationRe
             n_folds=args.folds,
             far_target=args.far_target,
             folds=folds,
+            **_grids(args),
         )
     except ValueError as err:  # the options were checked: the pairs (or embeddings) do not fit
         raise InputError(f"{what}: {err}") from None
@@ -218,6 +246,7 @@ def evaluate_checkpoint(args: argparse.Namespace, trained: TrainedModel) -> Veri
         device,
         args.flip,
         normalize=trained.normalize,  # the pixel standardisation the network was trained with
+        preprocess=args.preprocess,
     )
     # The file's own folds (they differ from contiguous blocks once pairs were skipped), or
     # folds that each hold both kinds of pair (a one-fold file lists one kind, then the other).
@@ -325,6 +354,8 @@ def config_defaults(path: str) -> dict:
         "distance": e.distance,
         "flip": e.flip,
         "subtract_mean": e.subtract_mean,
+        "preprocess": e.preprocess,
+        "grid": e.grid,
         "batch_size": e.batch_size,
         "skip_missing": e.skip_missing,
         "log_scale": e.log_scale_roc,
@@ -344,7 +375,7 @@ def _distances_mode(args) -> VerificationResult:
     distances, issame = load_distances(args.distances)
     try:
         return evaluate_verification(
-            distances, issame, args.folds, args.far_target, distance=args.distance
+            distances, issame, args.folds, args.far_target, distance=args.distance, **_grids(args)
         )
     except ValueError as err:  # the options were checked: the file's contents do not fit
         raise InputError(f"{args.distances}: {err}") from None
@@ -380,6 +411,8 @@ def _parse(argv: list[str] | None):
         except FacenetError as err:
             print(f"error: {err}", file=sys.stderr)
             return None
+    if known.preset:  # after --config: the preset names the publisher's whole evaluation
+        parser.set_defaults(**vars(EVAL_PRESETS[known.preset]))
     args = parser.parse_args(argv)
     if args.bin and not args.checkpoint:
         parser.error("--bin needs --checkpoint")

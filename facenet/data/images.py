@@ -45,7 +45,9 @@ __all__ = [
     "read_image",
     "looks_like_image",
     "inspect_image",
+    "EVAL_PREPROCESS",
     "build_transform",
+    "crop_or_pad",
 ]
 
 # The formats decode_image reads (lower case; compared case-insensitively).
@@ -265,12 +267,49 @@ def _normalize_steps(normalize: str) -> list:
     raise ValueError(f"normalize={normalize!r}: expected 'fixed' or 'imagenet'")
 
 
+# Evaluation preprocessing: "resize" (1.125 S, centre S) or "crop" (no resize: crop_or_pad).
+EVAL_PREPROCESS = ("resize", "crop")
+
+
+def crop_or_pad(image: torch.Tensor, size: int) -> torch.Tensor:
+    """Centre-crop (3, H, W) to (3, S, S) without resizing; zero-pad where H or W < S.
+
+    TensorFlow's ``resize_image_with_crop_or_pad``, which davidsandberg/facenet's evaluation
+    applies (182 -> 160 drops 11 px on each side): offsets are ``(H - S) // 2`` rounded down,
+    unlike ``v2.CenterCrop``, which rounds (163 -> 160 keeps rows 1..160 here, 2..161 there).
+
+    Args:
+        image: (C, H, W) tensor.
+        size: S.
+    """
+    _, height, width = image.shape
+    top, left = max(height - size, 0) // 2, max(width - size, 0) // 2
+    image = image[:, top : top + size, left : left + size]  # (C, min(H, S), min(W, S))
+    pad_h, pad_w = size - image.shape[1], size - image.shape[2]
+    if pad_h or pad_w:  # (left, right, top, bottom), the smaller half first as TensorFlow does
+        pad = (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2)
+        image = torch.nn.functional.pad(image, pad)
+    return image
+
+
+class _CropOrPad(torch.nn.Module):
+    """:func:`crop_or_pad` as a transform step (a class, so DataLoader workers can pickle it)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return crop_or_pad(image, self.size)
+
+
 def build_transform(
     image_size: int,
     train: bool,
     normalize: str = "fixed",
     hflip: bool = True,
     random_crop: bool = True,
+    preprocess: str = "resize",
 ) -> v2.Compose:
     """The transform from a uint8 RGB tensor (3, H, W) to a float tensor (3, S, S).
 
@@ -285,9 +324,16 @@ def build_transform(
         normalize: "fixed" for FaceNet's (x - 127.5) / 128, "imagenet" for ImageNet mean/std.
         hflip: flip horizontally with probability 0.5 (training only).
         random_crop: crop at a random place from a slightly larger resize (training only).
+        preprocess: evaluation only: "resize" as above, or "crop": no resize, the centre S x S
+            (:func:`crop_or_pad`), for crops aligned at S (or at 182 for S = 160) as the
+            publishers' models expect.
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"image_size={image_size!r}: expected a positive integer")
+    if preprocess not in EVAL_PREPROCESS:
+        raise ValueError(f"preprocess={preprocess!r}: expected one of {EVAL_PREPROCESS}")
+    if not train and preprocess == "crop":
+        return v2.Compose([_CropOrPad(image_size), *_normalize_steps(normalize)])
     crop = v2.RandomCrop(image_size) if train and random_crop else v2.CenterCrop(image_size)
     steps: list = [v2.Resize(round(image_size * TRAIN_RESIZE_RATIO), antialias=True), crop]
     if train and hflip:
