@@ -3,17 +3,23 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+FACENET_PYTORCH := 2.6.0
 
 .PHONY: install train test test-slow lint bench clean
 
 install: $(STAMP)
 
-# Rebuilt only when pyproject.toml changes. torch/torchvision are pinned to the pair on local disk.
-$(STAMP): pyproject.toml
+# Rebuilt only when pyproject.toml or this Makefile changes. torch/torchvision are pinned to the
+# pair on local disk. facenet-pytorch gives scripts/align.py its MTCNN (the wheel holds the
+# detector weights); its metadata pins torch<2.3, torchvision<0.18, numpy<2 and Pillow<10.3,
+# which would replace the torch above, so it is installed with --no-deps; what it imports at
+# run time (requests, numpy, Pillow, torch, torchvision, tqdm) comes from the [align] extra.
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps facenet-pytorch==$(FACENET_PYTORCH)
 	touch $(STAMP)
 
 # One intra-op thread: on a busy 2-core machine two threads spin-wait and run several times slower.

@@ -31,6 +31,8 @@ LIBRARY_LAYER = (
     "facenet.embed",
     "facenet.errors",
     "facenet.files",
+    "facenet.presets",
+    "facenet.align",
 )
 
 
