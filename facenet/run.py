@@ -100,12 +100,13 @@ class _StopFlag:
         if self.signal is not None:
             raise KeyboardInterrupt(f"second signal {signal.Signals(signum).name}")
         self.signal = signal.Signals(signum).name
-        print(
-            f"{self.signal} received: finishing the current step, then writing a checkpoint "
-            "(send it again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        if is_main_process():  # one console line, though every rank gets the signal
+            print(
+                f"{self.signal} received: finishing the current step, then writing a "
+                "checkpoint (send it again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -391,7 +392,8 @@ def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:
                 checkpoint_state(trainer, data.sampler, cfg, progress), run_dir / "last.pt"
             )
         signal_name = stop.signal or "SIGTERM"  # another rank received it
-        print(_stop_message(signal_name, progress, run_dir / "last.pt"), file=sys.stderr)
+        if is_main_process():
+            print(_stop_message(signal_name, progress, run_dir / "last.pt"), file=sys.stderr)
         return signal_name
 
 
@@ -552,6 +554,8 @@ def _prepare_run_dir(
 
     Returns an error message, or None. Rank 0 holds the lock for the life of ``stack``.
     """
+    if not is_main_process():  # rank 0 decides, and reports, for every rank
+        return None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -561,8 +565,6 @@ def _prepare_run_dir(
             f"{run_dir / 'last.pt'} exists: --resume continues that run, --overwrite starts a "
             "new one in its place (or choose another --out)"
         )
-    if not is_main_process():
-        return None
     try:
         stack.enter_context(RunDirLock(run_dir))
         if overwrite:  # a new run: nothing of the previous one may mix with it

@@ -1,7 +1,8 @@
 """``scripts/train.py`` under torchrun, with an optional fault on one rank (for the tests).
 
 ``FACENET_TEST_FAULT=<rank>:<n>:<kind>``: on that rank, ``sigterm`` sends SIGTERM to the
-worker itself after its n-th step; ``corrupt`` makes its n-th image fetch raise
+worker itself after its n-th step; ``crash`` makes its n-th step raise MemoryError (an
+out-of-memory inside the step); ``corrupt`` makes its n-th image fetch raise
 CorruptImageError, as a damaged file found in training would.
 """
 
@@ -45,12 +46,20 @@ def corrupt_at(hit, call):
     return call()
 
 
+def crash_at(hit, call):
+    if hit:
+        raise MemoryError("injected: out of memory in this rank's step")
+    return call()
+
+
 def install_fault(spec: str) -> None:
     rank, n, kind = spec.split(":")
     if int(os.environ.get("RANK", 0)) != int(rank):
         return
     if kind == "sigterm":
         after_nth_call(facenet.trainer.Trainer, "train_step", int(n), sigterm_after)
+    elif kind == "crash":
+        after_nth_call(facenet.trainer.Trainer, "train_step", int(n), crash_at)
     elif kind == "corrupt":
         after_nth_call(facenet.data.loading.SeededSamples, "__getitem__", int(n), corrupt_at)
 
