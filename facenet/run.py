@@ -9,9 +9,10 @@ Reliability (see ``docs/reliability.md``):
 
 - ``last.pt`` is written atomically after every epoch; ``kill -9`` at any moment leaves the
   previous or the new one, and ``--resume`` continues from it. It holds everything the next
-  epoch depends on (model, optimizer, schedule, scaler, the global RNG states, the miner's
-  generator, the sampler), so on the CPU in deterministic mode with ``num_workers: 0`` a resumed
-  run ends with exactly the parameters of an uninterrupted one.
+  epoch depends on (model, optimizer, schedule, scaler, and every rank's RNG states, miner
+  generator and sampler position), so on the CPU in deterministic mode, with any
+  ``num_workers`` and the same number of processes, a resumed run ends with exactly the
+  parameters of an uninterrupted one.
 - SIGINT / SIGTERM: the current step finishes, ``last.pt`` is written and the run exits with
   128 + the signal number. If the epoch was not finished, the checkpoint records how many of its
   batches were trained and ``--resume`` continues with the next batch of the same epoch (the
