@@ -1,7 +1,7 @@
 """Resume: signals mid-epoch, kill -9 at seeded random moments, exact continuation.
 
 A resumed run must end with the very parameters of an uninterrupted one (CPU, deterministic
-mode, num_workers 0): the checkpoint carries the model, optimizer, schedule, global RNG states,
+mode, 0 or 2 workers): the checkpoint carries the model, optimizer, schedule, global RNG states,
 the miner's generator (``mining.max_triplets`` draws from it here) and the sampler position.
 """
 
@@ -73,6 +73,8 @@ MODES = {
         "optim.step_size=1",
     ],
     "gradient-caching": ["train.chunk_size=2"],
+    # Per-sample seeds: which worker loads a sample does not change its augmentation.
+    "two-workers": ["data.num_workers=2"],
 }
 
 
@@ -139,8 +141,16 @@ END_OF_EPOCH = (STEPS, None)
         ("seed-triplets", MID_EPOCH),
         ("one-pass-ce-sgd-step", MID_EPOCH),
         ("gradient-caching", MID_EPOCH),
+        ("two-workers", MID_EPOCH),
     ],
-    ids=["mid-epoch", "end-of-epoch", "seed-triplets", "one-pass", "gradient-caching"],
+    ids=[
+        "mid-epoch",
+        "end-of-epoch",
+        "seed-triplets",
+        "one-pass",
+        "gradient-caching",
+        "two-workers",
+    ],
 )
 def test_signal_then_resume_reaches_the_uninterrupted_parameters(
     tmp_path, data_root, uninterrupted, monkeypatch, capsys, mode, stop
