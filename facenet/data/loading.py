@@ -30,8 +30,18 @@ __all__ = [
 ]
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that scatters every bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 def sample_seed(seed: int, rank: int, epoch: int, position: int, row: int) -> int:
-    """The seed of one sample's augmentation (a 63-bit integer).
+    """The seed of one sample's augmentation (a 63-bit integer), about 1 us to compute.
 
     Args:
         seed: the run's seed.
@@ -40,8 +50,10 @@ def sample_seed(seed: int, rank: int, epoch: int, position: int, row: int) -> in
         position: the batch's position in the epoch (counting from the epoch's first batch).
         row: the sample's row in its batch.
     """
-    words = np.random.SeedSequence([seed, rank, epoch, position, row]).generate_state(2)
-    return int(words[0]) << 31 ^ int(words[1])
+    z = _mix64(int(seed) & _MASK64)
+    for value in (rank, epoch, position, row):
+        z = _mix64(z ^ ((int(value) + 0x9E3779B97F4A7C15) & _MASK64))
+    return z >> 1
 
 
 class SeededBatches:
@@ -91,9 +103,13 @@ class SeededSamples(Dataset):
 
     def __getitem__(self, item: tuple[int, int]):
         index, seed = item
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        generator = torch.default_generator  # the CPU generator the transforms draw from
+        state = generator.get_state()  # ~2 us with the reseed (fork_rng costs ~75 us)
+        generator.manual_seed(seed)
+        try:
             return self.dataset[index]
+        finally:
+            generator.set_state(state)
 
 
 def seed_worker(worker_id: int) -> None:
