@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -361,7 +362,11 @@ class Trainer:
         result = self._epoch_record(totals, epoch, counts_before, stopped_early)
         # An epoch cut short by a signal is continued on resume, not ended: no schedule step.
         if self.scheduler is not None and not stopped_early:
-            self.scheduler.step()
+            with warnings.catch_warnings():
+                # An epoch whose every step was skipped still ends: the schedule follows epochs
+                # (torch warns when no optimizer step came first).
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+                self.scheduler.step()
         return result
 
     def _run_batch(self, batch, index: int) -> dict:
