@@ -143,3 +143,13 @@ def test_identify_matches_with_the_angular_threshold_a_sandberg_evaluation_write
     got = match(gallery, probes, threshold=0.1, distance="angular")
     assert got.nearest == ["b", "a"] and got.identity == [None, "a"]
     assert np.allclose(got.distance, [1 / 6, np.arctan(0.1) / np.pi], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name, config",
+    [("facenet-pytorch", "lfw_facenet_pytorch.yaml"), ("sandberg", "lfw_sandberg.yaml")],
+)
+def test_lfw_configs_hold_the_publishers_presets(name, config):
+    defaults = evaluate_script.config_defaults(str(ROOT / "configs" / config))
+    preset = vars(EVAL_PRESETS[name])
+    assert {key: defaults[key] for key in preset} == preset
