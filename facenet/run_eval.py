@@ -20,10 +20,18 @@ from facenet.config import Config
 from facenet.distributed import is_main_process
 from facenet.embed import embed_pair_list
 from facenet.evaluation import evaluate_embeddings, pair_distances, plot_roc, val_at_far_label
+from facenet.presets import classic_thresholds
 
 __all__ = ["FIGURE_KEYS", "figures", "validate", "test_selected", "figures_line"]
 
 FIGURE_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
+
+
+def _grids(cfg: Config) -> dict:
+    """The threshold grids of ``eval.grid``: the distance's own, or the publishers' fixed ones."""
+    if cfg.eval.grid == "classic":
+        return {"thresholds": classic_thresholds(), "val_thresholds": classic_thresholds(True)}
+    return {}
 
 
 def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
@@ -37,6 +45,7 @@ def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
         flip=cfg.eval.flip,
         normalize=normalize,
         num_workers=cfg.data.num_workers,
+        preprocess=cfg.eval.preprocess,
     )
     # The file's own folds (they differ from contiguous blocks once pairs were skipped), or
     # folds that each hold both kinds of pair (a one-fold file lists one kind, then the other).
@@ -50,6 +59,7 @@ def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
         n_folds=cfg.eval.n_folds,
         far_target=cfg.eval.far_target,
         folds=folds,
+        **_grids(cfg),
     )
     distances = pair_distances(emb1.numpy(), emb2.numpy(), metric=cfg.eval.distance)
     return result, distances

@@ -217,3 +217,24 @@ def test_no_terminal_no_bar_one_line_per_interval(run):
     assert "it/s" not in run["stdout"] + run["stderr"]  # no tqdm bar in a log
     assert any(line.startswith("test (best.pt, epoch ") for line in lines)
     assert any(line.startswith("validation: accuracy ") for line in lines)
+
+
+def test_the_run_evaluates_with_the_publishers_preprocessing_and_grids(run, monkeypatch):
+    """eval.preprocess and eval.grid reach a run's evaluation (as evaluate.py's presets)."""
+    import facenet.run_eval as module
+    from facenet.presets import classic_thresholds
+
+    seen = {}
+
+    def embed(*args, **kwargs):
+        seen["preprocess"] = kwargs["preprocess"]
+        raise StopIteration
+
+    cfg = load_config(run["dir"] / "config.yaml", ["eval.preprocess=crop", "eval.grid=classic"])
+    monkeypatch.setattr(module, "embed_pair_list", embed)
+    with pytest.raises(StopIteration):
+        module._verify(None, None, 16, "fixed", cfg, "cpu")
+    assert seen["preprocess"] == "crop"
+    grids = module._grids(cfg)
+    assert np.array_equal(grids["thresholds"], classic_thresholds())
+    assert np.array_equal(grids["val_thresholds"], classic_thresholds(True))
