@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from facenet.errors import FacenetError
+from facenet.errors import FacenetError, RankFailure
 
 __all__ = [
     "DistInfo",
@@ -42,6 +42,8 @@ __all__ = [
     "all_gather_tensor",
     "gather_variable_rows",
     "gather_objects",
+    "broadcast_buffers",
+    "agree_on_error",
 ]
 
 
@@ -221,3 +223,46 @@ def gather_objects(obj) -> list:
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, obj)
     return everyone
+
+
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics), in place.
+
+    Ranks update their running statistics from their own batches; an evaluation sharded over
+    the ranks must use one model's: rank 0's, the one checkpoints hold. Training-mode forwards
+    normalise with batch statistics, so this changes no gradient.
+
+    Args:
+        module: the model without its DDP wrapper; every rank must call this together.
+    """
+    if is_distributed():
+        for buffer in module.buffers():
+            dist.broadcast(buffer.data, src=0)
+
+
+def agree_on_error(error: BaseException | None, message: str | None = None) -> None:
+    """Raise on every rank when any rank has an error, at the same point on every rank.
+
+    The rank that had it raises its own error; the others raise ``RankFailure`` naming that
+    rank and its message, so no rank goes on into a collective another will never enter.
+
+    Args:
+        error: this rank's error, or None.
+        message: how to describe ``error`` to the other ranks (default ``str(error)``).
+    """
+    if not is_distributed():
+        if error is not None:
+            raise error
+        return
+    if not any_rank(error is not None):
+        return
+    data_error = isinstance(error, FacenetError)
+    report = None
+    if error is not None:
+        report = (get_rank(), message or str(error) or type(error).__name__, data_error)
+    failures = [r for r in gather_objects(report) if r is not None]
+    if error is not None:
+        error.agreed = data_error
+        raise error
+    rank, text, _ = failures[0]
+    raise RankFailure(f"rank {rank}: {text}", checkpointable=all(f[2] for f in failures))

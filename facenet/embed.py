@@ -18,7 +18,7 @@ from torch import nn
 from tqdm import tqdm
 
 from facenet.data.images import IMAGE_EXTENSIONS, CorruptImageError, build_transform, read_image
-from facenet.distributed import gather_variable_rows, get_rank, get_world_size
+from facenet.distributed import agree_on_error, gather_variable_rows, get_rank, get_world_size
 
 __all__ = ["FolderEmbeddings", "embed_dataset", "embed_folder", "embed_pair_list", "list_images"]
 
@@ -130,7 +130,12 @@ def embed_pair_list(
     loader = torch.utils.data.DataLoader(
         _PathDataset(paths[rank::world], transform), batch_size=batch_size, num_workers=num_workers
     )
-    chunks = _embed_batches(model, loader, device, flip)
+    try:
+        chunks, error = _embed_batches(model, loader, device, flip), None
+    except Exception as err:  # e.g. an unreadable image in this rank's shard
+        chunks, error = [], err
+    # Every rank agrees before the gather: a rank that failed does not leave the others in it.
+    agree_on_error(error)
     embeddings = _gather_shards(chunks, len(paths), world)  # (U, D) on the CPU
     index1 = torch.as_tensor(index1, dtype=torch.long)
     index2 = torch.as_tensor(index2, dtype=torch.long)

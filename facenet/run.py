@@ -44,12 +44,10 @@ from facenet.data.images import CorruptImageError
 from facenet.data.pairs import MissingImagesError
 from facenet.distributed import (
     DistInfo,
+    agree_on_error,
     any_rank,
     cleanup_distributed,
-    gather_objects,
-    get_rank,
     init_distributed,
-    is_distributed,
     is_main_process,
     main_process_first,
 )
@@ -182,24 +180,10 @@ class _CountedBatches:
 
 
 def _agree_on_fetch(error: Exception | None) -> None:
-    """Raise on every rank when any rank's fetch failed: its own error where it happened,
-    :class:`RankFailure` naming that rank and its message elsewhere."""
+    """Raise on every rank when any rank's fetch failed (see ``agree_on_error``)."""
     if isinstance(error, RuntimeError):  # a DataLoader worker's CorruptImageError, re-wrapped
         error = _worker_image_error(error) or error
-    if not is_distributed():
-        if error is not None:
-            raise error
-        return
-    if not any_rank(error is not None):
-        return
-    data_error = isinstance(error, FacenetError)
-    report = None if error is None else (get_rank(), describe_error(error), data_error)
-    failures = [r for r in gather_objects(report) if r is not None]
-    if error is not None:
-        error.agreed = data_error
-        raise error
-    rank, message, checkpointable = failures[0]
-    raise RankFailure(f"rank {rank}: {message}", checkpointable=all(f[2] for f in failures))
+    agree_on_error(error, None if error is None else describe_error(error))
 
 
 def _console_line(record: dict, epochs: int) -> str:

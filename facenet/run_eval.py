@@ -17,7 +17,7 @@ import torch
 
 from facenet.checkpoint import load_checkpoint
 from facenet.config import Config
-from facenet.distributed import is_main_process
+from facenet.distributed import broadcast_buffers, is_main_process
 from facenet.embed import embed_pair_list
 from facenet.evaluation import evaluate_embeddings, pair_distances, plot_roc, val_at_far_label
 from facenet.presets import classic_thresholds
@@ -110,6 +110,7 @@ def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> d
         run_dir: the run directory (``roc_val_epoch_<epoch>.png``).
         logger: the run's ``RunLogger``.
     """
+    broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
     result, _ = _verify(
         trainer.core_model, data.val_pairs, data.image_size, data.normalize, cfg, trainer.device
     )
@@ -162,6 +163,7 @@ def test_selected(trainer, data, cfg, best_epoch, threshold, last_epoch, run_dir
         ``{"last": figures, "best": figures}`` (``best`` is ``last`` when they are one model;
         absent without a selection).
     """
+    broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
     with torch.no_grad():
         result, last = _test_one(trainer.core_model, trainer, data, cfg, threshold)
     last = {"epoch": last_epoch, **last}

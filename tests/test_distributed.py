@@ -1,5 +1,6 @@
 """Multi-process training: 2 ranks equal autograd through their stated forward, in float64."""
 
+import json
 import os
 import subprocess
 import sys
@@ -376,3 +377,28 @@ def test_sigterm_to_torchrun_stops_every_rank_after_the_step(uninterrupted, tmp_
     assert err.count("stopped by SIGTERM") == 1
     state = torch.load(out / "last.pt", weights_only=True)
     assert state["world_size"] == 2 and 1 <= state["epoch"] < 200
+
+
+def test_sharded_validation_reports_best_pt_as_one_process_would(uninterrupted, tmp_path):
+    """Ranks' BatchNorm running statistics drift apart; evaluation uses rank 0's (best.pt's)."""
+    from facenet.config import load_config
+    from facenet.data.pairs import read_pairs
+    from facenet.embed import embed_pair_list
+    from facenet.evaluation import evaluate_embeddings
+    from facenet.models import build_model
+
+    base, _ = uninterrupted
+    out = tmp_path / "run"
+    proc = train_ranks(out, base / "data", "eval.every=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    cfg = load_config(out / "config.yaml")
+    state = torch.load(out / "best.pt", weights_only=True)
+    model = build_model(cfg.model, num_classes=state["model"]["classifier.weight"].shape[0])
+    model.load_state_dict(state["model"])
+    pairs = read_pairs(base / "data" / "heldout" / "val_pairs.txt")
+    emb1, emb2 = embed_pair_list(model, pairs, image_size=16)
+    result = evaluate_embeddings(emb1.numpy(), emb2.numpy(), pairs.issame, folds=pairs.fold_ids)
+    best = summary["best_validation"]
+    assert best["accuracy_mean"] == pytest.approx(result.accuracy_mean, abs=1e-9)
+    assert best["threshold"] == pytest.approx(result.threshold, abs=1e-9)
