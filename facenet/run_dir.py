@@ -1,14 +1,17 @@
 """The run directory: created, locked by the process that trains in it, cleared on --overwrite.
 
-A lock file ``.lock`` holds the pid and host name of the training process (rank 0). A second
-run on the same directory is refused with a message naming the directory and that pid. A lock
-left by a process that no longer runs (a crash, ``kill -9``) on this host is stale: it is taken
-over, atomically (the stale file is renamed away before a new one is created exclusively).
+The lock is an exclusive ``flock`` on ``.lock``, held for the life of the run by the training
+process (rank 0), with its pid and host name written in the file for messages. The kernel
+releases the lock when the process ends in any way (a crash, ``kill -9``), so there is no stale
+lock to detect and nothing to race over: of two runs started at once, one gets the lock, the
+other is refused with a message naming the directory and the holder's pid. (``flock`` is
+local to a machine; on a network file system shared between machines it may not exclude.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -26,6 +29,7 @@ RUN_OUTPUTS = (
     "nonfinite.pt",
     "metrics.jsonl",
     "summary.json",
+    "holdout.json",
     "val_pairs.txt",
     "test_pairs.txt",
     "roc_*.png",
@@ -37,25 +41,6 @@ class RunDirLocked(FacenetError):
     """Another live process trains in this run directory."""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
-
-
-def _read_lock(path: Path) -> tuple[int, str] | None:
-    """(pid, host) of a lock file, or None when it is unreadable or malformed."""
-    try:
-        pid, host = path.read_text(encoding="utf-8").split("\n")[:2]
-        return int(pid), host
-    except (OSError, ValueError):
-        return None
-
-
 class RunDirLock:
     """An exclusive lock on a run directory for the life of a ``with`` block.
 
@@ -65,54 +50,46 @@ class RunDirLock:
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK_NAME
-        self.owned = False
-
-    def _create(self) -> bool:
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(f"{os.getpid()}\n{socket.gethostname()}\n")
-        return True
-
-    def _stale(self) -> bool:
-        """True when the lock's owner is gone (this host only: another host's pid is unknown)."""
-        owner = _read_lock(self.path)
-        if owner is None:
-            return True
-        pid, host = owner
-        return host == socket.gethostname() and pid != os.getpid() and not _pid_alive(pid)
+        self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or take over a stale one.
+        """Take the lock.
 
         Raises:
-            RunDirLocked: a live process holds it (the message names the directory and pid).
+            RunDirLocked: another process holds it (the message names the directory and pid).
+            OSError: the lock file cannot be opened (a read-only folder, a directory there).
         """
-        for _ in range(3):
-            if self._create():
-                self.owned = True
-                return
-            if not self._stale():
-                owner = _read_lock(self.path)
-                who = f"process {owner[0]} on {owner[1]}" if owner else "another process"
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 200).decode("utf-8", "replace").split()
+                os.close(fd)
+                who = f"process {holder[0]} on {holder[1]}" if len(holder) >= 2 else "a process"
                 raise RunDirLocked(
                     f"{self.path.parent} is in use by {who} (lock file {self.path}); wait for "
                     "it to end, or choose another --out"
-                )
-            # Rename the stale lock away first: of two processes taking it over, one wins.
+                ) from None
+            # The holder may have removed the file between our open and our lock: then we
+            # locked a file nobody else will open; try again on the current one.
             with contextlib.suppress(FileNotFoundError):
-                os.replace(self.path, self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}"))
-                os.unlink(self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}"))
-        raise RunDirLocked(f"{self.path.parent}: could not take the lock {self.path}")
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n{socket.gethostname()}\n".encode())
+        self._fd = fd
 
     def release(self) -> None:
-        """Remove the lock file if this process holds it."""
-        if self.owned and _read_lock(self.path) == (os.getpid(), socket.gethostname()):
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-        self.owned = False
+        """Remove the lock file and release the lock, if this process holds it."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a later opener creates a new file and locks that
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
 
     def __enter__(self) -> RunDirLock:
         self.acquire()

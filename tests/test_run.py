@@ -519,19 +519,22 @@ def test_a_bug_keeps_its_traceback(capsys, tmp_path, monkeypatch, synthetic_root
 
 
 def test_a_second_run_on_the_same_directory_is_refused(tmp_path, capsys, synthetic_root):
-    import socket
-
     run = tmp_path / "run"
     run.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    hold = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from facenet.run_dir import "
+        f"RunDirLock; RunDirLock({str(run)!r}).acquire(); print('held', flush=True); "
+        "time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
     try:
-        (run / ".lock").write_text(f"{sleeper.pid}\n{socket.gethostname()}\n")
+        assert holder.stdout.readline().strip() == "held"
         code, _, err = train(capsys, run, data=synthetic_data(synthetic_root))
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        holder.kill()
+        holder.wait()
     assert code == 2
-    assert_one_error_line(err, str(run), f"process {sleeper.pid}")
+    assert_one_error_line(err, str(run), f"process {holder.pid}")
     assert not (run / "metrics.jsonl").exists()
 
 
