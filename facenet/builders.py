@@ -8,7 +8,10 @@ whose message names the configuration key to change.
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from facenet.data.pairs import (
 from facenet.data.synthetic import prepare_synthetic_data
 from facenet.distributed import is_distributed, is_main_process, resolve_device
 from facenet.errors import ConfigError, DataError, FacenetError
+from facenet.files import write_text_atomic
 from facenet.losses import build_loss
 from facenet.miners import build_miner
 from facenet.models import build_model
@@ -112,36 +116,64 @@ def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, _EvalSources]:
         return str(prepared["train_root"]), given
     if not data.root:
         raise ConfigError(f"data.root: required for data.dataset: {data.dataset}")
-    if ev.holdout_identities > 0 and not (given.val or given.test):
-        return data.root, _hold_out(cfg, Path(data.root), run_dir)
+    if ev.holdout_identities > 0:
+        if given.val and given.test:
+            raise ConfigError(
+                f"eval.holdout_identities: {ev.holdout_identities}, but eval.val_pairs and "
+                "eval.pairs are both given: there is nothing to hold out identities for"
+            )
+        splits = [name for name in ("val", "test") if getattr(given, name) is None]
+        held = _hold_out(cfg, Path(data.root), run_dir, splits)
+        held.val, held.test = given.val or held.val, given.test or held.test
+        return data.root, held
     return data.root, given
 
 
-def _hold_out(cfg: Config, root: Path, run_dir: Path) -> _EvalSources:
-    """Leave ``eval.holdout_identities`` identities of the folder out of training, and write
-    identity-disjoint validation and test pairs for them into the run directory."""
-    ev = cfg.eval
-    listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
-    if ev.holdout_identities < 4 or ev.holdout_identities > len(listing) - 2:
+def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list) -> dict:
+    """``{split: [identity, ...]}``: drawn for a new run, read back from ``holdout.json`` for a
+    resumed one (the folder may have changed since: the held-out set must not)."""
+    record = run_dir / "holdout.json"
+    if record.is_file():
+        chosen = json.loads(record.read_text(encoding="utf-8"))
+        missing = sorted(n for names in chosen.values() for n in names if n not in listing)
+        if missing:
+            raise DataError(
+                f"{record}: held-out identities no longer in the folder (with 2+ images): "
+                f"{', '.join(missing[:5])}; restore them, or start a new run (--overwrite)"
+            )
+        return chosen
+    count = cfg.eval.holdout_identities
+    if count < 2 * len(splits) or count > len(listing) - 2:
         raise ConfigError(
-            f"eval.holdout_identities: {ev.holdout_identities}; between 4 and "
-            f"{len(listing) - 2} for {root} ({len(listing)} identities with 2+ images; "
-            "two must stay for training)"
+            f"eval.holdout_identities: {count}; between {2 * len(splits)} and "
+            f"{len(listing) - 2} here ({len(listing)} identities with 2+ images; two must "
+            "stay for training)"
         )
-    rng = random.Random(cfg.train.seed)  # the same identities on every rank and every resume
-    chosen = sorted(rng.sample(sorted(listing), ev.holdout_identities))
-    half = len(chosen) // 2
-    sources = _EvalSources(held_out=tuple(chosen))
-    for split, names in (("val", chosen[:half]), ("test", chosen[half:])):
+    names = sorted(random.Random(cfg.train.seed).sample(sorted(listing), count))
+    cut = len(names) // len(splits)
+    chosen = {split: names[i * cut : (i + 1) * cut or None] for i, split in enumerate(splits)}
+    chosen[splits[-1]] = names[(len(splits) - 1) * cut :]
+    if is_main_process():
+        write_text_atomic(record, json.dumps(chosen, indent=1))
+    return chosen
+
+
+def _hold_out(cfg: Config, root: Path, run_dir: Path, splits: list) -> _EvalSources:
+    """Leave ``eval.holdout_identities`` identities of the folder out of training, and write
+    identity-disjoint pairs for them (the ``splits`` "val" and/or "test") into the run
+    directory. The choice is recorded in ``holdout.json`` and kept on resume."""
+    listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
+    chosen = _choose_held_out(cfg, listing, run_dir, splits)
+    sources = _EvalSources(held_out=tuple(n for names in chosen.values() for n in names))
+    for split, names in chosen.items():
         path = run_dir / f"{split}_pairs.txt"
-        if is_main_process():
-            folds = _holdout_folds({n: listing[n] for n in names}, cfg, split)
-            write_pairs(path, folds)
+        if is_main_process() and not path.is_file():
+            write_pairs(path, _holdout_folds({n: listing[n] for n in names}, cfg, split))
         setattr(sources, split, (str(path), str(root)))
     sources.notes.append(
-        f"held out {len(chosen)} identities of {root} from training (eval.holdout_identities): "
-        f"{half} for validation ({run_dir / 'val_pairs.txt'}), {len(chosen) - half} for test "
-        f"({run_dir / 'test_pairs.txt'})"
+        f"held out {len(sources.held_out)} identities of {root} from training "
+        f"(eval.holdout_identities, recorded in {run_dir / 'holdout.json'}): "
+        + ", ".join(f"{len(n)} for {s} ({run_dir / f'{s}_pairs.txt'})" for s, n in chosen.items())
     )
     return sources
 
@@ -253,6 +285,41 @@ def _read_eval_pairs(cfg: Config, source, keys: tuple[str, str]):
         raise DataError(f"{pairs_key}: {pairs_path} is not a text file") from None
 
 
+def _identity_folders(pairs) -> set[str]:
+    """The identity folders (absolute paths) a pairs list uses."""
+    return {os.path.dirname(os.path.abspath(p)) for p in pairs.paths1 + pairs.paths2}
+
+
+def _check_apart(val, test, dataset) -> None:
+    """Validation, test and training must not share images, and should not share identities.
+
+    The same pairs for validation and test would report a test figure the selection was
+    made on: refused. Shared identities are warned of (a user may mean it).
+    """
+    if val is not None and test is not None:
+        if os.path.realpath(val.source) == os.path.realpath(test.source):
+            raise ConfigError(
+                f"eval.val_pairs and eval.pairs are the same file ({test.source}): the test "
+                "figure would come from the pairs that chose best.pt"
+            )
+        shared = _identity_folders(val) & _identity_folders(test)
+        if shared:
+            warnings.warn(
+                f"{len(shared)} identities are in both the validation and the test pairs "
+                f"(e.g. {sorted(shared)[0]}): the test figure is not independent of the selection",
+                stacklevel=2,
+            )
+    trained = {os.path.dirname(os.path.abspath(p)) for p, _ in getattr(dataset, "samples", [])}
+    for name, pairs in (("validation", val), ("test", test)):
+        overlap = _identity_folders(pairs) & trained if pairs is not None else set()
+        if overlap:
+            warnings.warn(
+                f"{len(overlap)} identities of the {name} pairs are trained on "
+                f"(e.g. {sorted(overlap)[0]})",
+                stacklevel=2,
+            )
+
+
 def _evaluation_notes(cfg: Config, val, test) -> list[str]:
     """What a run says at its start when an evaluation set is missing."""
     if cfg.eval.every <= 0:
@@ -289,6 +356,7 @@ def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -
     loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
     val = _read_eval_pairs(cfg, sources.val, ("eval.val_pairs", "eval.val_root"))
     test = _read_eval_pairs(cfg, sources.test, ("eval.pairs", "eval.root"))
+    _check_apart(val, test, dataset)
     return TrainingData(
         loader,
         sampler,

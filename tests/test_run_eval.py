@@ -16,6 +16,7 @@ from facenet.builders import build_data
 from facenet.checkpoint import load_checkpoint
 from facenet.config import load_config
 from facenet.embed import embed_pair_list
+from facenet.errors import ConfigError
 from facenet.evaluation import evaluate_embeddings, val_at_far_label
 from facenet.models import build_model
 
@@ -238,3 +239,83 @@ def test_the_run_evaluates_with_the_publishers_preprocessing_and_grids(run, monk
     grids = module._grids(cfg)
     assert np.array_equal(grids["thresholds"], classic_thresholds())
     assert np.array_equal(grids["val_thresholds"], classic_thresholds(True))
+
+
+def folder_config(root, *extra):
+    return load_config(
+        None,
+        [
+            "data.dataset=folder",
+            f"data.root={root}",
+            "data.p=2",
+            "data.k=2",
+            "eval.holdout_pairs_per_fold=1",
+            "eval.n_folds=3",
+            *extra,
+        ],
+    )
+
+
+def test_the_held_out_identities_stay_held_out_when_the_folder_changes(tmp_path):
+    from facenet.data.synthetic import SyntheticIdentities
+
+    faces = tmp_path / "faces"
+    SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(faces)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = folder_config(faces, "eval.holdout_identities=6")
+    first = build_data(cfg, run_dir)
+    SyntheticIdentities(3, 3, image_size=16, seed=1, identity_offset=50).write_to_disk(faces)
+    again = build_data(cfg, run_dir)  # a resume: the folder has new identities now
+    assert sorted(again.loader.dataset.dataset.classes) == sorted(
+        first.loader.dataset.dataset.classes + ["id00050", "id00051", "id00052"]
+    )
+    assert again.val_pairs.paths1 == first.val_pairs.paths1
+    assert again.test_pairs.paths2 == first.test_pairs.paths2
+
+
+def test_holdout_with_given_test_pairs_holds_out_for_validation_only(tmp_path):
+    from facenet.data.synthetic import SyntheticIdentities
+
+    faces, lfw = tmp_path / "faces", tmp_path / "lfw"
+    SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(faces)
+    written = SyntheticIdentities(6, 3, image_size=16, seed=2, identity_offset=90).write_to_disk(
+        lfw
+    )
+    from facenet.data.pairs import generate_pairs, write_pairs
+
+    write_pairs(lfw / "pairs.txt", generate_pairs(written, 3, 1, seed=0))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = folder_config(faces, "eval.holdout_identities=4", f"eval.pairs={lfw / 'pairs.txt'}")
+    data = build_data(cfg, run_dir)
+    assert data.test_pairs.source == str(lfw / "pairs.txt")
+    assert data.num_classes == 8 and (run_dir / "val_pairs.txt").is_file()
+    assert not (run_dir / "test_pairs.txt").exists()
+    both = folder_config(
+        faces,
+        "eval.holdout_identities=4",
+        f"eval.pairs={lfw / 'pairs.txt'}",
+        f"eval.val_pairs={lfw / 'pairs.txt'}",
+    )
+    with pytest.raises(ConfigError, match="nothing to hold out"):
+        build_data(both, tmp_path / "run2")
+
+
+def test_the_same_pairs_for_validation_and_test_are_refused(tmp_path):
+    from facenet.data.pairs import generate_pairs, write_pairs
+    from facenet.data.synthetic import SyntheticIdentities
+
+    faces, lfw = tmp_path / "faces", tmp_path / "lfw"
+    SyntheticIdentities(4, 3, image_size=16, seed=0).write_to_disk(faces)
+    written = SyntheticIdentities(6, 3, image_size=16, seed=2, identity_offset=90).write_to_disk(
+        lfw
+    )
+    write_pairs(lfw / "pairs.txt", generate_pairs(written, 3, 1, seed=0))
+    pairs = str(lfw / "pairs.txt")
+    cfg = folder_config(faces, f"eval.pairs={pairs}", f"eval.val_pairs={pairs}")
+    with pytest.raises(ConfigError, match="the same file"):
+        build_data(cfg, tmp_path)
+    trained = folder_config(lfw, f"eval.pairs={pairs}")
+    with pytest.warns(UserWarning, match="of the test pairs are trained on"):
+        build_data(trained, tmp_path)
