@@ -330,7 +330,9 @@ def save_on_main(state: dict, path: Path) -> None:
         except CheckpointError as err:
             error = err
     if any_rank(error is not None):  # also the barrier: rank 0 has finished writing
-        raise error or CheckpointError(f"rank 0 could not write {path}")
+        error = error or CheckpointError(f"rank 0 could not write {path}")
+        error.agreed = True  # every rank raises it here; rank 0 reports it
+        raise error
 
 
 def save_for_error(state: dict, path: Path) -> str:

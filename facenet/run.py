@@ -354,9 +354,9 @@ def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None
         progress.best, progress.best_epoch = accuracy, epoch
     progress.epoch, progress.steps_done = epoch + 1, 0
     state = checkpoint_state(trainer, data.sampler, cfg, progress)
-    save_on_main(state, run_dir / "last.pt")
-    if is_best:
+    if is_best:  # first: last.pt never names a best epoch whose best.pt is not on disk
         save_on_main(state, run_dir / "best.pt")
+    save_on_main(state, run_dir / "last.pt")
 
 
 def _train_epochs(trainer, data, cfg, progress, run_dir, logger) -> str | None:

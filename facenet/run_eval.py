@@ -19,6 +19,7 @@ from facenet.checkpoint import load_checkpoint
 from facenet.config import Config
 from facenet.distributed import broadcast_buffers, is_main_process
 from facenet.embed import embed_pair_list
+from facenet.errors import CheckpointError
 from facenet.evaluation import evaluate_embeddings, pair_distances, plot_roc, val_at_far_label
 from facenet.presets import classic_thresholds
 
@@ -126,8 +127,13 @@ def _selected_model(trainer, run_dir: Path, best_epoch: int | None, last_epoch: 
     path = run_dir / "best.pt"
     if best_epoch is None or best_epoch == last_epoch or not path.is_file():
         return None
+    state = load_checkpoint(path, map_location=trainer.device)
+    if int(state["epoch"]) != best_epoch:  # never report one epoch's file as another's
+        raise CheckpointError(
+            f"{path} holds epoch {state['epoch']}, but validation chose epoch {best_epoch}"
+        )
     model = copy.deepcopy(trainer.core_model)
-    model.load_state_dict(load_checkpoint(path, map_location=trainer.device)["model"])
+    model.load_state_dict(state["model"])
     return model
 
 
@@ -169,6 +175,8 @@ def test_selected(trainer, data, cfg, best_epoch, threshold, last_epoch, run_dir
     last = {"epoch": last_epoch, **last}
     out = {}
     best_model = _selected_model(trainer, run_dir, best_epoch, last_epoch)
+    if best_epoch is not None and best_epoch != last_epoch and best_model is None:
+        raise CheckpointError(f"{run_dir / 'best.pt'} (epoch {best_epoch}) is missing")
     if best_model is not None:
         result, best = _test_one(best_model, trainer, data, cfg, threshold)
         out["best"] = {"epoch": best_epoch, **best}

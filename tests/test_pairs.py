@@ -345,3 +345,22 @@ def test_a_one_fold_file_is_evaluated_in_folds_that_each_hold_both_kinds(tmp_pat
     assert result.accuracy.tolist() == [1.0, 1.0, 1.0]
     assert pairs.folds_for(1) is pairs.fold_ids  # the file's own folds
     assert pairs.folds_for(7) is None  # fewer same pairs than folds: the protocol says so
+
+
+def test_lfw_lines_mixing_tabs_and_spaces_still_read(tmp_path):
+    make_lfw_folder(tmp_path, {"Abel_Pacheco": 4, "Ann": 2})
+    (tmp_path / "pairs.txt").write_text("1 1\nAbel_Pacheco 1\t4\nAbel_Pacheco\t1 Ann 2\n")
+    pairs = read_pairs(tmp_path / "pairs.txt")
+    assert list(pairs.issame) == [True, False]
+
+
+@pytest.mark.parametrize("name", ["../../x", "/abs/dir", "..", "a\\\\b"])
+def test_identities_outside_the_root_are_refused(tmp_path, name):
+    (tmp_path / "pairs.txt").write_text(f"1\t1\n{name}\t1\t2\nA\t1\tB\t2\n")
+    with pytest.raises(PairsFormatError, match="must be a folder name"):
+        read_pairs(tmp_path / "pairs.txt")
+
+
+def test_a_backslash_in_a_file_name_is_refused_by_name():
+    with pytest.raises(ValueError, match="backslashes"):
+        generate_pairs({"A": ["x\\\\1.png", "y.png"], "B": ["z.png"]}, 1, 1)

@@ -234,6 +234,13 @@ def _parse_image_ref(token: str, path, line_no: int, what: str) -> int | str:
     return _parse_int(token, path, line_no, what)
 
 
+def _check_identity(name: str, path, line_no: int) -> str:
+    """An identity is a folder directly under the root: no separators, not '.' or '..'."""
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise PairsFormatError(path, line_no, f"identity {name!r} must be a folder name")
+    return name
+
+
 def _parse_pair(
     tokens: list[str], path, line_no: int
 ) -> tuple[str, int | str, str, int | str, bool]:
@@ -241,10 +248,12 @@ def _parse_pair(
     index or an image file name."""
     if len(tokens) == 3:
         name, a, b = tokens
+        name = _check_identity(name, path, line_no)
         ref1 = _parse_image_ref(a, path, line_no, "idx1")
         return name, ref1, name, _parse_image_ref(b, path, line_no, "idx2"), True
     if len(tokens) == 4:
         name1, a, name2, b = tokens
+        name1, name2 = _check_identity(name1, path, line_no), _check_identity(name2, path, line_no)
         ref1 = _parse_image_ref(a, path, line_no, "idx1")
         return name1, ref1, name2, _parse_image_ref(b, path, line_no, "idx2"), False
     raise PairsFormatError(
@@ -256,10 +265,14 @@ def _parse_pair(
 
 
 def _fields(line: str) -> list[str]:
-    """Tab-separated fields when the line has a tab (names may hold spaces), else words."""
+    """Tab-separated fields when the line has a tab and that gives a header or a pair (names
+    may hold spaces), else whitespace-separated words (LFW files mixing tabs and spaces)."""
+    words = line.split()
     if "\t" in line:
-        return [field.strip() for field in line.split("\t") if field.strip()]
-    return line.split()
+        fields = [field.strip() for field in line.split("\t") if field.strip()]
+        if len(fields) >= 3 or len(fields) == len(words):  # a pair by tabs, or no spaces
+            return fields
+    return words
 
 
 def _read_lines(pairs_path: Path) -> list[tuple[int, list[str]]]:
@@ -426,18 +439,20 @@ def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
     every image of the identity is named ``<identity>_<NNNN>.<ext>``, else the file names."""
     keys = {}
     for identity in sorted(images_by_identity):
-        if not identity or re.search(r"[\t\n\r]", identity) or identity != identity.strip():
-            raise DataError(f"identity name {identity!r} is empty or holds tabs or line breaks")
+        if not identity or re.search(r"[\t\n\r/\\]", identity) or identity != identity.strip():
+            raise DataError(
+                f"identity name {identity!r} is empty or holds tabs, line breaks or slashes"
+            )
         names = [
             os.path.basename(name)
             for name in images_by_identity[identity]
             if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS  # others are ignored
         ]
-        bad = [n for n in names if re.search(r"[\t\n\r]", n) or n != n.strip()]
+        bad = [n for n in names if re.search(r"[\t\n\r\\]", n) or n != n.strip()]
         if bad:
             raise DataError(
-                f"identity {identity!r}: image file name {bad[0]!r} holds tabs, line breaks or "
-                "surrounding spaces, which a pairs file cannot name"
+                f"identity {identity!r}: image file name {bad[0]!r} holds tabs, line breaks, "
+                "backslashes or surrounding spaces, which a pairs file cannot name"
             )
         indices = [lfw_image_index(identity, n) for n in names]
         keys[identity] = sorted(set(indices if None not in indices else names))
