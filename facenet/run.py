@@ -337,11 +337,30 @@ def _validation_due(data: TrainingData, cfg: Config, epoch: int) -> bool:
     )
 
 
+def _checkpoint_unvalidated(trainer, data, cfg, progress, record, run_dir, err) -> None:
+    """An epoch trained but not validated: keep its training in last.pt, then raise ``err``."""
+    if isinstance(err, RankFailure) and not err.checkpointable:
+        raise err  # the failing rank leaves with a traceback; no collective checkpoint
+    epoch = record["epoch"]
+    progress.history.append(record)
+    progress.epoch, progress.steps_done = epoch + 1, 0
+    saved = save_for_error(
+        checkpoint_state(trainer, data.sampler, cfg, progress), run_dir / "last.pt"
+    )
+    err.checkpoint_note = (
+        f"{saved}: epoch {epoch} trained, not validated; --resume continues with epoch {epoch + 1}"
+    )
+    raise err
+
+
 def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None:
     """Validate, log and checkpoint a finished epoch; best.pt follows validation accuracy."""
     epoch = record["epoch"]
     if _validation_due(data, cfg, epoch):
-        record["validation"] = validate(trainer, data, cfg, epoch, run_dir, logger)
+        try:
+            record["validation"] = validate(trainer, data, cfg, epoch, run_dir, logger)
+        except FacenetError as err:  # e.g. an unreadable validation image
+            _checkpoint_unvalidated(trainer, data, cfg, progress, record, run_dir, err)
     logger.log_epoch(record)
     progress.history.append(record)
     print(_console_line(record, cfg.train.epochs), flush=True)

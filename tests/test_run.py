@@ -605,3 +605,25 @@ def test_resume_with_another_length_of_a_cosine_schedule_is_refused(
         data=synthetic_data(synthetic_root),
     )
     assert code == 0, err  # no schedule: the run may grow
+
+
+def test_a_validation_error_keeps_the_epochs_training(
+    tmp_path, capsys, synthetic_root, monkeypatch
+):
+    import facenet.run
+    from facenet.data.images import CorruptImageError
+
+    validate = facenet.run.validate
+
+    def failing(trainer, data, cfg, epoch, *args):
+        if epoch == 2:
+            raise CorruptImageError("heldout/x.png", "damaged")
+        return validate(trainer, data, cfg, epoch, *args)
+
+    monkeypatch.setattr(facenet.run, "validate", failing)
+    run = tmp_path / "run"
+    settings = ("train.epochs=3", "eval.every=1", "optim.schedule=none")
+    code, _, err = train(capsys, run, *settings, data=synthetic_data(synthetic_root))
+    assert code == 2
+    assert_one_error_line(err, "heldout/x.png", "epoch 2 trained, not validated")
+    assert load_checkpoint(run / "last.pt")["epoch"] == 2  # not thrown away
