@@ -614,8 +614,11 @@ def _final_lines(summary: dict) -> list[str]:
             f"{summary['best_epoch']} (best.pt; threshold {threshold['value']:.4f} on "
             f"{threshold['distance']} distance)"
         )
-    for name, values in (summary.get("test") or {}).items():
-        what = "best.pt" if name == "best" else "last model"
+    test = dict(summary.get("test") or {})
+    if "best" in test and test["best"]["epoch"] == test["last"]["epoch"]:
+        test = {"same": test.pop("best")}  # best.pt is the last model: one line
+    for name, values in test.items():
+        what = {"best": "best.pt", "last": "last model", "same": "best.pt = last model"}[name]
         line = figures_line(f"test ({what}, epoch {values['epoch']}):", values)
         at_threshold = values.get("accuracy_at_validation_threshold")
         if at_threshold is not None:
