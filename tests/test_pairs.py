@@ -364,3 +364,12 @@ def test_identities_outside_the_root_are_refused(tmp_path, name):
 def test_a_backslash_in_a_file_name_is_refused_by_name():
     with pytest.raises(ValueError, match="backslashes"):
         generate_pairs({"A": ["x\\\\1.png", "y.png"], "B": ["z.png"]}, 1, 1)
+
+
+def test_a_fifo_as_the_pairs_file_is_refused_without_blocking(tmp_path):
+    import os
+
+    fifo = tmp_path / "pairs.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(PairsFormatError, match="not a regular file"):
+        read_pairs(fifo)

@@ -277,6 +277,8 @@ def _fields(line: str) -> list[str]:
 
 def _read_lines(pairs_path: Path) -> list[tuple[int, list[str]]]:
     """(line number, whitespace-split fields) of every non-blank line."""
+    if pairs_path.exists() and not pairs_path.is_file():  # a FIFO or device would block
+        raise PairsFormatError(pairs_path, 0, "not a regular file (a FIFO, device or folder)")
     try:
         with open(pairs_path, encoding="utf-8", newline=None) as fh:  # universal newlines: CRLF ok
             rows = [(n, _fields(line)) for n, line in enumerate(fh, start=1)]
