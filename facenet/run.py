@@ -85,10 +85,14 @@ class _StopFlag:
 
     A second signal raises ``KeyboardInterrupt`` at once (the checkpoint on disk is intact:
     writes are atomic).
+
+    Args:
+        then: what the run does after the first signal (for the console line).
     """
 
-    def __init__(self):
+    def __init__(self, then: str = "finishing the current step, then writing a checkpoint"):
         self.signal: str | None = None
+        self.then = then
         self._previous: dict = {}
 
     def __call__(self) -> bool:
@@ -101,8 +105,7 @@ class _StopFlag:
         self.signal = signal.Signals(signum).name
         if is_main_process():  # one console line, though every rank gets the signal
             print(
-                f"{self.signal} received: finishing the current step, then writing a "
-                "checkpoint (send it again to stop at once)",
+                f"{self.signal} received: {self.then} (send it again to stop at once)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -449,7 +452,10 @@ def fit(
         stopped_by = _train_epochs(trainer, data, cfg, progress, run_dir, logger)
         test = None
         if stopped_by is None and progress.history and data.test_pairs is not None:
-            test = _test(trainer, data, cfg, progress, run_dir, logger)
+            # A first SIGINT/SIGTERM now lets the test finish (the training is done and on
+            # disk); a second stops at once, and --resume evaluates the test pairs.
+            with _StopFlag("finishing the test evaluation; the training is saved"):
+                test = _test(trainer, data, cfg, progress, run_dir, logger)
         summary = _summary(progress, stopped_by, test)
         logger.log_hparams(config_to_dict(cfg), _final_metrics(summary))
     finally:

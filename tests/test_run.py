@@ -627,3 +627,22 @@ def test_a_validation_error_keeps_the_epochs_training(
     assert code == 2
     assert_one_error_line(err, "heldout/x.png", "epoch 2 trained, not validated")
     assert load_checkpoint(run / "last.pt")["epoch"] == 2  # not thrown away
+
+
+def test_a_signal_during_the_final_test_lets_it_finish(
+    tmp_path, capsys, synthetic_root, monkeypatch
+):
+    import facenet.run
+
+    test_selected = facenet.run.test_selected
+
+    def signalled(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)  # the default handler would end the process here
+        return test_selected(*args, **kwargs)
+
+    monkeypatch.setattr(facenet.run, "test_selected", signalled)
+    run = tmp_path / "run"
+    code, out, err = train(capsys, run, "eval.every=1", data=synthetic_data(synthetic_root))
+    assert code == 0, err
+    assert "SIGTERM received: finishing the test evaluation" in err
+    assert json.loads((run / "summary.json").read_text())["test"] is not None
