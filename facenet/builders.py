@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from facenet.config import Config
 from facenet.data import IdentityFolder, PKSampler, TripletListDataset, build_transform
-from facenet.data.images import CorruptImageError
+from facenet.data.images import CorruptImageError, inspect_image
 from facenet.data.loading import make_loader
 from facenet.data.pairs import (
     MissingImagesError,
@@ -158,12 +158,20 @@ def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list) ->
     return chosen
 
 
+def _usable_images(cfg: Config, folder: Path, names: list[str]) -> list[str]:
+    """The images the training index would keep (``data.on_corrupt: skip`` leaves corrupt
+    ones out of the held-out pairs too; with ``error`` the index has already refused them)."""
+    limits = (cfg.data.max_image_pixels, cfg.data.max_aspect_ratio)
+    return [name for name in names if inspect_image(folder / name, *limits) is None]
+
+
 def _hold_out(cfg: Config, root: Path, run_dir: Path, splits: list) -> _EvalSources:
     """Leave ``eval.holdout_identities`` identities of the folder out of training, and write
     identity-disjoint pairs for them (the ``splits`` "val" and/or "test") into the run
     directory. The choice is recorded in ``holdout.json`` and kept on resume."""
     listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
     chosen = _choose_held_out(cfg, listing, run_dir, splits)
+    listing = {n: _usable_images(cfg, root / n, listing[n]) for ns in chosen.values() for n in ns}
     sources = _EvalSources(held_out=tuple(n for names in chosen.values() for n in names))
     for split, names in chosen.items():
         path = run_dir / f"{split}_pairs.txt"

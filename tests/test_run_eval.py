@@ -319,3 +319,18 @@ def test_the_same_pairs_for_validation_and_test_are_refused(tmp_path):
     trained = folder_config(lfw, f"eval.pairs={pairs}")
     with pytest.warns(UserWarning, match="of the test pairs are trained on"):
         build_data(trained, tmp_path)
+
+
+def test_a_corrupt_held_out_image_is_left_out_of_the_pairs(tmp_path):
+    from facenet.data.synthetic import SyntheticIdentities
+
+    faces = tmp_path / "faces"
+    written = SyntheticIdentities(12, 4, image_size=16, seed=0).write_to_disk(faces)
+    for identity, files in written.items():  # one damaged image in every identity
+        (faces / identity / files[0]).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.warns(UserWarning, match="corrupt"):
+        data = build_data(folder_config(faces, "eval.holdout_identities=6"), run_dir)
+    used = set(data.val_pairs.paths1 + data.val_pairs.paths2 + data.test_pairs.paths1)
+    assert used and not any(Path(p).name == written[Path(p).parent.name][0] for p in used)
