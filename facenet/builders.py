@@ -317,7 +317,8 @@ def _check_apart(val, test, dataset) -> None:
                 f"(e.g. {sorted(shared)[0]}): the test figure is not independent of the selection",
                 stacklevel=2,
             )
-    trained = {os.path.dirname(os.path.abspath(p)) for p, _ in getattr(dataset, "samples", [])}
+    root = os.path.abspath(dataset.root)  # identity folders, not every sample: start-up cost
+    trained = {os.path.join(root, name) for name in dataset.classes}
     for name, pairs in (("validation", val), ("test", test)):
         overlap = _identity_folders(pairs) & trained if pairs is not None else set()
         if overlap:

@@ -92,12 +92,12 @@ def figures_line(name: str, values: dict) -> str:
 
 
 def _plot(result, run_dir: Path, name: str, title: str, cfg: Config, logger, step: int) -> None:
-    """The ROC figure, saved by rank 0 and logged to TensorBoard."""
-    log_scale = cfg.eval.log_scale_roc
-    if is_main_process():
-        plot_roc(result, run_dir / f"roc_{name}.png", log_scale=log_scale, title=title)
-    tag = f"eval/{name.split('_')[0]}/roc"
-    logger.log_figure(tag, plot_roc(result, log_scale=log_scale, title=title), step)
+    """The ROC figure, drawn once by rank 0: saved as a PNG and logged to TensorBoard."""
+    if not is_main_process():  # only rank 0 writes figures (its logger is the enabled one)
+        return
+    figure = plot_roc(result, log_scale=cfg.eval.log_scale_roc, title=title)
+    figure.savefig(run_dir / f"roc_{name}.png", format="png")
+    logger.log_figure(f"eval/{name.split('_')[0]}/roc", figure, step)
 
 
 def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> dict:

@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.utils import get_total_norm
 from tqdm import tqdm
 
+from facenet.data.loading import count_images
 from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, cuda_memory_stats, peak_rss_bytes, reset_cuda_peaks
@@ -62,7 +63,7 @@ class _EpochTotals:
 
     def add(self, stats: dict, batch) -> None:
         """Count a batch's images; add the statistics of a step that trained."""
-        self.images += batch[0].shape[0] * (3 if len(batch) == 5 else 1)
+        self.images += count_images(batch)  # (a, p, n, ...) batches count 3T images
         if "skipped" in stats:
             return
         self.trained += 1
