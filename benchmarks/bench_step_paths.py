@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -54,7 +53,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # forking, bench_training_step
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # facenet from a checkout
 
-from bench_training_step import describe_machine, ratio, round_order, write_report  # noqa: E402
+from bench_training_step import (  # noqa: E402
+    describe_machine,
+    finish_report,
+    ratio,
+    round_order,
+    write_report,
+)
 from forking import run_forked  # noqa: E402
 
 from facenet.losses import TripletMarginLoss  # noqa: E402
@@ -377,12 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         report["workloads"].append(result)
         report["seconds_total"] = time.perf_counter() - started
         write_report(args.json, report)
-    report["seconds_total"] = time.perf_counter() - started
-    report["load_average_after"] = os.getloadavg()[0]
-    write_report(args.json, report)
-    print(f"total {report['seconds_total']:.0f} s")
-    if args.json:
-        print(f"wrote {args.json}")
+    finish_report(args.json, report, started)
     return 0
 
 

@@ -989,6 +989,16 @@ def write_report(path: Path | None, report: dict) -> None:
     write_text_atomic(path, json.dumps(report, indent=1) + "\n")
 
 
+def finish_report(path: Path | None, report: dict, started: float) -> None:
+    """Total time and the load at the end into the report; write it; say so."""
+    report["seconds_total"] = time.perf_counter() - started
+    report["load_average_after"] = os.getloadavg()[0]
+    write_report(path, report)
+    print(f"total {report['seconds_total']:.0f} s")
+    if path:
+        print(f"wrote {path}")
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -1094,12 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
         template = next(c for c in cases if c.batch == "pk")
         print(f"largest P x K (K = {template.k}) on {template.backbone} {template.image_size}px:")
         report["pk_search"] = search_largest_batch(template, args.pk_search, report["chunking"])
-    report["seconds_total"] = time.perf_counter() - started
-    report["load_average_after"] = os.getloadavg()[0]
-    write_report(args.json, report)
-    print(f"total {report['seconds_total']:.0f} s")
-    if args.json:
-        print(f"wrote {args.json}")
+    finish_report(args.json, report, started)
     return 0
 
 

@@ -10,6 +10,7 @@ file and the valid options. The resolved configuration is written next to the ru
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -41,6 +42,7 @@ __all__ = [
     "config_to_dict",
     "apply_overrides",
     "add_override_argument",
+    "positive_int",
     "save_config",
 ]
 
@@ -454,6 +456,21 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
         section, key, value = _parse_override(item)
         data.setdefault(section, {})[key] = value
     return data
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for the scripts' count options: an integer >= 1.
+
+    Args:
+        text: the option's value as typed.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def add_override_argument(parser) -> None:

@@ -16,19 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
+from facenet.config import positive_int  # noqa: E402
 from facenet.data.pairs import generate_pairs, scan_identities, write_pairs  # noqa: E402
 from facenet.errors import DataError, FacenetError  # noqa: E402
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 1")
-    return value
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -37,11 +27,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("root", help="image folder holding one sub-folder per identity")
     parser.add_argument("--out", default=None, help="pairs file (default: <root>/pairs.txt)")
     parser.add_argument(
-        "--folds", type=_positive_int, default=10, help="number of folds (default 10)"
+        "--folds", type=positive_int, default=10, help="number of folds (default 10)"
     )
     parser.add_argument(
         "--pairs-per-fold",
-        type=_positive_int,
+        type=positive_int,
         default=300,
         help="same and different pairs per fold",
     )

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the seed-loop baseline
 
 import seed_loop  # noqa: E402
 
+from facenet.config import positive_int  # noqa: E402
 from facenet.distributed import resolve_device  # noqa: E402
 from facenet.errors import FacenetError  # noqa: E402
 from facenet.files import json_safe, write_text_atomic  # noqa: E402
@@ -87,31 +88,20 @@ OPTIMIZERS = ("adagrad", "adam", "sgd")
 # --------------------------------------------------------------------------- command line
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``memory_report.py``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backbone", choices=BACKBONES, default="tiny")
-    parser.add_argument("--image-size", type=_positive_int, default=64, help="pixels (64)")
+    parser.add_argument("--image-size", type=positive_int, default=64, help="pixels (64)")
     parser.add_argument(
-        "--batch-size", type=_positive_int, default=8, help="T triplets per batch: 3T images (8)"
+        "--batch-size", type=positive_int, default=8, help="T triplets per batch: 3T images (8)"
     )
-    parser.add_argument("--steps", type=_positive_int, default=3, help="steps per variant (3)")
+    parser.add_argument("--steps", type=positive_int, default=3, help="steps per variant (3)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     parser.add_argument("--margin", type=float, default=0.2, help="selection and loss margin")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and images")
-    parser.add_argument("--embedding-dim", type=_positive_int, default=128)
-    parser.add_argument("--num-classes", type=_positive_int, default=10, help="classifier size")
+    parser.add_argument("--embedding-dim", type=positive_int, default=128)
+    parser.add_argument("--num-classes", type=positive_int, default=10, help="classifier size")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adagrad", help="(adagrad)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument(

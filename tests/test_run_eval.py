@@ -256,6 +256,18 @@ def folder_config(root, *extra):
     )
 
 
+def write_test_identities(root: Path) -> Path:
+    """Six other identities of 3 images with an LFW-style pairs.txt (3 folds x 1 + 1)."""
+    from facenet.data.pairs import generate_pairs, write_pairs
+    from facenet.data.synthetic import SyntheticIdentities
+
+    written = SyntheticIdentities(6, 3, image_size=16, seed=2, identity_offset=90).write_to_disk(
+        root
+    )
+    write_pairs(root / "pairs.txt", generate_pairs(written, 3, 1, seed=0))
+    return root
+
+
 def test_the_held_out_identities_stay_held_out_when_the_folder_changes(tmp_path):
     from facenet.data.synthetic import SyntheticIdentities
 
@@ -277,14 +289,8 @@ def test_the_held_out_identities_stay_held_out_when_the_folder_changes(tmp_path)
 def test_holdout_with_given_test_pairs_holds_out_for_validation_only(tmp_path):
     from facenet.data.synthetic import SyntheticIdentities
 
-    faces, lfw = tmp_path / "faces", tmp_path / "lfw"
+    faces, lfw = tmp_path / "faces", write_test_identities(tmp_path / "lfw")
     SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(faces)
-    written = SyntheticIdentities(6, 3, image_size=16, seed=2, identity_offset=90).write_to_disk(
-        lfw
-    )
-    from facenet.data.pairs import generate_pairs, write_pairs
-
-    write_pairs(lfw / "pairs.txt", generate_pairs(written, 3, 1, seed=0))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     cfg = folder_config(faces, "eval.holdout_identities=4", f"eval.pairs={lfw / 'pairs.txt'}")
@@ -303,15 +309,10 @@ def test_holdout_with_given_test_pairs_holds_out_for_validation_only(tmp_path):
 
 
 def test_the_same_pairs_for_validation_and_test_are_refused(tmp_path):
-    from facenet.data.pairs import generate_pairs, write_pairs
     from facenet.data.synthetic import SyntheticIdentities
 
-    faces, lfw = tmp_path / "faces", tmp_path / "lfw"
+    faces, lfw = tmp_path / "faces", write_test_identities(tmp_path / "lfw")
     SyntheticIdentities(4, 3, image_size=16, seed=0).write_to_disk(faces)
-    written = SyntheticIdentities(6, 3, image_size=16, seed=2, identity_offset=90).write_to_disk(
-        lfw
-    )
-    write_pairs(lfw / "pairs.txt", generate_pairs(written, 3, 1, seed=0))
     pairs = str(lfw / "pairs.txt")
     cfg = folder_config(faces, f"eval.pairs={pairs}", f"eval.val_pairs={pairs}")
     with pytest.raises(ConfigError, match="the same file"):
