@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Verification protocol: ``facenet.evaluation`` against the classic loops, same numbers.
+"""Verification protocol: ``facenet.evaluation.protocol`` against the classic loops, same numbers.
 
 Runs the LFW protocol (10 contiguous folds, the classic grids ``arange(0, 4, 0.01)`` for
 accuracy and ``arange(0, 4, 0.001)`` for VAL at FAR = 1e-3) on LFW-like synthetic distances of
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # facenet from a c
 
 import reference_evaluation as ref  # noqa: E402
 
-from facenet.evaluation import evaluate_verification  # noqa: E402
+from facenet.evaluation.protocol import evaluate_verification  # noqa: E402
 
 TARGET_SPEEDUP = 100.0
 N_FOLDS, FAR_TARGET = 10, 1e-3
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{case['reference_median_s']:>8.2f}s  {case['speedup']:>7.0f}x  {case['identical']}"
         )
     report = {
-        "benchmark": "verification protocol: facenet.evaluation vs the classic loops",
+        "benchmark": "verification protocol: facenet.evaluation.protocol vs the classic loops",
         "grids": {"accuracy": "arange(0, 4, 0.01)", "val": "arange(0, 4, 0.001)"},
         "n_folds": N_FOLDS,
         "far_target": FAR_TARGET,

@@ -1,4 +1,4 @@
-"""Triplet mining on CPU: facenet.miners against pytorch-metric-learning (PML) 2.9.0.
+"""Triplet mining on CPU: facenet.metric.miners against pytorch-metric-learning (PML) 2.9.0.
 
 For B in {256, 512, 1024, 2048} images of D = 128 dimensions from 16 or 64 identities, and
 for the triplet types "all", "semihard", "hard" (TripletMarginMiner) and batch-hard, this
@@ -44,7 +44,7 @@ import torch
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
-from facenet.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
+from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # forking, beside this file
 import forking  # noqa: E402
@@ -187,7 +187,7 @@ def compare_counts(ours: int, pml: int) -> str:
 
     In float32 the two compute distances with different rounding (Gram expansion vs
     cdist then squaring), so a few triplets within ~1e-6 of the margin can fall either way;
-    on float64 inputs the sets are equal (tests/test_miners.py).
+    on float64 inputs the sets are equal (tests/metric/test_miners.py).
     """
     if ours == pml:
         return ""

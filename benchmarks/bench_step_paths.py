@@ -62,10 +62,10 @@ from bench_training_step import (  # noqa: E402
 )
 from forking import run_forked  # noqa: E402
 
-from facenet.losses import TripletMarginLoss  # noqa: E402
-from facenet.miners import SemiHardNegativeMiner  # noqa: E402
-from facenet.models import EmbeddingNet  # noqa: E402
-from facenet.trainer import Trainer  # noqa: E402
+from facenet.metric.losses import TripletMarginLoss  # noqa: E402
+from facenet.metric.miners import SemiHardNegativeMiner  # noqa: E402
+from facenet.models.embedding import EmbeddingNet  # noqa: E402
+from facenet.training.engine import Trainer  # noqa: E402
 
 MARGIN = 0.2
 EMBEDDING_DIM = 128

@@ -71,7 +71,6 @@ from forking import run_forked  # noqa: E402
 from seed_loop import SeedModel, seed_train_step  # noqa: E402
 
 from facenet.files import write_text_atomic  # noqa: E402
-from facenet.losses import TripletMarginLoss  # noqa: E402
 from facenet.memory import (  # noqa: E402
     GraphMemoryMeter,
     cuda_memory_stats,
@@ -79,10 +78,11 @@ from facenet.memory import (  # noqa: E402
     peak_rss_bytes,
     reset_cuda_peaks,
 )
-from facenet.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
-from facenet.models import EmbeddingNet  # noqa: E402
-from facenet.step import frozen_bn_running_stats, unique_triplet_images  # noqa: E402
-from facenet.trainer import Trainer  # noqa: E402
+from facenet.metric.losses import TripletMarginLoss  # noqa: E402
+from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
+from facenet.models.embedding import EmbeddingNet  # noqa: E402
+from facenet.training.engine import Trainer  # noqa: E402
+from facenet.training.step import frozen_bn_running_stats, unique_triplet_images  # noqa: E402
 
 EMBEDDING_DIM = 128
 NUM_CLASSES = 16  # triplet mode: labels of the classifier head
@@ -389,7 +389,7 @@ def step_filter_margins(model: EmbeddingNet, batches: list[tuple]) -> torch.Tens
 
     One no-grad forward on the concatenated (a, p, n) batch, as ``train_triplet_step`` runs it.
     """
-    from facenet.distances import get_distance
+    from facenet.metric.distances import get_distance
 
     distance = get_distance("seed_l2")
     margins = []  # one (T,) tensor per batch

@@ -16,7 +16,7 @@ embeddings whose rounded similarity exceeds 1 give NaN there (never "same"). ``p
 is its ``lfw.evaluate``: pairs interleaved in one (2N, D) array and the fixed grids
 ``arange(0, 4, 0.01)`` (accuracy) and ``arange(0, 4, 0.001)`` (VAL) for every metric.
 
-It is deliberately slow and simple; ``facenet.evaluation`` must give the same numbers.
+It is deliberately slow and simple; ``facenet.evaluation.protocol`` must give the same numbers.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from facenet.memory import GraphMemoryMeter, format_bytes, graph_bytes_by_variable
-from facenet.models import EmbeddingNet
+from facenet.models.embedding import EmbeddingNet
 
 __all__ = [
     "PairwiseDistance",

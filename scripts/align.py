@@ -21,16 +21,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from facenet.align import (  # noqa: E402
+from facenet.distributed import resolve_device  # noqa: E402
+from facenet.errors import FacenetError  # noqa: E402
+from facenet.evaluation.presets import PRESET_NAMES  # noqa: E402
+from facenet.inference.align import (  # noqa: E402
     SELECTIONS,
     AlignSettings,
     align_folder,
     count,
     write_report,
 )
-from facenet.distributed import resolve_device  # noqa: E402
-from facenet.errors import FacenetError  # noqa: E402
-from facenet.presets import PRESET_NAMES  # noqa: E402
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -20,11 +20,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
 from facenet.distributed import resolve_device  # noqa: E402
-from facenet.embed import FolderEmbeddings, embed_folder  # noqa: E402
 from facenet.errors import FacenetError  # noqa: E402
 from facenet.files import write_atomic  # noqa: E402
-from facenet.identify import model_threshold  # noqa: E402
-from facenet.trained import load_model  # noqa: E402
+from facenet.inference.embed import FolderEmbeddings, embed_folder  # noqa: E402
+from facenet.inference.identify import model_threshold  # noqa: E402
+from facenet.inference.loading import load_model  # noqa: E402
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -34,9 +34,10 @@ from facenet.data.images import EVAL_PREPROCESS  # noqa: E402
 from facenet.data.insightface_bin import BinImages, read_bin  # noqa: E402
 from facenet.data.pairs import read_pairs  # noqa: E402
 from facenet.distributed import resolve_device  # noqa: E402
-from facenet.embed import embed_dataset, embed_pair_list  # noqa: E402
 from facenet.errors import DataError, FacenetError  # noqa: E402
-from facenet.evaluation import (  # noqa: E402
+from facenet.evaluation.embedding import embed_dataset, embed_pair_list  # noqa: E402
+from facenet.evaluation.presets import EVAL_PRESETS, classic_thresholds  # noqa: E402
+from facenet.evaluation.protocol import (  # noqa: E402
     DISTANCES,
     VerificationResult,
     evaluate_embeddings,
@@ -45,8 +46,7 @@ from facenet.evaluation import (  # noqa: E402
     val_at_far_label,
 )
 from facenet.files import write_text_atomic  # noqa: E402
-from facenet.presets import EVAL_PRESETS, classic_thresholds  # noqa: E402
-from facenet.trained import TrainedModel, load_model  # noqa: E402
+from facenet.inference.loading import TrainedModel, load_model  # noqa: E402
 
 
 class InputError(DataError):

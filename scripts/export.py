@@ -17,9 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
 from facenet.errors import FacenetError  # noqa: E402
-from facenet.export import FORMATS, PARITY_TOLERANCE, export_model  # noqa: E402
-from facenet.identify import model_threshold  # noqa: E402
-from facenet.trained import load_model  # noqa: E402
+from facenet.inference.export import FORMATS, PARITY_TOLERANCE, export_model  # noqa: E402
+from facenet.inference.identify import model_threshold  # noqa: E402
+from facenet.inference.loading import load_model  # noqa: E402
 
 
 def get_args_parser() -> argparse.ArgumentParser:

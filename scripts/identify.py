@@ -26,9 +26,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
 from facenet.errors import DataError, FacenetError  # noqa: E402
-from facenet.evaluation import DISTANCES  # noqa: E402
+from facenet.evaluation.protocol import DISTANCES  # noqa: E402
 from facenet.files import json_safe, write_text_atomic  # noqa: E402
-from facenet.identify import Gallery, identification_rates, match, read_threshold  # noqa: E402
+from facenet.inference.identify import Gallery, identification_rates, match, read_threshold  # noqa: E402
 
 UNKNOWN = "unknown"
 

@@ -43,7 +43,6 @@ from facenet.config import positive_int  # noqa: E402
 from facenet.distributed import resolve_device  # noqa: E402
 from facenet.errors import FacenetError  # noqa: E402
 from facenet.files import json_safe, write_text_atomic  # noqa: E402
-from facenet.losses import TripletMarginLoss  # noqa: E402
 from facenet.memory import (  # noqa: E402
     GraphMemoryMeter,
     cuda_memory_stats,
@@ -52,9 +51,10 @@ from facenet.memory import (  # noqa: E402
     module_state_bytes,
     reset_cuda_peaks,
 )
-from facenet.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
-from facenet.models import BACKBONES, EmbeddingNet  # noqa: E402
-from facenet.trainer import Trainer  # noqa: E402
+from facenet.metric.losses import TripletMarginLoss  # noqa: E402
+from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
+from facenet.models.embedding import BACKBONES, EmbeddingNet  # noqa: E402
+from facenet.training.engine import Trainer  # noqa: E402
 
 __all__ = [
     "REQUIRED_KEYS",

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume and args.overwrite:
         print("error: --resume and --overwrite exclude each other", file=sys.stderr)
         return 2
-    from facenet.run import run_training
+    from facenet.training.run import run_training
 
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning

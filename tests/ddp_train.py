@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import train  # noqa: E402
 
 import facenet.data.loading  # noqa: E402
-import facenet.trainer  # noqa: E402
+import facenet.training.engine  # noqa: E402
 from facenet.data.images import CorruptImageError  # noqa: E402
 
 
@@ -57,9 +57,9 @@ def install_fault(spec: str) -> None:
     if int(os.environ.get("RANK", 0)) != int(rank):
         return
     if kind == "sigterm":
-        after_nth_call(facenet.trainer.Trainer, "train_step", int(n), sigterm_after)
+        after_nth_call(facenet.training.engine.Trainer, "train_step", int(n), sigterm_after)
     elif kind == "crash":
-        after_nth_call(facenet.trainer.Trainer, "train_step", int(n), crash_at)
+        after_nth_call(facenet.training.engine.Trainer, "train_step", int(n), crash_at)
     elif kind == "corrupt":
         after_nth_call(facenet.data.loading.SeededSamples, "__getitem__", int(n), corrupt_at)
 

@@ -23,11 +23,11 @@ from facenet.distributed import (  # noqa: E402
     get_world_size,
     init_distributed,
 )
-from facenet.embed import embed_pair_list  # noqa: E402
 from facenet.errors import NonFiniteInputError  # noqa: E402
-from facenet.losses import TripletMarginLoss  # noqa: E402
-from facenet.miners import BatchHardMiner, TripletMarginMiner, Triplets  # noqa: E402
-from facenet.trainer import Trainer  # noqa: E402
+from facenet.evaluation.embedding import embed_pair_list  # noqa: E402
+from facenet.metric.losses import TripletMarginLoss  # noqa: E402
+from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets  # noqa: E402
+from facenet.training.engine import Trainer  # noqa: E402
 
 STEPS, P, K, LR, MARGIN = 3, 6, 4, 0.5, 0.5
 

@@ -1,6 +1,6 @@
 """The stated forward of every step path, written as plain autograd, for the step tests.
 
-Each function runs the forward that ``facenet.step`` says a path computes (several ranks as
+Each function runs the forward that ``facenet.training.step`` says a path computes (several ranks as
 one process forwarding each rank's part separately), the loss, and ``backward()``. Nothing
 here uses the package's step code: the mining pass runs on a deep copy of the model, so its
 BatchNorm running statistics stay untouched without any helper.
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from facenet.miners import Triplets
+from facenet.metric.miners import Triplets
 
 
 class BNNet(nn.Module):

@@ -15,7 +15,7 @@ import ddp_worker  # noqa: E402
 from step_reference import reference_training  # noqa: E402
 
 from facenet.distributed import all_gather_tensor, gather_variable_rows  # noqa: E402
-from facenet.losses import TripletMarginLoss  # noqa: E402
+from facenet.metric.losses import TripletMarginLoss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,8 +142,8 @@ def test_torchrun_demo_ends_cleanly_with_one_checkpoint_and_one_log(tmp_path):
 
 
 def test_triplet_list_batches_are_split_between_ranks():
-    from facenet.builders import _batch_loader
     from facenet.config import load_config
+    from facenet.training.build import _batch_loader
 
     class Faces(torch.utils.data.Dataset):
         targets = [i // 3 for i in range(30)]
@@ -383,9 +383,9 @@ def test_sharded_validation_reports_best_pt_as_one_process_would(uninterrupted, 
     """Ranks' BatchNorm running statistics drift apart; evaluation uses rank 0's (best.pt's)."""
     from facenet.config import load_config
     from facenet.data.pairs import read_pairs
-    from facenet.embed import embed_pair_list
-    from facenet.evaluation import evaluate_embeddings
-    from facenet.models import build_model
+    from facenet.evaluation.embedding import embed_pair_list
+    from facenet.evaluation.protocol import evaluate_embeddings
+    from facenet.models.embedding import build_model
 
     base, _ = uninterrupted
     out = tmp_path / "run"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from facenet.memory import GraphMemoryMeter
-from facenet.models import EmbeddingNet
+from facenet.models.embedding import EmbeddingNet
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "memory_report.py"
 _spec = importlib.util.spec_from_file_location("memory_report", SCRIPT)

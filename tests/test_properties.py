@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from facenet.data.pairs import MissingImagesError, PairsFormatError, read_pairs
-from facenet.distances import get_distance
-from facenet.evaluation import (
+from facenet.evaluation.protocol import (
     default_thresholds,
     evaluate_embeddings,
     evaluate_verification,
 )
-from facenet.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
+from facenet.metric.distances import get_distance
+from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 
 FEW = settings(max_examples=40, deadline=None, derandomize=True)
 MINER_EXAMPLES = settings(max_examples=100, deadline=None, derandomize=True)

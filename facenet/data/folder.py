@@ -31,7 +31,13 @@ from facenet.data.images import (
 from facenet.errors import DataError
 from facenet.files import write_text_atomic
 
-__all__ = ["IdentityFolder", "INDEX_FILE_NAME", "list_identities", "listing_signature"]
+__all__ = [
+    "IdentityFolder",
+    "INDEX_FILE_NAME",
+    "list_identities",
+    "list_images",
+    "listing_signature",
+]
 
 INDEX_FILE_NAME = ".facenet_index.json"
 INDEX_VERSION = 2  # 2: PNG checksums and the size limits checked; reasons recorded
@@ -297,3 +303,29 @@ class IdentityFolder(Dataset):
         if self.transform is not None:
             image = self.transform(image)
         return image, label
+
+
+def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """Every image file under ``root`` (sorted), and its identity: the top-level folder name.
+
+    Args:
+        root: a folder of identity folders (``root/<identity>/.../<image>``) or of images;
+            hidden files and folders are left out.
+
+    Returns:
+        ``(paths, labels)``; the label of an image directly in ``root`` is "".
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder not found: {root}")
+    found = []
+    for folder, dirs, files in os.walk(root, followlinks=True):  # as torchvision ImageFolder
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
+                found.append(Path(folder, name))
+    found.sort()
+    labels = [
+        p.relative_to(root).parts[0] if len(p.relative_to(root).parts) > 1 else "" for p in found
+    ]
+    return [str(p) for p in found], labels

@@ -8,7 +8,7 @@ noise, expression (eye openness, gaze, smile), a moderate pose (rotation, shift,
 turn of the head, as an aligned crop leaves) and sometimes an occluding patch. Identities
 therefore differ only in consistent geometry, not in colour: an untrained network sees mostly
 nuisance and scores near chance on held-out identities (AUC about 0.5), while a short training
-learns the geometry (``tests/test_synthetic.py`` measures both).
+learns the geometry (``tests/data/test_synthetic.py`` measures both).
 
 Image ``i`` of identity ``j`` is a pure function of ``(seed, identity_offset + j, i)``: the same
 whatever the order of access, and identities with different global numbers (another

@@ -1,0 +1,16 @@
+"""Backbones written in this package; the torchvision ones are built in
+:mod:`facenet.models.embedding`."""
+
+from facenet.models.backbones.inception_resnet_v1 import (
+    FACENET_PYTORCH_HEAD_KEYS,
+    InceptionResnetV1,
+    convert_facenet_pytorch_state_dict,
+)
+from facenet.models.backbones.tiny import TinyCNN
+
+__all__ = [
+    "FACENET_PYTORCH_HEAD_KEYS",
+    "InceptionResnetV1",
+    "TinyCNN",
+    "convert_facenet_pytorch_state_dict",
+]

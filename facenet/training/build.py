@@ -1,0 +1,425 @@
+"""Turning a configuration into the objects of a run: device, data, loader, pairs, trainer.
+
+``build_data`` reads the ``data`` and ``eval`` sections (writing the synthetic set first when
+asked for), ``build_device`` the ``train.device`` key and ``build_trainer`` the ``model``,
+``mining``, ``loss``, ``optim`` and ``train`` sections. Bad input raises a ``FacenetError``
+whose message names the configuration key to change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from facenet.config import Config
+from facenet.data import IdentityFolder, PKSampler, TripletListDataset, build_transform
+from facenet.data.images import CorruptImageError, inspect_image
+from facenet.data.loading import make_loader
+from facenet.data.pairs import (
+    MissingImagesError,
+    PairsFormatError,
+    generate_pairs,
+    read_pairs,
+    scan_identities,
+    write_pairs,
+)
+from facenet.data.synthetic import prepare_synthetic_data
+from facenet.distributed import is_distributed, is_main_process, resolve_device
+from facenet.errors import ConfigError, DataError, FacenetError
+from facenet.files import write_text_atomic
+from facenet.metric.losses import build_loss
+from facenet.metric.miners import build_miner
+from facenet.models.embedding import build_model
+from facenet.training.engine import Trainer
+from facenet.training.optim import build_optimizer, build_scheduler, parameter_groups
+
+__all__ = ["TrainingData", "build_data", "build_device", "build_trainer"]
+
+
+@dataclass
+class TrainingData:
+    """Everything the loop needs from the data side.
+
+    Args:
+        loader: yields the training batches of one epoch.
+        sampler: orders the batches; has ``set_epoch``, ``state_dict`` and ``load_state_dict``.
+        num_classes: identities in the training data.
+        val_pairs: the validation ``PairList`` (model selection, the threshold), or None.
+        test_pairs: the test ``PairList`` (reported once, at the end), or None.
+        image_size: the network's input size (``data.image_size``).
+        normalize: the pixel standardisation of training (``data.normalize``).
+        notes: what the run should say at its start about its evaluation sets.
+    """
+
+    loader: Any
+    sampler: Any  # has set_epoch / state_dict / load_state_dict
+    num_classes: int
+    val_pairs: Any  # a PairList, or None
+    test_pairs: Any  # a PairList, or None
+    image_size: int
+    normalize: str
+    notes: list = field(default_factory=list)
+
+
+@dataclass
+class _EvalSources:
+    """Where the validation and test pairs come from: (file, image root) each, or None."""
+
+    val: tuple[str, str | None] | None = None
+    test: tuple[str, str | None] | None = None
+    held_out: tuple[str, ...] = ()  # identities left out of training
+    notes: list = field(default_factory=list)
+
+
+def build_device(cfg: Config) -> torch.device:
+    """The device of ``train.device`` ("auto": CUDA when present)."""
+    try:
+        return resolve_device(cfg.train.device)
+    except FacenetError as err:
+        raise ConfigError(f"train.device: {err}") from None
+
+
+def _from_section(section: str, build, *args, **kwargs):
+    """``build(*args, **kwargs)``; a value it refuses becomes a ConfigError naming ``section``."""
+    try:
+        return build(*args, **kwargs)
+    except FacenetError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"{section}: {err}") from None
+
+
+def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, _EvalSources]:
+    """The training image folder and the evaluation sets, generating the synthetic set if
+    needed, or holding out identities of a folder (``eval.holdout_identities``)."""
+    data, ev = cfg.data, cfg.eval
+    given = _EvalSources(
+        val=(ev.val_pairs, ev.val_root) if ev.val_pairs else None,
+        test=(ev.pairs, ev.root) if ev.pairs else None,
+    )
+    if data.dataset == "synthetic":
+        root = Path(data.root) if data.root else run_dir / "data"
+        try:
+            prepared = prepare_synthetic_data(root, data)
+        except OSError as err:
+            raise OSError(err.errno, f"data.root: cannot write the synthetic data: {err}") from err
+        given.val = given.val or (prepared["val_pairs"], ev.val_root)
+        given.test = given.test or (prepared["test_pairs"], ev.root)
+        return str(prepared["train_root"]), given
+    if not data.root:
+        raise ConfigError(f"data.root: required for data.dataset: {data.dataset}")
+    if ev.holdout_identities > 0:
+        if given.val and given.test:
+            raise ConfigError(
+                f"eval.holdout_identities: {ev.holdout_identities}, but eval.val_pairs and "
+                "eval.pairs are both given: there is nothing to hold out identities for"
+            )
+        splits = [name for name in ("val", "test") if getattr(given, name) is None]
+        held = _hold_out(cfg, Path(data.root), run_dir, splits)
+        held.val, held.test = given.val or held.val, given.test or held.test
+        return data.root, held
+    return data.root, given
+
+
+def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list) -> dict:
+    """``{split: [identity, ...]}``: drawn for a new run, read back from ``holdout.json`` for a
+    resumed one (the folder may have changed since: the held-out set must not)."""
+    record = run_dir / "holdout.json"
+    if record.is_file():
+        chosen = json.loads(record.read_text(encoding="utf-8"))
+        missing = sorted(n for names in chosen.values() for n in names if n not in listing)
+        if missing:
+            raise DataError(
+                f"{record}: held-out identities no longer in the folder (with 2+ images): "
+                f"{', '.join(missing[:5])}; restore them, or start a new run (--overwrite)"
+            )
+        return chosen
+    count = cfg.eval.holdout_identities
+    if count < 2 * len(splits) or count > len(listing) - 2:
+        raise ConfigError(
+            f"eval.holdout_identities: {count}; between {2 * len(splits)} and "
+            f"{len(listing) - 2} here ({len(listing)} identities with 2+ images; two must "
+            "stay for training)"
+        )
+    names = sorted(random.Random(cfg.train.seed).sample(sorted(listing), count))
+    cut = len(names) // len(splits)
+    chosen = {split: names[i * cut : (i + 1) * cut or None] for i, split in enumerate(splits)}
+    chosen[splits[-1]] = names[(len(splits) - 1) * cut :]
+    if is_main_process():
+        write_text_atomic(record, json.dumps(chosen, indent=1))
+    return chosen
+
+
+def _usable_images(cfg: Config, folder: Path, names: list[str]) -> list[str]:
+    """The images the training index would keep (``data.on_corrupt: skip`` leaves corrupt
+    ones out of the held-out pairs too; with ``error`` the index has already refused them)."""
+    limits = (cfg.data.max_image_pixels, cfg.data.max_aspect_ratio)
+    return [name for name in names if inspect_image(folder / name, *limits) is None]
+
+
+def _hold_out(cfg: Config, root: Path, run_dir: Path, splits: list) -> _EvalSources:
+    """Leave ``eval.holdout_identities`` identities of the folder out of training, and write
+    identity-disjoint pairs for them (the ``splits`` "val" and/or "test") into the run
+    directory. The choice is recorded in ``holdout.json`` and kept on resume."""
+    listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
+    chosen = _choose_held_out(cfg, listing, run_dir, splits)
+    listing = {n: _usable_images(cfg, root / n, listing[n]) for ns in chosen.values() for n in ns}
+    sources = _EvalSources(held_out=tuple(n for names in chosen.values() for n in names))
+    for split, names in chosen.items():
+        path = run_dir / f"{split}_pairs.txt"
+        if is_main_process() and not path.is_file():
+            write_pairs(path, _holdout_folds({n: listing[n] for n in names}, cfg, split))
+        setattr(sources, split, (str(path), str(root)))
+    sources.notes.append(
+        f"held out {len(sources.held_out)} identities of {root} from training "
+        f"(eval.holdout_identities, recorded in {run_dir / 'holdout.json'}): "
+        + ", ".join(f"{len(n)} for {s} ({run_dir / f'{s}_pairs.txt'})" for s, n in chosen.items())
+    )
+    return sources
+
+
+def _holdout_folds(images: dict, cfg: Config, split: str):
+    """Folds for held-out identities: identity-disjoint when there are enough."""
+    ev = cfg.eval
+    for disjoint in (True, False):
+        try:
+            return generate_pairs(
+                images, ev.n_folds, ev.holdout_pairs_per_fold, cfg.train.seed, disjoint
+            )
+        except DataError as err:
+            problem = err
+    raise ConfigError(
+        f"eval.holdout_identities: {ev.holdout_identities}, eval.holdout_pairs_per_fold: "
+        f"{ev.holdout_pairs_per_fold}, eval.n_folds: {ev.n_folds}: too few {split} images "
+        f"for the pairs ({problem}); hold out more identities or ask for fewer pairs"
+    )
+
+
+def _identity_folder(cfg: Config, train_root: str, exclude=()):
+    """The training images, with errors that name the ``data`` keys to change."""
+    data = cfg.data
+    transform = build_transform(
+        data.image_size,
+        train=True,
+        normalize=data.normalize,
+        hflip=data.hflip,
+        random_crop=data.random_crop,
+    )
+    try:
+        return IdentityFolder(
+            train_root,
+            transform=transform,
+            on_corrupt=data.on_corrupt,
+            cache_dir=data.cache_dir,
+            exclude=exclude,
+            max_pixels=data.max_image_pixels,
+            max_aspect_ratio=data.max_aspect_ratio,
+        )
+    except CorruptImageError as err:
+        raise CorruptImageError(
+            err.path, f"{err.reason} (data.on_corrupt: skip leaves such files out)"
+        ) from None
+    except DataError as err:
+        raise DataError(f"data.root: {err}") from None
+
+
+def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
+    """(loader, sampler): P x K batches, or seed-style triplet batches (data.dataset: triplets)."""
+    data, seed = cfg.data, cfg.train.seed
+    if data.dataset == "triplets":
+        try:
+            sampler = TripletListDataset(
+                dataset.targets, data.triplets_per_epoch, seed=seed, paths_or_dataset=dataset
+            )
+        except ValueError as err:
+            raise ConfigError(f"data.triplets_per_epoch: {err}") from None
+        if data.triplet_batch_size > len(sampler):
+            raise ConfigError(
+                f"data.triplet_batch_size={data.triplet_batch_size} is larger than "
+                f"data.triplets_per_epoch={len(sampler)}: an epoch would hold no batch"
+            )
+        # Several ranks: each takes every W-th triplet of the (already random) list.
+        split = (
+            torch.utils.data.DistributedSampler(
+                sampler, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True
+            )
+            if world_size > 1
+            else torch.utils.data.SequentialSampler(sampler)
+        )
+        batches = torch.utils.data.BatchSampler(split, data.triplet_batch_size, drop_last=True)
+        loader = make_loader(
+            sampler, batches, data.num_workers, data.pin_memory, seed, rank, epoch_of=sampler
+        )
+        return loader, sampler
+    try:
+        sampler = PKSampler(
+            dataset.triplet_labels,
+            p=data.p,
+            k=data.k,
+            seed=seed,
+            with_replacement=data.sample_with_replacement,
+            rank=rank,
+            world_size=world_size,
+        )
+    except ValueError as err:
+        raise ConfigError(f"data.p={data.p}, data.k={data.k}: {err}") from None
+    loader = make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed, rank)
+    return loader, sampler
+
+
+def _read_eval_pairs(cfg: Config, source, keys: tuple[str, str]):
+    """A validation or test PairList, or None; errors name the keys (pairs file, root)."""
+    if cfg.eval.every <= 0 or source is None:
+        return None
+    pairs_path, root = source
+    pairs_key, root_key = keys
+    try:
+        return read_pairs(pairs_path, root=root, skip_missing=cfg.eval.skip_missing)
+    except (PairsFormatError, MissingImagesError):
+        raise  # their messages name the file, the line and the eval.skip_missing option
+    except FileNotFoundError as err:
+        key = pairs_key if not Path(pairs_path).is_file() else root_key
+        what = f"file not found: {pairs_path}" if key == pairs_key else str(err)
+        raise ConfigError(f"{key}: {what}") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{pairs_key}: {pairs_path} is not a text file") from None
+
+
+def _identity_folders(pairs) -> set[str]:
+    """The identity folders (absolute paths) a pairs list uses."""
+    return {os.path.dirname(os.path.abspath(p)) for p in pairs.paths1 + pairs.paths2}
+
+
+def _check_apart(val, test, dataset) -> None:
+    """Validation, test and training must not share images, and should not share identities.
+
+    The same pairs for validation and test would report a test figure the selection was
+    made on: refused. Shared identities are warned of (a user may mean it).
+    """
+    if val is not None and test is not None:
+        if os.path.realpath(val.source) == os.path.realpath(test.source):
+            raise ConfigError(
+                f"eval.val_pairs and eval.pairs are the same file ({test.source}): the test "
+                "figure would come from the pairs that chose best.pt"
+            )
+        shared = _identity_folders(val) & _identity_folders(test)
+        if shared:
+            warnings.warn(
+                f"{len(shared)} identities are in both the validation and the test pairs "
+                f"(e.g. {sorted(shared)[0]}): the test figure is not independent of the selection",
+                stacklevel=2,
+            )
+    root = os.path.abspath(dataset.root)  # identity folders, not every sample: start-up cost
+    trained = {os.path.join(root, name) for name in dataset.classes}
+    for name, pairs in (("validation", val), ("test", test)):
+        overlap = _identity_folders(pairs) & trained if pairs is not None else set()
+        if overlap:
+            warnings.warn(
+                f"{len(overlap)} identities of the {name} pairs are trained on "
+                f"(e.g. {sorted(overlap)[0]})",
+                stacklevel=2,
+            )
+
+
+def _evaluation_notes(cfg: Config, val, test) -> list[str]:
+    """What a run says at its start when an evaluation set is missing."""
+    if cfg.eval.every <= 0:
+        return ["evaluation is off (eval.every: 0): no best.pt, no test figure"]
+    if val is None and test is None:
+        return [
+            "nothing will be evaluated: no validation or test pairs (set eval.val_pairs and "
+            "eval.pairs, or eval.holdout_identities for a folder)"
+        ]
+    if val is None:
+        return [
+            "no validation pairs (eval.val_pairs): best.pt is not chosen; the test pairs are "
+            "evaluated once, at the end, for the last model"
+        ]
+    if test is None:
+        return ["no test pairs (eval.pairs): validation figures only"]
+    return []
+
+
+def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -> TrainingData:
+    """Datasets, sampler, loader and evaluation sets from the ``data`` and ``eval`` sections.
+
+    Errors name the configuration key to change (``data.root``, ``data.p``, ``eval.pairs``...).
+
+    Args:
+        cfg: the run configuration.
+        run_dir: the run directory (the synthetic data goes there when ``data.root`` is unset;
+            held-out pairs files are written there).
+        rank: this process's rank (the sampler gives each rank disjoint batches).
+        world_size: number of processes.
+    """
+    train_root, sources = _data_roots(cfg, Path(run_dir))
+    dataset = _identity_folder(cfg, train_root, exclude=sources.held_out)
+    loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
+    val = _read_eval_pairs(cfg, sources.val, ("eval.val_pairs", "eval.val_root"))
+    test = _read_eval_pairs(cfg, sources.test, ("eval.pairs", "eval.root"))
+    _check_apart(val, test, dataset)
+    return TrainingData(
+        loader,
+        sampler,
+        len(dataset.classes),
+        val,
+        test,
+        cfg.data.image_size,
+        cfg.data.normalize,
+        notes=sources.notes + _evaluation_notes(cfg, val, test),
+    )
+
+
+def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) -> Trainer:
+    """Model, miner, loss, optimizer and schedule from the configuration.
+
+    Args:
+        cfg: the run configuration.
+        num_classes: identities in the training data (for the optional classifier head).
+        device: where the model and the miner's generator live.
+    """
+    use_ce = cfg.loss.ce_weight > 0
+    num_classes = num_classes if use_ce else None
+    model = _from_section("model", build_model, cfg.model, num_classes=num_classes).to(device)
+    # Named groups when fine-tuning (backbone lr scale, frozen stages); read before DDP wraps it.
+    params = _from_section("optim", parameter_groups, model, cfg.optim)
+    if is_distributed():
+        # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
+        model = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            forward_sync_buffers=False,
+        )
+    # The miner's own generator (the max_triplets cap draws from it): checkpointed with the run.
+    generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
+    miner = _from_section("mining", build_miner, cfg.mining, generator=generator)
+    optimizer = _from_section("optim", build_optimizer, params, cfg.optim)
+    scheduler = _from_section("optim", build_scheduler, optimizer, cfg.optim, cfg.train.epochs)
+    # Seed-style triplet lists are sparse selections whatever the miner: two passes.
+    passes = cfg.mining.passes
+    if passes == "auto" and cfg.data.dataset == "triplets" and cfg.train.chunk_size == 0:
+        passes = 2
+    return Trainer(
+        model,
+        miner,
+        _from_section("loss", build_loss, cfg.loss),
+        optimizer,
+        scheduler=scheduler,
+        device=device,
+        amp=cfg.train.amp,
+        ce_weight=cfg.loss.ce_weight,
+        passes=passes,
+        grad_clip=cfg.optim.grad_clip,
+        max_nonfinite_steps=cfg.train.max_nonfinite_steps,
+        channels_last=cfg.model.channels_last,
+        chunk_size=cfg.train.chunk_size,
+        graph_memory=cfg.logging.graph_memory,
+    )

@@ -1,0 +1,196 @@
+"""Evaluating a run: validation pairs choose, test pairs report.
+
+The validation pairs are evaluated before training and every ``eval.every`` epochs: their
+accuracy chooses ``best.pt``, and the threshold of the selected epoch (mean over the protocol's
+folds) is the one the run hands on. The test pairs, identity-disjoint from the validation
+pairs, are evaluated once, at the end, for the selected checkpoint and for the last model; they
+choose nothing. Every evaluation embeds the images with every rank taking a shard.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from facenet.checkpoint import load_checkpoint
+from facenet.config import Config
+from facenet.distributed import broadcast_buffers, is_main_process
+from facenet.errors import CheckpointError
+from facenet.evaluation.embedding import embed_pair_list
+from facenet.evaluation.presets import classic_thresholds
+from facenet.evaluation.protocol import (
+    evaluate_embeddings,
+    pair_distances,
+    plot_roc,
+    val_at_far_label,
+)
+
+__all__ = ["FIGURE_KEYS", "figures", "validate", "test_selected", "figures_line"]
+
+FIGURE_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
+
+
+def _grids(cfg: Config) -> dict:
+    """The threshold grids of ``eval.grid``: the distance's own, or the publishers' fixed ones."""
+    if cfg.eval.grid == "classic":
+        return {"thresholds": classic_thresholds(), "val_thresholds": classic_thresholds(True)}
+    return {}
+
+
+def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
+    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` (LFW protocol)."""
+    emb1, emb2 = embed_pair_list(
+        model,
+        pairs,
+        image_size=image_size,
+        batch_size=cfg.eval.batch_size,
+        device=device,
+        flip=cfg.eval.flip,
+        normalize=normalize,
+        num_workers=cfg.data.num_workers,
+        preprocess=cfg.eval.preprocess,
+    )
+    # The file's own folds (they differ from contiguous blocks once pairs were skipped), or
+    # folds that each hold both kinds of pair (a one-fold file lists one kind, then the other).
+    folds = pairs.folds_for(cfg.eval.n_folds) if hasattr(pairs, "folds_for") else None
+    result = evaluate_embeddings(
+        emb1.numpy(),
+        emb2.numpy(),
+        pairs.issame,
+        metric=cfg.eval.distance,
+        subtract_mean=cfg.eval.subtract_mean,
+        n_folds=cfg.eval.n_folds,
+        far_target=cfg.eval.far_target,
+        folds=folds,
+        **_grids(cfg),
+    )
+    distances = pair_distances(emb1.numpy(), emb2.numpy(), metric=cfg.eval.distance)
+    return result, distances
+
+
+def figures(result) -> dict:
+    """The reported figures of a VerificationResult, the threshold and its distance included.
+
+    ``threshold`` is the mean over folds of the accuracy threshold each fold chose; a pair is
+    called "same" when its ``distance`` is below it.
+
+    Args:
+        result: a ``VerificationResult``.
+    """
+    out = {key: float(getattr(result, key)) for key in FIGURE_KEYS}
+    out["far_target"] = float(result.far_target)
+    out["threshold"] = float(result.threshold)
+    out["distance"] = result.threshold_distance
+    return out
+
+
+def figures_line(name: str, values: dict) -> str:
+    """``name acc 0.9685±0.0123 VAL 0.4680 @ FAR 0.001 (achieved 0.0030) AUC 0.9947``."""
+    label = val_at_far_label(values["val"], values["far_target"], values["far"])
+    return (
+        f"{name} acc {values['accuracy_mean']:.4f}±{values['accuracy_std']:.4f} {label} "
+        f"AUC {values['auc']:.4f}"
+    )
+
+
+def _plot(result, run_dir: Path, name: str, title: str, cfg: Config, logger, step: int) -> None:
+    """The ROC figure, drawn once by rank 0: saved as a PNG and logged to TensorBoard."""
+    if not is_main_process():  # only rank 0 writes figures (its logger is the enabled one)
+        return
+    figure = plot_roc(result, log_scale=cfg.eval.log_scale_roc, title=title)
+    figure.savefig(run_dir / f"roc_{name}.png", format="png")
+    logger.log_figure(f"eval/{name.split('_')[0]}/roc", figure, step)
+
+
+def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> dict:
+    """Validation figures of the model as it is (epoch 0: before training); ROC and TensorBoard.
+
+    Args:
+        trainer: the run's trainer.
+        data: the run's ``TrainingData`` (``val_pairs`` is not None).
+        cfg: the run configuration.
+        epoch: the epoch just finished (0 before training).
+        run_dir: the run directory (``roc_val_epoch_<epoch>.png``).
+        logger: the run's ``RunLogger``.
+    """
+    broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
+    result, _ = _verify(
+        trainer.core_model, data.val_pairs, data.image_size, data.normalize, cfg, trainer.device
+    )
+    title = f"{run_dir.name}: validation, epoch {epoch}"
+    _plot(result, run_dir, f"val_epoch_{epoch}", title, cfg, logger, epoch)
+    values = figures(result)
+    logger.log_scalars("eval/val", values, epoch)
+    return values
+
+
+def _selected_model(trainer, run_dir: Path, best_epoch: int | None, last_epoch: int):
+    """The model of ``best.pt`` (a copy), or None when it is the last model or absent."""
+    path = run_dir / "best.pt"
+    if best_epoch is None or best_epoch == last_epoch or not path.is_file():
+        return None
+    state = load_checkpoint(path, map_location=trainer.device)
+    if int(state["epoch"]) != best_epoch:  # never report one epoch's file as another's
+        raise CheckpointError(
+            f"{path} holds epoch {state['epoch']}, but validation chose epoch {best_epoch}"
+        )
+    model = copy.deepcopy(trainer.core_model)
+    model.load_state_dict(state["model"])
+    return model
+
+
+def _test_one(model, trainer, data, cfg, threshold: float | None):
+    result, distances = _verify(
+        model, data.test_pairs, data.image_size, data.normalize, cfg, trainer.device
+    )
+    values = figures(result)
+    # The protocol's own per-fold thresholds on the test pairs are not handed on: the run's
+    # threshold is the validation one.
+    del values["threshold"], values["distance"]
+    if threshold is not None and not cfg.eval.subtract_mean:
+        # The validation threshold applied to every test pair: no choice made on the test set.
+        same = np.asarray(data.test_pairs.issame, dtype=bool)
+        values["accuracy_at_validation_threshold"] = float(np.mean((distances < threshold) == same))
+    return result, values
+
+
+def test_selected(trainer, data, cfg, best_epoch, threshold, last_epoch, run_dir, logger) -> dict:
+    """Test figures of the selected checkpoint and of the last model, once, at the end.
+
+    Args:
+        trainer: the run's trainer (holds the last model).
+        data: the run's ``TrainingData`` (``test_pairs`` is not None).
+        cfg: the run configuration.
+        best_epoch: the epoch ``best.pt`` holds (chosen on validation), or None.
+        threshold: the validation threshold of ``best_epoch``, or None.
+        last_epoch: the last epoch trained.
+        run_dir: the run directory (``roc_test.png``).
+        logger: the run's ``RunLogger``.
+
+    Returns:
+        ``{"last": figures, "best": figures}`` (``best`` is ``last`` when they are one model;
+        absent without a selection).
+    """
+    broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
+    with torch.no_grad():
+        result, last = _test_one(trainer.core_model, trainer, data, cfg, threshold)
+    last = {"epoch": last_epoch, **last}
+    out = {}
+    best_model = _selected_model(trainer, run_dir, best_epoch, last_epoch)
+    if best_epoch is not None and best_epoch != last_epoch and best_model is None:
+        raise CheckpointError(f"{run_dir / 'best.pt'} (epoch {best_epoch}) is missing")
+    if best_model is not None:
+        result, best = _test_one(best_model, trainer, data, cfg, threshold)
+        out["best"] = {"epoch": best_epoch, **best}
+    elif best_epoch is not None:
+        out["best"] = last
+    out["last"] = last
+    chosen = out.get("best", last)
+    title = f"{run_dir.name}: test, epoch {chosen['epoch']}"
+    _plot(result, run_dir, "test", title, cfg, logger, last_epoch)
+    for name, values in out.items():
+        logger.log_scalars(f"eval/test/{name}", values, last_epoch)
+    return out

@@ -1,0 +1,142 @@
+"""insightface .bin verification sets: the restricted reader, and evaluate.py --bin end to end."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchvision.io import decode_image, encode_png
+from torchvision.transforms.v2 import functional as TF
+
+from facenet.data.folder import list_images
+from facenet.data.images import read_image
+from facenet.data.insightface_bin import BinFormatError, read_bin
+from facenet.evaluation.protocol import default_thresholds
+from facenet.inference.loading import load_model
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "scripts"))
+
+import evaluate as evaluate_script  # noqa: E402
+import reference_evaluation as ref  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def write_bin(path: Path, tiny_run, n_pairs: int, seed: int) -> tuple[list, list]:
+    """A .bin of held-out faces as 112 px PNGs: same pairs (one identity) and different ones,
+    alternating so that each of the 10 contiguous folds holds both."""
+    paths, labels = list_images(tiny_run["heldout"])
+    rng = np.random.default_rng(seed)
+    by_id = {name: [p for p, lab in zip(paths, labels) if lab == name] for name in set(labels)}
+    names = sorted(by_id)
+    images, issame = [], []
+    for i in range(n_pairs):
+        same = i % 2 == 0
+        a, b = rng.choice(len(names), size=2, replace=False)
+        first, second = (names[a], names[a]) if same else (names[a], names[b])
+        for name, index in ((first, 0), (second, 1 if same else 0)):
+            face = TF.resize(read_image(by_id[name][index]), [112, 112], antialias=True)
+            images.append(encode_png(face).numpy().tobytes())
+        issame.append(same)
+    path.write_bytes(pickle.dumps((images, issame), protocol=pickle.HIGHEST_PROTOCOL))
+    return images, issame
+
+
+def test_a_written_bin_reads_back(tiny_run, tmp_path):
+    images, issame = write_bin(tmp_path / "lfw.bin", tiny_run, 10, seed=0)
+    pairs = read_bin(tmp_path / "lfw.bin")
+    assert pairs.name == "lfw" and pairs.images == images and pairs.issame.tolist() == issame
+
+
+def test_a_python2_file_reads_its_str_images_as_bytes(tmp_path):
+    # Protocol 2 as Python 2 wrote it: SHORT_BINSTRING ('U') for str, NEWTRUE/NEWFALSE.
+    raw = b"\x80\x02]q\x00(U\x03abcU\x03defe]q\x01\x88a\x86q\x02."
+    (tmp_path / "py2.bin").write_bytes(raw)
+    pairs = read_bin(tmp_path / "py2.bin")
+    assert pairs.images == [b"abc", b"def"] and pairs.issame.tolist() == [True]
+
+
+def test_a_crafted_bin_that_would_run_code_is_refused_by_name(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "agedb_30.bin").write_bytes(pickle.dumps(([Evil(), b"x"], [True])))
+    with pytest.raises(BinFormatError) as caught:
+        read_bin(tmp_path / "agedb_30.bin")
+    assert "refused to load" in str(caught.value) and "agedb_30.bin" in str(caught.value)
+    assert "io.open" in str(caught.value)  # the global the pickle asked for
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("contents", "message"),
+    [
+        ([b"a"], "(images, issame) pair"),
+        (([b"a", "text"], [True]), "list of encoded images"),
+        (([b"a", b"b"], [1]), "list of booleans"),
+        (([b"a", b"b", b"c"], [True]), "3 images for 1 pairs"),
+    ],
+)
+def test_other_layouts_are_named(tmp_path, contents, message):
+    (tmp_path / "x.bin").write_bytes(pickle.dumps(contents))
+    with pytest.raises(BinFormatError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_bin(tmp_path / "x.bin")
+
+
+def brute_force_embeddings(trained, images: list) -> np.ndarray:
+    """Each image decoded, resized to S x S, standardised and embedded on its own."""
+    rows = []
+    for raw in images:
+        face = read_image_bytes(raw)
+        face = TF.resize(face, [trained.image_size] * 2, antialias=True).float()
+        with torch.no_grad():
+            rows.append(trained.model(((face - 127.5) / 128)[None])[0].numpy())
+    return np.stack(rows)
+
+
+def read_image_bytes(raw: bytes) -> torch.Tensor:
+    return decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+
+def test_evaluate_bin_rows_match_the_classic_loops(tiny_run, tmp_path, capsys):
+    sets = {
+        name: write_bin(tmp_path / f"{name}.bin", tiny_run, 40, s)
+        for s, name in enumerate(("lfw", "cfp_fp"))
+    }
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--out", str(tmp_path / "out")]
+    for name in sets:
+        argv += ["--bin", str(tmp_path / f"{name}.bin")]
+    assert evaluate_script.main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split()[:3] == ["set", "accuracy", "VAL"]
+    assert [line.split()[0] for line in printed[1:3]] == ["lfw", "cfp_fp"]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())["sets"]
+    assert (tmp_path / "out" / "roc_cfp_fp.png").is_file()
+    trained = load_model(tiny_run["checkpoint"])
+    for name, (images, issame) in sets.items():
+        emb = brute_force_embeddings(trained, images)
+        _, _, accuracy, best = ref.calculate_roc(
+            default_thresholds(), emb[0::2], emb[1::2], np.array(issame), 10
+        )
+        assert metrics[name]["accuracy"] == pytest.approx(accuracy.tolist())
+        assert metrics[name]["threshold"] == pytest.approx(best.mean())
+        assert metrics[name]["threshold_distance"] == "squared"
+
+
+def test_evaluate_refuses_a_crafted_bin_on_one_line(tiny_run, tmp_path, capsys):
+    (tmp_path / "evil.bin").write_bytes(b"\x80\x04cos\nsystem\n(Vtouch x\ntR.")
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--bin", str(tmp_path / "evil.bin")]
+    assert evaluate_script.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: refused to load") and "os.system" in err
+    assert len(err.splitlines()) == 1

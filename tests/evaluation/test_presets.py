@@ -1,0 +1,155 @@
+"""The publishers' evaluation presets: the angular metric and the classic grids, held against
+our own loop re-implementation of davidsandberg/facenet's lfw.evaluate
+(benchmarks/reference_evaluation.py), and the evaluate.py preset options."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facenet.evaluation.presets import ALIGN_PRESETS, EVAL_PRESETS, classic_thresholds
+from facenet.evaluation.protocol import default_thresholds, evaluate_embeddings, pair_distances
+from facenet.inference.identify import Gallery, match
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import evaluate as evaluate_script  # noqa: E402
+import reference_evaluation as ref  # noqa: E402
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def synthetic_pairs(n_pairs=6000, dim=128, noise=0.18, seed=0):
+    """(emb1, emb2, issame): LFW-like, ten folds of N/20 same then N/20 different pairs; each
+    side is an identity centre plus noise of norm about noise x 8, on the unit sphere."""
+    rng = np.random.default_rng(seed)
+    issame = np.tile(np.repeat([True, False], n_pairs // 20), 10)
+    c1 = _unit(rng.standard_normal((n_pairs, dim)))
+    c2 = np.where(issame[:, None], c1, _unit(rng.standard_normal((n_pairs, dim))))
+    scale = noise * 8 / np.sqrt(dim)
+    e1 = _unit(c1 + scale * rng.standard_normal((n_pairs, dim)))
+    e2 = _unit(c2 + scale * rng.standard_normal((n_pairs, dim)))
+    return e1, e2, issame
+
+
+def test_angular_distance_hand_computed():
+    # 0, 60, 90 and 180 degrees apart: arccos(cos) / pi = 0, 1/3, 1/2, 1; scale does not matter.
+    a = np.array([[1.0, 0.0], [2.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    b = np.array([[3.0, 0.0], [1.0, np.sqrt(3.0)], [0.0, 5.0], [-1.0, 0.0]])
+    got = pair_distances(a, b, metric="angular")
+    assert np.allclose(got, [0.0, 1 / 3, 0.5, 1.0], atol=1e-12)
+
+
+def test_angular_of_identical_embeddings_is_zero_not_nan():
+    # The rounded similarity of x with itself can exceed 1; the publisher's arccos gives NaN.
+    x = _unit(np.random.default_rng(3).standard_normal((200, 128)))
+    assert np.all(np.isfinite(pair_distances(x, x, metric="angular")))
+    assert np.allclose(pair_distances(x, x, metric="angular"), 0.0, atol=1e-6)
+
+
+def test_angular_default_grid_spans_zero_to_one_with_the_classic_step_count():
+    assert len(default_thresholds("angular")) == len(default_thresholds("squared")) == 400
+    assert default_thresholds("angular")[-1] < 1.0 <= default_thresholds("angular")[-1] + 0.0025
+    assert np.array_equal(classic_thresholds(), np.arange(0, 4, 0.01))
+    assert np.array_equal(classic_thresholds(fine=True), np.arange(0, 4, 0.001))
+
+
+@pytest.mark.parametrize("subtract_mean", [False, True])
+@pytest.mark.parametrize("flip", [False, True])
+def test_sandberg_preset_equals_the_publishers_computation(flip, subtract_mean):
+    e1, e2, same = synthetic_pairs(n_pairs=1800, noise=0.18)
+    if flip:  # a flip-concatenated (N, 2D) embedding, as validate_on_lfw builds it
+        f1, f2, _ = synthetic_pairs(n_pairs=1800, noise=0.18, seed=1)
+        e1, e2 = np.hstack([e1, f1]), np.hstack([e2, f2])
+    interleaved = np.empty((2 * len(e1), e1.shape[1]))
+    interleaved[0::2], interleaved[1::2] = e1, e2
+    tpr, fpr, acc, val, val_std, far = ref.publisher_evaluate(
+        interleaved, same, distance_metric="angular", subtract_mean=subtract_mean
+    )
+    preset = EVAL_PRESETS["sandberg"]
+    ours = evaluate_embeddings(
+        e1,
+        e2,
+        same,
+        metric=preset.distance,
+        subtract_mean=subtract_mean,
+        thresholds=classic_thresholds(),
+        val_thresholds=classic_thresholds(fine=True),
+    )
+    assert np.array_equal(ours.accuracy, acc)
+    assert np.allclose(ours.tpr, tpr, atol=1e-12) and np.allclose(ours.fpr, fpr, atol=1e-12)
+    assert ours.val == pytest.approx(val, abs=1e-12)
+    assert ours.val_std == pytest.approx(val_std, abs=1e-12)
+    assert ours.far == pytest.approx(far, abs=1e-12)
+
+
+def test_cosine_on_our_grid_differs_from_the_publishers_angular_figure():
+    # The two cosine distances rank pairs alike; where the fixed grid's thresholds fall does not.
+    e1, e2, same = synthetic_pairs()
+    interleaved = np.empty((2 * len(e1), e1.shape[1]))
+    interleaved[0::2], interleaved[1::2] = e1, e2
+    _, _, acc, *_ = ref.publisher_evaluate(interleaved, same, distance_metric="angular")
+    grids = {"thresholds": classic_thresholds(), "val_thresholds": classic_thresholds(True)}
+    angular = evaluate_embeddings(e1, e2, same, metric="angular", **grids)
+    cosine = evaluate_embeddings(e1, e2, same, metric="cosine")
+    assert angular.accuracy_mean == pytest.approx(0.97200, abs=1e-9) == np.mean(acc)
+    assert cosine.accuracy_mean == pytest.approx(0.97417, abs=1e-5)
+
+
+def test_presets_hold_the_publishers_settings():
+    assert EVAL_PRESETS["sandberg"].distance == "angular"
+    assert EVAL_PRESETS["sandberg"].flip and EVAL_PRESETS["sandberg"].subtract_mean
+    assert EVAL_PRESETS["facenet-pytorch"].distance == "squared"
+    assert not EVAL_PRESETS["facenet-pytorch"].flip
+    assert {p.preprocess for p in EVAL_PRESETS.values()} == {"crop"}
+    assert {p.grid for p in EVAL_PRESETS.values()} == {"classic"}
+    assert (ALIGN_PRESETS["facenet-pytorch"].image_size, ALIGN_PRESETS["sandberg"].image_size) == (
+        160,
+        182,
+    )
+    assert (ALIGN_PRESETS["facenet-pytorch"].margin, ALIGN_PRESETS["sandberg"].margin) == (14, 44)
+
+
+def test_evaluate_script_preset_sets_the_options_and_flags_still_win(tmp_path):
+    args = evaluate_script._parse(["--distances", "x.npz", "--preset", "sandberg"])
+    assert (args.distance, args.flip, args.subtract_mean) == ("angular", True, True)
+    assert (args.preprocess, args.grid) == ("crop", "classic")
+    args = evaluate_script._parse(
+        ["--distances", "x.npz", "--preset", "sandberg", "--grid", "default"]
+    )
+    assert args.grid == "default"
+
+
+def test_evaluate_script_distances_mode_with_the_classic_grid(tmp_path, capsys):
+    e1, e2, same = synthetic_pairs(n_pairs=600)
+    np.savez(tmp_path / "d.npz", distances=pair_distances(e1, e2, "angular"), issame=same)
+    argv = ["--distances", str(tmp_path / "d.npz"), "--distance", "angular", "--out"]
+    assert evaluate_script.main([*argv, str(tmp_path / "out"), "--grid", "classic"]) == 0
+    interleaved = np.empty((2 * len(e1), e1.shape[1]))
+    interleaved[0::2], interleaved[1::2] = e1, e2
+    _, _, acc, *_ = ref.publisher_evaluate(interleaved, same, distance_metric="angular")
+    assert f"accuracy  {np.mean(acc):.4f} ± {np.std(acc):.4f}" in capsys.readouterr().out
+
+
+def test_identify_matches_with_the_angular_threshold_a_sandberg_evaluation_writes():
+    # Nearest by angle = nearest by cosine; the distance reported is arccos(cos) / pi.
+    gallery = Gallery(np.array([[1.0, 0.0], [0.0, 1.0]]), ["a", "b"])
+    probes = np.array([[1.0, np.sqrt(3.0)], [1.0, 0.1]])  # 60 deg from "a", 30 from "b"; ~6 deg
+    got = match(gallery, probes, threshold=0.1, distance="angular")
+    assert got.nearest == ["b", "a"] and got.identity == [None, "a"]
+    assert np.allclose(got.distance, [1 / 6, np.arctan(0.1) / np.pi], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name, config",
+    [("facenet-pytorch", "lfw_facenet_pytorch.yaml"), ("sandberg", "lfw_sandberg.yaml")],
+)
+def test_lfw_configs_hold_the_publishers_presets(name, config):
+    defaults = evaluate_script.config_defaults(str(ROOT / "configs" / config))
+    preset = vars(EVAL_PRESETS[name])
+    assert {key: defaults[key] for key in preset} == preset

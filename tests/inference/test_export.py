@@ -1,0 +1,104 @@
+"""scripts/export.py end to end: ONNX through onnxruntime, torch.export programs, weights."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import torch
+
+import facenet.inference.export as export_module
+from facenet.data.folder import list_images
+from facenet.data.images import read_image
+from facenet.inference.loading import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import export as export_script  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def real_images(tiny_run, trained, count: int) -> torch.Tensor:
+    """(count, 3, S, S) held-out faces prepared as the evaluation does."""
+    paths, _ = list_images(tiny_run["heldout"])
+    transform = trained.transform()
+    return torch.stack([transform(read_image(p)) for p in paths[:count]])
+
+
+def eager(trained, images: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return trained.model(images).numpy()
+
+
+def test_onnx_runs_in_onnxruntime_at_any_batch_size(tiny_run, tmp_path, capsys):
+    out = tmp_path / "model.onnx"
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--format", "onnx", "--out", str(out)]
+    assert export_script.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "parity: max |exported - eager| = " in printed and "limit 0.0001" in printed
+    trained = load_model(tiny_run["checkpoint"])
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for batch in (1, 5):  # traced at 2: the batch dimension is dynamic
+        images = real_images(tiny_run, trained, batch)
+        got = session.run(None, {name: images.numpy()})[0]
+        assert got.shape == (batch, 128)
+        assert np.abs(got - eager(trained, images)).max() <= 1e-4
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert meta["image_size"] == "32" and meta["normalize"] == "fixed"
+
+
+def test_pt2_loads_with_torch_export_at_any_batch_size(tiny_run, tmp_path, capsys):
+    out = tmp_path / "model.pt2"
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--format", "pt2", "--out", str(out)]
+    assert export_script.main(argv) == 0
+    assert "parity" in capsys.readouterr().out
+    trained = load_model(tiny_run["checkpoint"])
+    extra = {export_module.EXTRA_FILE: ""}
+    program = torch.export.load(str(out), extra_files=extra)
+    assert json.loads(extra[export_module.EXTRA_FILE])["embedding_dim"] == "128"
+    for batch in (1, 4):
+        images = real_images(tiny_run, trained, batch)
+        with torch.no_grad():
+            got = program.module()(images).numpy()
+        assert np.abs(got - eager(trained, images)).max() <= 1e-4
+
+
+def test_a_parity_failure_exits_2_and_writes_nothing(tiny_run, tmp_path, capsys, monkeypatch):
+    run_pt2 = export_module._run_pt2
+    monkeypatch.setattr(export_module, "_run_pt2", lambda data, x: run_pt2(data, x) + 1e-3)
+    out = tmp_path / "model.pt2"
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--format", "pt2", "--out", str(out)]
+    assert export_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: pt2 export differs from the eager model by 0.001")
+    assert "not written" in err and not out.exists()
+
+
+def test_weights_export_carries_the_run_threshold(tiny_run, tmp_path, capsys):
+    out = tmp_path / "model.pt"
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--format", "weights", "--out", str(out)]
+    assert export_script.main(argv) == 0
+    assert "wrote" in capsys.readouterr().out
+    trained, again = load_model(tiny_run["checkpoint"]), load_model(out)
+    saved = json.loads((tiny_run["run"] / "summary.json").read_text())["threshold"]
+    assert again.verification == {
+        "threshold": saved["value"],
+        "threshold_distance": saved["distance"],
+    }
+    images = real_images(tiny_run, trained, 2)
+    assert np.array_equal(eager(again, images), eager(trained, images))
+
+
+def test_an_unreadable_checkpoint_is_one_line(tmp_path, capsys):
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    argv = ["--checkpoint", str(tmp_path / "bad.pt"), "--format", "onnx", "--out", "x.onnx"]
+    assert export_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "bad.pt" in err and len(err.splitlines()) == 1

@@ -1,0 +1,353 @@
+"""The corrected step, measured: no graph alive after a step, the peak bounded by the selected
+images' forward, the triplet gradient reaching the model, BatchNorm updated once per step."""
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from facenet.errors import NonFiniteInputError, NonFiniteLossError
+from facenet.memory import GraphMemoryMeter
+from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
+from facenet.models.embedding import EmbeddingNet
+from facenet.training.engine import Trainer
+from facenet.training.step import unique_triplet_images
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def make_batch(p=4, k=4, size=32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(p * k, 3, size, size, generator=generator)
+    labels = torch.arange(p).repeat_interleave(k)
+    return images, labels
+
+
+def make_trainer(passes=2, ce_weight=0.0, miner=None, margin=0.2, lr=0.01, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    model = EmbeddingNet("tiny", embedding_dim=16, num_classes=4 if ce_weight else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    return Trainer(
+        model,
+        miner or BatchHardMiner(distance="squared"),
+        TripletMarginLoss(margin=margin),
+        optimizer,
+        passes=passes,
+        ce_weight=ce_weight,
+        graph_memory=True,
+        **kwargs,
+    )
+
+
+def step_under_meter(trainer, *batch, triplet_mode=False):
+    meter = trainer.meter
+    with meter:
+        meter.reset_peak()
+        if triplet_mode:
+            stats = trainer.train_triplet_step(*batch)
+        else:
+            stats = trainer.train_step(*batch)
+    return stats, meter.peak_bytes, meter.alive_bytes
+
+
+def seed_triplets(t=8, size=32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    a, p, n = (torch.randn(t, 3, size, size, generator=generator) for _ in range(3))
+    label_p = torch.randint(0, 4, (t,), generator=generator)
+    label_n = (label_p + 1) % 4
+    return a, p, n, label_p, label_n
+
+
+# ---------------------------------------------------------------- no graph outlives the step
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("ce_weight", [0.0, 1.0])
+def test_no_graph_bytes_alive_after_a_step(passes, ce_weight):
+    trainer = make_trainer(passes=passes, ce_weight=ce_weight)
+    for seed in range(2):
+        stats, peak, alive = step_under_meter(trainer, *make_batch(seed=seed))
+        assert "skipped" not in stats
+        assert peak > 0  # the grad forward did hold activations during the step
+        assert alive == 0
+
+
+def test_no_graph_bytes_alive_after_a_seed_compatible_step():
+    miner = TripletMarginMiner(margin=10.0, type_of_triplets="all", distance="euclidean")
+    trainer = make_trainer(miner=miner, margin=0.2)
+    stats, peak, alive = step_under_meter(trainer, *seed_triplets(), triplet_mode=True)
+    assert "skipped" not in stats and peak > 0 and alive == 0
+
+
+# ---------------------------------------------------------------- peak graph memory
+
+
+def forward_peak(model, images):
+    """Graph bytes of one grad forward on ``images`` (what the step must not exceed)."""
+    model = copy.deepcopy(model)
+    meter = GraphMemoryMeter()
+    with meter:
+        embeddings = model(images)
+        peak = meter.peak_bytes
+        del embeddings
+    return peak
+
+
+class FirstIdentitiesMiner:
+    """Batch-hard mining restricted to the first ``n`` identities: a known, sparse selection."""
+
+    def __init__(self, n):
+        self.n, self.inner = n, BatchHardMiner(distance="squared")
+
+    def __call__(self, embeddings, labels, candidates=None):
+        keep = torch.nonzero(labels < self.n).squeeze(1)
+        a, p, n = self.inner(embeddings[keep], labels[keep])
+        return Triplets(keep[a], keep[p], keep[n])
+
+
+@pytest.mark.parametrize("identities", [2, 4, 8])
+def test_two_pass_peak_is_one_forward_on_the_selected_images(identities):
+    images, labels = make_batch(p=8, k=4)
+    trainer = make_trainer(miner=FirstIdentitiesMiner(identities))
+    selected = images[labels < identities]
+    expected = forward_peak(trainer.model, selected)
+    _, peak, alive = step_under_meter(trainer, images, labels)
+    assert alive == 0
+    assert expected * 0.95 <= peak <= 1.05 * expected + 64 * 1024
+    # Activations scale with the number of images: the peak falls with the selection.
+    full_batch = forward_peak(trainer.model, images)
+    assert peak <= full_batch * (selected.shape[0] / images.shape[0]) * 1.1 + 64 * 1024
+
+
+def test_one_pass_peak_is_the_whole_batch():
+    images, labels = make_batch(p=8, k=4)
+    two = make_trainer(passes=2, miner=FirstIdentitiesMiner(4))
+    one = make_trainer(passes=1, miner=FirstIdentitiesMiner(4))
+    _, peak_two, _ = step_under_meter(two, images, labels)
+    _, peak_one, _ = step_under_meter(one, images, labels)
+    assert peak_one >= forward_peak(one.model, images) * 0.95
+    assert peak_two < peak_one
+
+
+def test_dense_selection_peak_is_at_most_half_the_seed_loops():
+    from seed_loop import SeedModel, seed_epoch
+
+    batches = [seed_triplets(t=8, seed=s) for s in range(3)]
+    torch.manual_seed(0)
+    seed_model = SeedModel(EmbeddingNet("tiny", embedding_dim=16), num_classes=4)
+    optimizer = torch.optim.SGD(seed_model.parameters(), lr=0.01)
+    seed_meter = GraphMemoryMeter()
+    with seed_meter:
+        seed_epoch(seed_model, optimizer, batches, margin=10.0)  # margin 10: all triplets "hard"
+    miner = TripletMarginMiner(margin=10.0, type_of_triplets="all", distance="euclidean")
+    trainer = make_trainer(miner=miner)
+    peaks = []
+    for batch in batches:
+        stats, peak, _ = step_under_meter(trainer, *batch, triplet_mode=True)
+        assert stats["selected_images"].item() == 24  # nearly every image selected: all of them
+        peaks.append(peak)
+    assert max(peaks) <= 0.5 * seed_meter.peak_bytes
+
+
+# ---------------------------------------------------------------- gradients and BatchNorm
+
+
+def test_triplet_gradient_reaches_every_parameter():
+    trainer = make_trainer(ce_weight=0.0, lr=0.1)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    stats = trainer.train_step(*make_batch())
+    assert stats["triplet_loss"].item() > 0
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
+    assert set(changed) == set(before)
+
+
+class TripletTermOff(TripletMarginLoss):
+    """The same loss value and statistics, with the triplet gradient cut to zero."""
+
+    def forward(self, embeddings, triplets, ref_embeddings=None):
+        return super().forward(embeddings, triplets, ref_embeddings) * 0.0
+
+
+def test_triplet_term_changes_the_update_beyond_cross_entropy():
+    images, labels = make_batch()
+    with_triplet = make_trainer(ce_weight=1.0, lr=0.1)
+    ce_only = make_trainer(ce_weight=1.0, lr=0.1)
+    ce_only.loss_fn = TripletTermOff(margin=0.2)
+    assert with_triplet.train_step(images, labels)["triplet_loss"].item() > 0
+    ce_only.train_step(images, labels)
+    backbone_a = [p for p in with_triplet.model.backbone.parameters()]
+    backbone_b = [p for p in ce_only.model.backbone.parameters()]
+    assert any(not torch.allclose(a, b) for a, b in zip(backbone_a, backbone_b))
+
+
+def test_batchnorm_running_stats_change_exactly_once_per_step():
+    trainer = make_trainer()
+    images, labels = make_batch(p=8, k=4)
+    reference = copy.deepcopy(trainer.model)
+    with torch.no_grad():
+        triplets = trainer.miner(copy.deepcopy(reference)(images), labels)
+    unique, _ = unique_triplet_images(triplets)
+    reference.train()
+    with torch.no_grad():
+        reference(images[unique])  # one update, by the selected images only
+    trainer.train_step(images, labels)
+    bns = [m for m in trainer.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    ref_bns = [m for m in reference.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns
+    for bn, ref in zip(bns, ref_bns):
+        assert bn.num_batches_tracked.item() == 1
+        torch.testing.assert_close(bn.running_mean, ref.running_mean)
+        torch.testing.assert_close(bn.running_var, ref.running_var)
+
+
+# ---------------------------------------------------------------- nothing mined, non-finite
+
+
+def test_no_triplets_means_no_grad_forward_and_no_update():
+    trainer = make_trainer()
+    images = torch.randn(8, 3, 32, 32)
+    labels = torch.zeros(8, dtype=torch.long)  # one identity: no negatives
+    calls = []
+    trainer.model.backbone.register_forward_hook(
+        lambda m, i, o: calls.append(torch.is_grad_enabled())
+    )
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    stats = trainer.train_step(images, labels)
+    assert stats["skipped"] == "no_triplets"
+    assert calls == [False]  # only the no-grad mining pass ran
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert trainer.counts["no_triplets"] == 1
+
+
+class NanAfter(TripletMarginLoss):
+    """The triplet loss for ``good`` calls, then NaN."""
+
+    def __init__(self, good, margin=0.2):
+        super().__init__(margin=margin)
+        self.good, self.calls = good, 0
+
+    def forward(self, embeddings, triplets):
+        self.calls += 1
+        loss = super().forward(embeddings, triplets)
+        return loss if self.calls <= self.good else loss * float("nan")
+
+
+def test_nonfinite_loss_is_skipped_then_stops_the_run():
+    trainer = make_trainer(max_nonfinite_steps=3)
+    trainer.loss_fn = NanAfter(good=0)
+    images, labels = make_batch()
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    assert trainer.train_step(images, labels)["skipped"] == "nonfinite"
+    assert trainer.train_step(images, labels)["skipped"] == "nonfinite"
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    with pytest.raises(NonFiniteLossError, match="3 steps in a row"):
+        trainer.train_step(images, labels)
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_nonfinite_images_are_refused_at_once_naming_their_rows(passes):
+    trainer = make_trainer(passes=passes)
+    images, labels = make_batch()
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    images[5, 0, 0, 0] = float("nan")
+    images[9, 1, 2, 3] = float("inf")
+    with pytest.raises(NonFiniteInputError, match="2 of 16 input images") as info:
+        trainer.train_step(images, labels)
+    assert info.value.rows == [5, 9]
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_bf16_autocast_step_runs_and_frees_the_graph():
+    trainer = make_trainer(amp="bf16")
+    stats, peak, alive = step_under_meter(trainer, *make_batch())
+    assert torch.isfinite(stats["loss"]) and alive == 0
+
+
+@pytest.mark.parametrize("passes, chunk_size", [(1, 0), (2, 0), (2, 4)])
+def test_a_skipped_nonfinite_step_leaves_batchnorm_statistics_untouched(passes, chunk_size):
+    trainer = make_trainer(passes=passes, chunk_size=chunk_size)
+    trainer.loss_fn = NanAfter(good=1)
+    images, labels = make_batch()
+    trainer.train_step(images, labels)  # one good step: statistics are not the initial ones
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    assert trainer.train_step(images, labels)["skipped"] == "nonfinite"
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_memory_is_flat_across_epochs():
+    from facenet.memory import current_rss_bytes
+
+    trainer = make_trainer(miner=FirstIdentitiesMiner(3))
+    loader = [make_batch(p=4, k=4, seed=s) for s in range(2)]  # the same batches each epoch
+    records, rss = [], []
+    for epoch in range(1, 6):
+        records.append(trainer.train_one_epoch(loader, epoch, progress=False))
+        rss.append(current_rss_bytes())
+    first, last = records[0], records[-1]
+    assert first["graph_bytes_peak"] > 0
+    assert last["graph_bytes_peak"] <= first["graph_bytes_peak"] * 1.02
+    assert last["graph_bytes_alive"] == first["graph_bytes_alive"] == 0
+    assert rss[-1] <= rss[0] + 32 * 2**20  # nothing accumulates from epoch to epoch
+
+
+class NoNormNet(torch.nn.Module):
+    """Convolutions only: a NaN image leaves the other images' embeddings finite."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8, 16),
+        )
+
+    def forward(self, x):
+        return torch.nn.functional.normalize(self.net(x), dim=1)
+
+
+@pytest.mark.parametrize("passes, chunk_size", [(1, 0), (2, 0), (2, 8)])
+@pytest.mark.parametrize("batchnorm", [True, False])
+def test_a_nan_image_the_miner_leaves_out_is_still_refused(passes, chunk_size, batchnorm):
+    """With a finite loss, a NaN image can still poison BatchNorm's running statistics (its
+    chunk's) or the gradients (0 x NaN): the step is undone and the image named."""
+    torch.manual_seed(0)
+    model = EmbeddingNet("tiny", embedding_dim=16) if batchnorm else NoNormNet()
+    miner = TripletMarginMiner(margin=0.5, type_of_triplets="all")  # leaves NaN rows out
+    trainer = Trainer(
+        model,
+        miner,
+        TripletMarginLoss(0.2),
+        torch.optim.SGD(model.parameters(), 0.1),
+        passes=passes,
+        chunk_size=chunk_size,
+    )
+    images, labels = make_batch(p=8, k=4)
+    images[30, 0, 0, 0] = float("nan")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    if passes == 2 and chunk_size == 0 and not batchnorm:
+        # Nothing touched the NaN image: the grad pass forwards the selected images only.
+        assert "skipped" not in trainer.train_step(images, labels)
+        assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+        return
+    with pytest.raises(NonFiniteInputError) as info:
+        trainer.train_step(images, labels)
+    assert info.value.rows == [30]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("passes, chunk_size", [(1, 0), (2, 0), (2, 4)])
+def test_a_batch_without_triplets_leaves_the_model_as_it_was(passes, chunk_size):
+    trainer = make_trainer(passes=passes, chunk_size=chunk_size)
+    images, labels = make_batch(p=16, k=1)  # K = 1: no positive, no triplet
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    assert trainer.train_step(images, labels)["skipped"] == "no_triplets"
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
