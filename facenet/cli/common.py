@@ -1,0 +1,75 @@
+"""What every command shares: user errors as one ``error:`` line with exit code 2, warnings as
+one ``warning:`` line, and the ``--device`` argument.
+
+A command's ``main(argv)`` is written as ``run_command(lambda: _main(args))``: a
+``FacenetError`` (a user mistake, named by file, key or value) or a file-system error becomes
+one line on stderr and exit code 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from facenet.distributed import resolve_device
+from facenet.errors import FacenetError
+
+__all__ = ["EXIT_BAD_INPUT", "add_device_argument", "one_line", "parse_device", "run_command"]
+
+EXIT_BAD_INPUT = 2
+
+
+def one_line(err: BaseException | str) -> str:
+    """A message on one line: an ``OSError`` as ``file: reason``; a multi-line text (a YAML error
+    quotes the line and a caret) joined, carets dropped."""
+    if isinstance(err, OSError) and err.filename and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    lines = [line.strip() for line in str(err).splitlines()]
+    text = " ".join(line for line in lines if line and set(line) != {"^"})
+    return text or type(err).__name__
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as ``warning: <message>`` on stderr, without the source line."""
+    print(f"warning: {message}", file=sys.stderr if file is None else file)
+
+
+def run_command(body: Callable[[], int | None]) -> int:
+    """Run a command's body; its exit code (None: 0), or 2 with one ``error:`` line for a user
+    error. Warnings raised meanwhile print as one ``warning:`` line.
+
+    Args:
+        body: the command's work, after its arguments are parsed.
+    """
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        try:
+            code = body()
+        except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
+            print(f"error: {one_line(err)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    return 0 if code is None else code
+
+
+def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
+    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (CUDA when present)."""
+    parser.add_argument(
+        "--device",
+        default=default,
+        help=f"torch device: cpu, cuda, cuda:N or auto (default {default})",
+    )
+
+
+def parse_device(name: str) -> torch.device:
+    """The torch device of ``--device``; a name torch cannot parse, or CUDA where there is
+    none, is a user error naming the value."""
+    try:
+        return resolve_device(name)
+    except RuntimeError as err:
+        raise FacenetError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
+    except FacenetError as err:
+        raise FacenetError(f"--device {name!r}: {err}") from None
