@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Verification with the LFW protocol: accuracy, VAL@FAR, AUC, EER and the ROC curve.
 
 Two sources of pair distances:
@@ -27,17 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from facenet.config import load_config  # noqa: E402
-from facenet.data.images import EVAL_PREPROCESS  # noqa: E402
-from facenet.data.insightface_bin import BinImages, read_bin  # noqa: E402
-from facenet.data.pairs import read_pairs  # noqa: E402
-from facenet.distributed import resolve_device  # noqa: E402
-from facenet.errors import DataError, FacenetError  # noqa: E402
-from facenet.evaluation.embedding import embed_dataset, embed_pair_list  # noqa: E402
-from facenet.evaluation.presets import EVAL_PRESETS, classic_thresholds  # noqa: E402
-from facenet.evaluation.protocol import (  # noqa: E402
+from facenet.config import load_config
+from facenet.data.images import EVAL_PREPROCESS
+from facenet.data.insightface_bin import BinImages, read_bin
+from facenet.data.pairs import read_pairs
+from facenet.distributed import resolve_device
+from facenet.errors import DataError, FacenetError
+from facenet.evaluation.embedding import embed_dataset, embed_pair_list
+from facenet.evaluation.presets import EVAL_PRESETS, classic_thresholds
+from facenet.evaluation.protocol import (
     DISTANCES,
     VerificationResult,
     evaluate_embeddings,
@@ -45,8 +42,8 @@ from facenet.evaluation.protocol import (  # noqa: E402
     plot_roc,
     val_at_far_label,
 )
-from facenet.files import write_text_atomic  # noqa: E402
-from facenet.inference.loading import TrainedModel, load_model  # noqa: E402
+from facenet.files import write_text_atomic
+from facenet.inference.loading import TrainedModel, load_model
 
 
 class InputError(DataError):
