@@ -33,7 +33,37 @@ __all__ = [
     "reset_cuda_peaks",
     "module_state_bytes",
     "format_bytes",
+    "memory_figures",
+    "PEAK_RSS_BYTES",
+    "GRAPH_BYTES_PEAK",
+    "GRAPH_BYTES_ALIVE",
+    "CUDA_MAX_ALLOCATED",
+    "CUDA_MAX_RESERVED",
+    "CUDA_ALLOCATED",
+    "CUDA_RESERVED",
+    "MEMORY_KEYS",
 ]
+
+# The names of the memory figures: the trainer's epoch records (metrics.jsonl), the memory
+# report's JSON and the benchmarks' JSON all use these. They are the names users' metrics.jsonl
+# files already carry, so they are never renamed.
+PEAK_RSS_BYTES = "peak_rss_bytes"  # the process's peak resident set size so far
+GRAPH_BYTES_PEAK = "graph_bytes_peak"  # tensors saved for backward, peak since the meter's reset
+GRAPH_BYTES_ALIVE = "graph_bytes_alive"  # tensors saved for backward, alive when read
+CUDA_MAX_ALLOCATED = "cuda_max_allocated"  # the CUDA allocator's peak since reset_cuda_peaks
+CUDA_MAX_RESERVED = "cuda_max_reserved"
+CUDA_ALLOCATED = "cuda_allocated"  # the CUDA allocator's figures when read
+CUDA_RESERVED = "cuda_reserved"
+# Every memory figure an epoch record, a report variant or a benchmark variant may carry.
+MEMORY_KEYS = (
+    PEAK_RSS_BYTES,
+    GRAPH_BYTES_PEAK,
+    GRAPH_BYTES_ALIVE,
+    CUDA_MAX_ALLOCATED,
+    CUDA_MAX_RESERVED,
+    CUDA_ALLOCATED,
+    CUDA_RESERVED,
+)
 
 
 # --------------------------------------------------------------------------- storages
@@ -420,6 +450,44 @@ def module_state_bytes(
         "buffer_bytes": _tensor_bytes(model.buffers()),
         "optimizer_state_bytes": sum(_tensor_bytes(s.values()) for s in state),
     }
+
+
+# --------------------------------------------------------------------------- one reading
+
+
+def memory_figures(
+    meter: GraphMemoryMeter | None = None,
+    device: torch.device | str | int | None = None,
+    *,
+    rss: bool = True,
+    cuda_now: bool = False,
+) -> dict[str, int]:
+    """The memory figures under their :data:`MEMORY_KEYS` names, read now.
+
+    Args:
+        meter: a graph meter: its peak and alive bytes; None leaves them out.
+        device: the CUDA allocator's peaks on a CUDA device; other devices (and None without
+            CUDA) leave them out.
+        rss: include the process's peak RSS (false where several measurements share a process,
+            whose peak would mix them).
+        cuda_now: also the allocator's allocated and reserved bytes now (on CUDA).
+
+    Returns:
+        ``{name: bytes}``; the trainer logs exactly what ``memory_figures(meter, device)`` gives.
+    """
+    figures = {PEAK_RSS_BYTES: int(peak_rss_bytes())} if rss else {}
+    if meter is not None:
+        figures[GRAPH_BYTES_PEAK] = int(meter.peak_bytes)
+        figures[GRAPH_BYTES_ALIVE] = int(meter.alive_bytes)
+    # None would mean "the current CUDA device" to cuda_memory_stats: no device, no CUDA figures.
+    cuda = cuda_memory_stats(device) if device is not None else {}
+    if cuda:
+        figures[CUDA_MAX_ALLOCATED] = int(cuda["max_allocated"])
+        figures[CUDA_MAX_RESERVED] = int(cuda["max_reserved"])
+        if cuda_now:
+            figures[CUDA_ALLOCATED] = int(cuda["allocated"])
+            figures[CUDA_RESERVED] = int(cuda["reserved"])
+    return figures
 
 
 # --------------------------------------------------------------------------- formatting

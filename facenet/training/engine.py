@@ -31,7 +31,7 @@ from tqdm import tqdm
 from facenet.data.loading import count_images
 from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
-from facenet.memory import GraphMemoryMeter, cuda_memory_stats, peak_rss_bytes, reset_cuda_peaks
+from facenet.memory import GraphMemoryMeter, memory_figures, reset_cuda_peaks
 from facenet.training.step import build_step, choose_step
 
 __all__ = ["Trainer", "STAT_KEYS"]
@@ -398,16 +398,10 @@ class Trainer:
         return result
 
     def memory_figures(self) -> dict:
-        """Peak RSS, CUDA peaks and, with a meter, graph bytes (epoch peak, alive now)."""
-        figures = {"peak_rss_bytes": int(peak_rss_bytes())}
-        if self.meter is not None:
-            figures["graph_bytes_peak"] = int(self.meter.peak_bytes)
-            figures["graph_bytes_alive"] = int(self.meter.alive_bytes)
-        cuda = cuda_memory_stats(self.device)
-        if cuda:
-            figures["cuda_max_allocated"] = int(cuda["max_allocated"])
-            figures["cuda_max_reserved"] = int(cuda["max_reserved"])
-        return figures
+        """Peak RSS, CUDA peaks and, with a meter, graph bytes (epoch peak, alive now), under
+        the names of ``facenet.memory.MEMORY_KEYS`` (the report and the benchmarks use them too).
+        """
+        return memory_figures(self.meter, self.device)
 
     # ------------------------------------------------------------------ state
 

@@ -14,17 +14,12 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 from facenet.files import json_safe
+from facenet.memory import MEMORY_KEYS
 
 __all__ = ["RunLogger", "flat_hparams"]
 
 # Epoch-record keys that are memory figures (the rest of the numbers are training figures).
-_MEMORY = (
-    "peak_rss_bytes",
-    "graph_bytes_peak",
-    "graph_bytes_alive",
-    "cuda_max_allocated",
-    "cuda_max_reserved",
-)
+_MEMORY = MEMORY_KEYS
 
 
 def _numbers(values: dict) -> dict:
