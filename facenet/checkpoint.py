@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import pickletools
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from facenet.files import TEMPORARY_NAME, write_atomic
 __all__ = [
     "save_checkpoint",
     "load_checkpoint",
+    "load_weights_only",
     "remove_stale_temporary_files",
     "rng_state",
     "set_rng_state",
@@ -93,17 +95,153 @@ def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
     return removed
 
 
-def _unpickler_detail(err: pickle.UnpicklingError) -> str:
-    """The one informative line of torch's weights_only error (its advice runs to a page)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    for line in lines:
-        if "unsupported global" in line.lower() or line.startswith("Unsupported operand"):
-            return line.split(" Please use")[0]
-    return lines[-1] if lines else type(err).__name__
+# Pickles in a torch file: the legacy format holds five in a row (magic number, protocol,
+# system info, the contents, the storage keys) before the raw storage bytes; a plain pickle one.
+_LEGACY_PICKLES = 5
+# Globals named in a refusal: enough to recognise the file, short enough for one line.
+_NAMED_GLOBALS = 8
+_REFUSED_OPERATION = "its pickle uses operations that weights_only loading does not allow"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _pickle_globals(fh: BinaryIO) -> set[str]:
+    """The globals (``module.name``) the leading pickles of a non-zip torch file reference.
+
+    Read statically with :mod:`pickletools`: nothing is unpickled, so nothing runs.
+
+    Args:
+        fh: the file, at its start.
+
+    Raises:
+        ValueError: the bytes are not a pickle stream (a damaged or foreign file).
+    """
+    names: set[str] = set()
+    for index in range(_LEGACY_PICKLES):
+        if index and not fh.peek(1):  # a plain pickle ends here; the legacy format goes on
+            break
+        names |= _globals_of_one_pickle(fh)
+    return names
+
+
+def _globals_of_one_pickle(fh: BinaryIO) -> set[str]:
+    """Globals of the pickle at ``fh``'s position (GLOBAL, and protocol 4's STACK_GLOBAL)."""
+    names: set[str] = set()
+    last_two: list[str | None] = [None, None]  # the two latest stack pushes, strings or None
+    memo: dict[int, str | None] = {}
+    for opcode, arg, _ in pickletools.genops(fh):
+        name = opcode.name
+        if name == "GLOBAL":  # protocols 0-3: "module name" in the argument
+            names.add(arg.replace(" ", "."))
+        elif name == "STACK_GLOBAL" and all(isinstance(s, str) for s in last_two):
+            names.add(".".join(last_two))  # protocol 4+: module and name pushed just before
+        if name == "MEMOIZE":
+            memo[len(memo)] = last_two[-1]
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = last_two[-1]
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            last_two = [last_two[-1], memo.get(int(arg))]
+        else:
+            last_two = [last_two[-1], arg if "UNICODE" in name else None]
+    return names
+
+
+def _is_zip(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(4) == b"PK\x03\x04"
+
+
+def _refusal(path: Path, what: str, detail: str) -> str:
+    # Never torch's advice to retry with weights_only=False: that is the unsafe path.
+    return (
+        f"refused to load {what} {path}: it holds objects other than tensors and plain "
+        f"containers (loaded with weights_only=True): {detail}"
+    )
+
+
+def _named(names) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - _NAMED_GLOBALS} more" if len(names) > _NAMED_GLOBALS else ""
+    return ", ".join(names[:_NAMED_GLOBALS]) + more
+
+
+def _check_zip_globals(path: Path, what: str, error: type[Exception]) -> None:
+    """Refuse a zip-format torch file whose pickle names globals weights_only does not allow.
+
+    torch answers from the pickle, statically (``get_unsafe_globals_in_checkpoint``).
+    """
+    try:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, OSError) as err:  # a torn archive, a TorchScript file
+        raise error(f"cannot read {what} {path}: {_first_line(err)}") from None
+    if unsafe:
+        raise error(_refusal(path, what, f"unsupported GLOBAL {_named(unsafe)}"))
+
+
+def _legacy_refusal(path: Path, what: str, error: type[Exception]) -> Exception:
+    """The error for a non-zip file that ``torch.load(weights_only=True)`` refused.
+
+    torch lists unsafe globals for zip files only; for the legacy format (and plain pickles)
+    the file is read statically here: a pickle stream that weights_only refused names globals
+    it does not allow; bytes that are no pickle stream are a damaged or foreign file.
+    """
+    with path.open("rb") as fh:  # buffered: peek() tells where the pickles end
+        try:
+            names = _pickle_globals(fh)
+        except ValueError:
+            return error(f"cannot read {what} {path}: not a torch.save file, or a damaged one")
+    if not names:
+        return error(_refusal(path, what, _REFUSED_OPERATION))
+    # Which of them torch refused is only in its error text: name all the file references.
+    detail = f"unsupported GLOBAL among those its pickle references: {_named(names)}"
+    return error(_refusal(path, what, detail))
+
+
+def load_weights_only(
+    path: str | os.PathLike,
+    what: str = "checkpoint",
+    error: type[Exception] = CheckpointError,
+    map_location: Any = "cpu",
+) -> Any:
+    """``torch.load(path, weights_only=True)``, with one clear error per way it can fail.
+
+    The one loader of torch files (checkpoints, weights exports, published state dicts), in
+    the zip format and the legacy one (``_use_new_zipfile_serialization=False``) alike. A file
+    whose pickle would run code is refused before anything runs; the message names the file
+    and never suggests loading it with ``weights_only=False``.
+
+    Args:
+        path: the file.
+        what: what the file is, for messages ("checkpoint", "weights file").
+        error: the exception class raised (e.g. :class:`CheckpointError`, ``WeightsError``).
+        map_location: where tensors go (default: the CPU).
+
+    Raises:
+        error: the file is missing, damaged, not a torch file, or refused.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} not found: {path}")
+    zipped = _is_zip(path)
+    if zipped:
+        _check_zip_globals(path, what, error)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        if not zipped:
+            raise _legacy_refusal(path, what, error) from None
+        # No unsafe global, yet refused: an operation (or a class pushed at run time) that
+        # weights_only does not allow.
+        raise error(_refusal(path, what, _REFUSED_OPERATION)) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as err:
+        raise error(f"cannot read {what} {path}: {_first_line(err)}") from None
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """Load a checkpoint with ``torch.load(weights_only=True)``.
+    """Load a checkpoint with ``torch.load(weights_only=True)`` (:func:`load_weights_only`).
 
     Args:
         path: the checkpoint file.
@@ -113,25 +251,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
         CheckpointError: the file is missing, truncated, or holds objects other than plain
             contents (a pickle that would run code is refused before anything runs).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        detail = _unpickler_detail(err)
-        if "unsupported global" in detail.lower():
-            raise CheckpointError(
-                f"refused to load {path}: it holds objects other than tensors and plain "
-                f"containers (loaded with weights_only=True): {detail}"
-            ) from None
-        raise CheckpointError(
-            f"refused to load {path}: not a torch.save file of plain contents, or a damaged one "
-            f"(loaded with weights_only=True): {detail}"
-        ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointError(f"cannot read checkpoint {path}: {reason}") from None
+    state = load_weights_only(path, "checkpoint", CheckpointError, map_location)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: expected a dict of contents, got {type(state).__name__}")
     return state

@@ -13,6 +13,7 @@ import torch
 
 from facenet.checkpoint import (
     load_checkpoint,
+    load_weights_only,
     remove_stale_temporary_files,
     rng_state,
     save_checkpoint,
@@ -50,6 +51,59 @@ def test_crafted_pickle_is_refused_and_runs_nothing(tmp_path):
     # The payload is live: plain unpickling runs it, so the assertions above can fail.
     pickle.loads(pickle.dumps(Payload(str(marker)))).close()
     assert marker.exists()
+
+
+def _legacy_save(contents, path):
+    """The pre-1.6 torch format (not a zip archive), as many published checkpoints are."""
+    torch.save(contents, path, _use_new_zipfile_serialization=False)
+
+
+def test_legacy_format_loads_with_weights_only(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    path = tmp_path / "legacy.pt"
+    _legacy_save({"model": model.state_dict(), "epoch": 4}, path)
+    assert path.read_bytes()[:4] != b"PK\x03\x04"  # really the old format
+    loaded = load_checkpoint(path)
+    assert loaded["epoch"] == 4 and torch.equal(loaded["model"]["weight"], model.weight.detach())
+
+
+def test_torch_lists_unsafe_globals_of_zip_files_only(tmp_path):
+    """Why legacy files are read statically here: torch's static check needs a zip archive."""
+    _legacy_save({"w": torch.ones(2)}, tmp_path / "legacy.pt")
+    with pytest.raises(ValueError):
+        torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "legacy.pt")
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda obj, path: torch.save(obj, path),
+        _legacy_save,
+        lambda obj, path: path.write_bytes(pickle.dumps(obj, protocol=2)),
+        lambda obj, path: path.write_bytes(pickle.dumps(obj, protocol=5)),
+    ],
+    ids=["zip", "legacy", "pickle protocol 2", "pickle protocol 5"],
+)
+def test_a_pickle_that_would_run_code_is_refused_by_name_in_any_format(tmp_path, write):
+    marker, path = tmp_path / "created_by_payload", tmp_path / "evil.pt"
+    write({"model": Payload(str(marker)), "w": torch.ones(2)}, path)
+    with pytest.raises(CheckpointError, match="refused to load checkpoint .*evil.pt") as err:
+        load_checkpoint(path)
+    message = str(err.value)
+    assert "unsupported GLOBAL" in message and "open" in message  # the payload's global
+    assert "weights_only=False" not in message and "weights_only` set to" not in message
+    assert not marker.exists()
+
+
+def test_damaged_legacy_file_is_not_called_unsafe(tmp_path):
+    path = tmp_path / "torn.pt"
+    _legacy_save({"w": torch.ones(1000)}, path)
+    path.write_bytes(path.read_bytes()[:60])
+    with pytest.raises(CheckpointError, match="cannot read checkpoint .*torn.pt"):
+        load_checkpoint(path)
+    path.write_bytes(b"not a torch file at all")
+    with pytest.raises(ValueError, match="cannot read weights file .*not a torch.save file"):
+        load_weights_only(path, "weights file", ValueError)
 
 
 def test_missing_and_truncated_files(tmp_path):

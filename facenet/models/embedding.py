@@ -14,7 +14,6 @@ input). Initial backbone weights may come from a local state-dict file. See docs
 from __future__ import annotations
 
 import os
-import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+from facenet.checkpoint import load_weights_only
 from facenet.errors import WeightsError
 from facenet.models.backbones import (
     FACENET_PYTORCH_HEAD_KEYS,
@@ -135,41 +135,9 @@ def build_backbone(name: str, in_channels: int = 3) -> tuple[nn.Module, int]:
 # --------------------------------------------------------------------------- weights
 
 
-def _unpickler_detail(err: pickle.UnpicklingError) -> str:
-    """The one informative line of torch's weights_only error (its advice runs to a page)."""
-    text = str(err)
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        text = text.split(marker, 1)[1]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    # Never torch's advice to retry with weights_only=False: that is the unsafe path.
-    lines = [line for line in lines if "weights_only" not in line]
-    for line in lines:
-        if "unsupported global" in line.lower():
-            return line.split(" Please use")[0]
-    return lines[0].split(" Please use")[0] if lines else type(err).__name__
-
-
 def _read_weights_file(path: str | os.PathLike) -> object:
-    if not os.path.isfile(path):
-        raise WeightsError(f"weights file not found: {path}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        detail = _unpickler_detail(err)
-        # torch words it "Unsupported global" or "Trying to load unsupported GLOBAL", by version.
-        if "unsupported global" in detail.lower():
-            raise WeightsError(
-                f"refused to load weights file {path}: it holds objects other than tensors and "
-                f"plain containers (loaded with weights_only=True): {detail}"
-            ) from None
-        raise WeightsError(
-            f"cannot read weights file {path}: not a torch.save file, or a damaged one: {detail}"
-        ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise WeightsError(
-            f"cannot read weights file {path} as a torch state dict: {err}"
-        ) from None
+    """The contents of a weights file: the one ``weights_only`` loader of torch files."""
+    return load_weights_only(path, what="weights file", error=WeightsError)
 
 
 def _unwrap_state_dict(obj: object, path: str | os.PathLike) -> dict[str, torch.Tensor]:
