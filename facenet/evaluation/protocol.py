@@ -34,9 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from sklearn.metrics import auc as area_under_curve
 from sklearn.metrics import roc_curve
 from sklearn.model_selection import KFold
+
+# The one distance implementation, shared with training (float64 in, float64 out).
+from facenet.metric.distances import DISTANCE_NAMES, paired_distance
 
 __all__ = [
     "DISTANCES",
@@ -48,18 +52,21 @@ __all__ = [
     "plot_roc",
 ]
 
-DISTANCES = ("squared", "euclidean", "cosine", "angular")
+# The distances training uses are the ones evaluation measures: one name list.
+DISTANCES = DISTANCE_NAMES
 
 # (upper end, accuracy-grid step, VAL-grid step). The squared row is the classic
-# arange(0, 4, 0.01) / arange(0, 4, 0.001) for unit vectors; euclidean (|a - b|) and cosine
-# (1 - cos) both range over [0, 2] for unit vectors, angular (arccos(cos) / pi) over [0, 1],
-# so they get the same number of steps. The publishers' presets (facenet.evaluation.presets)
-# keep the classic [0, 4) grids for every metric instead, as their code did.
+# arange(0, 4, 0.01) / arange(0, 4, 0.001) for unit vectors; euclidean (|a - b|), seed_l2
+# (|a - b| plus a 1e-4 / D under the root) and cosine (1 - cos) range over [0, 2] for unit
+# vectors, angular (arccos(cos) / pi) over [0, 1], so they get the same number of steps.
+# The publishers' presets (facenet.evaluation.presets) keep the classic [0, 4) grids for
+# every metric instead, as their code did.
 _GRIDS = {
     "squared": (4.0, 0.01, 0.001),
     "euclidean": (2.0, 0.005, 0.0005),
     "cosine": (2.0, 0.005, 0.0005),
     "angular": (1.0, 0.0025, 0.00025),
+    "seed_l2": (2.0, 0.005, 0.0005),
 }
 
 
@@ -165,7 +172,7 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 def _check_distance_name(distance: str) -> None:
-    if distance not in _GRIDS:
+    if distance not in DISTANCES:
         raise ValueError(f"distance={distance!r}: valid options: {', '.join(DISTANCES)}")
 
 
@@ -546,21 +553,23 @@ def evaluate_verification(
     )
 
 
+def _check_nonzero(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> None:
+    """The angle of a zero-length embedding is undefined: refuse it rather than measure 1."""
+    norms = np.linalg.norm(emb1, axis=1) * np.linalg.norm(emb2, axis=1)  # (N,)
+    if np.any(norms == 0):
+        raise ValueError(f"{metric} distance of a zero-length embedding is undefined")
+
+
 def _metric_distance(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> np.ndarray:
-    """(N,) distance between matching rows of two (N, D) arrays."""
+    """(N,) float64 distance between matching rows of two (N, D) float64 arrays.
+
+    The training distance (:func:`facenet.metric.distances.paired_distance`), which keeps
+    float64 inputs in float64; numpy in, numpy out.
+    """
     if metric in ("cosine", "angular"):
-        dot = np.sum(emb1 * emb2, axis=1)
-        norms = np.linalg.norm(emb1, axis=1) * np.linalg.norm(emb2, axis=1)
-        if np.any(norms == 0):
-            raise ValueError(f"{metric} distance of a zero-length embedding is undefined")
-        similarity = dot / norms  # (N,)
-        if metric == "cosine":
-            return 1.0 - similarity
-        # davidsandberg/facenet's distance_metric=1. Rounding can put the similarity of two
-        # (nearly) identical embeddings just above 1, where arccos is NaN: clip to [-1, 1].
-        return np.arccos(np.clip(similarity, -1.0, 1.0)) / np.pi
-    squared = np.sum(np.square(emb1 - emb2), axis=1)
-    return squared if metric == "squared" else np.sqrt(squared)
+        _check_nonzero(emb1, emb2, metric)
+    a, b = torch.from_numpy(emb1), torch.from_numpy(emb2)  # (N, D) float64, shared memory
+    return paired_distance(a, b, metric).numpy()  # (N,)
 
 
 def _check_embeddings(emb1: Any, emb2: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -594,8 +603,9 @@ def pair_distances(
         emb1: (N, D) embeddings of the first images (numpy or torch); with flip-concatenation
             already applied by the caller, (N, 2D).
         emb2: (N, D) embeddings of the second images.
-        metric: "squared" (|a-b|^2), "euclidean" (|a-b|), "cosine" (1 - cos(a, b)) or
-            "angular" (arccos(cos(a, b)) / pi, davidsandberg/facenet's distance_metric=1).
+        metric: a name in ``DISTANCES`` (``facenet.metric.DISTANCE_NAMES``): "squared"
+            (|a-b|^2), "euclidean" (|a-b|), "cosine" (1 - cos(a, b)), "angular"
+            (arccos(cos(a, b)) / pi, davidsandberg/facenet's distance_metric=1) or "seed_l2".
         subtract_mean: subtract the training folds' mean embedding before measuring.
         n_folds: folds for the mean (contiguous in input order).
         folds: optional (N,) fold index per pair instead of contiguous folds.
@@ -637,8 +647,8 @@ def evaluate_embeddings(
             wanted, is done by the caller when embedding ((N, 2D) then).
         emb2: (N, D) embeddings of the second images.
         issame: (N,) True/1 for same-identity pairs.
-        metric: "squared", "euclidean", "cosine" (1 - cos) or "angular" (arccos(cos) / pi);
-            also picks the default grids.
+        metric: a name in ``DISTANCES``: "squared", "euclidean", "cosine" (1 - cos),
+            "angular" (arccos(cos) / pi) or "seed_l2"; also picks the default grids.
         subtract_mean: the classic mean subtraction (off by default).
         n_folds: number of contiguous folds.
         far_target: the FAR at which VAL is reported.

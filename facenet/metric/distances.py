@@ -9,6 +9,8 @@ Named distances:
 - ``"squared"``: ``||x - y||^2``, FaceNet's distance (Schroff et al. 2015).
 - ``"euclidean"``: ``||x - y||``, with a zero (finite) gradient where the distance is zero.
 - ``"cosine"``: ``1 - cos(x, y)``.
+- ``"angular"``: ``arccos(cos(x, y)) / pi`` over [0, 1], davidsandberg/facenet's
+  ``distance_metric=1`` (its published LFW figures), with a finite gradient at cos = +-1.
 - ``"seed_l2"``: ``sqrt(||x - y||^2 + 1e-4 / D)``, the distance of the seed training script
   (``utils.PairwiseDistance(2)`` in liorshk/facenet_pytorch). Only for reproducing its triplet
   selection; a training run should use one of the others.
@@ -18,15 +20,19 @@ Any callable ``f(x, y) -> (B, M)`` can stand in for a name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from facenet.metric.checks import check_embedding_pair
+
 __all__ = [
     "DISTANCE_NAMES",
     "Distance",
     "DistanceLike",
+    "compute_dtype",
     "get_distance",
     "pairwise_distance",
     "paired_distance",
@@ -37,22 +43,16 @@ MatrixFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _PAIRED_BLOCK = 256  # rows per block when a matrix-only distance is evaluated row by row
 
 
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """The dtype distances are computed in: float32, or float64 if an input is float64."""
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype distances (and losses) are computed in: float32, or float64 if an input is.
+
+    Args:
+        tensors: the inputs, any dtype.
+    """
     dtype = torch.float32
     for t in tensors:
         dtype = torch.promote_types(dtype, t.dtype)
     return dtype
-
-
-def _check_embeddings(x: torch.Tensor, y: torch.Tensor, what: str) -> None:
-    if x.dim() != 2 or y.dim() != 2:
-        raise ValueError(
-            f"{what}: embeddings must be 2-D (N, D); got shapes {tuple(x.shape)} and "
-            f"{tuple(y.shape)}"
-        )
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"{what}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}")
 
 
 def _safe_sqrt(sq: torch.Tensor) -> torch.Tensor:
@@ -83,6 +83,22 @@ def _cosine_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return 1 - F.normalize(x, dim=1) @ F.normalize(y, dim=1).T
 
 
+def _safe_arccos(cos: torch.Tensor) -> torch.Tensor:
+    """arccos(cos) / pi, with cos clipped to [-1, 1] and a zero (not inf) gradient at the ends.
+
+    Rounding puts the cosine of two (nearly) identical embeddings just above 1, where arccos is
+    NaN; and arccos' derivative is infinite at +-1, which would make the gradient NaN.
+    """
+    inside = cos.abs() < 1
+    clipped = torch.where(inside, cos, torch.zeros_like(cos))  # a finite gradient everywhere
+    angle = torch.where(inside, torch.arccos(clipped), torch.arccos(cos.clamp(-1, 1).detach()))
+    return angle / math.pi
+
+
+def _angular_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return _safe_arccos(F.normalize(x, dim=1) @ F.normalize(y, dim=1).T)  # (B, M)
+
+
 def _seed_l2_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (_squared_matrix(x, y) + 1e-4 / x.shape[1]).sqrt()
 
@@ -101,6 +117,10 @@ def _euclidean_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _cosine_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return 1 - (F.normalize(x, dim=1) * F.normalize(y, dim=1)).sum(1)
+
+
+def _angular_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return _safe_arccos((F.normalize(x, dim=1) * F.normalize(y, dim=1)).sum(1))  # (T,)
 
 
 def _seed_l2_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -146,8 +166,8 @@ class Distance:
         """
         self_distance = y is None
         y = x if y is None else y
-        _check_embeddings(x, y, f"distance {self.name!r}")
-        dtype = _compute_dtype(x, y)
+        check_embedding_pair(x, y, f"distance {self.name!r}")
+        dtype = compute_dtype(x, y)
         with torch.autocast(device_type=x.device.type, enabled=False):
             out = self.matrix_fn(x.to(dtype), y.to(dtype))
         if out.shape != (x.shape[0], y.shape[0]):
@@ -173,13 +193,13 @@ class Distance:
             x: (T, D) embeddings.
             y: (T, D) embeddings.
         """
-        _check_embeddings(x, y, f"distance {self.name!r}")
+        check_embedding_pair(x, y, f"distance {self.name!r}")
         if x.shape[0] != y.shape[0]:
             raise ValueError(
                 f"distance {self.name!r}: paired rows differ in number: {x.shape[0]} vs "
                 f"{y.shape[0]}"
             )
-        dtype = _compute_dtype(x, y)
+        dtype = compute_dtype(x, y)
         with torch.autocast(device_type=x.device.type, enabled=False):
             x, y = x.to(dtype), y.to(dtype)
             if self.paired_fn is not None:
@@ -196,6 +216,8 @@ _NAMED = {
     "squared": Distance(_squared_matrix, _squared_paired, "squared", zero_diagonal=True),
     "euclidean": Distance(_euclidean_matrix, _euclidean_paired, "euclidean", zero_diagonal=True),
     "cosine": Distance(_cosine_matrix, _cosine_paired, "cosine"),
+    # arccos magnifies the rounding of cos(x, x) ~ 1 - 1e-16 to 1e-8: the diagonal is set to 0.
+    "angular": Distance(_angular_matrix, _angular_paired, "angular", zero_diagonal=True),
     "seed_l2": Distance(_seed_l2_matrix, _seed_l2_paired, "seed_l2"),
 }
 

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from facenet.metric.distances import Distance, DistanceLike, get_distance
+from facenet.metric.checks import check_embeddings, check_index_triplets, check_labels
+from facenet.metric.distances import Distance, DistanceLike, compute_dtype, get_distance
 
 if TYPE_CHECKING:
     from facenet.config import LossConfig
@@ -40,45 +41,12 @@ def _check_reduction(reduction: str, who: str) -> str:
     return reduction
 
 
-def _check_embeddings(embeddings: torch.Tensor, name: str, who: str) -> None:
-    if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 2:
-        shape = tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else embeddings
-        raise ValueError(f"{who}: {name} must be a 2-D tensor (B, D), got {shape}")
-
-
-def _as_index_triplets(triplets, device: torch.device, who: str) -> tuple[torch.Tensor, ...]:
-    """(a, p, n) as int64 tensors of one shape (T,) on ``device``."""
-    if not isinstance(triplets, Sequence) or len(triplets) != 3:
-        count = len(triplets) if isinstance(triplets, Sequence) else type(triplets).__name__
-        raise ValueError(
-            f"{who}: triplets must be 3 index tensors (anchor, positive, negative), got {count}"
-            " (a 4-tuple of pairs (a1, p, a2, n) is not a triplet list)"
-        )
-    a, p, n = (torch.as_tensor(t, device=device) for t in triplets)
-    for name, t in (("anchor", a), ("positive", p), ("negative", n)):
-        if t.is_floating_point() or t.dtype == torch.bool:
-            raise ValueError(f"{who}: {name} indices must be integers, got dtype {t.dtype}")
-    if not (a.dim() == p.dim() == n.dim() == 1) or not (a.shape == p.shape == n.shape):
-        raise ValueError(
-            f"{who}: triplet index tensors must be 1-D and equally long, got shapes "
-            f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
-        )
-    return a.long(), p.long(), n.long()
-
-
-def _loss_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    dtype = torch.float32
-    for t in tensors:
-        dtype = torch.promote_types(dtype, t.dtype)
-    return dtype
-
-
 def _connected_zero(*tensors: torch.Tensor) -> torch.Tensor:
     """A scalar 0 in the graph of ``tensors`` with a zero gradient, even if they hold NaN.
 
     The sum of an empty slice is exactly 0; ``x.sum() * 0`` would be NaN for a non-finite x.
     """
-    dtype = _loss_dtype(*tensors)
+    dtype = compute_dtype(*tensors)
     return sum(t[:0].to(dtype).sum() for t in tensors)
 
 
@@ -150,10 +118,10 @@ class TripletMarginLoss(nn.Module):
             ref_embeddings: optional (M, D) embeddings holding positives and negatives.
         """
         who = type(self).__name__
-        _check_embeddings(embeddings, "embeddings", who)
+        check_embeddings(embeddings, who)
         if ref_embeddings is not None:
-            _check_embeddings(ref_embeddings, "ref_embeddings", who)
-        a, p, n = _as_index_triplets(triplets, embeddings.device, who)
+            check_embeddings(ref_embeddings, who, "ref_embeddings")
+        a, p, n = check_index_triplets(triplets, embeddings.device, who)
         inputs = (embeddings,) if ref_embeddings is None else (embeddings, ref_embeddings)
         if a.shape[0] == 0:
             loss = _connected_zero(*inputs)
@@ -279,16 +247,11 @@ def batch_all_triplet_loss(
         has no valid triplet).
     """
     who = "batch_all_triplet_loss"
-    _check_embeddings(embeddings, "embeddings", who)
+    check_embeddings(embeddings, who)
     _check_reduction(reduction, who)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{who}: chunk_size must be an int >= 1, got {chunk_size!r}")
-    labels = torch.as_tensor(labels, device=embeddings.device)
-    if labels.shape != (embeddings.shape[0],):
-        raise ValueError(
-            f"{who}: labels must have shape ({embeddings.shape[0]},) to match embeddings "
-            f"{tuple(embeddings.shape)}, got {tuple(labels.shape)}"
-        )
+    labels = check_labels(labels, embeddings, who)  # (B,)
     if embeddings.shape[0] == 0:
         return _connected_zero(embeddings)
     dist = get_distance(distance)(embeddings)  # (B, B)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from facenet.metric.checks import check_embeddings, check_index_triplets, check_labels
 from facenet.metric.distances import Distance, DistanceLike, get_distance
 
 if TYPE_CHECKING:
@@ -84,45 +85,6 @@ class Triplets(NamedTuple):
 def _empty_triplets(device: torch.device) -> Triplets:
     empty = torch.empty(0, dtype=torch.int64, device=device)
     return Triplets(empty, empty.clone(), empty.clone())
-
-
-def _check_embeddings(embeddings: torch.Tensor, who: str) -> None:
-    if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 2:
-        shape = tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else embeddings
-        raise ValueError(f"{who}: embeddings must be a 2-D tensor (B, D), got {shape}")
-
-
-def _check_labels(labels, embeddings: torch.Tensor, who: str) -> torch.Tensor:
-    """Labels as a (B,) tensor on the embeddings' device."""
-    if labels is None:
-        raise ValueError(f"{who}: labels are required unless candidates are given")
-    labels = torch.as_tensor(labels, device=embeddings.device)
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        # 1.0 and 1.0000001 would be different identities; True/False only two of them.
-        raise ValueError(f"{who}: labels must be integers, got dtype {labels.dtype}")
-    if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
-        raise ValueError(
-            f"{who}: labels must have shape ({embeddings.shape[0]},) to match embeddings "
-            f"{tuple(embeddings.shape)}, got {tuple(labels.shape)}"
-        )
-    return labels
-
-
-def _check_candidates(candidates, embeddings: torch.Tensor, who: str) -> Triplets:
-    """Candidate (a, p, n) as int64 tensors of one shape (T,) on the embeddings' device."""
-    if not isinstance(candidates, Sequence) or len(candidates) != 3:
-        raise ValueError(f"{who}: candidates must be a 3-tuple (anchor, positive, negative)")
-    a, p, n = (torch.as_tensor(c, device=embeddings.device) for c in candidates)
-    for name, t in (("anchor", a), ("positive", p), ("negative", n)):
-        if t.is_floating_point() or t.dtype == torch.bool:
-            raise ValueError(f"{who}: candidate {name} indices must be integers, got {t.dtype}")
-    a, p, n = a.long(), p.long(), n.long()
-    if not (a.dim() == p.dim() == n.dim() == 1) or not (a.shape == p.shape == n.shape):
-        raise ValueError(
-            f"{who}: candidate index tensors must be 1-D and equally long, got shapes "
-            f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
-        )
-    return Triplets(a, p, n)
 
 
 def _check_max_triplets(max_triplets: int, who: str) -> int:
@@ -362,14 +324,13 @@ class _Miner:
             Triplets of int64 tensors on the embeddings' device.
         """
         who = type(self).__name__
-        _check_embeddings(embeddings, who)
+        check_embeddings(embeddings, who)
         with torch.no_grad():
             if candidates is not None:
-                triplets = self._filter_candidates(
-                    embeddings, _check_candidates(candidates, embeddings, who)
-                )
+                checked = check_index_triplets(candidates, embeddings.device, who, "candidate")
+                triplets = self._filter_candidates(embeddings, Triplets(*checked))
             else:
-                labels = _check_labels(labels, embeddings, who)
+                labels = check_labels(labels, embeddings, who, " unless candidates are given")
                 if embeddings.shape[0] == 0:
                     return _empty_triplets(embeddings.device)
                 triplets = self._mine(embeddings, labels)

@@ -15,7 +15,7 @@ from facenet.metric.distances import (
     pairwise_distance,
 )
 
-METRICS = ("squared", "euclidean", "cosine", "seed_l2")
+METRICS = ("squared", "euclidean", "cosine", "angular", "seed_l2")
 
 
 def brute_force(x: torch.Tensor, y: torch.Tensor, metric: str) -> torch.Tensor:
@@ -30,6 +30,9 @@ def brute_force(x: torch.Tensor, y: torch.Tensor, metric: str) -> torch.Tensor:
                 out[i, j] = math.sqrt(sq)
             elif metric == "seed_l2":
                 out[i, j] = math.sqrt(sq + 1e-4 / x.shape[1])
+            elif metric == "angular":  # Kahan's stable angle: exactly 0 for equal rows
+                u, v = xi / xi.norm(), yj / yj.norm()
+                out[i, j] = 2 * math.atan2(float((u - v).norm()), float((u + v).norm())) / math.pi
             else:
                 out[i, j] = 1 - float(xi @ yj) / float(xi.norm() * yj.norm())
     return out
