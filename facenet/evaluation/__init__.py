@@ -1,5 +1,10 @@
 """Face verification: the LFW protocol (10-fold accuracy, VAL@FAR, AUC, EER, ROC), the
-publishers' evaluation presets, and embedding pairs lists in eval mode.
+publishers' evaluation presets, embedding pairs lists in eval mode, the one verification path
+(``facenet.evaluation.verify.verify``) and the one way its figures are written (``report``).
+
+``verify`` is imported from its module, not re-exported here: a package attribute named like
+the submodule would hide the module itself (``import facenet.evaluation.verify as m`` would
+give the function).
 """
 
 from facenet.evaluation.embedding import embed_dataset, embed_pair_list
@@ -12,6 +17,7 @@ from facenet.evaluation.protocol import (
     pair_distances,
     plot_roc,
 )
+from facenet.evaluation.report import figures, figures_line, val_at_far_label
 
 __all__ = [
     "ALIGN_PRESETS",
@@ -23,6 +29,9 @@ __all__ = [
     "embed_pair_list",
     "evaluate_embeddings",
     "evaluate_verification",
+    "figures",
+    "figures_line",
     "pair_distances",
     "plot_roc",
+    "val_at_far_label",
 ]

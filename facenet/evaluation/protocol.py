@@ -39,6 +39,9 @@ from sklearn.metrics import auc as area_under_curve
 from sklearn.metrics import roc_curve
 from sklearn.model_selection import KFold
 
+# How results are written lives in report (the one formatting); re-exported here.
+from facenet.evaluation.report import figures, figures_line, val_at_far_label
+
 # The one distance implementation, shared with training (float64 in, float64 out).
 from facenet.metric.distances import DISTANCE_NAMES, paired_distance
 
@@ -152,13 +155,10 @@ class VerificationResult:
         return out
 
     def summary(self) -> str:
-        """One line: accuracy ± std, VAL ± std @ FAR, AUC, EER and the threshold."""
-        return (
-            f"accuracy {self.accuracy_mean:.4f} ± {self.accuracy_std:.4f}  "
-            f"{val_at_far_label(self.val, self.far_target, self.far)} ± {self.val_std:.4f}  "
-            f"AUC {self.auc:.4f}  EER {self.eer:.4f}  "
-            f"threshold {self.threshold:.4f} ({self.threshold_distance})"
-        )
+        """One line: the figures as every command prints them (``report.figures_line``), then
+        the threshold."""
+        line = figures_line("", figures(self))
+        return f"{line} threshold {self.threshold:.4f} ({self.threshold_distance})"
 
 
 # --------------------------------------------------------------------------- input checks
@@ -677,17 +677,6 @@ def evaluate_embeddings(
     return _run_protocol(
         by_fold, same, fold_ids, n_folds, _check_far_target(far_target), grid, val_grid, metric
     )
-
-
-def val_at_far_label(val: float, far_target: float, far: float) -> str:
-    """The one way VAL at FAR is written: ``VAL 0.4680 @ FAR 0.001 (achieved 0.0030)``.
-
-    Args:
-        val: the VAL (true accept rate) measured.
-        far_target: the FAR the thresholds aimed at.
-        far: the FAR achieved on the test folds at those thresholds.
-    """
-    return f"VAL {val:.4f} @ FAR {far_target:g} (achieved {far:.4f})"
 
 
 def plot_roc(

@@ -1,0 +1,229 @@
+"""One verification path: a model and a pairs list (or an insightface ``.bin`` set) in, a
+``VerificationResult`` out; the same protocol for pair distances read from a file.
+
+Training's validation and the evaluate command both call :func:`verify`, each translating its
+own settings (a run configuration, a command line) into these plain arguments, so a checkpoint
+evaluated on the same pairs gives the same figures either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from facenet.data.insightface_bin import BinImages, BinPairs
+from facenet.errors import DataError
+from facenet.evaluation.embedding import embed_dataset, embed_pair_list
+from facenet.evaluation.presets import classic_thresholds
+from facenet.evaluation.protocol import (
+    VerificationResult,
+    evaluate_embeddings,
+    evaluate_verification,
+    pair_distances,
+)
+
+__all__ = ["GRIDS", "embed_pairs", "threshold_grids", "verify", "verify_distances"]
+
+GRIDS = ("default", "classic")
+
+
+def threshold_grids(grid: str = "default") -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(accuracy grid, VAL grid) of a grid name; None, None: the distance's own grids.
+
+    Args:
+        grid: "default" (chosen by the distance) or "classic" (the publishers' [0, 4) grids
+            whatever the distance).
+    """
+    if grid not in GRIDS:
+        raise ValueError(f"unknown threshold grid {grid!r}; expected one of {GRIDS}")
+    if grid == "classic":
+        return classic_thresholds(), classic_thresholds(fine=True)
+    return None, None
+
+
+def _source(pairs) -> str:
+    """The name of a pairs list or ``.bin`` set, for error messages."""
+    if isinstance(pairs, BinPairs):
+        return f"{pairs.name}.bin"
+    return str(getattr(pairs, "source", "") or "pairs")
+
+
+def embed_pairs(
+    model: nn.Module,
+    pairs,
+    image_size: int,
+    *,
+    normalize: str = "fixed",
+    preprocess: str = "resize",
+    flip: bool = False,
+    batch_size: int = 128,
+    device: str | torch.device = "cpu",
+    num_workers: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides of every pair embedded in eval mode: ``(emb1, emb2)``, (N, D) float32.
+
+    Args:
+        model: the embedding network, already on ``device``.
+        pairs: a ``PairList`` (sharded over ranks under several processes) or a ``BinPairs``
+            (embedded in this process; its aligned faces are resized whole, so ``preprocess``
+            and ``num_workers`` do not apply).
+        image_size: the network's input side.
+        normalize: the pixel standardisation the network was trained with.
+        preprocess: "resize" or "crop" for image files (``facenet.data.images``).
+        flip: concatenate each embedding with that of the flipped image ((N, 2D) then).
+        batch_size: images per forward.
+        device: where the network runs.
+        num_workers: DataLoader workers decoding image files.
+    """
+    if isinstance(pairs, BinPairs):  # images 2i and 2i + 1 are pair i
+        images = BinImages(pairs, image_size, normalize)
+        embeddings = embed_dataset(model, images, batch_size, device, flip).numpy()
+        return embeddings[0::2], embeddings[1::2]
+    emb1, emb2 = embed_pair_list(
+        model,
+        pairs,
+        image_size,
+        batch_size,
+        device,
+        flip,
+        normalize=normalize,
+        num_workers=num_workers,
+        preprocess=preprocess,
+    )
+    return emb1.numpy(), emb2.numpy()
+
+
+def _folds(pairs, n_folds: int) -> np.ndarray | None:
+    """A pairs file's own folds, or folds that each hold both kinds of pair; None: contiguous.
+
+    The file's folds differ from contiguous blocks once pairs were skipped, and a one-fold
+    file lists one kind, then the other. A ``.bin`` set alternates kinds: contiguous folds.
+    """
+    return pairs.folds_for(n_folds) if hasattr(pairs, "folds_for") else None
+
+
+def verify(
+    model: nn.Module,
+    pairs,
+    image_size: int,
+    *,
+    normalize: str = "fixed",
+    preprocess: str = "resize",
+    flip: bool = False,
+    subtract_mean: bool = False,
+    distance: str = "squared",
+    grid: str = "default",
+    n_folds: int = 10,
+    far_target: float = 1e-3,
+    batch_size: int = 128,
+    device: str | torch.device = "cpu",
+    num_workers: int = 0,
+    return_distances: bool = False,
+) -> VerificationResult | tuple[VerificationResult, np.ndarray]:
+    """The verification protocol (accuracy, VAL@FAR, AUC, EER) of ``model`` on ``pairs``.
+
+    Args:
+        model: the embedding network, already on ``device``.
+        pairs: a ``PairList`` (``facenet.data.pairs``) or a ``BinPairs``
+            (``facenet.data.insightface_bin``).
+        image_size: the network's input side.
+        normalize: the pixel standardisation the network was trained with.
+        preprocess: "resize" or "crop" (image files only).
+        flip: concatenate each embedding with that of the flipped image.
+        subtract_mean: subtract the training folds' mean embedding (the classic option).
+        distance: the pair distance (``facenet.evaluation.protocol.DISTANCES``).
+        grid: the threshold grids (:func:`threshold_grids`).
+        n_folds: folds of the protocol.
+        far_target: the FAR at which VAL is read.
+        batch_size: images per forward.
+        device: where the network runs.
+        num_workers: DataLoader workers decoding image files.
+        return_distances: also return the (N,) pair distances (without mean subtraction:
+            what a fixed threshold such as a run's validation threshold applies to).
+
+    Returns:
+        The ``VerificationResult``, or ``(result, distances)`` with ``return_distances``.
+
+    Raises:
+        DataError: pairs the protocol cannot use (e.g. a fold without both kinds), named.
+    """
+    emb1, emb2 = embed_pairs(
+        model,
+        pairs,
+        image_size,
+        normalize=normalize,
+        preprocess=preprocess,
+        flip=flip,
+        batch_size=batch_size,
+        device=device,
+        num_workers=num_workers,
+    )
+    thresholds, val_thresholds = threshold_grids(grid)
+    result = _checked(
+        _source(pairs),
+        evaluate_embeddings,
+        emb1,
+        emb2,
+        pairs.issame,
+        metric=distance,
+        subtract_mean=subtract_mean,
+        n_folds=n_folds,
+        far_target=far_target,
+        thresholds=thresholds,
+        val_thresholds=val_thresholds,
+        folds=_folds(pairs, n_folds),
+    )
+    if not return_distances:
+        return result
+    return result, pair_distances(emb1, emb2, metric=distance)
+
+
+def verify_distances(
+    distances: Any,
+    issame: Any,
+    *,
+    distance: str = "squared",
+    grid: str = "default",
+    n_folds: int = 10,
+    far_target: float = 1e-3,
+    source: str = "distances",
+) -> VerificationResult:
+    """The verification protocol on pair distances measured elsewhere (e.g. read from a file).
+
+    Args:
+        distances: (N,) distance of each pair.
+        issame: (N,) True/1 for same-identity pairs.
+        distance: the metric the distances were measured with (chooses the default grids).
+        grid: the threshold grids (:func:`threshold_grids`).
+        n_folds: contiguous folds of the protocol.
+        far_target: the FAR at which VAL is read.
+        source: where the distances came from, for error messages.
+
+    Raises:
+        DataError: distances the protocol cannot use, named by ``source``.
+    """
+    thresholds, val_thresholds = threshold_grids(grid)
+    return _checked(
+        source,
+        evaluate_verification,
+        distances,
+        issame,
+        n_folds,
+        far_target,
+        thresholds,
+        val_thresholds,
+        distance,
+    )
+
+
+def _checked(source: str, protocol, *args, **kwargs) -> VerificationResult:
+    """``protocol(*args, **kwargs)``; its refusal of the data as a DataError naming ``source``."""
+    try:
+        return protocol(*args, **kwargs)
+    except DataError:
+        raise
+    except ValueError as err:  # the protocol checked the pairs: they do not fit, a user matter
+        raise DataError(f"{source}: {err}") from None
