@@ -17,41 +17,31 @@ folds and the distance it applies to) and ``roc.png`` (``roc_<name>.png`` per ``
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import sys
-import zipfile
 from pathlib import Path
 
-import numpy as np
-
+from facenet.cli.common import add_device_argument, parse_device, run_command
 from facenet.config import load_config
 from facenet.data.images import EVAL_PREPROCESS
-from facenet.data.insightface_bin import BinImages, read_bin
+from facenet.data.insightface_bin import read_bin
 from facenet.data.pairs import read_pairs
-from facenet.distributed import resolve_device
-from facenet.errors import DataError, FacenetError
-from facenet.evaluation.embedding import embed_dataset, embed_pair_list
-from facenet.evaluation.presets import EVAL_PRESETS, classic_thresholds
-from facenet.evaluation.protocol import (
-    DISTANCES,
-    VerificationResult,
-    evaluate_embeddings,
-    evaluate_verification,
-    plot_roc,
-    val_at_far_label,
-)
+from facenet.errors import DataError
+from facenet.evaluation.distances_file import read_distances
+from facenet.evaluation.presets import EVAL_PRESETS
+from facenet.evaluation.protocol import DISTANCES, VerificationResult, plot_roc
+from facenet.evaluation.report import result_table, sets_table
+from facenet.evaluation.verify import GRIDS, verify, verify_distances
 from facenet.files import write_text_atomic
-from facenet.inference.loading import TrainedModel, load_model
+from facenet.inference.loading import load_model
 
 
 class InputError(DataError):
-    """A distances file or option that cannot be used; the message names it."""
+    """An option or output folder that cannot be used; the message names it."""
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``evaluate.py``."""
+    """The command-line interface of ``facenet-evaluate``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--distances", help=".npz (distances, issame) or .csv (distance,issame)")
@@ -86,7 +76,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--grid",
-        choices=("default", "classic"),
+        choices=GRIDS,
         default="default",
         help="threshold grids: from the distance, or the publishers' [0, 4) for any distance",
     )
@@ -97,7 +87,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="linear FAR axis in the ROC (default: logarithmic, where VAL is read)",
     )
     parser.add_argument("--title", default=None, help="ROC plot title")
-    embed = parser.add_argument_group("checkpoint mode")
+    _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
+    return parser
+
+
+def _add_embedding_arguments(embed) -> None:
+    """The options of checkpoint mode: how images are embedded."""
     embed.add_argument("--flip", action="store_true", help="concatenate flipped-image embeddings")
     embed.add_argument(
         "--preprocess",
@@ -107,240 +102,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("--subtract-mean", action="store_true", help="classic mean subtraction")
     embed.add_argument("--batch-size", type=int, default=128, help="images per forward")
-    embed.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_device_argument(embed, "cpu")
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
-    return parser
-
-
-# --------------------------------------------------------------------------- distances mode
-
-
-def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    # ValueError here is numpy's refusal of a pickle or of a damaged array header.
-    damaged = (zipfile.BadZipFile, EOFError, ValueError)
-    try:
-        data = np.load(path, allow_pickle=False)
-    except damaged as err:
-        raise InputError(f"{path}: not a readable .npz archive ({err})") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise InputError(f"{path}: a single .npy array, not an .npz archive")
-    with data:
-        for key in ("distances", "issame"):
-            if key not in data.files:
-                raise InputError(f"{path}: no array '{key}' (found: {', '.join(data.files)})")
-        try:
-            return data["distances"], data["issame"]
-        except damaged as err:
-            raise InputError(f"{path}: not a readable .npz archive ({err})") from None
-
-
-_TRUE, _FALSE = {"1", "true", "yes", "same"}, {"0", "false", "no", "different"}
-
-
-def _parse_csv_row(row: list[str], path: Path, line_no: int) -> tuple[float, bool]:
-    if len(row) != 2:
-        raise InputError(f"{path}:{line_no}: expected 'distance,issame', got {row}")
-    label = row[1].strip().lower()
-    if label not in _TRUE | _FALSE:
-        raise InputError(f"{path}:{line_no}: issame must be 0/1 or true/false, got {row[1]!r}")
-    try:
-        return float(row[0]), label in _TRUE
-    except ValueError:
-        raise InputError(f"{path}:{line_no}: distance {row[0]!r} is not a number") from None
-
-
-def _load_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = [(n, row) for n, row in enumerate(csv.reader(fh), start=1) if any(row)]
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a UTF-8 text file") from None
-    if rows and rows[0][1] and not _is_number(rows[0][1][0]):
-        rows = rows[1:]  # a header row
-    if not rows:
-        raise InputError(f"{path}: no rows")
-    values = [_parse_csv_row(row, path, n) for n, row in rows]
-    return np.array([v[0] for v in values]), np.array([v[1] for v in values])
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def load_distances(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """(distances, issame) from an ``.npz`` or a ``.csv`` file.
-
-    Args:
-        path: the file; the suffix decides the format.
-
-    Raises:
-        InputError: an unknown suffix, a missing array, a malformed row.
-        FileNotFoundError: no such file.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"distances file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix == ".npz":
-        return _load_npz(path)
-    if suffix in (".csv", ".txt"):
-        return _load_csv(path)
-    raise InputError(f"{path}: unknown format {suffix!r}; use .npz or .csv")
-
-
-# --------------------------------------------------------------------------- checkpoint mode
-
-
-def _device(name: str):
-    try:
-        return resolve_device(name)
-    except RuntimeError as err:  # torch's refusal of a device string it cannot parse
-        raise InputError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
-
-
-def _grids(args: argparse.Namespace) -> dict:
-    """The threshold grids ``--grid`` asks for (None: the distance's defaults)."""
-    if args.grid == "classic":  # the publishers' grids, whatever the distance
-        return {"thresholds": classic_thresholds(), "val_thresholds": classic_thresholds(True)}
-    return {"thresholds": None, "val_thresholds": None}
-
-
-def _protocol(emb1, emb2, issame, args, what: str, folds=None) -> VerificationResult:
-    """The verification protocol on embedded pairs, with the command line's options."""
-    try:
-        return evaluate_embeddings(
-            emb1,
-            emb2,
-            issame,
-            metric=args.distance,
-            subtract_mean=args.subtract_mean,
-            n_folds=args.folds,
-            far_target=args.far_target,
-            folds=folds,
-            **_grids(args),
-        )
-    except ValueError as err:  # the options were checked: the pairs (or embeddings) do not fit
-        raise InputError(f"{what}: {err}") from None
-
-
-def evaluate_checkpoint(args: argparse.Namespace, trained: TrainedModel) -> VerificationResult:
-    """Embed the images of ``--pairs`` with the model and evaluate.
-
-    Raises:
-        FacenetError: a damaged pairs file, missing images, an unusable device.
-    """
-    device = _device(args.device)
-    pair_list = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
-    emb1, emb2 = embed_pair_list(
-        trained.model.to(device),
-        pair_list,
-        trained.image_size,
-        args.batch_size,
-        device,
-        args.flip,
-        normalize=trained.normalize,  # the pixel standardisation the network was trained with
-        preprocess=args.preprocess,
-    )
-    # The file's own folds (they differ from contiguous blocks once pairs were skipped), or
-    # folds that each hold both kinds of pair (a one-fold file lists one kind, then the other).
-    folds = pair_list.folds_for(args.folds)
-    what = f"{args.pairs} embedded by {args.checkpoint}"
-    return _protocol(emb1, emb2, pair_list.issame, args, what, folds)
-
-
-def evaluate_bin(args: argparse.Namespace, trained: TrainedModel, path: str) -> VerificationResult:
-    """One insightface ``.bin`` set: 2N images embedded, pairs (2i, 2i + 1), contiguous folds.
-
-    Raises:
-        FacenetError: a refused or damaged file, an undecodable image, an unusable device.
-    """
-    device = _device(args.device)
-    pairs = read_bin(path)
-    images = BinImages(pairs, trained.image_size, trained.normalize)
-    embeddings = embed_dataset(trained.model.to(device), images, args.batch_size, device, args.flip)
-    what = f"{path} embedded by {args.checkpoint}"
-    return _protocol(embeddings[0::2], embeddings[1::2], pairs.issame, args, what)
-
-
-# --------------------------------------------------------------------------- output
-
-
-def format_table(result: VerificationResult) -> str:
-    """Per-fold accuracy, thresholds, VAL and FAR, then the summary lines."""
-    lines = [f"{'fold':>4}  {'accuracy':>8}  {'threshold':>9}  {'VAL':>6}  {'FAR':>7}"]
-    for f in range(result.n_folds):
-        lines.append(
-            f"{f:>4}  {result.accuracy[f]:>8.4f}  {result.best_thresholds[f]:>9.4f}  "
-            f"{result.val_per_fold[f]:>6.4f}  {result.far_per_fold[f]:>7.5f}"
-        )
-    lines += [
-        f"accuracy  {result.accuracy_mean:.4f} ± {result.accuracy_std:.4f}",
-        f"{val_at_far_label(result.val, result.far_target, result.far)}, VAL ± "
-        f"{result.val_std:.4f}",
-        f"AUC       {result.auc:.4f}",
-        f"EER       {result.eer:.4f}",
-        f"threshold {result.threshold:.4f} ({result.threshold_distance} distance, mean over "
-        "folds; identify.py's default)",
-        f"pairs     {result.n_pairs} in {result.n_folds} folds ({result.distance} distance)",
-    ]
-    return "\n".join(lines)
-
-
-def format_bin_table(results: dict[str, VerificationResult]) -> str:
-    """One row per ``.bin`` set: accuracy ± std, VAL @ FAR, AUC, EER, threshold, pairs."""
-    lines = [
-        f"{'set':<12} {'accuracy':>16}  {'VAL @ FAR target (achieved)':>36}  {'AUC':>6}  "
-        f"{'EER':>6}  {'threshold':>9}  {'pairs':>6}"
-    ]
-    for name, r in results.items():
-        label = val_at_far_label(r.val, r.far_target, r.far)
-        lines.append(
-            f"{name:<12} {r.accuracy_mean:>7.4f} ± {r.accuracy_std:<6.4f}  {label:>36}  "
-            f"{r.auc:>6.4f}  {r.eer:>6.4f}  {r.threshold:>9.4f}  {r.n_pairs:>6}"
-        )
-    return "\n".join(lines)
-
-
-def write_bin_outputs(results: dict[str, VerificationResult], out: Path, source: str, args):
-    """``metrics.json`` with one entry per set, and ``roc_<name>.png`` for each."""
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = {"source": source, "sets": {n: r.to_dict(curves=False) for n, r in results.items()}}
-    write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
-    for name, result in results.items():
-        title = args.title or f"{name} ({result.n_pairs} pairs)"
-        plot_roc(result, out / f"roc_{name}.png", log_scale=args.log_scale, title=title)
-
-
-def check_out(out: Path) -> None:
-    """Check, before any evaluation, that ``--out`` can be created or written (nothing is
-    created here: a failing evaluation leaves no empty folder).
-
-    Raises:
-        InputError: ``--out`` or its nearest existing parent is not a writable folder.
-    """
-    existing = out
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise InputError(f"--out {out}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError(f"--out {out}: {existing} cannot be written")
-
-
-def write_outputs(result: VerificationResult, out: Path, source: str, args) -> None:
-    """``metrics.json`` (the result plus where it came from) and ``roc.png`` in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = {"source": source, **result.to_dict()}
-    write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
-    plot_roc(result, out / "roc.png", log_scale=args.log_scale, title=args.title)
 
 
 def config_defaults(path: str) -> dict:
-    """Defaults for the command line from a run configuration's ``eval`` section."""
+    """Defaults for the command line from a run configuration's ``eval`` section.
+
+    Args:
+        path: the run configuration (YAML).
+    """
     cfg = load_config(path)
     e = cfg.eval
     return {
@@ -368,46 +139,120 @@ def _check_options(args: argparse.Namespace) -> None:
         raise InputError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
-def _distances_mode(args) -> VerificationResult:
-    distances, issame = load_distances(args.distances)
-    try:
-        return evaluate_verification(
-            distances, issame, args.folds, args.far_target, distance=args.distance, **_grids(args)
-        )
-    except ValueError as err:  # the options were checked: the file's contents do not fit
-        raise InputError(f"{args.distances}: {err}") from None
+def check_out(out: Path) -> None:
+    """Check, before any evaluation, that ``--out`` can be created or written (nothing is
+    created here: a failing evaluation leaves no empty folder).
+
+    Raises:
+        InputError: ``--out`` or its nearest existing parent is not a writable folder.
+    """
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"--out {out}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"--out {out}: {existing} cannot be written")
 
 
-def _bin_mode(args) -> int:
+def _protocol_options(args: argparse.Namespace) -> dict:
+    """The protocol's options of the command line, as ``verify``'s arguments."""
+    return {
+        "distance": args.distance,
+        "grid": args.grid,
+        "n_folds": args.folds,
+        "far_target": args.far_target,
+    }
+
+
+def _embedding_options(args: argparse.Namespace) -> dict:
+    """How checkpoint mode embeds, as ``verify``'s arguments (with the protocol's)."""
+    return {
+        "preprocess": args.preprocess,
+        "flip": args.flip,
+        "subtract_mean": args.subtract_mean,
+        "batch_size": args.batch_size,
+        **_protocol_options(args),
+    }
+
+
+def _embedding_setup(args: argparse.Namespace) -> tuple:
+    """(model on its device, its input side, ``verify``'s options) of ``--checkpoint``."""
+    trained, device = load_model(args.checkpoint), parse_device(args.device)
+    options = {"normalize": trained.normalize, "device": device, **_embedding_options(args)}
+    return trained.model.to(device), trained.image_size, options
+
+
+def _bin_names(paths: list[str]) -> dict[str, str]:
+    """``{set name: path}`` of the ``--bin`` files; two sets of one name are refused."""
+    names = {}
+    for path in paths:
+        name = Path(path).stem
+        if name in names:
+            raise InputError(f"--bin {path}: a second set named {name!r}")
+        names[name] = path
+    return names
+
+
+def _write_json(path: Path, metrics: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(metrics, indent=1) + "\n")
+
+
+def _bin_mode(args: argparse.Namespace) -> None:
     """Every ``--bin`` set: a table row each, metrics.json and a ROC per set."""
-    try:
-        _check_options(args)
-        trained = load_model(args.checkpoint)
-        results = {}
-        for path in args.bin:
-            name = Path(path).stem
-            if name in results:
-                raise InputError(f"--bin {path}: a second set named {name!r}")
-            results[name] = evaluate_bin(args, trained, path)
-        print(format_bin_table(results))
-        write_bin_outputs(results, Path(args.out), str(args.checkpoint), args)
-    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {Path(args.out) / 'metrics.json'} and a roc_<set>.png for each set")
-    return 0
+    paths = _bin_names(args.bin)
+    model, image_size, options = _embedding_setup(args)
+    results = {n: verify(model, read_bin(p), image_size, **options) for n, p in paths.items()}
+    print(sets_table(results))
+    out = Path(args.out)
+    sets = {name: r.to_dict(curves=False) for name, r in results.items()}
+    _write_json(out / "metrics.json", {"source": str(args.checkpoint), "sets": sets})
+    for name, result in results.items():
+        title = args.title or f"{name} ({result.n_pairs} pairs)"
+        plot_roc(result, out / f"roc_{name}.png", log_scale=args.log_scale, title=title)
+    print(f"wrote {out / 'metrics.json'} and a roc_<set>.png for each set")
 
 
-def _parse(argv: list[str] | None):
-    """The arguments, with defaults from ``--config``; None after reporting a bad config."""
+def _single(args: argparse.Namespace) -> tuple[str, str, VerificationResult]:
+    """(name, source, result) of ``--distances`` or of ``--checkpoint`` on ``--pairs``."""
+    if args.distances:
+        distances, issame = read_distances(args.distances)
+        source = str(args.distances)
+        result = verify_distances(distances, issame, source=source, **_protocol_options(args))
+        return Path(args.distances).name, source, result
+
+    model, image_size, options = _embedding_setup(args)
+    pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
+    result = verify(model, pairs, image_size, **options)
+    return Path(args.pairs).name, f"{args.checkpoint} on {args.pairs}", result
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    """Check the options and ``--out``, evaluate, print the table and write the files."""
+    _check_options(args)
+    out = Path(args.out)
+    check_out(out)  # before the work, not after it
+    if args.bin:
+        _bin_mode(args)
+        return
+    name, source, result = _single(args)
+    print(result_table(name, result))
+    _write_json(out / "metrics.json", {"source": source, **result.to_dict()})
+    plot_roc(result, out / "roc.png", log_scale=args.log_scale, title=args.title)
+    print(f"wrote {out / 'metrics.json'} and {out / 'roc.png'}")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments, with defaults from ``--config`` and then ``--preset``.
+
+    Raises:
+        FacenetError: a configuration file that cannot be used.
+    """
     parser = get_args_parser()
     known, _ = parser.parse_known_args(argv)
     if known.config:  # the file gives defaults; flags on the command line still win
-        try:
-            parser.set_defaults(**config_defaults(known.config))
-        except FacenetError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return None
+        parser.set_defaults(**config_defaults(known.config))
     if known.preset:  # after --config: the preset names the publisher's whole evaluation
         parser.set_defaults(**vars(EVAL_PRESETS[known.preset]))
     args = parser.parse_args(argv)
@@ -419,32 +264,13 @@ def _parse(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Evaluate; returns the exit code (2: bad input)."""
-    args = _parse(argv)
-    if args is None:
-        return 2
-    if args.bin:
-        return _bin_mode(args)
-    try:
-        _check_options(args)
-        check_out(Path(args.out))  # before the work, not after it
-        if args.distances:
-            result, source = _distances_mode(args), str(args.distances)
-        else:
-            result = evaluate_checkpoint(args, load_model(args.checkpoint))
-            source = f"{args.checkpoint} on {args.pairs}"
-    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(format_table(result))
-    try:
-        write_outputs(result, Path(args.out), source, args)
-    except OSError as err:  # an unwritable --out
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {Path(args.out) / 'metrics.json'} and {Path(args.out) / 'roc.png'}")
-    return 0
+    """Evaluate; returns the exit code (2: bad input).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
+    return run_command(lambda: _evaluate(_parse(argv)))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

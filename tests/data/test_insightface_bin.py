@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,18 +12,13 @@ import torch
 from torchvision.io import decode_image, encode_png
 from torchvision.transforms.v2 import functional as TF
 
+from benchmarks import reference_evaluation as ref
+from facenet.cli import evaluate as evaluate_script
 from facenet.data.folder import list_images
 from facenet.data.images import read_image
 from facenet.data.insightface_bin import BinFormatError, read_bin
 from facenet.evaluation.protocol import default_thresholds
 from facenet.inference.loading import load_model
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "scripts"))
-
-import evaluate as evaluate_script  # noqa: E402
-import reference_evaluation as ref  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -2,22 +2,18 @@
 our own loop re-implementation of davidsandberg/facenet's lfw.evaluate
 (benchmarks/reference_evaluation.py), and the evaluate.py preset options."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks import reference_evaluation as ref
+from facenet.cli import evaluate as evaluate_script
 from facenet.evaluation.presets import ALIGN_PRESETS, EVAL_PRESETS, classic_thresholds
 from facenet.evaluation.protocol import default_thresholds, evaluate_embeddings, pair_distances
 from facenet.inference.identify import Gallery, match
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import evaluate as evaluate_script  # noqa: E402
-import reference_evaluation as ref  # noqa: E402
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -133,7 +129,7 @@ def test_evaluate_script_distances_mode_with_the_classic_grid(tmp_path, capsys):
     interleaved = np.empty((2 * len(e1), e1.shape[1]))
     interleaved[0::2], interleaved[1::2] = e1, e2
     _, _, acc, *_ = ref.publisher_evaluate(interleaved, same, distance_metric="angular")
-    assert f"accuracy  {np.mean(acc):.4f} ± {np.std(acc):.4f}" in capsys.readouterr().out
+    assert f"d.npz acc {np.mean(acc):.4f}±{np.std(acc):.4f} VAL " in capsys.readouterr().out
 
 
 def test_identify_matches_with_the_angular_threshold_a_sandberg_evaluation_writes():

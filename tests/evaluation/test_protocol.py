@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -13,6 +11,8 @@ import torch
 from scipy import interpolate
 from sklearn.metrics import roc_auc_score
 
+from benchmarks import reference_evaluation as ref
+from facenet.cli import evaluate as evaluate_script
 from facenet.errors import FacenetError
 from facenet.evaluation.protocol import (
     VerificationResult,
@@ -22,13 +22,6 @@ from facenet.evaluation.protocol import (
     pair_distances,
     plot_roc,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "scripts"))
-
-import evaluate as evaluate_script  # noqa: E402
-import reference_evaluation as ref  # noqa: E402
 
 # --------------------------------------------------------------------------- helpers
 
