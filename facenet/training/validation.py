@@ -19,80 +19,40 @@ from facenet.checkpoint import load_checkpoint
 from facenet.config import Config
 from facenet.distributed import broadcast_buffers, is_main_process
 from facenet.errors import CheckpointError
-from facenet.evaluation.embedding import embed_pair_list
-from facenet.evaluation.presets import classic_thresholds
-from facenet.evaluation.protocol import (
-    evaluate_embeddings,
-    pair_distances,
-    plot_roc,
-    val_at_far_label,
-)
+from facenet.evaluation.protocol import plot_roc
+from facenet.evaluation.report import FIGURE_KEYS, figures, figures_line
+from facenet.evaluation.verify import verify
 
+# figures and figures_line are the evaluation package's; the training modules import them here.
 __all__ = ["FIGURE_KEYS", "figures", "validate", "test_selected", "figures_line"]
 
-FIGURE_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
 
-
-def _grids(cfg: Config) -> dict:
-    """The threshold grids of ``eval.grid``: the distance's own, or the publishers' fixed ones."""
-    if cfg.eval.grid == "classic":
-        return {"thresholds": classic_thresholds(), "val_thresholds": classic_thresholds(True)}
-    return {}
+def verify_options(cfg: Config) -> dict:
+    """The run configuration's evaluation settings as ``verify``'s plain arguments."""
+    e = cfg.eval
+    return {
+        "preprocess": e.preprocess,
+        "flip": e.flip,
+        "subtract_mean": e.subtract_mean,
+        "distance": e.distance,
+        "grid": e.grid,
+        "n_folds": e.n_folds,
+        "far_target": e.far_target,
+        "batch_size": e.batch_size,
+        "num_workers": cfg.data.num_workers,
+    }
 
 
 def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
     """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` (LFW protocol)."""
-    emb1, emb2 = embed_pair_list(
+    return verify(
         model,
         pairs,
-        image_size=image_size,
-        batch_size=cfg.eval.batch_size,
-        device=device,
-        flip=cfg.eval.flip,
+        image_size,
         normalize=normalize,
-        num_workers=cfg.data.num_workers,
-        preprocess=cfg.eval.preprocess,
-    )
-    # The file's own folds (they differ from contiguous blocks once pairs were skipped), or
-    # folds that each hold both kinds of pair (a one-fold file lists one kind, then the other).
-    folds = pairs.folds_for(cfg.eval.n_folds) if hasattr(pairs, "folds_for") else None
-    result = evaluate_embeddings(
-        emb1.numpy(),
-        emb2.numpy(),
-        pairs.issame,
-        metric=cfg.eval.distance,
-        subtract_mean=cfg.eval.subtract_mean,
-        n_folds=cfg.eval.n_folds,
-        far_target=cfg.eval.far_target,
-        folds=folds,
-        **_grids(cfg),
-    )
-    distances = pair_distances(emb1.numpy(), emb2.numpy(), metric=cfg.eval.distance)
-    return result, distances
-
-
-def figures(result) -> dict:
-    """The reported figures of a VerificationResult, the threshold and its distance included.
-
-    ``threshold`` is the mean over folds of the accuracy threshold each fold chose; a pair is
-    called "same" when its ``distance`` is below it.
-
-    Args:
-        result: a ``VerificationResult``.
-    """
-    out = {key: float(getattr(result, key)) for key in FIGURE_KEYS}
-    out["far_target"] = float(result.far_target)
-    out["threshold"] = float(result.threshold)
-    out["distance"] = result.threshold_distance
-    return out
-
-
-def figures_line(name: str, values: dict) -> str:
-    """``name acc 0.9685±0.0123 VAL 0.4680 @ FAR 0.001 (achieved 0.0030) AUC 0.9947``."""
-    label = val_at_far_label(values["val"], values["far_target"], values["far"])
-    return (
-        f"{name} acc {values['accuracy_mean']:.4f}±{values['accuracy_std']:.4f} {label} "
-        f"AUC {values['auc']:.4f}"
+        device=device,
+        return_distances=True,
+        **verify_options(cfg),
     )
 
 

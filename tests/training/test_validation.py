@@ -222,23 +222,48 @@ def test_no_terminal_no_bar_one_line_per_interval(run):
 
 def test_the_run_evaluates_with_the_publishers_preprocessing_and_grids(run, monkeypatch):
     """eval.preprocess and eval.grid reach a run's evaluation (as evaluate.py's presets)."""
-    import facenet.training.validation as module
+    from types import SimpleNamespace
+
+    import facenet.evaluation.verify as verify_module
     from facenet.evaluation.presets import classic_thresholds
 
     seen = {}
 
     def embed(*args, **kwargs):
         seen["preprocess"] = kwargs["preprocess"]
+        return torch.zeros(2, 1), torch.zeros(2, 1)
+
+    def protocol(*args, **kwargs):
+        seen.update(kwargs)
         raise StopIteration
 
     cfg = load_config(run["dir"] / "config.yaml", ["eval.preprocess=crop", "eval.grid=classic"])
-    monkeypatch.setattr(module, "embed_pair_list", embed)
+    monkeypatch.setattr(verify_module, "embed_pair_list", embed)
+    monkeypatch.setattr(verify_module, "evaluate_embeddings", protocol)
     with pytest.raises(StopIteration):
-        module._verify(None, None, 16, "fixed", cfg, "cpu")
+        run_eval._verify(None, SimpleNamespace(issame=[True, False]), 16, "fixed", cfg, "cpu")
     assert seen["preprocess"] == "crop"
-    grids = module._grids(cfg)
-    assert np.array_equal(grids["thresholds"], classic_thresholds())
-    assert np.array_equal(grids["val_thresholds"], classic_thresholds(True))
+    assert np.array_equal(seen["thresholds"], classic_thresholds())
+    assert np.array_equal(seen["val_thresholds"], classic_thresholds(True))
+
+
+def test_the_run_and_the_evaluate_command_print_the_same_figures_line(run, tmp_path, capsys):
+    """best.pt on the test pairs: the run's console line and evaluate's read the same."""
+    from facenet.cli import evaluate as evaluate_script
+
+    line = next(x for x in run["stdout"].splitlines() if x.startswith("test (best.pt"))
+    figures = line.split("): ", 1)[1].split(";")[0]  # without the name and the threshold part
+    pairs = run["data"] / "heldout" / "test_pairs.txt"
+    argv = ["--checkpoint", str(run["dir"] / "best.pt"), "--pairs", str(pairs)]
+    argv += ["--config", str(run["dir"] / "config.yaml"), "--out", str(tmp_path)]
+    capsys.readouterr()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert evaluate_script.main(argv) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert f"test_pairs.txt {figures}" in capsys.readouterr().out.splitlines()
 
 
 def folder_config(root, *extra):
