@@ -31,6 +31,7 @@ TRAINING_ORDER = [
     "facenet.training.engine",
     "facenet.training.state",
     "facenet.training.build",
+    "facenet.training.loop",
     "facenet.training.run",
 ]
 

@@ -17,7 +17,6 @@ once per log interval. ``train_one_epoch`` runs an epoch and reports memory from
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 import warnings
 from collections.abc import Iterable
@@ -317,7 +316,6 @@ class Trainer:
         self,
         loader: Iterable,
         epoch: int,
-        max_steps: int = 0,
         log_interval: int = 10,
         progress: bool = True,
         should_stop=None,
@@ -328,10 +326,11 @@ class Trainer:
         Args:
             loader: yields ``(images, labels)`` or seed-style ``(a, p, n, label_p, label_n)``.
             epoch: the epoch number (for the progress bar).
-            max_steps: stop after this many batches (0: the whole loader).
             log_interval: batches between host syncs of the statistics.
             progress: show a tqdm bar.
-            should_stop: callable returning True to stop after the current step (signals).
+            should_stop: callable returning True to stop after the current step (a signal);
+                every rank's answer is agreed with ``any_rank`` after each step (an
+                all-reduce under several processes), so all stop after the same step.
             on_interval: called as ``on_interval(global_step, batches_done, means)`` every
                 ``log_interval`` batches, ``means`` the epoch's running means (floats) so far.
         """
@@ -340,12 +339,11 @@ class Trainer:
             self.meter.reset_peak()
         reset_cuda_peaks(self.device)
         totals, counts_before = _EpochTotals(self.device), dict(self.counts)
-        total = max_steps or (len(loader) if hasattr(loader, "__len__") else None)
+        total = len(loader) if hasattr(loader, "__len__") else None
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress, leave=False)
-        batches = itertools.islice(loader, max_steps) if max_steps else loader
         stopped_early = False
         with self.meter if self.meter is not None else contextlib.nullcontext():
-            for index, batch in enumerate(batches):
+            for index, batch in enumerate(loader):
                 totals.add(self._run_batch(batch, index), batch)
                 del batch  # nothing of this step outlives it
                 bar.update(1)
@@ -356,7 +354,8 @@ class Trainer:
                     )
                     if on_interval is not None:
                         on_interval(self.global_step, index + 1, means)
-                if should_stop is not None and should_stop():
+                # A collective: every rank stops after the same step.
+                if should_stop is not None and any_rank(should_stop()):
                     stopped_early = total is None or index + 1 < total
                     break
         bar.close()

@@ -19,11 +19,9 @@ import torch
 from PIL import Image
 
 from facenet.checkpoint import load_checkpoint
+from facenet.cli import train as train_script
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import train as train_script  # noqa: E402
 
 TINY = [
     "data.image_size=16",
@@ -488,7 +486,7 @@ def test_signal_finishes_the_step_writes_a_checkpoint_and_resume_finishes(
 
 
 def test_collapse_warning_needs_shrunk_distances_not_just_equal_ones():
-    from facenet.training.run import _collapse_warning
+    from facenet.training.console import collapse_warning as _collapse_warning
 
     random_start = {"epoch": 1, "mean_dap": 1.02, "mean_dan": 1.03, "triplet_loss": 0.2}
     collapsed = {"epoch": 7, "mean_dap": 0.011, "mean_dan": 0.012, "triplet_loss": 0.199}
@@ -524,7 +522,7 @@ def test_a_second_run_on_the_same_directory_is_refused(tmp_path, capsys, synthet
     run = tmp_path / "run"
     run.mkdir()
     hold = (
-        f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); "
+        "import time; "
         "from facenet.training.run_dir import RunDirLock; "
         f"RunDirLock({str(run)!r}).acquire(); print('held', flush=True); "
         "time.sleep(60)"
@@ -566,13 +564,13 @@ def test_overwrite_starts_clean(tmp_path, capsys, synthetic_root):
 def test_ctrl_c_before_training_says_no_checkpoint_was_written(
     tmp_path, capsys, synthetic_root, monkeypatch
 ):
-    import facenet.training.run
+    import facenet.training.loop
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     # during the first evaluation
-    monkeypatch.setattr(facenet.training.run, "validate", interrupted)
+    monkeypatch.setattr(facenet.training.loop, "validate", interrupted)
     code, _, err = train(
         capsys, tmp_path / "run", "eval.every=1", data=synthetic_data(synthetic_root)
     )
@@ -614,17 +612,17 @@ def test_resume_with_another_length_of_a_cosine_schedule_is_refused(
 def test_a_validation_error_keeps_the_epochs_training(
     tmp_path, capsys, synthetic_root, monkeypatch
 ):
-    import facenet.training.run
+    import facenet.training.loop
     from facenet.data.images import CorruptImageError
 
-    validate = facenet.training.run.validate
+    validate = facenet.training.loop.validate
 
     def failing(trainer, data, cfg, epoch, *args):
         if epoch == 2:
             raise CorruptImageError("heldout/x.png", "damaged")
         return validate(trainer, data, cfg, epoch, *args)
 
-    monkeypatch.setattr(facenet.training.run, "validate", failing)
+    monkeypatch.setattr(facenet.training.loop, "validate", failing)
     run = tmp_path / "run"
     settings = ("train.epochs=3", "eval.every=1", "optim.schedule=none")
     code, _, err = train(capsys, run, *settings, data=synthetic_data(synthetic_root))
@@ -636,15 +634,15 @@ def test_a_validation_error_keeps_the_epochs_training(
 def test_a_signal_during_the_final_test_lets_it_finish(
     tmp_path, capsys, synthetic_root, monkeypatch
 ):
-    import facenet.training.run
+    import facenet.training.loop
 
-    test_selected = facenet.training.run.test_selected
+    test_selected = facenet.training.loop.test_selected
 
     def signalled(*args, **kwargs):
         signal.raise_signal(signal.SIGTERM)  # the default handler would end the process here
         return test_selected(*args, **kwargs)
 
-    monkeypatch.setattr(facenet.training.run, "test_selected", signalled)
+    monkeypatch.setattr(facenet.training.loop, "test_selected", signalled)
     run = tmp_path / "run"
     code, out, err = train(capsys, run, "eval.every=1", data=synthetic_data(synthetic_root))
     assert code == 0, err

@@ -1,0 +1,159 @@
+"""What a training run prints: the epoch's line, interval lines, warnings, the stop message,
+the final figures and every error as one line naming the file or key.
+
+Rank 0 prints (the run redirects other ranks' stdout); nothing here writes files.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from facenet.config import Config
+from facenet.data.pairs import MissingImagesError
+from facenet.distributed import is_main_process
+from facenet.memory import format_bytes
+from facenet.training.state import Progress
+from facenet.training.validation import figures_line
+
+__all__ = [
+    "collapse_warning",
+    "describe_error",
+    "epoch_line",
+    "final_lines",
+    "idle_warning",
+    "interval_logger",
+    "show_bar",
+    "stop_message",
+]
+
+
+def epoch_line(record: dict, epochs: int) -> str:
+    """The epoch's console line: loss, active fraction, throughput, memory, validation."""
+    line = (
+        f"epoch {record['epoch']}/{epochs}  loss {record['loss']:.4f}  "
+        f"active {record['active_fraction']:.2f}  {record['images_per_second']:.0f} img/s  "
+        f"| rss {format_bytes(record['peak_rss_bytes'])}"
+    )
+    if "graph_bytes_peak" in record:
+        line += (
+            f" graph peak {format_bytes(record['graph_bytes_peak'])} "
+            f"alive {format_bytes(record['graph_bytes_alive'])}"
+        )
+    if "cuda_max_allocated" in record:
+        line += f" cuda {format_bytes(record['cuda_max_allocated'])}"
+    if "validation" in record:
+        line += "  | " + figures_line("validation", record["validation"])
+    return line
+
+
+def collapse_warning(record: dict, margin: float) -> str | None:
+    """The loss sits at the margin with d(a,p) ~ d(a,n) ~ 0: the embeddings have collapsed.
+
+    Random initial embeddings also give d(a,p) ~ d(a,n), but far apart: a collapse is when
+    every distance has shrunk below the margin.
+    """
+    dan = record.get("mean_dan", math.nan)
+    gap = dan - record.get("mean_dap", math.nan)
+    if abs(gap) < 0.05 * margin and dan < margin and record.get("triplet_loss", 0.0) > 0.9 * margin:
+        return (
+            f"warning: possible collapse at epoch {record['epoch']}: triplet loss "
+            f"{record['triplet_loss']:.4f} ~ margin {margin} with d(a,n) - d(a,p) = {gap:.4f}"
+        )
+    return None
+
+
+def idle_warning(record: dict) -> str | None:
+    """Every step of the epoch was skipped: nothing was trained."""
+    skipped = record.get("skipped_no_triplets", 0) + record.get("skipped_nonfinite", 0)
+    if record.get("steps", 0) and skipped == record["steps"]:
+        return (
+            f"warning: epoch {record['epoch']} trained on no step "
+            f"({record.get('skipped_no_triplets', 0)} without triplets, "
+            f"{record.get('skipped_nonfinite', 0)} with a non-finite loss)"
+        )
+    return None
+
+
+def show_bar(cfg: Config) -> bool:
+    """A progress bar only on rank 0 and only on a terminal (a log file gets lines)."""
+    return cfg.logging.progress and is_main_process() and sys.stderr.isatty()
+
+
+def interval_logger(cfg: Config, logger, epoch: int, skip: int, length: int):
+    """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
+    line = cfg.logging.progress and is_main_process() and not show_bar(cfg)
+
+    def on_interval(global_step: int, done: int, means: dict) -> None:
+        logger.log_scalars("train", means, global_step)
+        if line:
+            print(
+                f"epoch {epoch} step {skip + done}/{length}: loss {means['loss']:.4f} active "
+                f"{means['active_fraction']:.2f} {means['images_per_second']:.0f} img/s",
+                flush=True,
+            )
+
+    return on_interval
+
+
+def stop_message(signal_name: str, progress: Progress, path: Path) -> str:
+    """Where a signal stopped the run, where its checkpoint is, and what --resume does."""
+    if progress.steps_done:
+        where = f"after step {progress.steps_done} of epoch {progress.epoch}"
+        then = f"step {progress.steps_done + 1} of epoch {progress.epoch}"
+    else:
+        where = f"after epoch {progress.epoch - 1}"
+        then = f"epoch {progress.epoch}"
+    return (
+        f"stopped by {signal_name} {where}; checkpoint written to {path}; "
+        f"--resume continues with {then}"
+    )
+
+
+def final_lines(summary: dict) -> list[str]:
+    """The run's figures for the console: selection on validation, then the test figures."""
+    lines = []
+    before = (summary.get("before_training") or {}).get("validation")
+    best = summary.get("best_validation")
+    if best:
+        start = f"{before['accuracy_mean']:.4f} before training -> " if before else ""
+        threshold = summary["threshold"]
+        lines.append(
+            f"validation: accuracy {start}{best['accuracy_mean']:.4f} at epoch "
+            f"{summary['best_epoch']} (best.pt; threshold {threshold['value']:.4f} on "
+            f"{threshold['distance']} distance)"
+        )
+    test = dict(summary.get("test") or {})
+    if "best" in test and test["best"]["epoch"] == test["last"]["epoch"]:
+        test = {"same": test.pop("best")}  # best.pt is the last model: one line
+    for name, values in test.items():
+        what = {"best": "best.pt", "last": "last model", "same": "best.pt = last model"}[name]
+        line = figures_line(f"test ({what}, epoch {values['epoch']}):", values)
+        at_threshold = values.get("accuracy_at_validation_threshold")
+        if at_threshold is not None:
+            line += f"; accuracy at the validation threshold {at_threshold:.4f}"
+        lines.append(line)
+    return lines
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for the user: what went wrong, naming the file or configuration key.
+
+    Args:
+        err: an error from setting up or running the training.
+    """
+    if isinstance(err, MissingImagesError):
+        head = str(err).splitlines()[0].rstrip(":")
+        first = err.missing[0]
+        text = (
+            f"{head}; first: {first} (line {err.lines[first][0]}); "
+            "eval.skip_missing: true skips those pairs"
+        )
+    elif isinstance(err, OSError) and err.filename and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    else:
+        text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        text = text or type(err).__name__
+    note = getattr(err, "checkpoint_note", None)
+    return f"{text} ({note})" if note else text
