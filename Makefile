@@ -36,7 +36,7 @@ lint: install
 	$(PY) -m ruff check facenet scripts tests benchmarks
 
 bench: install
-	$(PY) benchmarks/run_all.py
+	$(PY) -m benchmarks.run_all
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

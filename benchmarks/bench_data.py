@@ -10,8 +10,8 @@ start-up) left out. Given the training-step benchmark's JSON, each row is set ag
 images/s the two-pass training step consumes at the same image size: a ratio of at least 1
 means the loader keeps up.
 
-    python benchmarks/bench_data.py --json data.json [--step-json step.json]
-    python benchmarks/bench_data.py --quick --json q.json
+    python -m benchmarks.bench_data --json data.json [--step-json step.json]
+    python -m benchmarks.bench_data --quick --json q.json
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # facenet from a checkout
 
 from facenet.data import (  # noqa: E402
     IdentityFolder,
@@ -141,7 +139,7 @@ def run(args: argparse.Namespace) -> dict:
             shutil.rmtree(root, ignore_errors=True)
     return {
         "benchmark": "bench_data",
-        "command": "python benchmarks/bench_data.py " + " ".join(args.argv),
+        "command": "python -m benchmarks.bench_data " + " ".join(args.argv),
         "stored_size": stored,
         "identities": identities,
         "images": images,

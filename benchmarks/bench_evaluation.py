@@ -6,7 +6,7 @@ accuracy and ``arange(0, 4, 0.001)`` for VAL at FAR = 1e-3) on LFW-like syntheti
 6,000 and 60,000 pairs, checks that every number (per-fold accuracy and thresholds, tpr, fpr,
 VAL, FAR) is identical, and reports the median time of each and their ratio. Target: 100x.
 
-    python benchmarks/bench_evaluation.py [--sizes 6000 60000] [--json results.json]
+    python -m benchmarks.bench_evaluation [--sizes 6000 60000] [--json results.json]
 """
 
 from __future__ import annotations
@@ -22,12 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # reference_evaluation
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # facenet from a checkout
-
-import reference_evaluation as ref  # noqa: E402
-
-from facenet.evaluation.protocol import evaluate_verification  # noqa: E402
+from benchmarks import reference_evaluation as ref
+from facenet.evaluation.protocol import evaluate_verification
 
 TARGET_SPEEDUP = 100.0
 N_FOLDS, FAR_TARGET = 10, 1e-3

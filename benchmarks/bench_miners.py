@@ -24,8 +24,8 @@ in the same child; the measured first call is not among them. Each child first m
 A PML case whose estimated peak exceeds ``--max-pml-gb`` (default 8) or 70% of the memory
 available is skipped, and the table says so.
 
-    python benchmarks/bench_miners.py --quick          # seconds
-    python benchmarks/bench_miners.py --json out.json  # the full table, ~3 minutes on 2 cores
+    python -m benchmarks.bench_miners --quick          # seconds
+    python -m benchmarks.bench_miners --json out.json  # the full table, ~3 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -44,10 +44,8 @@ import torch
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
+from benchmarks import forking
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # forking, beside this file
-import forking  # noqa: E402
 
 MARGIN = 0.2
 DIM = 128

@@ -32,8 +32,8 @@ round (other jobs only ever add time; the ratios use it) and the median round. R
 two-pass / auto step time, auto / plain - 1 (the step's overhead over the plain loop), meter on
 / meter off.
 
-    python benchmarks/bench_step_paths.py --threads 1 --json step_paths.json   # ~4 min, 2 cores
-    python benchmarks/bench_step_paths.py --quick --json q.json                # seconds
+    python -m benchmarks.bench_step_paths --threads 1 --json step_paths.json   # ~4 min, 2 cores
+    python -m benchmarks.bench_step_paths --quick --json q.json                # seconds
 """
 
 from __future__ import annotations
@@ -50,22 +50,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # forking, bench_training_step
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # facenet from a checkout
-
-from bench_training_step import (  # noqa: E402
+from benchmarks.bench_training_step import (
     describe_machine,
     finish_report,
     ratio,
     round_order,
     write_report,
 )
-from forking import run_forked  # noqa: E402
-
-from facenet.metric.losses import TripletMarginLoss  # noqa: E402
-from facenet.metric.miners import SemiHardNegativeMiner  # noqa: E402
-from facenet.models.embedding import EmbeddingNet  # noqa: E402
-from facenet.training.engine import Trainer  # noqa: E402
+from benchmarks.forking import run_forked
+from facenet.memory import memory_figures
+from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.miners import SemiHardNegativeMiner
+from facenet.models.embedding import EmbeddingNet
+from facenet.training.engine import Trainer
 
 MARGIN = 0.2
 EMBEDDING_DIM = 128
@@ -279,10 +276,8 @@ def measure_workload(work: Workload) -> dict:
                 times_s=[round(v, 5) for v in values],
             )
         variants[name] = row
-    meter = trainers["auto_meter"].meter
-    variants["auto_meter"].update(
-        graph_peak_bytes=int(meter.peak_bytes), graph_alive_after_bytes=int(meter.alive_bytes)
-    )
+    # Graph bytes only: the workload's variants share this process (no RSS of their own).
+    variants["auto_meter"].update(memory_figures(trainers["auto_meter"].meter, rss=False))
     return {
         "workload": work.as_dict(),
         "variants": variants,
@@ -365,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "benchmark": "bench_step_paths",
         "quick": args.quick,
-        "command": "python benchmarks/bench_step_paths.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m benchmarks.bench_step_paths " + " ".join(argv or sys.argv[1:]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": describe_machine("cpu"),
         "rule": "ratios from each variant's fastest round (median-round ratios: *_median)",

@@ -12,7 +12,7 @@ CUDA allocator's peak on a GPU.
 
 Variants:
 
-- ``seed``: ``benchmarks/seed_loop.seed_train_step``, the seed's loop ported faithfully (three
+- ``seed``: ``benchmarks.seed_loop.seed_train_step``, the seed's loop ported faithfully (three
   grad forwards, the numpy filter, three ``forward_classifier`` passes, cross-entropy).
 - ``two_pass``: ``Trainer(passes=2)``: a no-grad forward on the batch, the miner, one grad
   forward on the unique selected images (embeddings and logits from it).
@@ -41,9 +41,9 @@ optimizer step, a grad-mode forward on the batch (the one-pass step's), and the 
 arithmetic (grad forwards on a, p and n apart, forward and backward on the selected images in
 three parts), which bounds what two-pass can gain over the seed on the machine.
 
-    python benchmarks/bench_training_step.py --json step.json       # CPU suite, ~3 min on 2 cores
-    python benchmarks/bench_training_step.py --quick --json q.json   # seconds
-    python benchmarks/bench_training_step.py --suite gpu --device cuda --json gpu.json
+    python -m benchmarks.bench_training_step --json step.json       # CPU suite, ~3 min on 2 cores
+    python -m benchmarks.bench_training_step --quick --json q.json   # seconds
+    python -m benchmarks.bench_training_step --suite gpu --device cuda --json gpu.json
 """
 
 from __future__ import annotations
@@ -64,25 +64,29 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_loop
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # facenet from a checkout
-
-from forking import run_forked  # noqa: E402
-from seed_loop import SeedModel, seed_train_step  # noqa: E402
-
-from facenet.files import write_text_atomic  # noqa: E402
-from facenet.memory import (  # noqa: E402
+from benchmarks.forking import run_forked
+from benchmarks.measure import (
+    RSS_BEFORE_BYTES,
+    memory_readings,
+    metered_step,
+    rss_before,
+    seed_rule_parts,
+    semihard_parts,
+    timed,
+)
+from benchmarks.seed_loop import SeedModel, l2_dist, seed_train_step
+from facenet.files import write_text_atomic
+from facenet.memory import (
+    CUDA_MAX_ALLOCATED,
+    GRAPH_BYTES_ALIVE,
+    GRAPH_BYTES_PEAK,
+    PEAK_RSS_BYTES,
     GraphMemoryMeter,
-    cuda_memory_stats,
-    current_rss_bytes,
-    peak_rss_bytes,
     reset_cuda_peaks,
 )
-from facenet.metric.losses import TripletMarginLoss  # noqa: E402
-from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
-from facenet.models.embedding import EmbeddingNet  # noqa: E402
-from facenet.training.engine import Trainer  # noqa: E402
-from facenet.training.step import frozen_bn_running_stats, unique_triplet_images  # noqa: E402
+from facenet.models.embedding import EmbeddingNet
+from facenet.training.engine import Trainer
+from facenet.training.step import frozen_bn_running_stats, unique_triplet_images
 
 EMBEDDING_DIM = 128
 NUM_CLASSES = 16  # triplet mode: labels of the classifier head
@@ -326,11 +330,9 @@ def build_trainer(case: Case, variant: str, margin: float) -> Trainer:
     """A Trainer for ``variant`` ("two_pass", "one_pass", "two_pass_chunked")."""
     model = build_network(case)
     if case.batch == "triplets":
-        miner = TripletMarginMiner(margin, "all", distance="seed_l2", strict_margin=True)
-        loss_fn = TripletMarginLoss(margin, distance="seed_l2", reduction="mean")
+        miner, loss_fn = seed_rule_parts(margin)
     else:
-        miner = SemiHardNegativeMiner(margin, "squared", generator=torch.Generator().manual_seed(0))
-        loss_fn = TripletMarginLoss(margin, distance="squared")
+        miner, loss_fn = semihard_parts(margin, seed=0)
     return Trainer(
         model,
         miner,
@@ -345,24 +347,6 @@ def build_trainer(case: Case, variant: str, margin: float) -> Trainer:
     )
 
 
-# --------------------------------------------------------------------------- timing
-
-
-def synchronize(device: str) -> None:
-    """Wait for queued device work, so wall time is the work's."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(device: str, fn) -> tuple[float, object]:
-    """(seconds, result) of ``fn()``, device work included."""
-    synchronize(device)
-    start = time.perf_counter()
-    result = fn()
-    synchronize(device)
-    return time.perf_counter() - start, result
-
-
 # --------------------------------------------------------------------------- calibration
 
 
@@ -372,8 +356,6 @@ def seed_filter_margins(model: SeedModel, batches: list[tuple]) -> torch.Tensor:
     Three separate forwards per batch in training mode (BatchNorm sees a, p and n apart, as in
     the seed), with no graph and the running statistics left alone.
     """
-    from seed_loop import l2_dist
-
     margins = []  # one (T,) tensor per batch
     with torch.no_grad(), frozen_bn_running_stats(model):
         for data_a, data_p, data_n, _, _ in batches:
@@ -456,21 +438,6 @@ def calibrate(case: Case) -> dict:
 # --------------------------------------------------------------------------- variants
 
 
-def memory_readings(meter: GraphMemoryMeter, case: Case, rss_before: int) -> dict:
-    """Graph bytes (peak, alive now), RSS (before the steps, peak) and the CUDA peak."""
-    readings = {
-        "graph_peak_bytes": int(meter.peak_bytes),
-        "graph_alive_after_bytes": int(meter.alive_bytes),
-        "rss_before_bytes": rss_before,
-        "rss_peak_bytes": peak_rss_bytes(),
-    }
-    cuda = cuda_memory_stats(case.device)
-    if cuda:
-        readings["cuda_peak_allocated_bytes"] = int(cuda["max_allocated"])
-        readings["cuda_peak_reserved_bytes"] = int(cuda["max_reserved"])
-    return readings
-
-
 def summarise_steps(case: Case, seconds: list[float], triplets: list[int], images: list[int]):
     """Median step time, images/s and the selection of the timed steps."""
     median = statistics.median(seconds)
@@ -496,21 +463,23 @@ def measure_seed(case: Case, margin: float) -> dict:
     optimizer = make_optimizer(model)
     meter = GraphMemoryMeter(exclude=model)
     state: dict = {}  # the loop's variables: they outlive each iteration, as in the seed
-    rss_before = current_rss_bytes()
+    before = rss_before()
     reset_cuda_peaks(case.device)
     seconds, triplets, images = [], [], []
+
+    def step(batch: tuple) -> dict:
+        with autocast(case):
+            return seed_train_step(model, optimizer, *batch, margin=margin, state=state)
+
     for index, batch in enumerate(batches):
-        with meter, autocast(case):
-            step_s, out = timed(
-                case.device,
-                lambda b=batch: seed_train_step(model, optimizer, *b, margin=margin, state=state),
-            )
+        # The peak runs over every step: the seed's needs a second one (see the docstring).
+        step_s, out = metered_step(meter, case.device, lambda b=batch: step(b))
         if index > 0:  # the first step is a warm-up
             seconds.append(step_s)
             triplets.append(out["n_selected"])
             images.append(3 * out["n_selected"])  # the seed runs forward_classifier on each
-    readings = memory_readings(meter, case, rss_before)
-    return {**summarise_steps(case, seconds, triplets, images), **readings}
+    readings = memory_readings(meter, case.device, rss=True)  # a forked child: its own RSS
+    return {**summarise_steps(case, seconds, triplets, images), **before, **readings}
 
 
 def run_trainer_step(trainer: Trainer, case: Case, batch: tuple) -> dict:
@@ -525,20 +494,20 @@ def measure_trainer(case: Case, variant: str, margin: float) -> dict:
     batches = make_batches(case)
     trainer = build_trainer(case, variant, margin)
     trainer.model.train()
-    meter = trainer.meter
-    rss_before = current_rss_bytes()
+    before = rss_before()
     reset_cuda_peaks(case.device)
     seconds, triplets, images = [], [], []
     for index, batch in enumerate(batches):
-        with meter:
-            step_s, stats = timed(case.device, lambda b=batch: run_trainer_step(trainer, case, b))
+        step_s, stats = metered_step(
+            trainer.meter, case.device, lambda b=batch: run_trainer_step(trainer, case, b)
+        )
         if index > 0:
             seconds.append(step_s)
             skipped = "skipped" in stats
             triplets.append(0 if skipped else int(stats["num_triplets"]))
             images.append(0 if skipped else int(stats["selected_images"]))
-    readings = memory_readings(meter, case, rss_before)
-    return {**summarise_steps(case, seconds, triplets, images), **readings}
+    readings = memory_readings(trainer.meter, case.device, rss=True)  # a forked child
+    return {**summarise_steps(case, seconds, triplets, images), **before, **readings}
 
 
 def measure_variant(case: Case, variant: str, margin: float) -> dict:
@@ -754,11 +723,11 @@ def probe_chunking() -> dict:
     except (TypeError, NotImplementedError) as err:
         return {"available": False, "reason": f"{type(err).__name__}: {err}"}
     plain = measure_trainer(case, "two_pass", PK_MARGIN)
-    if chunked["graph_peak_bytes"] >= 0.75 * plain["graph_peak_bytes"]:
+    if chunked[GRAPH_BYTES_PEAK] >= 0.75 * plain[GRAPH_BYTES_PEAK]:
         return {
             "available": False,
             "reason": "Trainer(chunk_size=4) ran but its peak graph bytes did not fall "
-            f"({chunked['graph_peak_bytes']} vs {plain['graph_peak_bytes']} unchunked)",
+            f"({chunked[GRAPH_BYTES_PEAK]} vs {plain[GRAPH_BYTES_PEAK]} unchunked)",
         }
     return {"available": True, "reason": ""}
 
@@ -783,13 +752,13 @@ def case_ratios(variants: dict, rounds: dict | None) -> dict:
 
     ratios = {
         "graph_peak_two_pass_vs_seed": ratio(
-            value("two_pass", "graph_peak_bytes"), value("seed", "graph_peak_bytes")
+            value("two_pass", GRAPH_BYTES_PEAK), value("seed", GRAPH_BYTES_PEAK)
         ),
         "graph_peak_one_pass_vs_seed": ratio(
-            value("one_pass", "graph_peak_bytes"), value("seed", "graph_peak_bytes")
+            value("one_pass", GRAPH_BYTES_PEAK), value("seed", GRAPH_BYTES_PEAK)
         ),
         "graph_peak_chunked_vs_two_pass": ratio(
-            value("two_pass_chunked", "graph_peak_bytes"), value("two_pass", "graph_peak_bytes")
+            value("two_pass_chunked", GRAPH_BYTES_PEAK), value("two_pass", GRAPH_BYTES_PEAK)
         ),
     }
     if rounds and "error" not in rounds:
@@ -808,7 +777,7 @@ def case_ratios(variants: dict, rounds: dict | None) -> dict:
             # The two-pass / seed throughput that the arithmetic alone allows on this machine.
             seed_parts_vs_floor=ratio(rounds.get("seed_parts_s"), rounds["floor_s"]),
             graph_peak_chunked_vs_one_chunk=ratio(
-                value("two_pass_chunked", "graph_peak_bytes"),
+                value("two_pass_chunked", GRAPH_BYTES_PEAK),
                 rounds.get("chunk_forward_graph_bytes"),
             ),
         )
@@ -858,8 +827,8 @@ def try_batch(case: Case) -> dict:
     """One two-pass step on a P x K batch: did it fit? (forked child)"""
     variant = "two_pass_chunked" if case.chunk_size else "two_pass"
     result = measure_trainer(dataclasses.replace(case, rounds=False), variant, PK_MARGIN)
-    return {key: result[key] for key in ("median_step_s", "graph_peak_bytes")} | {
-        key: result[key] for key in ("cuda_peak_allocated_bytes",) if key in result
+    return {key: result[key] for key in ("median_step_s", GRAPH_BYTES_PEAK)} | {
+        key: result[key] for key in (CUDA_MAX_ALLOCATED,) if key in result
     }
 
 
@@ -950,10 +919,10 @@ def print_case(result: dict) -> None:
             selected = f"{selected:.0%}"
         print(
             f"   {name:<18}{row['median_step_s']:>8.3f}{row['images_per_s']:>9.1f}{selected:>10}"
-            f"{_mib(row['graph_peak_bytes']):>11}{_mib(row['graph_alive_after_bytes']):>7}"
-            f"{_mib(row['rss_peak_bytes']):>9}"
-            f"{_mib(row['rss_peak_bytes'] - row['rss_before_bytes']):>8}"
-            f"{_mib(row.get('cuda_peak_allocated_bytes')):>10}"
+            f"{_mib(row[GRAPH_BYTES_PEAK]):>11}{_mib(row[GRAPH_BYTES_ALIVE]):>7}"
+            f"{_mib(row[PEAK_RSS_BYTES]):>9}"
+            f"{_mib(row[PEAK_RSS_BYTES] - row[RSS_BEFORE_BYTES]):>8}"
+            f"{_mib(row.get(CUDA_MAX_ALLOCATED)):>10}"
         )
     rounds = result.get("rounds") or {}
     if "floor_s" in rounds:
@@ -1077,7 +1046,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "bench_training_step",
         "suite": args.suite,
         "quick": args.quick,
-        "command": "python benchmarks/bench_training_step.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m benchmarks.bench_training_step " + " ".join(argv or sys.argv[1:]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": describe_machine(device),
         "cases": [],

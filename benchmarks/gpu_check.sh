@@ -7,14 +7,14 @@
 #
 #   bash benchmarks/gpu_check.sh
 #   OUT=/tmp/gpu bash benchmarks/gpu_check.sh
-#   python benchmarks/run_all.py --gpu-json gpu_check.json   # adds the figures to BENCHMARKS.md
+#   python -m benchmarks.run_all --gpu-json gpu_check.json   # adds the figures to BENCHMARKS.md
 #
-# The work is done by benchmarks/bench_training_step.py --suite gpu, which runs on a CPU too
+# The work is done by python -m benchmarks.bench_training_step --suite gpu, which runs on a CPU too
 # (with --device cpu --backbone tiny ... for a smoke test); this script only refuses to start
 # without CUDA and bounds the time.
 set -euo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."  # the repository root: python -m benchmarks.<name>
 PY="${PYTHON:-}"
 if [[ -z "$PY" ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
@@ -51,7 +51,7 @@ date
 
 status=0
 timeout --signal=INT --kill-after=20 "$SUITE_LIMIT_S" \
-  "$PY" benchmarks/bench_training_step.py --suite gpu --json "$OUT_DIR/gpu_check.json" \
+  "$PY" -m benchmarks.bench_training_step --suite gpu --json "$OUT_DIR/gpu_check.json" \
   || status=$?
 if [[ $status -ne 0 ]]; then
   echo "gpu_check.sh: the suite stopped with status $status (124: over ${SUITE_LIMIT_S}s);" \
@@ -60,7 +60,7 @@ fi
 
 search_status=0
 timeout --signal=INT --kill-after=20 "$SEARCH_LIMIT_S" \
-  "$PY" benchmarks/bench_training_step.py --suite gpu --only-search \
+  "$PY" -m benchmarks.bench_training_step --suite gpu --only-search \
   --pk-search 512,1024,2048,4096,8192 --json "$OUT_DIR/gpu_search.json" \
   || search_status=$?
 if [[ $search_status -ne 0 ]]; then

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Memory report: what the seed's loop and the corrected steps hold, measured on one batch.
 
 On one model, batch and device, runs a few steps of
 
-- ``seed``: the faithful port of the original loop (``benchmarks/seed_loop.py``), fed triplet
+- ``seed``: the faithful port of the original loop (``benchmarks.seed_loop``), fed triplet
   batches (anchor, positive, negative: T images each);
 - ``two_pass``: the corrected step (no-grad mining pass, one grad forward on the selected images),
   fed the same 3T images through ``Trainer.train_triplet_step`` with the seed's selection rule;
@@ -15,46 +14,54 @@ For each it reports graph bytes (tensors saved for backward) alive after the ste
 step's peak, bytes of parameters, gradients and optimizer state, step time and, on CUDA, the
 caching allocator's allocated / reserved / peak bytes. It prints a table and the seed loop's
 timeline (graph bytes after each source line, and which loop variable keeps which graph), writes
-``--json`` and a chart ``--plot``. See docs/memory.md.
+``--json`` and a chart ``--plot``. See docs/memory.md. Memory figures carry the names of the
+trainer's epoch records (``facenet.memory.MEMORY_KEYS``), measured by ``benchmarks.measure``,
+the core the training-step benchmark uses too.
+
+    python -m benchmarks.memory_report --backbone tiny --image-size 64 --json report.json
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout, uninstalled
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the seed-loop baseline
-
-import seed_loop  # noqa: E402
-
-from facenet.config import positive_int  # noqa: E402
-from facenet.distributed import resolve_device  # noqa: E402
-from facenet.errors import FacenetError  # noqa: E402
-from facenet.files import json_safe, write_text_atomic  # noqa: E402
-from facenet.memory import (  # noqa: E402
+from benchmarks import seed_loop
+from benchmarks.measure import (
+    ForwardCounter,
+    GradBytesAtStep,
+    memory_readings,
+    metered_step,
+    release_device_memory,
+    seed_rule_parts,
+    semihard_parts,
+)
+from facenet.config import positive_int
+from facenet.distributed import resolve_device
+from facenet.errors import FacenetError
+from facenet.files import json_safe, write_text_atomic
+from facenet.memory import (
+    CUDA_ALLOCATED,
+    CUDA_MAX_ALLOCATED,
+    CUDA_MAX_RESERVED,
+    CUDA_RESERVED,
+    GRAPH_BYTES_ALIVE,
+    GRAPH_BYTES_PEAK,
     GraphMemoryMeter,
-    cuda_memory_stats,
     format_bytes,
     graph_bytes_by_variable,
     module_state_bytes,
-    reset_cuda_peaks,
 )
-from facenet.metric.losses import TripletMarginLoss  # noqa: E402
-from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner  # noqa: E402
-from facenet.models.embedding import BACKBONES, EmbeddingNet  # noqa: E402
-from facenet.training.engine import Trainer  # noqa: E402
+from facenet.models.embedding import BACKBONES, EmbeddingNet
+from facenet.training.engine import Trainer
 
 __all__ = [
     "REQUIRED_KEYS",
@@ -72,16 +79,17 @@ __all__ = [
     "main",
 ]
 
-# Keys every variant has in the JSON; CUDA_KEYS are added on a CUDA device.
+# Keys every variant has in the JSON; CUDA_KEYS are added on a CUDA device. The memory figures
+# are named as in the trainer's epoch records (facenet.memory.MEMORY_KEYS).
 REQUIRED_KEYS = (
-    "graph_bytes_alive_after_step",
-    "graph_bytes_peak",
+    GRAPH_BYTES_ALIVE,
+    GRAPH_BYTES_PEAK,
     "param_bytes",
     "grad_bytes",
     "optimizer_state_bytes",
     "step_seconds",
 )
-CUDA_KEYS = ("cuda_peak_allocated", "cuda_allocated", "cuda_reserved", "cuda_peak_reserved")
+CUDA_KEYS = (CUDA_MAX_ALLOCATED, CUDA_ALLOCATED, CUDA_RESERVED, CUDA_MAX_RESERVED)
 OPTIMIZERS = ("adagrad", "adam", "sgd")
 
 
@@ -89,8 +97,10 @@ OPTIMIZERS = ("adagrad", "adam", "sgd")
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``memory_report.py``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """The command-line interface of ``python -m benchmarks.memory_report``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.memory_report", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--backbone", choices=BACKBONES, default="tiny")
     parser.add_argument("--image-size", type=positive_int, default=64, help="pixels (64)")
     parser.add_argument(
@@ -211,49 +221,7 @@ def _as_pk_batch(batch: tuple[torch.Tensor, ...], identities: int) -> tuple[torc
     return images, torch.arange(identities).repeat_interleave(per_identity)  # (3T,)
 
 
-# --------------------------------------------------------------------------- measuring helpers
-
-
-def _synchronize(device: torch.device) -> None:
-    """Wait for queued CUDA work, so that timings and allocator figures are complete."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class _ForwardCounter:
-    """Counts images entering a module, with and without grad (a forward pre-hook)."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.with_grad = 0
-        self.no_grad = 0
-        self._handle = module.register_forward_pre_hook(self._count)
-
-    def _count(self, module: torch.nn.Module, inputs: tuple) -> None:
-        images = inputs[0].shape[0]
-        if torch.is_grad_enabled():
-            self.with_grad += images
-        else:
-            self.no_grad += images
-
-    def remove(self) -> None:
-        """Detach the hook from the module."""
-        self._handle.remove()
-
-
-class _GradBytesAtStep:
-    """Gradient bytes alive when ``optimizer.step()`` starts (an optimizer step pre-hook)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.peak = 0
-        self._handle = optimizer.register_step_pre_hook(self._record)
-
-    def _record(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        grads = (p.grad for group in optimizer.param_groups for p in group["params"])
-        self.peak = max(self.peak, sum(g.nbytes for g in grads if g is not None))
-
-    def remove(self) -> None:
-        """Detach the hook from the optimizer."""
-        self._handle.remove()
+# --------------------------------------------------------------------------- measuring
 
 
 def _measure_steps(
@@ -261,10 +229,10 @@ def _measure_steps(
     batches: Sequence[tuple],
     meter: GraphMemoryMeter,
     device: torch.device,
-    forwards: _ForwardCounter,
+    forwards: ForwardCounter,
 ) -> list[dict[str, float]]:
-    """Run ``run_step`` on each batch under ``meter``; per step: graph and CUDA bytes, seconds,
-    images forwarded with and without grad (read from ``forwards``).
+    """Run ``run_step`` on each batch under ``meter``; per step: graph and CUDA bytes (peaks of
+    the step), seconds, images forwarded with and without grad (read from ``forwards``).
 
     The meter stays counting between steps, so graphs a step leaves behind are still seen (and
     their release is counted) during the next one.
@@ -272,29 +240,14 @@ def _measure_steps(
     per_step = []
     for batch in batches:
         with_grad, no_grad = forwards.with_grad, forwards.no_grad
-        reset_cuda_peaks(device)
-        with meter:
-            meter.reset_peak()  # the new peak starts from what the last step left alive
-            _synchronize(device)
-            start = time.perf_counter()
-            run_step(batch)
-            _synchronize(device)
-            seconds = time.perf_counter() - start
+        seconds, _ = metered_step(meter, device, lambda b=batch: run_step(b), reset_peaks=True)
+        # Every variant shares this process: its peak RSS would mix them, so it is left out.
         step = {
-            "graph_bytes_peak": meter.peak_bytes,
-            "graph_bytes_alive_after_step": meter.alive_bytes,
+            **memory_readings(meter, device, rss=False),
             "step_seconds": seconds,
             "images_forwarded_with_grad": forwards.with_grad - with_grad,
             "images_forwarded_no_grad": forwards.no_grad - no_grad,
         }
-        cuda = cuda_memory_stats(device)
-        if cuda:
-            step.update(
-                cuda_peak_allocated=cuda["max_allocated"],
-                cuda_peak_reserved=cuda["max_reserved"],
-                cuda_allocated=cuda["allocated"],
-                cuda_reserved=cuda["reserved"],
-            )
         per_step.append(step)
     return per_step
 
@@ -303,8 +256,8 @@ def _summarize(
     per_step: list[dict[str, float]],
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    forwards: _ForwardCounter,
-    grads: _GradBytesAtStep,
+    forwards: ForwardCounter,
+    grads: GradBytesAtStep,
     selected: list[int],
 ) -> dict[str, Any]:
     """One variant's figures: peaks over the steps, what the last step left, model state bytes.
@@ -316,9 +269,9 @@ def _summarize(
         step["selected_triplets"] = count
     state = module_state_bytes(model, optimizer)
     summary: dict[str, Any] = {
-        "graph_bytes_alive_after_step": per_step[-1]["graph_bytes_alive_after_step"],
-        "graph_bytes_peak": max(s["graph_bytes_peak"] for s in per_step),
-        "graph_bytes_peak_mean": statistics.mean(s["graph_bytes_peak"] for s in per_step),
+        GRAPH_BYTES_ALIVE: per_step[-1][GRAPH_BYTES_ALIVE],  # what the last step left
+        GRAPH_BYTES_PEAK: max(s[GRAPH_BYTES_PEAK] for s in per_step),
+        "graph_bytes_peak_mean": statistics.mean(s[GRAPH_BYTES_PEAK] for s in per_step),
         "param_bytes": state["param_bytes"],
         "grad_bytes": state["grad_bytes"],  # gradients still allocated after the step
         "grad_bytes_at_optimizer_step": grads.peak,
@@ -329,23 +282,13 @@ def _summarize(
         "images_forwarded_no_grad": forwards.no_grad / steps,
         "selected_triplets": statistics.mean(selected),
     }
-    if "cuda_peak_allocated" in per_step[0]:
-        summary["cuda_peak_allocated"] = max(s["cuda_peak_allocated"] for s in per_step)
-        summary["cuda_peak_reserved"] = max(s["cuda_peak_reserved"] for s in per_step)
-        summary["cuda_allocated"] = per_step[-1]["cuda_allocated"]
-        summary["cuda_reserved"] = per_step[-1]["cuda_reserved"]
+    if CUDA_MAX_ALLOCATED in per_step[0]:  # peaks over the steps, the rest after the last
+        summary[CUDA_MAX_ALLOCATED] = max(s[CUDA_MAX_ALLOCATED] for s in per_step)
+        summary[CUDA_MAX_RESERVED] = max(s[CUDA_MAX_RESERVED] for s in per_step)
+        summary[CUDA_ALLOCATED] = per_step[-1][CUDA_ALLOCATED]
+        summary[CUDA_RESERVED] = per_step[-1][CUDA_RESERVED]
     summary["per_step"] = per_step
     return summary
-
-
-def _release_device_memory(device: torch.device) -> None:
-    """On CUDA, collect garbage and return cached blocks, so variants start from the same state.
-
-    On the CPU nothing is needed: refcounting already freed the last variant's tensors.
-    """
-    if device.type == "cuda":
-        gc.collect()  # a reference cycle would keep the last variant's tensors allocated
-        torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------- the seed loop
@@ -405,7 +348,7 @@ def measure_seed(
     optimizer = seed_loop.create_optimizer(model, name=args.optimizer, lr=args.lr)
     model.train()
     meter = GraphMemoryMeter(exclude=model)
-    forwards, grads = _ForwardCounter(net.backbone), _GradBytesAtStep(optimizer)
+    forwards, grads = ForwardCounter(net.backbone), GradBytesAtStep(optimizer)
     state: dict[str, Any] = {}  # the loop's local variables, alive from one iteration to the next
     selected: list[int] = []
 
@@ -441,21 +384,6 @@ def measure_seed(
 # --------------------------------------------------------------------------- the corrected steps
 
 
-def _seed_rule_parts(margin: float) -> tuple[TripletMarginMiner, TripletMarginLoss]:
-    """The seed's selection (``d_n - d_p < margin`` on its distance) and its mean triplet loss."""
-    miner = TripletMarginMiner(
-        margin=margin, type_of_triplets="all", distance="seed_l2", strict_margin=True
-    )
-    return miner, TripletMarginLoss(margin=margin, distance="seed_l2", reduction="mean")
-
-
-def _pk_parts(margin: float, seed: int) -> tuple[SemiHardNegativeMiner, TripletMarginLoss]:
-    """FaceNet's semi-hard mining and triplet loss, for the P x K case."""
-    generator = torch.Generator().manual_seed(seed)
-    miner = SemiHardNegativeMiner(margin=margin, distance="squared", generator=generator)
-    return miner, TripletMarginLoss(margin=margin, distance="squared")
-
-
 def measure_trainer(
     args: argparse.Namespace, batches: Sequence[tuple], passes: int, pk: bool = False
 ) -> dict[str, Any]:
@@ -474,7 +402,7 @@ def measure_trainer(
         args.backbone, embedding_dim=args.embedding_dim, num_classes=args.classes
     ).to(args.device)
     optimizer = seed_loop.create_optimizer(model, name=args.optimizer, lr=args.lr)
-    miner, loss_fn = _pk_parts(args.margin, args.seed) if pk else _seed_rule_parts(args.margin)
+    miner, loss_fn = semihard_parts(args.margin, args.seed) if pk else seed_rule_parts(args.margin)
     trainer = Trainer(
         model,
         miner,
@@ -486,7 +414,7 @@ def measure_trainer(
         graph_memory=True,
     )
     model.train()
-    forwards, grads = _ForwardCounter(model.backbone), _GradBytesAtStep(optimizer)
+    forwards, grads = ForwardCounter(model.backbone), GradBytesAtStep(optimizer)
     results: list[dict] = []
 
     def run_step(batch: tuple) -> None:
@@ -612,7 +540,7 @@ def run_report(args: argparse.Namespace) -> dict[str, Any]:
     )
     variants: dict[str, dict[str, Any]] = {}
     variants["seed"], timeline = measure_seed(args, batches)
-    _release_device_memory(args.device)
+    release_device_memory(args.device)
     for name, passes, pk in (
         ("two_pass", 2, False),
         ("one_pass", 1, False),
@@ -622,9 +550,9 @@ def run_report(args: argparse.Namespace) -> dict[str, Any]:
         if pk and not args.pk:
             continue
         variants[name] = measure_trainer(args, batches, passes=passes, pk=pk)
-        _release_device_memory(args.device)
+        release_device_memory(args.device)
     lifecycle = graph_lifecycle(args, batches[0][0])
-    _release_device_memory(args.device)
+    release_device_memory(args.device)
     return {
         "config": _config(args),
         "variants": variants,
@@ -640,19 +568,19 @@ def format_table(variants: dict[str, dict[str, Any]]) -> str:
         variants: name -> figures, as in the report's ``variants``.
     """
     columns = [
-        ("graph peak", "graph_bytes_peak"),
-        ("graph after", "graph_bytes_alive_after_step"),
+        ("graph peak", GRAPH_BYTES_PEAK),
+        ("graph after", GRAPH_BYTES_ALIVE),
         ("params", "param_bytes"),
         ("grads after", "grad_bytes"),
         ("grads at step", "grad_bytes_at_optimizer_step"),
         ("optim state", "optimizer_state_bytes"),
     ]
-    cuda = "cuda_peak_allocated" in next(iter(variants.values()))
+    cuda = CUDA_MAX_ALLOCATED in next(iter(variants.values()))
     if cuda:
         columns += [
-            ("cuda peak", "cuda_peak_allocated"),
-            ("cuda alloc", "cuda_allocated"),
-            ("cuda reserved", "cuda_reserved"),
+            ("cuda peak", CUDA_MAX_ALLOCATED),
+            ("cuda alloc", CUDA_ALLOCATED),
+            ("cuda reserved", CUDA_RESERVED),
         ]
     header = f"{'variant':<12} {'img grad':>8} {'img no-grad':>11} " + " ".join(
         f"{title:>13}" for title, _ in columns
@@ -719,14 +647,14 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
 
     variants = report["variants"]
     keys = [
-        ("graph peak", "graph_bytes_peak"),
-        ("graph after step", "graph_bytes_alive_after_step"),
+        ("graph peak", GRAPH_BYTES_PEAK),
+        ("graph after step", GRAPH_BYTES_ALIVE),
         ("parameters", "param_bytes"),
         ("grads after step", "grad_bytes"),
         ("optimizer state", "optimizer_state_bytes"),
     ]
-    if "cuda_peak_allocated" in next(iter(variants.values())):
-        keys.append(("CUDA peak allocated", "cuda_peak_allocated"))
+    if CUDA_MAX_ALLOCATED in next(iter(variants.values())):
+        keys.append(("CUDA peak allocated", CUDA_MAX_ALLOCATED))
     mib = 2.0**20
     fig, (bars, steps) = plt.subplots(1, 2, figsize=(15, 5.5))
     try:

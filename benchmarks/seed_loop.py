@@ -29,7 +29,7 @@ reproduced. With a :class:`facenet.memory.GraphMemoryMeter`, each ported line is
 ``meter.mark("<original source line>")``: the meter's timeline says which line allocates graph
 memory, which line frees it and what is left when the step ends.
 
-Run ``python benchmarks/seed_loop.py`` to print that timeline for a small model.
+Run ``python -m benchmarks.seed_loop`` to print that timeline for a small model.
 """
 
 from __future__ import annotations

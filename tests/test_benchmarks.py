@@ -1,5 +1,5 @@
-"""The benchmarks run in their quick modes, write their JSON and BENCHMARKS.md, and what they
-measure holds: the calibrated selection, graphs alive after a step, the report's targets."""
+"""The benchmarks run in their quick modes, write their JSON and BENCHMARKS.md's tables, and what
+they measure holds: the calibrated selection, graphs alive after a step, the report's targets."""
 
 import json
 import os
@@ -10,29 +10,35 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import bench_training_step as step
+from benchmarks import runners, tables, targets
+from facenet.memory import GRAPH_BYTES_ALIVE, GRAPH_BYTES_PEAK
 
-import bench_training_step as step  # noqa: E402
-import run_all  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 QUICK_SECTIONS = ("training_step", "evaluation", "data")
 
 
-def run_script(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    """A benchmark script in a fresh interpreter (its children are forked from that one)."""
+def run_module(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.<name>`` from the repository root in a fresh interpreter (its
+    children are forked from that one)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
-    """run_all.py --quick (without the miners: see the slow test) into a temporary folder."""
+    """run_all --quick (without the miners: see the slow test) into a temporary folder."""
     out = tmp_path_factory.mktemp("bench")
-    done = run_script(
-        "benchmarks/run_all.py",
+    done = run_module(
+        "run_all",
         "--quick",
         "--out-dir",
         str(out),
@@ -68,8 +74,8 @@ def test_margin_passing_lets_exactly_the_fraction_through(seed):
 
 def test_case_ratios_from_hand_figures():
     variants = {
-        "seed": {"graph_peak_bytes": 400},
-        "two_pass": {"graph_peak_bytes": 100},
+        "seed": {GRAPH_BYTES_PEAK: 400},
+        "two_pass": {GRAPH_BYTES_PEAK: 100},
         "one_pass": {"error": "failed"},
     }
     rounds = {"floor_s": 1.0, "seed_step_s": 3.0, "two_pass_step_s": 1.1, "seed_parts_s": 0.9}
@@ -106,11 +112,11 @@ def test_targets_are_met_missed_or_not_measured():
             ]
         }
     }
-    graph = run_all.graph_targets(sections)
+    graph = targets.graph_targets(sections)
     assert [t["met"] for t in graph] == [True, False]  # 0.5 <= 0.5; 0.16 > 0.15
-    assert [t["met"] for t in run_all.throughput_targets(sections)] == [False, None]
-    assert [t["met"] for t in run_all.overhead_targets(sections)] == [None, True]
-    assert [run_all.status_text(m) for m in (True, False, None)] == [
+    assert [t["met"] for t in targets.throughput_targets(sections)] == [False, None]
+    assert [t["met"] for t in targets.overhead_targets(sections)] == [None, True]
+    assert [targets.status_text(m) for m in (True, False, None)] == [
         "met",
         "MISSED",
         "not measured",
@@ -123,16 +129,50 @@ def test_miner_targets_read_the_1024_row_and_the_slowest_case():
         {"batch": 1024, "identities": 64, "miner": "semihard", "speedup": 3.0, "memory_ratio": 5.0},
         {"batch": 256, "identities": 16, "miner": "hard", "speedup": 0.9, "memory_ratio": 9.0},
     ]
-    targets = run_all.miner_targets({"miners": {"rows": rows}})
-    assert [t["met"] for t in targets] == [True, False, True, True, False]
-    assert targets[-1]["measured"] == pytest.approx(0.9)
+    rows_out = targets.miner_targets({"miners": {"rows": rows}})
+    assert [t["met"] for t in rows_out] == [True, False, True, True, False]
+    assert rows_out[-1]["measured"] == pytest.approx(0.9)
 
 
 def test_md_table_escapes_bars_and_right_aligns_numbers():
-    table = run_all.md_table(["name", "value"], [["a|b", "1.5x"], ["c", None]])
+    table = tables.md_table(["name", "value"], [["a|b", "1.5x"], ["c", None]])
     lines = table.splitlines()
     assert lines[1] == "| --- | ---: |"
     assert "a\\|b" in lines[2] and lines[3] == "| c | - |"
+
+
+def test_fill_tables_replaces_only_what_is_between_the_markers():
+    text = (
+        "Prose 1.5x by hand.\n<!-- table:a -->\n| old |\n<!-- /table -->\nMore prose.\n"
+        "<!-- table:b -->\n| old b |\n<!-- /table -->\n"
+    )
+    filled, missing = tables.fill_tables(text, {"a": "| new |"})
+    assert filled == (
+        "Prose 1.5x by hand.\n<!-- table:a -->\n| new |\n<!-- /table -->\nMore prose.\n"
+        f"<!-- table:b -->\n{tables.NOT_MEASURED}\n<!-- /table -->\n"
+    )
+    assert missing == ["b"]  # no figure of an older run stays
+    assert tables.fill_tables(filled, {"a": "| new |"})[0] == filled  # the same run, the same text
+
+
+def test_the_committed_tables_are_those_of_the_committed_results():
+    results = json.loads((REPO / "benchmarks" / "results.json").read_text())
+    markdown = (REPO / "BENCHMARKS.md").read_text()
+    filled, _ = tables.fill_tables(markdown, tables.render_tables(results))
+    assert filled == markdown
+
+
+def test_each_runner_names_its_module_and_its_command(tmp_path):
+    assert runners.SECTIONS == ("training_step", "miners", "evaluation", "data", "step_paths")
+    for runner_class in runners.RUNNERS:
+        runner = runner_class(tmp_path, threads=1)
+        command = runner.command(quick=False)
+        assert command.startswith(f"python -m benchmarks.{runner.module} ")
+        assert command.endswith(f"--json {runner.name}.json")
+        assert runner.json_path == tmp_path / f"{runner.name}.json"
+    data = runners.DataRunner(tmp_path, threads=1)
+    assert "--step-json training_step.json" in data.command(quick=True)
+    assert data.extra_arguments()[0] == []  # no training-step report in this run yet
 
 
 # ---------------------------------------------------------------- the quick run
@@ -154,8 +194,13 @@ def test_quick_run_writes_every_section_and_the_markdown(quick_report):
         assert heading in markdown
     for name in QUICK_SECTIONS:
         assert results["commands"][name] in markdown  # each table says how to repeat it
-    statuses = {run_all.status_text(t["met"]) for t in results["targets"]}
+    statuses = {targets.status_text(t["met"]) for t in results["targets"]}
     assert statuses <= {"met", "MISSED", "not measured"} and statuses
+    # Every table of the sections that ran is filled from this run, none left from another.
+    filled = tables.render_tables(results)
+    for name in ("targets", "training_step_cases", "training_step_floor", "evaluation", "data"):
+        assert filled[name] in markdown
+    assert "miners" not in filled and "<!-- table:miners -->\n" + tables.NOT_MEASURED in markdown
 
 
 def test_quick_training_step_selection_and_graphs(quick_report):
@@ -173,11 +218,11 @@ def test_quick_training_step_selection_and_graphs(quick_report):
             assert abs(calibration[f"pass_fraction_{kind}"] - wanted) <= 0.1
         seed, two = variants["seed"], variants["two_pass"]
         assert "error" not in two, two
-        assert two["graph_alive_after_bytes"] == 0  # nothing outlives our step
-        assert 0 < two["graph_peak_bytes"]
+        assert two[GRAPH_BYTES_ALIVE] == 0  # nothing outlives our step
+        assert 0 < two[GRAPH_BYTES_PEAK]
         if "error" not in seed:
-            assert seed["graph_alive_after_bytes"] > 0  # the seed's loop variables hold graphs
-            assert two["graph_peak_bytes"] < seed["graph_peak_bytes"]
+            assert seed[GRAPH_BYTES_ALIVE] > 0  # the seed's loop variables hold graphs
+            assert two[GRAPH_BYTES_PEAK] < seed[GRAPH_BYTES_PEAK]
         rounds = result["rounds"]  # every variant timed in the same rounds, and the floor
         assert rounds["floor_s"] > 0 and rounds["seed_step_s"] > 0 and rounds["two_pass_step_s"] > 0
     dense = next(c for c in triplet_cases if c["case"]["selection"] == "dense")
@@ -191,11 +236,11 @@ def test_quick_chunk_rows_measure_both_variants(quick_report):
     assert len(pk_cases) == 2
     for result in pk_cases:
         two = result["variants"]["two_pass"]
-        assert two["graph_alive_after_bytes"] == 0
+        assert two[GRAPH_BYTES_ALIVE] == 0
         assert two["selected_images_mean"] == result["case"]["p"] * result["case"]["k"]
         chunked = result["variants"]["two_pass_chunked"]
         if report["chunking"]["available"]:
-            assert chunked["graph_peak_bytes"] < two["graph_peak_bytes"]
+            assert chunked[GRAPH_BYTES_PEAK] < two[GRAPH_BYTES_PEAK]
         else:
             assert chunked["not_available"]
 
@@ -224,8 +269,8 @@ def test_quick_evaluation_numbers_are_identical(quick_report):
 
 def test_gpu_suite_runs_on_cpu_with_a_tiny_model(tmp_path):
     out = tmp_path / "gpu.json"
-    done = run_script(
-        "benchmarks/bench_training_step.py",
+    done = run_module(
+        "bench_training_step",
         "--suite",
         "gpu",
         "--device",
@@ -283,8 +328,8 @@ def test_gpu_check_refuses_without_cuda(tmp_path):
 
 @pytest.mark.slow
 def test_run_all_quick_with_the_miners(tmp_path):
-    done = run_script(
-        "benchmarks/run_all.py",
+    done = run_module(
+        "run_all",
         "--quick",
         "--out-dir",
         str(tmp_path),
@@ -303,9 +348,7 @@ def test_run_all_quick_with_the_miners(tmp_path):
 
 def test_step_paths_quick_times_every_variant_of_both_workloads(tmp_path):
     out = tmp_path / "step_paths.json"
-    done = run_script(
-        "benchmarks/bench_step_paths.py", "--quick", "--threads", "1", "--json", str(out)
-    )
+    done = run_module("bench_step_paths", "--quick", "--threads", "1", "--json", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [r["workload"]["name"] for r in report["workloads"]] == ["demo", "resnet18"]
@@ -324,8 +367,8 @@ def test_step_paths_quick_times_every_variant_of_both_workloads(tmp_path):
             "plain": "plain",
             "auto_meter": "one-pass",
         }
-        assert variants["auto_meter"]["graph_peak_bytes"] > 0
-        assert variants["auto_meter"]["graph_alive_after_bytes"] == 0
+        assert variants["auto_meter"][GRAPH_BYTES_PEAK] > 0
+        assert variants["auto_meter"][GRAPH_BYTES_ALIVE] == 0
         assert (work["ce_weight"] > 0) == (work["name"] == "demo")
         for key in ("two_pass_vs_auto", "meter_on_vs_off", "two_pass_vs_auto_median"):
             assert result["ratios"][key] > 0

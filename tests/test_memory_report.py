@@ -2,22 +2,15 @@
 steps keep none; the JSON has every key; the timeline names the lines that hold memory."""
 
 import contextlib
-import importlib.util
 import io
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks import memory_report, seed_loop
 from facenet.memory import GraphMemoryMeter
 from facenet.models.embedding import EmbeddingNet
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "memory_report.py"
-_spec = importlib.util.spec_from_file_location("memory_report", SCRIPT)
-memory_report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(memory_report)
-seed_loop = memory_report.seed_loop
 
 T, SIZE, STEPS, DIM, CLASSES = 4, 16, 2, 128, 10
 # Unit embeddings: d_n - d_p <= 2 < 5, so the seed's rule selects every triplet.
@@ -75,14 +68,14 @@ def test_seed_loop_keeps_graph_bytes_alive_and_corrected_steps_keep_none(run):
     variants = run["report"]["variants"]
     _, retained = reference_seed_graph_bytes(last_batch())
     seed = variants["seed"]
-    assert seed["graph_bytes_alive_after_step"] == retained > 0
-    assert all(step["graph_bytes_alive_after_step"] == retained for step in seed["per_step"])
+    assert seed["graph_bytes_alive"] == retained > 0
+    assert all(step["graph_bytes_alive"] == retained for step in seed["per_step"])
     assert seed["graph_bytes_after_loop_variables_deleted"] == 0
     for name in CORRECTED:
         figures = variants[name]
         assert figures["graph_bytes_peak"] > 0  # the grad forward did hold activations
-        assert figures["graph_bytes_alive_after_step"] == 0
-        assert all(step["graph_bytes_alive_after_step"] == 0 for step in figures["per_step"])
+        assert figures["graph_bytes_alive"] == 0
+        assert all(step["graph_bytes_alive"] == 0 for step in figures["per_step"])
 
 
 def test_seed_peak_holds_two_steps_of_graphs(run):
@@ -160,9 +153,9 @@ def test_timeline_names_the_lines_that_hold_memory(run):
     assert max(change, key=change.get) == OUT_LINE
     assert change[D_P_LINE] < 0 and change[D_N_LINE] < 0  # the old graphs go here, not before
     assert change["loss.backward()"] < 0
-    assert rows[0]["alive_bytes"] == seed["per_step"][0]["graph_bytes_alive_after_step"]
+    assert rows[0]["alive_bytes"] == seed["per_step"][0]["graph_bytes_alive"]
     assert rows[-1]["alive_bytes"] == timeline["alive_after_step"]
-    assert timeline["alive_after_step"] == seed["graph_bytes_alive_after_step"]
+    assert timeline["alive_after_step"] == seed["graph_bytes_alive"]
     for before, after in zip(rows, rows[1:]):
         assert after["change_bytes"] == after["alive_bytes"] - before["alive_bytes"]
     held = {name for name, nbytes in timeline["held_by_variable"].items() if nbytes > 0}

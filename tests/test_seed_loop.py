@@ -1,21 +1,15 @@
 """The faithful seed-loop baseline reproduces the seed's faults, measured on a tiny model."""
 
-import importlib.util
 import math
 import weakref
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from benchmarks import seed_loop
 from facenet.memory import GraphMemoryMeter, graph_bytes_by_variable
-
-SEED_LOOP_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "seed_loop.py"
-_spec = importlib.util.spec_from_file_location("seed_loop", SEED_LOOP_PATH)
-seed_loop = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(seed_loop)
 
 NUM_CLASSES = 3
 OUT_LINE = "out_a, out_p, out_n = model(data_a), model(data_p), model(data_n)"

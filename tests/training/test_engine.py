@@ -2,8 +2,6 @@
 images' forward, the triplet gradient reaching the model, BatchNorm updated once per step."""
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +13,6 @@ from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
 from facenet.models.embedding import EmbeddingNet
 from facenet.training.engine import Trainer
 from facenet.training.step import unique_triplet_images
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 def make_batch(p=4, k=4, size=32, seed=0):
@@ -133,7 +129,7 @@ def test_one_pass_peak_is_the_whole_batch():
 
 
 def test_dense_selection_peak_is_at_most_half_the_seed_loops():
-    from seed_loop import SeedModel, seed_epoch
+    from benchmarks.seed_loop import SeedModel, seed_epoch
 
     batches = [seed_triplets(t=8, seed=s) for s in range(3)]
     torch.manual_seed(0)
