@@ -18,6 +18,7 @@ import re
 import stat
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -44,10 +45,20 @@ __all__ = [
     "add_override_argument",
     "positive_int",
     "save_config",
+    "RENAMED_KEYS",
 ]
 
-# seed_l2: the original script's sqrt(||x - y||^2 + 1e-4 / D), to reproduce its selection.
-Distance = Literal["squared", "euclidean", "cosine", "seed_l2"]
+# facenet.metric.DISTANCE_NAMES, for training and evaluation alike. angular: arccos(cos) / pi,
+# davidsandberg/facenet's evaluation distance; seed_l2: the original script's
+# sqrt(||x - y||^2 + 1e-4 / D), to reproduce its selection.
+Distance = Literal["squared", "euclidean", "cosine", "angular", "seed_l2"]
+
+# Configuration keys renamed (old -> new): the old names are still read, with one warning.
+# "held out" is spelled "heldout" everywhere (data.synthetic_heldout_*, the heldout/ folder).
+RENAMED_KEYS = {
+    "eval.holdout_identities": "eval.heldout_identities",
+    "eval.holdout_pairs_per_fold": "eval.heldout_pairs_per_fold",
+}
 
 
 _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -182,11 +193,11 @@ class EvalConfig:
     root: str | None = None  # image folder the test pairs name; None: next to pairs.txt
     # folder data without pairs files: hold out this many identities (never trained on), half
     # for validation, half for test; their pairs files are written into the run directory.
-    holdout_identities: int = 0
-    holdout_pairs_per_fold: int = 50
+    heldout_identities: int = 0
+    heldout_pairs_per_fold: int = 50
     n_folds: int = 10
     far_target: float = 1e-3
-    distance: Literal["squared", "euclidean", "cosine", "angular"] = "squared"
+    distance: Distance = "squared"
     # evaluation transform: "resize" (1.125 S, centre S: this project's training convention) or
     # "crop" (no resize: centre crop or zero-pad to S, as both publishers feed aligned crops)
     preprocess: Literal["resize", "crop"] = "resize"
@@ -298,8 +309,8 @@ RANGES: dict[str, Range] = {
     "train.max_nonfinite_steps": _ONE_PLUS,
     "train.chunk_size": _COUNT,  # < 0 and 1 are refused with the reason in _check_combinations
     "eval.every": _COUNT,  # 0: never
-    "eval.holdout_identities": _COUNT,
-    "eval.holdout_pairs_per_fold": _ONE_PLUS,
+    "eval.heldout_identities": _COUNT,
+    "eval.heldout_pairs_per_fold": _ONE_PLUS,
     "eval.n_folds": Range(2, 1000),  # a fold's threshold is chosen on the others
     "eval.far_target": Range(0, 1, True),
     "eval.batch_size": _ONE_PLUS,
@@ -378,7 +389,7 @@ def _section_from_dict(cls: type, values: Any, section: str, source: str) -> Any
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
-    for key, value in values.items():
+    for key, value in _rename_old_keys(values, section, source).items():
         if key not in hints:
             raise ConfigError(
                 f"{source}: unknown key '{section}.{key}'; valid keys in '{section}': "
@@ -386,6 +397,26 @@ def _section_from_dict(cls: type, values: Any, section: str, source: str) -> Any
             )
         kwargs[key] = _coerce(value, hints[key], f"{source}: {section}.{key}")
     return cls(**kwargs)
+
+
+def _new_key_name(section: str, key: str, source: str) -> str:
+    """The current name of ``section.key``; an old name is accepted with one warning."""
+    new = RENAMED_KEYS.get(f"{section}.{key}")
+    if new is None:
+        return key
+    warnings.warn(f"{source}: {section}.{key} is now {new}; please rename it", stacklevel=4)
+    return new.split(".", 1)[1]
+
+
+def _rename_old_keys(values: dict, section: str, source: str) -> dict:
+    """``values`` with renamed keys under their new names (both spellings at once: an error)."""
+    renamed = {}
+    for key, value in values.items():
+        new = _new_key_name(section, key, source)
+        if new in renamed or (new != key and new in values):
+            raise ConfigError(f"{source}: {section}.{key} and {section}.{new} are the same key")
+        renamed[new] = value
+    return renamed
 
 
 def config_from_dict(data: Any, source: str = "<dict>") -> Config:
@@ -454,7 +485,12 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
     data = {k: dict(v or {}) for k, v in (data or {}).items()}
     for item in overrides or []:
         section, key, value = _parse_override(item)
-        data.setdefault(section, {})[key] = value
+        key = _new_key_name(section, key, f"--set {item}")
+        values = data.setdefault(section, {})
+        for old, new in RENAMED_KEYS.items():  # the override replaces the file's old spelling
+            if new == f"{section}.{key}":
+                values.pop(old.split(".", 1)[1], None)
+        values[key] = value
     return data
 
 

@@ -1,5 +1,6 @@
 """The config loader: defaults, overrides, each kind of rejection, the resolved round trip."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import yaml
 
 from facenet.config import (
     RANGES,
+    RENAMED_KEYS,
     Config,
     config_from_dict,
     config_to_dict,
@@ -254,3 +256,122 @@ def test_a_fifo_as_config_file_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         load_config(fifo)
+
+
+# --------------------------------------------------------------------------- choices = registries
+
+
+def _choices(section: str, key: str) -> tuple:
+    """The ``Literal[...]`` choices of ``section.key`` in facenet.config."""
+    section_type = typing.get_type_hints(Config)[section]
+    return typing.get_args(typing.get_type_hints(section_type)[key])
+
+
+def _registries() -> dict:
+    """Each choice key and the library's table it selects from."""
+    from facenet.data.images import EVAL_PREPROCESS
+    from facenet.evaluation.protocol import DISTANCES
+    from facenet.metric.distances import DISTANCE_NAMES
+    from facenet.metric.losses import REDUCTIONS
+    from facenet.metric.miners import FALLBACKS, MINERS, TRIPLET_TYPES
+    from facenet.models.embedding import BACKBONES
+    from facenet.training import engine
+    from facenet.training.optim import OPTIMIZERS, SCHEDULES
+
+    return {
+        "model.backbone": BACKBONES,
+        "mining.miner": MINERS,
+        "mining.type_of_triplets": TRIPLET_TYPES,
+        "mining.fallback": FALLBACKS,
+        "mining.distance": DISTANCE_NAMES,
+        "loss.distance": DISTANCE_NAMES,
+        "loss.reduction": REDUCTIONS,
+        "optim.name": tuple(OPTIMIZERS),
+        "optim.schedule": SCHEDULES,
+        "train.amp": tuple(engine._AUTOCAST),  # the trainer's autocast table
+        "eval.distance": DISTANCES,
+        "eval.preprocess": EVAL_PREPROCESS,
+    }
+
+
+# Choice keys whose values the library tests with ifs, not a named table (yet).
+_NO_REGISTRY = {
+    "data.dataset",
+    "data.normalize",
+    "data.on_corrupt",
+    "mining.passes",
+    "train.device",
+    "eval.grid",
+}
+
+
+@pytest.mark.parametrize("key", sorted(_registries()))
+def test_every_choice_list_is_the_registry_it_selects_from(key):
+    section, name = key.split(".")
+    assert set(_choices(section, name)) == set(_registries()[key]), key
+
+
+def test_every_choice_key_is_checked_against_a_registry_or_listed_as_without_one():
+    choice_keys = set()
+    for section, section_type in typing.get_type_hints(Config).items():
+        for name, hint in typing.get_type_hints(section_type).items():
+            if typing.get_origin(hint) is typing.Literal:
+                choice_keys.add(f"{section}.{name}")
+    assert choice_keys == set(_registries()) | _NO_REGISTRY
+
+
+def test_training_and_evaluation_share_one_distance_list():
+    from facenet.evaluation.protocol import DISTANCES, default_thresholds
+    from facenet.metric.distances import DISTANCE_NAMES
+
+    assert DISTANCES is DISTANCE_NAMES
+    for name in DISTANCE_NAMES:  # every one has default grids
+        assert len(default_thresholds(name)) == len(default_thresholds("squared"))
+
+
+# --------------------------------------------------------------------------- renamed keys
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED_KEYS.items()))
+def test_an_old_key_in_a_file_still_works_with_one_warning_naming_the_new(tmp_path, old, new):
+    section, key = old.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({section: {key: 6}}))
+    with pytest.warns(UserWarning, match=f"{old} is now {new}") as record:
+        cfg = load_config(path)
+    assert len(record) == 1
+    assert getattr(getattr(cfg, section), new.split(".")[1]) == 6
+    saved = tmp_path / "config.yaml"
+    save_config(cfg, saved)  # the resolved config a run writes uses the new names
+    text = saved.read_text()
+    assert new.split(".")[1] in text and f"{key}:" not in text
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED_KEYS.items()))
+def test_an_old_key_in_set_still_works_and_overrides_the_file(tmp_path, old, new):
+    section, key = old.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({section: {key: 6}}))
+    cfg = load_config(path, [f"{new}=8"])  # the new name replaces the file's old one
+    assert getattr(getattr(cfg, section), new.split(".")[1]) == 8
+    with pytest.warns(UserWarning, match=f"{old} is now {new}"):
+        cfg = load_config(None, [f"{old}=4"])
+    assert getattr(getattr(cfg, section), new.split(".")[1]) == 4
+
+
+def test_old_and_new_spelling_of_one_key_in_a_file_are_refused(tmp_path):
+    path = tmp_path / "both.yaml"
+    path.write_text("eval:\n  holdout_identities: 4\n  heldout_identities: 6\n")
+    with pytest.raises(ConfigError, match="holdout_identities and eval.heldout_identities"):
+        load_config(path)
+
+
+def test_a_run_written_before_the_rename_keeps_its_heldout_identities(tmp_path):
+    from facenet.training.build import _choose_held_out
+
+    chosen = {"val": ["a", "b"], "test": ["c", "d"]}
+    (tmp_path / "holdout.json").write_text(json.dumps(chosen))  # the old record's name
+    listing = {name: ["1.png", "2.png"] for name in "abcdefgh"}
+    cfg = load_config(None, ["eval.heldout_identities=6"])  # a new draw would pick 6
+    assert _choose_held_out(cfg, listing, tmp_path, ["val", "test"]) == chosen
+    assert not (tmp_path / "heldout.json").exists()

@@ -48,10 +48,13 @@ __all__ = [
     "SemiHardNegativeMiner",
     "build_miner",
     "TRIPLET_TYPES",
+    "FALLBACKS",
+    "MINERS",
 ]
 
 TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 FALLBACKS = ("hardest", "skip")
+MINERS = ("semihard", "batch_hard", "triplet_margin")  # mining.miner, see build_miner
 
 # Output triplets written per step when ranges are expanded: max(B^2, this). The step's two
 # int64 temporaries stay O(B^2) while the number of (thread-pool) operations stays small.
@@ -613,6 +616,4 @@ def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> 
             max_triplets=cfg.max_triplets,
             generator=generator,
         )
-    raise ValueError(
-        f"mining.miner: unknown miner {cfg.miner!r}; valid: semihard, batch_hard, triplet_margin"
-    )
+    raise ValueError(f"mining.miner: unknown miner {cfg.miner!r}; valid: " + ", ".join(MINERS))

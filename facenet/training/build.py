@@ -43,6 +43,10 @@ from facenet.training.optim import build_optimizer, build_scheduler, parameter_g
 
 __all__ = ["TrainingData", "build_data", "build_device", "build_trainer"]
 
+# The held-out identities of a folder run (eval.heldout_identities), in the run directory.
+HELDOUT_RECORD = "heldout.json"
+_OLD_HELDOUT_RECORD = "holdout.json"  # its name before the rename, still read on resume
+
 
 @dataclass
 class TrainingData:
@@ -99,7 +103,7 @@ def _from_section(section: str, build, *args, **kwargs):
 
 def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, _EvalSources]:
     """The training image folder and the evaluation sets, generating the synthetic set if
-    needed, or holding out identities of a folder (``eval.holdout_identities``)."""
+    needed, or holding out identities of a folder (``eval.heldout_identities``)."""
     data, ev = cfg.data, cfg.eval
     given = _EvalSources(
         val=(ev.val_pairs, ev.val_root) if ev.val_pairs else None,
@@ -116,10 +120,10 @@ def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, _EvalSources]:
         return str(prepared["train_root"]), given
     if not data.root:
         raise ConfigError(f"data.root: required for data.dataset: {data.dataset}")
-    if ev.holdout_identities > 0:
+    if ev.heldout_identities > 0:
         if given.val and given.test:
             raise ConfigError(
-                f"eval.holdout_identities: {ev.holdout_identities}, but eval.val_pairs and "
+                f"eval.heldout_identities: {ev.heldout_identities}, but eval.val_pairs and "
                 "eval.pairs are both given: there is nothing to hold out identities for"
             )
         splits = [name for name in ("val", "test") if getattr(given, name) is None]
@@ -130,9 +134,12 @@ def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, _EvalSources]:
 
 
 def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list) -> dict:
-    """``{split: [identity, ...]}``: drawn for a new run, read back from ``holdout.json`` for a
+    """``{split: [identity, ...]}``: drawn for a new run, read back from ``heldout.json`` for a
     resumed one (the folder may have changed since: the held-out set must not)."""
-    record = run_dir / "holdout.json"
+    record = run_dir / HELDOUT_RECORD
+    # Runs written before the rename recorded the choice as holdout.json: still read it.
+    if not record.is_file() and (run_dir / _OLD_HELDOUT_RECORD).is_file():
+        record = run_dir / _OLD_HELDOUT_RECORD
     if record.is_file():
         chosen = json.loads(record.read_text(encoding="utf-8"))
         missing = sorted(n for names in chosen.values() for n in names if n not in listing)
@@ -142,10 +149,10 @@ def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list) ->
                 f"{', '.join(missing[:5])}; restore them, or start a new run (--overwrite)"
             )
         return chosen
-    count = cfg.eval.holdout_identities
+    count = cfg.eval.heldout_identities
     if count < 2 * len(splits) or count > len(listing) - 2:
         raise ConfigError(
-            f"eval.holdout_identities: {count}; between {2 * len(splits)} and "
+            f"eval.heldout_identities: {count}; between {2 * len(splits)} and "
             f"{len(listing) - 2} here ({len(listing)} identities with 2+ images; two must "
             "stay for training)"
         )
@@ -166,9 +173,9 @@ def _usable_images(cfg: Config, folder: Path, names: list[str]) -> list[str]:
 
 
 def _hold_out(cfg: Config, root: Path, run_dir: Path, splits: list) -> _EvalSources:
-    """Leave ``eval.holdout_identities`` identities of the folder out of training, and write
+    """Leave ``eval.heldout_identities`` identities of the folder out of training, and write
     identity-disjoint pairs for them (the ``splits`` "val" and/or "test") into the run
-    directory. The choice is recorded in ``holdout.json`` and kept on resume."""
+    directory. The choice is recorded in ``heldout.json`` and kept on resume."""
     listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
     chosen = _choose_held_out(cfg, listing, run_dir, splits)
     listing = {n: _usable_images(cfg, root / n, listing[n]) for ns in chosen.values() for n in ns}
@@ -176,29 +183,29 @@ def _hold_out(cfg: Config, root: Path, run_dir: Path, splits: list) -> _EvalSour
     for split, names in chosen.items():
         path = run_dir / f"{split}_pairs.txt"
         if is_main_process() and not path.is_file():
-            write_pairs(path, _holdout_folds({n: listing[n] for n in names}, cfg, split))
+            write_pairs(path, _heldout_folds({n: listing[n] for n in names}, cfg, split))
         setattr(sources, split, (str(path), str(root)))
     sources.notes.append(
         f"held out {len(sources.held_out)} identities of {root} from training "
-        f"(eval.holdout_identities, recorded in {run_dir / 'holdout.json'}): "
+        f"(eval.heldout_identities, recorded in {run_dir / HELDOUT_RECORD}): "
         + ", ".join(f"{len(n)} for {s} ({run_dir / f'{s}_pairs.txt'})" for s, n in chosen.items())
     )
     return sources
 
 
-def _holdout_folds(images: dict, cfg: Config, split: str):
+def _heldout_folds(images: dict, cfg: Config, split: str):
     """Folds for held-out identities: identity-disjoint when there are enough."""
     ev = cfg.eval
     for disjoint in (True, False):
         try:
             return generate_pairs(
-                images, ev.n_folds, ev.holdout_pairs_per_fold, cfg.train.seed, disjoint
+                images, ev.n_folds, ev.heldout_pairs_per_fold, cfg.train.seed, disjoint
             )
         except DataError as err:
             problem = err
     raise ConfigError(
-        f"eval.holdout_identities: {ev.holdout_identities}, eval.holdout_pairs_per_fold: "
-        f"{ev.holdout_pairs_per_fold}, eval.n_folds: {ev.n_folds}: too few {split} images "
+        f"eval.heldout_identities: {ev.heldout_identities}, eval.heldout_pairs_per_fold: "
+        f"{ev.heldout_pairs_per_fold}, eval.n_folds: {ev.n_folds}: too few {split} images "
         f"for the pairs ({problem}); hold out more identities or ask for fewer pairs"
     )
 
@@ -336,7 +343,7 @@ def _evaluation_notes(cfg: Config, val, test) -> list[str]:
     if val is None and test is None:
         return [
             "nothing will be evaluated: no validation or test pairs (set eval.val_pairs and "
-            "eval.pairs, or eval.holdout_identities for a folder)"
+            "eval.pairs, or eval.heldout_identities for a folder)"
         ]
     if val is None:
         return [
@@ -403,10 +410,6 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
     miner = _from_section("mining", build_miner, cfg.mining, generator=generator)
     optimizer = _from_section("optim", build_optimizer, params, cfg.optim)
     scheduler = _from_section("optim", build_scheduler, optimizer, cfg.optim, cfg.train.epochs)
-    # Seed-style triplet lists are sparse selections whatever the miner: two passes.
-    passes = cfg.mining.passes
-    if passes == "auto" and cfg.data.dataset == "triplets" and cfg.train.chunk_size == 0:
-        passes = 2
     return Trainer(
         model,
         miner,
@@ -416,10 +419,11 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
         device=device,
         amp=cfg.train.amp,
         ce_weight=cfg.loss.ce_weight,
-        passes=passes,
+        passes=cfg.mining.passes,
         grad_clip=cfg.optim.grad_clip,
         max_nonfinite_steps=cfg.train.max_nonfinite_steps,
         channels_last=cfg.model.channels_last,
         chunk_size=cfg.train.chunk_size,
+        triplet_lists=cfg.data.dataset == "triplets",
         graph_memory=cfg.logging.graph_memory,
     )

@@ -14,7 +14,14 @@ from torch.optim import lr_scheduler
 
 from facenet.config import OptimConfig
 
-__all__ = ["FrozenGroups", "build_optimizer", "build_scheduler", "parameter_groups"]
+__all__ = [
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "FrozenGroups",
+    "build_optimizer",
+    "build_scheduler",
+    "parameter_groups",
+]
 
 FROZEN_GROUP = "backbone_frozen"
 
@@ -120,24 +127,40 @@ class FrozenGroups:
         self._apply()
 
 
+def _sgd(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def _adam(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _adamw(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _adagrad(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+# optim.name -> builder: the choices of the configuration's optim.name.
+OPTIMIZERS = {"sgd": _sgd, "adam": _adam, "adamw": _adamw, "adagrad": _adagrad}
+# optim.schedule: cosine with linear warm-up, step decay, or a constant learning rate.
+SCHEDULES = ("cosine", "step", "none")
+
+
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """SGD (with momentum), Adam, AdamW or Adagrad over ``params``.
+    """SGD (with momentum), Adam, AdamW or Adagrad over ``params`` (``OPTIMIZERS``).
 
     Args:
         params: the parameters (or parameter groups) to optimise.
         cfg: the ``optim`` section.
     """
-    if cfg.name == "sgd":
-        return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    if cfg.name not in OPTIMIZERS:
+        raise ValueError(
+            f"optim.name: unknown optimizer {cfg.name!r}; valid: " + ", ".join(OPTIMIZERS)
         )
-    if cfg.name == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    raise ValueError(f"optim.name: unknown optimizer {cfg.name!r}")
+    return OPTIMIZERS[cfg.name](params, cfg)
 
 
 def build_scheduler(
@@ -159,6 +182,10 @@ def build_scheduler(
 
 def _schedule(optimizer, cfg: OptimConfig, epochs: int) -> lr_scheduler.LRScheduler | None:
     """The learning-rate schedule of ``optim.schedule`` (see :func:`build_scheduler`)."""
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(
+            f"optim.schedule: unknown {cfg.schedule!r}; valid: " + ", ".join(SCHEDULES)
+        )
     if cfg.schedule == "none":
         return None
     if cfg.schedule == "step":

@@ -29,7 +29,8 @@ RUN_OUTPUTS = (
     "nonfinite.pt",
     "metrics.jsonl",
     "summary.json",
-    "holdout.json",
+    "heldout.json",
+    "holdout.json",  # heldout.json's name in runs written before the rename
     "val_pairs.txt",
     "test_pairs.txt",
     "roc_*.png",
