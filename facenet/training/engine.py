@@ -31,7 +31,7 @@ from facenet.data.loading import count_images
 from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, memory_figures, reset_cuda_peaks
-from facenet.training.step import build_step, choose_step
+from facenet.training.step import build_step
 
 __all__ = ["Trainer", "STAT_KEYS"]
 
@@ -100,6 +100,8 @@ class Trainer:
         channels_last: feed images in channels-last memory format.
         chunk_size: gradient caching in chunks of this many images, each its own BatchNorm
             batch (0: off).
+        triplet_lists: batches are seed-style (a, p, n) triplet lists (``passes="auto"``
+            then takes two passes: the selection is sparse).
         meter: a :class:`GraphMemoryMeter` counting saved-tensor bytes during epochs, or None.
         graph_memory: make such a meter when ``meter`` is None (off by default: it costs a
             hook call per saved tensor).
@@ -124,6 +126,7 @@ class Trainer:
         max_nonfinite_steps: int = 5,
         channels_last: bool = False,
         chunk_size: int = 0,
+        triplet_lists: bool = False,
         meter: GraphMemoryMeter | None = None,
         graph_memory: bool = False,
     ):
@@ -139,13 +142,13 @@ class Trainer:
         self.max_nonfinite_steps = int(max_nonfinite_steps)
         self.channels_last = channels_last
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == "fp16")
-        name = choose_step(passes, chunk_size, getattr(miner, "selects_every_image", False))
         self.step = build_step(
-            name,
             self.model,
             miner,
             loss_fn,
+            passes=passes,
             chunk_size=chunk_size,
+            triplet_lists=triplet_lists,
             ce_weight=ce_weight,
             autocast_dtype=_AUTOCAST[amp],
             scale=self.scaler.scale,

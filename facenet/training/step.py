@@ -376,16 +376,21 @@ class ChunkedStep(_Step):
         return ce_sum
 
 
-def choose_step(passes: int | str, chunk_size: int, selects_every_image: bool) -> str:
-    """The step path for the settings: "one-pass", "two-pass" or "chunked".
+def choose_step(
+    passes: int | str, chunk_size: int, selects_every_image: bool, triplet_lists: bool = False
+) -> str:
+    """The step path for the settings: "one-pass", "two-pass" or "chunked". The one place
+    where the path is decided (``build_step`` asks it).
 
     ``auto``: chunked when ``chunk_size > 0``; one pass when the miner selects every image (a
-    second, selection-only pass would forward the same images again); two passes otherwise.
+    second, selection-only pass would forward the same images again); two passes otherwise,
+    and always for seed-style triplet lists (the miner filters given triplets: sparse).
 
     Args:
         passes: "auto", 1 or 2.
         chunk_size: gradient-caching chunk (0: off).
         selects_every_image: the miner's ``selects_every_image``.
+        triplet_lists: the batches are seed-style (a, p, n) triplet lists.
 
     Raises:
         ConfigError: ``passes=1`` with ``chunk_size > 0`` (a chunked step is a two-pass step),
@@ -403,19 +408,30 @@ def choose_step(passes: int | str, chunk_size: int, selects_every_image: bool) -
             )
         return "chunked"
     if passes == "auto":
-        return "one-pass" if selects_every_image else "two-pass"
+        return "one-pass" if selects_every_image and not triplet_lists else "two-pass"
     return "one-pass" if passes == 1 else "two-pass"
 
 
-def build_step(name: str, model, miner, loss_fn, *, chunk_size: int = 0, **kwargs) -> _Step:
-    """The step object for a path name from :func:`choose_step`.
+def build_step(
+    model,
+    miner,
+    loss_fn,
+    *,
+    passes: int | str = "auto",
+    chunk_size: int = 0,
+    triplet_lists: bool = False,
+    **kwargs,
+) -> _Step:
+    """The step object for the settings: the path from :func:`choose_step`, built.
 
     Args:
-        name: "one-pass", "two-pass" or "chunked".
         model, miner, loss_fn: as for the steps.
-        chunk_size: images per chunk (chunked only).
+        passes, chunk_size, triplet_lists: as for :func:`choose_step` (``chunk_size``: images
+            per chunk of the chunked path).
         kwargs: ``ce_weight``, ``autocast_dtype``, ``scale``.
     """
+    every = getattr(miner, "selects_every_image", False)
+    name = choose_step(passes, chunk_size, every, triplet_lists)
     if name == "chunked":
         return ChunkedStep(model, miner, loss_fn, chunk_size=chunk_size, **kwargs)
     return {"one-pass": OnePassStep, "two-pass": TwoPassStep}[name](model, miner, loss_fn, **kwargs)

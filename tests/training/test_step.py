@@ -143,6 +143,12 @@ def test_choose_step(passes, chunk, dense, expected):
     assert choose_step(passes, chunk, dense) == expected
 
 
+def test_triplet_lists_take_two_passes_unless_told_otherwise():
+    assert choose_step("auto", 0, True, triplet_lists=True) == "two-pass"
+    assert choose_step("auto", 4, True, triplet_lists=True) == "chunked"
+    assert choose_step(1, 0, True, triplet_lists=True) == "one-pass"  # explicit passes kept
+
+
 def test_one_pass_with_chunks_is_refused_naming_both():
     with pytest.raises(ConfigError, match="passes=1 and chunk_size=4"):
         choose_step(1, 4, True)
