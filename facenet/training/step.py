@@ -9,7 +9,9 @@ receive the sum over ranks, which is the gradient of the stated loss.
 
 "The batch" of a BatchNorm layer is what each path's grad forward sees, and the loss is computed
 on that forward's embeddings, so autograd goes through the batch statistics as it would in the
-plain forward written down for each path (tests hold every path against it in float64):
+plain forward written down for each path. ``tests/step_reference.py`` writes every path's
+stated forward in plain autograd; ``tests/training/test_step.py`` and
+``tests/test_distributed.py`` hold each path against it in float64:
 
 - ``OnePassStep``: ``emb = model(images)`` with grad on the whole (rank's) batch, mining on its
   detached copy, ``loss(emb[triplets])``. The BatchNorm batch is the rank's batch.
@@ -30,7 +32,8 @@ plain forward written down for each path (tests hold every path against it in fl
   ``torch.Generator`` or from Python's ``random`` would not recompute the cached rows.
 
 Every path: triplets index the global batch in rank order; cross-entropy (``ce_weight > 0``)
-is the mean over the selected images of the logits from the same grad forward.
+is the mean over the selected images of the logits from the same grad forward. The path is
+decided in one place, ``choose_step``, and built by ``build_step``.
 """
 
 from __future__ import annotations
