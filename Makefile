@@ -10,7 +10,7 @@ FACENET_PYTORCH := 2.6.0
 install: $(STAMP)
 
 # Rebuilt only when pyproject.toml or this Makefile changes. torch/torchvision are pinned to the
-# pair on local disk. facenet-pytorch gives scripts/align.py its MTCNN (the wheel holds the
+# pair on local disk. facenet-pytorch gives facenet-align its MTCNN (the wheel holds the
 # detector weights); its metadata pins torch<2.3, torchvision<0.18, numpy<2 and Pillow<10.3,
 # which would replace the torch above, so it is installed with --no-deps; what it imports at
 # run time (requests, numpy, Pillow, torch, torchvision, tqdm) comes from the [align] extra.
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 
 # One intra-op thread: on a busy 2-core machine two threads spin-wait and run several times slower.
 train: install
-	OMP_NUM_THREADS=1 $(PY) scripts/train.py --config configs/demo.yaml --overwrite
+	OMP_NUM_THREADS=1 $(VENV)/bin/facenet-train --config configs/demo.yaml --overwrite
 
 test: install
 	$(PY) -m pytest -q

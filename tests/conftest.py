@@ -38,12 +38,11 @@ def tiny_run(tmp_path_factory):
 
     Returns ``{"run", "checkpoint", "heldout", "pairs"}`` (paths); about 4 s on 2 cores.
     """
-    import sys
     from pathlib import Path
 
+    from facenet.cli import train as train_script
+
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "scripts"))
-    import train as train_script
 
     base = tmp_path_factory.mktemp("tiny_run")
     argv = ["--config", str(root / "configs" / "demo.yaml"), "--out", str(base / "run")]

@@ -1,4 +1,4 @@
-"""``scripts/train.py`` under torchrun, with an optional fault on one rank (for the tests).
+"""``facenet-train`` under torchrun, with an optional fault on one rank (for the tests).
 
 ``FACENET_TEST_FAULT=<rank>:<n>:<kind>``: on that rank, ``sigterm`` sends SIGTERM to the
 worker itself after its n-th step; ``crash`` makes its n-th step raise MemoryError (an
@@ -9,17 +9,11 @@ CorruptImageError, as a damaged file found in training would.
 import os
 import signal
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import train  # noqa: E402
-
-import facenet.data.loading  # noqa: E402
-import facenet.training.engine  # noqa: E402
-from facenet.data.images import CorruptImageError  # noqa: E402
+import facenet.data.loading
+import facenet.training.engine
+from facenet.cli import train
+from facenet.data.images import CorruptImageError
 
 
 def after_nth_call(cls, name: str, n: int, action) -> None:

@@ -6,17 +6,12 @@ autograd through the stated forward (one process forwarding each rank's part sep
 """
 
 import sys
-from pathlib import Path
 
 import torch
+from step_reference import BNNet, make_batch  # tests/ is on PYTHONPATH (test_distributed.py)
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from step_reference import BNNet, make_batch  # noqa: E402
-
-from facenet.distributed import (  # noqa: E402
+from facenet.distributed import (
     barrier,
     cleanup_distributed,
     get_rank,

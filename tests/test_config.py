@@ -124,8 +124,9 @@ def test_shipped_configs_are_valid():
 
 
 def run_train(*args):
+    """The installed ``facenet-train`` console command (beside this interpreter)."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        [str(Path(sys.executable).with_name("facenet-train")), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -6,22 +6,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ddp_worker
 import pytest
 import torch
+from step_reference import reference_training
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import ddp_worker  # noqa: E402
-from step_reference import reference_training  # noqa: E402
-
-from facenet.distributed import all_gather_tensor, gather_variable_rows  # noqa: E402
-from facenet.metric.losses import TripletMarginLoss  # noqa: E402
+from facenet.cli import train as train_script
+from facenet.distributed import all_gather_tensor, gather_variable_rows
+from facenet.metric.losses import TripletMarginLoss
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def subprocess_env(**extra: str) -> dict:
+    """The environment of a worker process: one intra-op thread, and the repository root and
+    tests/ importable (tests/ddp_*.py import the package and tests' helpers without sys.path
+    edits; pytest's own pythonpath setting does not reach a subprocess)."""
+    paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    pythonpath = os.pathsep.join(path for path in paths if path)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath, **extra}
+
+
 def torchrun(nproc, *args, timeout=240, env=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    env = subprocess_env(**(env or {}))
     return subprocess.run(
         [
             sys.executable,
@@ -263,14 +270,12 @@ def test_a_corrupt_image_on_one_rank_stops_both_with_one_message(uninterrupted, 
 def test_resuming_with_another_world_size_is_refused(uninterrupted, tmp_path, capsys):
     import shutil
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import train
-
     base, _ = uninterrupted
     out = tmp_path / "run"
     shutil.copytree(base / "run0", out)
     sets = [arg for item in [*RESUME_RUN, f"data.root={base / 'data'}"] for arg in ("--set", item)]
-    code = train.main(["--config", "configs/demo.yaml", "--out", str(out), *sets, "--resume"])
+    argv = ["--config", "configs/demo.yaml", "--out", str(out), *sets, "--resume"]
+    code = train_script.main(argv)
     err = capsys.readouterr().err
     assert code == 2
     assert "written by a run of 2 process(es) and this run has 1" in err
@@ -300,7 +305,7 @@ def start_agents(out, data_root, *settings, nodes=2, port=29617, flags=()):
         *sets,
         *flags,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = subprocess_env()
     return [
         subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -362,7 +367,7 @@ def test_sigterm_to_torchrun_stops_every_rank_after_the_step(uninterrupted, tmp_
     agent = subprocess.Popen(
         command,
         cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

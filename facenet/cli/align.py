@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Align faces: detect the face in every image under SRC with MTCNN, write its crop under DST.
 
 Each crop keeps its image's relative path (``Name/Name_0001.jpg``; ``.png`` with the sandberg
@@ -19,12 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from facenet.distributed import resolve_device  # noqa: E402
-from facenet.errors import FacenetError  # noqa: E402
-from facenet.evaluation.presets import PRESET_NAMES  # noqa: E402
-from facenet.inference.align import (  # noqa: E402
+from facenet.cli.common import add_device_argument, parse_device, run_command
+from facenet.errors import FacenetError
+from facenet.evaluation.presets import PRESET_NAMES
+from facenet.inference.align import (
     SELECTIONS,
     AlignSettings,
     align_folder,
@@ -34,7 +31,7 @@ from facenet.inference.align import (  # noqa: E402
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``align.py``."""
+    """The command-line interface of ``facenet-align``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("src", help="folder of images (e.g. lfw/ with Name/Name_0001.jpg)")
     parser.add_argument("dst", help="folder for the crops (created; existing crops are kept)")
@@ -50,7 +47,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write a centre crop for an image without a face (the publishers wrote none)",
     )
-    parser.add_argument("--device", default="cpu", help="where MTCNN runs (cpu, cuda, cuda:N)")
+    add_device_argument(parser, "cpu")  # where MTCNN runs
     parser.add_argument("--batch-size", type=int, default=32, help="images per MTCNN call")
     parser.add_argument("--workers", type=int, default=1, help="processes (one MTCNN each)")
     parser.add_argument("--report", help="report file (default DST/align_report.tsv)")
@@ -72,27 +69,15 @@ def _settings(args: argparse.Namespace) -> AlignSettings:
     )
 
 
-def _device(name: str):
-    try:
-        return resolve_device(name)
-    except RuntimeError as err:  # torch's refusal of a device string it cannot parse
-        raise FacenetError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Align; returns the exit code (2: bad input)."""
-    args = get_args_parser().parse_args(argv)
+def _align(args: argparse.Namespace) -> int:
+    """Align the folder, write the report and print the counts; returns the exit code."""
     report = Path(args.report) if args.report else Path(args.dst) / "align_report.tsv"
     start = time.perf_counter()
-    try:
-        settings, device = _settings(args), _device(args.device)
-        outcomes, already = align_folder(
-            args.src, args.dst, settings, device, args.batch_size, args.workers, args.progress
-        )
-        write_report(outcomes, report)
-    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    settings, device = _settings(args), parse_device(args.device)
+    outcomes, already = align_folder(
+        args.src, args.dst, settings, device, args.batch_size, args.workers, args.progress
+    )
+    write_report(outcomes, report)
     for o in outcomes:
         if o.status == "unreadable":
             print(f"skipped {o.source}: {o.reason}", file=sys.stderr)
@@ -103,6 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         f"({time.perf_counter() - start:.1f} s); report: {report}"
     )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Align; returns the exit code (2: bad input).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
+    args = get_args_parser().parse_args(argv)
+    return run_command(lambda: _align(args))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Export a trained model: ``--checkpoint CKPT --format onnx|pt2|weights --out FILE``.
 
 ``onnx`` and ``pt2`` (a ``torch.export`` program: ``torch.export.load(FILE).module()``) have a
@@ -12,18 +11,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from facenet.errors import FacenetError  # noqa: E402
-from facenet.inference.export import FORMATS, PARITY_TOLERANCE, export_model  # noqa: E402
-from facenet.inference.identify import model_threshold  # noqa: E402
-from facenet.inference.loading import load_model  # noqa: E402
+from facenet.cli.common import run_command
+from facenet.inference.export import FORMATS, PARITY_TOLERANCE, export_model
+from facenet.inference.identify import model_threshold
+from facenet.inference.loading import load_model
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``export.py``."""
+    """The command-line interface of ``facenet-export``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint, model.pt or port file")
     parser.add_argument("--format", required=True, choices=FORMATS, help="what to write")
@@ -34,18 +30,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Export; returns the exit code (2: bad input or a parity failure)."""
-    args = get_args_parser().parse_args(argv)
-    try:
-        trained = load_model(args.checkpoint)
-        threshold = model_threshold(trained)
-        if threshold is not None:  # carried into the export's metadata
-            trained.verification = {"threshold": threshold[0], "threshold_distance": threshold[1]}
-        report = export_model(trained, args.format, args.out, args.tolerance)
-    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+def _export(args: argparse.Namespace) -> int:
+    """Export, check parity and print what was written; returns the exit code."""
+    trained = load_model(args.checkpoint)
+    threshold = model_threshold(trained)
+    if threshold is not None:  # carried into the export's metadata
+        trained.verification = {"threshold": threshold[0], "threshold_distance": threshold[1]}
+    report = export_model(trained, args.format, args.out, args.tolerance)
     size = trained.image_size
     print(
         f"wrote {report.path} ({report.format}: images (B, 3, {size}, {size}) -> embeddings "
@@ -58,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.tolerance:g})"
         )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Export; returns the exit code (2: bad input or a parity failure).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
+    args = get_args_parser().parse_args(argv)
+    return run_command(lambda: _export(args))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-#!/usr/bin/env python
 """Identify probe faces against a gallery: ``--gallery G.npz --probes P.npz``.
 
-Both files come from ``scripts/embed.py`` (the gallery from identity folders: one or more
+Both files come from ``facenet-embed`` (the gallery from identity folders: one or more
 images per identity). Each probe gets the identity of its nearest gallery embedding, or
 "unknown" when that distance is not below the threshold. The threshold is, in order:
-``--threshold`` (with ``--distance``), the one in ``--metrics`` (evaluate.py's metrics.json or a
-run's summary.json), or the one embed.py recorded in the gallery file from the model's run.
+``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
+metrics.json or a run's summary.json), or the one facenet-embed recorded in the gallery file
+from the model's run.
 Writes ``matches.csv`` and ``identification.json`` into ``--out``; when the probes are labelled
 it prints rank-1 accuracy, the detection-and-identification rate at the threshold and the
 open-set rejection rate (probes whose identity is not in the gallery, answered "unknown").
@@ -23,21 +23,20 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from facenet.errors import DataError, FacenetError  # noqa: E402
-from facenet.evaluation.protocol import DISTANCES  # noqa: E402
-from facenet.files import json_safe, write_text_atomic  # noqa: E402
-from facenet.inference.identify import Gallery, identification_rates, match, read_threshold  # noqa: E402
+from facenet.cli.common import run_command
+from facenet.errors import DataError
+from facenet.evaluation.protocol import DISTANCES
+from facenet.files import json_safe, write_text_atomic
+from facenet.inference.identify import Gallery, identification_rates, match, read_threshold
 
 UNKNOWN = "unknown"
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``identify.py``."""
+    """The command-line interface of ``facenet-identify``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gallery", required=True, help="embed.py output of identity folders")
-    parser.add_argument("--probes", required=True, help="embed.py output of the probe images")
+    parser.add_argument("--gallery", required=True, help="facenet-embed file of identity folders")
+    parser.add_argument("--probes", required=True, help="facenet-embed file of the probe images")
     parser.add_argument("--threshold", type=float, help="accept a match below this distance")
     parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
     parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")
@@ -46,14 +45,14 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def load_embeddings(path: str) -> dict:
-    """The arrays of an embed.py file (no pickle allowed)."""
+    """The arrays of a facenet-embed file (no pickle allowed)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
     except (zipfile.BadZipFile, EOFError, ValueError) as err:
-        raise DataError(f"{path}: not an .npz file of embed.py ({err})") from None
+        raise DataError(f"{path}: not an .npz file of facenet-embed ({err})") from None
     if "embeddings" not in arrays:
-        raise DataError(f"{path}: no 'embeddings' array (write it with scripts/embed.py)")
+        raise DataError(f"{path}: no 'embeddings' array (write it with facenet-embed)")
     return arrays
 
 
@@ -71,7 +70,7 @@ def choose_threshold(args, gallery: dict) -> tuple[float, str, str]:
     if "threshold" in gallery:
         return float(gallery["threshold"]), str(gallery["threshold_distance"]), args.gallery
     raise DataError(
-        "no threshold: give --threshold, or --metrics with evaluate.py's metrics.json or a "
+        "no threshold: give --threshold, or --metrics with facenet-evaluate's metrics.json or a "
         "run's summary.json (the model's run saved none next to it)"
     )
 
@@ -109,28 +108,33 @@ def report(matches, rates: dict | None, source: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Identify; returns the exit code (2: bad input)."""
-    args = get_args_parser().parse_args(argv)
-    try:
-        gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
-        gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))
-        threshold, distance, source = choose_threshold(args, gallery_arrays)
-        matches = match(gallery, probes["embeddings"], threshold, distance)
-        labelled = len(probes.get("labels", [])) == len(matches.identity)
-        rates = identification_rates(matches, probes["labels"], gallery) if labelled else None
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / "matches.csv", matches_csv(probes, matches))
-        record = {"threshold": threshold, "threshold_distance": distance, "source": source}
-        record.update(rates or {})
-        write_text_atomic(out / "identification.json", json.dumps(json_safe(record), indent=1))
-    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+def _identify(args: argparse.Namespace) -> int:
+    """Match the probes, write the results and print the report; returns the exit code."""
+    gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
+    gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))
+    threshold, distance, source = choose_threshold(args, gallery_arrays)
+    matches = match(gallery, probes["embeddings"], threshold, distance)
+    labelled = len(probes.get("labels", [])) == len(matches.identity)
+    rates = identification_rates(matches, probes["labels"], gallery) if labelled else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "matches.csv", matches_csv(probes, matches))
+    record = {"threshold": threshold, "threshold_distance": distance, "source": source}
+    record.update(rates or {})
+    write_text_atomic(out / "identification.json", json.dumps(json_safe(record), indent=1))
     print(report(matches, rates, source))
     print(f"wrote {out / 'matches.csv'} and {out / 'identification.json'}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Identify; returns the exit code (2: bad input).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
+    args = get_args_parser().parse_args(argv)
+    return run_command(lambda: _identify(args))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
-"""Write an LFW-format pairs file for a root/<identity>/<image> folder: ``make_pairs.py ROOT``.
+"""Write an LFW-format pairs file for a root/<identity>/<image> folder: ``facenet-make-pairs ROOT``.
 
 Folds x (same + different) pairs are drawn with a seed, no identity in two folds (as in LFW),
-so any held-out set can be evaluated like LFW with ``scripts/evaluate.py`` or ``eval.pairs``.
+so any held-out set can be evaluated like LFW with ``facenet-evaluate`` or ``eval.pairs``.
 Images named ``<identity>_<NNNN>.<ext>`` are referred to by NNNN, as in LFW; any other image
 by its file name (tab-separated fields, so names may hold spaces). Only the output file is
 written; the image folders are never touched.
@@ -14,15 +13,14 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from facenet.config import positive_int  # noqa: E402
-from facenet.data.pairs import generate_pairs, scan_identities, write_pairs  # noqa: E402
-from facenet.errors import DataError, FacenetError  # noqa: E402
+from facenet.cli.common import run_command
+from facenet.config import positive_int
+from facenet.data.pairs import generate_pairs, scan_identities, write_pairs
+from facenet.errors import DataError
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``make_pairs.py``."""
+    """The command-line interface of ``facenet-make-pairs``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", help="image folder holding one sub-folder per identity")
     parser.add_argument("--out", default=None, help="pairs file (default: <root>/pairs.txt)")
@@ -62,24 +60,29 @@ def _draw_folds(images: dict, args: argparse.Namespace):
         ) from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write the pairs file; returns the exit code (2 for bad input)."""
-    args = get_args_parser().parse_args(argv)
+def _make_pairs(args: argparse.Namespace) -> int:
+    """Draw the folds, write the file and say what it holds; returns the exit code."""
     root = Path(args.root)
     out = Path(args.out) if args.out else root / "pairs.txt"
-    try:
-        images = scan_identities(root)
-        folds = _draw_folds(images, args)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_pairs(out, folds)
-    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    images = scan_identities(root)
+    folds = _draw_folds(images, args)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_pairs(out, folds)
     print(
         f"wrote {out}: {args.folds} folds x ({args.pairs_per_fold} same + "
         f"{args.pairs_per_fold} different) pairs from {len(images)} identities under {root}"
     )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the pairs file; returns the exit code (2 for bad input).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
+    args = get_args_parser().parse_args(argv)
+    return run_command(lambda: _make_pairs(args))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Write the built-in synthetic face data set: ``python scripts/make_synthetic.py OUT``.
+"""Write the built-in synthetic face data set: ``facenet-make-synthetic OUT``.
 
 OUT receives ``train/<identity>/*.png``, ``heldout/<identity>/*.png``, ``heldout/pairs.txt``
 and ``manifest.json``. Sizes come from the ``data`` section of a run configuration
@@ -11,17 +10,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from facenet.config import add_override_argument, load_config  # noqa: E402
-from facenet.errors import FacenetError  # noqa: E402
-from facenet.files import write_atomic  # noqa: E402
+from facenet.cli.common import run_command
+from facenet.config import add_override_argument, load_config
+from facenet.errors import FacenetError
+from facenet.files import write_atomic
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``make_synthetic.py``."""
+    """The command-line interface of ``facenet-make-synthetic``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="folder to write the data set into")
     parser.add_argument("--config", default=None, help="YAML run configuration (data section)")
@@ -55,17 +52,12 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
     write_atomic(path, lambda fh: fh.write(data))  # raises OSError (torchvision's did not)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write the data set; returns the exit code (2 for bad configuration or an unwritable OUT)."""
-    args = get_args_parser().parse_args(argv)
+def _make_synthetic(args: argparse.Namespace) -> int:
+    """Write the data set (and the preview) and say where; returns the exit code."""
     from facenet.data.synthetic import prepare_synthetic_data
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-        paths = prepare_synthetic_data(args.out, cfg.data)
-    except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)
+    paths = prepare_synthetic_data(args.out, cfg.data)
     data = cfg.data
     print(
         f"train:   {paths['train_root']} ({data.synthetic_identities} identities x "
@@ -79,12 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.preview:
         try:
             write_preview(args.preview, data.image_size, data.synthetic_seed)
-        except OSError as err:
+        except OSError as err:  # named as the preview: the data set itself was written
             reason = err.strerror or err
-            print(f"error: cannot write the preview {args.preview}: {reason}", file=sys.stderr)
-            return 2
+            raise FacenetError(f"cannot write the preview {args.preview}: {reason}") from None
         print(f"preview: {args.preview}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the data set; returns the exit code (2 for bad configuration or an unwritable OUT).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
+    args = get_args_parser().parse_args(argv)
+    return run_command(lambda: _make_synthetic(args))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Train a FaceNet embedding: ``python scripts/train.py --config configs/<name>.yaml``.
+"""Train a FaceNet embedding: ``facenet-train --config configs/<name>.yaml``.
 
 The YAML file supplies the run; ``--set section.key=value`` overrides single keys.
 
@@ -12,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from facenet.config import add_override_argument, config_to_dict, load_config  # noqa: E402
-from facenet.errors import ConfigError  # noqa: E402
+from facenet.cli.common import run_command
+from facenet.config import add_override_argument, config_to_dict, load_config
+from facenet.errors import ConfigError
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``train.py``."""
+    """The command-line interface of ``facenet-train``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML run configuration")
     add_override_argument(parser)
@@ -42,25 +38,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(text: str) -> str:
-    """A multi-line message (a YAML error quotes the line and a caret) as one line."""
-    lines = [line.strip() for line in str(text).splitlines()]
-    return " ".join(line for line in lines if line and set(line) != {"^"})
-
-
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Warnings as ``warning: <message>`` on stderr, without the source line."""
-    print(f"warning: {message}", file=sys.stderr if file is None else file)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run training; returns the process exit code (2 for a configuration mistake)."""
-    args = get_args_parser().parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"error: {_one_line(err)}", file=sys.stderr)
-        return 2
+def _train(args: argparse.Namespace) -> int:
+    """Load the configuration and run (or print) it; returns the exit code."""
+    cfg = load_config(args.config, args.overrides)
     if args.out is not None:
         cfg.logging.out_dir = args.out
     if args.print_config:
@@ -69,13 +49,22 @@ def main(argv: list[str] | None = None) -> int:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
     if args.resume and args.overwrite:
-        print("error: --resume and --overwrite exclude each other", file=sys.stderr)
-        return 2
+        raise ConfigError("--resume and --overwrite exclude each other")
+    # Imported here: --print-config and a configuration mistake need none of the training stack.
     from facenet.training.run import run_training
 
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning
-        return run_training(cfg, resume=args.resume, overwrite=args.overwrite)
+    # run_training reports its own errors (describe_error) and returns the exit code.
+    return run_training(cfg, resume=args.resume, overwrite=args.overwrite)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run training; returns the process exit code (2 for a configuration mistake).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
+    args = get_args_parser().parse_args(argv)
+    return run_command(lambda: _train(args))
 
 
 if __name__ == "__main__":

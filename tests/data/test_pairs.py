@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 
 import pytest
 
+from facenet.cli import make_pairs as make_pairs_script
 from facenet.data.pairs import (
     MissingImagesError,
     PairFold,
@@ -18,11 +18,7 @@ from facenet.data.pairs import (
     scan_identities,
     write_pairs,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import make_pairs as make_pairs_script  # noqa: E402
-
-from facenet.evaluation.protocol import evaluate_verification  # noqa: E402
+from facenet.evaluation.protocol import evaluate_verification
 
 
 def make_lfw_folder(root: Path, counts: dict[str, int], ext: str = ".jpg") -> dict[str, list[str]]:

@@ -1,7 +1,6 @@
 """SyntheticIdentities: determinism, disjoint held-out identities, files, pairs, hardness."""
 
 import contextlib
-import importlib.util
 import json
 import os
 import resource
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 from sklearn.linear_model import RidgeClassifier
 from sklearn.metrics import roc_auc_score
 
+from facenet.cli import make_synthetic as make_synthetic_script
 from facenet.config import DataConfig
 from facenet.data import synthetic
 from facenet.data.folder import IdentityFolder
@@ -382,15 +382,6 @@ def test_demo_config_meets_its_target(tmp_path):
 # ----------------------------------------------------------------------------- the script
 
 
-def load_script():
-    here = os.path.dirname(__file__)
-    path = os.path.join(here, os.pardir, os.pardir, "scripts", "make_synthetic.py")
-    spec = importlib.util.spec_from_file_location("make_synthetic", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 SMALL_SETTINGS = [
     "--set",
     "data.image_size=16",
@@ -408,7 +399,7 @@ SMALL_SETTINGS = [
 
 
 def test_script_writes_the_data_set_and_a_preview(tmp_path, capsys):
-    main = load_script().main
+    main = make_synthetic_script.main
     out = tmp_path / "synthetic"
     preview = tmp_path / "preview.png"
     assert main([str(out), *SMALL_SETTINGS, "--preview", str(preview)]) == 0
@@ -419,7 +410,7 @@ def test_script_writes_the_data_set_and_a_preview(tmp_path, capsys):
 
 
 def test_script_reports_a_bad_key_with_exit_code_2(tmp_path, capsys):
-    main = load_script().main
+    main = make_synthetic_script.main
     assert main([str(tmp_path), "--set", "data.synthetic_faces=3"]) == 2
     assert "synthetic_faces" in capsys.readouterr().err
 
@@ -433,7 +424,7 @@ def test_script_reports_a_bad_key_with_exit_code_2(tmp_path, capsys):
     ],
 )
 def test_script_reports_unusable_sizes_on_one_line_with_exit_code_2(tmp_path, capsys, setting, key):
-    main = load_script().main
+    main = make_synthetic_script.main
     assert main([str(tmp_path / "out"), *SMALL_SETTINGS, "--set", setting]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and key in err and "Traceback" not in err
@@ -473,7 +464,7 @@ def test_a_complete_set_with_an_empty_file_is_written_again(tmp_path):
 
 
 def test_script_preview_that_cannot_be_written_is_one_line_exit_2(tmp_path, capsys):
-    main = load_script().main
+    main = make_synthetic_script.main
     preview = tmp_path / "no_such_folder" / "preview.png"
     assert main([str(tmp_path / "data"), *SMALL_SETTINGS, "--preview", str(preview)]) == 2
     err = capsys.readouterr().err

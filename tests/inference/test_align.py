@@ -1,4 +1,4 @@
-"""Face alignment (facenet.inference.align, scripts/align.py) on a real photograph that scikit-image
+"""Face alignment (facenet.inference.align, facenet-align) on a real photograph that scikit-image
 ships, and the evaluation preprocessing of the publishers' presets against facenet-pytorch's
 own InceptionResnetV1 fed as its README and notebook feed it."""
 
@@ -13,13 +13,11 @@ from PIL import Image
 facenet_pytorch = pytest.importorskip("facenet_pytorch")
 skimage_data = pytest.importorskip("skimage.data")
 
+from facenet.cli import align as align_script  # noqa: E402
 from facenet.data.pairs import read_pairs  # noqa: E402
 from facenet.evaluation.embedding import embed_pair_list  # noqa: E402
 from facenet.inference.align import AlignSettings, crop_box, select_face  # noqa: E402
 from facenet.inference.loading import load_model  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import align as align_script  # noqa: E402
 
 ASTRONAUT = Path(skimage_data.__file__).parent / "astronaut.png"  # 512 x 512, one face
 

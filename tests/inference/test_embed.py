@@ -1,23 +1,19 @@
-"""Embedding folders: listing, unreadable files left out, scripts/embed.py end to end."""
+"""Embedding folders: listing, unreadable files left out, facenet-embed end to end."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from facenet.cli import embed as embed_script
 from facenet.data.folder import list_images
 from facenet.data.images import read_image
 from facenet.inference.embed import embed_folder
 from facenet.inference.loading import load_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import embed as embed_script  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -1,10 +1,8 @@
-"""scripts/export.py end to end: ONNX through onnxruntime, torch.export programs, weights."""
+"""facenet-export end to end: ONNX through onnxruntime, torch.export programs, weights."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,13 +11,10 @@ import pytest
 import torch
 
 import facenet.inference.export as export_module
+from facenet.cli import export as export_script
 from facenet.data.folder import list_images
 from facenet.data.images import read_image
 from facenet.inference.loading import load_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import export as export_script  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from facenet.cli import embed as embed_script
+from facenet.cli import evaluate as evaluate_script
+from facenet.cli import identify as identify_script
 from facenet.errors import DataError
 from facenet.inference.identify import Gallery, identification_rates, match, read_threshold
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import embed as embed_script  # noqa: E402
-import evaluate as evaluate_script  # noqa: E402
-import identify as identify_script  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
