@@ -101,9 +101,9 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
             if info.is_main or not getattr(err, "agreed", False):  # one report of it
                 print(f"error: {describe_error(err)}", file=sys.stderr)
             return EXIT_NONFINITE_LOSS if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT
-    for line in final_lines(summary):
-        print(line)
-    print(f"run directory: {run_dir}")
+        for line in final_lines(summary):  # inside the stack: rank 0's console only
+            print(line)
+        print(f"run directory: {run_dir}")
     if summary["stopped_by"]:
         return 128 + signal.Signals[summary["stopped_by"]].value
     return 0
