@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from facenet.data import (  # noqa: E402
+from facenet.data import (
     IdentityFolder,
     PKSampler,
     SyntheticIdentities,

@@ -18,11 +18,11 @@ from facenet.distributed import (
     get_world_size,
     init_distributed,
 )
-from facenet.errors import NonFiniteInputError  # noqa: E402
-from facenet.evaluation.embedding import embed_pair_list  # noqa: E402
-from facenet.metric.losses import TripletMarginLoss  # noqa: E402
-from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets  # noqa: E402
-from facenet.training.engine import Trainer  # noqa: E402
+from facenet.errors import NonFiniteInputError
+from facenet.evaluation.embedding import embed_pair_list
+from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
+from facenet.training.engine import Trainer
 
 STEPS, P, K, LR, MARGIN = 3, 6, 4, 0.5, 0.5
 

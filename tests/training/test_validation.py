@@ -4,7 +4,6 @@ at the end; run outputs a person can read (summary, ROC files, TensorBoard, cons
 import contextlib
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 
 import facenet.training.validation as run_eval
 from facenet.checkpoint import load_checkpoint
+from facenet.cli import train as train_script
 from facenet.config import load_config
 from facenet.errors import ConfigError
 from facenet.evaluation.embedding import embed_pair_list
@@ -21,8 +21,6 @@ from facenet.models.embedding import build_model
 from facenet.training.build import build_data
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import train as train_script  # noqa: E402
 
 SETTINGS = [
     "data.synthetic_identities=12",
@@ -168,7 +166,7 @@ def test_tensorboard_groups_steps_hparams(run):
     assert events.PluginTagToContent("hparams")  # the settings with the final figures
 
 
-def test_holdout_identities_of_a_folder_never_train(tmp_path):
+def test_heldout_identities_of_a_folder_never_train(tmp_path):
     from facenet.data.synthetic import SyntheticIdentities
 
     SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(tmp_path / "faces")
@@ -179,8 +177,8 @@ def test_holdout_identities_of_a_folder_never_train(tmp_path):
             f"data.root={tmp_path / 'faces'}",
             "data.p=2",
             "data.k=2",
-            "eval.holdout_identities=6",
-            "eval.holdout_pairs_per_fold=1",
+            "eval.heldout_identities=6",
+            "eval.heldout_pairs_per_fold=1",
             "eval.n_folds=3",
         ],
     )
@@ -274,7 +272,7 @@ def folder_config(root, *extra):
             f"data.root={root}",
             "data.p=2",
             "data.k=2",
-            "eval.holdout_pairs_per_fold=1",
+            "eval.heldout_pairs_per_fold=1",
             "eval.n_folds=3",
             *extra,
         ],
@@ -300,7 +298,7 @@ def test_the_held_out_identities_stay_held_out_when_the_folder_changes(tmp_path)
     SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(faces)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = folder_config(faces, "eval.holdout_identities=6")
+    cfg = folder_config(faces, "eval.heldout_identities=6")
     first = build_data(cfg, run_dir)
     SyntheticIdentities(3, 3, image_size=16, seed=1, identity_offset=50).write_to_disk(faces)
     again = build_data(cfg, run_dir)  # a resume: the folder has new identities now
@@ -318,14 +316,14 @@ def test_holdout_with_given_test_pairs_holds_out_for_validation_only(tmp_path):
     SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(faces)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = folder_config(faces, "eval.holdout_identities=4", f"eval.pairs={lfw / 'pairs.txt'}")
+    cfg = folder_config(faces, "eval.heldout_identities=4", f"eval.pairs={lfw / 'pairs.txt'}")
     data = build_data(cfg, run_dir)
     assert data.test_pairs.source == str(lfw / "pairs.txt")
     assert data.num_classes == 8 and (run_dir / "val_pairs.txt").is_file()
     assert not (run_dir / "test_pairs.txt").exists()
     both = folder_config(
         faces,
-        "eval.holdout_identities=4",
+        "eval.heldout_identities=4",
         f"eval.pairs={lfw / 'pairs.txt'}",
         f"eval.val_pairs={lfw / 'pairs.txt'}",
     )
@@ -357,6 +355,6 @@ def test_a_corrupt_held_out_image_is_left_out_of_the_pairs(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with pytest.warns(UserWarning, match="corrupt"):
-        data = build_data(folder_config(faces, "eval.holdout_identities=6"), run_dir)
+        data = build_data(folder_config(faces, "eval.heldout_identities=6"), run_dir)
     used = set(data.val_pairs.paths1 + data.val_pairs.paths2 + data.test_pairs.paths1)
     assert used and not any(Path(p).name == written[Path(p).parent.name][0] for p in used)
