@@ -9,6 +9,7 @@ one line on stderr and exit code 2; anything else is a bug and keeps its traceba
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
 from collections.abc import Callable
@@ -18,7 +19,15 @@ import torch
 from facenet.distributed import resolve_device
 from facenet.errors import FacenetError
 
-__all__ = ["EXIT_BAD_INPUT", "add_device_argument", "one_line", "parse_device", "run_command"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "add_device_argument",
+    "one_line",
+    "one_line_warnings",
+    "parse_device",
+    "report_error",
+    "run_command",
+]
 
 EXIT_BAD_INPUT = 2
 
@@ -38,6 +47,14 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"warning: {message}", file=sys.stderr if file is None else file)
 
 
+@contextlib.contextmanager
+def one_line_warnings():
+    """Within the block, warnings print as one ``warning: <message>`` line on stderr."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        yield
+
+
 def run_command(body: Callable[[], int | None]) -> int:
     """Run a command's body; its exit code (None: 0), or 2 with one ``error:`` line for a user
     error. Warnings raised meanwhile print as one ``warning:`` line.
@@ -45,14 +62,22 @@ def run_command(body: Callable[[], int | None]) -> int:
     Args:
         body: the command's work, after its arguments are parsed.
     """
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning
+    with one_line_warnings():
         try:
             code = body()
         except (FacenetError, OSError) as err:  # anything else is a bug: keep its traceback
-            print(f"error: {one_line(err)}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return report_error(err)
     return 0 if code is None else code
+
+
+def report_error(err: BaseException) -> int:
+    """Print a user error as one ``error:`` line on stderr; returns exit code 2.
+
+    Args:
+        err: a ``FacenetError`` or a file-system error.
+    """
+    print(f"error: {one_line(err)}", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from facenet.cli.common import run_command
-from facenet.config import add_override_argument, config_to_dict, load_config
+import yaml
+
+from facenet.cli.common import one_line_warnings, report_error
+from facenet.config import Config, add_override_argument, config_to_dict, load_config
 from facenet.errors import ConfigError
+from facenet.training.run import run_training
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -38,23 +41,14 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train(args: argparse.Namespace) -> int:
-    """Load the configuration and run (or print) it; returns the exit code."""
+def _config(args: argparse.Namespace) -> Config:
+    """The run configuration: the YAML file, its overrides and ``--out``."""
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
     cfg = load_config(args.config, args.overrides)
     if args.out is not None:
         cfg.logging.out_dir = args.out
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
-        return 0
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume and --overwrite exclude each other")
-    # Imported here: --print-config and a configuration mistake need none of the training stack.
-    from facenet.training.run import run_training
-
-    # run_training reports its own errors (describe_error) and returns the exit code.
-    return run_training(cfg, resume=args.resume, overwrite=args.overwrite)
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +58,16 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments (default: ``sys.argv[1:]``).
     """
     args = get_args_parser().parse_args(argv)
-    return run_command(lambda: _train(args))
+    with one_line_warnings():  # an old configuration key's notice, the run's warnings
+        try:
+            cfg = _config(args)
+        except ConfigError as err:
+            return report_error(err)
+        if args.print_config:
+            print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
+            return 0
+        # run_training reports its own errors (one line naming the file or key).
+        return run_training(cfg, resume=args.resume, overwrite=args.overwrite)
 
 
 if __name__ == "__main__":

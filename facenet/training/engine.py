@@ -347,7 +347,15 @@ class Trainer:
         stopped_early = False
         with self.meter if self.meter is not None else contextlib.nullcontext():
             for index, batch in enumerate(loader):
-                totals.add(self._run_batch(batch, index), batch)
+                try:
+                    if len(batch) == 5:  # seed-style (a, p, n, label_p, label_n)
+                        stats = self.train_triplet_step(*batch)
+                    else:
+                        stats = self.train_step(batch[0], batch[1])
+                except NonFiniteInputError as err:
+                    err.batch_index = index  # the loader's batch, for naming its files
+                    raise
+                totals.add(stats, batch)
                 del batch  # nothing of this step outlives it
                 bar.update(1)
                 if (index + 1) % log_interval == 0 and totals.trained:
@@ -371,15 +379,6 @@ class Trainer:
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
                 self.scheduler.step()
         return result
-
-    def _run_batch(self, batch, index: int) -> dict:
-        try:
-            if len(batch) == 5:
-                return self.train_triplet_step(*batch)
-            return self.train_step(batch[0], batch[1])
-        except NonFiniteInputError as err:
-            err.batch_index = index  # the loader's batch, for naming its files
-            raise
 
     def _epoch_record(self, totals, epoch: int, counts_before: dict, stopped_early: bool) -> dict:
         """The epoch's means, counters, throughput, learning rate and memory figures."""
