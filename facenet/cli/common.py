@@ -25,6 +25,7 @@ __all__ = [
     "one_line",
     "one_line_warnings",
     "parse_device",
+    "positive_int",
     "report_error",
     "run_command",
 ]
@@ -87,6 +88,21 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
         default=default,
         help=f"torch device: cpu, cuda, cuda:N or auto (default {default})",
     )
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (``--batch-size 0`` is an argparse error, exit 2).
+
+    Args:
+        text: the option's value as given.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: >= 1")
+    return value
 
 
 def parse_device(name: str) -> torch.device:
