@@ -1,19 +1,27 @@
-"""Reading face images from disk and the train/eval transforms.
+"""Reading face images and the train/eval transforms.
 
-Images are decoded into uint8 RGB tensors (3, H, W): grayscale is replicated to three channels
-and the alpha channel of RGBA is dropped. Decoding never takes the process down and never
-allocates more than the limits allow:
+Every image the project decodes (folders, pairs files, insightface ``.bin`` sets, alignment,
+embedding) goes through one checked decoder: :func:`read_image` for a file,
+:func:`decode_image_bytes` for an image held in memory. Images are decoded into uint8 RGB
+tensors (3, H, W): grayscale is replicated to three channels, the alpha channel of RGBA is
+dropped, 16-bit images are scaled to 8 bits and an animated image (GIF, APNG, animated WebP)
+gives its first frame. Decoding never takes the process down and never allocates more than
+the limits allow:
 
 - only regular files are opened (a FIFO or a device would block or never end), and a file
-  larger than any image within the pixel limit is refused unread;
+  (or a byte string) larger than any image within the pixel limit is refused unread;
 - the declared size is read from the header and checked against ``max_pixels`` and
   ``max_aspect_ratio`` before anything is decoded (:mod:`facenet.data.image_headers`);
 - PNGs have every chunk's CRC verified and are decoded by Pillow, which raises on bad data:
   torchvision's PNG decoder (libpng with ``setjmp``/``longjmp`` error handling in the function
   that also holds the output tensor) ends in a segmentation fault when libpng reports an error
-  in the image data, e.g. a "bad adaptive filter value" after a few damaged bytes. GIFs are
-  decoded by Pillow too, first frame only (torchvision decodes every frame);
-- JPEG and WebP go to ``torchvision.io.decode_image``, which raises on damaged data.
+  in the image data, e.g. a "bad adaptive filter value" after a few damaged bytes. GIFs and
+  WebPs are decoded by Pillow too, first frame only (torchvision decodes every GIF frame and
+  refuses animated WebP);
+- JPEGs go to ``torchvision.io.decode_image``, which raises on damaged data.
+
+Errors are :class:`CorruptImageError`, naming the file (or the set and index of a ``.bin``
+image) and the reason.
 
 Transforms use ``torchvision.transforms.v2`` and take the uint8 tensor to a float tensor
 (3, S, S).
@@ -43,6 +51,7 @@ __all__ = [
     "DEFAULT_MAX_ASPECT_RATIO",
     "CorruptImageError",
     "read_image",
+    "decode_image_bytes",
     "looks_like_image",
     "inspect_image",
     "EVAL_PREPROCESS",
@@ -80,10 +89,10 @@ _PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.er
 
 
 class CorruptImageError(DataError):
-    """An image file that cannot be decoded; the message and ``path`` name the file.
+    """An image that cannot be decoded; the message and ``path`` name it.
 
     Args:
-        path: the file.
+        path: the file, or where an image in memory comes from ("lfw.bin image 12 (pair 6)").
         reason: what went wrong, in a few words.
     """
 
@@ -114,41 +123,109 @@ def _open_regular(path: str | os.PathLike, max_bytes: int):
     return os.fdopen(fd, "rb")
 
 
-def _read_checked(path, max_pixels: int, max_aspect_ratio: float) -> tuple[bytes, ImageHeader]:
-    """The file's bytes and header, after the type, size and header checks."""
-    max_bytes = _BYTES_PER_PIXEL * max_pixels + _METADATA_BYTES
+def _read_file(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``."""
     try:
         with _open_regular(path, max_bytes) as fh:
-            raw = fh.read(max_bytes + 1)
+            return fh.read(max_bytes + 1)
     except OSError as err:
         raise CorruptImageError(path, err.strerror or str(err)) from None
+
+
+def _max_bytes(max_pixels: int) -> int:
+    """The largest encoded image accepted for ``max_pixels``."""
+    return _BYTES_PER_PIXEL * max_pixels + _METADATA_BYTES
+
+
+def _check_bytes(raw: bytes, source: str, max_pixels: int, max_aspect_ratio: float):
+    """The header of an encoded image, after the length, header, size and PNG checksum checks."""
     if not raw:
-        raise CorruptImageError(path, "empty file")
+        raise CorruptImageError(source, "empty file")
+    if len(raw) > _max_bytes(max_pixels):
+        raise CorruptImageError(source, f"{len(raw)} bytes is larger than any image allowed")
     try:
         header = read_header(io.BytesIO(raw))
         check_size(header, max_pixels, max_aspect_ratio)
         if header.format == "png":
             check_png_chunks(raw)
     except ValueError as err:
-        raise CorruptImageError(path, str(err)) from None
-    return raw, header
+        raise CorruptImageError(source, str(err)) from None
+    return header
 
 
-def _decode_with_pillow(raw: bytes) -> torch.Tensor:
-    """Decode a PNG or the first frame of a GIF with Pillow: uint8 RGB (3, H, W).
+def _sixteen_to_eight(array: np.ndarray) -> np.ndarray:
+    """16-bit samples (Pillow's "I;16*" and "I" modes of a 16-bit PNG) scaled to 8 bits.
 
-    16-bit grayscale keeps its high byte, as torchvision's scaling to 8 bits does.
+    The high byte, as torchvision's ``to_dtype(uint8, scale=True)`` does: 65535 -> 255, where a
+    plain cast would clip every value above 255 to white.
+    """
+    return (np.clip(array.astype(np.int64), 0, 65535) >> 8).astype(np.uint8)
+
+
+def _decode_with_pillow(
+    raw: bytes, header: ImageHeader, max_pixels: int, max_aspect_ratio: float
+) -> torch.Tensor:
+    """Decode a PNG, GIF or WebP with Pillow: uint8 RGB (3, H, W), the first frame only.
+
+    Pillow opens an animated file (GIF, APNG, animated WebP) at its first frame and decodes
+    that frame alone (torchvision decodes every GIF frame and refuses animated WebP). The
+    opened size is checked again before decoding: a GIF frame may be larger than the screen
+    size its header declares. 16-bit RGB(A) is read by Pillow as its high bytes; 16-bit
+    grayscale stays 16-bit in Pillow and is scaled here.
     """
     with Image.open(io.BytesIO(raw)) as image:
+        check_size(ImageHeader(header.format, *image.size), max_pixels, max_aspect_ratio)
         image.load()
         image = ImageOps.exif_transpose(image)
-        if image.mode.startswith("I"):  # 16-bit (or 32-bit) grayscale
-            shift = 8 if image.mode.startswith("I;16") else 24
-            gray = np.asarray(image).astype(np.uint32) >> shift
-            array = np.repeat(gray.astype(np.uint8)[:, :, None], 3, axis=2)
+        if image.mode.startswith("I"):  # 16-bit grayscale
+            gray = _sixteen_to_eight(np.asarray(image))
+            array = np.repeat(gray[:, :, None], 3, axis=2)
         else:
             array = np.asarray(image.convert("RGB"))
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+
+
+def _decode_jpeg(raw: bytes, source: str) -> torch.Tensor:
+    """Decode a JPEG with torchvision (libjpeg-turbo, EXIF orientation applied)."""
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # (n_bytes,)
+    try:
+        image = decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    except RuntimeError as err:
+        raise CorruptImageError(source, _short_reason(err)) from None
+    if image.dtype != torch.uint8:  # 12-bit JPEG
+        image = TF.to_dtype(image, torch.uint8, scale=True)
+    return image
+
+
+def decode_image_bytes(
+    raw: bytes,
+    source: str,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+) -> torch.Tensor:
+    """Decode an encoded image held in memory into a uint8 RGB tensor (3, H, W).
+
+    The checked decoder :func:`read_image` uses once it has read a file, for images that are
+    not files of their own (an insightface ``.bin`` set). The checks of the module docstring
+    all apply; nothing is decoded before they pass.
+
+    Args:
+        raw: a JPEG, PNG, WebP or GIF file's bytes.
+        source: how errors name the image ("lfw.bin image 12 (pair 6)", a path).
+        max_pixels: the largest declared width x height accepted.
+        max_aspect_ratio: the largest declared long side / short side accepted.
+
+    Raises:
+        CorruptImageError: the bytes are over a limit, damaged or cannot be decoded; the message
+            names ``source`` and the reason.
+    """
+    header = _check_bytes(bytes(raw), str(source), max_pixels, max_aspect_ratio)
+    if header.format == "jpeg":
+        return _decode_jpeg(raw, str(source))
+    try:
+        return _decode_with_pillow(raw, header, max_pixels, max_aspect_ratio)
+    except _PIL_ERRORS + (Image.DecompressionBombError,) as err:
+        raise CorruptImageError(source, str(err) or type(err).__name__) from None
 
 
 def read_image(
@@ -159,10 +236,11 @@ def read_image(
     """Decode an image file into a uint8 RGB tensor (3, H, W).
 
     Grayscale and RGBA images are converted to RGB; EXIF orientation is applied; 16-bit PNGs
-    are scaled to 8 bits. Nothing is decoded before the checks in the module docstring pass.
+    are scaled to 8 bits; an animated image gives its first frame. Nothing is decoded before
+    the checks in the module docstring pass.
 
     Args:
-        path: a JPEG, PNG, WebP or GIF file (the first frame of a GIF).
+        path: a JPEG, PNG, WebP or GIF file.
         max_pixels: the largest declared width x height accepted.
         max_aspect_ratio: the largest declared long side / short side accepted.
 
@@ -170,22 +248,8 @@ def read_image(
         CorruptImageError: the file is missing, not a regular file, over a limit, damaged or
             cannot be decoded; the message names the file and the reason.
     """
-    raw, header = _read_checked(path, max_pixels, max_aspect_ratio)
-    if header.format in ("png", "gif"):
-        try:
-            return _decode_with_pillow(raw)
-        except _PIL_ERRORS + (Image.DecompressionBombError,) as err:
-            raise CorruptImageError(path, str(err) or type(err).__name__) from None
-    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # (n_bytes,)
-    try:
-        image = decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except RuntimeError as err:
-        raise CorruptImageError(path, _short_reason(err)) from None
-    if image.ndim == 4:  # an animated image: (frames, 3, H, W); keep the first frame
-        image = image[0]
-    if image.dtype != torch.uint8:
-        image = TF.to_dtype(image, torch.uint8, scale=True)
-    return image
+    raw = _read_file(path, _max_bytes(max_pixels))
+    return decode_image_bytes(raw, str(path), max_pixels, max_aspect_ratio)
 
 
 def inspect_image(
@@ -206,7 +270,7 @@ def inspect_image(
     """
     if not looks_like_image(path):
         return "not a complete JPEG, PNG, WebP or GIF file"
-    max_bytes = _BYTES_PER_PIXEL * max_pixels + _METADATA_BYTES
+    max_bytes = _max_bytes(max_pixels)
     try:
         with _open_regular(path, max_bytes) as fh:
             header = read_header(fh)

@@ -9,28 +9,56 @@ A pickle can name any Python callable and run it while loading. These files are 
 :class:`BinUnpickler`, which admits no global at all: the only objects it builds are the
 containers, bytes, strings, numbers and booleans the pickle opcodes make by themselves, so a
 crafted file runs nothing and is refused with :class:`BinFormatError` naming the file and the
-global it asked for. The contents are then checked to be exactly that layout.
+global it asked for. Before it runs, the opcodes are walked once
+(:func:`check_pickle_lengths`): a length or a memo index that the file cannot hold (a pickle
+declaring an 8-exabyte byte string, a memo slot in the billions) is refused by name, where the
+unpickler would first allocate what it declares. The contents are then checked to be exactly
+that layout.
 
-Images are decoded when a batch needs them and resized to the model's input side (no crop:
-they are aligned already), then standardised as in training.
+Images are decoded when a batch needs them by the project's one checked decoder
+(:func:`facenet.data.images.decode_image_bytes`: declared sizes limited, PNG checksums, 16-bit
+images scaled to 8 bits, animated images as their first frame; a damaged image is a
+:class:`BinFormatError` naming the set, the image and the pair, never a crash), resized to the
+model's input side (no crop: they are aligned already), then standardised as in training.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import pickletools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
-from facenet.data.images import _normalize_steps
+from facenet.data.images import (
+    DEFAULT_MAX_ASPECT_RATIO,
+    DEFAULT_MAX_PIXELS,
+    CorruptImageError,
+    _normalize_steps,
+    _open_regular,
+    decode_image_bytes,
+)
 from facenet.errors import DataError
 
-__all__ = ["BinFormatError", "BinPairs", "BinImages", "BinUnpickler", "read_bin"]
+__all__ = [
+    "BinFormatError",
+    "BinPairs",
+    "BinImages",
+    "BinUnpickler",
+    "check_pickle_lengths",
+    "read_bin",
+]
+
+# The largest .bin file read (the public sets are 50-400 MB); the whole file is held in memory.
+MAX_BIN_BYTES = 8 * 2**30
+# The opcodes that store into the unpickler's memo at the index they name: the unpickler grows
+# its memo table to that index first.
+_MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
 class BinFormatError(DataError):
@@ -71,11 +99,13 @@ class BinPairs:
         images: 2N encoded images; pair i is ``images[2i]``, ``images[2i + 1]``.
         issame: (N,) bool.
         name: the file's stem ("lfw", "cfp_fp", ...).
+        path: the file, for error messages (None: ``name`` + ".bin").
     """
 
     images: list
     issame: np.ndarray
     name: str
+    path: str | None = None
 
     def __len__(self) -> int:
         return len(self.issame)
@@ -99,6 +129,53 @@ def _check_layout(obj, source: str) -> tuple[list, list]:
     return list(images), list(flags)
 
 
+def check_pickle_lengths(raw: bytes, source: str) -> None:
+    """Refuse a pickle whose opcodes declare more than the file holds, before it is loaded.
+
+    The unpickler allocates a byte string of the declared length before reading it, and grows
+    its memo to the index a PUT names; ``pickletools.genops`` reads from a byte buffer instead,
+    so a declared length beyond the end of the file costs nothing here.
+
+    Args:
+        raw: the whole pickle.
+        source: the file's name, for the error message.
+
+    Raises:
+        BinFormatError: an opcode runs past the end of the file, the pickle has no STOP, or a
+            memo index is larger than the file could hold.
+    """
+    try:
+        for opcode, arg, _ in pickletools.genops(io.BytesIO(raw)):
+            problem = _beyond_the_file(opcode.name, arg, len(raw))
+            if problem:
+                break
+        else:
+            return
+    except ValueError as err:  # a declared length past the end, an unknown opcode, no STOP
+        problem = str(err)
+    raise BinFormatError(f"{source}: not a readable pickle ({problem})")
+
+
+def _beyond_the_file(name: str, arg, size: int) -> str | None:
+    """What an opcode declares that a ``size``-byte pickle cannot hold, or None."""
+    if name in _MEMO_PUTS and not 0 <= int(arg) <= size:
+        return f"memo index {arg} in a {size}-byte file"
+    if name == "FRAME" and arg > size:
+        return f"a frame of {arg} bytes in a {size}-byte file"
+    return None
+
+
+def _read_raw(path: Path) -> bytes:
+    """The bytes of a regular file of at most ``MAX_BIN_BYTES`` (a FIFO would block)."""
+    try:
+        with _open_regular(path, MAX_BIN_BYTES) as fh:
+            return fh.read()
+    except CorruptImageError as err:
+        if not path.exists():
+            raise FileNotFoundError(2, "No such file or directory", str(path)) from None
+        raise BinFormatError(f"{path}: {err.reason}") from None
+
+
 def read_bin(path: str | os.PathLike) -> BinPairs:
     """Read an insightface ``.bin`` verification file without running anything in it.
 
@@ -110,15 +187,19 @@ def read_bin(path: str | os.PathLike) -> BinPairs:
         FileNotFoundError: no such file.
     """
     path = Path(path)
+    raw = _read_raw(path)
+    check_pickle_lengths(raw, str(path))
     try:
-        with open(path, "rb") as fh:
-            obj = BinUnpickler(fh, str(path)).load()
+        obj = BinUnpickler(io.BytesIO(raw), str(path)).load()
     except BinFormatError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as err:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as err:
         raise BinFormatError(f"{path}: not a readable pickle ({err})") from None
+    except MemoryError:  # a shape the length check cannot see; never expected
+        message = f"{path}: not a readable pickle (it asks for too much memory)"
+        raise BinFormatError(message) from None
     images, flags = _check_layout(obj, str(path))
-    return BinPairs(images, np.array(flags, dtype=bool), path.stem)
+    return BinPairs(images, np.array(flags, dtype=bool), path.stem, str(path))
 
 
 def bin_transform(image_size: int, normalize: str = "fixed") -> v2.Compose:
@@ -135,23 +216,34 @@ class BinImages(torch.utils.data.Dataset):
         pairs: what :func:`read_bin` returned.
         image_size: the model's input side S.
         normalize: the pixel standardisation the model was trained with.
+        max_pixels: the largest declared width x height accepted.
+        max_aspect_ratio: the largest declared long side / short side accepted.
     """
 
-    def __init__(self, pairs: BinPairs, image_size: int, normalize: str = "fixed"):
+    def __init__(
+        self,
+        pairs: BinPairs,
+        image_size: int,
+        normalize: str = "fixed",
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+    ):
         self.pairs = pairs
         self.transform = bin_transform(image_size, normalize)
+        self.limits = (max_pixels, max_aspect_ratio)
 
     def __len__(self) -> int:
         return len(self.pairs.images)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        raw = torch.frombuffer(bytearray(self.pairs.images[index]), dtype=torch.uint8)
+        """Image ``index`` as the model's input (3, S, S).
+
+        Raises:
+            BinFormatError: the image cannot be decoded; names the set, the image and the pair.
+        """
+        source = f"{self.pairs.path or self.pairs.name + '.bin'}: image {index} (pair {index // 2})"
         try:
-            image = decode_image(raw, mode=ImageReadMode.RGB)  # (3, h, w) uint8
-        except RuntimeError as err:
-            reason = str(err).strip().splitlines()[-1] if str(err).strip() else "undecodable"
-            raise BinFormatError(
-                f"{self.pairs.name}.bin: image {index} (pair {index // 2}) cannot be decoded: "
-                f"{reason}"
-            ) from None
-        return self.transform(image)
+            image = decode_image_bytes(self.pairs.images[index], source, *self.limits)
+        except CorruptImageError as err:
+            raise BinFormatError(f"{source} cannot be decoded: {err.reason}") from None
+        return self.transform(image)  # from uint8 (3, h, w)
