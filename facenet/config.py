@@ -152,10 +152,16 @@ class OptimConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     momentum: float = 0.9
+    # Stepped once per training step (skipped ones included); each parameter group's rate is
+    # its own starting rate times the schedule's factor (facenet.training.optim).
     schedule: Literal["cosine", "step", "none"] = "cosine"
+    # Linear warm-up (cosine and step) over warmup_steps steps, or warmup_epochs epochs
+    # converted to steps; one of the two.
     warmup_epochs: int = 0
-    step_size: int = 10  # epochs, for schedule: step
+    warmup_steps: int = 0
+    step_size: int = 10  # epochs, for schedule: step (after warm-up; exact epoch boundaries)
     gamma: float = 0.1
+    min_lr_ratio: float = 0.01  # cosine's floor, a fraction of each group's starting rate
     grad_clip: float = 0.0  # 0: off
     # Fine-tuning: the backbone's learning rate is lr x backbone_lr_scale; for the first
     # freeze_backbone_epochs epochs the backbone (or its stages up to and including the one
@@ -297,6 +303,8 @@ RANGES: dict[str, Range] = {
     "optim.weight_decay": _NON_NEGATIVE,
     "optim.momentum": _FRACTION,
     "optim.warmup_epochs": _COUNT,
+    "optim.warmup_steps": _COUNT,
+    "optim.min_lr_ratio": Range(0, 1),
     "optim.step_size": _ONE_PLUS,
     "optim.gamma": Range(0, math.inf, True),
     "optim.grad_clip": _NON_NEGATIVE,
@@ -451,6 +459,11 @@ def _check_combinations(cfg: Config, source: str) -> None:
         raise ConfigError(
             f"{source}: train.chunk_size: {cfg.train.chunk_size}; 0 (off) or at least 2: each "
             "chunk is a BatchNorm batch, and BatchNorm needs two images"
+        )
+    if cfg.optim.warmup_epochs > 0 and cfg.optim.warmup_steps > 0:
+        raise ConfigError(
+            f"{source}: optim.warmup_steps: {cfg.optim.warmup_steps} and optim.warmup_epochs: "
+            f"{cfg.optim.warmup_epochs}: give the warm-up's length once (the other 0)"
         )
     if cfg.mining.passes == 1 and cfg.train.chunk_size > 0:
         raise ConfigError(

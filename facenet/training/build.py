@@ -41,7 +41,7 @@ from facenet.models.embedding import build_model
 from facenet.training.engine import Trainer
 from facenet.training.optim import build_optimizer, build_scheduler, parameter_groups
 
-__all__ = ["TrainingData", "build_data", "build_device", "build_trainer"]
+__all__ = ["TrainingData", "build_data", "build_device", "build_trainer", "epoch_length"]
 
 # The held-out identities of a folder run (eval.heldout_identities), in the run directory.
 HELDOUT_RECORD = "heldout.json"
@@ -61,6 +61,7 @@ class TrainingData:
         image_size: the network's input size (``data.image_size``).
         normalize: the pixel standardisation of training (``data.normalize``).
         notes: what the run should say at its start about its evaluation sets.
+        steps_per_epoch: batches in one epoch (:func:`epoch_length`): the schedule's unit.
     """
 
     loader: Any
@@ -71,6 +72,7 @@ class TrainingData:
     image_size: int
     normalize: str
     notes: list = field(default_factory=list)
+    steps_per_epoch: int = 0
 
 
 @dataclass
@@ -382,16 +384,32 @@ def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -
         cfg.data.image_size,
         cfg.data.normalize,
         notes=sources.notes + _evaluation_notes(cfg, val, test),
+        steps_per_epoch=epoch_length(loader, cfg),
     )
 
 
-def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) -> Trainer:
+def epoch_length(loader, cfg: Config) -> int:
+    """Batches in one epoch: the loader's, capped by ``train.steps_per_epoch``.
+
+    Args:
+        loader: the training loader (its length is the sampler's batches per epoch).
+        cfg: the run configuration.
+    """
+    length = len(loader)
+    return min(length, cfg.train.steps_per_epoch) if cfg.train.steps_per_epoch else length
+
+
+def build_trainer(
+    cfg: Config, num_classes: int | None, device: torch.device, steps_per_epoch: int
+) -> Trainer:
     """Model, miner, loss, optimizer and schedule from the configuration.
 
     Args:
         cfg: the run configuration.
         num_classes: identities in the training data (for the optional classifier head).
         device: where the model and the miner's generator live.
+        steps_per_epoch: batches per epoch (``TrainingData.steps_per_epoch``): the schedule
+            is stepped once per batch, and its lengths in epochs become steps.
     """
     use_ce = cfg.loss.ce_weight > 0
     num_classes = num_classes if use_ce else None
@@ -409,7 +427,9 @@ def build_trainer(cfg: Config, num_classes: int | None, device: torch.device) ->
     generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
     miner = _from_section("mining", build_miner, cfg.mining, generator=generator)
     optimizer = _from_section("optim", build_optimizer, params, cfg.optim)
-    scheduler = _from_section("optim", build_scheduler, optimizer, cfg.optim, cfg.train.epochs)
+    scheduler = _from_section(
+        "optim", build_scheduler, optimizer, cfg.optim, cfg.train.epochs, steps_per_epoch
+    )
     return Trainer(
         model,
         miner,

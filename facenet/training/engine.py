@@ -7,6 +7,7 @@
         restore BatchNorm's running statistics (the model is as it was), look at the images
     clip the gradient norm (after unscaling, under fp16)
     scaler.step(optimizer); scaler.update(); optimizer.zero_grad(set_to_none=True)
+    scheduler.step(): once per step, skipped ones included (the rates of the next step)
 
 After the step no tensor saved for backward is alive: the step's embeddings, logits and loss
 are locals that die with it. Statistics are detached device tensors, turned into Python floats
@@ -89,7 +90,8 @@ class Trainer:
         miner: ``miner(embeddings, labels, candidates=None) -> Triplets``.
         loss_fn: ``loss_fn(embeddings, triplets) -> scalar``, with ``last_stats`` after a call.
         optimizer: a ``torch.optim`` optimizer over the model's parameters.
-        scheduler: stepped once per epoch, or None.
+        scheduler: stepped once per training step, skipped ones included (a step that
+            raises is not a step: it is retried on resume), or None.
         device: where the step runs.
         amp: "none", "bf16" (autocast) or "fp16" (autocast + GradScaler).
         ce_weight: weight of the cross-entropy term (> 0 needs a classifier head).
@@ -287,7 +289,24 @@ class Trainer:
     def _skipped(self, reason: str) -> dict:
         self.counts["steps"] += 1
         self.counts[reason] += 1
+        self._advance_schedule()
         return {"skipped": reason, "selected_images": 0}
+
+    def _advance_schedule(self) -> None:
+        """One batch done: the schedule moves to the next step's rates.
+
+        Skipped batches advance it too: the schedule follows how far the run is through its
+        data (``counts["steps"]``), as the per-epoch schedule did, so decays given in epochs
+        fall on epoch boundaries, the cosine reaches its floor at the run's last batch
+        whatever was skipped, and the position is the same on every rank (skips are agreed).
+        """
+        if self.scheduler is None:
+            return
+        with warnings.catch_warnings():
+            # A torch scheduler warns when its first step comes before any optimizer step
+            # (a skipped first batch); the order is the intended one here.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+            self.scheduler.step()
 
     def train_triplet_step(self, data_a, data_p, data_n, label_p, label_n) -> dict:
         """Seed-compatible step: the dataset supplies (a, p, n) images; the miner filters them.
@@ -312,6 +331,7 @@ class Trainer:
         self.global_step += 1
         self.counts["steps"] += 1
         self.counts["trained"] += 1
+        self._advance_schedule()
 
     # ------------------------------------------------------------------ the epoch
 
@@ -370,15 +390,7 @@ class Trainer:
                     stopped_early = total is None or index + 1 < total
                     break
         bar.close()
-        result = self._epoch_record(totals, epoch, counts_before, stopped_early)
-        # An epoch cut short by a signal is continued on resume, not ended: no schedule step.
-        if self.scheduler is not None and not stopped_early:
-            with warnings.catch_warnings():
-                # An epoch whose every step was skipped still ends: the schedule follows epochs
-                # (torch warns when no optimizer step came first).
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
-                self.scheduler.step()
-        return result
+        return self._epoch_record(totals, epoch, counts_before, stopped_early)
 
     def _epoch_record(self, totals, epoch: int, counts_before: dict, stopped_early: bool) -> dict:
         """The epoch's means, counters, throughput, learning rate and memory figures."""

@@ -2,25 +2,34 @@
 
 Fine-tuning options (``optim.backbone_lr_scale``, ``optim.freeze_backbone_epochs``,
 ``optim.freeze_up_to``) split the parameters into named groups (:func:`parameter_groups`):
-the backbone's learning rate is scaled, and :class:`FrozenGroups` holds the frozen groups'
-learning rate at 0 for the first epochs on top of any schedule.
+the backbone's learning rate is scaled.
+
+A schedule (:class:`StepSchedule`) is stepped once per training step, and sets every group's
+learning rate to that group's own starting rate times one factor of the step
+(:class:`ScheduleShape`): warm-up, cosine floor and step decays are all relative, so a group
+started at ``lr x backbone_lr_scale`` keeps that ratio to the head throughout. The frozen group
+(``backbone_frozen``) has learning rate 0 for the first ``freeze_backbone_epochs`` epochs.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import nn
-from torch.optim import lr_scheduler
 
 from facenet.config import OptimConfig
 
 __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
-    "FrozenGroups",
+    "ScheduleShape",
+    "StepSchedule",
     "build_optimizer",
     "build_scheduler",
     "parameter_groups",
+    "schedule_shape",
 ]
 
 FROZEN_GROUP = "backbone_frozen"
@@ -80,53 +89,6 @@ def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict] | list[nn
     ]
 
 
-class FrozenGroups:
-    """Learning rate 0 for the ``backbone_frozen`` group during the first N epochs.
-
-    Stepped once per epoch like the schedule it wraps: before the inner schedule steps, the
-    frozen groups get back the learning rate it had set (chainable schedules read it), and
-    afterwards it is kept and replaced by 0 while the freeze lasts. With learning rate 0 every
-    optimizer here leaves the weights as they are (weight decay included); the BatchNorm
-    running statistics of frozen stages still follow the new data (train mode).
-
-    Args:
-        optimizer: its param groups carry a "name" (:func:`parameter_groups`).
-        inner: the learning-rate schedule, or None.
-        epochs: N.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, inner, epochs: int):
-        self.optimizer, self.inner, self.epochs = optimizer, inner, epochs
-        self.groups = [g for g in optimizer.param_groups if g.get("name") == FROZEN_GROUP]
-        self.epoch = 0
-        self.kept = [g["lr"] for g in self.groups]
-        self._apply()
-
-    def _apply(self) -> None:
-        for group, lr in zip(self.groups, self.kept):
-            group["lr"] = 0.0 if self.epoch < self.epochs else lr
-
-    def step(self) -> None:
-        """End of an epoch: step the inner schedule, then freeze or release."""
-        for group, lr in zip(self.groups, self.kept):
-            group["lr"] = lr
-        if self.inner is not None:
-            self.inner.step()
-        self.kept = [g["lr"] for g in self.groups]
-        self.epoch += 1
-        self._apply()
-
-    def state_dict(self) -> dict:
-        inner = None if self.inner is None else self.inner.state_dict()
-        return {"inner": inner, "epoch": self.epoch, "kept": list(self.kept)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.inner is not None and state.get("inner") is not None:
-            self.inner.load_state_dict(state["inner"])
-        self.epoch, self.kept = int(state["epoch"]), list(state["kept"])
-        self._apply()
-
-
 def _sgd(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
@@ -163,40 +125,198 @@ def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     return OPTIMIZERS[cfg.name](params, cfg)
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: OptimConfig, epochs: int
-) -> lr_scheduler.LRScheduler | None:
-    """A schedule stepped once per epoch: cosine with linear warm-up, step decay, or none;
-    wrapped in :class:`FrozenGroups` when ``freeze_backbone_epochs`` > 0.
+@dataclass(frozen=True)
+class ScheduleShape:
+    """The factor every group's starting learning rate is multiplied by, step by step.
+
+    ``step`` counts the training steps already taken (0 for the first). Warm-up (cosine and
+    step): ``(step + 1) / (warmup_steps + 1)`` for the first ``warmup_steps`` steps, the old
+    per-epoch ramp measured in steps. Then ``cosine`` falls from 1 to ``floor`` over the
+    remaining ``total_steps - warmup_steps`` steps; ``step`` multiplies by ``gamma`` every
+    ``decay_every`` steps after warm-up; ``none`` stays at 1 (no warm-up).
 
     Args:
-        optimizer: the optimizer whose learning rate is scheduled.
-        cfg: the ``optim`` section (schedule, warmup_epochs, step_size, gamma).
-        epochs: the length of the run, for the cosine period.
+        kind: "cosine", "step" or "none" (``optim.schedule``).
+        total_steps: steps in the whole run (epochs x steps per epoch).
+        warmup_steps: steps of linear warm-up.
+        decay_every: steps between two decays of ``step``.
+        gamma: the decay of ``step``.
+        floor: the factor cosine ends at (``optim.min_lr_ratio``).
     """
-    main = _schedule(optimizer, cfg, epochs)
-    if cfg.freeze_backbone_epochs > 0:
-        return FrozenGroups(optimizer, main, cfg.freeze_backbone_epochs)
-    return main
+
+    kind: str
+    total_steps: int
+    warmup_steps: int = 0
+    decay_every: int = 1
+    gamma: float = 0.1
+    floor: float = 0.01
+
+    def factor(self, step: int) -> float:
+        """The multiplier of each group's starting rate at ``step`` (0-based)."""
+        if self.kind == "none":
+            return 1.0
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        after = step - self.warmup_steps
+        if self.kind == "step":
+            return self.gamma ** (after // self.decay_every)
+        # Past the run's end (a longer run continued by hand) the floor holds: no climb.
+        progress = min(1.0, after / max(1, self.total_steps - self.warmup_steps))
+        return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _schedule(optimizer, cfg: OptimConfig, epochs: int) -> lr_scheduler.LRScheduler | None:
-    """The learning-rate schedule of ``optim.schedule`` (see :func:`build_scheduler`)."""
+class StepSchedule:
+    """Per-step learning rates: each group's starting rate x ``shape.factor(position)``.
+
+    ``position`` counts the training steps taken, skipped ones included (the engine steps the
+    schedule for every batch): the schedule follows how far the run is through its data, so
+    decays given in epochs fall on epoch boundaries and a resumed run continues at the very
+    same rates. Each group's starting rate is its ``lr`` when the schedule is built (from the
+    configuration, so a changed ``optim.lr`` applies on resume).
+
+    Args:
+        optimizer: its param groups may carry a "name" (:func:`parameter_groups`).
+        shape: the factor of each step.
+        steps_per_epoch: batches per epoch (recorded: a resume must see the same length).
+        frozen_steps: steps during which the ``backbone_frozen`` group has learning rate 0.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        shape: ScheduleShape,
+        steps_per_epoch: int,
+        frozen_steps: int = 0,
+    ):
+        self.optimizer, self.shape = optimizer, shape
+        self.steps_per_epoch, self.frozen_steps = steps_per_epoch, frozen_steps
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.position = 0
+        self._apply()
+
+    def _apply(self) -> None:
+        factor = self.shape.factor(self.position)
+        frozen = self.position < self.frozen_steps
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            # With learning rate 0 every optimizer here leaves the weights as they are (weight
+            # decay included); BatchNorm statistics of frozen stages still follow the data.
+            held = frozen and group.get("name") == FROZEN_GROUP
+            group["lr"] = 0.0 if held else base * factor
+
+    def step(self) -> None:
+        """One training step done: the rates of the next one."""
+        self.position += 1
+        self._apply()
+
+    def get_last_lr(self) -> list[float]:
+        """Each group's current learning rate (as torch's schedulers name it)."""
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        """The position and the lengths the schedule was built for (plain contents)."""
+        return {
+            "kind": self.shape.kind,
+            "position": self.position,
+            "steps_per_epoch": self.steps_per_epoch,
+            "total_steps": self.shape.total_steps,
+            "warmup_steps": self.shape.warmup_steps,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at the saved position (:meth:`resume_problem` says whether it may)."""
+        if "position" not in state:
+            raise ValueError(
+                "the checkpoint's learning-rate schedule was stepped per epoch (an earlier "
+                "version); it cannot continue per step"
+            )
+        self.position = int(state["position"])
+        self._apply()
+
+    def resume_problem(self, state: dict) -> str | None:
+        """Why a checkpoint's schedule state cannot continue in this one, or None.
+
+        The position counts steps of the epoch length the schedule was built for: another
+        length would move decays, warm-up and freeze off their epochs. Cosine also depends on
+        the run's length (another one makes the rate jump, or climb again); ``step`` and
+        ``none`` do not.
+
+        Args:
+            state: the checkpoint's ``scheduler`` field.
+        """
+        if not isinstance(state, dict) or "position" not in state:
+            return (
+                "the checkpoint's learning-rate schedule was stepped per epoch (an earlier "
+                "version wrote it) and cannot continue per step: finish that run with that "
+                "version"
+            )
+        old_length = max(1, int(state["steps_per_epoch"]))
+        if old_length != self.steps_per_epoch:
+            return (
+                f"an epoch is now {self.steps_per_epoch} steps and the checkpoint's schedule "
+                f"was built for epochs of {old_length} (the training data or "
+                "train.steps_per_epoch changed); resume with the same ones"
+            )
+        old_total = int(state["total_steps"])
+        if self.shape.kind == "cosine" and old_total != self.shape.total_steps:
+            old, now = old_total // old_length, self.shape.total_steps // self.steps_per_epoch
+            return (
+                f"train.epochs: {now} differs from the checkpoint's {old}, and its "
+                f"optim.schedule: cosine was built for {old} epochs (the learning rate would "
+                f"jump, or climb again); resume with --set train.epochs={old}"
+            )
+        return None
+
+
+def _warmup_steps(cfg: OptimConfig, steps_per_epoch: int) -> int:
+    """``optim.warmup_steps``, or ``optim.warmup_epochs`` converted (one of them is 0)."""
+    if cfg.warmup_steps and cfg.warmup_epochs:
+        raise ValueError(
+            f"warmup_steps: {cfg.warmup_steps} and warmup_epochs: {cfg.warmup_epochs}: give "
+            "the warm-up's length once"
+        )
+    return cfg.warmup_steps or cfg.warmup_epochs * steps_per_epoch
+
+
+def schedule_shape(cfg: OptimConfig, epochs: int, steps_per_epoch: int) -> ScheduleShape:
+    """The per-step factor of ``optim.schedule``, lengths given in epochs converted to steps.
+
+    Args:
+        cfg: the ``optim`` section (schedule, warmup_steps or warmup_epochs, step_size, gamma,
+            min_lr_ratio).
+        epochs: the run's length in epochs (``train.epochs``).
+        steps_per_epoch: batches per epoch.
+    """
     if cfg.schedule not in SCHEDULES:
         raise ValueError(
             f"optim.schedule: unknown {cfg.schedule!r}; valid: " + ", ".join(SCHEDULES)
         )
-    if cfg.schedule == "none":
-        return None
-    if cfg.schedule == "step":
-        main = lr_scheduler.StepLR(optimizer, step_size=cfg.step_size, gamma=cfg.gamma)
-    else:
-        main = lr_scheduler.CosineAnnealingLR(
-            optimizer, T_max=max(1, epochs - cfg.warmup_epochs), eta_min=cfg.lr * 1e-2
-        )
-    if cfg.warmup_epochs <= 0:
-        return main
-    warmup = lr_scheduler.LinearLR(
-        optimizer, start_factor=1.0 / (cfg.warmup_epochs + 1), total_iters=cfg.warmup_epochs
+    if steps_per_epoch < 1 or epochs < 1:
+        raise ValueError(f"a schedule needs steps: {epochs} epochs of {steps_per_epoch} steps")
+    return ScheduleShape(
+        kind=cfg.schedule,
+        total_steps=epochs * steps_per_epoch,
+        warmup_steps=_warmup_steps(cfg, steps_per_epoch),
+        decay_every=cfg.step_size * steps_per_epoch,  # exactly step_size epochs
+        gamma=cfg.gamma,
+        floor=cfg.min_lr_ratio,
     )
-    return lr_scheduler.SequentialLR(optimizer, [warmup, main], milestones=[cfg.warmup_epochs])
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, epochs: int, steps_per_epoch: int
+) -> StepSchedule | None:
+    """The schedule of ``optim.schedule``, stepped once per training step; None for a
+    constant rate without a freeze.
+
+    Args:
+        optimizer: the optimizer whose groups' rates are scheduled (their ``lr`` now is each
+            group's starting rate).
+        cfg: the ``optim`` section.
+        epochs: the run's length in epochs (the cosine period).
+        steps_per_epoch: batches per epoch (epoch lengths become steps).
+    """
+    shape = schedule_shape(cfg, epochs, steps_per_epoch)
+    if shape.kind == "none" and cfg.freeze_backbone_epochs == 0:
+        return None
+    frozen_steps = cfg.freeze_backbone_epochs * steps_per_epoch
+    return StepSchedule(optimizer, shape, steps_per_epoch, frozen_steps)

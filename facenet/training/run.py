@@ -116,7 +116,7 @@ def _build(cfg: Config, run_dir: Path, info: DistInfo) -> tuple[Trainer, Trainin
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     with main_process_first():  # rank 0 writes the synthetic data and the folder index
         data = build_data(cfg, run_dir, info.rank, info.world_size)
-    return build_trainer(cfg, data.num_classes, device), data
+    return build_trainer(cfg, data.num_classes, device, data.steps_per_epoch), data
 
 
 @contextlib.contextmanager

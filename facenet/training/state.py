@@ -192,7 +192,7 @@ def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> 
     Raises:
         CheckpointError: the checkpoint does not fit the trainer built from ``cfg``.
     """
-    _check_schedule_length(state["config"], cfg)
+    _check_schedule(trainer, state, path)
     changes = _changed_settings(state["config"], config_to_dict(cfg))
     if changes:
         print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
@@ -249,22 +249,27 @@ def _progress_of(state: dict) -> Progress:
     )
 
 
-def _check_schedule_length(saved: dict, cfg: Config) -> None:
-    """A schedule built for the run's length cannot be stretched on resume: refused.
+def _check_schedule(trainer: Trainer, state: dict, path: Path) -> None:
+    """A schedule built for other lengths cannot continue exactly: refused.
 
-    A cosine schedule (or a warm-up) with another ``train.epochs`` would make the learning
-    rate jump or climb again; ``step`` and ``none`` do not depend on the length.
+    The schedule is stepped per batch: another epoch length (other data, another
+    ``train.steps_per_epoch``) moves its epoch boundaries, and a cosine built for another
+    ``train.epochs`` would make the learning rate jump or climb again
+    (``StepSchedule.resume_problem``). A checkpoint whose schedule was stepped per epoch (an
+    earlier version) is refused the same way.
     """
-    old = (saved.get("train") or {}).get("epochs")
-    schedule = (saved.get("optim") or {}).get("schedule")
-    if old is None or old == cfg.train.epochs:
+    schedule, saved = trainer.scheduler, state.get("scheduler")
+    if saved is None or not hasattr(schedule, "resume_problem"):
         return
-    if schedule == "cosine" or (saved.get("optim") or {}).get("warmup_epochs", 0):
+    try:
+        problem = schedule.resume_problem(saved)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: its scheduler field is not a schedule's state ({err!r})"
+        ) from None
+    if problem:
         raise ConfigError(
-            f"train.epochs: {cfg.train.epochs} differs from the checkpoint's {old}, and its "
-            f"optim.schedule: {schedule} was built for {old} epochs (the learning rate would "
-            f"jump, or climb again); resume with --set train.epochs={old}, or start a new run "
-            "from its weights (model.weights)"
+            f"{problem}, or start a new run from the weights of {path} (model.weights)"
         )
 
 
