@@ -4,19 +4,27 @@ DIR holds identity folders (``DIR/<identity>/<image>``; the folder name is the l
 directly. Each image is prepared as the evaluation does (resize, centre crop, the model's
 standardisation). Unreadable files are named on stderr and left out. ``--out FILE.npz`` holds
 ``embeddings`` (N, D) float32, ``paths`` (N,) and ``labels`` (N,) or (0,) for a flat folder;
-plus ``threshold`` and ``threshold_distance`` when the model's run saved one, and ``flip``.
+how they were made: ``flip``, ``preprocess``, ``weights_sha256`` (the weights' content hash);
+and the threshold recorded for them (``threshold``, ``threshold_distance``,
+``threshold_record``: JSON of what it was chosen for): ``--threshold``, or the one saved with
+the model when it was chosen for these weights, this ``--flip`` setting, no mean subtraction
+and this preprocessing. A saved threshold chosen for anything else is an error saying what
+differs (give ``--threshold`` or ``--no-threshold``).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import sys
 
 import numpy as np
 
-from facenet.cli.common import add_device_argument, parse_device, run_command
+from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
 from facenet.errors import FacenetError
+from facenet.evaluation.protocol import DISTANCES
+from facenet.evaluation.report import ThresholdRecord
 from facenet.files import write_atomic
 from facenet.inference.embed import FolderEmbeddings, embed_folder
 from facenet.inference.identify import model_threshold
@@ -30,24 +38,43 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", required=True, help="identity folders or a flat folder")
     parser.add_argument("--out", required=True, help="the .npz file to write")
     parser.add_argument("--flip", action="store_true", help="concatenate flipped-image embeddings")
-    parser.add_argument("--batch-size", type=int, default=128, help="images per forward")
+    parser.add_argument("--batch-size", type=positive_int, default=128, help="images per forward")
+    add_threshold_arguments(parser)
     add_device_argument(parser, "cpu")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
-def npz_arrays(result: FolderEmbeddings, flip: bool, threshold) -> dict:
-    """The arrays of the output file (strings as numpy unicode: no pickle needed to read)."""
+def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--threshold``, ``--distance``, ``--no-threshold``: the threshold to record."""
+    parser.add_argument("--threshold", type=float, help="record this threshold instead")
+    parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
+    parser.add_argument(
+        "--no-threshold", action="store_true", help="record no threshold (identify asks for one)"
+    )
+
+
+def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdRecord | None) -> dict:
+    """The arrays of the output file (strings as numpy unicode: no pickle needed to read).
+
+    Args:
+        result: the folder's embeddings.
+        at_hand: how they were made (``TrainedModel.preparation``).
+        threshold: the threshold recorded for them, or None.
+    """
     labelled = any(result.labels)
     arrays = {
         "embeddings": result.embeddings.numpy().astype(np.float32),
         "paths": np.array(result.paths, dtype=str),
         "labels": np.array(result.labels if labelled else [], dtype=str),
-        "flip": np.array(flip),
+        "flip": np.array(at_hand["flip"]),
+        "preprocess": np.array(at_hand["preprocess"]),
+        "weights_sha256": np.array(at_hand["weights_sha256"]),
     }
     if threshold is not None:
-        arrays["threshold"] = np.array(threshold[0])
-        arrays["threshold_distance"] = np.array(threshold[1])
+        arrays["threshold"] = np.array(threshold.value)
+        arrays["threshold_distance"] = np.array(threshold.distance)
+        arrays["threshold_record"] = np.array(json.dumps(threshold.to_dict()))
     return arrays
 
 
@@ -55,6 +82,11 @@ def _embed(args: argparse.Namespace) -> int:
     """Embed the folder and write the file; returns the exit code."""
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
+    at_hand = trained.preparation(flip=args.flip)
+    # Chosen before the work: a saved threshold that does not fit stops here, not after it.
+    threshold, line = model_threshold(
+        trained, at_hand, args.threshold, args.distance, args.no_threshold
+    )
     result = embed_folder(
         trained.model.to(device),
         args.images,
@@ -70,13 +102,14 @@ def _embed(args: argparse.Namespace) -> int:
     if not result.paths:
         raise FacenetError(f"{args.images}: no readable image")
     buffer = io.BytesIO()
-    np.savez(buffer, **npz_arrays(result, args.flip, model_threshold(trained)))
+    np.savez(buffer, **npz_arrays(result, at_hand, threshold))
     write_atomic(args.out, lambda fh: fh.write(buffer.getvalue()))
     n, dim = result.embeddings.shape
     print(
         f"embedded {n} images ({dim}-D) from {args.images} into {args.out}; "
         f"{len(result.unreadable)} unreadable files left out"
     )
+    print(line)
     return 0
 
 

@@ -10,8 +10,10 @@ Two sources of pair distances:
   agedb_30, calfw, cplfw), read without running anything in the pickle; one table row each.
 
 Prints a table and writes ``metrics.json`` (with the verification threshold: the mean over
-folds and the distance it applies to) and ``roc.png`` (``roc_<name>.png`` per ``--bin``) into
-``--out``.
+folds, the distance it applies to, and ``threshold_for``: the weights' content hash, epoch,
+flip, mean subtraction and preprocessing it was chosen for) and ``roc.png``
+(``roc_<name>.png`` per ``--bin``) into ``--out``. Distances above the threshold grid (which
+no threshold can accept) are warned about.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from facenet.cli.common import add_device_argument, parse_device, run_command
+from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
 from facenet.config import load_config
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.insightface_bin import read_bin
@@ -101,7 +103,7 @@ def _add_embedding_arguments(embed) -> None:
         help="resize: 1.125 S then the centre S; crop: no resize, the centre S of aligned crops",
     )
     embed.add_argument("--subtract-mean", action="store_true", help="classic mean subtraction")
-    embed.add_argument("--batch-size", type=int, default=128, help="images per forward")
+    embed.add_argument("--batch-size", type=positive_int, default=128, help="images per forward")
     add_device_argument(embed, "cpu")
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
 
@@ -177,10 +179,25 @@ def _embedding_options(args: argparse.Namespace) -> dict:
 
 
 def _embedding_setup(args: argparse.Namespace) -> tuple:
-    """(model on its device, its input side, ``verify``'s options) of ``--checkpoint``."""
+    """(model on its device, its input side, ``verify``'s options, ``threshold_for``) of
+    ``--checkpoint``."""
     trained, device = load_model(args.checkpoint), parse_device(args.device)
     options = {"normalize": trained.normalize, "device": device, **_embedding_options(args)}
-    return trained.model.to(device), trained.image_size, options
+    return trained.model.to(device), trained.image_size, options, _threshold_for(trained, args)
+
+
+def _threshold_for(trained, args: argparse.Namespace) -> dict:
+    """What the thresholds measured here are chosen for: the weights (content hash, and the
+    epoch when the file says) and how images became distances. facenet-embed, -export and
+    -identify use a stored threshold only where all of these match."""
+    return {
+        "checkpoint": str(args.checkpoint),
+        "weights_sha256": trained.weights_sha256(),
+        "epoch": trained.epoch,
+        "flip": bool(args.flip),
+        "subtract_mean": bool(args.subtract_mean),
+        "preprocess": args.preprocess,
+    }
 
 
 def _bin_names(paths: list[str]) -> dict[str, str]:
@@ -202,30 +219,35 @@ def _write_json(path: Path, metrics: dict) -> None:
 def _bin_mode(args: argparse.Namespace) -> None:
     """Every ``--bin`` set: a table row each, metrics.json and a ROC per set."""
     paths = _bin_names(args.bin)
-    model, image_size, options = _embedding_setup(args)
+    model, image_size, options, threshold_for = _embedding_setup(args)
     results = {n: verify(model, read_bin(p), image_size, **options) for n, p in paths.items()}
     print(sets_table(results))
     out = Path(args.out)
     sets = {name: r.to_dict(curves=False) for name, r in results.items()}
-    _write_json(out / "metrics.json", {"source": str(args.checkpoint), "sets": sets})
+    record = {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}
+    _write_json(out / "metrics.json", record)
     for name, result in results.items():
         title = args.title or f"{name} ({result.n_pairs} pairs)"
         plot_roc(result, out / f"roc_{name}.png", log_scale=args.log_scale, title=title)
     print(f"wrote {out / 'metrics.json'} and a roc_<set>.png for each set")
 
 
-def _single(args: argparse.Namespace) -> tuple[str, str, VerificationResult]:
-    """(name, source, result) of ``--distances`` or of ``--checkpoint`` on ``--pairs``."""
+def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
+    """(name, metrics.json's source fields, result) of ``--distances`` or of ``--checkpoint``
+    on ``--pairs``."""
     if args.distances:
         distances, issame = read_distances(args.distances)
         source = str(args.distances)
         result = verify_distances(distances, issame, source=source, **_protocol_options(args))
-        return Path(args.distances).name, source, result
+        # Distances measured elsewhere: the weights and preparation are not known here.
+        fields = {"source": source, "threshold_for": {"distances": source}}
+        return Path(args.distances).name, fields, result
 
-    model, image_size, options = _embedding_setup(args)
+    model, image_size, options, threshold_for = _embedding_setup(args)
     pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
     result = verify(model, pairs, image_size, **options)
-    return Path(args.pairs).name, f"{args.checkpoint} on {args.pairs}", result
+    fields = {"source": f"{args.checkpoint} on {args.pairs}", "threshold_for": threshold_for}
+    return Path(args.pairs).name, fields, result
 
 
 def _evaluate(args: argparse.Namespace) -> None:
@@ -236,9 +258,9 @@ def _evaluate(args: argparse.Namespace) -> None:
     if args.bin:
         _bin_mode(args)
         return
-    name, source, result = _single(args)
+    name, fields, result = _single(args)
     print(result_table(name, result))
-    _write_json(out / "metrics.json", {"source": source, **result.to_dict()})
+    _write_json(out / "metrics.json", {**fields, **result.to_dict()})
     plot_roc(result, out / "roc.png", log_scale=args.log_scale, title=args.title)
     print(f"wrote {out / 'metrics.json'} and {out / 'roc.png'}")
 

@@ -4,7 +4,12 @@
 dynamic batch dimension; after exporting, the file is run on a batch and compared with the
 eager model, and written only if the largest absolute difference is at most ``--tolerance``
 (1e-4). ``weights`` writes ``model.pt``: the weights, architecture, preprocessing and the
-run's verification threshold, loadable with ``torch.load(weights_only=True)``.
+verification threshold, loadable with ``torch.load(weights_only=True)``.
+
+The threshold carried is ``--threshold``, or the one saved with the model when it was chosen
+for these weights, without flip or mean subtraction, with the evaluation's ``resize``
+preprocessing (what a deployment of the export computes); one chosen for anything else is an
+error saying what differs (give ``--threshold`` or ``--no-threshold``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import sys
 
 from facenet.cli.common import run_command
+from facenet.cli.embed import add_threshold_arguments
 from facenet.inference.export import FORMATS, PARITY_TOLERANCE, export_model
 from facenet.inference.identify import model_threshold
 from facenet.inference.loading import load_model
@@ -27,21 +33,25 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tolerance", type=float, default=PARITY_TOLERANCE, help="largest |exported - eager|"
     )
+    add_threshold_arguments(parser)
     return parser
 
 
 def _export(args: argparse.Namespace) -> int:
     """Export, check parity and print what was written; returns the exit code."""
     trained = load_model(args.checkpoint)
-    threshold = model_threshold(trained)
-    if threshold is not None:  # carried into the export's metadata
-        trained.verification = {"threshold": threshold[0], "threshold_distance": threshold[1]}
+    threshold, line = model_threshold(
+        trained, trained.preparation(), args.threshold, args.distance, args.no_threshold
+    )
+    # Carried into the export's metadata only when it fits these weights as exported.
+    trained.verification = {} if threshold is None else threshold.to_dict()
     report = export_model(trained, args.format, args.out, args.tolerance)
     size = trained.image_size
     print(
         f"wrote {report.path} ({report.format}: images (B, 3, {size}, {size}) -> embeddings "
-        f"(B, {trained.embedding_dim}); threshold: {trained.verification or 'none saved'})"
+        f"(B, {trained.embedding_dim}))"
     )
+    print(line)
     if report.format != "weights":
         print(
             f"parity: max |exported - eager| = {report.max_abs_diff:.3g} on a batch of "

@@ -4,8 +4,11 @@ Both files come from ``facenet-embed`` (the gallery from identity folders: one o
 images per identity). Each probe gets the identity of its nearest gallery embedding, or
 "unknown" when that distance is not below the threshold. The threshold is, in order:
 ``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
-metrics.json or a run's summary.json), or the one facenet-embed recorded in the gallery file
-from the model's run.
+metrics.json or a run's summary.json), or the one facenet-embed recorded in the gallery file.
+A stored threshold is used only when it was chosen for the weights that embedded the gallery
+(their content hash), its ``--flip`` setting and preprocessing, without mean subtraction;
+otherwise the command stops saying what differs. Gallery and probes must come from the same
+weights and ``--flip`` setting; NaN or infinite embeddings are refused, naming the rows.
 Writes ``matches.csv`` and ``identification.json`` into ``--out``; when the probes are labelled
 it prints rank-1 accuracy, the detection-and-identification rate at the threshold and the
 open-set rejection rate (probes whose identity is not in the gallery, answered "unknown").
@@ -26,10 +29,29 @@ import numpy as np
 from facenet.cli.common import run_command
 from facenet.errors import DataError
 from facenet.evaluation.protocol import DISTANCES
+from facenet.evaluation.report import ThresholdRecord
 from facenet.files import json_safe, write_text_atomic
-from facenet.inference.identify import Gallery, identification_rates, match, read_threshold
+from facenet.inference.identify import (
+    Gallery,
+    checked_threshold,
+    identification_rates,
+    match,
+    non_finite_rows,
+    read_threshold,
+)
 
 UNKNOWN = "unknown"
+# The string arrays of a facenet-embed file, each (N,) (labels: (N,) or (0,) when flat).
+_STRING_ARRAYS = ("paths", "labels")
+# Its one-value arrays: how the embeddings were made, and the threshold recorded for them.
+_SCALARS = {
+    "flip": "b",
+    "preprocess": "U",
+    "weights_sha256": "U",
+    "threshold": "f",
+    "threshold_distance": "U",
+    "threshold_record": "U",
+}
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -45,34 +67,125 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def load_embeddings(path: str) -> dict:
-    """The arrays of a facenet-embed file (no pickle allowed)."""
+    """The arrays of a facenet-embed file (no pickle allowed), each checked.
+
+    Raises:
+        DataError: not an .npz, no ``embeddings``, an array of the wrong dtype or shape,
+            ``paths`` or ``labels`` whose length differs from the embeddings', NaN or
+            infinite embeddings; one line naming the file and the array.
+    """
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
-    except (zipfile.BadZipFile, EOFError, ValueError) as err:
+    except (zipfile.BadZipFile, EOFError, ValueError, AttributeError) as err:
+        # AttributeError: a plain .npy file loads as an array, without .files
         raise DataError(f"{path}: not an .npz file of facenet-embed ({err})") from None
     if "embeddings" not in arrays:
         raise DataError(f"{path}: no 'embeddings' array (write it with facenet-embed)")
+    embeddings = arrays["embeddings"]
+    if embeddings.dtype.kind not in "fiu" or embeddings.ndim != 2 or embeddings.shape[1] == 0:
+        raise DataError(
+            f"{path}: 'embeddings' must be a (N, D) array of numbers, got {embeddings.dtype} "
+            f"{embeddings.shape}"
+        )
+    for key in _STRING_ARRAYS:
+        _check_strings(arrays, key, len(embeddings), path)
+    for key, kinds in _SCALARS.items():
+        if key in arrays and (arrays[key].shape != () or arrays[key].dtype.kind not in kinds):
+            raise DataError(
+                f"{path}: '{key}' must be a single value of kind {kinds!r}, got "
+                f"{arrays[key].dtype} {arrays[key].shape}"
+            )
+    names = arrays.get("paths")
+    non_finite_rows(embeddings, str(path), None if names is None else names.tolist())
     return arrays
 
 
-def choose_threshold(args, gallery: dict) -> tuple[float, str, str]:
-    """(threshold, distance, where it came from), by the order the module docstring gives."""
+def _check_strings(arrays: dict, key: str, n: int, path) -> None:
+    """``arrays[key]``, if present, is (n,) strings ((0,) allowed for unlabelled files)."""
+    if key not in arrays:
+        return
+    values = arrays[key]
+    if values.dtype.kind != "U" or values.ndim != 1:
+        raise DataError(f"{path}: '{key}' must be a (N,) array of strings, got {values.dtype}")
+    if len(values) != n and not (key == "labels" and len(values) == 0):
+        # A shorter list would cut matches.csv short, a longer one misname the probes.
+        raise DataError(f"{path}: {len(values)} {key} for {n} embeddings")
+
+
+def provenance(arrays: dict) -> dict:
+    """How a facenet-embed file's embeddings were made; None where it does not say (files
+    written before it recorded this). Nothing in it subtracts a mean embedding."""
+    value = lambda key: arrays[key].item() if key in arrays else None
+    return {
+        "weights_sha256": value("weights_sha256"),
+        "flip": None if value("flip") is None else bool(value("flip")),
+        "subtract_mean": False,
+        "preprocess": value("preprocess"),
+    }
+
+
+def check_same_making(gallery: dict, probes: dict, args) -> None:
+    """Gallery and probes embedded by the same weights with the same flip setting, where
+    both files say; distances between embeddings of different models mean nothing."""
+    ours, theirs = provenance(gallery), provenance(probes)
+    for key in ("weights_sha256", "flip", "preprocess"):
+        if None not in (ours[key], theirs[key]) and ours[key] != theirs[key]:
+            raise DataError(
+                f"--gallery {args.gallery} and --probes {args.probes} were embedded with "
+                f"different {key} ({ours[key]} vs {theirs[key]}): embed both the same way"
+            )
+
+
+def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
+    """The threshold facenet-embed recorded in the gallery file, or None."""
+    if "threshold_record" in gallery:
+        try:
+            saved = json.loads(str(gallery["threshold_record"]))
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: 'threshold_record' is not JSON ({err})") from None
+        record = ThresholdRecord.from_dict(saved if isinstance(saved, dict) else {}, path)
+        if record is None:
+            raise DataError(f"{path}: 'threshold_record' holds no threshold")
+        return record
+    if "threshold" in gallery:  # an older file: a value and its distance, nothing else
+        distance = str(gallery.get("threshold_distance", "squared"))
+        return ThresholdRecord(float(gallery["threshold"]), distance, source=path)
+    return None
+
+
+def choose_threshold(args, gallery: dict) -> tuple[float, str, str, str]:
+    """(threshold, distance, where it came from, a line saying which), by the order the
+    module docstring gives.
+
+    Raises:
+        DataError: no threshold, or a stored one chosen for other embeddings (saying what
+            differs).
+    """
     if args.threshold is not None:
-        return args.threshold, args.distance or "squared", "--threshold"
+        distance = args.distance or "squared"
+        return (
+            args.threshold,
+            distance,
+            "--threshold",
+            f"threshold: {args.threshold:.4f} ({distance} distance; --threshold)",
+        )
     if args.distance:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
     if args.metrics:
-        found = read_threshold(args.metrics)
-        if found is None:
+        record = read_threshold(args.metrics)
+        if record is None:
             raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
-        return found[0], found[1], args.metrics
-    if "threshold" in gallery:
-        return float(gallery["threshold"]), str(gallery["threshold_distance"]), args.gallery
-    raise DataError(
-        "no threshold: give --threshold, or --metrics with facenet-evaluate's metrics.json or a "
-        "run's summary.json (the model's run saved none next to it)"
-    )
+    else:
+        record = _gallery_threshold(gallery, args.gallery)
+    if record is None:
+        raise DataError(
+            "no threshold: give --threshold, or --metrics with facenet-evaluate's metrics.json "
+            "or a run's summary.json (the gallery file records none)"
+        )
+    what = f"the embeddings of --gallery {args.gallery}"
+    record = checked_threshold(record, provenance(gallery), what)
+    return record.value, record.distance, record.source, f"threshold: {record.describe()}"
 
 
 def matches_csv(probes: dict, matches) -> str:
@@ -81,7 +194,8 @@ def matches_csv(probes: dict, matches) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["path", "label", "identity", "nearest", "distance"])
-    for i, path in enumerate(probes.get("paths", [""] * len(matches.nearest))):
+    paths = probes.get("paths", [""] * len(matches.nearest))  # as long as the embeddings
+    for i, path in enumerate(paths):
         label = labels[i] if len(labels) else ""
         answer = matches.identity[i] if matches.identity[i] is not None else UNKNOWN
         writer.writerow([path, label, answer, matches.nearest[i], f"{matches.distance[i]:.6f}"])
@@ -111,8 +225,10 @@ def report(matches, rates: dict | None, source: str) -> str:
 def _identify(args: argparse.Namespace) -> int:
     """Match the probes, write the results and print the report; returns the exit code."""
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
+    check_same_making(gallery_arrays, probes, args)
     gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))
-    threshold, distance, source = choose_threshold(args, gallery_arrays)
+    threshold, distance, source, line = choose_threshold(args, gallery_arrays)
+    print(line)
     matches = match(gallery, probes["embeddings"], threshold, distance)
     labelled = len(probes.get("labels", [])) == len(matches.identity)
     rates = identification_rates(matches, probes["labels"], gallery) if labelled else None

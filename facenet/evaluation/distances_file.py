@@ -68,12 +68,29 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _load_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of every non-empty row.
+
+    The csv module refuses a field over its limit (128 KiB), a NUL byte and the like with
+    ``csv.Error``: reported naming the file and the line, as a malformed row is.
+    """
+    rows = []
     try:
         with open(path, newline="", encoding="utf-8") as fh:
-            rows = [(n, row) for n, row in enumerate(csv.reader(fh), start=1) if any(row)]
+            reader = csv.reader(fh)
+            try:
+                for row in reader:
+                    if any(row):
+                        rows.append((reader.line_num, row))
+            except csv.Error as err:
+                raise DistancesFileError(f"{path}:{reader.line_num}: {err}") from None
     except UnicodeDecodeError:
         raise DistancesFileError(f"{path}: not a UTF-8 text file") from None
+    return rows
+
+
+def _load_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    rows = _csv_rows(path)
     if rows and rows[0][1] and not _is_number(rows[0][1][0]):
         rows = rows[1:]  # a header row
     if not rows:

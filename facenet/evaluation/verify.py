@@ -8,6 +8,7 @@ evaluated on the same pairs gives the same figures either way.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,9 @@ from facenet.errors import DataError
 from facenet.evaluation.embedding import embed_dataset, embed_pair_list
 from facenet.evaluation.presets import classic_thresholds
 from facenet.evaluation.protocol import (
+    DISTANCES,
     VerificationResult,
+    default_thresholds,
     evaluate_embeddings,
     evaluate_verification,
     pair_distances,
@@ -202,10 +205,17 @@ def verify_distances(
         far_target: the FAR at which VAL is read.
         source: where the distances came from, for error messages.
 
+    Distances at or above the grid's largest threshold are accepted by no threshold; when
+    there are any, a warning says how many (all of them give accuracy 0.5 with a zero
+    spread). The grid is not extended to cover them: the grids are the protocol's (the
+    publishers' for ``classic``), and distances beyond them usually mean another distance
+    than ``distance`` was measured.
+
     Raises:
         DataError: distances the protocol cannot use, named by ``source``.
     """
     thresholds, val_thresholds = threshold_grids(grid)
+    _warn_above_grid(distances, thresholds, distance, source)
     return _checked(
         source,
         evaluate_verification,
@@ -217,6 +227,26 @@ def verify_distances(
         val_thresholds,
         distance,
     )
+
+
+def _warn_above_grid(distances: Any, thresholds, distance: str, source: str) -> None:
+    """Warn when some distances lie at or above every threshold of the accuracy grid."""
+    try:
+        values = np.asarray(distances, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        return  # the protocol refuses these with its own message
+    if distance not in DISTANCES or values.size == 0 or not np.isfinite(values).all():
+        return  # likewise
+    grid = default_thresholds(distance) if thresholds is None else np.asarray(thresholds)
+    above = int((values >= grid[-1]).sum())
+    if above:
+        warnings.warn(
+            f"{source}: {above} of {len(values)} distances (largest {values.max():.4g}) lie at "
+            f"or above the largest threshold of the {distance} grid ({grid[-1]:.4g}): no "
+            "threshold accepts them as the same identity; were they measured with another "
+            "--distance?",
+            stacklevel=2,
+        )
 
 
 def _checked(source: str, protocol, *args, **kwargs) -> VerificationResult:

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, build_transform, read_image
 from facenet.evaluation.embedding import embed_batches
+from facenet.inference.identify import non_finite_rows
 
 __all__ = ["FolderEmbeddings", "embed_folder"]
 
@@ -80,6 +81,9 @@ def embed_folder(
         device: where the network runs.
         flip: concatenate each embedding with that of the flipped image ((N, 2D)).
         progress: show a progress bar (on stderr).
+
+    Raises:
+        DataError: an image whose embedding is NaN or infinite, named.
     """
     paths, labels = list_images(root)
     dataset = _ReadableImages(paths, build_transform(image_size, train=False, normalize=normalize))
@@ -95,6 +99,7 @@ def embed_folder(
             kept += indices
             chunks += embed_batches(model, [images], device, flip)
     embeddings = torch.cat(chunks) if chunks else torch.zeros(0, 0)
-    return FolderEmbeddings(
-        embeddings, [paths[i] for i in kept], [labels[i] for i in kept], unreadable
-    )
+    kept_paths = [paths[i] for i in kept]
+    # A NaN row would be written and then silently never match (or match nothing) later.
+    non_finite_rows(embeddings.numpy(), f"embeddings of {root}", kept_paths)
+    return FolderEmbeddings(embeddings, kept_paths, [labels[i] for i in kept], unreadable)

@@ -75,7 +75,7 @@ def _metadata(trained: TrainedModel) -> dict:
         "embedding_dim": str(trained.embedding_dim),
         "backbone": str(trained.architecture.get("backbone")),
     }
-    meta.update({k: str(v) for k, v in trained.verification.items()})
+    meta.update({k: str(v) for k, v in trained.verification.items() if v is not None})
     return meta
 
 

@@ -5,8 +5,10 @@ nearest gallery embedding, and is answered "unknown" (None) when that distance i
 the threshold: the rule of the verification protocol, where a pair is "same" when
 ``distance < threshold``. The default threshold is the one the protocol chose (the mean over
 folds of each fold's best threshold, with the distance it applies to), read by
-:func:`read_threshold` from ``metrics.json`` (scripts/evaluate.py), a run's ``summary.json``
-or a weights export.
+:func:`read_threshold` from ``metrics.json`` (facenet-evaluate) or a run's ``summary.json``,
+or saved with the model. A stored threshold records what it was chosen for (the weights'
+content hash, flip, mean subtraction, preprocessing); :func:`checked_threshold` lets it
+through only where all of these match the embeddings it would apply to.
 
 Figures (:func:`identification_rates`): rank-1 accuracy (closed set: probes whose identity is
 in the gallery, nearest neighbour, threshold ignored), the detection-and-identification rate
@@ -27,20 +29,51 @@ import torch
 
 from facenet.errors import DataError
 from facenet.evaluation.protocol import DISTANCES
-from facenet.inference.loading import TrainedModel
+from facenet.evaluation.report import ThresholdRecord
 from facenet.metric.distances import pairwise_distance
 
 __all__ = [
     "Gallery",
     "Matches",
+    "checked_threshold",
     "identification_rates",
     "match",
-    "model_threshold",
+    "non_finite_rows",
     "read_threshold",
 ]
 
 # Probes compared per block: the (block, G) distance matrix stays small for large galleries.
 _PROBE_BLOCK = 4096
+# Rows named in a message about non-finite embeddings: the first few.
+_NAMED_ROWS = 5
+
+
+def non_finite_rows(embeddings: np.ndarray, what: str, names=None) -> None:
+    """Refuse (N, D) embeddings with NaN or infinite rows, naming the rows (and their files).
+
+    One NaN gallery row is never any probe's nearest (every comparison with NaN is false), so
+    without this check it would silently make probes "unknown"; a NaN probe likewise.
+
+    Args:
+        embeddings: (N, D) array.
+        what: whose embeddings (a file name), for the message.
+        names: optional (N,) names of the rows (image paths).
+
+    Raises:
+        DataError: naming the count and the first rows.
+    """
+    bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1)) if embeddings.size else []
+    if len(bad) == 0:
+        return
+    shown = [
+        f"{i} ({names[i]})" if names is not None and i < len(names) else str(i)
+        for i in bad[:_NAMED_ROWS]
+    ]
+    more = " ..." if len(bad) > _NAMED_ROWS else ""
+    raise DataError(
+        f"{what}: {len(bad)} embedding row(s) hold NaN or infinite values: rows "
+        f"{', '.join(shown)}{more}"
+    )
 
 
 @dataclass
@@ -67,6 +100,7 @@ class Gallery:
             )
         if (self.labels == "").any():
             raise DataError("gallery: every embedding needs an identity (a folder name)")
+        non_finite_rows(self.embeddings, "gallery")
 
     @property
     def shape(self) -> tuple:
@@ -119,6 +153,7 @@ def match(gallery: Gallery, probes, threshold: float, distance: str = "squared")
             f"probe embeddings {tuple(probes.shape)} do not fit the gallery's {gallery.shape} "
             "(embed both with the same model and --flip setting)"
         )
+    non_finite_rows(probes.numpy(), "probes")
     enrolled = torch.as_tensor(gallery.embeddings, dtype=torch.float64)  # (G, D)
     best_d, best_i = [], []
     # angular = arccos(1 - cosine) / pi rises with the cosine distance: the same nearest
@@ -168,26 +203,17 @@ def identification_rates(matches: Matches, probe_labels, gallery: Gallery) -> di
     }
 
 
-def _threshold_in(record: dict) -> tuple[float, str] | None:
-    """(threshold, distance) from an evaluation record or a run summary, if it holds one.
-
-    ``metrics.json``: top-level ``threshold`` and ``threshold_distance``; a run's
-    ``summary.json``: ``threshold: {"value", "distance"}`` (null when nothing was evaluated).
-    """
-    found = record.get("threshold")
-    if isinstance(found, dict) and isinstance(found.get("value"), (int, float)):
-        return float(found["value"]), str(found.get("distance", "squared"))
-    if isinstance(found, (int, float)) and not isinstance(found, bool):
-        return float(found), str(record.get("threshold_distance", "squared"))
-    return None
-
-
-def read_threshold(path: str | os.PathLike) -> tuple[float, str] | None:
-    """The verification threshold and its distance saved in a JSON file, if it holds one.
+def read_threshold(path: str | os.PathLike) -> ThresholdRecord | None:
+    """The verification threshold saved in a JSON file, with what it was chosen for.
 
     Args:
-        path: ``metrics.json`` of scripts/evaluate.py (``threshold``, ``threshold_distance``)
-            or a run's ``summary.json`` (``threshold: {"value", "distance"}``).
+        path: ``metrics.json`` of facenet-evaluate (``threshold``, ``threshold_distance``,
+            ``threshold_for``) or a run's ``summary.json`` (``threshold: {"value",
+            "distance", "epoch", "weights_sha256", "flip", ...}``; null when nothing was
+            evaluated).
+
+    Returns:
+        The record (provenance fields None where an older file lacks them), or None.
 
     Raises:
         DataError: the file is not JSON.
@@ -198,20 +224,88 @@ def read_threshold(path: str | os.PathLike) -> tuple[float, str] | None:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not a JSON file ({err})") from None
-    return _threshold_in(record) if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return None
+    found = record.get("threshold")
+    if isinstance(found, dict):  # summary.json
+        return ThresholdRecord.from_dict(found, str(path))
+    return ThresholdRecord.from_dict(record, str(path))
 
 
-def model_threshold(trained: TrainedModel) -> tuple[float, str] | None:
-    """The threshold that belongs to a loaded model, if one was saved.
+def checked_threshold(
+    record: ThresholdRecord,
+    at_hand: dict,
+    what: str,
+    remedy: str = "give --threshold (and --distance) chosen for them",
+) -> ThresholdRecord:
+    """``record`` when it was chosen for ``at_hand``; else an error saying what differs.
 
-    A weights export carries its own; for a training checkpoint it is the ``summary.json`` of
-    the run folder the checkpoint lies in.
+    Args:
+        record: a stored threshold.
+        at_hand: the model and preparation it would apply to
+            (:meth:`facenet.inference.loading.TrainedModel.preparation`, or a facenet-embed
+            file's provenance).
+        what: the embeddings it would apply to, for the message (e.g. "these embeddings").
+        remedy: how to go on, ending the message.
+
+    Raises:
+        DataError: one line: the stored threshold, what differs, and how to go on.
+    """
+    differences = record.differences(at_hand)
+    if not differences:
+        return record
+    raise DataError(
+        f"the stored threshold {record.describe()} does not apply to {what}: "
+        f"{'; '.join(differences)}; {remedy}"
+    )
+
+
+def model_threshold(
+    trained,
+    at_hand: dict,
+    threshold: float | None = None,
+    distance: str | None = None,
+    none: bool = False,
+) -> tuple[ThresholdRecord | None, str]:
+    """The threshold to record with a model's embeddings or export, and a line saying which.
+
+    In order: ``threshold`` (given by the user: recorded as chosen for ``at_hand``), none
+    (``none``), the one saved with the model when it was chosen for ``at_hand``
+    (:func:`checked_threshold`: otherwise an error saying what differs), or none when the
+    model has none saved.
 
     Args:
         trained: what :func:`facenet.inference.loading.load_model` returned.
+        at_hand: :meth:`TrainedModel.preparation` of the embeddings to be made.
+        threshold: ``--threshold``, or None.
+        distance: ``--distance`` (with ``threshold``; default "squared").
+        none: ``--no-threshold``: record none.
+
+    Raises:
+        DataError: contradictory options, or a saved threshold chosen for something else.
     """
-    found = _threshold_in(trained.verification)
-    if found is None and trained.kind == "checkpoint":
-        summary = Path(trained.path).parent / "summary.json"
-        found = read_threshold(summary) if summary.is_file() else None
-    return found
+    if threshold is not None and none:
+        raise DataError("--threshold and --no-threshold contradict each other")
+    if distance is not None and threshold is None:
+        raise DataError("--distance goes with --threshold (a saved threshold has its own)")
+    if threshold is not None:
+        if not math.isfinite(threshold):
+            raise DataError(f"--threshold {threshold!r} is not a finite number")
+        given = {k: at_hand[k] for k in ("weights_sha256", "flip", "subtract_mean", "preprocess")}
+        record = ThresholdRecord(
+            threshold,
+            distance or "squared",
+            **given,
+            epoch=at_hand.get("epoch"),
+            chosen_on="--threshold",
+        )
+        return record, f"threshold: {record.describe()}"
+    if none:
+        return None, "threshold: none recorded (--no-threshold)"
+    stored = trained.threshold_record()
+    if stored is None:
+        return None, f"threshold: none saved with {trained.path} (identify will need --threshold)"
+    what = f"the embeddings of {trained.path} made here"
+    remedy = "give --threshold (and --distance) chosen for them, or --no-threshold"
+    record = checked_threshold(stored, at_hand, what, remedy)
+    return record, f"threshold: {record.describe()}"

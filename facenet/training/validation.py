@@ -22,6 +22,7 @@ from facenet.errors import CheckpointError
 from facenet.evaluation.protocol import plot_roc
 from facenet.evaluation.report import FIGURE_KEYS, figures, figures_line
 from facenet.evaluation.verify import verify
+from facenet.inference.loading import weights_digest
 
 # figures and figures_line are the evaluation package's; the training modules import them here.
 __all__ = ["FIGURE_KEYS", "figures", "validate", "test_selected", "figures_line"]
@@ -65,8 +66,30 @@ def _plot(result, run_dir: Path, name: str, title: str, cfg: Config, logger, ste
     logger.log_figure(f"eval/{name.split('_')[0]}/roc", figure, step)
 
 
+def threshold_for(model, cfg: Config) -> dict:
+    """What a validation threshold is chosen for: the weights (content hash) and the
+    preparation (flip, mean subtraction, preprocessing), as a run records it.
+
+    The epoch's checkpoint is written right after its validation, from these same weights:
+    ``load_model`` on that checkpoint computes the same digest.
+
+    Args:
+        model: the network validated (the classifier head is left out of the digest).
+        cfg: the run configuration (its ``eval`` section).
+    """
+    return {
+        "weights_sha256": weights_digest(model),
+        "flip": bool(cfg.eval.flip),
+        "subtract_mean": bool(cfg.eval.subtract_mean),
+        "preprocess": cfg.eval.preprocess,
+    }
+
+
 def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> dict:
     """Validation figures of the model as it is (epoch 0: before training); ROC and TensorBoard.
+
+    The figures include ``threshold``, its ``distance`` and ``threshold_for``
+    (:func:`threshold_for`): a threshold travels with what it was chosen for.
 
     Args:
         trainer: the run's trainer.
@@ -84,6 +107,7 @@ def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> d
     _plot(result, run_dir, f"val_epoch_{epoch}", title, cfg, logger, epoch)
     values = figures(result)
     logger.log_scalars("eval/val", values, epoch)
+    values["threshold_for"] = threshold_for(trainer.core_model, cfg)
     return values
 
 
