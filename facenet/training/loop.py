@@ -398,12 +398,15 @@ def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> d
         "best_epoch": progress.best_epoch,
         "best_validation": best,
         "final_validation": validated[-1] if validated else None,
+        # The threshold with what it was chosen for (weights' hash, flip, mean subtraction,
+        # preprocessing): the after-training tools use it only where all of these match.
         "threshold": best
         and {
             "value": best["threshold"],
             "distance": best["distance"],
             "chosen_on": "validation pairs",
             "epoch": progress.best_epoch,
+            **(best.get("threshold_for") or {}),
         },
         "test": test,
         "wall_seconds": progress.elapsed(),
