@@ -8,11 +8,22 @@ pytorch-metric-learning miner's output), and computes
 
 on the (B, B) distance matrix of those embeddings. Nothing is copied out of the graph. When
 there are no triplets the loss is a zero that is still connected to the graph (its gradient is
-zero), never NaN, so ``loss.backward()`` always works.
+zero), never NaN for finite embeddings, so ``loss.backward()`` always works.
 
 ``batch_all_triplet_loss`` averages over every valid triplet of a labelled batch without
 listing them: anchor chunks, and a gradient assembled on the (B, B) distance matrix, so memory
 stays O(B^2) where autograd through chunks would keep O(B^3 / identities) alive.
+
+Input checks (:mod:`facenet.metric.checks`, which also gives their costs):
+
+- Triplet indices outside ``[0, rows)`` (negative ones included, which indexing would wrap
+  around to the last rows) are refused by a device-side assert: no host read; on the CPU an
+  ``IndexError`` naming the argument and the values.
+- Non-finite embeddings, ``on_nonfinite="defer"`` (the default): the loss is NaN when any
+  embedding it is given holds NaN or inf, even one no triplet uses and even with no triplet,
+  so a loop checking its loss (the Trainer's ``_finite``, once per step) refuses the step.
+  ``on_nonfinite="raise"``: a ``ValueError`` naming the rows at once (one host read on an
+  accelerator).
 """
 
 from __future__ import annotations
@@ -24,7 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from facenet.metric.checks import check_embeddings, check_index_triplets, check_labels
+from facenet.metric.checks import (
+    all_finite,
+    check_embeddings,
+    check_finite,
+    check_index_triplets,
+    check_labels,
+    check_on_nonfinite,
+)
 from facenet.metric.distances import Distance, DistanceLike, compute_dtype, get_distance
 
 if TYPE_CHECKING:
@@ -48,6 +66,27 @@ def _connected_zero(*tensors: torch.Tensor) -> torch.Tensor:
     """
     dtype = compute_dtype(*tensors)
     return sum(t[:0].to(dtype).sum() for t in tensors)
+
+
+def _check_inputs(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
+    """Apply ``on_nonfinite`` to the (B, D) inputs; the 0-dim "all finite" flag (no host read).
+
+    Under "raise" a non-finite row raises here (one host read); the flag is then True.
+    """
+    if on_nonfinite == "raise":
+        names = ("embeddings", "ref_embeddings")
+        for name, t in zip(names, tensors):
+            check_finite(t, who, name)
+    return all_finite(*tensors)
+
+
+def _nan_unless(finite: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` where ``finite``, else NaN: the deferred refusal, read by the caller's check.
+
+    The gradient still flows to ``loss`` when ``finite`` (``torch.where`` masks the other
+    branch); a NaN input then cannot hide behind a finite loss.
+    """
+    return torch.where(finite, loss, torch.full_like(loss, float("nan")))
 
 
 def _reduce(losses: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -75,6 +114,8 @@ class TripletMarginLoss(nn.Module):
         soft_margin: use ``softplus(d(a,p) - d(a,n) + m)`` instead of the hinge (set margin 0
             for the soft margin of Hermans et al. 2017).
         swap: use ``min(d(a,n), d(p,n))`` as the negative distance (Balntas et al. 2016).
+        on_nonfinite: "defer" (a NaN loss when an embedding holds NaN or inf; no host read)
+            or "raise" (a ``ValueError`` naming the rows); see the module docstring.
 
     After each call ``last_stats`` holds detached device tensors (no host sync):
     ``num_triplets``, ``active_fraction`` (share of non-zero losses), ``mean_dap``,
@@ -88,6 +129,7 @@ class TripletMarginLoss(nn.Module):
         reduction: str = "mean_active",
         soft_margin: bool = False,
         swap: bool = False,
+        on_nonfinite: str = "defer",
     ) -> None:
         super().__init__()
         self.margin = float(margin)
@@ -95,12 +137,14 @@ class TripletMarginLoss(nn.Module):
         self.reduction = _check_reduction(reduction, "TripletMarginLoss")
         self.soft_margin = bool(soft_margin)
         self.swap = bool(swap)
+        self.on_nonfinite = check_on_nonfinite(on_nonfinite, "TripletMarginLoss")
         self.last_stats: dict[str, torch.Tensor] = {}
 
     def extra_repr(self) -> str:
         return (
             f"margin={self.margin}, distance={self.distance.name!r}, "
-            f"reduction={self.reduction!r}, soft_margin={self.soft_margin}, swap={self.swap}"
+            f"reduction={self.reduction!r}, soft_margin={self.soft_margin}, swap={self.swap}, "
+            f"on_nonfinite={self.on_nonfinite!r}"
         )
 
     def forward(
@@ -114,17 +158,21 @@ class TripletMarginLoss(nn.Module):
         Args:
             embeddings: (B, D) embeddings from a forward with grad.
             triplets: (a, p, n) int index tensors, each (T,). ``a`` indexes ``embeddings``;
-                ``p`` and ``n`` index ``ref_embeddings`` when given, else ``embeddings``.
+                ``p`` and ``n`` index ``ref_embeddings`` when given, else ``embeddings``. An
+                index outside those rows is refused (a device-side assert).
             ref_embeddings: optional (M, D) embeddings holding positives and negatives.
         """
         who = type(self).__name__
         check_embeddings(embeddings, who)
         if ref_embeddings is not None:
             check_embeddings(ref_embeddings, who, "ref_embeddings")
-        a, p, n = check_index_triplets(triplets, embeddings.device, who)
         inputs = (embeddings,) if ref_embeddings is None else (embeddings, ref_embeddings)
+        rows = (embeddings.shape[0], inputs[-1].shape[0])
+        of = ("embeddings", "ref_embeddings" if ref_embeddings is not None else "embeddings")
+        a, p, n = check_index_triplets(triplets, embeddings.device, who, rows=rows, of=of)
+        finite = _check_inputs(self.on_nonfinite, who, *inputs)  # 0-dim bool
         if a.shape[0] == 0:
-            loss = _connected_zero(*inputs)
+            loss = _nan_unless(finite, _connected_zero(*inputs))
             self._record(loss, None, None, None)
             return loss
         dist = self.distance(embeddings, ref_embeddings)  # (B, M)
@@ -135,7 +183,7 @@ class TripletMarginLoss(nn.Module):
             d_neg = torch.minimum(d_an, ref_dist[p, n])
         violation = d_ap - d_neg + self.margin  # (T,)
         losses = F.softplus(violation) if self.soft_margin else F.relu(violation)
-        loss = _reduce(losses, self.reduction)
+        loss = _nan_unless(finite, _reduce(losses, self.reduction))
         self._record(loss, losses, d_ap, d_an)
         return loss
 
@@ -226,6 +274,7 @@ def batch_all_triplet_loss(
     reduction: str = "mean_active",
     chunk_size: int = 256,
     soft_margin: bool = False,
+    on_nonfinite: str = "defer",
 ) -> torch.Tensor:
     """The triplet loss over every valid triplet of a labelled batch ("batch all").
 
@@ -241,24 +290,29 @@ def batch_all_triplet_loss(
         reduction: "mean_active", "mean" or "sum".
         chunk_size: anchors per chunk.
         soft_margin: softplus instead of the hinge.
+        on_nonfinite: "defer" (NaN when an embedding holds NaN or inf; no host read) or
+            "raise" (a ``ValueError`` naming the rows); see the module docstring.
 
     Returns:
         A scalar tensor connected to ``embeddings`` (zero with a zero gradient when the batch
-        has no valid triplet).
+        has no valid triplet; NaN when an embedding is not finite, under "defer").
     """
     who = "batch_all_triplet_loss"
     check_embeddings(embeddings, who)
     _check_reduction(reduction, who)
+    check_on_nonfinite(on_nonfinite, who)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{who}: chunk_size must be an int >= 1, got {chunk_size!r}")
     labels = check_labels(labels, embeddings, who)  # (B,)
     if embeddings.shape[0] == 0:
         return _connected_zero(embeddings)
+    finite = _check_inputs(on_nonfinite, who, embeddings)  # 0-dim bool
     dist = get_distance(distance)(embeddings)  # (B, B)
     same = labels[:, None] == labels[None, :]  # (B, B)
-    return _BatchAllTripletHinge.apply(
+    loss = _BatchAllTripletHinge.apply(
         dist, same, float(margin), reduction, bool(soft_margin), chunk_size
     )
+    return _nan_unless(finite, loss)
 
 
 def build_loss(cfg: LossConfig) -> TripletMarginLoss:
@@ -267,6 +321,8 @@ def build_loss(cfg: LossConfig) -> TripletMarginLoss:
     Args:
         cfg: ``margin``, ``distance``, ``reduction``, ``soft_margin``, ``swap``
             (``ce_weight`` belongs to the model's classifier head, not to this loss).
+
+    Non-finite embeddings are deferred to the Trainer's check of the loss (a NaN loss).
     """
     return TripletMarginLoss(
         margin=cfg.margin,
@@ -274,4 +330,5 @@ def build_loss(cfg: LossConfig) -> TripletMarginLoss:
         reduction=cfg.reduction,
         soft_margin=cfg.soft_margin,
         swap=cfg.swap,
+        on_nonfinite="defer",
     )

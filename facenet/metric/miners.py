@@ -26,6 +26,18 @@ Conditions, with ``tm = d(a,n) - d(a,p)`` and margin ``m`` (pytorch-metric-learn
 Mining a batch compares ``d(a,n)`` with ``d(a,p) + m``; filtering candidates computes
 ``d(a,n) - d(a,p)`` as the seed did. The two roundings can disagree only for a triplet whose
 margin is within one rounding error of ``m``.
+
+Input checks (:mod:`facenet.metric.checks`, which also gives their costs):
+
+- ``candidates`` outside ``[0, B)`` (negative ones included, which indexing would wrap around
+  to the last rows) are refused by a device-side assert: no host read; on the CPU an
+  ``IndexError`` naming the argument and the values.
+- Non-finite embeddings, ``on_nonfinite="defer"`` (the default): a batch holding NaN or inf
+  in any embedding yields no triplet at all. The flag joins the selection mask whose size the
+  miner reads anyway, so this adds no host read. A training step that selects nothing is
+  where :class:`facenet.training.engine.Trainer` looks at its images (``_check_images``):
+  the step is undone and the images named. ``on_nonfinite="raise"``: a ``ValueError``
+  naming the rows at once (one host read on an accelerator).
 """
 
 from __future__ import annotations
@@ -35,7 +47,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from facenet.metric.checks import check_embeddings, check_index_triplets, check_labels
+from facenet.metric.checks import (
+    all_finite,
+    check_embeddings,
+    check_finite,
+    check_index_triplets,
+    check_labels,
+    check_on_nonfinite,
+)
 from facenet.metric.distances import Distance, DistanceLike, get_distance
 
 if TYPE_CHECKING:
@@ -304,11 +323,17 @@ class _Miner:
     """Shared call protocol: checks, no_grad, candidates dispatch, the max_triplets cap."""
 
     def __init__(
-        self, distance: DistanceLike, max_triplets: int, generator: torch.Generator | None
+        self,
+        distance: DistanceLike,
+        max_triplets: int,
+        generator: torch.Generator | None,
+        on_nonfinite: str = "defer",
     ) -> None:
+        who = type(self).__name__
         self.distance = get_distance(distance)
-        self.max_triplets = _check_max_triplets(max_triplets, type(self).__name__)
+        self.max_triplets = _check_max_triplets(max_triplets, who)
         self.generator = generator
+        self.on_nonfinite = check_on_nonfinite(on_nonfinite, who)
 
     def __call__(
         self,
@@ -321,23 +346,36 @@ class _Miner:
         Args:
             embeddings: (B, D) embeddings, any float dtype (distances use float32 or wider).
             labels: (B,) identity labels; optional when ``candidates`` are given (unused then).
-            candidates: optional (a, p, n) index tensors, each (T,): only filter these.
+            candidates: optional (a, p, n) index tensors, each (T,): only filter these. An
+                index outside ``[0, B)`` is refused (a device-side assert).
 
         Returns:
-            Triplets of int64 tensors on the embeddings' device.
+            Triplets of int64 tensors on the embeddings' device; none when an embedding holds
+            NaN or inf (``on_nonfinite="defer"``).
         """
         who = type(self).__name__
         check_embeddings(embeddings, who)
         with torch.no_grad():
             if candidates is not None:
-                checked = check_index_triplets(candidates, embeddings.device, who, "candidate")
-                triplets = self._filter_candidates(embeddings, Triplets(*checked))
+                rows = (embeddings.shape[0],) * 2
+                checked = check_index_triplets(
+                    candidates, embeddings.device, who, "candidate", rows=rows
+                )
+                finite = self._finite(embeddings, who)
+                triplets = self._filter_candidates(embeddings, Triplets(*checked), finite)
             else:
                 labels = check_labels(labels, embeddings, who, " unless candidates are given")
                 if embeddings.shape[0] == 0:
                     return _empty_triplets(embeddings.device)
-                triplets = self._mine(embeddings, labels)
+                finite = self._finite(embeddings, who)
+                triplets = self._mine(embeddings, labels, finite)
         return _cap(triplets, self.max_triplets, self.generator)
+
+    def _finite(self, embeddings: torch.Tensor, who: str) -> torch.Tensor:
+        """The 0-dim "all finite" flag the selection masks with; "raise" raises here instead."""
+        if self.on_nonfinite == "raise":
+            check_finite(embeddings, who)  # one host read (free on the CPU)
+        return all_finite(embeddings)
 
     @property
     def selects_every_image(self) -> bool:
@@ -348,10 +386,14 @@ class _Miner:
         """
         return False
 
-    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor) -> Triplets:
+    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
+        """Triplets of the batch; none unless the 0-dim bool ``finite`` holds."""
         raise NotImplementedError
 
-    def _filter_candidates(self, embeddings: torch.Tensor, candidates: Triplets) -> Triplets:
+    def _filter_candidates(
+        self, embeddings: torch.Tensor, candidates: Triplets, finite: torch.Tensor
+    ) -> Triplets:
+        """The candidates passing the miner's test; none unless ``finite`` holds."""
         raise NotImplementedError
 
 
@@ -375,6 +417,8 @@ class TripletMarginMiner(_Miner):
             script's selection ``d_n - d_p < margin``.
         max_triplets: keep a seeded random subset of at most this many; 0 keeps all.
         generator: the torch.Generator for that subset.
+        on_nonfinite: "defer" (no triplet from a batch with a NaN or inf embedding; no host
+            read) or "raise" (a ``ValueError`` naming the rows); see the module docstring.
     """
 
     def __init__(
@@ -386,8 +430,9 @@ class TripletMarginMiner(_Miner):
         strict_margin: bool = False,
         max_triplets: int = 0,
         generator: torch.Generator | None = None,
+        on_nonfinite: str = "defer",
     ) -> None:
-        super().__init__(distance, max_triplets, generator)
+        super().__init__(distance, max_triplets, generator, on_nonfinite)
         if type_of_triplets not in TRIPLET_TYPES:
             raise ValueError(
                 f"TripletMarginMiner: unknown type_of_triplets {type_of_triplets!r}; valid: "
@@ -403,12 +448,14 @@ class TripletMarginMiner(_Miner):
             f"{self.type_of_triplets!r}, distance={self.distance.name!r})"
         )
 
-    def _filter_candidates(self, embeddings: torch.Tensor, candidates: Triplets) -> Triplets:
+    def _filter_candidates(
+        self, embeddings: torch.Tensor, candidates: Triplets, finite: torch.Tensor
+    ) -> Triplets:
         d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
         condition = _margin_condition(self.type_of_triplets, self.margin, self.strict_margin)
-        return _filter(candidates, condition(d_an - d_ap))
+        return _filter(candidates, condition(d_an - d_ap) & finite)
 
-    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor) -> Triplets:
+    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
         same = _same_identity(labels)  # (B, B)
         pair_a, pair_p = _positive_pairs(same)  # (P,), (P,)
         dist = self.distance(embeddings)  # (B, B)
@@ -416,8 +463,8 @@ class TripletMarginMiner(_Miner):
         negatives = _sort_negatives(dist, same)
         del dist, same
         start, stop = self._negative_range(negatives, pair_a, d_ap)
-        # A NaN d(a,p) passes no test (as in a direct comparison).
-        length = (stop - start).clamp_min(0).masked_fill(d_ap.isnan(), 0)
+        # A NaN d(a,p) passes no test (as in a direct comparison); a non-finite batch none.
+        length = (stop - start).clamp_min(0).masked_fill(d_ap.isnan() | ~finite, 0)  # (P,)
         return _expand_ranges(negatives, pair_a, pair_p, start, length)
 
     def _negative_range(
@@ -454,6 +501,8 @@ class BatchHardMiner(_Miner):
         distance: a name ("squared", "euclidean", "cosine", "seed_l2") or a callable.
         max_triplets: keep a seeded random subset of at most this many; 0 keeps all.
         generator: the torch.Generator for that subset.
+        on_nonfinite: "defer" (no triplet from a batch with a NaN or inf embedding; no host
+            read) or "raise" (a ``ValueError`` naming the rows); see the module docstring.
     """
 
     def __init__(
@@ -462,8 +511,9 @@ class BatchHardMiner(_Miner):
         *,
         max_triplets: int = 0,
         generator: torch.Generator | None = None,
+        on_nonfinite: str = "defer",
     ) -> None:
-        super().__init__(distance, max_triplets, generator)
+        super().__init__(distance, max_triplets, generator, on_nonfinite)
 
     def __repr__(self) -> str:
         return f"BatchHardMiner(distance={self.distance.name!r})"
@@ -473,18 +523,20 @@ class BatchHardMiner(_Miner):
         """Every anchor with a positive and a negative gets a triplet (no cap: all images)."""
         return self.max_triplets == 0
 
-    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor) -> Triplets:
+    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
         same = _same_identity(labels)  # (B, B)
         positive = same.clone()
         positive.fill_diagonal_(False)
         dist = self.distance(embeddings)  # (B, B)
         hardest_positive = dist.masked_fill(~positive, float("-inf")).max(1).indices  # (B,)
         hardest_negative = dist.masked_fill(same, float("inf")).min(1).indices  # (B,)
-        has_both = positive.any(1) & ~same.all(1)  # (B,)
+        has_both = positive.any(1) & ~same.all(1) & finite  # (B,)
         anchor = has_both.nonzero().squeeze(1)
         return Triplets(anchor, hardest_positive[anchor], hardest_negative[anchor])
 
-    def _filter_candidates(self, embeddings: torch.Tensor, candidates: Triplets) -> Triplets:
+    def _filter_candidates(
+        self, embeddings: torch.Tensor, candidates: Triplets, finite: torch.Tensor
+    ) -> Triplets:
         d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
         violation = d_ap - d_an  # (T,)
         anchors, group = torch.unique(candidates.anchor, return_inverse=True)
@@ -494,7 +546,7 @@ class BatchHardMiner(_Miner):
         position = torch.arange(num, device=violation.device)
         at_worst = torch.where(violation == worst[group], position, num)
         first = position.new_full((num_groups,), num).scatter_reduce(0, group, at_worst, "amin")
-        return _filter(candidates, position == first[group])
+        return _filter(candidates, (position == first[group]) & finite)
 
 
 # --------------------------------------------------------------------------- SemiHardNegativeMiner
@@ -519,6 +571,8 @@ class SemiHardNegativeMiner(_Miner):
         fallback: "hardest" or "skip", for pairs with an empty band.
         generator: the torch.Generator for the draws and the subset.
         max_triplets: keep a seeded random subset of at most this many; 0 keeps all.
+        on_nonfinite: "defer" (no triplet from a batch with a NaN or inf embedding; no host
+            read) or "raise" (a ``ValueError`` naming the rows); see the module docstring.
     """
 
     def __init__(
@@ -529,8 +583,9 @@ class SemiHardNegativeMiner(_Miner):
         generator: torch.Generator | None = None,
         *,
         max_triplets: int = 0,
+        on_nonfinite: str = "defer",
     ) -> None:
-        super().__init__(distance, max_triplets, generator)
+        super().__init__(distance, max_triplets, generator, on_nonfinite)
         if fallback not in FALLBACKS:
             raise ValueError(
                 f"SemiHardNegativeMiner: unknown fallback {fallback!r}; valid: "
@@ -548,16 +603,18 @@ class SemiHardNegativeMiner(_Miner):
     def _in_band(self, tm: torch.Tensor) -> torch.Tensor:
         return (tm > 0) & (tm < self.margin)
 
-    def _filter_candidates(self, embeddings: torch.Tensor, candidates: Triplets) -> Triplets:
+    def _filter_candidates(
+        self, embeddings: torch.Tensor, candidates: Triplets, finite: torch.Tensor
+    ) -> Triplets:
         d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
-        return _filter(candidates, self._in_band(d_an - d_ap))
+        return _filter(candidates, self._in_band(d_an - d_ap) & finite)
 
     @property
     def selects_every_image(self) -> bool:
         """With the hardest fallback every anchor-positive pair keeps a triplet (no cap)."""
         return self.fallback == "hardest" and self.max_triplets == 0
 
-    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor) -> Triplets:
+    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
         same = _same_identity(labels)  # (B, B)
         pair_a, pair_p = _positive_pairs(same)  # (P,), (P,)
         dist = self.distance(embeddings)  # (B, B)
@@ -576,6 +633,7 @@ class SemiHardNegativeMiner(_Miner):
         # Sorted position 0 is the anchor's nearest negative: the "hardest" fallback.
         drawn = drawn.masked_fill(~in_band, 0)
         keep = negatives.count[pair_a] > 0 if self.fallback == "hardest" else in_band
+        keep = keep & finite  # (P,): a batch with a non-finite embedding keeps nothing
         batch_size = embeddings.shape[0]
         negative = negatives.index.reshape(-1)[pair_a * batch_size + drawn]  # (P,)
         return Triplets(pair_a[keep], pair_p[keep], negative[keep])
@@ -591,6 +649,9 @@ def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> 
         cfg: ``miner`` ("semihard", "batch_hard", "triplet_margin"), ``type_of_triplets``,
             ``margin``, ``distance``, ``fallback``, ``max_triplets`` (0: no cap).
         generator: the torch.Generator for random draws and the cap.
+
+    Non-finite embeddings are deferred to the Trainer (``on_nonfinite="defer"``: the step
+    selects nothing and the Trainer looks at the images).
 
     Raises:
         ValueError: an unknown ``mining.miner``.

@@ -220,12 +220,13 @@ def test_no_triplets_is_a_connected_zero():
     assert torch.equal(x.grad, torch.zeros_like(x))
     stats = loss_fn.last_stats
     assert int(stats["num_triplets"]) == 0 and float(stats["active_fraction"]) == 0.0
-    # Never NaN, even when the embeddings hold NaN or inf.
-    bad = torch.tensor([[float("nan"), 1.0], [float("inf"), 0.0]], requires_grad=True)
-    assert loss_fn(bad, empty).item() == 0.0
-    ref = torch.randn(3, 2, requires_grad=True)
-    loss_fn(bad, empty, ref_embeddings=ref).backward()
+    # With finite embeddings and ref_embeddings the gradient reaches both, as zeros.
+    x, ref = torch.randn(2, 2, requires_grad=True), torch.randn(3, 2, requires_grad=True)
+    loss_fn(x, empty, ref_embeddings=ref).backward()
     assert torch.equal(ref.grad, torch.zeros_like(ref))
+    # NaN or inf embeddings are not hidden behind an empty selection: the loss is NaN.
+    bad = torch.tensor([[float("nan"), 1.0], [float("inf"), 0.0]], requires_grad=True)
+    assert loss_fn(bad, empty).isnan()
 
 
 def test_no_active_triplets_is_zero_not_nan():
