@@ -4,7 +4,12 @@ Each crop keeps its image's relative path (``Name/Name_0001.jpg``; ``.png`` with
 preset), so LFW's ``pairs.txt`` names the crops. Crops already in DST are kept (a second run
 resumes where the first stopped); every crop is written atomically. Images without a face and
 images that cannot be decoded are counted and listed in a report (DST/align_report.tsv);
-``--centre-crop`` writes a centre crop for a face-less image instead.
+``--centre-crop`` writes a centre crop for a face-less image instead. An image too small for
+MTCNN (under 20 px) is reported as having no face.
+
+The settings are recorded in DST/align_settings.json; a run with other settings refuses to
+continue DST, naming the setting. Two images that would give one crop name (``x.jpg`` and
+``x.png`` with the sandberg preset, which writes PNG) are refused before anything is written.
 
 Presets (``--preset``) follow the publishers' own code: ``facenet-pytorch`` (160 px, margin 14
 in crop pixels, the input's file type) and ``sandberg`` (182 px, margin 44 in input pixels,
@@ -18,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from facenet.cli.common import add_device_argument, parse_device, run_command
+from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
 from facenet.errors import FacenetError
 from facenet.evaluation.presets import PRESET_NAMES
 from facenet.inference.align import (
@@ -30,6 +35,21 @@ from facenet.inference.align import (
 )
 
 
+def _int_at_least(lowest: int):
+    """An argparse ``type``: an integer >= ``lowest`` (a wrong value is an argparse error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: >= {lowest}")
+        return value
+
+    return parse
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``facenet-align``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,8 +58,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--preset", choices=PRESET_NAMES, default="facenet-pytorch", help="publisher convention"
     )
-    parser.add_argument("--image-size", type=int, help="crop side (preset: 160 or 182)")
-    parser.add_argument("--margin", type=int, help="margin around the box (preset: 14 or 44)")
+    parser.add_argument(
+        "--image-size", type=_int_at_least(8), help="crop side (preset: 160 or 182)"
+    )
+    parser.add_argument(
+        "--margin", type=_int_at_least(0), help="margin around the box (preset: 14 or 44)"
+    )
     parser.add_argument("--select", choices=SELECTIONS, help="which face of several")
     parser.add_argument(
         "--centre-crop",
@@ -48,25 +72,31 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="write a centre crop for an image without a face (the publishers wrote none)",
     )
     add_device_argument(parser, "cpu")  # where MTCNN runs
-    parser.add_argument("--batch-size", type=int, default=32, help="images per MTCNN call")
-    parser.add_argument("--workers", type=int, default=1, help="processes (one MTCNN each)")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=32, help="images per MTCNN call"
+    )
+    parser.add_argument(
+        "--workers", type=positive_int, default=1, help="processes (one MTCNN each)"
+    )
     parser.add_argument("--report", help="report file (default DST/align_report.tsv)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     return parser
 
 
 def _settings(args: argparse.Namespace) -> AlignSettings:
-    if args.image_size is not None and args.image_size < 8:
-        raise FacenetError(f"--image-size {args.image_size}: expected at least 8")
-    if args.margin is not None and not 0 <= args.margin < (args.image_size or 160):
-        raise FacenetError(f"--margin {args.margin}: expected 0 <= margin < image size")
-    return AlignSettings.from_preset(
+    settings = AlignSettings.from_preset(
         args.preset,
         image_size=args.image_size,
         margin=args.margin,
         select=args.select,
         fallback=args.fallback or None,
     )
+    if settings.margin >= settings.image_size:  # the preset's size when none is given
+        raise FacenetError(
+            f"--margin {settings.margin}: expected a margin below the image size "
+            f"{settings.image_size}"
+        )
+    return settings
 
 
 def _align(args: argparse.Namespace) -> int:

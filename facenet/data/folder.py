@@ -4,6 +4,13 @@ Listing a large folder and checking every image takes a while, so the index (ide
 usable images and the corrupt files found) is built once and cached in a JSON file, keyed on the
 folder's listing signature (names, modification times and sizes). Any change to the folder
 changes the signature and the index is rebuilt.
+
+Symbolic links are followed (a dataset made of links into a shared store works), but every
+real directory is visited once, remembered by ``(st_dev, st_ino)``: a link back to a folder
+already listed (``up -> ..``) or to a folder holding the root is skipped, so a walk neither
+loops nor lists a folder twice. Directories reached without a link are listed under their own
+path, links afterwards; a link to a file already listed is skipped too. What was skipped is
+named in one warning.
 """
 
 from __future__ import annotations
@@ -53,24 +60,155 @@ def _is_image_name(name: str) -> bool:
     return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
+def _key(path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of what ``path`` names (links followed); None if it cannot be read."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _enclosing_keys(root: Path) -> set:
+    """The keys of ``root`` and every folder above it: a link to one of them is a loop."""
+    real = Path(os.path.realpath(root))
+    return {k for k in (_key(p) for p in (real, *real.parents)) if k is not None}
+
+
+def _sorted_entries(folder) -> list[os.DirEntry]:
+    """The entries of ``folder`` not hidden, by name; none if it cannot be read (as os.walk)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _drop_linked_duplicates(real: list, linked: list) -> tuple[list, list]:
+    """Files reached through a link to a file, less those listed already.
+
+    Args:
+        real: ``(item, key)`` of the files that are not links.
+        linked: ``(item, key)`` of the links to files, in walk order.
+
+    Returns:
+        ``(kept, dropped)`` items of ``linked``: a link is dropped when its file is among
+        ``real`` or was kept through an earlier link.
+    """
+    seen = {key for _, key in real}
+    kept, dropped = [], []
+    for item, key in linked:
+        (dropped if key in seen else kept).append(item)
+        seen.add(key)
+    return kept, dropped
+
+
+def _warn_skipped(root, links: list, files: list) -> None:
+    """One warning naming the links a walk did not follow."""
+    parts = []
+    if links:
+        parts.append(
+            f"skipped {_count(len(links), 'link', 'links')} to folders already listed or "
+            "holding it: " + _names_for_warning([_relative(p, root) for p in links])
+        )
+    if files:
+        parts.append(
+            f"skipped {_count(len(files), 'link', 'links')} to files already listed: "
+            + _names_for_warning([_relative(p, root) for p in files])
+        )
+    if parts:
+        warnings.warn(f"{root}: " + "; ".join(parts), stacklevel=3)
+
+
+def _relative(path, root) -> str:
+    """``path`` relative to ``root`` where it lies under it (as walked), else as given."""
+    try:
+        return Path(path).relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _walk_once(root: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """Image files under ``root``, every real directory visited once.
+
+    Folders are taken depth first in name order, links to folders after every folder reached
+    without one (so a folder is listed under its own path when it has one).
+
+    Returns:
+        ``(files, skipped_folder_links, skipped_file_links)``.
+    """
+    seen, enclosing = set(), _enclosing_keys(root)
+    seen.add(_key(root))
+    stack, links, skipped = [root], [], []
+    real_files, linked_files = [], []
+    while stack or links:
+        if not stack:  # follow the next link to a folder, unless it leads somewhere seen
+            link = links.pop(0)
+            key = _key(link)
+            if key is None or key in seen or key in enclosing:
+                skipped.append(link)
+                continue
+            seen.add(key)
+            stack.append(link)
+        folder = stack.pop()
+        subfolders = []
+        for entry in _sorted_entries(folder):
+            path = Path(folder, entry.name)
+            if entry.is_symlink() and entry.is_dir():
+                links.append(path)
+            elif entry.is_dir(follow_symlinks=False):
+                key = _key(path)
+                if key not in seen:  # a bind mount of a folder seen already
+                    seen.add(key)
+                    subfolders.append(path)
+            elif entry.is_file() and _is_image_name(entry.name):
+                files = linked_files if entry.is_symlink() else real_files
+                files.append((path, _key(path)))
+        stack.extend(reversed(subfolders))  # depth first, in name order
+    kept, dropped = _drop_linked_duplicates(real_files, linked_files)
+    return [p for p, _ in real_files] + kept, skipped, dropped
+
+
+def _identity_folders(root: Path) -> tuple[list[str], list[str]]:
+    """The identity folders of ``root`` by name, and the links skipped: a link to a folder
+    listed already (a real identity folder preferred) or to a folder holding ``root``."""
+    entries = [e for e in _sorted_entries(root) if e.is_dir()]
+    seen, enclosing = set(), _enclosing_keys(root)
+    identities, skipped = [], []
+    for entry in sorted(entries, key=lambda e: (e.is_symlink(), e.name)):
+        key = _key(root / entry.name)
+        if key is None or key in seen or key in enclosing:
+            skipped.append(entry.name)
+            continue
+        seen.add(key)
+        identities.append(entry.name)
+    return sorted(identities), skipped
+
+
 def list_identities(root: Path) -> Listing:
     """Every identity folder under ``root`` and the image files in it, with mtimes and sizes.
+
+    Links are followed, but a folder or an image is listed once: a link to an identity folder
+    listed already, to a folder holding ``root`` or to an image listed already is skipped,
+    with one warning naming them.
 
     Args:
         root: the dataset folder; hidden entries and plain files at its top level are ignored.
     """
-    listing: Listing = {}
-    with os.scandir(root) as entries:
-        identity_dirs = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
-    for identity in identity_dirs:
-        files = []
-        with os.scandir(root / identity) as entries:
-            for entry in entries:
-                if entry.is_file() and _is_image_name(entry.name):
-                    stat = entry.stat()
-                    files.append((entry.name, stat.st_mtime_ns, stat.st_size))
-        listing[identity] = sorted(files)
-    return listing
+    identities, skipped = _identity_folders(root)
+    real, linked = [], []
+    for identity in identities:
+        for entry in _sorted_entries(root / identity):
+            if entry.is_file() and _is_image_name(entry.name):
+                stat = entry.stat()
+                item = (identity, (entry.name, stat.st_mtime_ns, stat.st_size))
+                (linked if entry.is_symlink() else real).append((item, (stat.st_dev, stat.st_ino)))
+    kept, dropped = _drop_linked_duplicates(real, linked)
+    listing: Listing = {identity: [] for identity in identities}
+    for identity, file in [item for item, _ in real] + kept:
+        listing[identity].append(file)
+    _warn_skipped(root, skipped, [f"{identity}/{file[0]}" for identity, file in dropped])
+    return {identity: sorted(files) for identity, files in listing.items()}
 
 
 def listing_signature(listing: Listing, limits: tuple[int, float] | None = None) -> str:
@@ -308,6 +446,10 @@ class IdentityFolder(Dataset):
 def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
     """Every image file under ``root`` (sorted), and its identity: the top-level folder name.
 
+    Links are followed, but every real directory is visited once (see the module docstring):
+    a loop through ``..`` ends, and a folder or an image reached twice is listed once, with one
+    warning naming the links skipped.
+
     Args:
         root: a folder of identity folders (``root/<identity>/.../<image>``) or of images;
             hidden files and folders are left out.
@@ -318,12 +460,8 @@ def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder not found: {root}")
-    found = []
-    for folder, dirs, files in os.walk(root, followlinks=True):  # as torchvision ImageFolder
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
-                found.append(Path(folder, name))
+    found, skipped_links, skipped_files = _walk_once(root)
+    _warn_skipped(root, skipped_links, skipped_files)
     found.sort()
     labels = [
         p.relative_to(root).parts[0] if len(p.relative_to(root).parts) > 1 else "" for p in found

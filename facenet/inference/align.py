@@ -9,18 +9,31 @@ is clipped to the image and resized to S x S with PIL's bilinear filter, as both
 
 :func:`align_folder` keeps the relative path of every image (``Name/Name_0001.jpg`` stays
 ``Name/Name_0001.jpg``, or ``.png`` when the preset writes PNG), so LFW's ``pairs.txt`` still
-names the crops. It is resumable: a crop already written is not redone, and every crop is
-written atomically, so an interrupted run leaves no half-written file. Images without a face
-and images that cannot be decoded are reported, not written (optionally, a face-less image
-is written as a centre crop).
+names the crops. Two images that would be written to one crop (``x.jpg`` and ``x.png`` with a
+preset writing PNG, or names differing only in case) are refused before anything is written,
+naming both: renaming them is the user's choice, and a crop name derived on the fly would no
+longer be the one ``pairs.txt`` names.
+
+It is resumable: a crop already written is not redone, and every crop is written atomically,
+so an interrupted run leaves no half-written file. The settings are recorded in the output
+folder (``align_settings.json``) before the first crop is written, and a run with other
+settings refuses to continue that folder, naming the setting that differs: crops of two sizes
+or margins would be mixed silently otherwise.
+
+Images without a face and images that cannot be decoded are reported, not written
+(optionally, a face-less image is written as a centre crop). An image smaller than MTCNN's
+smallest face (20 px on its shorter side) has no face to find: it is reported as such (MTCNN
+itself would stop on it).
 """
 
 from __future__ import annotations
 
 import io
+import json
+import os
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -37,12 +50,14 @@ from facenet.files import write_atomic, write_text_atomic
 
 __all__ = [
     "SELECTIONS",
+    "SETTINGS_FILE",
     "AlignError",
     "AlignOutcome",
     "AlignSettings",
     "Aligner",
     "align_folder",
     "centre_box",
+    "check_settings",
     "count",
     "crop_box",
     "load_mtcnn",
@@ -58,6 +73,8 @@ _CENTER_WEIGHT = 2.0
 # The centre-crop fallback treats the centre square of this fraction of the shorter side as
 # the face box: LFW's 250 px images centre a face about 110-130 px wide.
 _FALLBACK_FRACTION = 0.5
+# Where align_folder records its settings, in the output folder.
+SETTINGS_FILE = "align_settings.json"
 
 
 class AlignError(FacenetError, RuntimeError):
@@ -75,6 +92,7 @@ class AlignSettings:
         select: one of ``SELECTIONS``.
         extension: the file type written (".png"), or None to keep the input's.
         fallback: write a centre crop for an image without a detected face.
+        preset: the publisher's convention the others came from (recorded with them).
     """
 
     image_size: int = 160
@@ -83,13 +101,14 @@ class AlignSettings:
     select: str = "center_weighted_size"
     extension: str | None = None
     fallback: bool = False
+    preset: str = "facenet-pytorch"
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AlignSettings:
         """A publisher's settings (``facenet.evaluation.presets.ALIGN_PRESETS``), ``overrides``
         (those not None) replacing any of them."""
         preset = ALIGN_PRESETS[name]
-        settings = cls(**{f: getattr(preset, f) for f in preset.__dataclass_fields__})
+        settings = cls(**{f: getattr(preset, f) for f in preset.__dataclass_fields__}, preset=name)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -103,7 +122,7 @@ class AlignOutcome:
         status: "aligned", "centre_crop", "no_face" or "unreadable".
         box: the face box in the input (x0, y0, x1, y1), or the centre box of a centre crop.
         probability: MTCNN's probability of the chosen face.
-        reason: why an unreadable image could not be decoded.
+        reason: why an unreadable image could not be decoded, or why no face was searched for.
     """
 
     source: str
@@ -220,11 +239,27 @@ class Aligner:
         self.settings = settings
         self.mtcnn = load_mtcnn(device)
 
+    def too_small(self, image: Image.Image) -> str:
+        """Why MTCNN cannot search ``image`` (its shorter side under the smallest face), or "".
+
+        MTCNN scales the image so that its smallest face becomes 12 px; a shorter side below
+        that face leaves no scale to search, and facenet-pytorch stops on an empty list.
+        """
+        smallest = int(getattr(self.mtcnn, "min_face_size", 20))
+        if min(image.size) >= smallest:
+            return ""
+        return (
+            f"{image.width} x {image.height} px is smaller than the smallest face MTCNN "
+            f"searches for ({smallest} px)"
+        )
+
     def detect(self, images: list[Image.Image]) -> list[tuple | None]:
-        """``(box, probability)`` of the chosen face of each image, or None where none is found."""
+        """``(box, probability)`` of the chosen face of each image, or None where none is found
+        (or the image is too small to search: :meth:`too_small`)."""
         by_size = defaultdict(list)  # MTCNN batches only images of one size
         for i, image in enumerate(images):
-            by_size[image.size].append(i)
+            if not self.too_small(image):
+                by_size[image.size].append(i)
         found: list[tuple | None] = [None] * len(images)
         for (width, height), indices in by_size.items():
             boxes, probs = self.mtcnn.detect([images[i] for i in indices])
@@ -251,18 +286,18 @@ class Aligner:
             except CorruptImageError as err:
                 outcomes.append(AlignOutcome(source, target, "unreadable", reason=err.reason))
         for image, (source, target), face in zip(images, readable, self.detect(images)):
-            outcomes.append(self._write(image, source, target, face))
+            outcomes.append(self._write(image, source, target, face, self.too_small(image)))
         return outcomes
 
-    def _write(self, image: Image.Image, source: str, target: str, face) -> AlignOutcome:
+    def _write(self, image: Image.Image, source: str, target: str, face, reason: str):
         if face is None and not self.settings.fallback:
-            return AlignOutcome(source, target, "no_face")
+            return AlignOutcome(source, target, "no_face", reason=reason)
         box, prob = face if face is not None else (centre_box(image.width, image.height), None)
         data = _encode(self.crop(image, box), Path(target))
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(target, lambda fh: fh.write(data))
         status = "aligned" if face is not None else "centre_crop"
-        return AlignOutcome(source, target, status, box, prob)
+        return AlignOutcome(source, target, status, box, prob, reason)
 
 
 # --------------------------------------------------------------------------- folders
@@ -280,29 +315,93 @@ def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
     return _WORKER.align(jobs)
 
 
+def _target(path: str, src: Path, dst: Path, settings: AlignSettings) -> Path:
+    """Where the crop of ``path`` goes: its path relative to ``src``, under ``dst``."""
+    target = dst / Path(path).relative_to(src)
+    return target.with_suffix(settings.extension) if settings.extension else target
+
+
+def _refuse_collisions(pairs: list[tuple[str, Path]]) -> None:
+    """Refuse two sources whose crops would have one name (compared case-insensitively, as a
+    copy to a case-insensitive file system would)."""
+    first: dict[str, str] = {}
+    for source, target in pairs:
+        key = str(target).casefold()
+        if key in first:
+            raise AlignError(
+                f"{first[key]} and {source} would both be written to {target}: rename one of "
+                "them (or keep the input's file type: the preset writes one type for all)"
+            )
+        first[key] = source
+
+
 def plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int]:
     """``(source, target)`` for every image under ``src`` whose crop is not yet written, and
     the number already written.
 
+    Images reached through a link into ``dst`` are left out (they are crops already).
+
     Raises:
-        AlignError: ``src`` is not a folder, or ``dst`` lies inside it.
+        AlignError: ``src`` is not a folder, ``dst`` lies inside it, or two images would be
+            written to one crop.
     """
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise AlignError(f"source folder not found: {src}")
-    if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
+    dst_real = dst.resolve()
+    if dst_real == src.resolve() or src.resolve() in dst_real.parents:
         raise AlignError(f"{dst} lies inside {src}: the crops would be aligned again")
     paths, _ = list_images(src)
-    jobs, done = [], 0
-    for path in paths:
-        target = dst / Path(path).relative_to(src)
-        if settings.extension:
-            target = target.with_suffix(settings.extension)
-        if target.is_file():
-            done += 1
-        else:
-            jobs.append((path, str(target)))
-    return jobs, done
+    paths = [p for p in paths if dst_real not in Path(os.path.realpath(p)).parents]
+    pairs = [(path, _target(path, src, dst, settings)) for path in paths]
+    _refuse_collisions(pairs)
+    jobs = [(path, str(target)) for path, target in pairs if not target.is_file()]
+    return jobs, len(pairs) - len(jobs)
+
+
+def _recorded(path: Path) -> dict:
+    """The settings recorded in ``path``, or an AlignError saying why they cannot be read."""
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise AlignError(f"cannot read the alignment settings {path}: {err}") from None
+    if not isinstance(recorded, dict):
+        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
+    return recorded
+
+
+def check_settings(dst, settings: AlignSettings, already: int) -> None:
+    """Refuse to continue ``dst`` with other settings than those it was aligned with; record
+    them in ``dst/align_settings.json`` when it has none.
+
+    Args:
+        dst: the output folder.
+        settings: this run's settings.
+        already: crops of this run's images already in ``dst``.
+
+    Raises:
+        AlignError: a setting differs from the one recorded (named, both values given), or
+            ``dst`` holds crops but no record (their settings are unknown).
+    """
+    path = Path(dst) / SETTINGS_FILE
+    wanted = asdict(settings)
+    if not path.exists():
+        if already:
+            raise AlignError(
+                f"{dst} holds {already} crops but no {SETTINGS_FILE}: the settings they were "
+                "made with are unknown; align into a new folder"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
+        return
+    recorded = _recorded(path)
+    for field in fields(settings):
+        if recorded.get(field.name) != wanted[field.name]:
+            raise AlignError(
+                f"{dst} was aligned with {field.name} = {recorded.get(field.name)!r}; this run "
+                f"asks for {wanted[field.name]!r} ({path}): align into another folder, or "
+                "give the same settings"
+            )
 
 
 def _batches(jobs, device, settings, batch_size: int, workers: int):
@@ -330,7 +429,8 @@ def align_folder(
     progress: bool = True,
 ) -> tuple[list[AlignOutcome], int]:
     """Align every image under ``src`` into ``dst`` (same relative paths), skipping crops
-    already written.
+    already written; refuses a ``dst`` aligned with other settings (:func:`check_settings`)
+    and two images with one crop name (:func:`plan`).
 
     Args:
         src: a folder of images (``Name/Name_0001.jpg``, any depth).
@@ -348,6 +448,7 @@ def align_folder(
     if batch_size < 1 or workers < 1:
         raise AlignError(f"batch size {batch_size} and workers {workers} must be at least 1")
     jobs, already = plan(src, dst, settings)
+    check_settings(dst, settings, already)
     outcomes: list[AlignOutcome] = []
     with tqdm(total=len(jobs), desc="aligning", unit="img", disable=not progress) as bar:
         for chunk in _batches(jobs, device, settings, batch_size, workers):
