@@ -234,8 +234,9 @@ class ThresholdRecord:
         """``0.9300 (squared distance; validation pairs, epoch 5, weights 1a2b3c4d, no flip,
         no mean subtraction, resize)`` from ``source``."""
         parts = [f"{self.distance} distance"]
-        if self.chosen_on:
-            parts.append(f"chosen on {self.chosen_on}")
+        if self.chosen_on:  # "--threshold" reads as itself
+            given = self.chosen_on.startswith("--")
+            parts.append(self.chosen_on if given else f"chosen on {self.chosen_on}")
         if self.epoch is not None:
             parts.append(f"epoch {self.epoch}")
         if self.weights_sha256:

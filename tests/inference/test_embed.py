@@ -5,13 +5,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from facenet.cli import embed as embed_script
 from facenet.data.folder import list_images
+from facenet.checkpoint import load_checkpoint
 from facenet.data.images import read_image
+from facenet.errors import DataError
 from facenet.inference.embed import embed_folder
 from facenet.inference.loading import load_model
 
@@ -95,3 +99,86 @@ def test_list_images_follows_a_linked_identity_folder(tmp_path):
     (tmp_path / "faces").mkdir()
     (tmp_path / "faces" / "ann").symlink_to(tmp_path / "data" / "ann")
     assert list_images(tmp_path / "faces") == ([str(tmp_path / "faces" / "ann" / "1.png")], ["ann"])
+
+
+def small_folder(tiny_run, tmp_path) -> Path:
+    root = tmp_path / "faces"
+    for identity in sorted(p for p in tiny_run["heldout"].iterdir() if p.is_dir())[:2]:
+        shutil.copytree(identity, root / identity.name)
+    return root
+
+
+def test_flip_never_records_a_threshold_chosen_without_flip(tiny_run, tmp_path, capsys):
+    root = small_folder(tiny_run, tmp_path)
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--images", str(root), "--no-progress"]
+    out = tmp_path / "o.npz"
+    assert embed_script.main([*argv, "--out", str(out), "--flip"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the stored threshold") and len(err.splitlines()) == 1
+    assert "flip: chosen without flip, here with" in err and "--threshold" in err
+    assert not out.exists()
+    assert embed_script.main([*argv, "--out", str(out), "--flip", "--no-threshold"]) == 0
+    assert "threshold: none recorded (--no-threshold)" in capsys.readouterr().out
+    with np.load(out) as data:
+        assert "threshold" not in data.files and bool(data["flip"])
+    given = ["--flip", "--threshold", "1.5", "--distance", "euclidean"]
+    assert embed_script.main([*argv, "--out", str(out), *given]) == 0
+    with np.load(out) as data:
+        record = json.loads(str(data["threshold_record"]))
+        assert (float(data["threshold"]), str(data["threshold_distance"])) == (1.5, "euclidean")
+        assert record["flip"] is True and record["weights_sha256"] == str(data["weights_sha256"])
+    capsys.readouterr()
+    assert embed_script.main([*argv, "--out", str(out)]) == 0  # no flip: the stored one fits
+    printed = capsys.readouterr().out
+    assert printed.count("threshold: ") == 1 and "chosen on validation pairs" in printed
+
+
+def test_a_checkpoint_stamps_its_own_epochs_threshold_or_none(tiny_run, tmp_path, capsys):
+    """last.pt never gets best.pt's threshold: each checkpoint reads its own epoch's."""
+    root = small_folder(tiny_run, tmp_path)
+    state = load_checkpoint(tiny_run["checkpoint"])
+    state["model"]["embedding.bn.bias"] += 0.01  # other weights, the same epoch's record
+    torch.save(state, tmp_path / "moved.pt")
+    argv = ["--images", str(root), "--out", str(tmp_path / "o.npz"), "--no-progress"]
+    assert embed_script.main([*argv, "--checkpoint", str(tmp_path / "moved.pt")]) == 2
+    assert "weights: chosen for" in capsys.readouterr().err
+    state["epoch"] += 1  # an epoch that was not validated: nothing saved for it
+    torch.save(state, tmp_path / "unvalidated.pt")
+    assert embed_script.main([*argv, "--checkpoint", str(tmp_path / "unvalidated.pt")]) == 0
+    assert "threshold: none saved with" in capsys.readouterr().out
+    with np.load(tmp_path / "o.npz") as data:
+        assert "threshold" not in data.files
+
+
+def test_non_finite_weights_and_embeddings_are_refused_by_name(tiny_run, tmp_path, capsys):
+    root = small_folder(tiny_run, tmp_path)
+    state = load_checkpoint(tiny_run["checkpoint"])
+    state["model"]["embedding.bn.weight"][3] = float("nan")
+    torch.save(state, tmp_path / "nan.pt")
+    argv = ["--images", str(root), "--out", str(tmp_path / "o.npz")]
+    assert embed_script.main([*argv, "--checkpoint", str(tmp_path / "nan.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "nan.pt" in err and "embedding.bn.weight" in err and len(err.splitlines()) == 1
+
+    class NanSecondRow(torch.nn.Module):  # a network whose second output row is NaN
+        def __init__(self):
+            super().__init__()
+            self.inner = load_model(tiny_run["checkpoint"]).model
+
+        def forward(self, images):
+            out = self.inner(images).clone()
+            out[1] = float("nan")
+            return out
+
+    with pytest.raises(DataError, match="1 embedding row") as caught:
+        embed_folder(NanSecondRow(), root, 32, batch_size=100)
+    paths, _ = list_images(root)
+    assert f"rows 1 ({paths[1]})" in str(caught.value)
+
+
+def test_batch_size_below_one_is_an_argparse_error(tiny_run, tmp_path, capsys):
+    argv = ["--checkpoint", "x.pt", "--images", str(tmp_path), "--out", str(tmp_path / "o.npz")]
+    for bad in ("0", "-3", "two"):
+        with pytest.raises(SystemExit) as caught:
+            embed_script.main([*argv, "--batch-size", bad])
+        assert caught.value.code == 2 and "--batch-size" in capsys.readouterr().err

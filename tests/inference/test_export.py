@@ -14,7 +14,7 @@ import facenet.inference.export as export_module
 from facenet.cli import export as export_script
 from facenet.data.folder import list_images
 from facenet.data.images import read_image
-from facenet.inference.loading import load_model
+from facenet.inference.loading import load_model, save_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -80,13 +80,21 @@ def test_weights_export_carries_the_run_threshold(tiny_run, tmp_path, capsys):
     out = tmp_path / "model.pt"
     argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--format", "weights", "--out", str(out)]
     assert export_script.main(argv) == 0
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote" in printed and printed.count("threshold: ") == 1
     trained, again = load_model(tiny_run["checkpoint"]), load_model(out)
     saved = json.loads((tiny_run["run"] / "summary.json").read_text())["threshold"]
     assert again.verification == {
         "threshold": saved["value"],
         "threshold_distance": saved["distance"],
+        "weights_sha256": trained.weights_sha256(),
+        "epoch": saved["epoch"],
+        "flip": False,
+        "subtract_mean": False,
+        "preprocess": "resize",
+        "chosen_on": "validation pairs",
     }
+    assert again.weights_sha256() == saved["weights_sha256"] == trained.weights_sha256()
     images = real_images(tiny_run, trained, 2)
     assert np.array_equal(eager(again, images), eager(trained, images))
 
@@ -97,3 +105,30 @@ def test_an_unreadable_checkpoint_is_one_line(tmp_path, capsys):
     assert export_script.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "bad.pt" in err and len(err.splitlines()) == 1
+
+
+def test_a_threshold_for_other_weights_is_not_exported(tiny_run, tmp_path, capsys):
+    """A weights export whose threshold was chosen for other weights (e.g. best.pt's, carried
+    onto last.pt): exporting it again asks for --threshold, saying what differs."""
+    trained = load_model(tiny_run["checkpoint"])
+    trained.verification = {**trained.verification, "weights_sha256": "0" * 64, "epoch": 9}
+    save_weights(trained, tmp_path / "model.pt")
+    argv = ["--checkpoint", str(tmp_path / "model.pt"), "--format", "weights"]
+    assert export_script.main([*argv, "--out", str(tmp_path / "again.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the stored threshold") and len(err.splitlines()) == 1
+    assert "weights: chosen for 00000000, epoch 9" in err and "--threshold" in err
+    assert not (tmp_path / "again.pt").exists()
+    given = [*argv, "--threshold", "0.7", "--distance", "cosine"]
+    assert export_script.main([*given, "--out", str(tmp_path / "given.pt")]) == 0
+    record = load_model(tmp_path / "given.pt").threshold_record()
+    assert (record.value, record.distance, record.chosen_on) == (0.7, "cosine", "--threshold")
+    assert record.weights_sha256 == trained.weights_sha256()
+    assert export_script.main([*argv, "--no-threshold", "--out", str(tmp_path / "none.pt")]) == 0
+    assert load_model(tmp_path / "none.pt").verification == {}
+    # An export written before thresholds carried provenance: not matching, and said so.
+    trained.verification = {"threshold": 0.75, "threshold_distance": "squared"}
+    save_weights(trained, tmp_path / "old.pt")
+    argv[1] = str(tmp_path / "old.pt")
+    assert export_script.main([*argv, "--out", str(tmp_path / "x.pt")]) == 2
+    assert "does not say which weights it was chosen for" in capsys.readouterr().err

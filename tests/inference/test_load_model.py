@@ -74,3 +74,119 @@ def test_a_file_of_another_kind_is_named(tmp_path):
     torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a training checkpoint"):
         load_model(tmp_path / "other.pt")
+
+
+def weights_export(tiny_run) -> dict:
+    """A valid weights export's contents (what save_weights writes), to be damaged."""
+    trained = load_model(tiny_run["checkpoint"])
+    return {
+        "format": WEIGHTS_FORMAT,
+        "version": 1,
+        "architecture": dict(trained.architecture),
+        "preprocess": {"image_size": trained.image_size, "normalize": trained.normalize},
+        "verification": {},
+        "state_dict": dict(trained.model.state_dict()),
+    }
+
+
+def refused(path, match: str, monkeypatch) -> str:
+    """load_model's one-line refusal of ``path``, with no network ever allocated."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("the network was allocated before the fields were checked")
+
+    monkeypatch.setattr("facenet.inference.loading.EmbeddingNet", never)
+    with pytest.raises(CheckpointError, match=match) as caught:
+        load_model(path)
+    assert len(str(caught.value).splitlines()) == 1 and str(path) in str(caught.value)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "where, field",
+    [
+        (None, "architecture"),
+        (None, "preprocess"),
+        (None, "state_dict"),
+        ("preprocess", "image_size"),
+        ("preprocess", "normalize"),
+        ("architecture", "backbone"),
+        ("architecture", "embedding_dim"),
+    ],
+)
+def test_every_missing_field_of_a_weights_export_is_named(tiny_run, tmp_path, monkeypatch, where, field):
+    contents = weights_export(tiny_run)
+    del (contents if where is None else contents[where])[field]
+    torch.save(contents, tmp_path / "model.pt")
+    refused(tmp_path / "model.pt", field, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "where, field, value, match",
+    [
+        ("architecture", "embedding_dim", 30_000_000, "out of range"),
+        ("architecture", "embedding_dim", 3e7, "must be an integer"),
+        ("architecture", "embedding_dim", 0, "out of range"),
+        ("architecture", "embedding_dim", True, "must be an integer"),
+        ("architecture", "embedding_dim", 64, "embedding_dim is 64"),  # the head has 128 rows
+        ("architecture", "backbone", "resnet9000", "valid backbones"),
+        ("architecture", "backbone", 7, "valid backbones"),
+        ("architecture", "dropout", 1.5, "out of range"),
+        ("architecture", "dropout", "0.1", "must be a number"),
+        ("preprocess", "image_size", 20000, "out of range"),
+        ("preprocess", "image_size", 0, "out of range"),
+        ("preprocess", "image_size", "32", "must be an integer"),
+        ("preprocess", "normalize", "none", "expected one of"),
+        (None, "architecture", "tiny", "must be a dict"),
+        (None, "preprocess", [32], "must be a dict"),
+        (None, "state_dict", {"w": 1}, "dict of named tensors"),
+        (None, "verification", {"threshold": "low"}, "no numeric threshold"),
+        (None, "verification", {"threshold": float("nan")}, "not a finite number"),
+        (None, "verification", [1.0], "must be a dict"),
+    ],
+)
+def test_every_field_of_a_weights_export_is_checked_before_allocating(
+    tiny_run, tmp_path, monkeypatch, where, field, value, match
+):
+    contents = weights_export(tiny_run)
+    (contents if where is None else contents[where])[field] = value
+    torch.save(contents, tmp_path / "model.pt")
+    refused(tmp_path / "model.pt", match, monkeypatch)
+
+
+def test_non_finite_weights_are_refused_naming_the_tensors(tiny_run, tmp_path, monkeypatch):
+    contents = weights_export(tiny_run)
+    contents["state_dict"]["embedding.bn.weight"] = torch.full((128,), float("nan"))
+    torch.save(contents, tmp_path / "model.pt")
+    message = refused(tmp_path / "model.pt", "NaN or infinite", monkeypatch)
+    assert "embedding.bn.weight" in message
+    state = load_checkpoint(tiny_run["checkpoint"])  # a training checkpoint
+    state["model"]["embedding.linear.weight"][0, 0] = float("inf")
+    torch.save(state, tmp_path / "nan.pt")
+    assert "embedding.linear.weight" in refused(tmp_path / "nan.pt", "NaN", monkeypatch)
+    torch.manual_seed(0)  # a facenet-pytorch file
+    port = port_state_dict(EmbeddingNet("inception_resnet_v1", 512).eval())
+    port["last_linear.weight"][0, 0] = float("nan")
+    torch.save(port, tmp_path / "port.pt")
+    assert "embedding.linear.weight" in refused(tmp_path / "port.pt", "NaN", monkeypatch)
+
+
+def test_a_checkpoint_carries_its_own_epochs_threshold(tiny_run, tmp_path):
+    trained = load_model(tiny_run["checkpoint"])
+    state = load_checkpoint(tiny_run["checkpoint"])
+    record = trained.threshold_record()
+    validation = [r for r in state["history"] if r["epoch"] == state["epoch"]][0]["validation"]
+    assert record.value == validation["threshold"] and record.epoch == state["epoch"]
+    assert record.weights_sha256 == trained.weights_sha256()  # validation's = the file's
+    assert record.differences(trained.preparation()) == []
+    assert "flip" in record.differences(trained.preparation(flip=True))[0]
+    # Written part-way through the next epoch: the weights moved since; no threshold.
+    state["partial"] = {"epoch": state["epoch"] + 1, "steps_done": 1}
+    torch.save(state, tmp_path / "partial.pt")
+    assert load_model(tmp_path / "partial.pt").verification == {}
+    # A record written before thresholds carried provenance: the saved eval section says how
+    # it was chosen, and the checkpoint's own unpartial epoch says for which weights.
+    del state["partial"], validation["threshold_for"]
+    torch.save(state, tmp_path / "old.pt")
+    old = load_model(tmp_path / "old.pt")
+    assert old.threshold_record().differences(old.preparation()) == []
