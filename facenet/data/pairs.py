@@ -23,6 +23,7 @@ shifts those blocks; :attr:`PairList.fold_ids` keeps each remaining pair's fold 
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -436,6 +437,18 @@ def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
     return listing
 
 
+def _without_empty(indices: dict[str, list]) -> dict[str, list]:
+    """The identities holding an image; the others are ignored with one warning, as
+    :class:`facenet.data.folder.IdentityFolder` ignores an empty identity folder."""
+    empty = [name for name, keys in indices.items() if not keys]
+    if empty:
+        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+        warnings.warn(
+            f"ignored {len(empty)} identity folder(s) without images: {shown}", stacklevel=3
+        )
+    return {name: keys for name, keys in indices.items() if keys}
+
+
 def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
     """How a pairs file names each identity's images, sorted and unique: the LFW indices when
     every image of the identity is named ``<identity>_<NNNN>.<ext>``, else the file names."""
@@ -461,21 +474,167 @@ def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
     return keys
 
 
-def _split_identities(indices: dict[str, list[int]], n_groups: int, rng) -> list[list[str]]:
-    """Deal identities into ``n_groups`` groups of balanced same-pair capacity.
+# Nodes the fold assignment's search may visit before it gives up (see _assign_folds).
+_ASSIGN_BUDGET = 200_000
 
-    Identities are shuffled, then (largest capacity first, ties in shuffled order) each goes to
-    the group with the fewest possible same pairs so far, then the fewest identities.
+
+class _FoldLoad:
+    """What a fold's identities can give: same pairs, images, different pairs."""
+
+    __slots__ = ("same", "images", "different", "names")
+
+    def __init__(self) -> None:
+        self.same = self.images = self.different = 0
+        self.names: list[str] = []
+
+    def add(self, name: str, count: int) -> None:
+        self.different += count * self.images  # each new image pairs with every image there
+        self.same += math.comb(count, 2)
+        self.images += count
+        self.names.append(name)
+
+    def remove(self, count: int) -> None:
+        self.names.pop()
+        self.images -= count
+        self.same -= math.comb(count, 2)
+        self.different -= count * self.images
+
+    def deficit(self, per_fold: int) -> tuple[int, int]:
+        """(same, different) pairs still missing for ``per_fold`` of each."""
+        return max(0, per_fold - self.same), max(0, per_fold - self.different)
+
+    def state(self) -> tuple[int, int, int]:
+        return self.same, self.images, self.different
+
+
+class _Search:
+    """Depth-first search for identity-disjoint folds that each hold ``per_fold`` pairs of each
+    kind; identities largest first, each fold tried in order of how much it gains.
+
+    Exact: only branches that cannot lead to an assignment are cut, so it finds one whenever
+    one exists, unless it visits ``_ASSIGN_BUDGET`` nodes first (``gave_up``). The first
+    descent is the greedy assignment; the search backtracks only where that one fails.
+    Cuts: (1) an identity only goes to a fold still short of pairs (adding one never hurts a
+    fold, so any assignment can be rewritten that way); (2) of folds in the same state only
+    the first is tried; (3) a branch stops when the identities left cannot cover the missing
+    same pairs (their C(n, 2) summed) or different pairs (each of their images pairs at most
+    with every image dealt so far and every other image left).
+    """
+
+    def __init__(self, counts: list[tuple[str, int]], n_folds: int, per_fold: int) -> None:
+        self.counts, self.per_fold = counts, per_fold
+        self.folds = [_FoldLoad() for _ in range(n_folds)]
+        sizes = [c for _, c in counts]
+        # Suffix sums over the identities still to deal: same pairs, images, pairs among them.
+        self.left_same = list(itertools.accumulate(reversed([math.comb(c, 2) for c in sizes])))
+        self.left_same = self.left_same[::-1] + [0]
+        self.left_images = list(itertools.accumulate(reversed(sizes)))[::-1] + [0]
+        self.left_among = [0] * (len(sizes) + 1)
+        for k in range(len(sizes) - 1, -1, -1):
+            self.left_among[k] = self.left_among[k + 1] + sizes[k] * self.left_images[k + 1]
+        self.nodes, self.gave_up = 0, False
+
+    def _short(self) -> list[_FoldLoad]:
+        return [f for f in self.folds if f.deficit(self.per_fold) != (0, 0)]
+
+    def _hopeless(self, k: int, short: list[_FoldLoad]) -> bool:
+        """The identities from ``k`` on cannot cover what the short folds miss."""
+        missing = [f.deficit(self.per_fold) for f in short]
+        dealt = sum(f.images for f in self.folds)
+        can_differ = self.left_images[k] * dealt + self.left_among[k]
+        return (
+            sum(m[0] for m in missing) > self.left_same[k]
+            or sum(m[1] for m in missing) > can_differ
+        )
+
+    def _choices(self, count: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
+        """The short folds in distinct states, the one this identity helps most first."""
+        seen, choices = set(), []
+        for fold in short:
+            if fold.state() not in seen:
+                seen.add(fold.state())
+                choices.append(fold)
+
+        def gain(fold: _FoldLoad) -> tuple:
+            same, different = fold.deficit(self.per_fold)
+            covered = min(same, math.comb(count, 2)) + min(different, count * fold.images)
+            return (-covered, -(same + different), len(fold.names))
+
+        return sorted(choices, key=gain)
+
+    def run(self) -> int | None:
+        """Deal identities until every fold holds enough; the number dealt, or None."""
+        stack = [(0, None)]  # (identity position, iterator over its folds or None)
+        while stack:
+            k, options = stack.pop()
+            if options is None:  # first visit of position k
+                self.nodes += 1
+                if self.nodes > _ASSIGN_BUDGET:
+                    self.gave_up = True
+                    return None
+                short = self._short()
+                if not short:
+                    return k
+                if k == len(self.counts) or self._hopeless(k, short):
+                    self._undo(stack)
+                    continue
+                options = iter(self._choices(self.counts[k][1], short))
+            fold = next(options, None)
+            if fold is None:
+                self._undo(stack)
+                continue
+            fold.add(*self.counts[k])
+            stack += [(k, options), (k + 1, None)]
+        return None
+
+    def _undo(self, stack: list) -> None:
+        """Back to the parent: take back the identity it dealt."""
+        if stack:
+            k = stack[-1][0]
+            owner = next(f for f in self.folds if f.names and f.names[-1] == self.counts[k][0])
+            owner.remove(self.counts[k][1])
+
+
+def _assign_folds(indices: dict[str, list], n_folds: int, per_fold: int, rng) -> list[list[str]]:
+    """Deal identities to ``n_folds`` disjoint folds that can each hold ``per_fold`` same and
+    ``per_fold`` different pairs, whenever such a dealing exists (:class:`_Search`).
+
+    Identities are shuffled (ties in size keep that order), so the seed varies the folds; the
+    ones the search did not need then go, largest first, to the fold with the fewest
+    identities, then the fewest possible same pairs, as LFW's folds are balanced.
+
+    Raises:
+        DataError: no such dealing exists (with the counts that decide it), or the search
+            gave up (``_ASSIGN_BUDGET`` nodes; the message says so).
     """
     shuffled = [list(indices)[i] for i in rng.permutation(len(indices))]
-    capacity = {name: math.comb(len(indices[name]), 2) for name in shuffled}
-    groups: list[list[str]] = [[] for _ in range(n_groups)]
-    load = [0] * n_groups
-    for name in sorted(shuffled, key=lambda n: -capacity[n]):  # stable: ties stay shuffled
-        g = min(range(n_groups), key=lambda k: (load[k], len(groups[k])))
-        groups[g].append(name)
-        load[g] += capacity[name]
-    return groups
+    counts = sorted(((n, len(indices[n])) for n in shuffled), key=lambda nc: -nc[1])  # stable
+    search = _Search(counts, n_folds, per_fold)
+    dealt = search.run()
+    if dealt is None:
+        raise DataError(_no_assignment(counts, n_folds, per_fold, search.gave_up))
+    folds = search.folds
+    for name, count in counts[dealt:]:
+        fold = min(folds, key=lambda f: (len(f.names), f.same))
+        fold.add(name, count)
+    return [fold.names for fold in folds]
+
+
+def _no_assignment(counts: list[tuple[str, int]], n_folds: int, per_fold: int, gave_up) -> str:
+    """Why identity-disjoint folds cannot be drawn, with the numbers that decide it."""
+    multi = sum(1 for _, c in counts if c >= 2)
+    same = sum(math.comb(c, 2) for _, c in counts)
+    head = (
+        f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
+        f"from {len(counts)} identities ({multi} with 2+ images)"
+    )
+    if gave_up:
+        return f"{head}: no dealing of identities to folds found within {_ASSIGN_BUDGET} steps"
+    if same < n_folds * per_fold:
+        return f"{head}: {same} same pairs exist, {n_folds * per_fold} needed"
+    if multi < n_folds:
+        return f"{head}: every fold needs an identity with 2+ images"
+    return f"{head}: no dealing of identities to folds gives every fold enough pairs of both kinds"
 
 
 def _same_candidates(indices: dict[str, list[int]], names: list[str]) -> list[tuple]:
@@ -593,18 +752,21 @@ def generate_pairs(
         n_folds: number of folds.
         pairs_per_fold: same pairs, and also different pairs, per fold.
         seed: seed of the numpy random generator.
-        disjoint_folds: as in LFW, no identity appears in two folds (identities are dealt to
-            folds at random); False draws all pairs from all identities, then splits them.
+        disjoint_folds: as in LFW, no identity appears in two folds: identities are dealt to
+            folds so that each can hold its pairs whenever such a dealing exists
+            (:func:`_assign_folds`; seeded, balanced); False draws all pairs from all
+            identities, then splits them. Identities without images are ignored with a
+            warning.
 
     Raises:
         DataError: a name a pairs file cannot hold (tabs, line breaks), or too few identities
-            or images to draw the distinct pairs asked for (the message says which fold and
-            kind).
+            or images to draw the distinct pairs asked for (the message gives the counts: no
+            dealing of identities to disjoint folds exists, or which kind falls short).
         ValueError: ``n_folds`` or ``pairs_per_fold`` below 1.
     """
     if n_folds < 1 or pairs_per_fold < 1:
         raise ValueError(f"n_folds={n_folds} and pairs_per_fold={pairs_per_fold} must be >= 1")
-    indices = _image_keys(images_by_identity)
+    indices = _without_empty(_image_keys(images_by_identity))
     rng = np.random.default_rng(seed)
     if not disjoint_folds:
         same, different = _sample_group(
@@ -614,8 +776,8 @@ def generate_pairs(
         blocks = [slice(f * pairs_per_fold, (f + 1) * pairs_per_fold) for f in range(n_folds)]
         return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
     folds = []
-    for f, names in enumerate(_split_identities(indices, n_folds, rng)):
-        where = f"fold {f} ({len(names)} identities; folds sharing identities may help)"
+    for f, names in enumerate(_assign_folds(indices, n_folds, pairs_per_fold, rng)):
+        where = f"fold {f} ({len(names)} identities)"
         same, different = _sample_group(indices, names, pairs_per_fold, pairs_per_fold, rng, where)
         folds.append(PairFold(same, different))
     return folds

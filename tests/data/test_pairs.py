@@ -187,7 +187,8 @@ def test_generated_folds_are_lfw_like_and_identity_disjoint():
 
 def test_shared_identities_when_folds_need_not_be_disjoint():
     listing = {f"P{i}": [f"P{i}_{k:04d}.jpg" for k in range(1, 5)] for i in range(4)}
-    with pytest.raises(ValueError, match="fold 1 .*folds sharing identities may help"):
+    # Each fold needs 2 identities for its different pairs: 4 identities cannot fill 3 folds.
+    with pytest.raises(ValueError, match="no dealing of identities to folds gives every fold"):
         generate_pairs(listing, n_folds=3, pairs_per_fold=2)
     folds = generate_pairs(listing, n_folds=3, pairs_per_fold=6, disjoint_folds=False)
     check_folds(folds, listing, 3, 6)
@@ -198,8 +199,10 @@ def test_scarce_pairs_are_all_used_and_too_few_is_an_error():
     folds = generate_pairs(listing, n_folds=1, pairs_per_fold=3)  # all 3 same, all 3 different
     assert sorted(folds[0].same) == [("A", 1, 2), ("A", 1, 3), ("A", 2, 3)]
     assert sorted(folds[0].different) == [("A", 1, "B", 1), ("A", 2, "B", 1), ("A", 3, "B", 1)]
-    with pytest.raises(ValueError, match="4 distinct pairs needed, only 3 exist"):
+    with pytest.raises(ValueError, match="3 same pairs exist, 4 needed"):
         generate_pairs(listing, n_folds=1, pairs_per_fold=4)
+    with pytest.raises(ValueError, match="same pairs .* 4 distinct pairs needed, only 3"):
+        generate_pairs(listing, n_folds=1, pairs_per_fold=4, disjoint_folds=False)
 
 
 def test_any_file_names_round_trip_by_name(tmp_path):
