@@ -33,6 +33,7 @@ import io
 import os
 import stat
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -173,7 +174,11 @@ def _decode_with_pillow(
     size its header declares. 16-bit RGB(A) is read by Pillow as its high bytes; 16-bit
     grayscale stays 16-bit in Pillow and is scaled here.
     """
-    with Image.open(io.BytesIO(raw)) as image:
+    with warnings.catch_warnings():
+        # Pillow warns above its own limit; ours are checked on the size it opened instead.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        image = Image.open(io.BytesIO(raw))
+    with image:
         check_size(ImageHeader(header.format, *image.size), max_pixels, max_aspect_ratio)
         image.load()
         image = ImageOps.exif_transpose(image)

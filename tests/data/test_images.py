@@ -4,21 +4,30 @@ import io
 import os
 import struct
 import zlib
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from image_cases import BAD, GOOD, SIDE, png16  # tests/ is on the path (pyproject.toml)
 from torchvision.io import encode_jpeg, encode_png, write_png
 
+from facenet.data.folder import IdentityFolder
 from facenet.data.image_headers import ImageHeader, read_header
 from facenet.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     CorruptImageError,
     build_transform,
+    decode_image_bytes,
     inspect_image,
     looks_like_image,
     read_image,
 )
+from facenet.data.insightface_bin import BinFormatError, BinImages, BinPairs
+from facenet.data.pairs import PairList
+from facenet.evaluation.embedding import embed_pair_list
+from facenet.inference.embed import embed_folder
 
 # torchvision 0.29 announces the move of its decoders to TorchCodec on every call.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
@@ -290,3 +299,137 @@ def test_a_fifo_or_device_named_like_an_image_is_refused_without_blocking(tmp_pa
             read_image(path)
         assert looks_like_image(path) is False
         assert inspect_image(path) is not None
+
+
+# --------------------------------------------------------------------------- every decoder path
+# Each kind of image (tests/image_cases.py) from a file and from bytes, then through every
+# caller of the checked decoder: folders, pairs, embedding and .bin sets (alignment: in
+# tests/inference/test_align.py).
+
+
+@pytest.mark.parametrize("name", sorted(GOOD))
+def test_every_kind_decodes_alike_from_a_file_and_from_bytes(tmp_path, name):
+    case = GOOD[name]
+    path = tmp_path / f"{name}{case.suffix}"
+    path.write_bytes(case.data)
+    assert inspect_image(path) is None
+    from_file, from_bytes = read_image(path), decode_image_bytes(case.data, name)
+    assert from_file.dtype == torch.uint8 and from_file.shape == (3, SIDE, SIDE)
+    assert torch.equal(from_file, case.expected) and torch.equal(from_bytes, case.expected)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_every_refused_kind_is_named_from_a_file_and_from_bytes(tmp_path, name):
+    case = BAD[name]
+    path = tmp_path / f"{name}{case.suffix}"
+    path.write_bytes(case.data)
+    with pytest.raises(CorruptImageError, match=case.reason) as from_file:
+        read_image(path)
+    assert from_file.value.path == str(path) and str(path) in str(from_file.value)
+    with pytest.raises(CorruptImageError, match=case.reason) as from_bytes:
+        decode_image_bytes(case.data, "lfw.bin: image 3 (pair 1)")
+    assert "lfw.bin: image 3 (pair 1)" in str(from_bytes.value)
+
+
+def test_sixteen_bit_samples_are_scaled_not_clipped():
+    # 0, 255, 256, 65535 -> 0, 0, 1, 255 (the high byte); a cast would clip 256 and up to 255
+    samples = np.array([[0, 255, 256, 65535]] * 4, dtype=np.uint16)
+    for array in (samples, np.dstack([samples] * 3)):
+        out = decode_image_bytes(png16(array), "x.png")
+        assert out[:, 0].tolist() == [[0, 0, 1, 255]] * 3
+
+
+def test_bytes_over_the_size_limit_are_refused_unread():
+    with pytest.raises(CorruptImageError, match="larger than any image allowed"):
+        decode_image_bytes(GOOD["png"].data + bytes(17 * 2**20), "x.png", max_pixels=1000)
+    with pytest.raises(CorruptImageError, match="empty"):
+        decode_image_bytes(b"", "x.png")
+
+
+def flat_model() -> torch.nn.Module:
+    """A "network" whose embedding is its input, flattened: the decoded pixels come back."""
+    return torch.nn.Flatten()
+
+
+def decoded_by_folder(paths, tmp_path):
+    """Through IdentityFolder: each file in an identity folder of its own (and one more
+    identity). A bad file is refused when the folder is indexed, or when it is loaded if only
+    decoding finds it."""
+    root = tmp_path / "folder"
+    for i, path in enumerate(paths):
+        (root / f"id{i}").mkdir(parents=True)
+        (root / f"id{i}" / path.name).write_bytes(path.read_bytes())
+    (root / "other").mkdir()
+    (root / "other" / "x.png").write_bytes(GOOD["png"].data)
+    folder = IdentityFolder(root, on_corrupt="error", min_images=1)
+    items = {Path(p).parent.name: i for i, (p, _) in enumerate(folder.samples)}
+    return [folder[items[f"id{i}"]][0] for i in range(len(paths))]
+
+
+def decoded_by_pairs(paths, tmp_path):
+    """Through embed_pair_list (evaluate.py's image path), preprocess "crop": no resize."""
+    names = [str(p) for p in paths]
+    pairs = PairList(names, names, np.ones(len(names), bool), 1, 1, np.zeros(len(names)), None)
+    emb, _ = embed_pair_list(flat_model(), pairs, SIDE, preprocess="crop")
+    return [(row.reshape(3, SIDE, SIDE) * 128 + 127.5).round().to(torch.uint8) for row in emb]
+
+
+def decoded_by_embed(paths, tmp_path):
+    """Through embed_folder (embed.py): the evaluation transform, compared undone below."""
+    root = tmp_path / "embed"
+    root.mkdir()
+    for path in paths:
+        (root / path.name).write_bytes(path.read_bytes())
+    result = embed_folder(flat_model(), root, SIDE)
+    if result.unreadable:
+        raise CorruptImageError(*result.unreadable[0])
+    return [row.reshape(3, SIDE, SIDE) for row in result.embeddings]
+
+
+def decoded_by_bin(paths, tmp_path):
+    """Through BinImages (evaluate.py --bin): resized to S = 24, so left as it is."""
+    pairs = BinPairs([p.read_bytes() for p in paths], np.ones(len(paths) // 2, bool), "lfw")
+    images = BinImages(pairs, SIDE)
+    return [(images[i] * 128 + 127.5).round().to(torch.uint8) for i in range(len(paths))]
+
+
+CALLERS = {
+    "folder": decoded_by_folder,
+    "pairs": decoded_by_pairs,
+    "embed": decoded_by_embed,
+    "bin": decoded_by_bin,
+}
+
+
+def expected_by(caller: str, image: torch.Tensor) -> torch.Tensor:
+    """What ``caller`` gives for a decoded ``image``."""
+    if caller == "embed":  # the evaluation transform, applied to the expected pixels
+        return build_transform(SIDE, train=False)(image).reshape(3, SIDE, SIDE)
+    return image
+
+
+@pytest.mark.parametrize("caller", sorted(CALLERS))
+def test_every_caller_decodes_every_kind_with_the_checked_decoder(tmp_path, caller):
+    names = sorted(GOOD)
+    paths = []
+    for name in names:
+        paths.append(tmp_path / f"{name}{GOOD[name].suffix}")
+        paths[-1].write_bytes(GOOD[name].data)
+    paths += paths[:1] if len(paths) % 2 else []  # .bin sets hold pairs
+    decoded = CALLERS[caller](paths, tmp_path)
+    for name, image in zip(names, decoded):
+        expected = expected_by(caller, GOOD[name].expected)
+        assert torch.allclose(image.float(), expected.float(), atol=1e-4), (caller, name)
+
+
+@pytest.mark.parametrize("caller", sorted(CALLERS))
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_every_caller_refuses_every_bad_kind_by_name(tmp_path, caller, name):
+    case = BAD[name]
+    path = tmp_path / f"{name}{case.suffix}"
+    path.write_bytes(case.data)
+    error = BinFormatError if caller == "bin" else CorruptImageError
+    with pytest.raises(error, match=case.reason) as caught:
+        CALLERS[caller]([path, path], tmp_path)
+    where = "lfw.bin: image 0 (pair 0)" if caller == "bin" else path.name
+    assert where in str(caught.value)
