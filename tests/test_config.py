@@ -14,6 +14,7 @@ from facenet.config import (
     RANGES,
     RENAMED_KEYS,
     Config,
+    OptimConfig,
     config_from_dict,
     config_to_dict,
     load_config,
@@ -231,6 +232,16 @@ def test_non_finite_floats_are_refused(value):
 
 def test_every_numeric_key_has_a_range():
     assert set(numeric_keys()) - set(RANGES) == set()
+
+
+def test_the_schedule_keys_have_their_ranges_and_one_warmup_length():
+    cfg = load_config(None, ["optim.warmup_steps=500", "optim.min_lr_ratio=0"])
+    assert (cfg.optim.warmup_steps, cfg.optim.min_lr_ratio, cfg.optim.warmup_epochs) == (500, 0, 0)
+    assert OptimConfig().min_lr_ratio == 0.01  # the floor the cosine had before it was a key
+    with pytest.raises(ConfigError, match=r"optim.min_lr_ratio: 1.5 is out of range"):
+        load_config(None, ["optim.min_lr_ratio=1.5"])
+    with pytest.raises(ConfigError, match="warmup_steps: 10 and optim.warmup_epochs: 2"):
+        load_config(None, ["optim.warmup_steps=10", "optim.warmup_epochs=2"])
 
 
 def test_an_upper_bound_is_named_too():

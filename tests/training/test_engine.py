@@ -343,3 +343,54 @@ def test_a_batch_without_triplets_leaves_the_model_as_it_was(passes, chunk_size)
     assert trainer.train_step(images, labels)["skipped"] == "no_triplets"
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+# ---------------------------------------------------------------- the schedule, per step
+
+
+def scheduled_trainer(**kwargs):
+    """A trainer whose cosine schedule (warm-up 2 steps) spans 3 epochs of 4 steps."""
+    from facenet.config import OptimConfig
+    from facenet.training.optim import build_scheduler
+
+    trainer = make_trainer(lr=0.1, **kwargs)
+    cfg = OptimConfig(lr=0.1, warmup_steps=2)
+    trainer.scheduler = build_scheduler(trainer.optimizer, cfg, epochs=3, steps_per_epoch=4)
+    return trainer
+
+
+def test_the_schedule_advances_once_per_step_skipped_ones_included():
+    trainer = scheduled_trainer(max_nonfinite_steps=3)
+    shape, schedule = trainer.scheduler.shape, trainer.scheduler
+    rates = []
+
+    def step_and_check(*batch):
+        rates.append(trainer.optimizer.param_groups[0]["lr"])
+        stats = trainer.train_step(*batch)
+        assert schedule.position == trainer.counts["steps"]
+        assert trainer.optimizer.param_groups[0]["lr"] == 0.1 * shape.factor(schedule.position)
+        return stats
+
+    assert "skipped" not in step_and_check(*make_batch())
+    # A batch without triplets trains nothing, and still moves the schedule on.
+    assert step_and_check(*make_batch(p=16, k=1))["skipped"] == "no_triplets"
+    trainer.loss_fn = NanAfter(good=0)
+    assert step_and_check(*make_batch())["skipped"] == "nonfinite"
+    assert schedule.position == 3 and trainer.global_step == 1
+    assert rates == [0.1 * shape.factor(s) for s in range(3)]
+    # A batch refused for its images is not a step: retried on resume, the schedule waits.
+    images, labels = make_batch()
+    images[0, 0, 0, 0] = float("nan")
+    with pytest.raises(NonFiniteInputError):
+        trainer.train_step(images, labels)
+    assert schedule.position == 3
+
+
+def test_an_epoch_adds_no_schedule_step_of_its_own():
+    trainer = scheduled_trainer()
+    loader = [make_batch(seed=s) for s in range(4)]
+    record = trainer.train_one_epoch(loader, 1, progress=False)
+    assert trainer.scheduler.position == 4 == record["steps"]
+    assert record["lr"] == 0.1 * trainer.scheduler.shape.factor(4)  # the next step's rate
+    state = trainer.state_dict()["scheduler"]
+    assert state["position"] == 4 and state["steps_per_epoch"] == 4

@@ -73,6 +73,15 @@ MODES = {
         "optim.step_size=1",
     ],
     "gradient-caching": ["train.chunk_size=2"],
+    # The schedule is stepped per batch: a stop mid-epoch falls inside the warm-up (4 steps),
+    # then decays at every epoch boundary; the backbone's rate a thousandth of the head's.
+    "per-step-warmup-step-decay": [
+        "optim.schedule=step",
+        "optim.step_size=1",
+        "optim.gamma=0.5",
+        "optim.warmup_steps=4",
+        "optim.backbone_lr_scale=0.001",
+    ],
     # Per-sample seeds: which worker loads a sample does not change its augmentation.
     "two-workers": ["data.num_workers=2"],
 }
@@ -141,6 +150,7 @@ END_OF_EPOCH = (STEPS, None)
         ("seed-triplets", MID_EPOCH),
         ("one-pass-ce-sgd-step", MID_EPOCH),
         ("gradient-caching", MID_EPOCH),
+        ("per-step-warmup-step-decay", MID_EPOCH),
         ("two-workers", MID_EPOCH),
     ],
     ids=[
@@ -149,6 +159,7 @@ END_OF_EPOCH = (STEPS, None)
         "seed-triplets",
         "one-pass",
         "gradient-caching",
+        "per-step-warmup",
         "two-workers",
     ],
 )
@@ -166,6 +177,9 @@ def test_signal_then_resume_reaches_the_uninterrupted_parameters(
     assert stopped["partial"] == partial
     assert stopped["epoch"] == (1 if partial else stop_step // STEPS)
     assert isinstance(stopped["miner_rng"], torch.Tensor)
+    # The schedule stands at the batches trained so far: every step, not every epoch.
+    done = (partial["epoch"] - 1) * STEPS + partial["steps_done"] if partial else stop_step
+    assert stopped["scheduler"]["position"] == done
 
     assert run_training(cfg, resume=True) == 0
     assert "resumed from" in capsys.readouterr().out
@@ -317,3 +331,26 @@ def test_kill_9_at_seeded_random_moments_then_resume_matches_an_uninterrupted_ru
     )
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == list(range(1, epochs + 1))
+
+
+def test_resume_with_another_epoch_length_is_refused_naming_it(tmp_path, data_root, capsys):
+    cfg = tiny_config(tmp_path, data_root, "pk-two-pass", "optim.schedule=step", "train.epochs=1")
+    assert run_training(cfg) == 0
+    longer = tiny_config(
+        tmp_path,
+        data_root,
+        "pk-two-pass",
+        "optim.schedule=step",
+        f"train.steps_per_epoch={STEPS + 1}",
+    )
+    assert run_training(longer, resume=True) == 2
+    err = capsys.readouterr().err
+    assert f"an epoch is now {STEPS + 1} steps" in err and f"epochs of {STEPS}" in err
+    # The step schedule does not depend on the run's length: it may grow.
+    assert (
+        run_training(
+            tiny_config(tmp_path, data_root, "pk-two-pass", "optim.schedule=step"), resume=True
+        )
+        == 0
+    )
+    assert load_checkpoint(tmp_path / "last.pt")["scheduler"]["position"] == EPOCHS * STEPS
