@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from image_cases import BAD, GOOD, SIDE  # tests/ is on the path (pyproject.toml)
 from torchvision.io import decode_image, encode_png
 from torchvision.transforms.v2 import functional as TF
 
@@ -16,7 +18,7 @@ from benchmarks import reference_evaluation as ref
 from facenet.cli import evaluate as evaluate_script
 from facenet.data.folder import list_images
 from facenet.data.images import read_image
-from facenet.data.insightface_bin import BinFormatError, read_bin
+from facenet.data.insightface_bin import BinFormatError, BinImages, read_bin
 from facenet.evaluation.protocol import default_thresholds
 from facenet.inference.loading import load_model
 
@@ -134,3 +136,67 @@ def test_evaluate_refuses_a_crafted_bin_on_one_line(tiny_run, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: refused to load") and "os.system" in err
     assert len(err.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- hostile files
+
+# Pickles declaring more than they hold: the unpickler would allocate the declared length (or
+# grow its memo to the index) before finding the file too short.
+HUGE_DECLARATIONS = {
+    "bytes8": b"\x80\x04\x8e" + (2**62).to_bytes(8, "little"),
+    "unicode8": b"\x80\x04\x8d" + (2**40).to_bytes(8, "little"),
+    "binbytes": b"\x80\x03B" + (2**31 - 1).to_bytes(4, "little"),
+    "long4": b"\x80\x02\x8b" + (2**31 - 1).to_bytes(4, "little"),
+    "memo index": b"\x80\x04Nr" + (2**31).to_bytes(4, "little") + b".",
+    "frame": b"\x80\x04\x95" + (2**50).to_bytes(8, "little") + b"N.",
+    "no stop": b"\x80\x04N",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUGE_DECLARATIONS))
+def test_a_pickle_declaring_more_than_it_holds_is_refused_before_loading(tmp_path, name):
+    (tmp_path / "x.bin").write_bytes(HUGE_DECLARATIONS[name])
+    with pytest.raises(BinFormatError, match="not a readable pickle") as caught:
+        read_bin(tmp_path / "x.bin")
+    assert str(tmp_path / "x.bin") in str(caught.value)
+
+
+def test_a_fifo_named_bin_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "lfw.bin")
+    with pytest.raises(BinFormatError, match="not a regular file"):
+        read_bin(tmp_path / "lfw.bin")
+
+
+def test_a_bin_of_animated_gifs_reads_their_first_frames(tmp_path):
+    data, first = GOOD["gif_animated"].data, GOOD["gif_animated"].expected
+    (tmp_path / "gifs.bin").write_bytes(pickle.dumps(([data, data], [True])))
+    images = BinImages(read_bin(tmp_path / "gifs.bin"), SIDE)
+    assert torch.equal((images[1] * 128 + 127.5).round().to(torch.uint8), first)
+
+
+def hostile_bins(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """.bin files that must end in one error line: the file and a phrase of the message."""
+    out = {}
+    for name in ("png_crc_damaged", "jpeg_huge", "png_bad_filter", "gif_huge_frame"):
+        images = [GOOD["png"].data, BAD[name].data]
+        path = tmp_path / f"{name}.bin"
+        path.write_bytes(pickle.dumps((images, [False])))
+        out[name] = (path, f"{path}: image 1 (pair 0) cannot be decoded")
+    for name, raw in (
+        ("huge length", HUGE_DECLARATIONS["bytes8"]),
+        ("gif", GOOD["gif_animated"].data),
+    ):
+        path = tmp_path / f"{name.replace(' ', '_')}.bin"
+        path.write_bytes(raw)
+        out[name] = (path, f"{path}: not a readable pickle")
+    return out
+
+
+def test_evaluate_reports_every_hostile_bin_on_one_line(tiny_run, tmp_path, capsys):
+    # In process: a segmentation fault (the damaged PNG, before) would take pytest down with it.
+    for name, (path, message) in hostile_bins(tmp_path).items():
+        argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--bin", str(path)]
+        assert evaluate_script.main([*argv, "--out", str(tmp_path / "out")]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err, (name, err)
+        assert len(err.splitlines()) == 1, (name, err)
