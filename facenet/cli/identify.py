@@ -74,11 +74,17 @@ def load_embeddings(path: str) -> dict:
             ``paths`` or ``labels`` whose length differs from the embeddings', NaN or
             infinite embeddings; one line naming the file and the array.
     """
+    damaged = (zipfile.BadZipFile, EOFError, ValueError)
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+    except damaged as err:
+        raise DataError(f"{path}: not an .npz file of facenet-embed ({err})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):  # a plain .npy array
+        raise DataError(f"{path}: not an .npz file of facenet-embed (a single .npy array)")
+    try:
+        with data:
             arrays = {key: data[key] for key in data.files}
-    except (zipfile.BadZipFile, EOFError, ValueError, AttributeError) as err:
-        # AttributeError: a plain .npy file loads as an array, without .files
+    except damaged as err:
         raise DataError(f"{path}: not an .npz file of facenet-embed ({err})") from None
     if "embeddings" not in arrays:
         raise DataError(f"{path}: no 'embeddings' array (write it with facenet-embed)")

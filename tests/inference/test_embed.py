@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
-
-import json
 
 import numpy as np
 import pytest
 import torch
 
+from facenet.checkpoint import load_checkpoint
 from facenet.cli import embed as embed_script
 from facenet.data.folder import list_images
-from facenet.checkpoint import load_checkpoint
 from facenet.data.images import read_image
 from facenet.errors import DataError
 from facenet.inference.embed import embed_folder

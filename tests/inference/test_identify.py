@@ -67,12 +67,186 @@ def test_bad_galleries_and_probes_are_data_errors():
 
 def test_read_threshold_from_metrics_or_a_run_summary(tmp_path):
     (tmp_path / "m.json").write_text(json.dumps({"threshold": 1.1, "threshold_distance": "cosine"}))
-    summary = {"threshold": {"value": 0.9, "distance": "euclidean", "epoch": 3}}
+    summary = {"threshold": {"value": 0.9, "distance": "euclidean", "epoch": 3, "flip": True}}
     (tmp_path / "s.json").write_text(json.dumps(summary))
     (tmp_path / "n.json").write_text(json.dumps({"accuracy_mean": 0.9}))
-    assert read_threshold(tmp_path / "m.json") == (1.1, "cosine")
-    assert read_threshold(tmp_path / "s.json") == (0.9, "euclidean")
+    old = read_threshold(tmp_path / "m.json")  # written before provenance: None where unknown
+    assert (old.value, old.distance, old.weights_sha256, old.flip) == (1.1, "cosine", None, None)
+    new = read_threshold(tmp_path / "s.json")
+    assert (new.value, new.distance, new.epoch, new.flip) == (0.9, "euclidean", 3, True)
     assert read_threshold(tmp_path / "n.json") is None
+
+
+AT_HAND = {
+    "weights_sha256": "a" * 64,
+    "flip": False,
+    "subtract_mean": False,
+    "preprocess": "resize",
+}
+
+
+def embedded(path: Path, flip=False, weights="a" * 64, preprocess="resize", **extra) -> Path:
+    """A facenet-embed file of two enrolled identities, saying how it was made."""
+    arrays = {
+        "embeddings": np.eye(2, dtype=np.float32),
+        "labels": np.array(["ann", "bob"]),
+        "paths": np.array(["ann/1.png", "bob/1.png"]),
+        "flip": np.array(flip),
+        "preprocess": np.array(preprocess),
+        "weights_sha256": np.array(weights),
+    }
+    arrays.update(extra)
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("weights_sha256", "b" * 64, "weights: chosen for bbbbbbbb"),
+        ("flip", True, "flip: chosen with flip, here without"),
+        ("subtract_mean", True, "mean subtraction: chosen with mean subtraction, here without"),
+        ("preprocess", "crop", "preprocessing: chosen with 'crop', here 'resize'"),
+        ("weights_sha256", None, "does not say which weights"),
+        ("flip", None, "does not say which flip setting"),
+        ("subtract_mean", None, "does not say which mean subtraction"),
+        ("preprocess", None, "does not say which preprocessing"),
+    ],
+)
+@pytest.mark.parametrize("stored_in", ["metrics.json", "summary.json", "gallery"])
+def test_a_stored_threshold_for_anything_else_is_refused(
+    tmp_path, capsys, field, value, says, stored_in
+):
+    """Every field a threshold was chosen for, differing or missing, in every place it is
+    stored: one error line saying what differs, exit 2."""
+    chosen = {**AT_HAND, field: value}
+    chosen = {k: v for k, v in chosen.items() if v is not None}
+    gallery = embedded(tmp_path / "g.npz")
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    if stored_in == "metrics.json":
+        record = {"threshold": 0.5, "threshold_distance": "squared", "threshold_for": chosen}
+        (tmp_path / "m.json").write_text(json.dumps(record))
+        argv += ["--metrics", str(tmp_path / "m.json")]
+    elif stored_in == "summary.json":
+        record = {"threshold": {"value": 0.5, "distance": "squared", "epoch": 2, **chosen}}
+        (tmp_path / "m.json").write_text(json.dumps(record))
+        argv += ["--metrics", str(tmp_path / "m.json")]
+    else:
+        record = json.dumps({"threshold": 0.5, "threshold_distance": "squared", **chosen})
+        embedded(gallery, threshold=0.5, threshold_record=record)
+    assert identify_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the stored threshold 0.5000") and len(err.splitlines()) == 1
+    assert says in err and "give --threshold" in err
+    assert identify_script.main([*argv, "--threshold", "0.5"]) == 0  # the user's own: used
+
+
+def test_a_matching_stored_threshold_is_used_and_named(tmp_path, capsys):
+    gallery = embedded(tmp_path / "g.npz")
+    record = {"threshold": 0.5, "threshold_distance": "squared", "threshold_for": AT_HAND}
+    (tmp_path / "m.json").write_text(json.dumps(record))
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    assert identify_script.main([*argv, "--metrics", str(tmp_path / "m.json")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("threshold: 0.5000 (squared distance; weights aaaaaaaa; no flip")
+    # an older gallery file: a threshold without provenance is not used
+    embedded(gallery, threshold=np.array(0.5), threshold_distance=np.array("squared"))
+    assert identify_script.main(argv) == 2
+    assert "does not say which weights" in capsys.readouterr().err
+
+
+def test_the_sandberg_threshold_is_not_applied_to_raw_distances(tiny_run, tmp_path, capsys):
+    """A threshold chosen on flipped, mean-subtracted distances (--preset sandberg's options)
+    is refused for embeddings made without either."""
+    checkpoint = str(tiny_run["checkpoint"])
+    argv = ["--checkpoint", checkpoint, "--pairs", str(tiny_run["pairs"]), "--flip"]
+    argv += ["--subtract-mean", "--distance", "angular", "--out", str(tmp_path / "eval")]
+    assert evaluate_script.main(argv) == 0
+    argv = ["--checkpoint", checkpoint, "--images", str(tiny_run["heldout"]), "--no-progress"]
+    assert embed_script.main([*argv, "--out", str(tmp_path / "g.npz")]) == 0
+    capsys.readouterr()
+    argv = ["--gallery", str(tmp_path / "g.npz"), "--probes", str(tmp_path / "g.npz")]
+    argv += ["--metrics", str(tmp_path / "eval" / "metrics.json"), "--out", str(tmp_path / "o")]
+    assert identify_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "flip: chosen with flip, here without" in err
+    assert "mean subtraction: chosen with mean subtraction, here without" in err
+
+
+@pytest.mark.parametrize("which", ["gallery", "probes"])
+def test_non_finite_embeddings_are_refused_by_row_and_file(tmp_path, capsys, which):
+    files = {"gallery": embedded(tmp_path / "g.npz"), "probes": embedded(tmp_path / "p.npz")}
+    emb = np.eye(2, dtype=np.float32)
+    emb[1, 0] = np.nan if which == "gallery" else np.inf
+    embedded(files[which], embeddings=emb)
+    argv = ["--gallery", str(files["gallery"]), "--probes", str(files["probes"])]
+    assert identify_script.main([*argv, "--threshold", "1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert str(files[which]) in err and "rows 1 (bob/1.png)" in err and len(err.splitlines()) == 1
+    with pytest.raises(DataError, match="NaN"):  # the library refuses them too
+        Gallery(emb, ["a", "b"]) if which == "gallery" else match(
+            Gallery(np.eye(2), ["a", "b"]), emb, 1.0
+        )
+
+
+@pytest.mark.parametrize(
+    "arrays, says",
+    [
+        ({"labels": np.array(["a"])}, "no 'embeddings' array"),
+        ({"embeddings": np.zeros(3, dtype=np.float32)}, "must be a (N, D) array"),
+        ({"embeddings": np.array([["a", "b"]])}, "must be a (N, D) array"),
+        ({"embeddings": np.zeros((2, 0), dtype=np.float32)}, "must be a (N, D) array"),
+        ({"embeddings": np.eye(2), "paths": np.array(["x"])}, "1 paths for 2 embeddings"),
+        ({"embeddings": np.eye(2), "paths": np.array([1, 2])}, "'paths' must be a (N,) array"),
+        ({"embeddings": np.eye(2), "labels": np.array([["a", "b"]])}, "'labels' must be"),
+        ({"embeddings": np.eye(2), "labels": np.array(["a"] * 3)}, "3 labels for 2 embeddings"),
+        ({"embeddings": np.eye(2), "threshold": np.array([0.5, 1])}, "'threshold' must be"),
+        ({"embeddings": np.eye(2), "flip": np.array("yes")}, "'flip' must be"),
+        (
+            {
+                "embeddings": np.eye(2),
+                "labels": np.array(["a", "b"]),
+                "threshold_record": np.array("{"),
+            },
+            "not JSON",
+        ),
+    ],
+)
+def test_odd_npz_files_are_one_error_line(tmp_path, capsys, arrays, says):
+    np.savez(tmp_path / "odd.npz", **arrays)
+    good = embedded(tmp_path / "good.npz")
+    for gallery, probes in ((tmp_path / "odd.npz", good), (good, tmp_path / "odd.npz")):
+        argv = ["--gallery", str(gallery), "--probes", str(probes), "--out", str(tmp_path / "o")]
+        argv += [] if "threshold_record" in arrays and gallery != good else ["--threshold", "1"]
+        if "threshold_record" in arrays and gallery == good:
+            continue  # a probe file's threshold is not read
+        assert identify_script.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and len(err.splitlines()) == 1
+        assert says in err and "odd.npz" in err
+
+
+def test_a_npy_file_and_a_text_file_are_one_error_line(tmp_path, capsys):
+    np.save(tmp_path / "plain.npy", np.eye(2))
+    (tmp_path / "text.npz").write_text("hello")
+    for name in ("plain.npy", "text.npz"):
+        argv = ["--gallery", str(tmp_path / name), "--probes", str(tmp_path / name)]
+        assert identify_script.main([*argv, "--threshold", "1", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.startswith(f"error: {tmp_path / name}: not an .npz") and len(err.splitlines()) == 1
+        )
+
+
+def test_gallery_and_probes_of_different_weights_or_flip_are_refused(tmp_path, capsys):
+    gallery = embedded(tmp_path / "g.npz")
+    for other in (
+        embedded(tmp_path / "p.npz", weights="c" * 64),
+        embedded(tmp_path / "f.npz", flip=True),
+    ):
+        argv = ["--gallery", str(gallery), "--probes", str(other), "--threshold", "1"]
+        assert identify_script.main([*argv, "--out", str(tmp_path / "o")]) == 2
+        assert "embed both the same way" in capsys.readouterr().err
 
 
 def split_gallery_and_probes(source: Path, tmp_path: Path) -> tuple[Path, Path]:
@@ -80,6 +254,7 @@ def split_gallery_and_probes(source: Path, tmp_path: Path) -> tuple[Path, Path]:
     and every image of the other half (not enrolled)."""
     with np.load(source) as data:
         emb, labels, paths = data["embeddings"], data["labels"], data["paths"]
+        made = {key: data[key] for key in ("flip", "preprocess", "weights_sha256")}
     identities = sorted(set(labels.tolist()))
     enrolled = set(identities[: len(identities) // 2])
     first = {name: int(np.flatnonzero(labels == name)[0]) for name in enrolled}
@@ -87,7 +262,7 @@ def split_gallery_and_probes(source: Path, tmp_path: Path) -> tuple[Path, Path]:
     files = {}
     for name, rows in (("gallery", in_gallery), ("probes", ~in_gallery)):
         files[name] = tmp_path / f"{name}.npz"
-        np.savez(files[name], embeddings=emb[rows], labels=labels[rows], paths=paths[rows])
+        np.savez(files[name], embeddings=emb[rows], labels=labels[rows], paths=paths[rows], **made)
     return files["gallery"], files["probes"]
 
 
