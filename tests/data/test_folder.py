@@ -1,9 +1,11 @@
-"""IdentityFolder on a generated folder: formats, corrupt files, small identities, index cache."""
+"""IdentityFolder on a generated folder: formats, corrupt files, small identities, index cache;
+the walks of IdentityFolder and list_images through symbolic links."""
 
 import json
 import os
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +13,9 @@ import torch
 from torchvision.io import encode_jpeg, write_png
 
 import facenet.data.folder as folder_module
-from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder
+from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder, list_images
 from facenet.data.images import CorruptImageError, build_transform
+from facenet.inference.embed import embed_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
@@ -252,3 +255,90 @@ def test_other_limits_rebuild_the_index(root):
     again, _ = build(root, max_pixels=144)  # 12 x 12 = 144 pixels: every image within it
     assert not again.index_reused
     assert build(root, max_pixels=144)[0].index_reused
+
+
+# --------------------------------------------------------------------------- links
+
+
+def linked_tree(tmp_path: Path) -> Path:
+    """root/A (2 images), root/B (1), root/ext -> a folder outside root (1 image), and links
+    that would loop or list an image twice: A/up -> .., B/up -> .., up -> .. (above root),
+    self -> ., A/sibling -> ../B, Bcopy -> B, A/b.jpg -> ../B/b1.jpg, A/outside.jpg -> a file
+    outside root (listed: it is nowhere else)."""
+    store = tmp_path / "store"
+    (store / "C").mkdir(parents=True)
+    (store / "C" / "c1.jpg").write_bytes(jpeg_bytes(pixels(3, 5)))
+    (store / "lone.jpg").write_bytes(jpeg_bytes(pixels(3, 6)))
+    root = tmp_path / "root"
+    for identity, n in (("A", 2), ("B", 1)):
+        (root / identity).mkdir(parents=True)
+        for i in range(n):
+            (root / identity / f"{identity.lower()}{i + 1}.jpg").write_bytes(
+                jpeg_bytes(pixels(3, i))
+            )
+    links = {
+        "A/up": "..",
+        "B/up": "..",
+        "up": "..",
+        "self": ".",
+        "A/sibling": "../B",
+        "Bcopy": "B",
+        "ext": "../store/C",
+        "A/b.jpg": "../B/b1.jpg",
+        "A/outside.jpg": "../../store/lone.jpg",
+    }
+    for name, target in links.items():
+        os.symlink(target, root / name)
+    return root
+
+
+def test_list_images_visits_every_real_folder_once(tmp_path):
+    root = linked_tree(tmp_path)
+    with pytest.warns(UserWarning, match="skipped") as caught:
+        paths, labels = list_images(root)
+    relative = [Path(p).relative_to(root).as_posix() for p in paths]
+    assert relative == ["A/a1.jpg", "A/a2.jpg", "A/outside.jpg", "B/b1.jpg", "ext/c1.jpg"]
+    assert labels == ["A", "A", "A", "B", "ext"]
+    message = str(caught[0].message)
+    for name in ("A/up", "B/up", "up", "self", "A/sibling", "Bcopy", "A/b.jpg"):
+        assert name in message
+
+
+@pytest.mark.parametrize("link", ["loop", "sibling", "file"])
+def test_list_images_one_link_of_each_kind(tmp_path, link):
+    root = tmp_path / "root"
+    (root / "A").mkdir(parents=True)
+    (root / "B").mkdir()
+    (root / "A" / "a.jpg").write_bytes(jpeg_bytes(pixels(3, 0)))
+    (root / "B" / "b.jpg").write_bytes(jpeg_bytes(pixels(3, 1)))
+    target = {"loop": "..", "sibling": "../B", "file": "../B/b.jpg"}[link]
+    os.symlink(target, root / "A" / ("link.jpg" if link == "file" else "link"))
+    with pytest.warns(UserWarning, match="A/link"):
+        paths, _ = list_images(root)
+    assert [Path(p).relative_to(root).as_posix() for p in paths] == ["A/a.jpg", "B/b.jpg"]
+
+
+def test_identity_folder_lists_each_real_folder_and_image_once(tmp_path):
+    root = linked_tree(tmp_path)
+    (root / "A" / "up").unlink()  # inside an identity, folders are not walked anyway
+    with pytest.warns(UserWarning, match="skipped") as caught:
+        folder = IdentityFolder(root, cache_dir=tmp_path / "cache", min_images=1)
+    assert folder.classes == ["A", "B", "ext"]
+    by_identity = {
+        k: sorted(Path(p).name for p in v) for k, v in folder.images_by_identity().items()
+    }
+    assert by_identity == {
+        "A": ["a1.jpg", "a2.jpg", "outside.jpg"],
+        "B": ["b1.jpg"],
+        "ext": ["c1.jpg"],
+    }
+    message = " ".join(str(w.message) for w in caught)
+    for name in ("Bcopy", "self", "up", "A/b.jpg"):
+        assert name in message
+
+
+def test_embed_lists_each_image_once_through_looping_links(tmp_path):
+    root = linked_tree(tmp_path)
+    with pytest.warns(UserWarning, match="skipped"):
+        result = embed_folder(torch.nn.Flatten(), root, 12)
+    assert len(result.paths) == len(set(result.paths)) == 5 and not result.unreadable
