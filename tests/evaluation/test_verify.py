@@ -1,12 +1,19 @@
 """facenet.evaluation.verify (one verification path) against the protocol applied by hand and the
 classic loops; facenet.evaluation.report (one way of writing the figures)."""
 
+import json
+import warnings
+
 import numpy as np
 import pytest
+import torch
 
 from benchmarks import reference_evaluation as ref
+from facenet.checkpoint import load_checkpoint
+from facenet.cli import evaluate as evaluate_script
 from facenet.data.pairs import read_pairs
 from facenet.errors import DataError
+from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import embed_pair_list
 from facenet.evaluation.protocol import (
     default_thresholds,
@@ -14,7 +21,7 @@ from facenet.evaluation.protocol import (
     evaluate_verification,
     pair_distances,
 )
-from facenet.evaluation.report import figures, figures_line, sets_table
+from facenet.evaluation.report import ThresholdRecord, figures, figures_line, sets_table
 from facenet.evaluation.verify import threshold_grids, verify, verify_distances
 from facenet.inference.loading import load_model
 
@@ -95,3 +102,74 @@ def test_one_formatting_of_the_figures():
     row = sets_table({"lfw": result}).splitlines()[1]
     assert row.split()[:2] == ["lfw", f"{r.accuracy_mean:.4f}±{r.accuracy_std:.4f}"]
     assert f"VAL {r.val:.4f} @ FAR 0.001 (achieved {r.far:.4f})  {r.auc:.4f}  {r.eer:.4f}" in row
+
+
+@pytest.mark.parametrize(
+    "distance, grid", [("squared", "default"), ("angular", "default"), ("cosine", "classic")]
+)
+def test_distances_above_the_threshold_grid_are_warned_about(distance, grid):
+    issame = np.tile([True, False], 20)
+    top = threshold_grids(grid)[0]
+    top = default_thresholds(distance)[-1] if top is None else top[-1]
+    distances = top + 1.0 + np.where(issame, 0.0, 1.0)  # every one above the grid
+    with pytest.warns(UserWarning, match=f"40 of 40 distances .* {distance} grid"):
+        result = verify_distances(distances, issame, distance=distance, grid=grid, n_folds=4)
+    assert result.accuracy_mean == 0.5  # what the warning is there for
+    inside = np.where(issame, 0.1, 0.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none inside the grid
+        verify_distances(inside, issame, distance=distance, grid=grid, n_folds=4)
+
+
+def test_evaluate_warns_in_one_line_and_writes_the_record(tmp_path, capsys):
+    issame = np.tile([1, 0], 20)
+    np.savez(tmp_path / "d.npz", distances=np.full(40, 9.0), issame=issame)
+    argv = ["--distances", str(tmp_path / "d.npz"), "--out", str(tmp_path / "out"), "--folds", "4"]
+    assert evaluate_script.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "no threshold accepts them" in err
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    # distances measured elsewhere: the weights are not known, so identify will not use it
+    assert metrics["threshold_for"] == {"distances": str(tmp_path / "d.npz")}
+
+
+def test_csv_fields_over_the_limit_are_one_line_naming_file_and_line(tmp_path, capsys):
+    path = tmp_path / "d.csv"
+    path.write_text("distance,issame\n0.5,1\n" + "9" * 200_000 + ",0\n")
+    with pytest.raises(DataError, match=r"d.csv:3: field larger than field limit"):
+        read_distances(path)
+    assert evaluate_script.main(["--distances", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "d.csv:3" in err and len(err.splitlines()) == 1
+
+
+def test_evaluate_records_what_its_threshold_was_chosen_for(tiny_run, tmp_path):
+    out = tmp_path / "eval"
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--pairs", str(tiny_run["pairs"])]
+    assert evaluate_script.main([*argv, "--flip", "--preprocess", "crop", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    trained = load_model(tiny_run["checkpoint"])
+    assert metrics["threshold_for"] == {
+        "checkpoint": str(tiny_run["checkpoint"]),
+        "weights_sha256": trained.weights_sha256(),
+        "epoch": trained.epoch,
+        "flip": True,
+        "subtract_mean": False,
+        "preprocess": "crop",
+    }
+    record = ThresholdRecord.from_dict(metrics)
+    assert record.value == metrics["threshold"] and record.epoch == trained.epoch
+    assert len(record.differences(trained.preparation(flip=True))) == 1  # the preprocessing
+
+
+def test_evaluate_refuses_nan_weights_and_batch_size_zero(tiny_run, tmp_path, capsys):
+    state = load_checkpoint(tiny_run["checkpoint"])
+    state["model"]["embedding.linear.weight"][5] = float("nan")
+    torch.save(state, tmp_path / "nan.pt")
+    argv = ["--checkpoint", str(tmp_path / "nan.pt"), "--pairs", str(tiny_run["pairs"])]
+    assert evaluate_script.main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "nan.pt" in err and "embedding.linear.weight" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as caught:
+        evaluate_script.main([*argv, "--batch-size", "0"])
+    assert caught.value.code == 2 and "--batch-size" in capsys.readouterr().err

@@ -17,6 +17,8 @@ from facenet.config import load_config
 from facenet.errors import ConfigError
 from facenet.evaluation.embedding import embed_pair_list
 from facenet.evaluation.protocol import evaluate_embeddings, val_at_far_label
+from facenet.evaluation.report import ThresholdRecord
+from facenet.inference.loading import load_model
 from facenet.models.embedding import build_model
 from facenet.training.build import build_data
 
@@ -358,3 +360,28 @@ def test_a_corrupt_held_out_image_is_left_out_of_the_pairs(tmp_path):
         data = build_data(folder_config(faces, "eval.heldout_identities=6"), run_dir)
     used = set(data.val_pairs.paths1 + data.val_pairs.paths2 + data.test_pairs.paths1)
     assert used and not any(Path(p).name == written[Path(p).parent.name][0] for p in used)
+
+
+def test_the_threshold_travels_with_what_it_was_chosen_for(run):
+    """summary.json's threshold names the weights of best.pt (content hash), the epoch, flip,
+    mean subtraction and preprocessing; every checkpoint carries its own epoch's threshold,
+    so last.pt never takes best.pt's."""
+    threshold = run["summary"]["threshold"]
+    best, last = (load_model(run["dir"] / name) for name in ("best.pt", "last.pt"))
+    assert threshold["weights_sha256"] == best.weights_sha256()
+    assert threshold["epoch"] == best.epoch == run["summary"]["best_epoch"]
+    cfg = load_config(run["dir"] / "config.yaml")
+    assert (threshold["flip"], threshold["subtract_mean"], threshold["preprocess"]) == (
+        cfg.eval.flip,
+        cfg.eval.subtract_mean,
+        cfg.eval.preprocess,
+    )
+    history = [json.loads(line) for line in (run["dir"] / "metrics.jsonl").read_text().splitlines()]
+    for trained in (best, last):
+        record = trained.threshold_record()
+        assert record.value == history[trained.epoch - 1]["validation"]["threshold"]
+        assert record.weights_sha256 == trained.weights_sha256()
+        assert record.differences(trained.preparation(flip=cfg.eval.flip)) == []
+    summary_record = ThresholdRecord.from_dict(threshold)
+    differences = summary_record.differences(last.preparation(flip=cfg.eval.flip))
+    assert bool(differences) == (last.epoch != best.epoch)  # another epoch: other weights
