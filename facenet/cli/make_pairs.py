@@ -68,9 +68,10 @@ def _make_pairs(args: argparse.Namespace) -> int:
     folds = _draw_folds(images, args)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_pairs(out, folds)
+    used = sum(1 for files in images.values() if files)  # empty folders: ignored, warned
     print(
         f"wrote {out}: {args.folds} folds x ({args.pairs_per_fold} same + "
-        f"{args.pairs_per_fold} different) pairs from {len(images)} identities under {root}"
+        f"{args.pairs_per_fold} different) pairs from {used} identities under {root}"
     )
     return 0
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import math
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from facenet.cli import make_pairs as make_pairs_script
@@ -372,3 +375,76 @@ def test_a_fifo_as_the_pairs_file_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(PairsFormatError, match="not a regular file"):
         read_pairs(fifo)
+
+
+# --------------------------------------------------------------------------- fold assignment
+
+
+def _fold_holds(sizes, members, per_fold):
+    same = sum(math.comb(sizes[i], 2) for i in members)
+    images = sum(sizes[i] for i in members)
+    different = (images**2 - sum(sizes[i] ** 2 for i in members)) // 2
+    return same >= per_fold and different >= per_fold
+
+
+def _brute_force(sizes, n_folds, per_fold):
+    """Whether any dealing of identities to folds lets every fold hold its pairs."""
+    for dealing in itertools.product(range(n_folds), repeat=len(sizes)):
+        groups = [[i for i, g in enumerate(dealing) if g == f] for f in range(n_folds)]
+        if all(_fold_holds(sizes, g, per_fold) for g in groups):
+            return True
+    return False
+
+
+def test_fold_assignment_finds_a_dealing_whenever_brute_force_does():
+    from facenet.data.pairs import _assign_folds
+    from facenet.errors import DataError
+
+    rng = random.Random(0)
+    found = 0
+    for trial in range(600):
+        n_ids, n_folds, per_fold = rng.randint(1, 8), rng.randint(2, 3), rng.randint(1, 12)
+        sizes = [rng.choice([1, 1, 2, 2, 3, 4, 6, 9]) for _ in range(n_ids)]
+        keys = {f"I{i}": list(range(1, s + 1)) for i, s in enumerate(sizes)}
+        exists = _brute_force(sizes, n_folds, per_fold)
+        try:
+            folds = _assign_folds(keys, n_folds, per_fold, np.random.default_rng(trial))
+        except DataError as err:
+            assert not exists, (sizes, n_folds, per_fold, str(err))
+            continue
+        assert exists
+        found += 1
+        dealt = sorted(name for fold in folds for name in fold)
+        assert dealt == sorted(keys)  # every identity once
+        for fold in folds:
+            assert _fold_holds(sizes, [int(name[1:]) for name in fold], per_fold)
+    assert found > 100  # both outcomes are exercised
+
+
+def test_one_large_identity_alone_no_longer_blocks_disjoint_folds():
+    listing = {"Big": [f"Big_{k:04d}.jpg" for k in range(1, 31)]}
+    listing.update({f"S{i:02d}": [f"S{i:02d}_0001.jpg", f"S{i:02d}_0002.jpg"] for i in range(12)})
+    folds = generate_pairs(listing, n_folds=2, pairs_per_fold=10, seed=0)
+    identities = check_folds(folds, listing, 2, 10)
+    assert not identities[0] & identities[1]
+
+
+def test_refusals_give_the_counts():
+    listing = {f"P{i}": [f"P{i}_{k:04d}.jpg" for k in range(1, 3)] for i in range(5)}
+    with pytest.raises(ValueError, match=r"from 5 identities \(5 with 2\+ images\): 5 same"):
+        generate_pairs(listing, n_folds=3, pairs_per_fold=2)  # 5 same pairs, 6 needed
+    single = {"A": [f"A_{k:04d}.jpg" for k in range(1, 5)], "B": ["B_0001.jpg"], "C": ["C.jpg"]}
+    with pytest.raises(ValueError, match="every fold needs an identity with 2"):
+        generate_pairs(single, n_folds=2, pairs_per_fold=1)  # 6 same pairs, all in A
+
+
+def test_empty_identity_folders_are_ignored_with_a_warning(tmp_path, capsys):
+    make_lfw_folder(tmp_path / "lfw", {f"Id{i}": 3 for i in range(4)})
+    (tmp_path / "lfw" / "Empty").mkdir()
+    for shared in ([], ["--shared-identities"]):
+        argv = [str(tmp_path / "lfw"), "--folds", "2", "--pairs-per-fold", "3", *shared]
+        assert make_pairs_script.main(argv) == 0
+        out, err = capsys.readouterr()
+        assert err == "warning: ignored 1 identity folder(s) without images: Empty\n"
+        assert "from 4 identities" in out
+        assert "Empty" not in (tmp_path / "lfw" / "pairs.txt").read_text()
