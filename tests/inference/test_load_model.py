@@ -114,7 +114,9 @@ def refused(path, match: str, monkeypatch) -> str:
         ("architecture", "embedding_dim"),
     ],
 )
-def test_every_missing_field_of_a_weights_export_is_named(tiny_run, tmp_path, monkeypatch, where, field):
+def test_every_missing_field_of_a_weights_export_is_named(
+    tiny_run, tmp_path, monkeypatch, where, field
+):
     contents = weights_export(tiny_run)
     del (contents if where is None else contents[where])[field]
     torch.save(contents, tmp_path / "model.pt")
