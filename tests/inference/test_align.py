@@ -2,6 +2,9 @@
 ships, and the evaluation preprocessing of the publishers' presets against facenet-pytorch's
 own InceptionResnetV1 fed as its README and notebook feed it."""
 
+import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -13,10 +16,17 @@ from PIL import Image
 facenet_pytorch = pytest.importorskip("facenet_pytorch")
 skimage_data = pytest.importorskip("skimage.data")
 
+from image_cases import BAD, GOOD  # noqa: E402  (tests/ is on the path: pyproject.toml)
+
 from facenet.cli import align as align_script  # noqa: E402
 from facenet.data.pairs import read_pairs  # noqa: E402
 from facenet.evaluation.embedding import embed_pair_list  # noqa: E402
-from facenet.inference.align import AlignSettings, crop_box, select_face  # noqa: E402
+from facenet.inference.align import (  # noqa: E402
+    SETTINGS_FILE,
+    AlignSettings,
+    crop_box,
+    select_face,
+)
 from facenet.inference.loading import load_model  # noqa: E402
 
 ASTRONAUT = Path(skimage_data.__file__).parent / "astronaut.png"  # 512 x 512, one face
@@ -215,3 +225,135 @@ def test_the_blank_and_damaged_images_are_left_out_of_the_crops(aligned):
         assert not (dst / "Blank").exists() and not (dst / "Damaged").exists()
         assert (dst / "align_report.tsv").is_file()
         assert not any(p.name.startswith(".") for p in dst.rglob("*"))  # no temporary left
+
+
+# --------------------------------------------------------------------------- hostile folders
+
+
+@pytest.mark.parametrize("size", [(5, 5), (19, 19), (100, 15), (15, 100), (10, 150)])
+def test_an_image_too_small_for_mtcnn_is_reported_as_no_face(tmp_path, capsys, size):
+    src = tmp_path / "src"
+    (src / "Tiny").mkdir(parents=True)
+    Image.new("RGB", size, (90, 90, 90)).save(src / "Tiny" / "Tiny_0001.png")
+    Image.open(ASTRONAUT).convert("RGB").save(src / "Tiny" / "Tiny_0002.png")
+    assert _align(src, tmp_path / "dst", "--batch-size", "1") == 0
+    assert "aligned 1, centre crops 0, no face 1" in capsys.readouterr().out
+    report = (tmp_path / "dst" / "align_report.tsv").read_text()
+    assert "no_face\t" in report and "smaller than the smallest face" in report
+    assert _align(src, tmp_path / "centred", "--centre-crop") == 0  # and the fallback crops it
+    assert Image.open(tmp_path / "centred" / "Tiny" / "Tiny_0001.png").size == (160, 160)
+
+
+def test_every_decoder_case_is_aligned_or_reported_by_name(tmp_path, capsys):
+    src = tmp_path / "src"
+    (src / "Case").mkdir(parents=True)
+    for name, case in [*GOOD.items(), *BAD.items()]:
+        (src / "Case" / f"{name}{case.suffix}").write_bytes(case.data)
+    assert _align(src, tmp_path / "dst") == 0
+    lines = (tmp_path / "dst" / "align_report.tsv").read_text().splitlines()[1:]
+    status = {Path(line.split("\t")[1]).stem: line.split("\t")[0] for line in lines}
+    assert {k: v for k, v in status.items() if k in GOOD} == dict.fromkeys(GOOD, "no_face")
+    assert {k: v for k, v in status.items() if k in BAD} == dict.fromkeys(BAD, "unreadable")
+    for name, case in BAD.items():
+        line = next(line for line in lines if f"/{name}{case.suffix}\t" in line)
+        assert re.search(case.reason, line), line
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--image-size", "150"),
+        ("--margin", "20"),
+        ("--select", "largest"),
+        ("--centre-crop",),
+        ("--preset", "sandberg"),
+    ],
+)
+def test_a_folder_aligned_with_other_settings_is_refused_naming_the_setting(
+    aligned, source, capsys, flags
+):
+    dst = aligned["facenet-pytorch"]
+    before = sorted(p.relative_to(dst) for p in dst.rglob("*"))
+    assert _align(source, dst, *flags) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "was aligned with" in err[0]
+    setting = {"--image-size": "image_size", "--margin": "margin", "--select": "select"}
+    name = setting.get(flags[0], "fallback" if flags[0] == "--centre-crop" else "image_size")
+    assert f"{name} = " in err[0]
+    assert sorted(p.relative_to(dst) for p in dst.rglob("*")) == before
+    recorded = json.loads((dst / SETTINGS_FILE).read_text())
+    assert recorded["image_size"] == 160 and recorded["preset"] == "facenet-pytorch"
+
+
+def test_a_folder_of_crops_without_a_record_is_refused(aligned, source, tmp_path, capsys):
+    dst = tmp_path / "old"
+    (dst / "Astronaut").mkdir(parents=True)
+    crop = aligned["facenet-pytorch"] / "Astronaut" / "Astronaut_0001.png"
+    (dst / "Astronaut" / "Astronaut_0001.png").write_bytes(crop.read_bytes())
+    assert _align(source, dst) == 2
+    assert f"no {SETTINGS_FILE}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("names", "preset"),
+    [
+        (("x.jpg", "x.png"), "sandberg"),  # the preset writes PNG for both
+        (("x.gif", "x.webp"), "sandberg"),
+        (("x.png", "X.png"), "facenet-pytorch"),  # one name on a case-insensitive disk
+    ],
+)
+def test_two_images_with_one_crop_name_are_refused_before_anything_is_written(
+    tmp_path, capsys, names, preset
+):
+    src = tmp_path / "src"
+    (src / "Who").mkdir(parents=True)
+    for name in names:
+        (src / "Who" / name).write_bytes(GOOD["gif_animated" if "gif" in name else "png"].data)
+    if names[1].endswith(".webp"):
+        (src / "Who" / names[1]).write_bytes(GOOD["webp_lossless"].data)
+    if names[0].endswith(".jpg"):
+        (src / "Who" / names[0]).write_bytes(GOOD["jpeg"].data)
+    assert _align(src, tmp_path / "dst", "--preset", preset) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "would both be written to" in err[0]
+    assert all(name in err[0] for name in names)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_a_source_with_looping_links_is_aligned_once(tmp_path, capsys):
+    src = tmp_path / "src"
+    for name in ("A", "B"):
+        (src / name).mkdir(parents=True)
+        Image.new("RGB", (30, 30), (128, 128, 128)).save(src / name / f"{name}_0001.png")
+        os.symlink("..", src / name / "up")
+    os.symlink("../dst", src / "crops")  # a link into the output folder: not aligned again
+    (tmp_path / "dst").mkdir()
+    assert _align(src, tmp_path / "dst") == 0
+    assert "no face 2, unreadable 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--batch-size", "0"),
+        ("--workers", "0"),
+        ("--batch-size", "-3"),
+        ("--workers", "two"),
+        ("--image-size", "4"),
+        ("--margin", "-1"),
+    ],
+)
+def test_nonsense_counts_are_argparse_errors(source, tmp_path, capsys, flags):
+    with pytest.raises(SystemExit) as caught:
+        _align(source, tmp_path / "dst", *flags)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("facenet-align: error: argument") or "error: argument" in err[-1]
+    assert flags[0] in err[-1]
+    assert not (tmp_path / "dst").exists()
+
+
+def test_a_margin_not_below_the_image_size_is_one_error_line(source, tmp_path, capsys):
+    assert _align(source, tmp_path / "dst", "--preset", "sandberg", "--margin", "182") == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--margin 182" in err[0]
