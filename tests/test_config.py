@@ -385,5 +385,5 @@ def test_a_run_written_before_the_rename_keeps_its_heldout_identities(tmp_path):
     (tmp_path / "holdout.json").write_text(json.dumps(chosen))  # the old record's name
     listing = {name: ["1.png", "2.png"] for name in "abcdefgh"}
     cfg = load_config(None, ["eval.heldout_identities=6"])  # a new draw would pick 6
-    assert _choose_held_out(cfg, listing, tmp_path, ["val", "test"]) == chosen
+    assert _choose_held_out(cfg, listing, tmp_path, ["val", "test"], False) == (chosen, None)
     assert not (tmp_path / "heldout.json").exists()

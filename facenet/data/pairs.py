@@ -45,6 +45,7 @@ __all__ = [
     "PairFold",
     "read_pairs",
     "generate_pairs",
+    "pairs_text",
     "write_pairs",
     "scan_identities",
     "lfw_image_index",
@@ -826,11 +827,10 @@ def _check_folds(folds) -> int:
     return per_fold
 
 
-def write_pairs(path: str | os.PathLike, folds) -> None:
-    """Write folds in the LFW format, atomically (:func:`facenet.files.write_text_atomic`).
+def pairs_text(folds) -> str:
+    """Folds in the LFW format: a header line, then each fold's same and different pairs.
 
     Args:
-        path: the pairs file to write.
         folds: a sequence of ``(same, different)`` (e.g. :class:`PairFold`), same pairs as
             (name, idx1, idx2), different pairs as (name1, idx1, name2, idx2).
     """
@@ -839,4 +839,15 @@ def write_pairs(path: str | os.PathLike, folds) -> None:
     for same, different in folds:
         lines += ["\t".join(str(v) for v in pair) for pair in same]
         lines += ["\t".join(str(v) for v in pair) for pair in different]
-    write_text_atomic(path, "\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_pairs(path: str | os.PathLike, folds) -> None:
+    """Write folds in the LFW format (:func:`pairs_text`), atomically
+    (:func:`facenet.files.write_text_atomic`).
+
+    Args:
+        path: the pairs file to write.
+        folds: as for :func:`pairs_text`.
+    """
+    write_text_atomic(path, pairs_text(folds))

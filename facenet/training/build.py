@@ -27,9 +27,9 @@ from facenet.data.pairs import (
     MissingImagesError,
     PairsFormatError,
     generate_pairs,
+    pairs_text,
     read_pairs,
     scan_identities,
-    write_pairs,
 )
 from facenet.data.synthetic import prepare_synthetic_data
 from facenet.distributed import is_distributed, is_main_process, resolve_device
@@ -41,7 +41,14 @@ from facenet.models.embedding import build_model
 from facenet.training.engine import Trainer
 from facenet.training.optim import build_optimizer, build_scheduler, parameter_groups
 
-__all__ = ["TrainingData", "build_data", "build_device", "build_trainer", "epoch_length"]
+__all__ = [
+    "TrainingData",
+    "build_data",
+    "build_device",
+    "build_trainer",
+    "check_model",
+    "epoch_length",
+]
 
 # The held-out identities of a folder run (eval.heldout_identities), in the run directory.
 HELDOUT_RECORD = "heldout.json"
@@ -83,6 +90,9 @@ class _EvalSources:
     test: tuple[str, str | None] | None = None
     held_out: tuple[str, ...] = ()  # identities left out of training
     notes: list = field(default_factory=list)
+    # Files to write before the held-out pairs are read: (path, text). Written by
+    # ``_write_pending``, the run's first write, once everything else has been checked.
+    pending: list = field(default_factory=list)
 
 
 def build_device(cfg: Config) -> torch.device:
@@ -103,9 +113,10 @@ def _from_section(section: str, build, *args, **kwargs):
         raise ConfigError(f"{section}: {err}") from None
 
 
-def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, _EvalSources]:
+def _data_roots(cfg: Config, run_dir: Path, fresh: bool) -> tuple[str, _EvalSources]:
     """The training image folder and the evaluation sets, generating the synthetic set if
-    needed, or holding out identities of a folder (``eval.heldout_identities``)."""
+    needed, or holding out identities of a folder (``eval.heldout_identities``; ``fresh``: a
+    new run in place of an earlier one, whose held-out record is not read)."""
     data, ev = cfg.data, cfg.eval
     given = _EvalSources(
         val=(ev.val_pairs, ev.val_root) if ev.val_pairs else None,
@@ -129,20 +140,21 @@ def _data_roots(cfg: Config, run_dir: Path) -> tuple[str, _EvalSources]:
                 "eval.pairs are both given: there is nothing to hold out identities for"
             )
         splits = [name for name in ("val", "test") if getattr(given, name) is None]
-        held = _hold_out(cfg, Path(data.root), run_dir, splits)
+        held = _hold_out(cfg, Path(data.root), run_dir, splits, fresh)
         held.val, held.test = given.val or held.val, given.test or held.test
         return data.root, held
     return data.root, given
 
 
-def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list) -> dict:
-    """``{split: [identity, ...]}``: drawn for a new run, read back from ``heldout.json`` for a
-    resumed one (the folder may have changed since: the held-out set must not)."""
+def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list, fresh: bool):
+    """``({split: [identity, ...]}, record text to write or None)``: drawn for a new run, read
+    back from ``heldout.json`` otherwise (a resumed run: the folder may have changed since, the
+    held-out set must not)."""
     record = run_dir / HELDOUT_RECORD
     # Runs written before the rename recorded the choice as holdout.json: still read it.
     if not record.is_file() and (run_dir / _OLD_HELDOUT_RECORD).is_file():
         record = run_dir / _OLD_HELDOUT_RECORD
-    if record.is_file():
+    if record.is_file() and not fresh:
         chosen = json.loads(record.read_text(encoding="utf-8"))
         missing = sorted(n for names in chosen.values() for n in names if n not in listing)
         if missing:
@@ -150,7 +162,7 @@ def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list) ->
                 f"{record}: held-out identities no longer in the folder (with 2+ images): "
                 f"{', '.join(missing[:5])}; restore them, or start a new run (--overwrite)"
             )
-        return chosen
+        return chosen, None
     count = cfg.eval.heldout_identities
     if count < 2 * len(splits) or count > len(listing) - 2:
         raise ConfigError(
@@ -162,9 +174,7 @@ def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list) ->
     cut = len(names) // len(splits)
     chosen = {split: names[i * cut : (i + 1) * cut or None] for i, split in enumerate(splits)}
     chosen[splits[-1]] = names[(len(splits) - 1) * cut :]
-    if is_main_process():
-        write_text_atomic(record, json.dumps(chosen, indent=1))
-    return chosen
+    return chosen, json.dumps(chosen, indent=1)
 
 
 def _usable_images(cfg: Config, folder: Path, names: list[str]) -> list[str]:
@@ -174,18 +184,21 @@ def _usable_images(cfg: Config, folder: Path, names: list[str]) -> list[str]:
     return [name for name in names if inspect_image(folder / name, *limits) is None]
 
 
-def _hold_out(cfg: Config, root: Path, run_dir: Path, splits: list) -> _EvalSources:
-    """Leave ``eval.heldout_identities`` identities of the folder out of training, and write
-    identity-disjoint pairs for them (the ``splits`` "val" and/or "test") into the run
-    directory. The choice is recorded in ``heldout.json`` and kept on resume."""
+def _hold_out(cfg: Config, root: Path, run_dir: Path, splits: list, fresh: bool):
+    """Leave ``eval.heldout_identities`` identities of the folder out of training, with
+    identity-disjoint pairs for them (the ``splits`` "val" and/or "test") to be written into
+    the run directory. The choice is recorded in ``heldout.json`` and kept on resume."""
     listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
-    chosen = _choose_held_out(cfg, listing, run_dir, splits)
+    chosen, record = _choose_held_out(cfg, listing, run_dir, splits, fresh)
     listing = {n: _usable_images(cfg, root / n, listing[n]) for ns in chosen.values() for n in ns}
     sources = _EvalSources(held_out=tuple(n for names in chosen.values() for n in names))
+    if record is not None:
+        sources.pending.append((run_dir / HELDOUT_RECORD, record))
     for split, names in chosen.items():
         path = run_dir / f"{split}_pairs.txt"
-        if is_main_process() and not path.is_file():
-            write_pairs(path, _heldout_folds({n: listing[n] for n in names}, cfg, split))
+        if fresh or not path.is_file():
+            folds = _heldout_folds({n: listing[n] for n in names}, cfg, split)
+            sources.pending.append((path, pairs_text(folds)))
         setattr(sources, split, (str(path), str(root)))
     sources.notes.append(
         f"held out {len(sources.held_out)} identities of {root} from training "
@@ -357,7 +370,18 @@ def _evaluation_notes(cfg: Config, val, test) -> list[str]:
     return []
 
 
-def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -> TrainingData:
+def _write_pending(sources: _EvalSources, outputs) -> None:
+    """Write the held-out record and pairs (rank 0), recording them as the run's outputs."""
+    for path, text in sources.pending if is_main_process() else ():
+        if outputs is not None:
+            outputs.add(path)
+        write_text_atomic(path, text)
+    sources.pending = []
+
+
+def build_data(
+    cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, outputs=None
+) -> TrainingData:
     """Datasets, sampler, loader and evaluation sets from the ``data`` and ``eval`` sections.
 
     Errors name the configuration key to change (``data.root``, ``data.p``, ``eval.pairs``...).
@@ -368,12 +392,24 @@ def build_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1) -
             held-out pairs files are written there).
         rank: this process's rank (the sampler gives each rank disjoint batches).
         world_size: number of processes.
+        outputs: the run's ``RunOutputs`` (held-out files are recorded there; with
+            ``clear_previous`` a previous run's held-out choice is not read); None outside a run.
     """
-    train_root, sources = _data_roots(cfg, Path(run_dir))
+    fresh = outputs is not None and outputs.clear_previous
+    train_root, sources = _data_roots(cfg, Path(run_dir), fresh)
     dataset = _identity_folder(cfg, train_root, exclude=sources.held_out)
     loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
-    val = _read_eval_pairs(cfg, sources.val, ("eval.val_pairs", "eval.val_root"))
-    test = _read_eval_pairs(cfg, sources.test, ("eval.pairs", "eval.root"))
+    # Given pairs files are read (checked) before the run's first write: the held-out files.
+    held = {str(path) for path, _ in sources.pending}
+    keys = {"val": ("eval.val_pairs", "eval.val_root"), "test": ("eval.pairs", "eval.root")}
+    written = [s for s in keys if getattr(sources, s) and getattr(sources, s)[0] in held]
+    pairs = {}
+    for split in [s for s in keys if s not in written] + written:
+        if split in written:
+            _write_pending(sources, outputs)
+        pairs[split] = _read_eval_pairs(cfg, getattr(sources, split), keys[split])
+    _write_pending(sources, outputs)  # e.g. heldout.json when no pairs are read (eval.every 0)
+    val, test = pairs["val"], pairs["test"]
     _check_apart(val, test, dataset)
     return TrainingData(
         loader,
@@ -397,6 +433,12 @@ def epoch_length(loader, cfg: Config) -> int:
     """
     length = len(loader)
     return min(length, cfg.train.steps_per_epoch) if cfg.train.steps_per_epoch else length
+
+
+def check_model(cfg: Config) -> None:
+    """Build the network of the ``model`` section once on the CPU (its weights file read):
+    a mistake there is found before a run writes anything."""
+    _from_section("model", build_model, cfg.model, num_classes=None)
 
 
 def build_trainer(

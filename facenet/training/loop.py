@@ -39,6 +39,7 @@ from facenet.training.console import (
 )
 from facenet.training.engine import Trainer
 from facenet.training.logger import RunLogger
+from facenet.training.run_dir import RunOutputs
 from facenet.training.state import (
     Progress,
     checkpoint_state,
@@ -116,6 +117,7 @@ def fit(
     cfg: Config,
     run_dir: Path,
     resume_state: dict | None = None,
+    outputs: RunOutputs | None = None,
 ) -> dict:
     """Train for ``cfg.train.epochs`` epochs with evaluation, logging and checkpoints.
 
@@ -125,6 +127,8 @@ def fit(
         cfg: the run configuration.
         run_dir: the run directory.
         resume_state: a ``last.pt`` to continue from (``read_resume_checkpoint``), or None.
+        outputs: the record of what the run writes (``--overwrite`` removes exactly that
+            later); default: a record kept in ``run_dir``.
 
     Returns:
         The summary written to ``summary.json``; ``stopped_by`` names the signal that stopped
@@ -136,6 +140,8 @@ def fit(
             where.
     """
     run_dir, main = Path(run_dir), is_main_process()
+    outputs = outputs or RunOutputs(run_dir, enabled=main)
+    _record_outputs(outputs, data, cfg, run_dir)
     progress = _start(trainer, data, cfg, run_dir, resume_state)
     logger = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
     try:
@@ -161,7 +167,7 @@ def fit(
                     )
                 except _EPOCH_ERRORS as err:
                     raise _checkpoint_at_error(
-                        err, batches, trainer, data, cfg, progress, run_dir
+                        err, batches, trainer, data, cfg, progress, run_dir, outputs
                     ) from None
                 if skip + batches.yielded < batches.end:  # a signal stopped the epoch
                     progress.steps_done = skip + batches.yielded
@@ -182,6 +188,16 @@ def fit(
     if main:
         write_text_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2))
     return summary
+
+
+def _record_outputs(outputs: RunOutputs, data, cfg, run_dir: Path) -> None:
+    """Record, before writing them, the files every run of this configuration writes."""
+    names = ["metrics.jsonl", "last.pt", "summary.json"]
+    names += ["tensorboard"] if cfg.logging.tensorboard else []
+    evaluated = cfg.eval.every > 0 and (data.val_pairs or data.test_pairs) is not None
+    names += ["best.pt", "roc_*.png"] if evaluated else []
+    for name in names:
+        outputs.add(run_dir / name)
 
 
 def _start(trainer, data, cfg, run_dir: Path, resume_state: dict | None) -> Progress:
@@ -205,7 +221,7 @@ def _epoch_batches(data: TrainingData, cfg: Config, epoch: int, skip: int):
     return _CountedBatches(remaining_loader(data.loader, skip), skip, end)
 
 
-def _checkpoint_at_error(err, batches, trainer, data, cfg, progress, run_dir) -> Exception:
+def _checkpoint_at_error(err, batches, trainer, data, cfg, progress, run_dir, outputs):
     """Where the epoch stopped, the checkpoint written for it, and the error to raise.
 
     The one place for resume bookkeeping: a batch whose inputs were found non-finite was
@@ -217,6 +233,7 @@ def _checkpoint_at_error(err, batches, trainer, data, cfg, progress, run_dir) ->
     if isinstance(err, RankFailure) and not err.checkpointable:
         return err  # the failing rank leaves with a traceback; no collective checkpoint
     if isinstance(err, NonFiniteLossError):
+        outputs.add(run_dir / "nonfinite.pt")
         state = checkpoint_state(trainer, data.sampler, cfg, progress)
         err.checkpoint_note = (
             f"{save_for_error(state, run_dir / 'nonfinite.pt')} for inspection; "

@@ -44,11 +44,17 @@ from facenet.distributed import (
     main_process_first,
 )
 from facenet.errors import FacenetError, NonFiniteLossError
-from facenet.training.build import TrainingData, build_data, build_device, build_trainer
+from facenet.training.build import (
+    TrainingData,
+    build_data,
+    build_device,
+    build_trainer,
+    check_model,
+)
 from facenet.training.console import describe_error, final_lines
 from facenet.training.engine import Trainer
 from facenet.training.loop import fit
-from facenet.training.run_dir import RunDirLock, clear_previous_outputs
+from facenet.training.run_dir import RunDirLock, RunOutputs
 from facenet.training.state import read_resume_checkpoint
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE_LOSS", "run_training"]
@@ -92,8 +98,9 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
         stack.enter_context(_seeded(cfg, info.rank))
         try:
             state = read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
-            trainer, data = _build(cfg, run_dir, info)
-            summary = fit(trainer, data, cfg, run_dir, resume_state=state)
+            outputs = RunOutputs(run_dir, overwrite, _read_paths(cfg), enabled=info.is_main)
+            trainer, data = _build(cfg, run_dir, info, outputs, check_model_first=overwrite)
+            summary = fit(trainer, data, cfg, run_dir, resume_state=state, outputs=outputs)
         except KeyboardInterrupt as err:
             print(f"error: {_interrupted_message(err, run_dir)}", file=sys.stderr)
             return 128 + signal.SIGINT
@@ -109,14 +116,49 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
     return 0
 
 
-def _build(cfg: Config, run_dir: Path, info: DistInfo) -> tuple[Trainer, TrainingData]:
-    """The run's trainer (model, step, optimizer, schedule) and data, on this rank's device."""
+def _build(
+    cfg: Config, run_dir: Path, info: DistInfo, outputs: RunOutputs, check_model_first: bool
+) -> tuple[Trainer, TrainingData]:
+    """The run's data and trainer (model, step, optimizer, schedule) on this rank's device;
+    then ``config.yaml``. The first file written (a held-out record, or the configuration)
+    removes the previous run under --overwrite: ``check_model_first`` builds the model once
+    before the data, so that a model mistake also leaves the previous run as it was."""
     device = info.device if info.world_size > 1 else build_device(cfg)
     if cfg.train.deterministic and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    if check_model_first:
+        check_model(cfg)
     with main_process_first():  # rank 0 writes the synthetic data and the folder index
-        data = build_data(cfg, run_dir, info.rank, info.world_size)
-    return build_trainer(cfg, data.num_classes, device, data.steps_per_epoch), data
+        data = build_data(cfg, run_dir, info.rank, info.world_size, outputs=outputs)
+    trainer = build_trainer(cfg, data.num_classes, device, data.steps_per_epoch)
+    if info.is_main:
+        outputs.add(run_dir / "config.yaml")
+        save_config(cfg, run_dir / "config.yaml")
+    if outputs.removed:
+        print(
+            f"--overwrite: removed {len(outputs.removed)} outputs of the previous run in "
+            f"{run_dir} ({', '.join(p.name for p in outputs.removed[:6])}"
+            f"{', ...' if len(outputs.removed) > 6 else ''})",
+            file=sys.stderr,
+        )
+    return trainer, data
+
+
+def _read_paths(cfg: Config) -> list[str]:
+    """Every path the configuration reads: never removed by --overwrite."""
+    return [
+        p
+        for p in (
+            cfg.data.root,
+            cfg.data.cache_dir,
+            cfg.model.weights,
+            cfg.eval.val_pairs,
+            cfg.eval.val_root,
+            cfg.eval.pairs,
+            cfg.eval.root,
+        )
+        if p
+    ]
 
 
 @contextlib.contextmanager
@@ -138,7 +180,7 @@ def _seeded(cfg: Config, rank: int):
 def _prepare_run_dir(
     run_dir: Path, cfg: Config, resume: bool, overwrite: bool, stack: contextlib.ExitStack
 ) -> str | None:
-    """Create and lock the run directory, clear it on --overwrite, write ``config.yaml``.
+    """Create and lock the run directory (nothing of a previous run is removed yet).
 
     Returns an error message, or None. Rank 0 holds the lock for the life of ``stack``.
     """
@@ -154,10 +196,7 @@ def _prepare_run_dir(
             "new one in its place (or choose another --out)"
         )
     try:
-        stack.enter_context(RunDirLock(run_dir))
-        if overwrite:  # a new run: nothing of the previous one may mix with it
-            clear_previous_outputs(run_dir)
-        save_config(cfg, run_dir / "config.yaml")
+        stack.enter_context(RunDirLock(run_dir))  # also proves the directory writable
     except FacenetError as err:  # locked by a live process
         return str(err)
     except OSError as err:

@@ -1,5 +1,12 @@
 """The run directory: created, locked by the process that trains in it, cleared on --overwrite.
 
+What a run writes is recorded in ``outputs.json`` (``RunOutputs``) as it writes it, and
+``--overwrite`` removes exactly what that record names: a folder that never held a run loses
+nothing, a user's own files (a ``tensorboard/`` tree, a pairs file named ``test_pairs.txt``)
+stay unless that run wrote them, and a file the new configuration reads is never removed. The
+previous run is removed only when the new one first writes, after its configuration, data and
+model were checked: a typo leaves the previous run as it was.
+
 The lock is an exclusive ``flock`` on ``.lock``, held for the life of the run by the training
 process (rank 0), with its pid and host name written in the file for messages. The kernel
 releases the lock when the process ends in any way (a crash, ``kill -9``), so there is no stale
@@ -12,18 +19,33 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 
+from facenet.checkpoint import load_checkpoint
 from facenet.errors import FacenetError
+from facenet.files import write_text_atomic
 
-__all__ = ["RunDirLocked", "RunDirLock", "clear_previous_outputs", "RUN_OUTPUTS"]
+__all__ = [
+    "LEGACY_RUN_OUTPUTS",
+    "NotARunOutput",
+    "OUTPUTS_RECORD",
+    "RunDirLock",
+    "RunDirLocked",
+    "RunOutputs",
+    "clear_previous_outputs",
+]
 
 LOCK_NAME = ".lock"
-# What a run writes into its directory (``--overwrite`` removes them before a new run).
-RUN_OUTPUTS = (
+OUTPUTS_RECORD = "outputs.json"
+_RECORD_FORMAT = "facenet-run-outputs"
+# What runs wrote before they kept a record: removed from a directory without a record only
+# when its last.pt is a training checkpoint of this package (it held a run).
+LEGACY_RUN_OUTPUTS = (
     "last.pt",
     "best.pt",
     "nonfinite.pt",
@@ -40,6 +62,10 @@ RUN_OUTPUTS = (
 
 class RunDirLocked(FacenetError):
     """Another live process trains in this run directory."""
+
+
+class NotARunOutput(FacenetError):
+    """A file the run would write exists, and no run recorded writing it."""
 
 
 class RunDirLock:
@@ -100,23 +126,127 @@ class RunDirLock:
         self.release()
 
 
-def clear_previous_outputs(run_dir: str | os.PathLike) -> list[Path]:
-    """Remove what an earlier run wrote (checkpoints, logs, figures, TensorBoard events).
+def _recorded(run_dir: Path) -> list[str] | None:
+    """The names in ``outputs.json`` (None: no record, or not one of ours)."""
+    try:
+        record = json.loads((run_dir / OUTPUTS_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != _RECORD_FORMAT:
+        return None
+    names = record.get("outputs")
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else None
 
-    The configuration and the data (e.g. a synthetic set under the run directory) stay.
+
+def _held_a_legacy_run(run_dir: Path) -> bool:
+    """``last.pt`` is one of this package's training checkpoints (read without running code)."""
+    path = run_dir / "last.pt"
+    if not path.is_file():
+        return False
+    try:
+        state = load_checkpoint(path)
+    except (FacenetError, OSError):
+        return False
+    return isinstance(state, dict) and "model" in state and "config" in state
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> list[Path]:
+    """Remove what the previous run recorded writing here (``outputs.json``), and the record.
+
+    Names that leave the run directory, and any path the new run reads (``keep``: its pairs
+    files, image folders, weights; or a folder holding one), stay. A directory without a
+    record loses nothing, unless its ``last.pt`` is a training checkpoint of a run from before
+    records were kept: then the names such runs wrote (``LEGACY_RUN_OUTPUTS``) are removed.
 
     Args:
         run_dir: the run directory.
+        keep: paths the new configuration reads.
 
     Returns:
         The removed paths.
     """
+    run_dir = Path(run_dir)
+    names = _recorded(run_dir)
+    if names is None:
+        names = list(LEGACY_RUN_OUTPUTS) if _held_a_legacy_run(run_dir) else []
+    base = run_dir.resolve()
+    kept = [Path(os.path.realpath(k)) for k in keep if k]
     removed = []
-    for pattern in RUN_OUTPUTS:
-        for path in sorted(Path(run_dir).glob(pattern)):
+    for name in names:
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            continue  # a record names entries of the run directory itself, nothing else
+        for path in sorted(run_dir.glob(name)):
+            # The entry itself (a link, not its target) must lie in the run directory.
+            real = Path(os.path.realpath(path.parent)) / path.name
+            if real.parent != base and base not in real.parent.parents:
+                continue  # a name leading out of the run directory
+            if any(_inside(k, Path(os.path.realpath(path))) or _inside(k, real) for k in kept):
+                continue  # the new run reads it (or something inside it)
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
                 path.unlink()
             removed.append(path)
+    with contextlib.suppress(FileNotFoundError):
+        (run_dir / OUTPUTS_RECORD).unlink()
     return removed
+
+
+class RunOutputs:
+    """The record of what a run writes in its directory, kept in ``outputs.json``.
+
+    Every writer calls :meth:`add` with the path it is about to write. The first call
+    ``begins`` the run's writing: with ``clear_previous`` the previous run's recorded outputs
+    are removed then (not before: the configuration, the data and the model have been checked
+    by the time anything is written), except the paths in ``keep``.
+
+    Args:
+        run_dir: the run directory.
+        clear_previous: a new run in place of an earlier one (``--overwrite``).
+        keep: paths the configuration reads (never removed).
+        enabled: False on ranks other than 0 (they write nothing).
+    """
+
+    def __init__(self, run_dir, clear_previous: bool = False, keep: Iterable = (), enabled=True):
+        self.run_dir, self.clear_previous = Path(run_dir), clear_previous
+        self.keep, self.enabled = list(keep), enabled
+        self.names: list[str] | None = None  # None until the first write
+        self.removed: list[Path] = []
+
+    def begin(self) -> None:
+        """Start writing: clear the previous run if asked, then keep the record."""
+        if self.names is not None or not self.enabled:
+            return
+        if self.clear_previous:
+            self.removed = clear_previous_outputs(self.run_dir, self.keep)
+        names = _recorded(self.run_dir)  # a resumed run adds to its record
+        if names is None and _held_a_legacy_run(self.run_dir):  # from before records were kept
+            names = [n for n in LEGACY_RUN_OUTPUTS if any(self.run_dir.glob(n))]
+        self.names = names or []
+        self._save()
+
+    def add(self, path: str | os.PathLike) -> None:
+        """Record ``path`` (a file or folder directly in the run directory, or a glob pattern
+        such as ``roc_*.png``) as written by this run; begins the run's writing if needed."""
+        if not self.enabled:
+            return
+        self.begin()
+        name = Path(path).name if Path(path).parent != Path(".") else str(path)
+        if name in self.names:
+            return
+        target = self.run_dir / name
+        if "*" not in name and (target.exists() or target.is_symlink()):
+            raise NotARunOutput(
+                f"{target} exists and no run recorded writing it (in {OUTPUTS_RECORD}); the "
+                "run would replace it: move it away, or choose another --out"
+            )
+        self.names.append(name)
+        self._save()
+
+    def _save(self) -> None:
+        record = {"format": _RECORD_FORMAT, "version": 1, "outputs": self.names}
+        write_text_atomic(self.run_dir / OUTPUTS_RECORD, json.dumps(record, indent=1))

@@ -561,6 +561,76 @@ def test_overwrite_starts_clean(tmp_path, capsys, synthetic_root):
     assert not (run / ".lock").exists()
 
 
+def _snapshot(folder: Path) -> dict:
+    """Every file under ``folder`` and its bytes."""
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_overwrite_in_a_folder_that_never_held_a_run_removes_nothing(
+    tmp_path, capsys, synthetic_root
+):
+    out = tmp_path / "mine"
+    for name in ("best.pt", "nonfinite.pt", "val_pairs.txt", "test_pairs.txt", "roc_a.png"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("mine")
+    (out / "tensorboard").mkdir()
+    (out / "tensorboard" / "notes.txt").write_text("mine")
+    before = _snapshot(out)
+    code, _, err = train(capsys, out, flags=["--overwrite"], data=synthetic_data(synthetic_root))
+    assert code == 0, err
+    after = _snapshot(out)
+    assert all(after[name] == data for name, data in before.items())
+
+
+def test_a_file_of_the_users_with_a_run_output_name_is_refused_not_replaced(
+    tmp_path, capsys, synthetic_root
+):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "summary.json").write_text("mine")
+    code, _, err = train(capsys, out, flags=["--overwrite"], data=synthetic_data(synthetic_root))
+    assert code == 2
+    assert_one_error_line(err, str(out / "summary.json"), "no run recorded writing it")
+    assert (out / "summary.json").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    ["data.root", "eval.pairs", "model.weights"],
+)
+def test_overwrite_with_a_mistake_leaves_the_previous_run_as_it_was(
+    tmp_path, capsys, synthetic_root, mistake
+):
+    run = tmp_path / "run"
+    code, _, err = train(capsys, run, "eval.every=1", data=synthetic_data(synthetic_root))
+    assert code == 0, err
+    before = _snapshot(run)
+    wrong = {
+        "data.root": ["data.dataset=folder", f"data.root={tmp_path / 'typo'}"],
+        "eval.pairs": [*synthetic_data(synthetic_root), f"eval.pairs={tmp_path / 'typo.txt'}"],
+        "model.weights": [*synthetic_data(synthetic_root), f"model.weights={tmp_path / 'w.pt'}"],
+    }[mistake]
+    code, _, err = train(capsys, run, "eval.every=1", flags=["--overwrite"], data=wrong)
+    assert code == 2
+    assert_one_error_line(
+        err, {"data.root": "data.root", "eval.pairs": "typo.txt"}.get(mistake, "w.pt")
+    )
+    assert _snapshot(run) == before
+
+
+def test_overwrite_keeps_a_pairs_file_the_new_run_reads(tmp_path, capsys):
+    root = make_folder(tmp_path / "faces", {f"id{i}": 3 for i in range(10)})
+    run = tmp_path / "run"
+    held = ["eval.every=1", "eval.heldout_identities=4", "eval.heldout_pairs_per_fold=1"]
+    code, _, err = train(capsys, run, *held, "eval.n_folds=2", data=folder_data(root))
+    assert code == 0, err
+    pairs = (run / "test_pairs.txt").read_text()
+    given = [f"eval.pairs={run / 'test_pairs.txt'}", f"eval.root={root}", "eval.n_folds=2"]
+    code, _, err = train(capsys, run, *held, *given, flags=["--overwrite"], data=folder_data(root))
+    assert code == 0, err
+    assert (run / "test_pairs.txt").read_text() == pairs
+
+
 def test_ctrl_c_before_training_says_no_checkpoint_was_written(
     tmp_path, capsys, synthetic_root, monkeypatch
 ):

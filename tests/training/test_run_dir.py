@@ -6,11 +6,21 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from facenet.checkpoint import save_checkpoint
 from facenet.errors import FacenetError
-from facenet.training.run_dir import RunDirLock, RunDirLocked, clear_previous_outputs
+from facenet.training.run_dir import (
+    LEGACY_RUN_OUTPUTS,
+    OUTPUTS_RECORD,
+    NotARunOutput,
+    RunDirLock,
+    RunDirLocked,
+    RunOutputs,
+    clear_previous_outputs,
+)
 
 HOLD = (
     "import time\n"
@@ -82,21 +92,113 @@ def test_of_runs_started_together_exactly_one_holds_the_lock(tmp_path):
         assert outcomes == ["held", "refused", "refused"], (trial, outcomes)
 
 
-def test_clear_previous_outputs_keeps_config_and_data(tmp_path):
-    for name in (
-        "last.pt",
-        "best.pt",
-        "metrics.jsonl",
-        "summary.json",
-        "roc_val_epoch_1.png",
-        "roc_test.png",
-        "holdout.json",
-        "config.yaml",
-    ):
-        (tmp_path / name).write_text("x")
-    (tmp_path / "tensorboard").mkdir()
-    (tmp_path / "tensorboard" / "events.out").write_text("x")
+OUTPUT_LIKE = (
+    "last.pt",
+    "best.pt",
+    "nonfinite.pt",
+    "metrics.jsonl",
+    "summary.json",
+    "roc_val_epoch_1.png",
+    "roc_test.png",
+    "heldout.json",
+    "holdout.json",
+    "val_pairs.txt",
+    "test_pairs.txt",
+    "config.yaml",
+)
+
+
+def _fill(folder: Path, names=OUTPUT_LIKE) -> None:
+    """Files (and a tensorboard/ tree) with every name a run writes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_text("mine")
+    (folder / "tensorboard").mkdir(exist_ok=True)
+    (folder / "tensorboard" / "events.out").write_text("mine")
+
+
+def _record(folder: Path, *names: str) -> None:
+    outputs = RunOutputs(folder)
+    outputs.names = list(names)  # as a run that wrote them leaves its record
+    outputs._save()
+
+
+def test_a_folder_that_never_held_a_run_loses_nothing(tmp_path):
+    _fill(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert clear_previous_outputs(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "tensorboard" / "events.out").read_text() == "mine"
+
+
+def test_only_what_the_record_names_is_removed_with_the_record(tmp_path):
+    _fill(tmp_path)
     (tmp_path / "data").mkdir()
+    _record(tmp_path, "last.pt", "metrics.jsonl", "tensorboard", "roc_*.png")
     removed = clear_previous_outputs(tmp_path)
-    assert len(removed) == 8
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "data"]
+    assert sorted(p.name for p in removed) == [
+        "last.pt",
+        "metrics.jsonl",
+        "roc_test.png",
+        "roc_val_epoch_1.png",
+        "tensorboard",
+    ]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert OUTPUTS_RECORD not in left and "data" in left
+    assert {"best.pt", "summary.json", "test_pairs.txt", "config.yaml"} <= set(left)
+
+
+def test_paths_the_configuration_reads_are_kept(tmp_path):
+    _fill(tmp_path)
+    _record(tmp_path, "test_pairs.txt", "tensorboard", "summary.json")
+    inside = tmp_path / "tensorboard" / "events.out"  # a folder holding a read file stays too
+    removed = clear_previous_outputs(tmp_path, keep=[tmp_path / "test_pairs.txt", inside])
+    assert [p.name for p in removed] == ["summary.json"]
+    assert (tmp_path / "test_pairs.txt").exists() and inside.exists()
+
+
+def test_names_leading_out_of_the_run_directory_are_not_followed(tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    _fill(elsewhere)
+    run.mkdir()
+    (run / "tensorboard").symlink_to(elsewhere / "tensorboard")
+    (run / "best.pt").symlink_to(elsewhere / "best.pt")
+    _record(run, "../elsewhere/last.pt", str(elsewhere / "summary.json"), "tensorboard", "best.pt")
+    removed = clear_previous_outputs(run)
+    assert sorted(p.name for p in removed) == ["best.pt", "tensorboard"]  # the links only
+    assert not (run / "tensorboard").is_symlink() and not (run / "best.pt").is_symlink()
+    assert sorted(p.name for p in elsewhere.iterdir()) == sorted([*OUTPUT_LIKE, "tensorboard"])
+    assert (elsewhere / "tensorboard" / "events.out").exists()
+
+
+def test_a_run_from_before_records_is_recognised_by_its_checkpoint(tmp_path):
+    _fill(tmp_path)
+    (tmp_path / "last.pt").unlink()
+    save_checkpoint({"model": {}, "config": {}}, tmp_path / "last.pt")
+    removed = {p.name for p in clear_previous_outputs(tmp_path)}
+    assert removed == (set(LEGACY_RUN_OUTPUTS) - {"roc_*.png"}) | {
+        "roc_test.png",
+        "roc_val_epoch_1.png",
+    }
+    assert (tmp_path / "config.yaml").exists()
+
+
+def test_run_outputs_clear_at_the_first_write_and_refuse_foreign_files(tmp_path):
+    _fill(tmp_path, names=("last.pt", "summary.json"))
+    _record(tmp_path, "last.pt")
+    outputs = RunOutputs(tmp_path, clear_previous=True)
+    assert (tmp_path / "last.pt").exists()  # nothing removed before the run writes
+    outputs.add(tmp_path / "last.pt")
+    assert not (tmp_path / "last.pt").exists() and outputs.removed == [tmp_path / "last.pt"]
+    with pytest.raises(NotARunOutput, match="summary.json exists and no run recorded"):
+        outputs.add(tmp_path / "summary.json")
+    assert (tmp_path / "summary.json").read_text() == "mine"
+    outputs.add(tmp_path / "roc_*.png")
+    resumed = RunOutputs(tmp_path)  # a resumed run continues the record
+    resumed.add(tmp_path / "metrics.jsonl")
+    assert resumed.names == ["last.pt", "roc_*.png", "metrics.jsonl"]
+
+
+def test_run_outputs_of_other_ranks_write_nothing(tmp_path):
+    RunOutputs(tmp_path, enabled=False).add(tmp_path / "last.pt")
+    assert not (tmp_path / OUTPUTS_RECORD).exists()
