@@ -217,7 +217,7 @@ def _epoch_batches(data: TrainingData, cfg: Config, epoch: int, skip: int):
     """The epoch's batches after the ``skip`` already trained, capped at the epoch's length."""
     if hasattr(data.sampler, "set_epoch"):
         data.sampler.set_epoch(epoch)
-    end = _epoch_length(data, cfg)
+    end = data.steps_per_epoch  # the epoch's one cap (build.epoch_length)
     return _CountedBatches(remaining_loader(data.loader, skip), skip, end)
 
 
@@ -301,12 +301,6 @@ def _worker_image_error(err: RuntimeError) -> CorruptImageError | None:
     text = str(err)
     match = _WORKER_IMAGE_ERROR.search(text) if text.startswith("Caught ") else None
     return CorruptImageError(match["path"], match["reason"].strip()) if match else None
-
-
-def _epoch_length(data: TrainingData, cfg: Config) -> int:
-    """Batches in one epoch: the sampler's, capped by ``train.steps_per_epoch``."""
-    length = len(data.loader)
-    return min(length, cfg.train.steps_per_epoch) if cfg.train.steps_per_epoch else length
 
 
 def _files_of_batch(loader, position: int, rows: list[int]) -> list[str]:
