@@ -77,8 +77,13 @@ class DataConfig:
     k: int = 4  # images per identity
     triplets_per_epoch: int = 10000  # seed-compatible mode only
     triplet_batch_size: int = 64  # seed-compatible mode: triplets per batch
-    num_workers: int = 0
-    pin_memory: bool = False
+    # auto: from the machine (facenet.data.loading.default_num_workers / default_pin_memory):
+    # a worker per core the step leaves free; pinned memory when training on a GPU.
+    num_workers: int | Literal["auto"] = "auto"
+    pin_memory: bool | Literal["auto"] = "auto"
+    # Decoded uint8 training images kept in memory, at most this many MiB over all workers
+    # (0: decode every time); small data sets are then decoded once.
+    decoded_cache_mib: int = 1024
     normalize: Literal["fixed", "imagenet"] = "fixed"  # fixed: (x - 127.5) / 128
     hflip: bool = True
     random_crop: bool = True
@@ -285,6 +290,7 @@ RANGES: dict[str, Range] = {
     "data.triplets_per_epoch": _ONE_PLUS,
     "data.triplet_batch_size": _ONE_PLUS,
     "data.num_workers": Range(0, 1024),
+    "data.decoded_cache_mib": _COUNT,
     "data.max_image_pixels": _ONE_PLUS,
     "data.max_aspect_ratio": Range(1, math.inf),
     "data.synthetic_identities": _TWO_PLUS,

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from facenet.data.batches import DecodedCache
 from facenet.data.images import (
     DEFAULT_MAX_ASPECT_RATIO,
     DEFAULT_MAX_PIXELS,
@@ -328,6 +329,8 @@ class IdentityFolder(Dataset):
         exclude: identity names to leave out entirely (held out for evaluation).
         max_pixels: images declaring more pixels are corrupt for ``on_corrupt``.
         max_aspect_ratio: images declaring a longer side / shorter side above this, too.
+        cache_bytes: keep decoded images in memory up to this many bytes over all loading
+            processes (:class:`~facenet.data.batches.DecodedCache`; 0: decode every time).
     """
 
     def __init__(
@@ -340,6 +343,7 @@ class IdentityFolder(Dataset):
         exclude: Collection[str] = (),
         max_pixels: int = DEFAULT_MAX_PIXELS,
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+        cache_bytes: int = 0,
     ):
         if on_corrupt not in ("skip", "error"):
             raise ValueError(f"on_corrupt={on_corrupt!r}: expected 'skip' or 'error'")
@@ -349,6 +353,7 @@ class IdentityFolder(Dataset):
         self.transform = transform
         self.min_images = min_images
         self.limits = (int(max_pixels), float(max_aspect_ratio))
+        self.decoded = DecodedCache(cache_bytes)
         index = self._load_or_build_index(cache_dir)
         self.skipped = self._apply_corrupt_policy(index["corrupt"], on_corrupt)
         excluded = set(exclude)
@@ -437,7 +442,10 @@ class IdentityFolder(Dataset):
             CorruptImageError: the file cannot be decoded (it names the file).
         """
         path, label = self.samples[index]
-        image = read_image(path, *self.limits)  # uint8 (3, H, W)
+        image = self.decoded.get(index)  # uint8 (3, H, W), or None
+        if image is None:
+            image = read_image(path, *self.limits)
+            self.decoded.put(index, image)
         if self.transform is not None:
             image = self.transform(image)
         return image, label

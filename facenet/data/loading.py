@@ -10,14 +10,17 @@ and ranks' restarts, then draws exactly what the uninterrupted epoch drew.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from facenet.data.batches import collate_batches
 
 __all__ = [
     "SeededBatches",
@@ -25,12 +28,21 @@ __all__ = [
     "sample_seed",
     "seed_worker",
     "make_loader",
+    "available_cpus",
+    "default_num_workers",
+    "default_pin_memory",
+    "resolve_loader_settings",
     "measure_throughput",
     "count_images",
 ]
 
 
 _MASK64 = (1 << 64) - 1
+# Workers beyond this rarely help one GPU's input pipeline and each holds its own cache share.
+_MAX_AUTO_WORKERS = 8
+# Batches each worker prepares ahead: uint8 batches are small, and a deeper queue rides out a
+# slow file (a cold disk, a large JPEG) without the GPU waiting.
+_PREFETCH_FACTOR = 4
 
 
 def _mix64(z: int) -> int:
@@ -102,12 +114,23 @@ class SeededSamples(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, item: tuple[int, int]):
-        index, seed = item
+        return self.__getitems__([item])[0]
+
+    def __getitems__(self, items: list[tuple[int, int]]) -> list:
+        """A batch's samples, each drawn under its own seed (the DataLoader calls this once
+        per batch, so the generator's state is saved and restored once, not per sample).
+
+        Args:
+            items: ``(index, seed)`` pairs.
+        """
         generator = torch.default_generator  # the CPU generator the transforms draw from
         state = generator.get_state()  # ~2 us with the reseed (fork_rng costs ~75 us)
-        generator.manual_seed(seed)
         try:
-            return self.dataset[index]
+            samples = []
+            for index, seed in items:
+                generator.manual_seed(seed)
+                samples.append(self.dataset[index])
+            return samples
         finally:
             generator.set_state(state)
 
@@ -133,6 +156,61 @@ def seed_worker(worker_id: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def available_cpus() -> int:
+    """The CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_num_workers(device_type: str, local_processes: int = 1) -> int:
+    """Loader workers for ``data.num_workers: auto``: one per core the step leaves free.
+
+    Each of the ``local_processes`` training processes on this machine gets an equal share of
+    its cores. On a GPU the training process needs one core to drive it; on the CPU the step
+    uses ``torch.get_num_threads()`` cores. A worker only overlaps loading with the step when
+    it has a core of its own; otherwise it would take time from the step, so 0 (load in the
+    training process). At most 8.
+
+    Args:
+        device_type: "cuda" or "cpu", where the step runs.
+        local_processes: training processes on this machine (torchrun's LOCAL_WORLD_SIZE).
+    """
+    cores = available_cpus() // max(1, local_processes)
+    busy = 1 if device_type == "cuda" else torch.get_num_threads()
+    return max(0, min(_MAX_AUTO_WORKERS, cores - busy))
+
+
+def default_pin_memory(device_type: str) -> bool:
+    """``data.pin_memory: auto``: page-locked batches when they go to a GPU (the copy is then
+    asynchronous, so the next step's input moves while the current step runs), else not.
+
+    Args:
+        device_type: "cuda" or "cpu", where the step runs.
+    """
+    return device_type == "cuda"
+
+
+def resolve_loader_settings(
+    num_workers: int | str, pin_memory: bool | str, device_type: str
+) -> tuple[int, bool]:
+    """``(num_workers, pin_memory)`` with "auto" replaced by the machine's defaults.
+
+    Args:
+        num_workers: a count, or "auto" (:func:`default_num_workers`; the training processes
+            of this machine are torchrun's ``LOCAL_WORLD_SIZE``).
+        pin_memory: a bool, or "auto" (:func:`default_pin_memory`).
+        device_type: "cuda" or "cpu", where the step runs.
+    """
+    if num_workers == "auto":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        num_workers = default_num_workers(device_type, local)
+    if pin_memory == "auto":
+        pin_memory = default_pin_memory(device_type)
+    return int(num_workers), bool(pin_memory)
+
+
 def make_loader(
     dataset: Dataset,
     batch_sampler: Iterable[list[int]],
@@ -141,18 +219,25 @@ def make_loader(
     seed: int = 0,
     rank: int = 0,
     epoch_of=None,
+    collate_fn: Callable | None = None,
+    persistent_workers: bool = True,
 ) -> DataLoader:
     """A DataLoader over ``dataset`` with batches from ``batch_sampler``, every sample seeded.
 
     Args:
         dataset: indexed by the sampler's indices.
         batch_sampler: yields lists of indices (e.g. :class:`~facenet.data.PKSampler`).
-        num_workers: loader processes; 0 loads in the main process. With workers they are
-            persistent, so they start once, not every epoch.
+        num_workers: loader processes; 0 loads in the main process.
         pin_memory: page-locked host memory for faster, asynchronous copies to the GPU.
         seed: the run's seed: with the rank, the epoch and the position, each sample's seed.
         rank: this process's rank.
         epoch_of: where the current epoch is read (see :class:`SeededBatches`).
+        collate_fn: forms a batch from its samples; default
+            :func:`~facenet.data.batches.collate_batches` (pending crops are cropped and
+            flipped per batch, everything else as torch's default collate).
+        persistent_workers: workers start once, not every epoch (they keep their decoded
+            cache). False for a dataset that changes per epoch in the main process (a triplet
+            list): persistent workers would keep the first epoch's copy.
     """
     if num_workers < 0:
         raise ValueError(f"num_workers={num_workers}: expected >= 0")
@@ -165,7 +250,9 @@ def make_loader(
         pin_memory=pin_memory,
         worker_init_fn=seed_worker,
         generator=generator,
-        persistent_workers=num_workers > 0,
+        persistent_workers=persistent_workers and num_workers > 0,
+        collate_fn=collate_batches if collate_fn is None else collate_fn,
+        prefetch_factor=_PREFETCH_FACTOR if num_workers > 0 else None,
     )
 
 

@@ -20,9 +20,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from facenet.config import Config
-from facenet.data import IdentityFolder, PKSampler, TripletListDataset, build_transform
+from facenet.data import IdentityFolder, PKSampler, TripletListDataset
+from facenet.data.batches import TrainCrops
 from facenet.data.images import CorruptImageError, inspect_image
-from facenet.data.loading import make_loader
+from facenet.data.loading import make_loader, resolve_loader_settings
 from facenet.data.pairs import (
     MissingImagesError,
     PairsFormatError,
@@ -226,15 +227,13 @@ def _heldout_folds(images: dict, cfg: Config, split: str):
 
 
 def _identity_folder(cfg: Config, train_root: str, exclude=()):
-    """The training images, with errors that name the ``data`` keys to change."""
+    """The training images, with errors that name the ``data`` keys to change.
+
+    A sample is the decoded uint8 image with its crop and flip drawn (``TrainCrops``); the
+    loader's collate crops and flips the batch, the Trainer standardises it on the device.
+    """
     data = cfg.data
-    transform = build_transform(
-        data.image_size,
-        train=True,
-        normalize=data.normalize,
-        hflip=data.hflip,
-        random_crop=data.random_crop,
-    )
+    transform = TrainCrops(data.image_size, random_crop=data.random_crop, hflip=data.hflip)
     try:
         return IdentityFolder(
             train_root,
@@ -244,6 +243,7 @@ def _identity_folder(cfg: Config, train_root: str, exclude=()):
             exclude=exclude,
             max_pixels=data.max_image_pixels,
             max_aspect_ratio=data.max_aspect_ratio,
+            cache_bytes=data.decoded_cache_mib * 2**20,
         )
     except CorruptImageError as err:
         raise CorruptImageError(
@@ -256,6 +256,7 @@ def _identity_folder(cfg: Config, train_root: str, exclude=()):
 def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
     """(loader, sampler): P x K batches, or seed-style triplet batches (data.dataset: triplets)."""
     data, seed = cfg.data, cfg.train.seed
+    workers, pin = resolve_loader_settings(data.num_workers, data.pin_memory, _device_type(cfg))
     if data.dataset == "triplets":
         try:
             sampler = TripletListDataset(
@@ -277,8 +278,9 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
             else torch.utils.data.SequentialSampler(sampler)
         )
         batches = torch.utils.data.BatchSampler(split, data.triplet_batch_size, drop_last=True)
+        # Workers start each epoch: the triplet list is drawn anew in this process per epoch.
         loader = make_loader(
-            sampler, batches, data.num_workers, data.pin_memory, seed, rank, epoch_of=sampler
+            sampler, batches, workers, pin, seed, rank, epoch_of=sampler, persistent_workers=False
         )
         return loader, sampler
     try:
@@ -293,8 +295,16 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
         )
     except ValueError as err:
         raise ConfigError(f"data.p={data.p}, data.k={data.k}: {err}") from None
-    loader = make_loader(dataset, sampler, data.num_workers, data.pin_memory, seed, rank)
+    loader = make_loader(dataset, sampler, workers, pin, seed, rank)
     return loader, sampler
+
+
+def _device_type(cfg: Config) -> str:
+    """ "cuda" or "cpu": where the step will run (the loader's "auto" settings follow it)."""
+    try:
+        return resolve_device(cfg.train.device).type
+    except FacenetError:  # refused with its key by build_device
+        return "cpu"
 
 
 def _read_eval_pairs(cfg: Config, source, keys: tuple[str, str]):
@@ -481,6 +491,7 @@ def build_trainer(
         device=device,
         amp=cfg.train.amp,
         ce_weight=cfg.loss.ce_weight,
+        input_normalize=cfg.data.normalize,
         passes=cfg.mining.passes,
         grad_clip=cfg.optim.grad_clip,
         max_nonfinite_steps=cfg.train.max_nonfinite_steps,

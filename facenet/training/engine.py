@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.utils import get_total_norm
 from tqdm import tqdm
 
+from facenet.data.batches import standardize
 from facenet.data.loading import count_images
 from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
@@ -95,6 +96,9 @@ class Trainer:
         device: where the step runs.
         amp: "none", "bf16" (autocast) or "fp16" (autocast + GradScaler).
         ce_weight: weight of the cross-entropy term (> 0 needs a classifier head).
+        input_normalize: how uint8 batches (the training loader's) are standardised once
+            they are on the device: "fixed" or "imagenet" (``data.normalize``); float batches
+            are taken as already standardised.
         passes: "auto" (one pass when the miner selects every image, else two; chunked when
             ``chunk_size`` is set), 1 or 2. See ``facenet.training.step``.
         grad_clip: max gradient norm (0: off).
@@ -123,6 +127,7 @@ class Trainer:
         device: str | torch.device = "cpu",
         amp: str = "none",
         ce_weight: float = 0.0,
+        input_normalize: str = "fixed",
         passes: int | str = "auto",
         grad_clip: float = 0.0,
         max_nonfinite_steps: int = 5,
@@ -143,6 +148,9 @@ class Trainer:
         self.grad_clip = float(grad_clip)
         self.max_nonfinite_steps = int(max_nonfinite_steps)
         self.channels_last = channels_last
+        # Refuse a bad name now, not at the first batch.
+        standardize(torch.zeros(1, 3, 1, 1, dtype=torch.uint8), input_normalize)
+        self.input_normalize = input_normalize
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == "fp16")
         self.step = build_step(
             self.model,
@@ -204,7 +212,8 @@ class Trainer:
         """One complete optimisation step on a labelled batch.
 
         Args:
-            images: (B, C, H, W) batch (P identities x K images, or concatenated a/p/n).
+            images: (B, C, H, W) batch (P identities x K images, or concatenated a/p/n):
+                uint8 (standardised here, on the device) or float (taken as it is).
             labels: (B,) identity labels.
             candidates: optional (a, p, n) index tensors (seed-compatible mode): the miner
                 only filters these triplets.
@@ -218,7 +227,8 @@ class Trainer:
                 images hold NaN or inf (``rows`` names them).
             NonFiniteLossError: ``max_nonfinite_steps`` non-finite losses in a row.
         """
-        images = images.to(self.device, non_blocking=True)
+        images = images.to(self.device, non_blocking=True)  # uint8: a quarter of the bytes
+        images = standardize(images, self.input_normalize)  # (B, C, H, W) float, on the device
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         labels = labels.to(self.device, non_blocking=True)

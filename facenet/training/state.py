@@ -307,6 +307,7 @@ def remaining_loader(loader, skip: int):
         num_workers=loader.num_workers,
         pin_memory=loader.pin_memory,
         collate_fn=loader.collate_fn,
+        prefetch_factor=loader.prefetch_factor,
         worker_init_fn=loader.worker_init_fn,
         # Its own generator: the global one must not advance (the interrupted epoch already
         # drew its loader seed from it before the checkpoint captured its state).

@@ -17,6 +17,7 @@ import torch
 
 from facenet.checkpoint import load_checkpoint
 from facenet.config import Config
+from facenet.data.loading import resolve_loader_settings
 from facenet.distributed import broadcast_buffers, is_main_process
 from facenet.errors import CheckpointError
 from facenet.evaluation.protocol import plot_roc
@@ -28,9 +29,15 @@ from facenet.inference.loading import weights_digest
 __all__ = ["FIGURE_KEYS", "figures", "validate", "test_selected", "figures_line"]
 
 
-def verify_options(cfg: Config) -> dict:
-    """The run configuration's evaluation settings as ``verify``'s plain arguments."""
+def verify_options(cfg: Config, device_type: str = "cpu") -> dict:
+    """The run configuration's evaluation settings as ``verify``'s plain arguments.
+
+    Args:
+        cfg: the run configuration.
+        device_type: where the model runs ("auto" loader settings depend on it).
+    """
     e = cfg.eval
+    workers, _ = resolve_loader_settings(cfg.data.num_workers, False, device_type)
     return {
         "preprocess": e.preprocess,
         "flip": e.flip,
@@ -40,7 +47,7 @@ def verify_options(cfg: Config) -> dict:
         "n_folds": e.n_folds,
         "far_target": e.far_target,
         "batch_size": e.batch_size,
-        "num_workers": cfg.data.num_workers,
+        "num_workers": workers,
     }
 
 
@@ -53,7 +60,7 @@ def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
         normalize=normalize,
         device=device,
         return_distances=True,
-        **verify_options(cfg),
+        **verify_options(cfg, torch.device(device).type),
     )
 
 

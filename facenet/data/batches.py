@@ -1,0 +1,239 @@
+"""The training augmentation done per batch: random crop and flip as one index on the batch
+tensor, standardisation once per batch on the device, and a bounded cache of decoded images.
+
+The per-sample transform of :func:`~facenet.data.images.build_transform` (resize the shorter
+side to 1.125 S, a random S x S crop, a random horizontal flip, standardisation) called five
+torchvision transforms on every image; on small images that Python dispatch, not decoding, was
+most of the loader's time. Here a sample only draws its random numbers
+(:class:`TrainCrops`, under the sample's seed from :class:`~facenet.data.loading.SeededSamples`,
+in the order the torchvision transforms draw them: crop top, crop left, flip), and the batch
+does the work: images of one size are resized in one call, then cropped and flipped by one
+``gather`` (:func:`crop_and_flip`), and stay uint8 until :func:`standardize` runs on the
+device. The result equals the per-sample transform under the same seeds, bit for bit
+(tests/data/test_batches.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import default_collate, get_worker_info
+from torchvision.transforms.v2 import functional as TF
+
+from facenet.data.images import (
+    FIXED_MEAN,
+    FIXED_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    TRAIN_RESIZE_RATIO,
+)
+
+__all__ = [
+    "PendingCrop",
+    "TrainCrops",
+    "DecodedCache",
+    "resized_size",
+    "crop_and_flip",
+    "collate_crops",
+    "collate_batches",
+    "standardize",
+]
+
+
+class PendingCrop:
+    """A decoded image and the crop and flip drawn for it, applied when its batch is formed.
+
+    Args:
+        image: uint8 (3, H, W) as decoded (not resized).
+        top, left: the crop's corner in the resized image.
+        flip: flip the crop horizontally.
+        size: S, the crop's side.
+        resize_to: the resized shorter side (1.125 S).
+    """
+
+    __slots__ = ("image", "top", "left", "flip", "size", "resize_to")
+
+    def __init__(self, image, top: int, left: int, flip: bool, size: int, resize_to: int):
+        self.image, self.top, self.left, self.flip = image, top, left, flip
+        self.size, self.resize_to = size, resize_to
+
+
+def resized_size(height: int, width: int, short_side: int) -> tuple[int, int]:
+    """(H', W') after resizing the shorter side to ``short_side``, as ``v2.Resize(int)`` does.
+
+    Args:
+        height, width: the image's size.
+        short_side: the shorter side after resizing.
+    """
+    if width <= height:  # torchvision rounds the longer side down
+        return int(short_side * height / width), short_side
+    return short_side, int(short_side * width / height)
+
+
+class TrainCrops:
+    """The per-sample half of the training transform: draws the crop and the flip only.
+
+    Called on a uint8 (3, H, W) image it returns a :class:`PendingCrop`, drawing from torch's
+    global generator what ``v2.RandomCrop`` and ``v2.RandomHorizontalFlip`` would draw after
+    ``v2.Resize``: a top offset (only when the resized height exceeds S), a left offset (same
+    for the width), then one uniform number for the flip (flipped when below 0.5).
+
+    Args:
+        image_size: S, the side of the output.
+        random_crop: crop at a random place (else in the centre, as ``v2.CenterCrop``).
+        hflip: flip with probability 0.5.
+    """
+
+    def __init__(self, image_size: int, random_crop: bool = True, hflip: bool = True):
+        if not isinstance(image_size, int) or image_size < 1:
+            raise ValueError(f"image_size={image_size!r}: expected a positive integer")
+        self.size, self.random_crop, self.hflip = image_size, random_crop, hflip
+        self.resize_to = round(image_size * TRAIN_RESIZE_RATIO)
+
+    def _offset(self, extent: int) -> int:
+        """Where the crop starts along a side of ``extent`` pixels."""
+        if not self.random_crop:
+            return int(round((extent - self.size) / 2.0))  # v2.CenterCrop's rounding
+        if extent <= self.size:  # v2.RandomCrop draws nothing then
+            return 0
+        return int(torch.randint(0, extent - self.size + 1, size=()))
+
+    def __call__(self, image: torch.Tensor) -> PendingCrop:
+        height, width = resized_size(image.shape[-2], image.shape[-1], self.resize_to)
+        top, left = self._offset(height), self._offset(width)  # this order: v2.RandomCrop's
+        flip = bool(torch.rand(1) < 0.5) if self.hflip else False
+        return PendingCrop(image, top, left, flip, self.size, self.resize_to)
+
+
+def crop_and_flip(
+    images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, flip: torch.Tensor, size: int
+) -> torch.Tensor:
+    """Each image's S x S crop at (top, left), flipped where ``flip``: one ``gather``.
+
+    Args:
+        images: (B, C, H, W).
+        top, left: (B,) int64 crop corners.
+        flip: (B,) bool.
+        size: S.
+
+    Returns:
+        (B, C, S, S), contiguous.
+    """
+    batch, channels, _, width = images.shape
+    steps = torch.arange(size)  # (S,)
+    rows = top[:, None] + steps  # (B, S)
+    # A flipped crop reads its columns right to left: out[..., j] = crop[..., S - 1 - j].
+    columns = left[:, None] + torch.where(flip[:, None], size - 1 - steps, steps)  # (B, S)
+    # Flat pixel positions in each image; gather beats advanced indexing here by about 4x.
+    where = (rows[:, :, None] * width + columns[:, None, :]).reshape(batch, 1, size * size)
+    where = where.expand(batch, channels, size * size)  # (B, C, S*S)
+    pixels = images.reshape(batch, channels, -1)  # (B, C, H*W)
+    return torch.gather(pixels, 2, where).reshape(batch, channels, size, size)
+
+
+def collate_crops(items: list[PendingCrop]) -> torch.Tensor:
+    """A batch of pending crops as uint8 (B, 3, S, S): resized and cropped per group of sizes.
+
+    Images of one size (all of them, for aligned crops) are resized in one call and cropped
+    in one index; an image of a size of its own forms a group of one.
+
+    Args:
+        items: the batch's samples, all with the same ``size`` and ``resize_to``.
+    """
+    size, side = items[0].size, items[0].resize_to
+    out = torch.empty((len(items), items[0].image.shape[0], size, size), dtype=torch.uint8)
+    groups: dict[tuple, list[int]] = {}
+    for row, item in enumerate(items):
+        groups.setdefault(tuple(item.image.shape), []).append(row)
+    for rows in groups.values():
+        images = torch.stack([items[r].image for r in rows])  # (G, 3, H, W)
+        images = TF.resize(images, [side], antialias=True)  # (G, 3, H', W')
+        top = torch.tensor([items[r].top for r in rows])  # (G,)
+        left = torch.tensor([items[r].left for r in rows])  # (G,)
+        flip = torch.tensor([items[r].flip for r in rows])  # (G,)
+        out[rows] = crop_and_flip(images, top, left, flip, size)
+    return out
+
+
+def collate_batches(batch: list):
+    """The loader's collate: columns of :class:`PendingCrop` become uint8 image batches,
+    anything else goes to torch's ``default_collate``.
+
+    Args:
+        batch: the samples of one batch: ``(image, label)`` tuples, seed-style
+            ``(a, p, n, label_p, label_n)`` tuples, or anything ``default_collate`` takes.
+    """
+    first = batch[0]
+    if isinstance(first, PendingCrop):
+        return collate_crops(batch)
+    if not isinstance(first, (tuple, list)) or not any(isinstance(x, PendingCrop) for x in first):
+        return default_collate(batch)
+    columns = zip(*batch)
+    return [
+        collate_crops(list(c)) if isinstance(c[0], PendingCrop) else default_collate(list(c))
+        for c in columns
+    ]
+
+
+def standardize(images: torch.Tensor, normalize: str = "fixed") -> torch.Tensor:
+    """uint8 images as the float input of the network; any other dtype is returned as it is.
+
+    The same operations as the per-sample ``ToDtype`` + ``Normalize`` steps, on the whole
+    batch at once (and on its device), so the values are the same bit for bit.
+
+    Args:
+        images: uint8 (B, 3, S, S), or an already standardised float batch.
+        normalize: "fixed" for FaceNet's (x - 127.5) / 128, "imagenet" for ImageNet mean/std.
+    """
+    if images.dtype != torch.uint8:
+        return images
+    if normalize == "fixed":
+        floats = TF.to_dtype(images, torch.float32, scale=False)
+        return TF.normalize(floats, FIXED_MEAN, FIXED_STD)
+    if normalize == "imagenet":
+        floats = TF.to_dtype(images, torch.float32, scale=True)
+        return TF.normalize(floats, IMAGENET_MEAN, IMAGENET_STD)
+    raise ValueError(f"normalize={normalize!r}: expected 'fixed' or 'imagenet'")
+
+
+class DecodedCache:
+    """Decoded uint8 images kept in memory by dataset index, up to a size limit.
+
+    Each loading process fills its own cache as it decodes (DataLoader workers are separate
+    processes), so the limit is shared out: a worker keeps at most ``max_bytes / workers``.
+    Images that do not fit are decoded again each time they are drawn.
+
+    Args:
+        max_bytes: the limit over all loading processes (0: no cache).
+    """
+
+    def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes={max_bytes}: expected >= 0")
+        self.max_bytes = int(max_bytes)
+        self.images: dict[int, torch.Tensor] = {}
+        self.bytes = 0
+
+    def budget(self) -> int:
+        """This process's share of the limit."""
+        worker = get_worker_info()
+        return self.max_bytes // (worker.num_workers if worker is not None else 1)
+
+    def get(self, index: int) -> torch.Tensor | None:
+        """The cached image of ``index``, or None."""
+        return self.images.get(index)
+
+    def put(self, index: int, image: torch.Tensor) -> None:
+        """Keep ``image`` if it fits in this process's share.
+
+        Args:
+            index: the dataset index.
+            image: uint8 (3, H, W); never modified afterwards (batches copy it).
+        """
+        size = image.numel() * image.element_size()
+        if self.bytes + size <= self.budget():
+            self.images[index] = image
+            self.bytes += size
+
+    def __getstate__(self) -> dict:
+        # A worker started with spawn gets an empty cache, not a copy of the parent's.
+        return {"max_bytes": self.max_bytes, "images": {}, "bytes": 0}
