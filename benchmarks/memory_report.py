@@ -44,7 +44,7 @@ from benchmarks.measure import (
     seed_rule_parts,
     semihard_parts,
 )
-from facenet.config import positive_int
+from facenet.cli.common import positive_int
 from facenet.distributed import resolve_device
 from facenet.errors import FacenetError
 from facenet.files import json_safe, write_text_atomic

@@ -10,7 +10,6 @@ file and the valid options. The resolved configuration is written next to the ru
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -43,7 +42,6 @@ __all__ = [
     "config_to_dict",
     "apply_overrides",
     "add_override_argument",
-    "positive_int",
     "save_config",
     "RENAMED_KEYS",
 ]
@@ -511,21 +509,6 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
                 values.pop(old.split(".", 1)[1], None)
         values[key] = value
     return data
-
-
-def positive_int(text: str) -> int:
-    """An argparse type for the scripts' count options: an integer >= 1.
-
-    Args:
-        text: the option's value as typed.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def add_override_argument(parser) -> None:

@@ -13,8 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from facenet.cli.common import run_command
-from facenet.config import positive_int
+from facenet.cli.common import positive_int, run_command
 from facenet.data.pairs import generate_pairs, scan_identities, write_pairs
 from facenet.errors import DataError
 
