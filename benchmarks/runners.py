@@ -20,6 +20,7 @@ __all__ = [
     "EvaluationRunner",
     "DataRunner",
     "StepPathsRunner",
+    "PipelineRunner",
     "RUNNERS",
     "SECTIONS",
 ]
@@ -147,6 +148,20 @@ class StepPathsRunner(Runner):
     name, module = "step_paths", "bench_step_paths"
 
 
+class PipelineRunner(Runner):
+    """Our loader against torchvision's, training end to end against the step alone, the
+    folder index's build time."""
+
+    name, module = "pipeline", "bench_pipeline"
+
+
 # In this order: the data section reads the training step's report.
-RUNNERS = (TrainingStepRunner, MinersRunner, EvaluationRunner, DataRunner, StepPathsRunner)
+RUNNERS = (
+    TrainingStepRunner,
+    MinersRunner,
+    EvaluationRunner,
+    DataRunner,
+    StepPathsRunner,
+    PipelineRunner,
+)
 SECTIONS = tuple(runner.name for runner in RUNNERS)

@@ -318,6 +318,58 @@ def data_table(data: dict) -> str:
     return md_table(headers + ["step images/s", "loader / step"], rows)
 
 
+def pipeline_tables(report: dict) -> dict[str, str]:
+    """Section 6: the loaders side by side, training against the step alone, the index."""
+    loader = [
+        [
+            r["image_size"],
+            r["workers"],
+            num(r["ours_first_pass"], ".0f"),
+            num(r["ours"], ".0f"),
+            num(r["torchvision"], ".0f"),
+            num(r["ours_vs_torchvision"], ".1f", "x"),
+        ]
+        for r in report.get("loader", [])
+    ]
+    training = [
+        [
+            r["workload"],
+            f"{r['workers']} ({r['workers_setting']})",
+            num(r["step_images_per_s"], ".0f"),
+            num(r["end_to_end_images_per_s"], ".0f"),
+            num(r["end_to_end_vs_step"], ".0%"),
+            num(r["step_images_per_s_median"], ".0f"),
+            num(r["end_to_end_images_per_s_median"], ".0f"),
+        ]
+        for r in report.get("training", [])
+    ]
+    index = [
+        [
+            r["format"],
+            f"{r['files']:,}",
+            num(r["megabytes"], ".0f"),
+            num(r["build_s"], ".2f"),
+            num(r["build_s_per_10k"], ".1f"),
+            num(r["build_s_vggface2"] / 60, ".0f"),
+            num(r["reuse_s_per_10k"], ".2f"),
+        ]
+        for r in report.get("index", [])
+    ]
+    loader_headers = ["image px", "workers", "ours, first pass images/s", "ours images/s"]
+    training_headers = ["workload", "workers (setting)", "step alone images/s"]
+    training_headers += ["end to end images/s", "end to end / step"]
+    training_headers += ["step alone (median)", "end to end (median)"]
+    index_headers = ["format", "files", "MiB", "build s", "build s per 10k"]
+    index_headers += ["3.3 M files, minutes", "reuse s per 10k"]
+    return {
+        "pipeline_loader": md_table(
+            loader_headers + ["torchvision images/s", "ours / torchvision"], loader
+        ),
+        "pipeline_training": md_table(training_headers, training),
+        "pipeline_index": md_table(index_headers, index),
+    }
+
+
 def step_paths_tables(report: dict) -> dict[str, str]:
     """Section 5: every variant's step time, and the ratios of each workload."""
     rows, ratio_rows = [], []
@@ -399,6 +451,8 @@ def _section_tables(name: str, report: dict | None) -> dict[str, str]:
         return training_step_tables(report)
     if name == "step_paths":
         return step_paths_tables(report)
+    if name == "pipeline":
+        return pipeline_tables(report)
     render = {"miners": miners_table, "evaluation": evaluation_table, "data": data_table}
     return {name: render[name](report)}
 

@@ -163,7 +163,14 @@ def test_the_committed_tables_are_those_of_the_committed_results():
 
 
 def test_each_runner_names_its_module_and_its_command(tmp_path):
-    assert runners.SECTIONS == ("training_step", "miners", "evaluation", "data", "step_paths")
+    assert runners.SECTIONS == (
+        "training_step",
+        "miners",
+        "evaluation",
+        "data",
+        "step_paths",
+        "pipeline",
+    )
     for runner_class in runners.RUNNERS:
         runner = runner_class(tmp_path, threads=1)
         command = runner.command(quick=False)

@@ -7,8 +7,9 @@ torchvision transforms on every image; on small images that Python dispatch, not
 most of the loader's time. Here a sample only draws its random numbers
 (:class:`TrainCrops`, under the sample's seed from :class:`~facenet.data.loading.SeededSamples`,
 in the order the torchvision transforms draw them: crop top, crop left, flip), and the batch
-does the work: images of one size are resized in one call, then cropped and flipped by one
-``gather`` (:func:`crop_and_flip`), and stay uint8 until :func:`standardize` runs on the
+does the work: images of one size are resized in one call (or once per image, when
+``IdentityFolder`` caches them prepared: :meth:`TrainCrops.prepare`), then cropped and
+flipped by one ``gather`` (:func:`crop_and_flip`), and stay uint8 until :func:`standardize` runs on the
 device. The result equals the per-sample transform under the same seeds, bit for bit
 (tests/data/test_batches.py).
 """
@@ -97,6 +98,21 @@ class TrainCrops:
             return 0
         return int(torch.randint(0, extent - self.size + 1, size=()))
 
+    def prepare(self, image: torch.Tensor) -> torch.Tensor:
+        """The deterministic part: the shorter side resized to 1.125 S (``v2.Resize``'s call).
+
+        ``IdentityFolder`` caches its result, so a cached image is resized once per run.
+
+        Args:
+            image: uint8 (3, H, W) as decoded.
+
+        Returns:
+            uint8 (3, H', W') with min(H', W') = 1.125 S.
+        """
+        if min(image.shape[-2:]) == self.resize_to:
+            return image
+        return TF.resize(image, [self.resize_to], antialias=True)
+
     def __call__(self, image: torch.Tensor) -> PendingCrop:
         height, width = resized_size(image.shape[-2], image.shape[-1], self.resize_to)
         top, left = self._offset(height), self._offset(width)  # this order: v2.RandomCrop's
@@ -146,11 +162,15 @@ def collate_crops(items: list[PendingCrop]) -> torch.Tensor:
         groups.setdefault(tuple(item.image.shape), []).append(row)
     for rows in groups.values():
         images = torch.stack([items[r].image for r in rows])  # (G, 3, H, W)
-        images = TF.resize(images, [side], antialias=True)  # (G, 3, H', W')
+        if min(images.shape[-2:]) != side:  # not prepared (TrainCrops.prepare) per image
+            images = TF.resize(images, [side], antialias=True)  # (G, 3, H', W')
         top = torch.tensor([items[r].top for r in rows])  # (G,)
         left = torch.tensor([items[r].left for r in rows])  # (G,)
         flip = torch.tensor([items[r].flip for r in rows])  # (G,)
-        out[rows] = crop_and_flip(images, top, left, flip, size)
+        cropped = crop_and_flip(images, top, left, flip, size)  # (G, 3, S, S)
+        if len(groups) == 1:  # aligned crops: one size, no scatter needed
+            return cropped
+        out[rows] = cropped
     return out
 
 

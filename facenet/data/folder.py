@@ -329,8 +329,9 @@ class IdentityFolder(Dataset):
         exclude: identity names to leave out entirely (held out for evaluation).
         max_pixels: images declaring more pixels are corrupt for ``on_corrupt``.
         max_aspect_ratio: images declaring a longer side / shorter side above this, too.
-        cache_bytes: keep decoded images in memory up to this many bytes over all loading
-            processes (:class:`~facenet.data.batches.DecodedCache`; 0: decode every time).
+        cache_bytes: keep decoded images (after ``transform.prepare`` where the transform has
+            one) in memory up to this many bytes over all loading processes
+            (:class:`~facenet.data.batches.DecodedCache`; 0: decode every time).
     """
 
     def __init__(
@@ -445,6 +446,10 @@ class IdentityFolder(Dataset):
         image = self.decoded.get(index)  # uint8 (3, H, W), or None
         if image is None:
             image = read_image(path, *self.limits)
+            # A transform's deterministic first part (TrainCrops.prepare: the resize) is
+            # cached with the image, so it runs once per image, not once per draw.
+            prepare = getattr(self.transform, "prepare", None)
+            image = prepare(image) if prepare is not None else image
             self.decoded.put(index, image)
         if self.transform is not None:
             image = self.transform(image)

@@ -1,0 +1,310 @@
+#!/usr/bin/env python
+"""The input pipeline side by side: our loader against torchvision's, training end to end
+against the step alone, and the folder index's build time.
+
+Three measurements, in one process, on folders of built-in synthetic identities written here:
+
+- *loader*: images/s of our training loader (``IdentityFolder`` with the decoded cache and
+  ``TrainCrops``, ``PKSampler`` batches, ``make_loader`` with 0, 1 and 2 workers, standardised
+  per batch as the Trainer does) against torchvision's ``ImageFolder`` + ``DataLoader`` with
+  the same augmentation per sample (``v2`` resize, random crop, flip, dtype, normalise), at
+  32 px (PNGs stored at 32 px, as the demo's) and 112 px (stored at 128 px). Ours is timed on
+  its first pass (decoding, the cache filling) and on a second pass (from the cache).
+- *training*: images/s of a Trainer fed by the loader (the run's loop) against the same
+  Trainer's step on preloaded, standardised tensors, in alternating rounds (other jobs on a
+  shared machine only ever add time; each side's fastest round is kept): the demo
+  (``configs/demo.yaml``'s model, loss and optimizer at 32 px, P x K = 16 x 4) and resnet18 at
+  112 px (P x K = 8 x 4), each with 0 workers and with ``data.num_workers: auto``.
+- *index*: seconds for ``IdentityFolder`` to list and check a folder of JPEGs, and one of
+  PNGs (every PNG's checksums: the whole file is read), per 10,000 files, with the projection
+  for VGGFace2's 3.3 M files (files in the page cache: a cold disk adds its read time).
+
+    python -m benchmarks.bench_pipeline --threads 1 --json pipeline.json
+    python -m benchmarks.bench_pipeline --quick --json q.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+from torchvision.transforms import v2
+
+from benchmarks.bench_training_step import describe_machine
+from facenet.config import load_config
+from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
+from facenet.data.batches import TrainCrops, standardize
+from facenet.data.loading import count_images, make_loader, resolve_loader_settings
+from facenet.training.build import build_trainer
+
+REPO = Path(__file__).resolve().parents[1]
+VGGFACE2_FILES = 3_300_000
+# (network input px, stored px): the demo's 32 px PNGs, and 112 px crops stored a little larger.
+SIZES = ((32, 32), (112, 128))
+
+
+def write_faces(root: Path, identities: int, per_identity: int, stored: int) -> None:
+    """The synthetic identities as PNG files ``root/<identity>/<image>.png``."""
+    SyntheticIdentities(identities, per_identity, image_size=stored, seed=0).write_to_disk(root)
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def our_loader(root: Path, size: int, workers: int, p: int, k: int, batches: int):
+    """Our training loader over ``root`` (sampler and loader), as a run builds it."""
+    dataset = IdentityFolder(root, transform=TrainCrops(size), cache_bytes=2**30)
+    sampler = PKSampler(dataset.triplet_labels, p, k, seed=0, batches_per_epoch=batches)
+    return make_loader(dataset, sampler, num_workers=workers, seed=0), sampler
+
+
+def torchvision_loader(root: Path, size: int, workers: int, batch: int):
+    """``ImageFolder`` + ``DataLoader`` with the same augmentation, per sample (PIL decoding)."""
+    steps = [v2.PILToTensor(), *build_transform(size, train=True).transforms]
+    dataset = ImageFolder(str(root), transform=v2.Compose(steps))
+    return DataLoader(
+        dataset, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0
+    )
+
+
+def images_per_second(loader, batches: int) -> float:
+    """Images/s of one pass of at most ``batches`` batches, standardised as the Trainer does
+    (the first batch, worker start-up, not timed)."""
+    images, started = 0, None
+    for index, (batch, _) in enumerate(loader):
+        batch = standardize(batch)  # (B, 3, S, S) float
+        if index == 0:
+            started = time.perf_counter()
+        else:
+            images += count_images(batch)
+        if index + 1 >= batches:
+            break
+    return images / max(time.perf_counter() - started, 1e-9)
+
+
+def shut_down(loader) -> None:
+    """Stop a loader's persistent workers now (they otherwise live until it is collected)."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
+def loader_rows(root: Path, size: int, workers_list, p: int, k: int, batches: int) -> list:
+    """One row per worker count: ours (first pass, second pass) and torchvision's."""
+    rows = []
+    for workers in workers_list:
+        ours, sampler = our_loader(root, size, workers, p, k, batches)
+        first = images_per_second(ours, batches)
+        sampler.set_epoch(1)
+        second = images_per_second(ours, batches)
+        shut_down(ours)
+        theirs = torchvision_loader(root, size, workers, p * k)
+        torchvision_rate = images_per_second(theirs, batches)
+        shut_down(theirs)
+        rows.append(
+            {
+                "image_size": size,
+                "workers": workers,
+                "ours_first_pass": first,
+                "ours": second,
+                "torchvision": torchvision_rate,
+                "ours_vs_torchvision": second / torchvision_rate,
+            }
+        )
+        print(_loader_text(rows[-1]), flush=True)
+    return rows
+
+
+def _loader_text(row: dict) -> str:
+    return (
+        f"{row['image_size']:>4} px  {row['workers']} workers  ours {row['ours']:>7.0f} img/s "
+        f"(first pass {row['ours_first_pass']:.0f})  torchvision {row['torchvision']:>6.0f}  "
+        f"{row['ours_vs_torchvision']:.1f}x"
+    )
+
+
+# --------------------------------------------------------------------------- training
+
+
+def workload_config(name: str, root: Path, workers):
+    """The configuration of a training workload on the folder ``root``."""
+    common = [f"data.root={root}", "data.dataset=folder", "train.device=cpu"]
+    common += [f"data.num_workers={workers}", "logging.progress=false"]
+    if name == "demo":  # configs/demo.yaml's model, loss and optimizer
+        return load_config(REPO / "configs" / "demo.yaml", common)
+    settings = ["data.image_size=112", "data.p=8", "data.k=4", "model.backbone=resnet18"]
+    return load_config(None, [*common, *settings, "optim.name=sgd", "optim.lr=0.001"])
+
+
+def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> dict:
+    """End to end (the loader feeding the Trainer) against the step on preloaded tensors."""
+    cfg = workload_config(name, root, workers)
+    dataset = IdentityFolder(root, transform=TrainCrops(cfg.data.image_size), cache_bytes=2**30)
+    resolved, _ = resolve_loader_settings(cfg.data.num_workers, False, "cpu")
+    sampler = PKSampler(
+        dataset.triplet_labels, cfg.data.p, cfg.data.k, seed=0, batches_per_epoch=batches
+    )
+    loader = make_loader(dataset, sampler, num_workers=resolved, seed=0)
+    trainer = build_trainer(cfg, len(dataset.classes), torch.device("cpu"), batches)
+    preloaded = [(standardize(images), labels) for images, labels in loader]  # fills the cache
+    step_alone, end_to_end = [], []
+    for round_index in range(rounds):
+        sampler.set_epoch(round_index + 1)
+        started = time.perf_counter()
+        for images, labels in preloaded:
+            trainer.train_step(images, labels)
+        step_alone.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        trainer.train_one_epoch(loader, round_index + 1, progress=False)
+        end_to_end.append(time.perf_counter() - started)
+    shut_down(loader)
+    images = sum(count_images(batch) for batch in preloaded)
+    row = {
+        "workload": name,
+        "workers": resolved,
+        "workers_setting": workers,
+        "batches": batches,
+        "rounds": rounds,
+        "step_images_per_s": images / min(step_alone),
+        "end_to_end_images_per_s": images / min(end_to_end),
+        "step_images_per_s_median": images / float(np.median(step_alone)),
+        "end_to_end_images_per_s_median": images / float(np.median(end_to_end)),
+    }
+    row["end_to_end_vs_step"] = row["end_to_end_images_per_s"] / row["step_images_per_s"]
+    print(
+        f"{name} workers {resolved}: step {row['step_images_per_s']:.0f} img/s, end to end "
+        f"{row['end_to_end_images_per_s']:.0f} img/s ({row['end_to_end_vs_step']:.0%})",
+        flush=True,
+    )
+    return row
+
+
+# --------------------------------------------------------------------------- index
+
+
+def write_encoded(root: Path, files: int, fmt: str, side: int = 128) -> None:
+    """``files`` distinct images (noise on a gradient) as JPEG or PNG, 50 per identity folder."""
+    rng = np.random.default_rng(0)
+    base = np.linspace(0, 200, side * side * 3).reshape(side, side, 3)
+    for index in range(files):
+        pixels = np.clip(base + rng.integers(0, 40, base.shape), 0, 255).astype(np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format=fmt)
+        folder = root / f"id{index // 50:05d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index:06d}.{fmt.lower()}").write_bytes(buffer.getvalue())
+
+
+def index_row(root: Path, fmt: str, files: int) -> dict:
+    """Seconds to build the index of ``files`` images (none cached), and to reuse it."""
+    write_encoded(root, files, fmt)
+    megabytes = sum(f.stat().st_size for f in root.rglob("*.*")) / 2**20
+    cache = root.parent / f"index_{fmt}"
+    started = time.perf_counter()
+    IdentityFolder(root, cache_dir=cache)
+    build = time.perf_counter() - started
+    started = time.perf_counter()
+    reused = IdentityFolder(root, cache_dir=cache)
+    reuse = time.perf_counter() - started
+    assert reused.index_reused
+    row = {
+        "format": fmt,
+        "files": files,
+        "megabytes": megabytes,
+        "build_s": build,
+        "reuse_s": reuse,
+        "build_s_per_10k": build / files * 10_000,
+        "reuse_s_per_10k": reuse / files * 10_000,
+        "build_s_vggface2": build / files * VGGFACE2_FILES,
+    }
+    print(
+        f"index {fmt}: {files} files ({megabytes:.0f} MiB) built in {build:.2f} s "
+        f"({row['build_s_per_10k']:.1f} s per 10k; 3.3 M: {row['build_s_vggface2'] / 60:.0f} "
+        f"min), reused in {reuse:.2f} s",
+        flush=True,
+    )
+    return row
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Write the folders, measure the three parts, return the report."""
+    if args.quick:
+        identities, per_identity, batches, files = 16, 4, 4, 200
+        workloads = [("demo", 2, 2)]
+    else:
+        identities, per_identity, batches, files = 64, 8, 12, 2000
+        workloads = [("demo", 24, 4), ("resnet18", 4, 3)]
+    work = Path(tempfile.mkdtemp(prefix="facenet_bench_pipeline_"))
+    report = {"machine": describe_machine("cpu"), "loader": [], "training": [], "index": []}
+    try:
+        for size, stored in SIZES:
+            root = work / f"faces_{stored}"
+            write_faces(root, identities, per_identity, stored)
+            p, k = (16, 4) if size == 32 else (8, 4)
+            p = min(p, identities)
+            report["loader"] += loader_rows(
+                root, size, args.workers, p, 2 if args.quick else k, batches
+            )
+            for name, steps, repeat in workloads:
+                if (name == "demo") == (size == 32):
+                    for workers in (0, "auto"):
+                        report["training"].append(training_row(name, root, workers, steps, repeat))
+        for fmt in ("JPEG", "PNG"):
+            report["index"].append(index_row(work / f"index_{fmt.lower()}_files", fmt, files))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report["machine"]["load_average_after"] = os.getloadavg()[0]
+    return {
+        "benchmark": "bench_pipeline",
+        "command": "python -m benchmarks.bench_pipeline " + " ".join(args.argv),
+        "identities": identities,
+        "images_per_identity": per_identity,
+        "batches": batches,
+        **report,
+    }
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small folders, few batches")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write the JSON report."""
+    args = get_args_parser().parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    if any(w < 0 for w in args.workers) or args.threads < 0:
+        print("--workers and --threads must be >= 0", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run(args)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
