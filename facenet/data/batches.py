@@ -9,8 +9,8 @@ most of the loader's time. Here a sample only draws its random numbers
 in the order the torchvision transforms draw them: crop top, crop left, flip), and the batch
 does the work: images of one size are resized in one call (or once per image, when
 ``IdentityFolder`` caches them prepared: :meth:`TrainCrops.prepare`), then cropped and
-flipped by one ``gather`` (:func:`crop_and_flip`), and stay uint8 until :func:`standardize` runs on the
-device. The result equals the per-sample transform under the same seeds, bit for bit
+flipped by one ``gather`` (:func:`crop_and_flip`), and stay uint8 until :func:`standardize`
+runs on the device. The result equals the per-sample transform under the same seeds, bit for bit
 (tests/data/test_batches.py).
 """
 
