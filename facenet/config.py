@@ -106,7 +106,13 @@ class ModelConfig:
     """The embedding network."""
 
     backbone: Literal[
-        "tiny", "resnet18", "resnet34", "resnet50", "mobilenet_v3_large", "inception_resnet_v1"
+        "tiny",
+        "resnet18",
+        "resnet34",
+        "resnet50",
+        "mobilenet_v3_large",
+        "inception_resnet_v1",
+        "mobilefacenet",
     ] = "tiny"
     embedding_dim: int = 128
     dropout: float = 0.0

@@ -8,7 +8,10 @@
   --format weights``): the network's weights, its architecture and preprocessing, and the
   verification threshold when the run had one, without optimizer state or history;
 - a facenet-pytorch state dict (``20180402-114759-vggface2.pt`` layout): Inception-ResNet-v1
-  with its 512-D head, 160 px, the fixed standardisation.
+  with its 512-D head, 160 px, the fixed standardisation;
+- a Xiaoccer/MobileFaceNet_Pytorch file (``model/best/068.ckpt``: ``{"epoch",
+  "net_state_dict"}``, or the bare state dict): MobileFaceNet with its 128-D head, 112 x 96
+  (H x W) SphereFace crops, the fixed standardisation.
 
 The classifier head (training only) is left out: the model returns embeddings (B, D).
 Everything here reads plain dicts; it does not import the configuration module.
@@ -29,7 +32,12 @@ from facenet.checkpoint import load_checkpoint, save_checkpoint
 from facenet.data.images import build_transform
 from facenet.errors import CheckpointError
 from facenet.evaluation.report import ThresholdRecord
-from facenet.models.backbones import convert_facenet_pytorch_state_dict
+from facenet.models.backbones import (
+    MOBILEFACENET_MARKER,
+    convert_facenet_pytorch_state_dict,
+    convert_mobilefacenet_state_dict,
+    mobilefacenet_input_size,
+)
 from facenet.models.embedding import BACKBONES, EmbeddingNet
 
 __all__ = [
@@ -47,6 +55,10 @@ WEIGHTS_VERSION = 1
 # facenet-pytorch files: a key only that port's Inception-ResNet-v1 has, and its input.
 _PORT_MARKER = "conv2d_1a.conv.weight"
 _PORT_IMAGE_SIZE = 160
+# Xiaoccer/MobileFaceNet_Pytorch files: the state dict's key in its .ckpt files, and the one
+# input its registered backbone is built for (H, W): its 7 x 6 GDC kernel means 112 x 96.
+_MFN_STATE_KEY = "net_state_dict"
+_MFN_IMAGE_SIZE = (112, 96)
 # The ranges the configuration allows (facenet.config: data.image_size, model.embedding_dim),
 # repeated here because this layer does not import the configuration. A file's numbers are
 # checked against them before anything is allocated: a crafted file asking for a 3e7-wide
@@ -86,9 +98,11 @@ class TrainedModel:
 
     Args:
         model: the :class:`EmbeddingNet` (no classifier head), in eval mode.
-        image_size: the network's input side S.
+        image_size: the network's input side S, or (H, W) for a non-square input (a
+            MobileFaceNet file: (112, 96)).
         normalize: the pixel standardisation ("fixed" or "imagenet").
-        kind: what the file was: "checkpoint", "weights" or "facenet-pytorch".
+        kind: what the file was: "checkpoint", "weights", "facenet-pytorch" or
+            "mobilefacenet".
         path: the file it came from.
         architecture: ``{"backbone", "embedding_dim", "dropout"}``, to rebuild the network.
         verification: the threshold saved with the model (:meth:`ThresholdRecord.to_dict`:
@@ -97,7 +111,7 @@ class TrainedModel:
     """
 
     model: EmbeddingNet
-    image_size: int
+    image_size: int | tuple[int, int]
     normalize: str
     kind: str
     path: str
@@ -369,12 +383,55 @@ def _from_facenet_pytorch(state: dict, path) -> TrainedModel:
     )
 
 
+def _mobilefacenet_state(state: dict) -> dict | None:
+    """The publisher's state dict in a loaded file (under ``net_state_dict`` or the file
+    itself), recognised by a key only its layout has; None for any other file."""
+    inner = state.get(_MFN_STATE_KEY, state)
+    if not isinstance(inner, Mapping) or MOBILEFACENET_MARKER not in inner:
+        return None
+    return dict(inner)
+
+
+def _from_mobilefacenet(state: dict, publisher: dict, path) -> TrainedModel:
+    """A Xiaoccer/MobileFaceNet_Pytorch file: its network, input size and standardisation."""
+    if not all(torch.is_tensor(v) for v in publisher.values()):
+        raise _bad(path, "a MobileFaceNet state dict must hold only tensors")
+    size = mobilefacenet_input_size(publisher)
+    if size != _MFN_IMAGE_SIZE:
+        raise _bad(
+            path,
+            f"a MobileFaceNet file for {size} inputs (its linear7 GDC kernel); the "
+            f"mobilefacenet backbone is built for {_MFN_IMAGE_SIZE} (H, W)",
+        )
+    ours = convert_mobilefacenet_state_dict(publisher)
+    head = ours.get(_HEAD_KEY)
+    if head is None:
+        raise _bad(path, "a MobileFaceNet file without its linear1 embedding layer")
+    architecture = _check_architecture(
+        {"backbone": "mobilefacenet", "embedding_dim": int(head.shape[0]), "dropout": 0.0},
+        path,
+    )
+    _check_finite(ours, path)
+    epoch = state.get("epoch")
+    return TrainedModel(
+        model=_build(architecture, ours, path),
+        image_size=_MFN_IMAGE_SIZE,
+        # The publisher's LFW loader: (x - 127.5) / 128 on RGB, our "fixed" standardisation.
+        normalize="fixed",
+        kind="mobilefacenet",
+        path=str(path),
+        architecture=architecture,
+        epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
+    )
+
+
 def load_model(path: str | os.PathLike) -> TrainedModel:
     """Load a trained network from a file, on the CPU, in eval mode.
 
     Args:
-        path: a training checkpoint, a weights export (``model.pt``) or a facenet-pytorch
-            state dict; read with ``torch.load(weights_only=True)``.
+        path: a training checkpoint, a weights export (``model.pt``), a facenet-pytorch
+            state dict or a Xiaoccer/MobileFaceNet_Pytorch ``.ckpt`` (old-format pickles
+            too); read with ``torch.load(weights_only=True)``.
 
     Raises:
         CheckpointError: a missing, damaged or refused file, or one of none of these kinds.
@@ -386,9 +443,12 @@ def load_model(path: str | os.PathLike) -> TrainedModel:
         return _from_training_checkpoint(state, path)
     if _PORT_MARKER in state and all(torch.is_tensor(v) for v in state.values()):
         return _from_facenet_pytorch(state, path)
+    publisher = _mobilefacenet_state(state)
+    if publisher is not None:
+        return _from_mobilefacenet(state, publisher, path)
     raise CheckpointError(
-        f"{path}: not a training checkpoint (no config and model dicts), a weights export "
-        f"or a facenet-pytorch state dict"
+        f"{path}: not a training checkpoint (no config and model dicts), a weights export, "
+        f"a facenet-pytorch state dict or a MobileFaceNet (net_state_dict) file"
     )
 
 

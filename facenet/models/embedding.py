@@ -7,8 +7,9 @@ the classifier, on images it had already embedded).
 
 Backbones: ``tiny`` (a small CNN for CPU demos and tests), torchvision ``resnet18``,
 ``resnet34``, ``resnet50`` and ``mobilenet_v3_large`` (always built with ``weights=None``:
-nothing is downloaded), and ``inception_resnet_v1`` (the FaceNet ports' network, 160 x 160
-input). Initial backbone weights may come from a local state-dict file. See docs/models.md.
+nothing is downloaded), ``inception_resnet_v1`` (the FaceNet ports' network, 160 x 160
+input) and ``mobilefacenet`` (MobileFaceNet, 112 x 96 input). Initial backbone weights may
+come from a local state-dict file. See docs/models.md.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from facenet.checkpoint import load_weights_only
 from facenet.errors import WeightsError
 from facenet.models.backbones import (
     FACENET_PYTORCH_HEAD_KEYS,
+    MOBILEFACENET_HEAD_KEYS,
+    MOBILEFACENET_MARKER,
     InceptionResnetV1,
+    MobileFaceNet,
     TinyCNN,
     convert_facenet_pytorch_state_dict,
+    convert_mobilefacenet_state_dict,
 )
 
 if TYPE_CHECKING:
@@ -46,7 +51,8 @@ __all__ = [
     "load_backbone_weights",
 ]
 
-# The embedding BatchNorm uses FaceNet's epsilon, so heads converted from its ports match.
+# The embedding BatchNorm uses FaceNet's epsilon, so heads converted from its ports match;
+# a backbone whose published head used another one says so in its spec (_BackboneSpec).
 HEAD_BN_EPS = 1e-3
 
 
@@ -93,12 +99,21 @@ def _inception_resnet_v1(in_channels: int) -> tuple[nn.Module, int]:
     return model, model.feature_dim
 
 
+def _mobilefacenet(in_channels: int) -> tuple[nn.Module, int]:
+    # 112 x 96 (H x W): the published weights' input, fixed by the 7 x 6 GDC kernel.
+    model = MobileFaceNet(in_channels, input_size=(112, 96))
+    return model, model.feature_dim
+
+
 @dataclass(frozen=True)
 class _BackboneSpec:
     build: Callable[[int], tuple[nn.Module, int]]
     # Key prefixes of the source model's own head (ImageNet classifier, a port's embedding
     # layers): present in the usual weight files, dropped when loading backbone weights.
     source_head_keys: tuple[str, ...] = ()
+    # The embedding BatchNorm's epsilon: the one the source model's own head used, so its
+    # published head loads with the same outputs (MobileFaceNet's BatchNorm2d: 1e-5).
+    head_bn_eps: float = HEAD_BN_EPS
 
 
 _SPECS: dict[str, _BackboneSpec] = {
@@ -108,6 +123,7 @@ _SPECS: dict[str, _BackboneSpec] = {
     "resnet50": _BackboneSpec(lambda c: _resnet("resnet50", c), ("fc.",)),
     "mobilenet_v3_large": _BackboneSpec(_mobilenet_v3_large, ("classifier.",)),
     "inception_resnet_v1": _BackboneSpec(_inception_resnet_v1, FACENET_PYTORCH_HEAD_KEYS),
+    "mobilefacenet": _BackboneSpec(_mobilefacenet, MOBILEFACENET_HEAD_KEYS, head_bn_eps=1e-5),
 }
 
 BACKBONES: tuple[str, ...] = tuple(_SPECS)
@@ -143,7 +159,8 @@ def _read_weights_file(path: str | os.PathLike) -> object:
 def _unwrap_state_dict(obj: object, path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The state dict in ``obj``: the object itself, or a checkpoint's "model"/"state_dict"."""
     if isinstance(obj, Mapping) and not all(torch.is_tensor(v) for v in obj.values()):
-        for key in ("model", "state_dict"):
+        # "net_state_dict": Xiaoccer/MobileFaceNet_Pytorch's .ckpt files (with their "epoch").
+        for key in ("model", "state_dict", "net_state_dict"):
             if isinstance(obj.get(key), Mapping):
                 obj = obj[key]
                 break
@@ -211,8 +228,15 @@ def load_backbone_weights(backbone: nn.Module, path: str | os.PathLike, name: st
     _load_backbone_state(backbone, _unwrap_state_dict(_read_weights_file(path), path), path, name)
 
 
+def _ours(state: dict) -> dict:
+    """A published layout that names its modules otherwise, mapped onto EmbeddingNet keys."""
+    if MOBILEFACENET_MARKER in state:  # Xiaoccer/MobileFaceNet_Pytorch's net_state_dict
+        return convert_mobilefacenet_state_dict(state)
+    return state
+
+
 def _load_backbone_state(backbone: nn.Module, state: dict, path, name: str) -> None:
-    state = _backbone_keys(state)
+    state = _backbone_keys(_ours(state))
     head_keys = _spec(name).source_head_keys
     state = {k: v for k, v in state.items() if not k.startswith(head_keys)}
     _check_fits(backbone, state, path, f"backbone {name!r}")
@@ -223,6 +247,7 @@ def _load_head_state(head: nn.Module, state: dict, path) -> None:
     """The embedding head's weights: a facenet-pytorch file's last_linear/last_bn, or ours."""
     if "last_linear.weight" in state:  # the port's layout: map it onto EmbeddingNet keys
         state = convert_facenet_pytorch_state_dict(state)
+    state = _ours(state)
     prefix = "embedding."
     head_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     if not head_state:
@@ -250,13 +275,21 @@ class EmbeddingHead(nn.Module):
         in_features: F, the backbone's feature size.
         embedding_dim: D.
         dropout: dropout probability on the features (0 turns it off).
+        bn_eps: the BatchNorm's epsilon (FaceNet's 1e-3 unless the backbone's source used
+            another).
     """
 
-    def __init__(self, in_features: int, embedding_dim: int, dropout: float = 0.0):
+    def __init__(
+        self,
+        in_features: int,
+        embedding_dim: int,
+        dropout: float = 0.0,
+        bn_eps: float = HEAD_BN_EPS,
+    ):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         self.linear = nn.Linear(in_features, embedding_dim, bias=False)
-        self.bn = nn.BatchNorm1d(embedding_dim, eps=HEAD_BN_EPS)
+        self.bn = nn.BatchNorm1d(embedding_dim, eps=bn_eps)
 
     def prelogits(self, features: torch.Tensor) -> torch.Tensor:
         """(B, F) -> (B, D), before L2 normalisation (what the classifier reads)."""
@@ -318,7 +351,9 @@ class EmbeddingNet(nn.Module):
             raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
         self.backbone, self.feature_dim = build_backbone(backbone, in_channels)
         self.embed_dim = embedding_dim
-        self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout)
+        self.embedding = EmbeddingHead(
+            self.feature_dim, embedding_dim, dropout, bn_eps=_spec(backbone).head_bn_eps
+        )
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
         if weights is not None:  # the file is read once for the backbone and the head
             state = _unwrap_state_dict(_read_weights_file(weights), weights)

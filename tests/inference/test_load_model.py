@@ -192,3 +192,48 @@ def test_a_checkpoint_carries_its_own_epochs_threshold(tiny_run, tmp_path):
     torch.save(state, tmp_path / "old.pt")
     old = load_model(tmp_path / "old.pt")
     assert old.threshold_record().differences(old.preparation()) == []
+
+
+def _publisher_file(tmp_path, gdc_kernel=(7, 6), wrap=True, name="068.ckpt"):
+    """A file in Xiaoccer/MobileFaceNet_Pytorch's layout with random weights, in the old
+    (non-zip) torch format its 068.ckpt has; and the network that wrote it."""
+    from mobilefacenet_reference import PublisherMobileFacenet, randomize
+
+    publisher = randomize(PublisherMobileFacenet(gdc_kernel), seed=3)
+    state = publisher.state_dict()
+    contents = {"epoch": 68, "net_state_dict": state} if wrap else state
+    torch.save(contents, tmp_path / name, _use_new_zipfile_serialization=False)
+    return tmp_path / name, publisher
+
+
+@pytest.mark.parametrize("wrap", [True, False], ids=["ckpt", "bare-state-dict"])
+def test_a_mobilefacenet_file_loads_with_its_input_size(tmp_path, wrap):
+    path, publisher = _publisher_file(tmp_path, wrap=wrap)
+    trained = load_model(path)
+    assert trained.kind == "mobilefacenet" and trained.architecture["backbone"] == "mobilefacenet"
+    # SphereFace's crops, H x W; the publisher's loader standardises as (x - 127.5) / 128.
+    assert trained.image_size == (112, 96)
+    assert (trained.normalize, trained.embedding_dim) == ("fixed", 128)
+    assert trained.epoch == (68 if wrap else None)
+    images = torch.randn(2, 3, 112, 96)
+    with torch.no_grad():
+        raw = publisher(images)  # the publisher's unnormalised 128-D features
+        unit = raw / raw.norm(dim=1, keepdim=True)
+        torch.testing.assert_close(trained.model(images), unit, rtol=0, atol=1e-5)
+        prelogits = trained.model.embedding.prelogits(trained.model.backbone(images))
+        torch.testing.assert_close(prelogits, raw, rtol=0, atol=1e-5)
+
+
+def test_a_mobilefacenet_file_for_another_input_is_named(tmp_path):
+    path, _ = _publisher_file(tmp_path, gdc_kernel=(7, 7))
+    with pytest.raises(CheckpointError, match=r"\(112, 112\) inputs"):
+        load_model(path)
+
+
+def test_a_mobilefacenet_file_with_nan_weights_is_refused(tmp_path):
+    path, _ = _publisher_file(tmp_path)
+    state = torch.load(path, weights_only=True)
+    state["net_state_dict"]["conv2.prelu.weight"][0] = float("nan")
+    torch.save(state, path, _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match="backbone.conv_1x1.act.weight"):
+        load_model(path)

@@ -30,16 +30,20 @@ EXPECTED_FEATURE_DIM = {
     "resnet50": 2048,
     "mobilenet_v3_large": 960,
     "inception_resnet_v1": 1792,
+    "mobilefacenet": 512,
 }
 
 
-def input_size(backbone: str) -> int:
-    return 160 if backbone == "inception_resnet_v1" else 64
+def input_size(backbone: str) -> int | tuple[int, int]:
+    # MobileFaceNet's global depthwise kernel fixes its input: 112 x 96 (H x W).
+    return {"inception_resnet_v1": 160, "mobilefacenet": (112, 96)}.get(backbone, 64)
 
 
-def images(batch: int, size: int, channels: int = 3, seed: int = 0) -> torch.Tensor:
+def images(batch: int, size, channels: int = 3, seed: int = 0) -> torch.Tensor:
+    """(batch, channels, H, W) normal noise; ``size`` is S (square) or (H, W)."""
+    height, width = (size, size) if isinstance(size, int) else size
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, channels, size, size, generator=gen)
+    return torch.randn(batch, channels, height, width, generator=gen)
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,23 @@ from facenet.models.backbones.inception_resnet_v1 import (
     InceptionResnetV1,
     convert_facenet_pytorch_state_dict,
 )
+from facenet.models.backbones.mobilefacenet import (
+    MOBILEFACENET_HEAD_KEYS,
+    MOBILEFACENET_MARKER,
+    MobileFaceNet,
+    convert_mobilefacenet_state_dict,
+    mobilefacenet_input_size,
+)
 from facenet.models.backbones.tiny import TinyCNN
 
 __all__ = [
     "FACENET_PYTORCH_HEAD_KEYS",
     "InceptionResnetV1",
+    "MOBILEFACENET_HEAD_KEYS",
+    "MOBILEFACENET_MARKER",
+    "MobileFaceNet",
     "TinyCNN",
     "convert_facenet_pytorch_state_dict",
+    "convert_mobilefacenet_state_dict",
+    "mobilefacenet_input_size",
 ]
