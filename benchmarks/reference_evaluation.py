@@ -196,3 +196,71 @@ def publisher_evaluate(
         np.arange(0, 4, 0.001), embeddings1, embeddings2, issame, 1e-3, **options
     )
     return tpr, fpr, accuracy, val, val_std, far
+
+
+# --------------------------------------------------------------------------- MobileFaceNet's
+# Xiaoccer/MobileFaceNet_Pytorch, lfw_eval.py (getAccuracy, getThreshold, evaluation_10_fold),
+# re-written from reading it, loop for loop. Its conventions differ from the classic code's:
+# scores are cosine SIMILARITIES of the mean-subtracted, re-normalised features (the
+# flip-concatenated raw network outputs); a pair is "same" when score > threshold and
+# "different" when score < threshold (a score equal to the threshold is wrong either way); the
+# grid is arange(-10000, 10001) / 10000; the threshold is the MEAN of every grid threshold
+# that reaches the best training accuracy (the classic code takes the first); folds are
+# i // 600 of the pairs.txt line, contiguous.
+
+
+def mobilefacenet_get_accuracy(scores, flags, threshold):
+    """``getAccuracy``: flags are 1 (same) or -1 (different)."""
+    p = np.sum(scores[flags == 1] > threshold)
+    n = np.sum(scores[flags == -1] < threshold)
+    return 1.0 * (p + n) / len(scores)
+
+
+def mobilefacenet_get_threshold(scores, flags, thr_num=10000, rule="mean"):
+    """``getThreshold``: the mean of the grid thresholds of best accuracy (``rule="first"``:
+    the highest of them instead, the first best as the classic code scans distances upward,
+    to compare with ``facenet.evaluation.protocol``)."""
+    accuracys = np.zeros((2 * thr_num + 1, 1))
+    thresholds = np.arange(-thr_num, thr_num + 1) * 1.0 / thr_num
+    for i in range(2 * thr_num + 1):
+        accuracys[i] = mobilefacenet_get_accuracy(scores, flags, thresholds[i])
+    max_index = np.squeeze(accuracys == np.max(accuracys))
+    if rule == "first":
+        return np.max(thresholds[max_index])
+    return np.mean(thresholds[max_index])
+
+
+def mobilefacenet_fold_scores(feature_ls, feature_rs, fold, i):
+    """Cosine similarity of every pair after subtracting the mean of the folds other than i
+    and re-normalising (the body of ``evaluation_10_fold``'s loop)."""
+    val_fold = fold != i
+    mu = np.mean(np.concatenate((feature_ls[val_fold, :], feature_rs[val_fold, :]), 0), 0)
+    mu = np.expand_dims(mu, 0)
+    feature_ls = feature_ls - mu
+    feature_rs = feature_rs - mu
+    feature_ls = feature_ls / np.expand_dims(np.sqrt(np.sum(np.power(feature_ls, 2), 1)), 1)
+    feature_rs = feature_rs / np.expand_dims(np.sqrt(np.sum(np.power(feature_rs, 2), 1)), 1)
+    return np.sum(np.multiply(feature_ls, feature_rs), 1)
+
+
+def mobilefacenet_evaluate(feature_ls, feature_rs, fold, flags, thr_num=10000, rule="mean"):
+    """``evaluation_10_fold``: (ACCs (10,), thresholds (10,)), the test accuracy of each fold
+    at the similarity threshold chosen on the other nine.
+
+    Args:
+        feature_ls: (N, 2D) features of the first images: [net(x), net(flipped x)], raw.
+        feature_rs: (N, 2D) features of the second images.
+        fold: (N,) fold of each pair (``i // 600`` for LFW's pairs.txt).
+        flags: (N,) 1 for same, -1 for different.
+        thr_num: the grid's half size (thresholds ``arange(-thr_num, thr_num + 1) / thr_num``).
+        rule: "mean" (the publisher's) or "first" (see :func:`mobilefacenet_get_threshold`).
+    """
+    accs, thresholds = np.zeros(10), np.zeros(10)
+    for i in range(10):
+        scores = mobilefacenet_fold_scores(feature_ls, feature_rs, fold, i)
+        val_fold, test_fold = fold != i, fold == i
+        thresholds[i] = mobilefacenet_get_threshold(
+            scores[val_fold], flags[val_fold], thr_num, rule
+        )
+        accs[i] = mobilefacenet_get_accuracy(scores[test_fold], flags[test_fold], thresholds[i])
+    return accs, thresholds

@@ -16,6 +16,15 @@ fed what it was trained on and measured the way its figure was:
   resizing (TensorFlow's ``resize_image_with_crop_or_pad``), the fixed standardisation,
   embeddings of each image and its flip concatenated, the training folds' mean subtracted, the
   angular distance ``arccos(cos) / pi`` (its ``distance_metric=1``), and the same two grids.
+- ``mobilefacenet`` (Xiaoccer/MobileFaceNet_Pytorch, ``lfw_eval.py``): 112 x 96 SphereFace
+  crops (``align.py --preset sphereface``) fed whole, ``(x - 127.5) / 128``, each image's
+  features concatenated with its flip's, the training folds' mean subtracted, cosine
+  similarity (``cosine`` here: 1 - cos). Its grid, similarities ``arange(-10000, 10001) /
+  10000``, is :func:`mobilefacenet_thresholds` as cosine distances; the preset keeps the
+  default cosine grid (steps of 0.005) until the evaluate command can name that grid. Two more
+  differences from its code remain: it concatenates the raw network outputs, ours unit-norm
+  halves, and it takes the mean of every threshold of best training accuracy, ours the first
+  (docs/models.md).
 
 Neither publisher wrote anything for an image without a detected face: its pairs were skipped
 at evaluation (``evaluate.py --skip-missing``).
@@ -34,6 +43,7 @@ __all__ = [
     "AlignPreset",
     "EvalPreset",
     "classic_thresholds",
+    "mobilefacenet_thresholds",
 ]
 
 
@@ -85,6 +95,7 @@ ALIGN_PRESETS = {
 EVAL_PRESETS = {
     "facenet-pytorch": EvalPreset("squared", False, False, "crop", "classic"),
     "sandberg": EvalPreset("angular", True, True, "crop", "classic"),
+    "mobilefacenet": EvalPreset("cosine", True, True, "crop", "default"),
 }
 
 PRESET_NAMES = tuple(ALIGN_PRESETS)
@@ -101,3 +112,15 @@ def classic_thresholds(fine: bool = False) -> np.ndarray:
         fine: the VAL grid.
     """
     return np.arange(0, 4, 0.001 if fine else 0.01)
+
+
+def mobilefacenet_thresholds() -> np.ndarray:
+    """Xiaoccer/MobileFaceNet_Pytorch's grid as cosine distances, increasing: its similarity
+    thresholds ``arange(-10000, 10001) / 10000`` mapped by ``1 - t`` (20,001 values in [0, 2],
+    steps of 1e-4).
+
+    Its code counts a pair as "same" when the similarity is above the threshold, which is the
+    protocol's ``distance < 1 - threshold``.
+    """
+    similarities = np.arange(-10000, 10001) / 10000  # its getThreshold's grid
+    return 1.0 - similarities[::-1]

@@ -9,7 +9,12 @@ import pytest
 
 from benchmarks import reference_evaluation as ref
 from facenet.cli import evaluate as evaluate_script
-from facenet.evaluation.presets import ALIGN_PRESETS, EVAL_PRESETS, classic_thresholds
+from facenet.evaluation.presets import (
+    ALIGN_PRESETS,
+    EVAL_PRESETS,
+    classic_thresholds,
+    mobilefacenet_thresholds,
+)
 from facenet.evaluation.protocol import default_thresholds, evaluate_embeddings, pair_distances
 from facenet.inference.identify import Gallery, match
 
@@ -103,7 +108,13 @@ def test_presets_hold_the_publishers_settings():
     assert EVAL_PRESETS["facenet-pytorch"].distance == "squared"
     assert not EVAL_PRESETS["facenet-pytorch"].flip
     assert {p.preprocess for p in EVAL_PRESETS.values()} == {"crop"}
-    assert {p.grid for p in EVAL_PRESETS.values()} == {"classic"}
+    assert EVAL_PRESETS["sandberg"].grid == EVAL_PRESETS["facenet-pytorch"].grid == "classic"
+    mobilefacenet = EVAL_PRESETS["mobilefacenet"]
+    assert (mobilefacenet.distance, mobilefacenet.flip, mobilefacenet.subtract_mean) == (
+        "cosine",
+        True,
+        True,
+    )
     assert (ALIGN_PRESETS["facenet-pytorch"].image_size, ALIGN_PRESETS["sandberg"].image_size) == (
         160,
         182,
@@ -143,9 +154,76 @@ def test_identify_matches_with_the_angular_threshold_a_sandberg_evaluation_write
 
 @pytest.mark.parametrize(
     "name, config",
-    [("facenet-pytorch", "lfw_facenet_pytorch.yaml"), ("sandberg", "lfw_sandberg.yaml")],
+    [
+        ("facenet-pytorch", "lfw_facenet_pytorch.yaml"),
+        ("sandberg", "lfw_sandberg.yaml"),
+        ("mobilefacenet", "lfw_mobilefacenet.yaml"),
+    ],
 )
 def test_lfw_configs_hold_the_publishers_presets(name, config):
     defaults = evaluate_script.config_defaults(str(ROOT / "configs" / config))
     preset = vars(EVAL_PRESETS[name])
     assert {key: defaults[key] for key in preset} == preset
+
+
+# --------------------------------------------------------------------------- MobileFaceNet's
+
+
+def raw_flip_features(n_pairs=1800, noise=0.22, seed=0):
+    """(fl, fr, issame): flip-concatenated (N, 256) features whose halves have norms of 2-3,
+    as the publisher's network outputs them (not normalised), LFW-like folds."""
+    rng = np.random.default_rng(seed + 100)
+    halves = [synthetic_pairs(n_pairs, noise=noise, seed=s) for s in (seed, seed + 1)]
+    same = halves[0][2]
+    sides = [
+        np.hstack([h[side] * rng.uniform(2, 3, (n_pairs, 1)) for h in halves]) for side in (0, 1)
+    ]
+    return sides[0], sides[1], same
+
+
+def test_mobilefacenet_grid_is_the_publishers_similarity_grid():
+    grid = mobilefacenet_thresholds()
+    assert len(grid) == 20001 and grid[0] == 0.0 and grid[-1] == 2.0
+    assert np.all(np.diff(grid) > 0)
+    assert np.allclose(1.0 - grid[::-1], np.arange(-10000, 10001) / 10000, atol=1e-15, rtol=0)
+
+
+def test_mobilefacenet_preset_measures_the_publishers_scores():
+    fl, fr, same = raw_flip_features()
+    fold = np.arange(len(same)) // (len(same) // 10)  # its i // 600 for LFW's 6000 pairs
+    preset = EVAL_PRESETS["mobilefacenet"]
+    ours = pair_distances(fl, fr, preset.distance, subtract_mean=preset.subtract_mean)
+    for i in range(10):  # each pair under its own test fold's training mean
+        scores = ref.mobilefacenet_fold_scores(fl, fr, fold, i)
+        np.testing.assert_allclose(1.0 - ours[fold == i], scores[fold == i], atol=1e-12, rtol=0)
+
+
+def test_mobilefacenet_preset_on_its_grid_equals_the_publishers_loop():
+    fl, fr, same = raw_flip_features()
+    fold = np.arange(len(same)) // (len(same) // 10)
+    flags = np.where(same, 1, -1)
+    preset = EVAL_PRESETS["mobilefacenet"]
+    grid = mobilefacenet_thresholds()
+    ours = evaluate_embeddings(
+        fl,
+        fr,
+        same,
+        metric=preset.distance,
+        subtract_mean=preset.subtract_mean,
+        thresholds=grid,
+        val_thresholds=grid,
+    )
+    # With the first best threshold (our protocol's rule) every fold is the same, pair for pair.
+    acc, thresholds = ref.mobilefacenet_evaluate(fl, fr, fold, flags, rule="first")
+    assert np.array_equal(ours.accuracy, acc)
+    np.testing.assert_allclose(ours.best_thresholds, 1.0 - thresholds, atol=1e-12, rtol=0)
+    # The publisher's mean of the best thresholds moves a pair in some folds: measured here.
+    acc_mean_rule, _ = ref.mobilefacenet_evaluate(fl, fr, fold, flags)
+    moved = np.round((ours.accuracy - acc_mean_rule) * (len(same) // 10)).astype(int)
+    assert np.abs(moved).max() <= 1
+
+
+def test_evaluate_script_mobilefacenet_preset():
+    args = evaluate_script._parse(["--distances", "x.npz", "--preset", "mobilefacenet"])
+    assert (args.distance, args.flip, args.subtract_mean) == ("cosine", True, True)
+    assert (args.preprocess, args.grid) == ("crop", "default")
