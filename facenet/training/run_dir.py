@@ -53,6 +53,7 @@ LEGACY_RUN_OUTPUTS = (
     "summary.json",
     "heldout.json",
     "holdout.json",  # heldout.json's name in runs written before the rename
+    "config.yaml",  # the run's resolved configuration (the new run writes its own)
     "val_pairs.txt",
     "test_pairs.txt",
     "roc_*.png",

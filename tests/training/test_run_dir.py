@@ -180,7 +180,22 @@ def test_a_run_from_before_records_is_recognised_by_its_checkpoint(tmp_path):
         "roc_test.png",
         "roc_val_epoch_1.png",
     }
-    assert (tmp_path / "config.yaml").exists()
+    assert not (tmp_path / "config.yaml").exists()
+
+
+def test_overwrite_of_a_run_from_before_records_takes_its_config_yaml_too(tmp_path):
+    """A run directory written before outputs.json existed: its config.yaml is the run's."""
+    (tmp_path / "config.yaml").write_text("old")
+    save_checkpoint({"model": {}, "config": {}}, tmp_path / "last.pt")
+    outputs = RunOutputs(tmp_path, clear_previous=True)
+    outputs.add(tmp_path / "config.yaml")  # not refused as a file of the user's
+    assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "last.pt").exists()
+    resumed = RunOutputs(tmp_path / "other")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.yaml").write_text("old")
+    save_checkpoint({"model": {}, "config": {}}, tmp_path / "other" / "last.pt")
+    resumed.add(tmp_path / "other" / "config.yaml")  # a resumed legacy run rewrites it
+    assert resumed.names[:2] == ["last.pt", "config.yaml"]
 
 
 def test_run_outputs_clear_at_the_first_write_and_refuse_foreign_files(tmp_path):
