@@ -204,13 +204,21 @@ def _just_outside(allowed):
     return allowed.low if allowed.low_open else allowed.low - 1
 
 
+def _numeric_type(tp):
+    """int or float for a numeric key (also ``int | Literal["auto"]``), else None."""
+    if tp in (int, float):
+        return tp
+    numeric = [a for a in typing.get_args(tp) if a in (int, float)]
+    return numeric[0] if len(numeric) == 1 else None
+
+
 def numeric_keys():
     hints = {name: typing.get_type_hints(tp) for name, tp in typing.get_type_hints(Config).items()}
     return {
-        f"{section}.{key}": tp
+        f"{section}.{key}": _numeric_type(tp)
         for section, keys in hints.items()
         for key, tp in keys.items()
-        if tp in (int, float)
+        if _numeric_type(tp) is not None
     }
 
 
