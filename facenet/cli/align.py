@@ -13,7 +13,16 @@ continue DST, naming the setting. Two images that would give one crop name (``x.
 
 Presets (``--preset``) follow the publishers' own code: ``facenet-pytorch`` (160 px, margin 14
 in crop pixels, the input's file type) and ``sandberg`` (182 px, margin 44 in input pixels,
-PNG; its evaluation takes the centre 160). Flags given override the preset's values.
+PNG; its evaluation takes the centre 160) crop the detected box; ``arcface`` (112 x 112,
+insightface's template) and ``sphereface`` (112 x 96, height x width, SphereFace's template)
+warp the face so that MTCNN's five landmarks fall on the template's points (a least-squares
+similarity transform, bilinear). Flags given override the preset's values (a template fixes
+the size: ``--image-size`` and ``--margin`` are refused with it).
+
+MTCNN searches a copy of each image reduced to ``--detect-size`` px on its longer side (default
+320; 0: the full image); its boxes and landmarks are mapped back and the crop is taken from
+the full image. This bounds the cost of large photos; faces under 20/320 of the longer side
+are then missed (give a larger value, or 0, for small faces in large photos).
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ from pathlib import Path
 
 from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
 from facenet.errors import FacenetError
-from facenet.evaluation.presets import PRESET_NAMES
+from facenet.evaluation.presets import ALIGN_PRESETS, PRESET_NAMES
 from facenet.inference.align import (
+    DEFAULT_DETECT_SIZE,
     SELECTIONS,
     AlignSettings,
     align_folder,
@@ -50,6 +60,15 @@ def _int_at_least(lowest: int):
     return parse
 
 
+def _detect_size(text: str) -> int:
+    """An argparse ``type``: 0 (the full image) or a side of at least 20 px (MTCNN's smallest
+    face: a smaller copy would hold no face to find)."""
+    value = _int_at_least(0)(text)
+    if 0 < value < 20:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 0 or >= 20")
+    return value
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``facenet-align``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,6 +81,13 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--image-size", type=_int_at_least(8), help="crop side (preset: 160 or 182)"
     )
     parser.add_argument(
+        "--detect-size",
+        type=_detect_size,
+        default=DEFAULT_DETECT_SIZE,
+        help="longer side of the reduced copy MTCNN searches; 0: the full image "
+        f"(default {DEFAULT_DETECT_SIZE})",
+    )
+    parser.add_argument(
         "--margin", type=_int_at_least(0), help="margin around the box (preset: 14 or 44)"
     )
     parser.add_argument("--select", choices=SELECTIONS, help="which face of several")
@@ -72,9 +98,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="write a centre crop for an image without a face (the publishers wrote none)",
     )
     add_device_argument(parser, "cpu")  # where MTCNN runs
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=32, help="images per MTCNN call"
-    )
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="images per MTCNN call")
     parser.add_argument(
         "--workers", type=positive_int, default=1, help="processes (one MTCNN each)"
     )
@@ -84,12 +108,20 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> AlignSettings:
+    if ALIGN_PRESETS[args.preset].template is not None:
+        for flag, value in (("--image-size", args.image_size), ("--margin", args.margin)):
+            if value is not None:  # the template's points are in its own crop's pixels
+                raise FacenetError(
+                    f"{flag} {value}: the {args.preset} preset warps onto a template of a "
+                    "fixed size; give no size or margin with it"
+                )
     settings = AlignSettings.from_preset(
         args.preset,
         image_size=args.image_size,
         margin=args.margin,
         select=args.select,
         fallback=args.fallback or None,
+        detect_size=args.detect_size,
     )
     if settings.margin >= settings.image_size:  # the preset's size when none is given
         raise FacenetError(

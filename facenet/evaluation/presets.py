@@ -28,6 +28,17 @@ fed what it was trained on and measured the way its figure was:
 
 Neither publisher wrote anything for an image without a detected face: its pairs were skipped
 at evaluation (``evaluate.py --skip-missing``).
+
+Two alignment presets warp the face onto a five-point template instead of cropping a box: a
+similarity transform (rotation, uniform scale, translation) fitted by least squares from MTCNN's
+five landmarks (eyes, nose tip, mouth corners) to the template's points, then a bilinear warp
+(:data:`TEMPLATES`):
+
+- ``arcface``: 112 x 112, insightface's template (ArcFace and the models trained with its
+  code: most ArcFace-family and MobileFaceNet weights downloaded today).
+- ``sphereface``: 112 x 96 (height x width), SphereFace's template (CASIA-WebFace models aligned
+  as SphereFace did, e.g. Xiaoccer/MobileFaceNet_Pytorch). insightface's template is this one
+  moved 8 px to the right, to centre it in a 112 px wide crop.
 """
 
 from __future__ import annotations
@@ -40,8 +51,10 @@ __all__ = [
     "ALIGN_PRESETS",
     "EVAL_PRESETS",
     "PRESET_NAMES",
+    "TEMPLATES",
     "AlignPreset",
     "EvalPreset",
+    "LandmarkTemplate",
     "classic_thresholds",
     "mobilefacenet_thresholds",
 ]
@@ -59,6 +72,8 @@ class AlignPreset:
         select: which face of several: "center_weighted_size" (box area minus twice the
             squared distance of its centre from the image centre), "probability" or "largest".
         extension: the file type written (".png"), or None to keep the input's.
+        template: the name of a five-point template in :data:`TEMPLATES` (the crop is warped
+            onto it, and ``image_size`` is its height), or None for a box crop.
     """
 
     image_size: int
@@ -66,6 +81,75 @@ class AlignPreset:
     margin_in: str
     select: str
     extension: str | None
+    template: str | None = None
+
+
+@dataclass(frozen=True)
+class LandmarkTemplate:
+    """Where a similarity alignment puts the five landmarks in the crop.
+
+    Args:
+        height: the crop's height in pixels.
+        width: the crop's width in pixels.
+        points: (x, y) of the left eye, right eye, nose tip, left and right mouth corners (left
+            and right as seen in the image), in the crop's pixel coordinates as the publisher
+            wrote them.
+        source: where the numbers come from.
+        origin: the coordinate of the top-left pixel's centre in the publisher's code: 0 for
+            insightface (OpenCV's ``warpAffine``), 1 for SphereFace (MATLAB's ``imtransform``
+            with ``'XData', [1 96]``).
+    """
+
+    height: int
+    width: int
+    points: tuple[tuple[float, float], ...]
+    source: str
+    origin: float = 0.0
+
+    def array(self) -> np.ndarray:
+        """The publisher's points as a (5, 2) float64 array of (x, y)."""
+        return np.asarray(self.points, dtype=np.float64)
+
+    def pixel_points(self) -> np.ndarray:
+        """The points with the top-left pixel's centre at (0, 0), as the warp counts."""
+        return self.array() - self.origin
+
+
+# The publishers' numbers, copied digit for digit.
+# SphereFace: wy1iu/sphereface, preprocess/code/face_align_demo.m (``imgSize = [112, 96]``,
+# ``coord5point``; fitted with MATLAB's ``cp2tform(..., 'similarity')``, from the landmarks of
+# the MATLAB MTCNN, which count pixels from 1, and warped by ``imtransform`` with ``'XData',
+# [1 96]``: the first pixel's centre is at (1, 1) on both sides, hence origin 1).
+_SPHEREFACE_POINTS = (
+    (30.2946, 51.6963),
+    (65.5318, 51.5014),
+    (48.0252, 71.7366),
+    (33.5493, 92.3655),
+    (62.7299, 92.2041),
+)
+# insightface: deepinsight/insightface, python-package/insightface/utils/face_align.py
+# (``arcface_src``, ``arcface_dst`` in later versions; fitted with skimage's
+# ``SimilarityTransform`` and warped with ``cv2.warpAffine``, ``norm_crop``). It is SphereFace's
+# template with 8.0 added to every x (recognition/arcface_torch/eval_ijbc.py: ``src[:, 0] += 8.0``).
+_ARCFACE_POINTS = (
+    (38.2946, 51.6963),
+    (73.5318, 51.5014),
+    (56.0252, 71.7366),
+    (41.5493, 92.3655),
+    (70.7299, 92.2041),
+)
+
+TEMPLATES = {
+    "arcface": LandmarkTemplate(
+        112,
+        112,
+        _ARCFACE_POINTS,
+        "deepinsight/insightface python-package/insightface/utils/face_align.py",
+    ),
+    "sphereface": LandmarkTemplate(
+        112, 96, _SPHEREFACE_POINTS, "wy1iu/sphereface preprocess/code/face_align_demo.m", 1.0
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -90,6 +174,11 @@ class EvalPreset:
 ALIGN_PRESETS = {
     "facenet-pytorch": AlignPreset(160, 14, "output", "center_weighted_size", None),
     "sandberg": AlignPreset(182, 44, "input", "center_weighted_size", ".png"),
+    # Template presets: no margin (the template places the face); the input's file type, as
+    # with facenet-pytorch's preset. insightface's own detector (RetinaFace/SCRFD) keeps the
+    # face with the highest score, but MTCNN's pick follows the other presets here.
+    "arcface": AlignPreset(112, 0, "output", "center_weighted_size", None, "arcface"),
+    "sphereface": AlignPreset(112, 0, "output", "center_weighted_size", None, "sphereface"),
 }
 
 EVAL_PRESETS = {

@@ -5,7 +5,15 @@ downloaded). It is imported when an :class:`Aligner` is built, not with this mod
 rest of the package works without it. The crop around the chosen box follows one of the
 publishers' conventions (:mod:`facenet.evaluation.presets`): the margin counted in output pixels
 (facenet-pytorch's ``extract_face``) or in input pixels (davidsandberg/facenet), then the box
-is clipped to the image and resized to S x S with PIL's bilinear filter, as both do.
+is clipped to the image and resized to S x S with PIL's bilinear filter, as both do. The
+template presets (``arcface``, ``sphereface``) warp the face instead: a similarity transform
+fitted by least squares from MTCNN's five landmarks to the publisher's five points
+(:func:`align_face`, usable on its own for one image), then a bilinear warp.
+
+MTCNN searches a reduced copy of a large image (``detect_size``: the copy's longer side) and
+its boxes and landmarks are mapped back to the full image, which the crop or warp then reads:
+MTCNN's cost and memory grow with the pixels it searches (its image pyramid starts at 0.6 of
+the image), while a face dataset's face is large enough to be found on a few hundred pixels.
 
 :func:`align_folder` keeps the relative path of every image (``Name/Name_0001.jpg`` stays
 ``Name/Name_0001.jpg``, or ``.png`` when the preset writes PNG), so LFW's ``pairs.txt`` still
@@ -45,24 +53,32 @@ from tqdm import tqdm
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, read_image
 from facenet.errors import FacenetError
-from facenet.evaluation.presets import ALIGN_PRESETS
+from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, LandmarkTemplate
 from facenet.files import write_atomic, write_text_atomic
 
 __all__ = [
+    "DEFAULT_DETECT_SIZE",
     "SELECTIONS",
     "SETTINGS_FILE",
     "AlignError",
     "AlignOutcome",
     "AlignSettings",
     "Aligner",
+    "Face",
+    "align_face",
     "align_folder",
     "centre_box",
     "check_settings",
     "count",
     "crop_box",
+    "detection_copy",
+    "detection_scale",
     "load_mtcnn",
     "plan",
     "select_face",
+    "similarity_matrix",
+    "to_full_image",
+    "warp_affine",
     "write_report",
 ]
 
@@ -75,6 +91,21 @@ _CENTER_WEIGHT = 2.0
 _FALLBACK_FRACTION = 0.5
 # Where align_folder records its settings, in the output folder.
 SETTINGS_FILE = "align_settings.json"
+# The longer side of the copy MTCNN searches (0: the full image). 320 px keeps LFW's 250 px
+# originals and 150 px crops untouched, brings a CelebA photo (about 400 x 500) to 256 x 320
+# and finds faces down to 20/320 of the longer side (about 31 px on a 500 px photo):
+# docs/reproduce.md has the measured cost.
+DEFAULT_DETECT_SIZE = 320
+# The value of a setting missing from a record written before it existed: folders aligned then
+# were searched at full resolution with box crops.
+_RECORD_DEFAULTS = {"template": None, "detect_size": 0}
+# facenet-pytorch's MTCNN gives coordinates that count pixels from 1, as the MATLAB original it
+# was ported from (its boxes go through MATLAB's 1-based arithmetic, and its landmarks of an
+# image and of its mirror image add up to width + 1, not width - 1: measured on the astronaut).
+_MTCNN_ORIGIN = 1.0
+# Decoded images one Aligner holds at once, in pixels (about 3 bytes each): a batch of large
+# photos is detected a few at a time, so a worker's memory does not grow with the photos' size.
+_HELD_PIXELS = 16_000_000
 
 
 class AlignError(FacenetError, RuntimeError):
@@ -93,6 +124,9 @@ class AlignSettings:
         extension: the file type written (".png"), or None to keep the input's.
         fallback: write a centre crop for an image without a detected face.
         preset: the publisher's convention the others came from (recorded with them).
+        template: a five-point template (``facenet.evaluation.presets.TEMPLATES``) to warp
+            the face onto, or None for a box crop; ``image_size`` is then its height.
+        detect_size: the longer side of the copy MTCNN searches; 0 searches the full image.
     """
 
     image_size: int = 160
@@ -102,6 +136,8 @@ class AlignSettings:
     extension: str | None = None
     fallback: bool = False
     preset: str = "facenet-pytorch"
+    template: str | None = None
+    detect_size: int = DEFAULT_DETECT_SIZE
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AlignSettings:
@@ -110,6 +146,30 @@ class AlignSettings:
         preset = ALIGN_PRESETS[name]
         settings = cls(**{f: getattr(preset, f) for f in preset.__dataclass_fields__}, preset=name)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+    @property
+    def crop_size(self) -> tuple[int, int]:
+        """(height, width) of the crop written."""
+        if self.template is not None:
+            return TEMPLATES[self.template].height, TEMPLATES[self.template].width
+        return self.image_size, self.image_size
+
+
+@dataclass(frozen=True)
+class Face:
+    """One detected face, in the pixel coordinates of the full image.
+
+    Args:
+        box: (x0, y0, x1, y1), as MTCNN gives it (facenet-pytorch's crops use it as it is).
+        probability: MTCNN's probability.
+        landmarks: (5, 2) (x, y) of the left eye, right eye, nose tip, left and right mouth
+            corners (left as seen in the image: MTCNN's order and the templates'), with the
+            top-left pixel's centre at (0, 0) (MTCNN's own numbers minus 1).
+    """
+
+    box: tuple
+    probability: float
+    landmarks: np.ndarray
 
 
 @dataclass
@@ -186,10 +246,190 @@ def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int
     )
 
 
-def centre_box(width: int, height: int) -> tuple[float, float, float, float]:
-    """The face box a centre crop assumes: the centre square of half the shorter side."""
+def centre_box(width: int, height: int, aspect: float = 1.0) -> tuple[float, float, float, float]:
+    """The face box a centre crop assumes: centred, half the shorter side high.
+
+    Args:
+        width: the image's width.
+        height: the image's height.
+        aspect: the box's width / height (the crop's, so that it is not stretched).
+    """
     half = min(width, height) * _FALLBACK_FRACTION / 2
-    return (width / 2 - half, height / 2 - half, width / 2 + half, height / 2 + half)
+    half_x = half * aspect
+    return (width / 2 - half_x, height / 2 - half, width / 2 + half_x, height / 2 + half)
+
+
+def detection_scale(width: int, height: int, detect_size: int, smallest: int = 20) -> float:
+    """The factor (at most 1) of the copy MTCNN searches.
+
+    Args:
+        width: the image's width.
+        height: the image's height.
+        detect_size: the copy's longer side; 0 for the full image.
+        smallest: MTCNN's smallest face: the copy's shorter side is kept at least this long,
+            so that a long strip still has a scale to search.
+    """
+    if detect_size <= 0 or max(width, height) <= detect_size:
+        return 1.0
+    return min(1.0, max(detect_size / max(width, height), smallest / min(width, height)))
+
+
+def detection_copy(
+    image: Image.Image, detect_size: int, smallest: int = 20
+) -> tuple[Image.Image, tuple[float, float]]:
+    """The copy of ``image`` MTCNN searches, and the (x, y) factors from its pixels to the
+    image's (``image`` itself and (1, 1) when it is small enough).
+
+    Args:
+        image: the full image.
+        detect_size: the copy's longer side (:func:`detection_scale`).
+        smallest: MTCNN's smallest face.
+    """
+    scale = detection_scale(image.width, image.height, detect_size, smallest)
+    if scale >= 1.0:
+        return image, (1.0, 1.0)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    # PIL's resize averages over the whole footprint (no aliasing); reducing_gap first box-
+    # reduces a very large photo by an integer factor, which is much faster and as smooth.
+    copy = image.resize(size, Image.BILINEAR, reducing_gap=3.0)
+    return copy, (image.width / size[0], image.height / size[1])
+
+
+def to_full_image(points, factors, origin: float = 0.0) -> np.ndarray:
+    """Coordinates on a reduced copy mapped to the full image.
+
+    The image's edge is half a pixel before the first pixel's centre on both, so the centre of
+    a copy pixel goes to the centre of the block of pixels it was averaged from.
+
+    Args:
+        points: (..., 2) (x, y) on the copy.
+        factors: the (x, y) factors from :func:`detection_copy`.
+        origin: the coordinate of the first pixel's centre (1 for MTCNN's output).
+    """
+    edge = origin - 0.5
+    return (np.asarray(points, dtype=np.float64) - edge) * np.asarray(factors) + edge
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def _skimage_transform():
+    """scikit-image's transform module (imported when a template alignment runs)."""
+    try:
+        from skimage import transform
+    except ImportError as err:
+        raise AlignError(
+            f"template alignment needs scikit-image ({err}); install it with "
+            "`pip install -e '.[align]'`"
+        ) from None
+    return transform
+
+
+def similarity_matrix(landmarks, points) -> np.ndarray:
+    """The (2, 3) similarity transform (rotation, uniform scale, translation) taking
+    ``landmarks`` closest to ``points`` in least squares, as insightface fits it
+    (scikit-image's ``SimilarityTransform``: Umeyama's closed form).
+
+    Args:
+        landmarks: (N, 2) (x, y) in the image, N >= 2.
+        points: (N, 2) (x, y) where they should go in the crop.
+
+    Raises:
+        ValueError: the shapes differ, a value is not finite, or the landmarks coincide.
+    """
+    src = np.asarray(landmarks, dtype=np.float64)
+    dst = np.asarray(points, dtype=np.float64)
+    if src.shape != dst.shape or src.ndim != 2 or src.shape[1] != 2 or len(src) < 2:
+        raise ValueError(f"landmarks {src.shape} and points {dst.shape}: expected (N, 2) each")
+    if not (np.isfinite(src).all() and np.isfinite(dst).all()):
+        raise ValueError("landmarks and points must be finite")
+    similarity = _skimage_transform().SimilarityTransform
+    if hasattr(similarity, "from_estimate"):  # scikit-image >= 0.26 (estimate is deprecated)
+        fitted = similarity.from_estimate(src, dst)
+        ok = bool(fitted)
+    else:
+        fitted = similarity()
+        ok = fitted.estimate(src, dst)
+    if not ok or not np.isfinite(fitted.params).all() or abs(np.linalg.det(fitted.params)) < 1e-12:
+        raise ValueError(f"no similarity transform fits landmarks {src.tolist()}")
+    return np.asarray(fitted.params[:2], dtype=np.float64)
+
+
+def _source_region(matrix: np.ndarray, height: int, width: int, shape) -> tuple[int, ...]:
+    """(x0, y0, x1, y1): the part of an image of ``shape`` that a warp by ``matrix`` to
+    ``height`` x ``width`` reads (each output pixel centre's preimage and its bilinear
+    neighbours), clipped to the image; empty (x1 <= x0) when it reads none of it."""
+    inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))
+    corners = np.array(
+        [[0, 0, 1], [width - 1, 0, 1], [0, height - 1, 1], [width - 1, height - 1, 1]]
+    )
+    xy = corners @ inverse[:2].T  # (4, 2) input coordinates
+    low = np.floor(xy.min(axis=0)).astype(np.int64) - 1
+    high = np.floor(xy.max(axis=0)).astype(np.int64) + 2  # exclusive; + 1 for the neighbour
+    x0, y0 = (int(np.clip(v, 0, n)) for v, n in zip(low, (shape[1], shape[0])))
+    x1, y1 = (int(np.clip(v, 0, n)) for v, n in zip(high, (shape[1], shape[0])))
+    return x0, y0, x1, y1
+
+
+def warp_affine(image: np.ndarray, matrix, height: int, width: int) -> np.ndarray:
+    """``image`` warped by ``matrix`` into ``height`` x ``width``: bilinear, 0 outside the
+    image (as OpenCV's ``warpAffine`` with a constant border, which insightface calls).
+
+    Only the part of the image the warp reads is converted to floating point, so a large
+    photo costs no more than a small one.
+
+    Args:
+        image: (H, W) or (H, W, C) uint8 array.
+        matrix: (2, 3) from image pixel (x, y) to crop pixel, centres at integers.
+        height: the crop's height.
+        width: the crop's width.
+
+    Returns:
+        (height, width[, C]) uint8.
+    """
+    image = np.asarray(image)
+    matrix = np.asarray(matrix, dtype=np.float64)
+    out_shape = (height, width, *image.shape[2:])
+    x0, y0, x1, y1 = _source_region(matrix, height, width, image.shape)
+    if x1 <= x0 or y1 <= y0:
+        return np.zeros(out_shape, dtype=np.uint8)
+    shifted = matrix.copy()
+    shifted[:, 2] += matrix[:, :2] @ [x0, y0]  # the same map, from the region's pixels
+    inverse = np.linalg.inv(np.vstack([shifted, [0.0, 0.0, 1.0]]))  # crop -> region
+    warped = _skimage_transform().warp(
+        image[y0:y1, x0:x1],
+        inverse,
+        output_shape=out_shape[:2],
+        order=1,
+        mode="constant",
+        cval=0.0,
+        preserve_range=True,
+    )
+    return np.clip(np.rint(warped), 0, 255).astype(np.uint8)
+
+
+def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -> np.ndarray:
+    """One face warped onto a five-point template: the similarity transform fitted by least
+    squares from ``landmarks`` to the template's points, then a bilinear warp.
+
+    Args:
+        image: (H, W, 3) uint8 array (any channel order: it is kept), or a PIL image.
+        landmarks: (5, 2) (x, y) of the left eye, right eye, nose tip, left and right mouth
+            corners, with the top-left pixel's centre at (0, 0) (``Face.landmarks``,
+            insightface's detectors; facenet-pytorch's ``MTCNN.detect`` counts from 1:
+            subtract 1 from its numbers).
+        template: "arcface" (112 x 112), "sphereface" (112 x 96, height x width) or a
+            :class:`facenet.evaluation.presets.LandmarkTemplate`.
+
+    Returns:
+        The (height, width, 3) uint8 crop.
+    """
+    if isinstance(template, str):
+        if template not in TEMPLATES:
+            raise ValueError(f"template={template!r}: expected one of {tuple(TEMPLATES)}")
+        template = TEMPLATES[template]
+    matrix = similarity_matrix(landmarks, template.pixel_points())
+    return warp_affine(np.asarray(image), matrix, template.height, template.width)
 
 
 # --------------------------------------------------------------------------- the aligner
@@ -253,47 +493,105 @@ class Aligner:
             f"searches for ({smallest} px)"
         )
 
-    def detect(self, images: list[Image.Image]) -> list[tuple | None]:
-        """``(box, probability)`` of the chosen face of each image, or None where none is found
-        (or the image is too small to search: :meth:`too_small`)."""
+    def detect(self, images: list[Image.Image]) -> list[Face | None]:
+        """The chosen face of each image, in its own pixels, or None where none is found (or
+        the image is too small to search: :meth:`too_small`).
+
+        MTCNN searches each image's reduced copy (:func:`detection_copy`, ``detect_size``);
+        the boxes and landmarks are mapped back to the image.
+        """
+        smallest = int(getattr(self.mtcnn, "min_face_size", 20))
+        copies = [detection_copy(image, self.settings.detect_size, smallest) for image in images]
         by_size = defaultdict(list)  # MTCNN batches only images of one size
         for i, image in enumerate(images):
             if not self.too_small(image):
-                by_size[image.size].append(i)
-        found: list[tuple | None] = [None] * len(images)
-        for (width, height), indices in by_size.items():
-            boxes, probs = self.mtcnn.detect([images[i] for i in indices])
-            for i, b, p in zip(indices, boxes, probs):
+                by_size[copies[i][0].size].append(i)
+        found: list[Face | None] = [None] * len(images)
+        for indices in by_size.values():
+            boxes, probs, points = self.mtcnn.detect(
+                [copies[i][0] for i in indices], landmarks=True
+            )
+            for i, b, p, lm in zip(indices, boxes, probs, points):
                 if b is not None:
-                    b, p = np.asarray(b, dtype=np.float64), np.asarray(p, dtype=np.float64)
-                    k = select_face(b, p, width, height, self.settings.select)
-                    found[i] = (tuple(float(v) for v in b[k]), float(p[k]))
+                    found[i] = self._choose(images[i], copies[i][1], b, p, lm)
         return found
 
-    def crop(self, image: Image.Image, box) -> Image.Image:
-        """The S x S crop of ``box`` plus the margin (bilinear, as both publishers resize)."""
+    def _choose(self, image: Image.Image, factors, boxes, probs, points) -> Face:
+        """The face ``settings.select`` keeps, its detections mapped to ``image``'s pixels."""
+        boxes = np.asarray(boxes).reshape(-1, 2, 2)
+        boxes = to_full_image(boxes, factors, _MTCNN_ORIGIN).reshape(-1, 4)
+        # landmarks counted from 0 from here on, as align_face and insightface count
+        points = to_full_image(np.asarray(points).reshape(-1, 5, 2), factors, _MTCNN_ORIGIN) - 1
+        probs = np.asarray(probs, dtype=np.float64)
+        k = select_face(boxes, probs, image.width, image.height, self.settings.select)
+        return Face(tuple(float(v) for v in boxes[k]), float(probs[k]), points[k])
+
+    def crop(self, image: Image.Image, face: Face | tuple) -> Image.Image:
+        """The crop of a face: warped onto the template (a :class:`Face` with a template
+        preset), else its box plus the margin resized to the crop size (bilinear, as the
+        publishers resize).
+
+        Args:
+            image: the full image.
+            face: a :class:`Face`, or a box (x0, y0, x1, y1).
+        """
+        height, width = self.settings.crop_size
+        if isinstance(face, Face) and self.settings.template is not None:
+            return self._warp(image, face.landmarks)
+        box = face.box if isinstance(face, Face) else face
         region = crop_box(box, image.width, image.height, self.settings)
-        size = (self.settings.image_size, self.settings.image_size)
-        return image.crop(region).resize(size, Image.BILINEAR)
+        return image.crop(region).resize((width, height), Image.BILINEAR)
+
+    def _warp(self, image: Image.Image, landmarks: np.ndarray) -> Image.Image:
+        """The template warp, reading only the part of ``image`` around the face (the whole
+        of a large photo would be copied into an array otherwise)."""
+        template = TEMPLATES[self.settings.template]
+        matrix = similarity_matrix(landmarks, template.pixel_points())
+        x0, y0, x1, y1 = _source_region(matrix, template.height, template.width, image.size[::-1])
+        if x1 <= x0 or y1 <= y0:
+            return Image.new("RGB", (template.width, template.height))
+        region = np.asarray(image.crop((x0, y0, x1, y1)))
+        return Image.fromarray(align_face(region, landmarks - [x0, y0], template))
 
     def align(self, jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
-        """Align ``(source, target)`` pairs: write each crop atomically, report the rest."""
-        images, readable, outcomes = [], [], []
+        """Align ``(source, target)`` pairs: write each crop atomically, report the rest.
+
+        Images are decoded and detected in groups of at most ``_HELD_PIXELS`` pixels, so that
+        a batch of large photos is never held at once.
+        """
+        outcomes, held, pixels = [], [], 0
         for source, target in jobs:
             try:
-                images.append(_to_pil(read_image(source)))
-                readable.append((source, target))
+                image = _to_pil(read_image(source))
             except CorruptImageError as err:
                 outcomes.append(AlignOutcome(source, target, "unreadable", reason=err.reason))
-        for image, (source, target), face in zip(images, readable, self.detect(images)):
-            outcomes.append(self._write(image, source, target, face, self.too_small(image)))
-        return outcomes
+                continue
+            held.append((image, source, target))
+            pixels += image.width * image.height
+            if pixels >= _HELD_PIXELS:
+                outcomes += self._align_held(held)
+                held, pixels = [], 0
+        return outcomes + self._align_held(held)
+
+    def _align_held(self, held: list[tuple[Image.Image, str, str]]) -> list[AlignOutcome]:
+        if not held:
+            return []
+        faces = self.detect([image for image, _, _ in held])
+        return [
+            self._write(image, source, target, face, self.too_small(image))
+            for (image, source, target), face in zip(held, faces)
+        ]
 
     def _write(self, image: Image.Image, source: str, target: str, face, reason: str):
         if face is None and not self.settings.fallback:
             return AlignOutcome(source, target, "no_face", reason=reason)
-        box, prob = face if face is not None else (centre_box(image.width, image.height), None)
-        data = _encode(self.crop(image, box), Path(target))
+        if face is None:  # a centre box of the crop's shape
+            height, width = self.settings.crop_size
+            box, prob = centre_box(image.width, image.height, width / height), None
+            data = _encode(self.crop(image, box), Path(target))
+        else:
+            box, prob = face.box, face.probability
+            data = _encode(self.crop(image, face), Path(target))
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(target, lambda fh: fh.write(data))
         status = "aligned" if face is not None else "centre_crop"
@@ -396,10 +694,15 @@ def check_settings(dst, settings: AlignSettings, already: int) -> None:
         return
     recorded = _recorded(path)
     for field in fields(settings):
-        if recorded.get(field.name) != wanted[field.name]:
+        # a record written before a setting existed holds what was done then
+        value = recorded.get(field.name, _RECORD_DEFAULTS.get(field.name))
+        if value != wanted[field.name]:
+            hint = (
+                " (--detect-size; 0 searches the full image)" if field.name == "detect_size" else ""
+            )
             raise AlignError(
-                f"{dst} was aligned with {field.name} = {recorded.get(field.name)!r}; this run "
-                f"asks for {wanted[field.name]!r} ({path}): align into another folder, or "
+                f"{dst} was aligned with {field.name} = {value!r}; this run "
+                f"asks for {wanted[field.name]!r}{hint} ({path}): align into another folder, or "
                 "give the same settings"
             )
 
