@@ -26,6 +26,7 @@ import yaml
 
 from facenet.errors import ConfigError
 from facenet.files import write_text_atomic
+from facenet.sizes import image_hw
 
 __all__ = [
     "DataConfig",
@@ -70,7 +71,8 @@ class DataConfig:
     # triplets: seed-compatible (anchor, positive, negative) batches from a TripletListDataset.
     dataset: Literal["synthetic", "folder", "triplets"] = "synthetic"
     root: str | None = None  # image folder; for synthetic, where it is generated
-    image_size: int = 64
+    # the network's input: S (S x S) or [H, W] (e.g. [112, 96], MobileFaceNet's SphereFace crops)
+    image_size: int | list[int] = 64
     p: int = 16  # identities per batch
     k: int = 4  # images per identity
     triplets_per_epoch: int = 10000  # seed-compatible mode only
@@ -336,18 +338,34 @@ RANGES: dict[str, Range] = {
 
 
 def _check_ranges(cfg: Config, source: str) -> None:
-    """Refuse a numeric value outside its key's range, naming the key and the range."""
+    """Refuse a numeric value outside its key's range, naming the key and the range; a list
+    value (``data.image_size: [H, W]``) has each element checked."""
     for dotted, allowed in RANGES.items():
         section, key = dotted.split(".")
         value = getattr(getattr(cfg, section), key, None)
-        if isinstance(value, (int, float)) and value not in allowed:
-            raise ConfigError(f"{source}: {dotted}: {value!r} is out of range; allowed: {allowed}")
+        for element in value if isinstance(value, list) else [value]:
+            if isinstance(element, (int, float)) and element not in allowed:
+                what = f"{value!r}" if element is value else f"{value!r}: side {element!r}"
+                raise ConfigError(f"{source}: {dotted}: {what} is out of range; allowed: {allowed}")
+
+
+def _check_image_size(cfg: Config, source: str) -> None:
+    """``data.image_size``: one side or exactly [H, W] (the list type admits any length)."""
+    try:
+        image_hw(cfg.data.image_size)
+    except ValueError:
+        raise ConfigError(
+            f"{source}: data.image_size: {cfg.data.image_size!r}: expected one int (a square "
+            "input) or [height, width]"
+        ) from None
 
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if tp is type(None):
@@ -379,7 +397,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             except ConfigError:
                 pass
         raise ConfigError(f"{where}: {value!r} is not {_type_name(tp)}")
-    if tp is bool:
+    if origin is list:
+        if isinstance(value, (list, tuple)):
+            return [_coerce(v, typing.get_args(tp)[0], where) for v in value]
+    elif tp is bool:
         if isinstance(value, bool):
             return value
     elif tp is int:
@@ -458,6 +479,7 @@ def config_from_dict(data: Any, source: str = "<dict>") -> Config:
         sections[name] = _section_from_dict(hints[name], values, name, source)
     cfg = Config(**sections)
     _check_combinations(cfg, source)  # first: its messages say why (train.chunk_size: 1)
+    _check_image_size(cfg, source)
     _check_ranges(cfg, source)
     return cfg
 
@@ -498,13 +520,21 @@ def _parse_override(item: str) -> tuple[str, str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {item!r}: value is not a YAML scalar ({err})") from None
-    if isinstance(value, (dict, list)):
-        raise ConfigError(f"--set {item!r}: value must be a scalar")
+    # A list is a value of its own for the list-typed keys (data.image_size=[112,96]); the
+    # key's type refuses it anywhere else.
+    if isinstance(value, dict):
+        raise ConfigError(f"--set {item!r}: value must be a scalar or a list")
     return parts[0], parts[1], value
 
 
 def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
-    """Apply ``section.key=value`` strings (values parsed as YAML scalars) to a nested dict."""
+    """Apply ``section.key=value`` strings (values parsed as YAML scalars, or a list such as
+    ``data.image_size=[112,96]``) to a nested dict.
+
+    Args:
+        data: ``{section: {key: value}}`` as read from a file (not modified).
+        overrides: the ``--set`` strings, in order.
+    """
     data = {k: dict(v or {}) for k, v in (data or {}).items()}
     for item in overrides or []:
         section, key, value = _parse_override(item)
@@ -529,7 +559,10 @@ def add_override_argument(parser) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one key (value parsed as YAML, e.g. data.image_size=32); repeatable",
+        help=(
+            "override one key (value parsed as YAML, e.g. data.image_size=32 or "
+            "data.image_size=[112,96]); repeatable"
+        ),
     )
 
 

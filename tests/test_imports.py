@@ -6,22 +6,32 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "facenet"
 # The small shared pieces at the top of the package: modules, not folders.
-SHARED = {"errors", "files", "distributed", "memory", "checkpoint", "config"}
+SHARED = {"errors", "files", "sizes", "distributed", "memory", "checkpoint", "config"}
 # What each folder (or shared module) may import, by the first name under facenet. A folder
 # may import the shared pieces listed here and the folders below it; the library folders
 # import neither the configuration nor the training layer.
 ALLOWED = {
     "errors": set(),
     "files": set(),
+    "sizes": set(),
     "distributed": {"errors"},
     "memory": set(),
     "checkpoint": {"errors", "files"},
-    "config": {"errors", "files"},
+    "config": {"errors", "files", "sizes"},
     "metric": {"errors"},
-    "models": {"errors", "checkpoint"},
-    "data": {"errors", "files"},
-    "evaluation": {"errors", "files", "distributed", "metric", "data"},
-    "inference": {"errors", "files", "checkpoint", "metric", "models", "data", "evaluation"},
+    "models": {"errors", "checkpoint", "sizes"},
+    "data": {"errors", "files", "sizes"},
+    "evaluation": {"errors", "files", "sizes", "distributed", "metric", "data"},
+    "inference": {
+        "errors",
+        "files",
+        "sizes",
+        "checkpoint",
+        "metric",
+        "models",
+        "data",
+        "evaluation",
+    },
     "training": SHARED | {"metric", "models", "data", "evaluation", "inference"},
     "cli": SHARED | {"metric", "models", "data", "evaluation", "inference", "training"},
 }

@@ -25,8 +25,10 @@ from facenet.data.images import (
     FIXED_STD,
     IMAGENET_MEAN,
     IMAGENET_STD,
-    TRAIN_RESIZE_RATIO,
+    cover_size,
+    resize_target,
 )
+from facenet.sizes import ImageSize, image_hw
 
 __all__ = [
     "PendingCrop",
@@ -47,13 +49,21 @@ class PendingCrop:
         image: uint8 (3, H, W) as decoded (not resized).
         top, left: the crop's corner in the resized image.
         flip: flip the crop horizontally.
-        size: S, the crop's side.
-        resize_to: the resized shorter side (1.125 S).
+        size: (S_h, S_w), the crop's size.
+        resize_to: (R_h, R_w) = 1.125 x (S_h, S_w), what the image is resized to cover.
     """
 
     __slots__ = ("image", "top", "left", "flip", "size", "resize_to")
 
-    def __init__(self, image, top: int, left: int, flip: bool, size: int, resize_to: int):
+    def __init__(
+        self,
+        image,
+        top: int,
+        left: int,
+        flip: bool,
+        size: tuple[int, int],
+        resize_to: tuple[int, int],
+    ):
         self.image, self.top, self.left, self.flip = image, top, left, flip
         self.size, self.resize_to = size, resize_to
 
@@ -65,9 +75,7 @@ def resized_size(height: int, width: int, short_side: int) -> tuple[int, int]:
         height, width: the image's size.
         short_side: the shorter side after resizing.
     """
-    if width <= height:  # torchvision rounds the longer side down
-        return int(short_side * height / width), short_side
-    return short_side, int(short_side * width / height)
+    return cover_size(height, width, (short_side, short_side))
 
 
 class TrainCrops:
@@ -75,31 +83,31 @@ class TrainCrops:
 
     Called on a uint8 (3, H, W) image it returns a :class:`PendingCrop`, drawing from torch's
     global generator what ``v2.RandomCrop`` and ``v2.RandomHorizontalFlip`` would draw after
-    ``v2.Resize``: a top offset (only when the resized height exceeds S), a left offset (same
-    for the width), then one uniform number for the flip (flipped when below 0.5).
+    the resize of :func:`~facenet.data.images.build_transform`: a top offset (only when the
+    resized height exceeds S_h), a left offset (same for the width), then one uniform number
+    for the flip (flipped when below 0.5).
 
     Args:
-        image_size: S, the side of the output.
+        image_size: S (square) or (S_h, S_w), the output's size.
         random_crop: crop at a random place (else in the centre, as ``v2.CenterCrop``).
         hflip: flip with probability 0.5.
     """
 
-    def __init__(self, image_size: int, random_crop: bool = True, hflip: bool = True):
-        if not isinstance(image_size, int) or image_size < 1:
-            raise ValueError(f"image_size={image_size!r}: expected a positive integer")
-        self.size, self.random_crop, self.hflip = image_size, random_crop, hflip
-        self.resize_to = round(image_size * TRAIN_RESIZE_RATIO)
+    def __init__(self, image_size: ImageSize, random_crop: bool = True, hflip: bool = True):
+        self.size = image_hw(image_size)  # (S_h, S_w)
+        self.random_crop, self.hflip = random_crop, hflip
+        self.resize_to = resize_target(self.size)  # (R_h, R_w)
 
-    def _offset(self, extent: int) -> int:
-        """Where the crop starts along a side of ``extent`` pixels."""
+    def _offset(self, extent: int, side: int) -> int:
+        """Where the crop of ``side`` pixels starts along a side of ``extent`` pixels."""
         if not self.random_crop:
-            return int(round((extent - self.size) / 2.0))  # v2.CenterCrop's rounding
-        if extent <= self.size:  # v2.RandomCrop draws nothing then
+            return int(round((extent - side) / 2.0))  # v2.CenterCrop's rounding
+        if extent <= side:  # v2.RandomCrop draws nothing then
             return 0
-        return int(torch.randint(0, extent - self.size + 1, size=()))
+        return int(torch.randint(0, extent - side + 1, size=()))
 
     def prepare(self, image: torch.Tensor) -> torch.Tensor:
-        """The deterministic part: the shorter side resized to 1.125 S (``v2.Resize``'s call).
+        """The deterministic part: resized to cover 1.125 x (S_h, S_w), as the transform does.
 
         ``IdentityFolder`` caches its result, so a cached image is resized once per run.
 
@@ -107,47 +115,55 @@ class TrainCrops:
             image: uint8 (3, H, W) as decoded.
 
         Returns:
-            uint8 (3, H', W') with min(H', W') = 1.125 S.
+            uint8 (3, H', W'): for a square size, min(H', W') = 1.125 S.
         """
-        if min(image.shape[-2:]) == self.resize_to:
+        size = cover_size(image.shape[-2], image.shape[-1], self.resize_to)
+        if tuple(image.shape[-2:]) == size:  # already prepared (or already that size)
             return image
-        return TF.resize(image, [self.resize_to], antialias=True)
+        return TF.resize(image, list(size), antialias=True)
 
     def __call__(self, image: torch.Tensor) -> PendingCrop:
-        height, width = resized_size(image.shape[-2], image.shape[-1], self.resize_to)
-        top, left = self._offset(height), self._offset(width)  # this order: v2.RandomCrop's
+        height, width = cover_size(image.shape[-2], image.shape[-1], self.resize_to)
+        top = self._offset(height, self.size[0])  # top, then left: v2.RandomCrop's order
+        left = self._offset(width, self.size[1])
         flip = bool(torch.rand(1) < 0.5) if self.hflip else False
         return PendingCrop(image, top, left, flip, self.size, self.resize_to)
 
 
 def crop_and_flip(
-    images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, flip: torch.Tensor, size: int
+    images: torch.Tensor,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    flip: torch.Tensor,
+    size: ImageSize,
 ) -> torch.Tensor:
-    """Each image's S x S crop at (top, left), flipped where ``flip``: one ``gather``.
+    """Each image's S_h x S_w crop at (top, left), flipped where ``flip``: one ``gather``.
 
     Args:
         images: (B, C, H, W).
         top, left: (B,) int64 crop corners.
         flip: (B,) bool.
-        size: S.
+        size: S or (S_h, S_w).
 
     Returns:
-        (B, C, S, S), contiguous.
+        (B, C, S_h, S_w), contiguous.
     """
+    out_h, out_w = image_hw(size)
     batch, channels, _, width = images.shape
-    steps = torch.arange(size)  # (S,)
-    rows = top[:, None] + steps  # (B, S)
-    # A flipped crop reads its columns right to left: out[..., j] = crop[..., S - 1 - j].
-    columns = left[:, None] + torch.where(flip[:, None], size - 1 - steps, steps)  # (B, S)
+    rows = top[:, None] + torch.arange(out_h)  # (B, S_h)
+    steps = torch.arange(out_w)  # (S_w,)
+    # A flipped crop reads its columns right to left: out[..., j] = crop[..., S_w - 1 - j].
+    columns = left[:, None] + torch.where(flip[:, None], out_w - 1 - steps, steps)  # (B, S_w)
     # Flat pixel positions in each image; gather beats advanced indexing here by about 4x.
-    where = (rows[:, :, None] * width + columns[:, None, :]).reshape(batch, 1, size * size)
-    where = where.expand(batch, channels, size * size)  # (B, C, S*S)
+    where = (rows[:, :, None] * width + columns[:, None, :]).reshape(batch, 1, out_h * out_w)
+    where = where.expand(batch, channels, out_h * out_w)  # (B, C, S_h*S_w)
     pixels = images.reshape(batch, channels, -1)  # (B, C, H*W)
-    return torch.gather(pixels, 2, where).reshape(batch, channels, size, size)
+    return torch.gather(pixels, 2, where).reshape(batch, channels, out_h, out_w)
 
 
 def collate_crops(items: list[PendingCrop]) -> torch.Tensor:
-    """A batch of pending crops as uint8 (B, 3, S, S): resized and cropped per group of sizes.
+    """A batch of pending crops as uint8 (B, 3, S_h, S_w): resized and cropped per group of
+    sizes.
 
     Images of one size (all of them, for aligned crops) are resized in one call and cropped
     in one index; an image of a size of its own forms a group of one.
@@ -155,19 +171,20 @@ def collate_crops(items: list[PendingCrop]) -> torch.Tensor:
     Args:
         items: the batch's samples, all with the same ``size`` and ``resize_to``.
     """
-    size, side = items[0].size, items[0].resize_to
-    out = torch.empty((len(items), items[0].image.shape[0], size, size), dtype=torch.uint8)
+    (out_h, out_w), target = items[0].size, items[0].resize_to
+    out = torch.empty((len(items), items[0].image.shape[0], out_h, out_w), dtype=torch.uint8)
     groups: dict[tuple, list[int]] = {}
     for row, item in enumerate(items):
         groups.setdefault(tuple(item.image.shape), []).append(row)
     for rows in groups.values():
         images = torch.stack([items[r].image for r in rows])  # (G, 3, H, W)
-        if min(images.shape[-2:]) != side:  # not prepared (TrainCrops.prepare) per image
-            images = TF.resize(images, [side], antialias=True)  # (G, 3, H', W')
+        covered = cover_size(images.shape[-2], images.shape[-1], target)
+        if tuple(images.shape[-2:]) != covered:  # not prepared (TrainCrops.prepare) per image
+            images = TF.resize(images, list(covered), antialias=True)  # (G, 3, H', W')
         top = torch.tensor([items[r].top for r in rows])  # (G,)
         left = torch.tensor([items[r].left for r in rows])  # (G,)
         flip = torch.tensor([items[r].flip for r in rows])  # (G,)
-        cropped = crop_and_flip(images, top, left, flip, size)  # (G, 3, S, S)
+        cropped = crop_and_flip(images, top, left, flip, (out_h, out_w))  # (G, 3, S_h, S_w)
         if len(groups) == 1:  # aligned crops: one size, no scatter needed
             return cropped
         out[rows] = cropped

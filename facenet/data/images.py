@@ -45,6 +45,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from facenet.data.image_headers import ImageHeader, check_png_chunks, check_size, read_header
 from facenet.errors import DataError
+from facenet.sizes import ImageSize, image_hw
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -58,6 +59,9 @@ __all__ = [
     "EVAL_PREPROCESS",
     "build_transform",
     "crop_or_pad",
+    "cover_size",
+    "resize_target",
+    "ResizeToCover",
 ]
 
 # The formats decode_image reads (lower case; compared case-insensitively).
@@ -340,8 +344,8 @@ def _normalize_steps(normalize: str) -> list:
 EVAL_PREPROCESS = ("resize", "crop")
 
 
-def crop_or_pad(image: torch.Tensor, size: int) -> torch.Tensor:
-    """Centre-crop (3, H, W) to (3, S, S) without resizing; zero-pad where H or W < S.
+def crop_or_pad(image: torch.Tensor, size: ImageSize) -> torch.Tensor:
+    """Centre-crop (3, H, W) to (3, S_h, S_w) without resizing; zero-pad where H or W is short.
 
     TensorFlow's ``resize_image_with_crop_or_pad``, which davidsandberg/facenet's evaluation
     applies (182 -> 160 drops 11 px on each side): offsets are ``(H - S) // 2`` rounded down,
@@ -349,12 +353,13 @@ def crop_or_pad(image: torch.Tensor, size: int) -> torch.Tensor:
 
     Args:
         image: (C, H, W) tensor.
-        size: S.
+        size: S (square) or (S_h, S_w), the output's height and width.
     """
+    out_h, out_w = image_hw(size)
     _, height, width = image.shape
-    top, left = max(height - size, 0) // 2, max(width - size, 0) // 2
-    image = image[:, top : top + size, left : left + size]  # (C, min(H, S), min(W, S))
-    pad_h, pad_w = size - image.shape[1], size - image.shape[2]
+    top, left = max(height - out_h, 0) // 2, max(width - out_w, 0) // 2
+    image = image[:, top : top + out_h, left : left + out_w]  # (C, min(H, S_h), min(W, S_w))
+    pad_h, pad_w = out_h - image.shape[1], out_w - image.shape[2]
     if pad_h or pad_w:  # (left, right, top, bottom), the smaller half first as TensorFlow does
         pad = (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2)
         image = torch.nn.functional.pad(image, pad)
@@ -364,7 +369,7 @@ def crop_or_pad(image: torch.Tensor, size: int) -> torch.Tensor:
 class _CropOrPad(torch.nn.Module):
     """:func:`crop_or_pad` as a transform step (a class, so DataLoader workers can pickle it)."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: tuple[int, int]):
         super().__init__()
         self.size = size
 
@@ -372,39 +377,95 @@ class _CropOrPad(torch.nn.Module):
         return crop_or_pad(image, self.size)
 
 
+def cover_size(height: int, width: int, target: tuple[int, int]) -> tuple[int, int]:
+    """(H', W'): ``height`` x ``width`` scaled, aspect kept, to just cover ``target``.
+
+    For a square target (R, R) this is ``v2.Resize(R)``'s size (the shorter side to R, the
+    longer rounded down), so square sizes resize exactly as before; for (R_h, R_w) the side
+    that needs the larger scale becomes its target and the other is rounded down, never below
+    its own target.
+
+    Args:
+        height, width: the image's size.
+        target: (R_h, R_w), the least size wanted.
+    """
+    out_h, out_w = target
+    if out_h == out_w:  # torchvision's own rounding: the longer side's float product, truncated
+        if width <= height:
+            return int(out_w * height / width), out_w
+        return out_h, int(out_h * width / height)
+    if out_h * width >= out_w * height:  # the height needs the larger scale
+        return out_h, out_h * width // height  # integer: >= out_w exactly, no float slack
+    return out_w * height // width, out_w
+
+
+def resize_target(size: ImageSize) -> tuple[int, int]:
+    """(R_h, R_w) = 1.125 x (S_h, S_w), rounded: what the image is resized to cover before the
+    crop (the torchvision 256 -> 224 convention, per side).
+
+    Args:
+        size: S or (S_h, S_w), the crop.
+    """
+    height, width = image_hw(size)
+    return round(height * TRAIN_RESIZE_RATIO), round(width * TRAIN_RESIZE_RATIO)
+
+
+class ResizeToCover(torch.nn.Module):
+    """Resize (C, H, W) with its aspect kept until it covers ``target`` (:func:`cover_size`).
+
+    Args:
+        target: (R_h, R_w).
+    """
+
+    def __init__(self, target: tuple[int, int]):
+        super().__init__()
+        self.target = target
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        size = cover_size(image.shape[-2], image.shape[-1], self.target)
+        if tuple(image.shape[-2:]) == size:
+            return image
+        return TF.resize(image, list(size), antialias=True)
+
+
 def build_transform(
-    image_size: int,
+    image_size: ImageSize,
     train: bool,
     normalize: str = "fixed",
     hflip: bool = True,
     random_crop: bool = True,
     preprocess: str = "resize",
 ) -> v2.Compose:
-    """The transform from a uint8 RGB tensor (3, H, W) to a float tensor (3, S, S).
+    """The transform from a uint8 RGB tensor (3, H, W) to a float tensor (3, S_h, S_w).
 
-    The shorter side is resized to 1.125 x S, then an S x S crop is taken: at a random place in
-    training (with ``random_crop``), in the centre otherwise. Faces thus have the same scale in
-    training and evaluation (torchvision's 256 -> 224 convention); training then flips
-    horizontally at random.
+    The image is resized, its aspect kept, to cover 1.125 x (S_h, S_w) (for a square size: the
+    shorter side to 1.125 S), then an S_h x S_w crop is taken: at a random place in training
+    (with ``random_crop``), in the centre otherwise. Faces thus have the same scale in training
+    and evaluation (torchvision's 256 -> 224 convention); training then flips horizontally at
+    random.
 
     Args:
-        image_size: S, the side of the output.
+        image_size: S (square) or (S_h, S_w), the output's size (see
+            :func:`facenet.sizes.image_hw`).
         train: build the training transform (random crop and flip) or the evaluation one.
         normalize: "fixed" for FaceNet's (x - 127.5) / 128, "imagenet" for ImageNet mean/std.
         hflip: flip horizontally with probability 0.5 (training only).
         random_crop: crop at a random place from a slightly larger resize (training only).
-        preprocess: evaluation only: "resize" as above, or "crop": no resize, the centre S x S
-            (:func:`crop_or_pad`), for crops aligned at S (or at 182 for S = 160) as the
-            publishers' models expect.
+        preprocess: evaluation only: "resize" as above, or "crop": no resize, the centre
+            S_h x S_w (:func:`crop_or_pad`), for crops aligned at that size (or at 182 for
+            S = 160) as the publishers' models expect.
     """
-    if not isinstance(image_size, int) or image_size < 1:
-        raise ValueError(f"image_size={image_size!r}: expected a positive integer")
+    size = image_hw(image_size)  # (S_h, S_w)
     if preprocess not in EVAL_PREPROCESS:
         raise ValueError(f"preprocess={preprocess!r}: expected one of {EVAL_PREPROCESS}")
     if not train and preprocess == "crop":
-        return v2.Compose([_CropOrPad(image_size), *_normalize_steps(normalize)])
-    crop = v2.RandomCrop(image_size) if train and random_crop else v2.CenterCrop(image_size)
-    steps: list = [v2.Resize(round(image_size * TRAIN_RESIZE_RATIO), antialias=True), crop]
+        return v2.Compose([_CropOrPad(size), *_normalize_steps(normalize)])
+    crop = v2.RandomCrop(size) if train and random_crop else v2.CenterCrop(size)
+    if size[0] == size[1]:  # v2.Resize(int): the square sizes' transform, unchanged
+        resize = v2.Resize(resize_target(size)[0], antialias=True)
+    else:
+        resize = ResizeToCover(resize_target(size))
+    steps: list = [resize, crop]
     if train and hflip:
         steps.append(v2.RandomHorizontalFlip(p=0.5))
     steps += _normalize_steps(normalize)

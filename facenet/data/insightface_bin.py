@@ -44,6 +44,7 @@ from facenet.data.images import (
     decode_image_bytes,
 )
 from facenet.errors import DataError
+from facenet.sizes import ImageSize, image_hw
 
 __all__ = [
     "BinFormatError",
@@ -202,10 +203,15 @@ def read_bin(path: str | os.PathLike) -> BinPairs:
     return BinPairs(images, np.array(flags, dtype=bool), path.stem, str(path))
 
 
-def bin_transform(image_size: int, normalize: str = "fixed") -> v2.Compose:
-    """uint8 (3, h, w) aligned face -> float (3, S, S): resized whole, then standardised."""
+def bin_transform(image_size: ImageSize, normalize: str = "fixed") -> v2.Compose:
+    """uint8 (3, h, w) aligned face -> float (3, S_h, S_w): resized whole, then standardised.
+
+    Args:
+        image_size: S or (S_h, S_w), the model's input size.
+        normalize: the pixel standardisation ("fixed" or "imagenet").
+    """
     return v2.Compose(
-        [v2.Resize((image_size, image_size), antialias=True), *_normalize_steps(normalize)]
+        [v2.Resize(image_hw(image_size), antialias=True), *_normalize_steps(normalize)]
     )
 
 
@@ -214,7 +220,7 @@ class BinImages(torch.utils.data.Dataset):
 
     Args:
         pairs: what :func:`read_bin` returned.
-        image_size: the model's input side S.
+        image_size: the model's input size: S or (S_h, S_w).
         normalize: the pixel standardisation the model was trained with.
         max_pixels: the largest declared width x height accepted.
         max_aspect_ratio: the largest declared long side / short side accepted.
@@ -223,7 +229,7 @@ class BinImages(torch.utils.data.Dataset):
     def __init__(
         self,
         pairs: BinPairs,
-        image_size: int,
+        image_size: ImageSize,
         normalize: str = "fixed",
         max_pixels: int = DEFAULT_MAX_PIXELS,
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
@@ -236,7 +242,7 @@ class BinImages(torch.utils.data.Dataset):
         return len(self.pairs.images)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        """Image ``index`` as the model's input (3, S, S).
+        """Image ``index`` as the model's input (3, S_h, S_w).
 
         Raises:
             BinFormatError: the image cannot be decoded; names the set, the image and the pair.

@@ -32,6 +32,7 @@ from facenet.data.images import looks_like_image
 from facenet.data.pairs import generate_pairs, write_pairs
 from facenet.errors import ConfigError, DataError
 from facenet.files import write_text_atomic
+from facenet.sizes import image_hw
 
 __all__ = [
     "FaceTemplate",
@@ -595,7 +596,7 @@ def _manifest(cfg) -> dict:
     return {
         "generator_version": GENERATOR_VERSION,
         "seed": cfg.synthetic_seed,
-        "image_size": cfg.image_size,
+        "image_size": drawn_side(cfg.image_size),
         "train": {
             "identities": cfg.synthetic_identities,
             "images_per_identity": cfg.synthetic_images_per_identity,
@@ -681,9 +682,20 @@ def _write_heldout_pairs(written: dict[str, list[str]], path: Path, pairs_per_fo
     write_pairs(path, folds)
 
 
-# The DataConfig keys prepare_synthetic_data reads as sizes.
+def drawn_side(image_size) -> int:
+    """The side the synthetic faces are drawn at for a network input of ``image_size``.
+
+    Faces are drawn square; for an H x W input they are drawn at max(H, W) and the
+    transforms resize and crop them to H x W as they do any photo of another shape.
+
+    Args:
+        image_size: S or (H, W) (``data.image_size``).
+    """
+    return max(image_hw(image_size))
+
+
+# The DataConfig keys prepare_synthetic_data reads as counts.
 _SIZE_KEYS = (
-    "image_size",
     "synthetic_identities",
     "synthetic_images_per_identity",
     "synthetic_heldout_identities",
@@ -694,6 +706,12 @@ _SIZE_KEYS = (
 
 def _check_sizes(cfg) -> None:
     """Every size key a positive integer and the seed >= 0, else a ConfigError naming the key."""
+    try:
+        image_hw(cfg.image_size)
+    except ValueError:
+        raise ConfigError(
+            f"data.image_size: {cfg.image_size!r}: expected a positive integer or [height, width]"
+        ) from None
     for key in _SIZE_KEYS:
         value = getattr(cfg, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -752,7 +770,7 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         data = SyntheticIdentities(
             spec["identities"],
             spec["images_per_identity"],
-            cfg.image_size,
+            drawn_side(cfg.image_size),
             cfg.synthetic_seed,
             spec["identity_offset"],
         )
