@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from facenet.data.images import build_transform, read_image
 from facenet.distributed import agree_on_error, gather_variable_rows, get_rank, get_world_size
+from facenet.sizes import ImageSize
 
 __all__ = ["embed_batches", "embed_dataset", "embed_pair_list"]
 
@@ -91,7 +92,7 @@ def embed_dataset(
 def embed_pair_list(
     model: nn.Module,
     pair_list,
-    image_size: int,
+    image_size: ImageSize,
     batch_size: int = 128,
     device: str | torch.device = "cpu",
     flip: bool = False,
@@ -104,7 +105,7 @@ def embed_pair_list(
     Args:
         model: the embedding network.
         pair_list: a ``PairList`` (``unique_paths()`` gives the images and the index of each side).
-        image_size: the network's input size.
+        image_size: the network's input: S or (H, W) (``facenet.sizes.image_hw``).
         batch_size: images per forward.
         device: where the network runs.
         flip: concatenate the embedding of each image with that of its horizontal flip

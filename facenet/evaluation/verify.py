@@ -27,6 +27,7 @@ from facenet.evaluation.protocol import (
     evaluate_verification,
     pair_distances,
 )
+from facenet.sizes import ImageSize
 
 __all__ = ["GRIDS", "embed_pairs", "threshold_grids", "verify", "verify_distances"]
 
@@ -57,7 +58,7 @@ def _source(pairs) -> str:
 def embed_pairs(
     model: nn.Module,
     pairs,
-    image_size: int,
+    image_size: ImageSize,
     *,
     normalize: str = "fixed",
     preprocess: str = "resize",
@@ -73,7 +74,7 @@ def embed_pairs(
         pairs: a ``PairList`` (sharded over ranks under several processes) or a ``BinPairs``
             (embedded in this process; its aligned faces are resized whole, so ``preprocess``
             and ``num_workers`` do not apply).
-        image_size: the network's input side.
+        image_size: the network's input: S or (H, W) (``facenet.sizes.image_hw``).
         normalize: the pixel standardisation the network was trained with.
         preprocess: "resize" or "crop" for image files (``facenet.data.images``).
         flip: concatenate each embedding with that of the flipped image ((N, 2D) then).
@@ -111,7 +112,7 @@ def _folds(pairs, n_folds: int) -> np.ndarray | None:
 def verify(
     model: nn.Module,
     pairs,
-    image_size: int,
+    image_size: ImageSize,
     *,
     normalize: str = "fixed",
     preprocess: str = "resize",
@@ -132,7 +133,7 @@ def verify(
         model: the embedding network, already on ``device``.
         pairs: a ``PairList`` (``facenet.data.pairs``) or a ``BinPairs``
             (``facenet.data.insightface_bin``).
-        image_size: the network's input side.
+        image_size: the network's input: S or (H, W) (``facenet.sizes.image_hw``).
         normalize: the pixel standardisation the network was trained with.
         preprocess: "resize" or "crop" (image files only).
         flip: concatenate each embedding with that of the flipped image.

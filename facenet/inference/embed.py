@@ -15,6 +15,7 @@ from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, build_transform, read_image
 from facenet.evaluation.embedding import embed_batches
 from facenet.inference.identify import non_finite_rows
+from facenet.sizes import ImageSize
 
 __all__ = ["FolderEmbeddings", "embed_folder"]
 
@@ -63,7 +64,7 @@ class FolderEmbeddings:
 def embed_folder(
     model: nn.Module,
     root: str | os.PathLike,
-    image_size: int,
+    image_size: ImageSize,
     normalize: str = "fixed",
     batch_size: int = 128,
     device: str | torch.device = "cpu",
@@ -75,7 +76,7 @@ def embed_folder(
     Args:
         model: the embedding network.
         root: identity folders or a flat folder of images (see :func:`list_images`).
-        image_size: the network's input side.
+        image_size: the network's input: S or (H, W) (``facenet.sizes.image_hw``).
         normalize: the pixel standardisation the network was trained with.
         batch_size: images per forward.
         device: where the network runs.

@@ -39,6 +39,7 @@ from facenet.models.backbones import (
     mobilefacenet_input_size,
 )
 from facenet.models.embedding import BACKBONES, EmbeddingNet
+from facenet.sizes import ImageSize, image_hw, plain_size
 
 __all__ = [
     "EMBED_PREPROCESS",
@@ -55,10 +56,9 @@ WEIGHTS_VERSION = 1
 # facenet-pytorch files: a key only that port's Inception-ResNet-v1 has, and its input.
 _PORT_MARKER = "conv2d_1a.conv.weight"
 _PORT_IMAGE_SIZE = 160
-# Xiaoccer/MobileFaceNet_Pytorch files: the state dict's key in its .ckpt files, and the one
-# input its registered backbone is built for (H, W): its 7 x 6 GDC kernel means 112 x 96.
+# Xiaoccer/MobileFaceNet_Pytorch files: the state dict's key in its .ckpt files (the input
+# size comes from the file's GDC kernel: 7 x 6 means 112 x 96).
 _MFN_STATE_KEY = "net_state_dict"
-_MFN_IMAGE_SIZE = (112, 96)
 # The ranges the configuration allows (facenet.config: data.image_size, model.embedding_dim),
 # repeated here because this layer does not import the configuration. A file's numbers are
 # checked against them before anything is allocated: a crafted file asking for a 3e7-wide
@@ -99,7 +99,7 @@ class TrainedModel:
     Args:
         model: the :class:`EmbeddingNet` (no classifier head), in eval mode.
         image_size: the network's input side S, or (H, W) for a non-square input (a
-            MobileFaceNet file: (112, 96)).
+            MobileFaceNet file: (112, 96)); :func:`facenet.sizes.image_hw` reads both.
         normalize: the pixel standardisation ("fixed" or "imagenet").
         kind: what the file was: "checkpoint", "weights", "facenet-pytorch" or
             "mobilefacenet".
@@ -125,7 +125,7 @@ class TrainedModel:
         return self.model.embed_dim
 
     def transform(self):
-        """The evaluation transform: uint8 (3, H, W) -> float (3, S, S)."""
+        """The evaluation transform: uint8 (3, h, w) -> float (3, S_h, S_w)."""
         return build_transform(self.image_size, train=False, normalize=self.normalize)
 
     def weights_sha256(self) -> str:
@@ -187,9 +187,19 @@ def _check_architecture(architecture, path) -> dict:
     return {"backbone": backbone, "embedding_dim": dim, "dropout": float(dropout)}
 
 
-def _check_preprocess(image_size, normalize, path, where: str) -> tuple[int, str]:
+def _size_in(value, name: str, path) -> int | tuple[int, int]:
+    """An image size, S or [H, W] (a list, or a tuple), each side an int in range; returned as
+    S or (H, W)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise _bad(path, f"{name} must be an integer or [height, width], got {value!r}")
+        return tuple(_int_in(v, f"{name} side", _IMAGE_SIZE_RANGE, path) for v in value)
+    return _int_in(value, name, _IMAGE_SIZE_RANGE, path)
+
+
+def _check_preprocess(image_size, normalize, path, where: str) -> tuple[ImageSize, str]:
     """(image_size, normalize) checked for type and range."""
-    size = _int_in(image_size, f"{where}.image_size", _IMAGE_SIZE_RANGE, path)
+    size = _size_in(image_size, f"{where}.image_size", path)
     if normalize not in _NORMALIZE:
         raise _bad(path, f"{where}.normalize {normalize!r}: expected one of {_NORMALIZE}")
     return size, normalize
@@ -223,14 +233,15 @@ def _check_finite(state: Mapping, path) -> None:
         raise _bad(path, f"{len(bad)} weight tensor(s) hold NaN or infinite values: {named}")
 
 
-def _build(architecture: dict, state: Mapping, path) -> EmbeddingNet:
-    """An EmbeddingNet of ``architecture`` (checked) holding ``state`` (classifier keys
-    dropped)."""
+def _build(architecture: dict, state: Mapping, path, image_size: ImageSize) -> EmbeddingNet:
+    """An EmbeddingNet of ``architecture`` (checked) for ``image_size`` inputs, holding
+    ``state`` (classifier keys dropped)."""
     weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
     model = EmbeddingNet(
         backbone=architecture["backbone"],
         embedding_dim=architecture["embedding_dim"],
         dropout=architecture["dropout"],
+        input_size=image_hw(image_size),  # mobilefacenet's GDC kernel depends on it
     )
     try:
         model.load_state_dict(weights)
@@ -297,7 +308,9 @@ def _from_training_checkpoint(state: dict, path) -> TrainedModel:
         if not k.startswith("classifier.")
     }
     trained = TrainedModel(
-        model=_build(architecture, _check_state(weights, architecture, path, "model"), path),
+        model=_build(
+            architecture, _check_state(weights, architecture, path, "model"), path, image_size
+        ),
         image_size=image_size,
         normalize=normalize,
         kind="checkpoint",
@@ -348,7 +361,7 @@ def _from_weights_export(state: dict, path) -> TrainedModel:
     if record is not None and not math.isfinite(record.value):
         raise _bad(path, f"verification threshold {record.value!r} is not a finite number")
     return TrainedModel(
-        model=_build(architecture, weights, path),
+        model=_build(architecture, weights, path, image_size),
         image_size=image_size,
         normalize=normalize,
         kind="weights",
@@ -374,7 +387,7 @@ def _from_facenet_pytorch(state: dict, path) -> TrainedModel:
     )
     _check_finite(ours, path)
     return TrainedModel(
-        model=_build(architecture, ours, path),
+        model=_build(architecture, ours, path, _PORT_IMAGE_SIZE),
         image_size=_PORT_IMAGE_SIZE,
         normalize="fixed",  # the port's fixed_image_standardization: (x - 127.5) / 128
         kind="facenet-pytorch",
@@ -396,13 +409,11 @@ def _from_mobilefacenet(state: dict, publisher: dict, path) -> TrainedModel:
     """A Xiaoccer/MobileFaceNet_Pytorch file: its network, input size and standardisation."""
     if not all(torch.is_tensor(v) for v in publisher.values()):
         raise _bad(path, "a MobileFaceNet state dict must hold only tensors")
+    # The GDC kernel fixes the input: 7 x 6 -> 112 x 96 (the published file), 7 x 7 -> 112.
     size = mobilefacenet_input_size(publisher)
-    if size != _MFN_IMAGE_SIZE:
-        raise _bad(
-            path,
-            f"a MobileFaceNet file for {size} inputs (its linear7 GDC kernel); the "
-            f"mobilefacenet backbone is built for {_MFN_IMAGE_SIZE} (H, W)",
-        )
+    if size is None:
+        raise _bad(path, "a MobileFaceNet file without its linear7 global depthwise layer")
+    size = _size_in(size, "its input size (linear7's kernel x 16)", path)
     ours = convert_mobilefacenet_state_dict(publisher)
     head = ours.get(_HEAD_KEY)
     if head is None:
@@ -414,8 +425,8 @@ def _from_mobilefacenet(state: dict, publisher: dict, path) -> TrainedModel:
     _check_finite(ours, path)
     epoch = state.get("epoch")
     return TrainedModel(
-        model=_build(architecture, ours, path),
-        image_size=_MFN_IMAGE_SIZE,
+        model=_build(architecture, ours, path, size),
+        image_size=size,
         # The publisher's LFW loader: (x - 127.5) / 128 on RGB, our "fixed" standardisation.
         normalize="fixed",
         kind="mobilefacenet",
@@ -467,7 +478,11 @@ def save_weights(trained: TrainedModel, path: str | os.PathLike) -> Path:
         "format": WEIGHTS_FORMAT,
         "version": WEIGHTS_VERSION,
         "architecture": dict(trained.architecture),
-        "preprocess": {"image_size": trained.image_size, "normalize": trained.normalize},
+        # S, or [H, W]: a list, as a checkpoint's configuration stores it
+        "preprocess": {
+            "image_size": plain_size(trained.image_size),
+            "normalize": trained.normalize,
+        },
         "verification": dict(trained.verification),  # ThresholdRecord.to_dict() or {}
         "state_dict": {k: v.detach().cpu() for k, v in trained.model.state_dict().items()},
     }

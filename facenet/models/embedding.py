@@ -36,6 +36,7 @@ from facenet.models.backbones import (
     convert_facenet_pytorch_state_dict,
     convert_mobilefacenet_state_dict,
 )
+from facenet.sizes import ImageSize, image_hw
 
 if TYPE_CHECKING:
     from facenet.config import ModelConfig
@@ -54,6 +55,8 @@ __all__ = [
 # The embedding BatchNorm uses FaceNet's epsilon, so heads converted from its ports match;
 # a backbone whose published head used another one says so in its spec (_BackboneSpec).
 HEAD_BN_EPS = 1e-3
+# mobilefacenet without an input size: the published CASIA-WebFace weights' 112 x 96 (H x W).
+MOBILEFACENET_DEFAULT_SIZE = (112, 96)
 
 
 # --------------------------------------------------------------------------- backbones
@@ -71,7 +74,7 @@ def _conv_with_in_channels(conv: nn.Conv2d, in_channels: int) -> nn.Conv2d:
     )
 
 
-def _resnet(name: str, in_channels: int) -> tuple[nn.Module, int]:
+def _resnet(name: str, in_channels: int, input_size: ImageSize | None) -> tuple[nn.Module, int]:
     model = torchvision.models.get_model(name, weights=None)
     feature_dim = model.fc.in_features  # 512 (resnet18/34) or 2048 (resnet50)
     model.fc = nn.Identity()  # forward now ends at the pooled, flattened features
@@ -80,7 +83,7 @@ def _resnet(name: str, in_channels: int) -> tuple[nn.Module, int]:
     return model, feature_dim
 
 
-def _mobilenet_v3_large(in_channels: int) -> tuple[nn.Module, int]:
+def _mobilenet_v3_large(in_channels: int, input_size: ImageSize | None) -> tuple[nn.Module, int]:
     model = torchvision.models.mobilenet_v3_large(weights=None)
     feature_dim = model.classifier[0].in_features  # 960
     model.classifier = nn.Identity()
@@ -89,25 +92,27 @@ def _mobilenet_v3_large(in_channels: int) -> tuple[nn.Module, int]:
     return model, feature_dim
 
 
-def _tiny(in_channels: int) -> tuple[nn.Module, int]:
+def _tiny(in_channels: int, input_size: ImageSize | None) -> tuple[nn.Module, int]:
     model = TinyCNN(in_channels)
     return model, model.feature_dim
 
 
-def _inception_resnet_v1(in_channels: int) -> tuple[nn.Module, int]:
+def _inception_resnet_v1(in_channels: int, input_size: ImageSize | None) -> tuple[nn.Module, int]:
     model = InceptionResnetV1(in_channels)
     return model, model.feature_dim
 
 
-def _mobilefacenet(in_channels: int) -> tuple[nn.Module, int]:
-    # 112 x 96 (H x W): the published weights' input, fixed by the 7 x 6 GDC kernel.
-    model = MobileFaceNet(in_channels, input_size=(112, 96))
+def _mobilefacenet(in_channels: int, input_size: ImageSize | None) -> tuple[nn.Module, int]:
+    # The GDC kernel is the last map's size, so the network is built for one input size;
+    # without one, 112 x 96 (H x W): the published weights' input (a 7 x 6 kernel).
+    model = MobileFaceNet(in_channels, input_size=input_size or MOBILEFACENET_DEFAULT_SIZE)
     return model, model.feature_dim
 
 
 @dataclass(frozen=True)
 class _BackboneSpec:
-    build: Callable[[int], tuple[nn.Module, int]]
+    # (in_channels, input_size or None) -> (backbone, F); the pooled backbones ignore the size
+    build: Callable[[int, ImageSize | None], tuple[nn.Module, int]]
     # Key prefixes of the source model's own head (ImageNet classifier, a port's embedding
     # layers): present in the usual weight files, dropped when loading backbone weights.
     source_head_keys: tuple[str, ...] = ()
@@ -118,9 +123,9 @@ class _BackboneSpec:
 
 _SPECS: dict[str, _BackboneSpec] = {
     "tiny": _BackboneSpec(_tiny),
-    "resnet18": _BackboneSpec(lambda c: _resnet("resnet18", c), ("fc.",)),
-    "resnet34": _BackboneSpec(lambda c: _resnet("resnet34", c), ("fc.",)),
-    "resnet50": _BackboneSpec(lambda c: _resnet("resnet50", c), ("fc.",)),
+    "resnet18": _BackboneSpec(lambda c, size: _resnet("resnet18", c, size), ("fc.",)),
+    "resnet34": _BackboneSpec(lambda c, size: _resnet("resnet34", c, size), ("fc.",)),
+    "resnet50": _BackboneSpec(lambda c, size: _resnet("resnet50", c, size), ("fc.",)),
     "mobilenet_v3_large": _BackboneSpec(_mobilenet_v3_large, ("classifier.",)),
     "inception_resnet_v1": _BackboneSpec(_inception_resnet_v1, FACENET_PYTORCH_HEAD_KEYS),
     "mobilefacenet": _BackboneSpec(_mobilefacenet, MOBILEFACENET_HEAD_KEYS, head_bn_eps=1e-5),
@@ -135,17 +140,22 @@ def _spec(name: str) -> _BackboneSpec:
     return _SPECS[name]
 
 
-def build_backbone(name: str, in_channels: int = 3) -> tuple[nn.Module, int]:
+def build_backbone(
+    name: str, in_channels: int = 3, input_size: ImageSize | None = None
+) -> tuple[nn.Module, int]:
     """Build a backbone that maps images (B, C, H, W) to pooled features (B, F).
 
     Args:
         name: one of :data:`BACKBONES`.
         in_channels: image channels C.
+        input_size: (H, W) or S, the input the network is built for: only backbones whose
+            layers depend on it (mobilefacenet's global depthwise kernel) read it; None: their
+            default (mobilefacenet: 112 x 96).
 
     Returns:
         ``(backbone, F)``, randomly initialised (never downloaded).
     """
-    return _spec(name).build(in_channels)
+    return _spec(name).build(in_channels, input_size)
 
 
 # --------------------------------------------------------------------------- weights
@@ -328,6 +338,8 @@ class EmbeddingNet(nn.Module):
         weights_head: also load the embedding head from ``weights`` (a facenet-pytorch file's
             ``last_linear``/``last_bn``, or an EmbeddingNet's ``embedding.*``); its size must
             be ``embedding_dim``.
+        input_size: the input (H, W) or S, for backbones built for one size (mobilefacenet);
+            None: the backbone's default.
     """
 
     def __init__(
@@ -339,6 +351,7 @@ class EmbeddingNet(nn.Module):
         weights: str | os.PathLike | None = None,
         in_channels: int = 3,
         weights_head: bool = False,
+        input_size: ImageSize | None = None,
     ):
         super().__init__()
         _check_positive_int(embedding_dim, "embedding_dim")
@@ -349,7 +362,7 @@ class EmbeddingNet(nn.Module):
         self.backbone_name = backbone
         if weights_head and weights is None:
             raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
-        self.backbone, self.feature_dim = build_backbone(backbone, in_channels)
+        self.backbone, self.feature_dim = build_backbone(backbone, in_channels, input_size)
         self.embed_dim = embedding_dim
         self.embedding = EmbeddingHead(
             self.feature_dim, embedding_dim, dropout, bn_eps=_spec(backbone).head_bn_eps
@@ -385,13 +398,17 @@ class EmbeddingNet(nn.Module):
         return embeddings, self.classifier(prelogits)  # (B, D), (B, num_classes)
 
 
-def build_model(cfg: ModelConfig, num_classes: int | None = None) -> EmbeddingNet:
+def build_model(
+    cfg: ModelConfig, num_classes: int | None = None, image_size: ImageSize | None = None
+) -> EmbeddingNet:
     """Build the :class:`EmbeddingNet` a run configuration describes.
 
     Args:
         cfg: the ``model`` section (backbone, embedding_dim, dropout, weights, weights_head,
             channels_last).
         num_classes: adds a classifier head (for a cross-entropy term); None for none.
+        image_size: ``data.image_size`` (S or [H, W]): the input a size-bound backbone
+            (mobilefacenet) is built for; None: its default.
     """
     model = EmbeddingNet(
         backbone=cfg.backbone,
@@ -400,6 +417,7 @@ def build_model(cfg: ModelConfig, num_classes: int | None = None) -> EmbeddingNe
         dropout=cfg.dropout,
         weights=cfg.weights,
         weights_head=cfg.weights_head,
+        input_size=None if image_size is None else image_hw(image_size),
     )
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)

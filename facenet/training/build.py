@@ -66,7 +66,7 @@ class TrainingData:
         num_classes: identities in the training data.
         val_pairs: the validation ``PairList`` (model selection, the threshold), or None.
         test_pairs: the test ``PairList`` (reported once, at the end), or None.
-        image_size: the network's input size (``data.image_size``).
+        image_size: the network's input size (``data.image_size``: S or [H, W]).
         normalize: the pixel standardisation of training (``data.normalize``).
         notes: what the run should say at its start about its evaluation sets.
         steps_per_epoch: batches in one epoch (:func:`epoch_length`): the schedule's unit.
@@ -77,7 +77,7 @@ class TrainingData:
     num_classes: int
     val_pairs: Any  # a PairList, or None
     test_pairs: Any  # a PairList, or None
-    image_size: int
+    image_size: int | list[int]
     normalize: str
     notes: list = field(default_factory=list)
     steps_per_epoch: int = 0
@@ -448,7 +448,7 @@ def epoch_length(loader, cfg: Config) -> int:
 def check_model(cfg: Config) -> None:
     """Build the network of the ``model`` section once on the CPU (its weights file read):
     a mistake there is found before a run writes anything."""
-    _from_section("model", build_model, cfg.model, num_classes=None)
+    _from_section("model", build_model, cfg.model, num_classes=None, image_size=cfg.data.image_size)
 
 
 def build_trainer(
@@ -465,7 +465,9 @@ def build_trainer(
     """
     use_ce = cfg.loss.ce_weight > 0
     num_classes = num_classes if use_ce else None
-    model = _from_section("model", build_model, cfg.model, num_classes=num_classes).to(device)
+    model = _from_section(
+        "model", build_model, cfg.model, num_classes=num_classes, image_size=cfg.data.image_size
+    ).to(device)
     # Named groups when fine-tuning (backbone lr scale, frozen stages); read before DDP wraps it.
     params = _from_section("optim", parameter_groups, model, cfg.optim)
     if is_distributed():

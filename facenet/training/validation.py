@@ -51,7 +51,7 @@ def verify_options(cfg: Config, device_type: str = "cpu") -> dict:
     }
 
 
-def _verify(model, pairs, image_size: int, normalize: str, cfg: Config, device):
+def _verify(model, pairs, image_size, normalize: str, cfg: Config, device):
     """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` (LFW protocol)."""
     return verify(
         model,

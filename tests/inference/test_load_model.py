@@ -224,10 +224,47 @@ def test_a_mobilefacenet_file_loads_with_its_input_size(tmp_path, wrap):
         torch.testing.assert_close(prelogits, raw, rtol=0, atol=1e-5)
 
 
-def test_a_mobilefacenet_file_for_another_input_is_named(tmp_path):
-    path, _ = _publisher_file(tmp_path, gdc_kernel=(7, 7))
-    with pytest.raises(CheckpointError, match=r"\(112, 112\) inputs"):
-        load_model(path)
+def test_a_mobilefacenet_file_for_square_inputs_loads_at_its_size(tmp_path):
+    # A 7 x 7 global depthwise kernel: a network for insightface's 112 x 112 crops.
+    path, publisher = _publisher_file(tmp_path, gdc_kernel=(7, 7))
+    trained = load_model(path)
+    assert trained.image_size == (112, 112)
+    images = torch.randn(2, 3, 112, 112)  # (B, 3, H, W)
+    with torch.no_grad():
+        raw = publisher(images)
+        torch.testing.assert_close(trained.model(images), raw / raw.norm(dim=1, keepdim=True))
+    save_weights(trained, tmp_path / "model.pt")
+    again = load_model(tmp_path / "model.pt")
+    assert again.image_size == 112  # a square size is stored as one side
+
+
+def test_a_mobilefacenet_weights_export_keeps_its_non_square_size(tmp_path):
+    path, _ = _publisher_file(tmp_path)
+    trained = load_model(path)
+    save_weights(trained, tmp_path / "model.pt")
+    stored = torch.load(tmp_path / "model.pt", weights_only=True)["preprocess"]
+    assert stored["image_size"] == [112, 96]  # [H, W], as a configuration writes it
+    again = load_model(tmp_path / "model.pt")
+    assert again.image_size == (112, 96) and again.transform() is not None
+    image = torch.randint(0, 256, (3, 130, 100), dtype=torch.uint8)  # (3, h, w)
+    assert again.transform()(image).shape == (3, 112, 96)
+    x = torch.randn(2, 3, 112, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(again.model(x), trained.model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "size, message",
+    [([112, 96, 3], "integer or \\[height, width\\]"), ([112, 5000], "side 5000 is out of range")],
+)
+def test_a_weights_export_with_a_bad_size_pair_is_refused(tmp_path, size, message):
+    path, _ = _publisher_file(tmp_path)
+    save_weights(load_model(path), tmp_path / "model.pt")
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    state["preprocess"]["image_size"] = size
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=message):
+        load_model(tmp_path / "bad.pt")
 
 
 def test_a_mobilefacenet_file_with_nan_weights_is_refused(tmp_path):

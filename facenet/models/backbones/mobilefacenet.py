@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from facenet.sizes import image_hw
+
 __all__ = [
     "MOBILEFACENET_BLOCKS",
     "MOBILEFACENET_HEAD_KEYS",
@@ -131,7 +133,7 @@ def _stages(in_channels: int, plan: Sequence[tuple[int, int, int, int]]) -> nn.S
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
     """(H, W) of an int (square) or a pair; every side a positive multiple of 16."""
-    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    height, width = image_hw(size)
     if height < _STRIDE or width < _STRIDE or height % _STRIDE or width % _STRIDE:
         raise ValueError(
             f"MobileFaceNet: input size {height} x {width}: each side must be a positive "
