@@ -22,6 +22,7 @@ from facenet.cli.embed import add_threshold_arguments
 from facenet.inference.export import FORMATS, PARITY_TOLERANCE, export_model
 from facenet.inference.identify import model_threshold
 from facenet.inference.loading import load_model
+from facenet.sizes import image_hw
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -46,9 +47,9 @@ def _export(args: argparse.Namespace) -> int:
     # Carried into the export's metadata only when it fits these weights as exported.
     trained.verification = {} if threshold is None else threshold.to_dict()
     report = export_model(trained, args.format, args.out, args.tolerance)
-    size = trained.image_size
+    height, width = image_hw(trained.image_size)
     print(
-        f"wrote {report.path} ({report.format}: images (B, 3, {size}, {size}) -> embeddings "
+        f"wrote {report.path} ({report.format}: images (B, 3, {height}, {width}) -> embeddings "
         f"(B, {trained.embedding_dim}))"
     )
     print(line)

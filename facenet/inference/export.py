@@ -30,6 +30,7 @@ import torch
 from facenet.errors import FacenetError
 from facenet.files import write_atomic
 from facenet.inference.loading import TrainedModel, save_weights
+from facenet.sizes import image_hw, plain_size
 
 try:  # the export extra: pip install 'facenet-triplet[export]'
     import onnxruntime
@@ -70,7 +71,8 @@ class ExportReport:
 def _metadata(trained: TrainedModel) -> dict:
     """What a deployment needs to know besides the graph, as strings."""
     meta = {
-        "image_size": str(trained.image_size),
+        # "64" for a square input, "[112, 96]" (H, W; JSON) otherwise
+        "image_size": json.dumps(plain_size(trained.image_size)),
         "normalize": trained.normalize,
         "embedding_dim": str(trained.embedding_dim),
         "backbone": str(trained.architecture.get("backbone")),
@@ -80,10 +82,10 @@ def _metadata(trained: TrainedModel) -> dict:
 
 
 def _example(trained: TrainedModel, batch: int, seed: int) -> torch.Tensor:
-    """(batch, 3, S, S) standardised-looking random images."""
+    """(batch, 3, H, W) standardised-looking random images, at the model's input size."""
     generator = torch.Generator().manual_seed(seed)
-    size = trained.image_size
-    return torch.randn(batch, 3, size, size, generator=generator)
+    height, width = image_hw(trained.image_size)
+    return torch.randn(batch, 3, height, width, generator=generator)
 
 
 def _dynamic_batch() -> tuple:

@@ -718,3 +718,51 @@ def test_a_signal_during_the_final_test_lets_it_finish(
     assert code == 0, err
     assert "SIGTERM received: finishing the test evaluation" in err
     assert json.loads((run / "summary.json").read_text())["test"] is not None
+
+
+# --------------------------------------------------------------------------- non-square inputs
+
+
+def test_a_non_square_run_trains_evaluates_embeds_and_exports(tmp_path, capsys):
+    """data.image_size [24, 20] (H x W) through every command: train (validation included),
+    evaluate, embed, export (onnx and pt2 with parity, weights) and load_model."""
+    from facenet.cli import embed as embed_script
+    from facenet.cli import evaluate as evaluate_script
+    from facenet.cli import export as export_script
+    from facenet.inference.loading import load_model
+
+    out = tmp_path / "run"
+    data = [*synthetic_data(tmp_path / "data"), "eval.every=1"]
+    code, _, err = train(capsys, out, "data.image_size=[24,20]", data=data)
+    assert code == 0, err
+    assert "image_size:\n  - 24\n  - 20\n" in (out / "config.yaml").read_text()
+    checkpoint = out / "best.pt"
+    assert load_checkpoint(checkpoint)["config"]["data"]["image_size"] == [24, 20]
+    trained = load_model(checkpoint)
+    assert trained.image_size == (24, 20)
+
+    pairs = tmp_path / "data" / "heldout" / "test_pairs.txt"
+    argv = ["--checkpoint", str(checkpoint), "--pairs", str(pairs), "--out", str(tmp_path / "e")]
+    for preprocess in ("resize", "crop"):  # crop: the 24 x 24 faces cut to 24 x 20
+        assert evaluate_script.main([*argv, "--preprocess", preprocess]) == 0
+    assert len(json.loads((tmp_path / "e" / "metrics.json").read_text())["accuracy"]) == 10
+
+    npz = tmp_path / "faces.npz"
+    images = tmp_path / "data" / "heldout"
+    assert embed_script.main(["--checkpoint", str(checkpoint), "--images", str(images),
+                              "--out", str(npz), "--no-progress"]) == 0  # fmt: skip
+    with np.load(npz) as found:
+        assert found["embeddings"].shape[1] == trained.embedding_dim
+
+    for fmt in ("onnx", "pt2", "weights"):
+        target = tmp_path / f"model.{fmt if fmt != 'weights' else 'pt'}"
+        code = export_script.main(
+            ["--checkpoint", str(checkpoint), "--format", fmt, "--out", str(target)]
+        )
+        assert code == 0, capsys.readouterr().err
+        assert "images (B, 3, 24, 20)" in capsys.readouterr().out
+    exported = load_model(tmp_path / "model.pt")
+    assert exported.image_size == (24, 20)
+    x = torch.randn(3, 3, 24, 20)  # (B, 3, H, W)
+    with torch.no_grad():
+        assert torch.equal(exported.model(x), trained.model(x))
