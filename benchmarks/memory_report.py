@@ -61,6 +61,7 @@ from facenet.memory import (
     module_state_bytes,
 )
 from facenet.models.embedding import BACKBONES, EmbeddingNet
+from facenet.sizes import ImageSize, image_hw, plain_size, size_text
 from facenet.training.engine import Trainer
 
 __all__ = [
@@ -96,13 +97,33 @@ OPTIMIZERS = ("adagrad", "adam", "sgd")
 # --------------------------------------------------------------------------- command line
 
 
+def image_size_arg(text: str) -> int | list[int]:
+    """``--image-size``: ``64`` (square) or ``112x96`` (H x W), as ``data.image_size`` stores it.
+
+    Args:
+        text: the argument.
+    """
+    try:
+        sides = [int(part) for part in text.lower().replace(",", "x").split("x")]
+        return plain_size(sides[0] if len(sides) == 1 else sides)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a positive integer or HxW (e.g. 112x96)"
+        ) from None
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``python -m benchmarks.memory_report``."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.memory_report", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--backbone", choices=BACKBONES, default="tiny")
-    parser.add_argument("--image-size", type=positive_int, default=64, help="pixels (64)")
+    parser.add_argument(
+        "--image-size",
+        type=image_size_arg,
+        default=64,
+        help="S pixels, or HxW for a non-square input (e.g. 112x96; default 64)",
+    )
     parser.add_argument(
         "--batch-size", type=positive_int, default=8, help="T triplets per batch: 3T images (8)"
     )
@@ -190,22 +211,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def make_triplet_batches(
-    steps: int, batch_size: int, image_size: int, num_classes: int, seed: int
+    steps: int, batch_size: int, image_size: ImageSize, num_classes: int, seed: int
 ) -> list[tuple[torch.Tensor, ...]]:
     """Seeded random triplet batches ``(data_a, data_p, data_n, label_p, label_n)``.
 
     Args:
         steps: how many batches.
         batch_size: T, images in each of a, p and n (each (T, 3, H, W)).
-        image_size: H = W.
+        image_size: S (H = W = S) or (H, W).
         num_classes: labels are in ``0..num_classes-1``; ``label_n != label_p``.
         seed: seed of the torch.Generator.
     """
     generator = torch.Generator().manual_seed(seed)
+    height, width = image_hw(image_size)
     batches = []
     for _ in range(steps):
         a, p, n = (
-            torch.randn(batch_size, 3, image_size, image_size, generator=generator)
+            torch.randn(batch_size, 3, height, width, generator=generator)  # (T, 3, H, W)
             for _ in range(3)
         )
         label_p = torch.randint(0, num_classes, (batch_size,), generator=generator)
@@ -343,7 +365,9 @@ def measure_seed(
         graph bytes each loop variable keeps alive after it.
     """
     torch.manual_seed(args.seed)
-    net = EmbeddingNet(args.backbone, embedding_dim=args.embedding_dim)
+    net = EmbeddingNet(
+        args.backbone, embedding_dim=args.embedding_dim, input_size=image_hw(args.image_size)
+    )
     model = seed_loop.SeedModel(net, args.classes).to(args.device)
     optimizer = seed_loop.create_optimizer(model, name=args.optimizer, lr=args.lr)
     model.train()
@@ -399,7 +423,10 @@ def measure_trainer(
     """
     torch.manual_seed(args.seed)  # the same initial weights as the seed loop's model
     model = EmbeddingNet(
-        args.backbone, embedding_dim=args.embedding_dim, num_classes=args.classes
+        args.backbone,
+        embedding_dim=args.embedding_dim,
+        num_classes=args.classes,
+        input_size=image_hw(args.image_size),
     ).to(args.device)
     optimizer = seed_loop.create_optimizer(model, name=args.optimizer, lr=args.lr)
     miner, loss_fn = semihard_parts(args.margin, args.seed) if pk else seed_rule_parts(args.margin)
@@ -459,7 +486,10 @@ def graph_lifecycle(args: argparse.Namespace, images: torch.Tensor) -> dict[str,
         before and after ``del``; the error a second backward raises.
     """
     torch.manual_seed(args.seed)
-    model = EmbeddingNet(args.backbone, embedding_dim=args.embedding_dim).to(args.device).train()
+    model = EmbeddingNet(
+        args.backbone, embedding_dim=args.embedding_dim, input_size=image_hw(args.image_size)
+    )
+    model = model.to(args.device).train()
     images = images.to(args.device)
     meter = GraphMemoryMeter(exclude=model)
     out, forward = _alive_after(meter, lambda: model(images))  # (N, D), graph attached
@@ -667,7 +697,8 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
         bars.set_ylabel("MiB")
         config = report["config"]
         bars.set_title(
-            f"{config['backbone']}, {config['image_size']} px, {config['images_per_batch']} "
+            f"{config['backbone']}, {size_text(config['image_size'])} px, "
+            f"{config['images_per_batch']} "
             f"images per batch, {config['device']}"
         )
         bars.legend(fontsize=8)
@@ -709,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = run_report(args)
     config = report["config"]
     print(
-        f"Memory report: {config['backbone']}, {config['image_size']} px, "
+        f"Memory report: {config['backbone']}, {size_text(config['image_size'])} px, "
         f"batch {config['batch_size']} triplets = {config['images_per_batch']} images, "
         f"{config['steps']} steps, "
         f"{config['device']}, optimizer {config['optimizer']}\n"

@@ -248,3 +248,23 @@ def test_an_output_that_is_a_folder_is_refused_before_the_report(tmp_path, capsy
         memory_report.parse_args([flag, str(tmp_path)])
     assert exit_info.value.code == 2
     assert f"{flag} {tmp_path}: is a folder" in capsys.readouterr().err
+
+
+def test_image_size_takes_one_side_or_height_x_width():
+    assert memory_report.image_size_arg("64") == 64
+    assert memory_report.image_size_arg("112x96") == [112, 96]
+    assert memory_report.image_size_arg("32x32") == 32  # square: one side, as a config stores it
+    for bad in ("0", "112x", "1x2x3", "a"):
+        with pytest.raises(Exception, match="positive integer or HxW"):
+            memory_report.image_size_arg(bad)
+    batches = memory_report.make_triplet_batches(1, 2, [24, 20], 3, seed=0)
+    assert batches[0][0].shape == (2, 3, 24, 20)  # (T, 3, H, W)
+
+
+def test_a_non_square_report_runs(tmp_path):
+    argv = [*ARGV[:3], "24x20", *ARGV[4:], "--json", str(tmp_path / "r.json")]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        memory_report.main(argv)
+    assert json.loads((tmp_path / "r.json").read_text())["config"]["image_size"] == [24, 20]
+    assert "24 x 20 px" in printed.getvalue()
