@@ -395,3 +395,34 @@ def test_a_run_written_before_the_rename_keeps_its_heldout_identities(tmp_path):
     cfg = load_config(None, ["eval.heldout_identities=6"])  # a new draw would pick 6
     assert _choose_held_out(cfg, listing, tmp_path, ["val", "test"], False) == (chosen, None)
     assert not (tmp_path / "heldout.json").exists()
+
+
+def test_image_size_takes_height_and_width_from_yaml_and_set(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  image_size: [112, 96]\n")
+    assert load_config(path).data.image_size == [112, 96]
+    cfg = load_config(None, ["data.image_size=[112,96]"])
+    assert cfg.data.image_size == [112, 96]
+    save_config(cfg, tmp_path / "resolved.yaml")  # written back loadable
+    assert load_config(tmp_path / "resolved.yaml").data.image_size == [112, 96]
+    assert load_config(None, ["data.image_size=64"]).data.image_size == 64
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("[112,5000]", r"data.image_size: \[112, 5000\]: side 5000 is out of range; allowed"),
+        ("[4,96]", r"side 4 is out of range; allowed: \[8, 4096\]"),
+        ("[112,96,3]", r"expected one int \(a square input\) or \[height, width\]"),
+        ("[112.5,96]", "is not int or a list of int"),
+        ("[true,96]", "is not int or a list of int"),
+    ],
+)
+def test_each_side_of_image_size_is_checked(value, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"data.image_size={value}"])
+
+
+def test_a_list_is_refused_for_a_scalar_key():
+    with pytest.raises(ConfigError, match=r"optim.lr: expected float, got \[1\]"):
+        load_config(None, ["optim.lr=[1]"])

@@ -134,3 +134,21 @@ def test_auto_loader_settings_follow_the_device_and_the_cores(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert resolve_loader_settings("auto", "auto", "cpu") == (0, False)  # none left
     assert resolve_loader_settings(3, True, "cpu") == (3, True)  # given values are kept
+
+
+@pytest.mark.parametrize("size", [(24, 20), [20, 24], (112, 96)])
+@pytest.mark.parametrize("random_crop, hflip", [(True, True), (False, False)])
+def test_non_square_batches_equal_the_per_sample_reference(size, random_crop, hflip):
+    """[H, W]: the images (of every shape) resized to cover 1.125 x (H, W), then cropped H x W."""
+    expected, batch = reference_and_batch(size, random_crop=random_crop, hflip=hflip)
+    assert batch.shape == (len(SHAPES), 3, *size)  # (B, 3, H, W)
+    assert torch.equal(batch, expected)
+
+
+def test_a_prepared_non_square_image_is_not_resized_again():
+    crops = TrainCrops((24, 20))
+    image = torch.randint(0, 256, (3, 50, 40), dtype=torch.uint8)
+    prepared = crops.prepare(image)
+    # covers 1.125 x (24, 20) = (27, 22): the width needs the larger scale (22 / 40 > 27 / 50)
+    assert tuple(prepared.shape[-2:]) == (27, 22)
+    assert crops.prepare(prepared) is prepared

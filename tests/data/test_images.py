@@ -433,3 +433,19 @@ def test_every_caller_refuses_every_bad_kind_by_name(tmp_path, caller, name):
         CALLERS[caller]([path, path], tmp_path)
     where = "lfw.bin: image 0 (pair 0)" if caller == "bin" else path.name
     assert where in str(caught.value)
+
+
+def test_non_square_evaluation_transforms_give_height_by_width():
+    from facenet.data.images import build_transform, crop_or_pad
+
+    image = torch.randint(0, 256, (3, 30, 50), dtype=torch.uint8)  # (3, h, w)
+    for preprocess in ("resize", "crop"):
+        out = build_transform([24, 20], False, preprocess=preprocess)(image)
+        assert out.shape == (3, 24, 20)
+    # crop: TensorFlow's offsets ((30 - 24) // 2, (50 - 20) // 2), no resize
+    assert torch.equal(crop_or_pad(image, (24, 20)), image[:, 3:27, 15:35])
+    padded = crop_or_pad(image, (40, 20))  # rows padded 5 above and below
+    assert padded.shape == (3, 40, 20) and not padded[:, :5].any()
+    assert torch.equal(build_transform(16, False)(image), build_transform((16, 16), False)(image))
+    with pytest.raises(ValueError, match="height, width"):
+        build_transform([24, 20, 3], False)

@@ -200,3 +200,9 @@ def test_evaluate_reports_every_hostile_bin_on_one_line(tiny_run, tmp_path, caps
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err, (name, err)
         assert len(err.splitlines()) == 1, (name, err)
+
+
+def test_bin_images_are_resized_whole_to_height_by_width(tiny_run, tmp_path):
+    write_bin(tmp_path / "lfw.bin", tiny_run, 2, seed=0)
+    images = BinImages(read_bin(tmp_path / "lfw.bin"), [24, 20])
+    assert images[0].shape == (3, 24, 20)  # 112 x 112 faces squeezed to (H, W)

@@ -173,3 +173,21 @@ def test_evaluate_refuses_nan_weights_and_batch_size_zero(tiny_run, tmp_path, ca
     with pytest.raises(SystemExit) as caught:
         evaluate_script.main([*argv, "--batch-size", "0"])
     assert caught.value.code == 2 and "--batch-size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preprocess", ["resize", "crop"])
+def test_verify_embeds_height_by_width_inputs(tiny_run, preprocess):
+    from facenet.models.embedding import EmbeddingNet
+
+    class Shape(torch.nn.Module):  # refuses any input but (B, 3, 24, 20)
+        def __init__(self):
+            super().__init__()
+            self.net = EmbeddingNet("tiny", embedding_dim=8).eval()
+
+        def forward(self, x):
+            assert tuple(x.shape[1:]) == (3, 24, 20)
+            return self.net(x)
+
+    pairs = read_pairs(tiny_run["pairs"], tiny_run["heldout"])
+    result = verify(Shape(), pairs, [24, 20], preprocess=preprocess, batch_size=16)
+    assert len(result.accuracy) == 10

@@ -436,3 +436,17 @@ def test_count_parameters_against_a_hand_count():
     assert count_parameters(model) == 24
     model[0].requires_grad_(False)
     assert count_parameters(model, trainable_only=True) == 8
+
+
+def test_build_model_builds_mobilefacenet_for_the_configured_size():
+    from facenet.models.embedding import build_model
+
+    cfg = ModelConfig(backbone="mobilefacenet", embedding_dim=16)
+    for size, kernel in (([112, 96], (7, 6)), (112, (7, 7)), (None, (7, 6))):
+        model = build_model(cfg, image_size=size).eval()
+        assert model.backbone.gdc_size == kernel  # the global depthwise kernel
+        height, width = (112, 96) if size is None else ((112, 112) if size == 112 else size)
+        with torch.no_grad():
+            assert model(torch.randn(2, 3, height, width)).shape == (2, 16)  # (B, 3, H, W)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        build_model(cfg, image_size=[24, 20])
