@@ -220,7 +220,8 @@ class EvalConfig:
     preprocess: Literal["resize", "crop"] = "resize"
     # threshold grids: "default" (from the distance) or "classic" ([0, 4) in steps of 0.01 and
     # 0.001 for every distance, as davidsandberg/facenet and facenet-pytorch's LFW code did)
-    grid: Literal["default", "classic"] = "default"
+    # "mobilefacenet": Xiaoccer/MobileFaceNet_Pytorch's cosine similarities in steps of 1e-4
+    grid: Literal["default", "classic", "mobilefacenet"] = "default"
     flip: bool = False
     subtract_mean: bool = False
     batch_size: int = 128

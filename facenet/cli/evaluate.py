@@ -80,7 +80,10 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--grid",
         choices=GRIDS,
         default="default",
-        help="threshold grids: from the distance, or the publishers' [0, 4) for any distance",
+        help=(
+            "threshold grids: from the distance, the publishers' [0, 4) for any distance, or "
+            "MobileFaceNet_Pytorch's cosine similarities in steps of 1e-4"
+        ),
     )
     parser.add_argument(
         "--linear-far",

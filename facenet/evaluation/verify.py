@@ -18,7 +18,7 @@ from torch import nn
 from facenet.data.insightface_bin import BinImages, BinPairs
 from facenet.errors import DataError
 from facenet.evaluation.embedding import embed_dataset, embed_pair_list
-from facenet.evaluation.presets import classic_thresholds
+from facenet.evaluation.presets import classic_thresholds, mobilefacenet_thresholds
 from facenet.evaluation.protocol import (
     DISTANCES,
     VerificationResult,
@@ -31,20 +31,24 @@ from facenet.sizes import ImageSize
 
 __all__ = ["GRIDS", "embed_pairs", "threshold_grids", "verify", "verify_distances"]
 
-GRIDS = ("default", "classic")
+GRIDS = ("default", "classic", "mobilefacenet")
 
 
 def threshold_grids(grid: str = "default") -> tuple[np.ndarray | None, np.ndarray | None]:
     """(accuracy grid, VAL grid) of a grid name; None, None: the distance's own grids.
 
     Args:
-        grid: "default" (chosen by the distance) or "classic" (the publishers' [0, 4) grids
-            whatever the distance).
+        grid: "default" (chosen by the distance), "classic" (the publishers' [0, 4) grids
+            whatever the distance) or "mobilefacenet" (Xiaoccer/MobileFaceNet_Pytorch's
+            similarities in steps of 1e-4, as cosine distances: :func:`mobilefacenet_thresholds`,
+            for accuracy and VAL alike).
     """
     if grid not in GRIDS:
         raise ValueError(f"unknown threshold grid {grid!r}; expected one of {GRIDS}")
     if grid == "classic":
         return classic_thresholds(), classic_thresholds(fine=True)
+    if grid == "mobilefacenet":  # one grid: the publisher has no VAL of its own
+        return mobilefacenet_thresholds(), mobilefacenet_thresholds()
     return None, None
 
 

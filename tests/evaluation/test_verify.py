@@ -191,3 +191,14 @@ def test_verify_embeds_height_by_width_inputs(tiny_run, preprocess):
     pairs = read_pairs(tiny_run["pairs"], tiny_run["heldout"])
     result = verify(Shape(), pairs, [24, 20], preprocess=preprocess, batch_size=16)
     assert len(result.accuracy) == 10
+
+
+def test_the_mobilefacenet_grid_is_the_publishers_similarity_grid():
+    from facenet.config import load_config
+    from facenet.evaluation.presets import mobilefacenet_thresholds
+
+    accuracy_grid, val_grid = threshold_grids("mobilefacenet")
+    assert np.array_equal(accuracy_grid, mobilefacenet_thresholds())
+    assert np.array_equal(val_grid, mobilefacenet_thresholds())
+    cfg = load_config("configs/lfw_mobilefacenet.yaml")
+    assert cfg.data.image_size == [112, 96]
