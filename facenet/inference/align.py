@@ -36,6 +36,7 @@ itself would stop on it).
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import os
@@ -103,6 +104,8 @@ _RECORD_DEFAULTS = {"template": None, "detect_size": 0}
 # was ported from (its boxes go through MATLAB's 1-based arithmetic, and its landmarks of an
 # image and of its mirror image add up to width + 1, not width - 1: measured on the astronaut).
 _MTCNN_ORIGIN = 1.0
+# glibc's M_MMAP_THRESHOLD (mallopt): allocations above it are mapped and unmapped one by one.
+_M_MMAP_THRESHOLD = -3
 # Decoded images one Aligner holds at once, in pixels (about 3 bytes each): a batch of large
 # photos is detected a few at a time, so a worker's memory does not grow with the photos' size.
 _HELD_PIXELS = 16_000_000
@@ -600,17 +603,49 @@ class Aligner:
 
 # --------------------------------------------------------------------------- folders
 
+
+def _libc():
+    """glibc, or None elsewhere (the calls below are then skipped)."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def _bound_heap() -> None:
+    """Serve allocations of 1 MiB and more (images, MTCNN's feature maps) by their own
+    mappings, returned to the system when freed.
+
+    glibc raises its threshold after such blocks are freed and then serves the next ones from
+    the heap, where images of ever other sizes fragment it: a worker's memory grew with the
+    folder (measured: +150 MB over 900 CelebA photos).
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
+def _release_memory() -> None:
+    """Give the heap's free pages back to the system after a batch (glibc's malloc_trim)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 _WORKER: Aligner | None = None  # one MTCNN per worker process
 
 
 def _init_worker(settings: AlignSettings, device: str) -> None:
     global _WORKER
     torch.set_num_threads(1)  # N workers on N cores: one thread each
+    _bound_heap()
     _WORKER = Aligner(settings, device)
 
 
 def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
-    return _WORKER.align(jobs)
+    outcomes = _WORKER.align(jobs)
+    _release_memory()
+    return outcomes
 
 
 def _target(path: str, src: Path, dst: Path, settings: AlignSettings) -> Path:
@@ -711,8 +746,11 @@ def _batches(jobs, device, settings, batch_size: int, workers: int):
     """Outcome lists, batch by batch, in this process or in ``workers`` processes."""
     chunks = [jobs[i : i + batch_size] for i in range(0, len(jobs), batch_size)]
     if workers <= 1:
+        _bound_heap()
         aligner = Aligner(settings, device)
-        yield from (aligner.align(chunk) for chunk in chunks)
+        for chunk in chunks:
+            yield aligner.align(chunk)
+            _release_memory()
         return
     # spawn: a CUDA context (and the parent's threads) must not be forked into the workers
     with ProcessPoolExecutor(
@@ -742,6 +780,8 @@ def align_folder(
         device: where MTCNN runs.
         batch_size: images per MTCNN call (images of one size are detected together).
         workers: processes, each with its own MTCNN and one thread; 1 aligns in this process.
+            The aligning process has glibc serve blocks of 1 MiB and more by their own
+            mappings and trims its heap after each batch (:func:`_bound_heap`).
         progress: a progress bar on stderr.
 
     Returns:
