@@ -47,6 +47,8 @@ from facenet.metric.distances import DISTANCE_NAMES, paired_distance
 
 __all__ = [
     "DISTANCES",
+    "SCORINGS",
+    "THRESHOLD_RULES",
     "VerificationResult",
     "default_thresholds",
     "evaluate_verification",
@@ -57,6 +59,13 @@ __all__ = [
 
 # The distances training uses are the ones evaluation measures: one name list.
 DISTANCES = DISTANCE_NAMES
+
+# How the accuracy threshold of a fold is chosen on its training folds: "first" (the classic
+# code's np.argmax) or "mean" (Xiaoccer/MobileFaceNet_Pytorch's getThreshold and getAccuracy).
+THRESHOLD_RULES = ("first", "mean")
+# How embeddings become distances: "float64" (the metric, in float64) or "mobilefacenet"
+# (lfw_eval.py's cosine, operation for operation in the features' own dtype).
+SCORINGS = ("float64", "mobilefacenet")
 
 # (upper end, accuracy-grid step, VAL-grid step). The squared row is the classic
 # arange(0, 4, 0.01) / arange(0, 4, 0.001) for unit vectors; euclidean (|a - b|), seed_l2
@@ -176,14 +185,16 @@ def _check_distance_name(distance: str) -> None:
         raise ValueError(f"distance={distance!r}: valid options: {', '.join(DISTANCES)}")
 
 
-def _finite_float_array(x: Any, name: str, ndim: int) -> np.ndarray:
-    """``x`` as a float64 array of ``ndim`` dimensions, every value finite."""
+def _finite_float_array(x: Any, name: str, ndim: int, keep_float: bool = False) -> np.ndarray:
+    """``x`` as a float64 array of ``ndim`` dimensions, every value finite (with
+    ``keep_float``, a floating array keeps its own dtype)."""
     arr = _to_numpy(x)
     if arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s), got shape {arr.shape}")
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
+    if not (keep_float and np.issubdtype(arr.dtype, np.floating)):
+        arr = arr.astype(np.float64)
     bad = ~np.isfinite(arr)
     if bad.any():
         first = np.argwhere(bad)[0].tolist()
@@ -221,6 +232,18 @@ def _check_grid(thresholds: Any, name: str) -> np.ndarray:
     if np.any(np.diff(grid) <= 0):
         raise ValueError(f"{name} must be strictly increasing")
     return grid
+
+
+def _check_threshold_rule(rule: str) -> None:
+    if rule not in THRESHOLD_RULES:
+        raise ValueError(f"threshold_rule={rule!r}: valid options: {', '.join(THRESHOLD_RULES)}")
+
+
+def _check_scoring(scoring: str, metric: str) -> None:
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring={scoring!r}: valid options: {', '.join(SCORINGS)}")
+    if scoring == "mobilefacenet" and metric != "cosine":
+        raise ValueError(f"scoring='mobilefacenet' measures cosine distances, not {metric!r}")
 
 
 def _check_far_target(far_target: float) -> float:
@@ -293,7 +316,11 @@ def default_thresholds(distance: str = "squared", fine: bool = False) -> np.ndar
 
 
 def _counts_below(
-    distances: np.ndarray, groups: np.ndarray, n_groups: int, thresholds: np.ndarray
+    distances: np.ndarray,
+    groups: np.ndarray,
+    n_groups: int,
+    thresholds: np.ndarray,
+    inclusive: bool = False,
 ) -> np.ndarray:
     """(G, T) number of distances of each group strictly below each threshold.
 
@@ -302,10 +329,13 @@ def _counts_below(
         groups: (N,) group index in 0..G-1.
         n_groups: G.
         thresholds: (T,) strictly increasing.
+        inclusive: count the distances at or below each threshold instead.
     """
     n_thresholds = len(thresholds)
-    # d < t_j  <=>  j >= (number of grid values <= d): the first threshold index counting d.
-    first = np.searchsorted(thresholds, distances, side="right")  # (N,) in 0..T
+    # d < t_j  <=>  j >= (number of grid values <= d): the first threshold index counting d;
+    # d <= t_j <=>  j >= (number of grid values < d).
+    side = "left" if inclusive else "right"
+    first = np.searchsorted(thresholds, distances, side=side)  # (N,) in 0..T
     hist = np.bincount(groups * (n_thresholds + 1) + first, minlength=n_groups * (n_thresholds + 1))
     return np.cumsum(hist.reshape(n_groups, n_thresholds + 1), axis=1)[:, :n_thresholds]
 
@@ -334,8 +364,9 @@ def _fold_counts(
     fold_ids: np.ndarray,
     n_folds: int,
     thresholds: np.ndarray,
+    inclusive: bool = False,
 ) -> _FoldCounts:
-    """Counts for every fold and threshold.
+    """Counts for every fold and threshold ("distance <= threshold" with ``inclusive``).
 
     Args:
         distances: (N,) the same distances for every fold, or (F, N) where row f holds the
@@ -344,6 +375,7 @@ def _fold_counts(
         fold_ids: (N,) fold of each pair.
         n_folds: F.
         thresholds: (T,) strictly increasing grid.
+        inclusive: count "distance <= threshold" instead of "distance < threshold".
     """
     positive = issame.astype(np.int64)
     n_pos_test = np.bincount(fold_ids[issame], minlength=n_folds)
@@ -351,7 +383,8 @@ def _fold_counts(
     n_neg_test = n_test - n_pos_test
     if distances.ndim == 1:
         # one pass: group = 2 * fold + issame -> (F, 2, T); training = all folds - test fold
-        per_fold = _counts_below(distances, 2 * fold_ids + positive, 2 * n_folds, thresholds)
+        groups = 2 * fold_ids + positive
+        per_fold = _counts_below(distances, groups, 2 * n_folds, thresholds, inclusive)
         per_fold = per_fold.reshape(n_folds, 2, -1)
         neg_test, pos_test = per_fold[:, 0], per_fold[:, 1]
         neg_train = neg_test.sum(axis=0) - neg_test
@@ -359,7 +392,7 @@ def _fold_counts(
     else:
         # one pass per fold: group = 2 * (in test fold) + issame -> (4, T)
         rows = [
-            _counts_below(distances[f], 2 * (fold_ids == f) + positive, 4, thresholds)
+            _counts_below(distances[f], 2 * (fold_ids == f) + positive, 4, thresholds, inclusive)
             for f in range(n_folds)
         ]
         neg_train, pos_train, neg_test, pos_test = np.stack(rows, axis=1)
@@ -399,6 +432,64 @@ def _accuracy_protocol(c: _FoldCounts, thresholds: np.ndarray) -> dict[str, np.n
         "tpr": np.mean(_rate(c.pos_test, c.n_pos_test), 0),
         "fpr": np.mean(_rate(c.neg_test, c.n_neg_test), 0),
     }
+
+
+def _mean_rule_accuracy(
+    c: _FoldCounts,
+    at_or_below: _FoldCounts,
+    thresholds: np.ndarray,
+    test_distances: np.ndarray,
+    issame: np.ndarray,
+    fold_ids: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Xiaoccer/MobileFaceNet_Pytorch's rule: the mean of EVERY grid threshold of best training
+    accuracy, and accuracy counted as its ``getAccuracy`` does.
+
+    Its getAccuracy counts a positive right when its score is above the threshold and a
+    negative right when below it, so a pair exactly at the threshold is wrong either way (the
+    classic count calls it "different"). As distances: right when ``d < t`` (positive) or
+    ``d > t`` (negative).
+
+    Args:
+        c: strict counts ("distance < threshold") on the grid.
+        at_or_below: the same counts with "distance <= threshold".
+        thresholds: (T,) the grid.
+        test_distances: (N,) each pair's distance as seen when its own fold is tested.
+        issame: (N,) bool.
+        fold_ids: (N,) fold of each pair.
+    """
+    # integer counts: equal accuracies are equal counts over the same training pairs
+    correct_train = c.pos_train + (c.n_neg_train[:, None] - at_or_below.neg_train)  # (F, T)
+    best = correct_train == correct_train.max(axis=1, keepdims=True)  # (F, T) every maximum
+    chosen = np.array([np.mean(thresholds[row]) for row in best])  # (F,), its np.mean
+    threshold = chosen[fold_ids]  # (N,) each pair against its own fold's threshold
+    right = np.where(issame, test_distances < threshold, test_distances > threshold)
+    n_folds = len(chosen)
+    n_test = np.bincount(fold_ids, minlength=n_folds)
+    return {
+        "accuracy": np.bincount(fold_ids[right], minlength=n_folds) / n_test,
+        "best_thresholds": chosen,
+        "tpr": np.mean(_rate(c.pos_test, c.n_pos_test), 0),
+        "fpr": np.mean(_rate(c.neg_test, c.n_neg_test), 0),
+    }
+
+
+def _accuracy_part(
+    distances: np.ndarray,
+    test_distances: np.ndarray,
+    issame: np.ndarray,
+    fold_ids: np.ndarray,
+    n_folds: int,
+    thresholds: np.ndarray,
+    threshold_rule: str,
+) -> dict[str, np.ndarray]:
+    """The accuracy protocol under ``threshold_rule`` (see :data:`THRESHOLD_RULES`)."""
+    counts = _fold_counts(distances, issame, fold_ids, n_folds, thresholds)
+    if threshold_rule == "first":
+        return _accuracy_protocol(counts, thresholds)
+    # only the negatives' inclusive counts are read: a tie at the threshold is wrong for them
+    at_or_below = _fold_counts(distances, issame, fold_ids, n_folds, thresholds, inclusive=True)
+    return _mean_rule_accuracy(counts, at_or_below, thresholds, test_distances, issame, fold_ids)
 
 
 def _far_thresholds(far_train: np.ndarray, thresholds: np.ndarray, far_target: float):
@@ -466,14 +557,15 @@ def _run_protocol(
     thresholds: np.ndarray,
     val_thresholds: np.ndarray,
     distance: str,
+    threshold_rule: str = "first",
 ) -> VerificationResult:
     """The whole protocol on checked inputs; ``distances`` is (N,) or (F, N) (see _fold_counts)."""
     if distances.ndim == 1:
         test_distances = distances
     else:
         test_distances = distances[fold_ids, np.arange(len(fold_ids))]  # (N,) own test fold's
-    acc = _accuracy_protocol(
-        _fold_counts(distances, issame, fold_ids, n_folds, thresholds), thresholds
+    acc = _accuracy_part(
+        distances, test_distances, issame, fold_ids, n_folds, thresholds, threshold_rule
     )
     val_counts = _fold_counts(distances, issame, fold_ids, n_folds, val_thresholds)
     val = _val_protocol(val_counts, val_thresholds, test_distances, issame, fold_ids, far_target)
@@ -524,6 +616,7 @@ def evaluate_verification(
     val_thresholds: Any = None,
     distance: str = "squared",
     folds: Any = None,
+    threshold_rule: str = "first",
 ) -> VerificationResult:
     """Run the LFW verification protocol on the distances of N pairs.
 
@@ -538,18 +631,24 @@ def evaluate_verification(
             chooses the default grids.
         folds: optional (N,) fold index per pair, e.g. ``PairList.fold_ids`` to keep the file's
             folds after skipping pairs; default contiguous folds in input order.
+        threshold_rule: "first" (the classic: the first grid threshold of best training
+            accuracy; a distance equal to the threshold counts as "different") or "mean"
+            (Xiaoccer/MobileFaceNet_Pytorch's: the mean of every grid threshold of best
+            training accuracy; a distance equal to the threshold is wrong for either kind).
 
     Raises:
         ValueError: NaN or infinite distances, lengths that differ, fewer pairs than folds, a
             fold without a positive or a negative pair, a bad grid or option.
     """
+    _check_threshold_rule(threshold_rule)
     dist = _finite_float_array(distances, "distances", ndim=1)
     same = _check_issame(issame, len(dist))
     fold_ids = _fold_ids(len(dist), n_folds, folds)
     _check_fold_classes(same, fold_ids, n_folds)
     grid, val_grid = _grids(thresholds, val_thresholds, distance)
+    far_target = _check_far_target(far_target)
     return _run_protocol(
-        dist, same, fold_ids, n_folds, _check_far_target(far_target), grid, val_grid, distance
+        dist, same, fold_ids, n_folds, far_target, grid, val_grid, distance, threshold_rule
     )
 
 
@@ -572,17 +671,55 @@ def _metric_distance(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> np.ndar
     return paired_distance(a, b, metric).numpy()  # (N,)
 
 
-def _check_embeddings(emb1: Any, emb2: Any) -> tuple[np.ndarray, np.ndarray]:
-    a = _finite_float_array(emb1, "emb1", ndim=2)
-    b = _finite_float_array(emb2, "emb2", ndim=2)
+def _check_embeddings(
+    emb1: Any, emb2: Any, keep_float: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    a = _finite_float_array(emb1, "emb1", ndim=2, keep_float=keep_float)
+    b = _finite_float_array(emb2, "emb2", ndim=2, keep_float=keep_float)
     if a.shape != b.shape:
         raise ValueError(f"emb1 and emb2 shapes differ: {a.shape} vs {b.shape}")
-    return a, b
+    common = np.result_type(a, b)  # both sides in one dtype (float64 unless both are narrower)
+    return a.astype(common, copy=False), b.astype(common, copy=False)
 
 
 def _training_mean(emb1: np.ndarray, emb2: np.ndarray, train: np.ndarray) -> np.ndarray:
     """(D,) mean embedding of both sides of the training pairs (classic ``subtract_mean``)."""
     return np.mean(np.concatenate([emb1[train], emb2[train]]), axis=0)
+
+
+def _mobilefacenet_distance(emb1: np.ndarray, emb2: np.ndarray, mean) -> np.ndarray:
+    """(N,) float64 1 - the score of lfw_eval.py's ``evaluation_10_fold``.
+
+    Its operations in its order, in the features' own dtype (float32 as its network and its
+    .mat file give them), so the scores are its scores bit for bit: subtract the mean,
+    divide each row by its norm, sum the products. 1 - s is exact in float64 for a float32
+    s (of magnitude above 2^-29), so "1 - s < 1 - t" decides as its "s > t" does.
+
+    Args:
+        emb1: (N, D) features of the first images.
+        emb2: (N, D) features of the second images.
+        mean: (D,) the training folds' mean, or 0.0.
+    """
+    a, b = emb1 - mean, emb2 - mean
+    _check_nonzero(a, b, "cosine")  # its division would give NaN scores
+    a = a / np.expand_dims(np.sqrt(np.sum(np.power(a, 2), 1)), 1)
+    b = b / np.expand_dims(np.sqrt(np.sum(np.power(b, 2), 1)), 1)
+    return 1.0 - np.sum(np.multiply(a, b), 1).astype(np.float64)
+
+
+def _fold_distances(
+    emb1: np.ndarray,
+    emb2: np.ndarray,
+    train: np.ndarray,
+    metric: str,
+    subtract_mean: bool,
+    scoring: str,
+) -> np.ndarray:
+    """(N,) distance of every pair while the fold whose training pairs are ``train`` is tested."""
+    mean = _training_mean(emb1, emb2, train) if subtract_mean else 0.0
+    if scoring == "mobilefacenet":  # every pair at once, as its loop scores them
+        return _mobilefacenet_distance(emb1, emb2, mean)
+    return _metric_distance(emb1 - mean, emb2 - mean, metric)
 
 
 def pair_distances(
@@ -634,6 +771,8 @@ def evaluate_embeddings(
     thresholds: Any = None,
     val_thresholds: Any = None,
     folds: Any = None,
+    threshold_rule: str = "first",
+    scoring: str = "float64",
 ) -> VerificationResult:
     """Run the verification protocol on the embeddings of both sides of N pairs.
 
@@ -655,27 +794,42 @@ def evaluate_embeddings(
         thresholds: accuracy grid; default from ``metric``.
         val_thresholds: VAL grid; default from ``metric``.
         folds: optional (N,) fold index per pair instead of contiguous folds.
+        threshold_rule: "first" or "mean" (see :func:`evaluate_verification`).
+        scoring: "float64" (``metric`` in float64, the default) or "mobilefacenet"
+            (Xiaoccer/MobileFaceNet_Pytorch's lfw_eval.py: 1 - its cosine score, computed with
+            its numpy operations in the features' own dtype; ``metric`` must be "cosine").
 
     Raises:
         ValueError: as :func:`evaluate_verification`, plus embedding shapes that differ.
     """
-    if not subtract_mean:
+    _check_distance_name(metric)
+    _check_scoring(scoring, metric)
+    if not subtract_mean and scoring == "float64":
         dist = pair_distances(emb1, emb2, metric=metric)
         return evaluate_verification(
-            dist, issame, n_folds, far_target, thresholds, val_thresholds, metric, folds
+            dist,
+            issame,
+            n_folds,
+            far_target,
+            thresholds,
+            val_thresholds,
+            metric,
+            folds,
+            threshold_rule,
         )
-    _check_distance_name(metric)
-    a, b = _check_embeddings(emb1, emb2)
+    _check_threshold_rule(threshold_rule)
+    a, b = _check_embeddings(emb1, emb2, keep_float=scoring == "mobilefacenet")
     same = _check_issame(issame, len(a))
     fold_ids = _fold_ids(len(a), n_folds, folds)
     _check_fold_classes(same, fold_ids, n_folds)
     grid, val_grid = _grids(thresholds, val_thresholds, metric)
     by_fold = np.empty((n_folds, len(a)), dtype=np.float64)  # (F, N)
     for fold in range(n_folds):
-        mean = _training_mean(a, b, fold_ids != fold)
-        by_fold[fold] = _metric_distance(a - mean, b - mean, metric)
+        train = fold_ids != fold
+        by_fold[fold] = _fold_distances(a, b, train, metric, subtract_mean, scoring)
+    far_target = _check_far_target(far_target)
     return _run_protocol(
-        by_fold, same, fold_ids, n_folds, _check_far_target(far_target), grid, val_grid, metric
+        by_fold, same, fold_ids, n_folds, far_target, grid, val_grid, metric, threshold_rule
     )
 
 
