@@ -16,7 +16,11 @@ from facenet.data.images import build_transform, read_image
 from facenet.distributed import agree_on_error, gather_variable_rows, get_rank, get_world_size
 from facenet.sizes import ImageSize
 
-__all__ = ["embed_batches", "embed_dataset", "embed_pair_list"]
+__all__ = ["FEATURES", "embed_batches", "embed_dataset", "embed_pair_list"]
+
+# What is taken of the network: "unit" (its L2-normalised embedding) or "raw" (the embedding
+# layer's output before normalisation, what Xiaoccer/MobileFaceNet_Pytorch's network returns).
+FEATURES = ("unit", "raw")
 
 
 def _gather_shards(chunks: list[torch.Tensor], total: int, world: int) -> torch.Tensor:
@@ -44,8 +48,36 @@ class _PathDataset(torch.utils.data.Dataset):
         return self.transform(read_image(self.paths[index]))
 
 
-def embed_batches(model: nn.Module, batches, device, flip: bool) -> list[torch.Tensor]:
-    """Embeddings (b, D), or (b, 2D) with ``flip``, of every image batch, in eval mode."""
+def _check_features(features: str) -> None:
+    if features not in FEATURES:
+        raise ValueError(f"features={features!r}: expected one of {FEATURES}")
+
+
+def _forward(model: nn.Module, images: torch.Tensor, features: str) -> torch.Tensor:
+    """(b, D) unit embeddings, or with ``features="raw"`` the same layer before normalising."""
+    if features == "unit":
+        return model(images)
+    if not (hasattr(model, "backbone") and hasattr(model, "embedding")):
+        raise ValueError(
+            f"features='raw' needs an EmbeddingNet (backbone + embedding head), "
+            f"not {type(model).__name__}"
+        )
+    return model.embedding.prelogits(model.backbone(images))
+
+
+def embed_batches(
+    model: nn.Module, batches, device, flip: bool, features: str = "unit"
+) -> list[torch.Tensor]:
+    """Embeddings (b, D), or (b, 2D) with ``flip``, of every image batch, in eval mode.
+
+    Args:
+        model: the embedding network.
+        batches: an iterable of image batches (b, C, H, W).
+        device: where the network runs.
+        flip: concatenate each embedding with that of the horizontally flipped image.
+        features: "unit" (the network's output) or "raw" (before L2 normalisation).
+    """
+    _check_features(features)
     was_training = model.training
     model.eval()
     chunks = []
@@ -53,9 +85,10 @@ def embed_batches(model: nn.Module, batches, device, flip: bool) -> list[torch.T
         with torch.inference_mode():
             for images in batches:
                 images = images.to(device)
-                embeddings = model(images)  # (b, D)
+                embeddings = _forward(model, images, features)  # (b, D)
                 if flip:  # the classic option: [emb(x), emb(flipped x)] -> (b, 2D)
-                    embeddings = torch.cat([embeddings, model(images.flip(-1))], dim=1)
+                    flipped = _forward(model, images.flip(-1), features)
+                    embeddings = torch.cat([embeddings, flipped], dim=1)
                 chunks.append(embeddings.float().cpu())
     finally:
         model.train(was_training)
@@ -69,6 +102,7 @@ def embed_dataset(
     device: str | torch.device = "cpu",
     flip: bool = False,
     progress: bool = False,
+    features: str = "unit",
 ) -> torch.Tensor:
     """Embed every image of a dataset of (3, S, S) tensors, in order, in one process.
 
@@ -79,13 +113,14 @@ def embed_dataset(
         device: where the network runs.
         flip: concatenate each embedding with that of the horizontally flipped image.
         progress: show a progress bar (on stderr).
+        features: "unit" or "raw" (:data:`FEATURES`).
 
     Returns:
         (N, D) or (N, 2D) float32 on the CPU.
     """
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
     batches = tqdm(loader, desc="embedding", unit="batch", disable=not progress, leave=False)
-    chunks = embed_batches(model, batches, device, flip)
+    chunks = embed_batches(model, batches, device, flip, features)
     return torch.cat(chunks) if chunks else torch.zeros(0, 0)
 
 
@@ -99,6 +134,7 @@ def embed_pair_list(
     normalize: str = "fixed",
     num_workers: int = 0,
     preprocess: str = "resize",
+    features: str = "unit",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Embed both sides of every pair, each unique image once, in eval mode without autograd.
 
@@ -114,6 +150,8 @@ def embed_pair_list(
         num_workers: DataLoader workers decoding images.
         preprocess: "resize" (1.125 S, centre S) or "crop" (no resize, the centre S x S of an
             aligned crop, as the publishers evaluate); see ``build_transform``.
+        features: "unit" (the network's unit embeddings) or "raw" (before L2 normalisation:
+            Xiaoccer/MobileFaceNet_Pytorch concatenates an image's and its flip's raw outputs).
 
     Returns:
         ``(emb1, emb2)``, each (N, D) or (N, 2D) float32 on the CPU.
@@ -127,7 +165,7 @@ def embed_pair_list(
         _PathDataset(paths[rank::world], transform), batch_size=batch_size, num_workers=num_workers
     )
     try:
-        chunks, error = embed_batches(model, loader, device, flip), None
+        chunks, error = embed_batches(model, loader, device, flip, features), None
     except Exception as err:  # e.g. an unreadable image in this rank's shard
         chunks, error = [], err
     # Every rank agrees before the gather: a rank that failed does not leave the others in it.

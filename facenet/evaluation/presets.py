@@ -17,14 +17,14 @@ fed what it was trained on and measured the way its figure was:
   embeddings of each image and its flip concatenated, the training folds' mean subtracted, the
   angular distance ``arccos(cos) / pi`` (its ``distance_metric=1``), and the same two grids.
 - ``mobilefacenet`` (Xiaoccer/MobileFaceNet_Pytorch, ``lfw_eval.py``): 112 x 96 SphereFace
-  crops (``align.py --preset sphereface``) fed whole, ``(x - 127.5) / 128``, each image's
-  features concatenated with its flip's, the training folds' mean subtracted, cosine
-  similarity (``cosine`` here: 1 - cos). Its grid, similarities ``arange(-10000, 10001) /
-  10000``, is :func:`mobilefacenet_thresholds` as cosine distances; the preset keeps the
-  default cosine grid (steps of 0.005) until the evaluate command can name that grid. Two more
-  differences from its code remain: it concatenates the raw network outputs, ours unit-norm
-  halves, and it takes the mean of every threshold of best training accuracy, ours the first
-  (docs/models.md).
+  crops (``align.py --preset sphereface``) fed whole, ``(x - 127.5) / 128``; the RAW network
+  outputs of each image and of its flip concatenated (``features="raw"``); per fold, the
+  training folds' mean subtracted from those, each side divided by its norm and the pair
+  scored by the dot product, in float32 with its numpy operations (``scoring="mobilefacenet"``;
+  ``cosine`` here: 1 - that score); its grid, similarities ``arange(-10000, 10001) / 10000``
+  (:func:`mobilefacenet_thresholds`, as cosine distances); the threshold the mean of every
+  grid threshold of best training accuracy, a pair exactly at it wrong for either kind
+  (``threshold_rule="mean"``). Nothing of its computation differs (docs/models.md).
 
 Neither publisher wrote anything for an image without a detected face: its pairs were skipped
 at evaluation (``evaluate.py --skip-missing``).
@@ -161,7 +161,12 @@ class EvalPreset:
         flip: concatenate the embedding of each image with that of its horizontal flip.
         subtract_mean: subtract the training folds' mean embedding before measuring.
         preprocess: the evaluation transform (``facenet.data.images.EVAL_PREPROCESS``).
-        grid: "classic" (:func:`classic_thresholds` for every distance) or "default".
+        grid: "classic" (:func:`classic_thresholds` for every distance), "mobilefacenet"
+            (:func:`mobilefacenet_thresholds`) or "default".
+        features: "unit" (the network's unit embeddings) or "raw" (before L2 normalisation).
+        threshold_rule: "first" (the classic code's first best threshold) or "mean"
+            (``facenet.evaluation.protocol.THRESHOLD_RULES``).
+        scoring: "float64" or "mobilefacenet" (``facenet.evaluation.protocol.SCORINGS``).
     """
 
     distance: str
@@ -169,6 +174,9 @@ class EvalPreset:
     subtract_mean: bool
     preprocess: str
     grid: str
+    features: str = "unit"
+    threshold_rule: str = "first"
+    scoring: str = "float64"
 
 
 ALIGN_PRESETS = {
@@ -184,7 +192,9 @@ ALIGN_PRESETS = {
 EVAL_PRESETS = {
     "facenet-pytorch": EvalPreset("squared", False, False, "crop", "classic"),
     "sandberg": EvalPreset("angular", True, True, "crop", "classic"),
-    "mobilefacenet": EvalPreset("cosine", True, True, "crop", "default"),
+    "mobilefacenet": EvalPreset(
+        "cosine", True, True, "crop", "mobilefacenet", "raw", "mean", "mobilefacenet"
+    ),
 }
 
 PRESET_NAMES = tuple(ALIGN_PRESETS)

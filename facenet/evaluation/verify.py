@@ -70,6 +70,7 @@ def embed_pairs(
     batch_size: int = 128,
     device: str | torch.device = "cpu",
     num_workers: int = 0,
+    features: str = "unit",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Both sides of every pair embedded in eval mode: ``(emb1, emb2)``, (N, D) float32.
 
@@ -85,10 +86,12 @@ def embed_pairs(
         batch_size: images per forward.
         device: where the network runs.
         num_workers: DataLoader workers decoding image files.
+        features: "unit" (the network's unit embeddings) or "raw" (before L2 normalisation).
     """
     if isinstance(pairs, BinPairs):  # images 2i and 2i + 1 are pair i
         images = BinImages(pairs, image_size, normalize)
-        embeddings = embed_dataset(model, images, batch_size, device, flip).numpy()
+        embeddings = embed_dataset(model, images, batch_size, device, flip, features=features)
+        embeddings = embeddings.numpy()
         return embeddings[0::2], embeddings[1::2]
     emb1, emb2 = embed_pair_list(
         model,
@@ -100,6 +103,7 @@ def embed_pairs(
         normalize=normalize,
         num_workers=num_workers,
         preprocess=preprocess,
+        features=features,
     )
     return emb1.numpy(), emb2.numpy()
 
@@ -130,6 +134,9 @@ def verify(
     device: str | torch.device = "cpu",
     num_workers: int = 0,
     return_distances: bool = False,
+    features: str = "unit",
+    threshold_rule: str = "first",
+    scoring: str = "float64",
 ) -> VerificationResult | tuple[VerificationResult, np.ndarray]:
     """The verification protocol (accuracy, VAL@FAR, AUC, EER) of ``model`` on ``pairs``.
 
@@ -151,6 +158,11 @@ def verify(
         num_workers: DataLoader workers decoding image files.
         return_distances: also return the (N,) pair distances (without mean subtraction:
             what a fixed threshold such as a run's validation threshold applies to).
+        features: "unit" (the network's unit embeddings) or "raw" (before L2 normalisation).
+        threshold_rule: how each fold's threshold is chosen: "first" (classic) or "mean"
+            (Xiaoccer/MobileFaceNet_Pytorch's; ``facenet.evaluation.protocol``).
+        scoring: "float64" (the distance in float64) or "mobilefacenet" (lfw_eval.py's
+            cosine, in the features' float32, operation for operation).
 
     Returns:
         The ``VerificationResult``, or ``(result, distances)`` with ``return_distances``.
@@ -168,6 +180,7 @@ def verify(
         batch_size=batch_size,
         device=device,
         num_workers=num_workers,
+        features=features,
     )
     thresholds, val_thresholds = threshold_grids(grid)
     result = _checked(
@@ -183,6 +196,8 @@ def verify(
         thresholds=thresholds,
         val_thresholds=val_thresholds,
         folds=_folds(pairs, n_folds),
+        threshold_rule=threshold_rule,
+        scoring=scoring,
     )
     if not return_distances:
         return result
@@ -198,6 +213,7 @@ def verify_distances(
     n_folds: int = 10,
     far_target: float = 1e-3,
     source: str = "distances",
+    threshold_rule: str = "first",
 ) -> VerificationResult:
     """The verification protocol on pair distances measured elsewhere (e.g. read from a file).
 
@@ -209,6 +225,7 @@ def verify_distances(
         n_folds: contiguous folds of the protocol.
         far_target: the FAR at which VAL is read.
         source: where the distances came from, for error messages.
+        threshold_rule: "first" (classic) or "mean" (Xiaoccer/MobileFaceNet_Pytorch's).
 
     Distances at or above the grid's largest threshold are accepted by no threshold; when
     there are any, a warning says how many (all of them give accuracy 0.5 with a zero
@@ -231,6 +248,7 @@ def verify_distances(
         thresholds,
         val_thresholds,
         distance,
+        threshold_rule=threshold_rule,
     )
 
 
