@@ -224,6 +224,13 @@ class EvalConfig:
     grid: Literal["default", "classic", "mobilefacenet"] = "default"
     flip: bool = False
     subtract_mean: bool = False
+    # "unit": the network's unit embeddings; "raw": before L2 normalisation (MobileFaceNet_Pytorch)
+    features: Literal["unit", "raw"] = "unit"
+    # each fold's threshold: "first" best on the training folds (classic) or "mean" of every
+    # best one, a tie at it wrong for either kind (MobileFaceNet_Pytorch's lfw_eval.py)
+    threshold_rule: Literal["first", "mean"] = "first"
+    # "float64": the distance in float64; "mobilefacenet": lfw_eval.py's cosine in float32
+    scoring: Literal["float64", "mobilefacenet"] = "float64"
     batch_size: int = 128
     skip_missing: bool = False
     log_scale_roc: bool = True  # logarithmic FAR axis (the low-FAR end is what VAL reads)

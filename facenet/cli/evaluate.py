@@ -30,8 +30,15 @@ from facenet.data.insightface_bin import read_bin
 from facenet.data.pairs import read_pairs
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
+from facenet.evaluation.embedding import FEATURES
 from facenet.evaluation.presets import EVAL_PRESETS
-from facenet.evaluation.protocol import DISTANCES, VerificationResult, plot_roc
+from facenet.evaluation.protocol import (
+    DISTANCES,
+    SCORINGS,
+    THRESHOLD_RULES,
+    VerificationResult,
+    plot_roc,
+)
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.verify import GRIDS, verify, verify_distances
 from facenet.files import write_text_atomic
@@ -73,8 +80,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--preset",
         choices=tuple(EVAL_PRESETS),
-        help="a publisher's evaluation (distance, flip, mean subtraction, preprocessing, grids; "
-        "docs/reproduce.md); flags given still win",
+        help="a publisher's evaluation (distance, flip, mean subtraction, preprocessing, grids, "
+        "features, threshold rule, scoring; docs/reproduce.md); flags given still win",
     )
     parser.add_argument(
         "--grid",
@@ -83,6 +90,15 @@ def get_args_parser() -> argparse.ArgumentParser:
         help=(
             "threshold grids: from the distance, the publishers' [0, 4) for any distance, or "
             "MobileFaceNet_Pytorch's cosine similarities in steps of 1e-4"
+        ),
+    )
+    parser.add_argument(
+        "--threshold-rule",
+        choices=THRESHOLD_RULES,
+        default="first",
+        help=(
+            "each fold's threshold: the first best on the training folds (classic) or the mean "
+            "of every best one (MobileFaceNet_Pytorch's lfw_eval.py)"
         ),
     )
     parser.add_argument(
@@ -106,6 +122,18 @@ def _add_embedding_arguments(embed) -> None:
         help="resize: 1.125 S then the centre S; crop: no resize, the centre S of aligned crops",
     )
     embed.add_argument("--subtract-mean", action="store_true", help="classic mean subtraction")
+    embed.add_argument(
+        "--features",
+        choices=FEATURES,
+        default="unit",
+        help="the network's unit embeddings or its raw outputs before L2 normalisation",
+    )
+    embed.add_argument(
+        "--scoring",
+        choices=SCORINGS,
+        default="float64",
+        help="the distance in float64, or lfw_eval.py's cosine in float32 (MobileFaceNet_Pytorch)",
+    )
     embed.add_argument("--batch-size", type=positive_int, default=128, help="images per forward")
     add_device_argument(embed, "cpu")
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
@@ -129,6 +157,9 @@ def config_defaults(path: str) -> dict:
         "subtract_mean": e.subtract_mean,
         "preprocess": e.preprocess,
         "grid": e.grid,
+        "features": e.features,
+        "threshold_rule": e.threshold_rule,
+        "scoring": e.scoring,
         "batch_size": e.batch_size,
         "skip_missing": e.skip_missing,
         "log_scale": e.log_scale_roc,
@@ -165,6 +196,7 @@ def _protocol_options(args: argparse.Namespace) -> dict:
     return {
         "distance": args.distance,
         "grid": args.grid,
+        "threshold_rule": args.threshold_rule,
         "n_folds": args.folds,
         "far_target": args.far_target,
     }
@@ -176,6 +208,8 @@ def _embedding_options(args: argparse.Namespace) -> dict:
         "preprocess": args.preprocess,
         "flip": args.flip,
         "subtract_mean": args.subtract_mean,
+        "features": args.features,
+        "scoring": args.scoring,
         "batch_size": args.batch_size,
         **_protocol_options(args),
     }
