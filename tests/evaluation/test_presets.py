@@ -15,7 +15,13 @@ from facenet.evaluation.presets import (
     classic_thresholds,
     mobilefacenet_thresholds,
 )
-from facenet.evaluation.protocol import default_thresholds, evaluate_embeddings, pair_distances
+from facenet.evaluation.protocol import (
+    default_thresholds,
+    evaluate_embeddings,
+    evaluate_verification,
+    pair_distances,
+)
+from facenet.evaluation.verify import threshold_grids
 from facenet.inference.identify import Gallery, match
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +121,15 @@ def test_presets_hold_the_publishers_settings():
         True,
         True,
     )
+    assert (mobilefacenet.grid, mobilefacenet.features) == ("mobilefacenet", "raw")
+    assert (mobilefacenet.threshold_rule, mobilefacenet.scoring) == ("mean", "mobilefacenet")
+    for name in ("sandberg", "facenet-pytorch"):  # the classic rule, features and distances
+        preset = EVAL_PRESETS[name]
+        assert (preset.features, preset.threshold_rule, preset.scoring) == (
+            "unit",
+            "first",
+            "float64",
+        )
     assert (ALIGN_PRESETS["facenet-pytorch"].image_size, ALIGN_PRESETS["sandberg"].image_size) == (
         160,
         182,
@@ -198,32 +213,84 @@ def test_mobilefacenet_preset_measures_the_publishers_scores():
         np.testing.assert_allclose(1.0 - ours[fold == i], scores[fold == i], atol=1e-12, rtol=0)
 
 
-def test_mobilefacenet_preset_on_its_grid_equals_the_publishers_loop():
-    fl, fr, same = raw_flip_features()
-    fold = np.arange(len(same)) // (len(same) // 10)
-    flags = np.where(same, 1, -1)
+def mobilefacenet_preset_evaluation(fl, fr, same, folds=None):
+    """``evaluate_embeddings`` with every option of the mobilefacenet preset."""
     preset = EVAL_PRESETS["mobilefacenet"]
-    grid = mobilefacenet_thresholds()
-    ours = evaluate_embeddings(
+    accuracy_grid, val_grid = threshold_grids(preset.grid)
+    return evaluate_embeddings(
         fl,
         fr,
         same,
         metric=preset.distance,
         subtract_mean=preset.subtract_mean,
-        thresholds=grid,
-        val_thresholds=grid,
+        thresholds=accuracy_grid,
+        val_thresholds=val_grid,
+        folds=folds,
+        threshold_rule=preset.threshold_rule,
+        scoring=preset.scoring,
     )
-    # With the first best threshold (our protocol's rule) every fold is the same, pair for pair.
-    acc, thresholds = ref.mobilefacenet_evaluate(fl, fr, fold, flags, rule="first")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mobilefacenet_preset_equals_the_publishers_loop_fold_by_fold(seed):
+    # float32 features, as its network and its .mat file give them to evaluation_10_fold
+    fl, fr, same = raw_flip_features(seed=seed)
+    fl, fr = fl.astype(np.float32), fr.astype(np.float32)
+    fold = np.arange(len(same)) // (len(same) // 10)  # its i // 600 for LFW's 6000 pairs
+    acc, thresholds = ref.mobilefacenet_evaluate(fl, fr, fold, np.where(same, 1, -1))
+    ours = mobilefacenet_preset_evaluation(fl, fr, same)
+    assert np.array_equal(ours.accuracy, acc)  # every fold, pair for pair
+    # its similarity thresholds; ours the same grid points as cosine distances, then averaged
+    np.testing.assert_allclose(ours.best_thresholds, 1.0 - thresholds, atol=1e-12, rtol=0)
+    assert ours.accuracy_mean == np.mean(acc)
+
+
+def test_the_first_rule_equals_the_loop_taking_the_first_best_threshold():
+    # The classic rule on the publisher's grid and scores: the loop's "first" variant.
+    fl, fr, same = raw_flip_features()
+    fold = np.arange(len(same)) // (len(same) // 10)
+    grid = mobilefacenet_thresholds()
+    ours = evaluate_embeddings(fl, fr, same, "cosine", True, thresholds=grid, val_thresholds=grid)
+    acc, thresholds = ref.mobilefacenet_evaluate(fl, fr, fold, np.where(same, 1, -1), rule="first")
     assert np.array_equal(ours.accuracy, acc)
     np.testing.assert_allclose(ours.best_thresholds, 1.0 - thresholds, atol=1e-12, rtol=0)
-    # The publisher's mean of the best thresholds moves a pair in some folds: measured here.
-    acc_mean_rule, _ = ref.mobilefacenet_evaluate(fl, fr, fold, flags)
-    moved = np.round((ours.accuracy - acc_mean_rule) * (len(same) // 10)).astype(int)
-    assert np.abs(moved).max() <= 1
+
+
+def test_the_mean_rule_counts_a_pair_at_the_threshold_wrong_for_either_kind():
+    # Similarities on grid points (0.25, 0.5, 0.75 are exact in both domains): per fold one
+    # positive at 0.75, one negative at 0.25, and one pair of each kind exactly at 0.5.
+    scores = np.tile([0.75, 0.5, 0.25, 0.5], 10)
+    same = np.tile([True, True, False, False], 10)
+    fold = np.repeat(np.arange(10), 4)
+    grid = mobilefacenet_thresholds()
+    ours = evaluate_verification(
+        1.0 - scores,
+        same,
+        thresholds=grid,
+        val_thresholds=grid,
+        distance="cosine",
+        threshold_rule="mean",
+    )
+    flags = np.where(same, 1, -1)
+    expected = [
+        ref.mobilefacenet_get_threshold(scores[fold != i], flags[fold != i]) for i in range(10)
+    ]
+    np.testing.assert_allclose(ours.best_thresholds, 1.0 - np.array(expected), atol=1e-12)
+    # its best thresholds: (0.25, 0.5) and (0.5, 0.75) open intervals tie (3 of 4 right), so
+    # the mean lands on 0.5 exactly, where both pairs at 0.5 are wrong: 2 of 4 right.
+    assert np.allclose(expected, 0.5) and np.array_equal(ours.accuracy, np.full(10, 0.5))
+    classic = evaluate_verification(
+        1.0 - scores, same, thresholds=grid, val_thresholds=grid, distance="cosine"
+    )
+    assert np.all(classic.accuracy == 0.75)  # the first best threshold: 0.5 counts "different"
 
 
 def test_evaluate_script_mobilefacenet_preset():
     args = evaluate_script._parse(["--distances", "x.npz", "--preset", "mobilefacenet"])
     assert (args.distance, args.flip, args.subtract_mean) == ("cosine", True, True)
-    assert (args.preprocess, args.grid) == ("crop", "default")
+    assert (args.preprocess, args.grid) == ("crop", "mobilefacenet")
+    assert (args.features, args.threshold_rule, args.scoring) == ("raw", "mean", "mobilefacenet")
+    args = evaluate_script._parse(
+        ["--distances", "x.npz", "--preset", "mobilefacenet", "--threshold-rule", "first"]
+    )
+    assert args.threshold_rule == "first"
