@@ -78,7 +78,9 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--preset", choices=PRESET_NAMES, default="facenet-pytorch", help="publisher convention"
     )
     parser.add_argument(
-        "--image-size", type=_int_at_least(8), help="crop side (preset: 160 or 182)"
+        "--image-size",
+        type=_int_at_least(8),
+        help="crop side of the box presets (160 or 182; a template fixes its own)",
     )
     parser.add_argument(
         "--detect-size",
@@ -88,7 +90,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_DETECT_SIZE})",
     )
     parser.add_argument(
-        "--margin", type=_int_at_least(0), help="margin around the box (preset: 14 or 44)"
+        "--margin", type=_int_at_least(0), help="margin around the box (box presets: 14 or 44)"
     )
     parser.add_argument("--select", choices=SELECTIONS, help="which face of several")
     parser.add_argument(
