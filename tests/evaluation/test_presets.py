@@ -294,3 +294,93 @@ def test_evaluate_script_mobilefacenet_preset():
         ["--distances", "x.npz", "--preset", "mobilefacenet", "--threshold-rule", "first"]
     )
     assert args.threshold_rule == "first"
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def fake_lfw(root: Path, per_fold: int = 2, seed: int = 0) -> Path:
+    """An LFW-layout folder of random 112 x 96 RGB PNGs and its pairs.txt: ten folds of
+    ``per_fold`` same then ``per_fold`` different pairs, 4 images of each of 8 identities."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    names = [f"Person_{k}" for k in range(8)]
+    for name in names:
+        (root / name).mkdir(parents=True)
+        for idx in range(1, 5):
+            pixels = rng.integers(0, 256, (112, 96, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{name}_{idx:04d}.png")
+    lines = [f"10\t{per_fold}"]
+    for _ in range(10):
+        for _ in range(per_fold):
+            name = names[rng.integers(8)]
+            i, j = rng.choice(np.arange(1, 5), 2, replace=False)
+            lines.append(f"{name}\t{i}\t{j}")
+        for _ in range(per_fold):
+            a, b = rng.choice(8, 2, replace=False)
+            lines.append(f"{names[a]}\t{rng.integers(1, 5)}\t{names[b]}\t{rng.integers(1, 5)}")
+    (root / "pairs.txt").write_text("\n".join(lines) + "\n")
+    return root / "pairs.txt"
+
+
+def publisher_features(net, paths):
+    """(N, 256) float32 features as lfw_eval.py's getFeatureFromTorch builds them: its LFW
+    loader's (x - 127.5) / 128 in float64 on the RGB image and on its horizontal flip, each
+    cast to float32, the network's raw outputs of both concatenated."""
+    import torch
+    from PIL import Image
+
+    features = []
+    for path in paths:
+        image = np.asarray(Image.open(path).convert("RGB"))
+        views = [image, image[:, ::-1, :]]
+        views = [torch.from_numpy(((v - 127.5) / 128.0).transpose(2, 0, 1)).float() for v in views]
+        with torch.no_grad():
+            features.append(np.concatenate([net(v[None]).numpy() for v in views], 1))
+    return np.concatenate(features, 0)
+
+
+def publisher_lists(pairs_path: Path, root: Path, per_fold: int):
+    """Its parseList on our folder: left and right image paths, folds and flags (1 / -1)."""
+    lines = pairs_path.read_text().splitlines()[1:]
+    left, right, flags = [], [], []
+    for line in lines:
+        p = line.split("\t")
+        names = (p[0], p[0]) if len(p) == 3 else (p[0], p[2])
+        idxs = (p[1], p[2]) if len(p) == 3 else (p[1], p[3])
+        left.append(root / names[0] / f"{names[0]}_{int(idxs[0]):04d}.png")
+        right.append(root / names[1] / f"{names[1]}_{int(idxs[1]):04d}.png")
+        flags.append(1 if len(p) == 3 else -1)
+    fold = np.arange(len(lines)) // (2 * per_fold)  # its i // 600 for LFW's 300 per fold
+    return left, right, fold, np.array(flags)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_facenet_evaluate_with_the_mobilefacenet_config_equals_the_publishers_loop(tmp_path):
+    import json
+
+    import torch
+    from mobilefacenet_reference import PublisherMobileFacenet, calibrate, randomize
+
+    per_fold = 2
+    pairs = fake_lfw(tmp_path / "lfw", per_fold)
+    # measured BatchNorm statistics, so that the features differ from image to image by more
+    # than the two float32 implementations of the network differ (about 1e-6)
+    images = torch.randn(32, 3, 112, 96, generator=torch.Generator().manual_seed(0))
+    net = calibrate(randomize(PublisherMobileFacenet(), seed=3), images)
+    checkpoint = tmp_path / "068.ckpt"
+    state = {"epoch": 68, "net_state_dict": net.state_dict()}
+    torch.save(state, checkpoint, _use_new_zipfile_serialization=False)
+    argv = ["--config", str(ROOT / "configs" / "lfw_mobilefacenet.yaml"), "--checkpoint"]
+    argv += [str(checkpoint), "--pairs", str(pairs), "--root", str(tmp_path / "lfw")]
+    assert evaluate_script.main([*argv, "--out", str(tmp_path / "out")]) == 0
+    ours = json.loads((tmp_path / "out" / "metrics.json").read_text())
+
+    left, right, fold, flags = publisher_lists(pairs, tmp_path / "lfw", per_fold)
+    fl, fr = publisher_features(net, left), publisher_features(net, right)
+    acc, thresholds = ref.mobilefacenet_evaluate(fl, fr, fold, flags)
+    # The two networks' scores differ by about 6e-7 here: every figure is the loop's as long
+    # as no score lies that close to a grid point or a chosen threshold (none does here).
+    assert np.array_equal(ours["accuracy"], acc)
+    np.testing.assert_allclose(ours["best_thresholds"], 1.0 - thresholds, atol=1e-12, rtol=0)
