@@ -290,7 +290,8 @@ def _choices(section: str, key: str) -> tuple:
 def _registries() -> dict:
     """Each choice key and the library's table it selects from."""
     from facenet.data.images import EVAL_PREPROCESS
-    from facenet.evaluation.protocol import DISTANCES
+    from facenet.evaluation.embedding import FEATURES
+    from facenet.evaluation.protocol import DISTANCES, SCORINGS, THRESHOLD_RULES
     from facenet.metric.distances import DISTANCE_NAMES
     from facenet.metric.losses import REDUCTIONS
     from facenet.metric.miners import FALLBACKS, MINERS, TRIPLET_TYPES
@@ -311,6 +312,9 @@ def _registries() -> dict:
         "train.amp": tuple(engine._AUTOCAST),  # the trainer's autocast table
         "eval.distance": DISTANCES,
         "eval.preprocess": EVAL_PREPROCESS,
+        "eval.features": FEATURES,
+        "eval.threshold_rule": THRESHOLD_RULES,
+        "eval.scoring": SCORINGS,
     }
 
 
