@@ -34,12 +34,6 @@ def sigterm_after(hit, call):
     return out
 
 
-def corrupt_at(hit, call):
-    if hit:
-        raise CorruptImageError("faces/injected.png", "damaged (injected on this rank)")
-    return call()
-
-
 def crash_at(hit, call):
     if hit:
         raise MemoryError("injected: out of memory in this rank's step")
@@ -55,7 +49,21 @@ def install_fault(spec: str) -> None:
     elif kind == "crash":
         after_nth_call(facenet.training.engine.Trainer, "train_step", int(n), crash_at)
     elif kind == "corrupt":
-        after_nth_call(facenet.data.loading.SeededSamples, "__getitem__", int(n), corrupt_at)
+        corrupt_nth_image(facenet.data.loading.SeededSamples, int(n))
+
+
+def corrupt_nth_image(cls, n: int) -> None:
+    """The loader fetches a batch's images at once (``__getitems__``): the batch holding the
+    n-th image fetched raises CorruptImageError."""
+    original, fetched = cls.__getitems__, [0]
+
+    def wrapped(self, items):
+        fetched[0] += len(items)
+        if fetched[0] - len(items) < n <= fetched[0]:
+            raise CorruptImageError("faces/injected.png", "damaged (injected on this rank)")
+        return original(self, items)
+
+    cls.__getitems__ = wrapped
 
 
 if __name__ == "__main__":
