@@ -247,12 +247,15 @@ def test_configuration_mistakes_name_the_key(tmp_path, capsys, setting, needles)
 
 
 def test_nan_in_the_inputs_stops_naming_the_images(tmp_path, capsys, monkeypatch, synthetic_root):
+    from facenet.data.batches import collate_crops
     from facenet.data.folder import IdentityFolder
 
     original = IdentityFolder.__getitem__
 
     def nan_for_one_identity(self, index):
-        image, label = original(self, index)
+        """A custom dataset of float images (taken as standardised), NaN for one identity."""
+        pending, label = original(self, index)
+        image = collate_crops([pending])[0].float() / 255  # (3, S, S)
         if "/id00003/" in self.samples[index][0]:
             image = torch.full_like(image, float("nan"))
         return image, label
