@@ -69,6 +69,22 @@ class NotARunOutput(FacenetError):
     """A file the run would write exists, and no run recorded writing it."""
 
 
+# Lock descriptors this process holds. A forked child (a DataLoader worker) inherits them, and
+# an flock lasts while any copy of its descriptor is open: a worker outliving a killed run
+# would keep the directory locked. Children close their copies at once.
+_HELD_FDS: set[int] = set()
+
+
+def _close_inherited_locks() -> None:
+    for fd in _HELD_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # this copy only: the parent still holds the lock
+    _HELD_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
 class RunDirLock:
     """An exclusive lock on a run directory for the life of a ``with`` block.
 
@@ -108,6 +124,7 @@ class RunDirLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n{socket.gethostname()}\n".encode())
         self._fd = fd
+        _HELD_FDS.add(fd)
 
     def release(self) -> None:
         """Remove the lock file and release the lock, if this process holds it."""
@@ -116,6 +133,7 @@ class RunDirLock:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # a later opener creates a new file and locks that
         fcntl.flock(self._fd, fcntl.LOCK_UN)
+        _HELD_FDS.discard(self._fd)
         os.close(self._fd)
         self._fd = None
 

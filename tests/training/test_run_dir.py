@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,29 @@ def test_run_outputs_clear_at_the_first_write_and_refuse_foreign_files(tmp_path)
 def test_run_outputs_of_other_ranks_write_nothing(tmp_path):
     RunOutputs(tmp_path, enabled=False).add(tmp_path / "last.pt")
     assert not (tmp_path / OUTPUTS_RECORD).exists()
+
+
+FORK_AND_DIE = (
+    "import os, signal, time\n"
+    "from facenet.training.run_dir import RunDirLock\n"
+    "lock = RunDirLock({path!r}); lock.acquire()\n"
+    "if os.fork() == 0:  # a DataLoader worker outliving its run (off the test's pipes)\n"
+    "    null = os.open(os.devnull, os.O_RDWR); os.dup2(null, 1); os.dup2(null, 2)\n"
+    "    time.sleep(30); os._exit(0)\n"
+    "print('held', flush=True)\n"
+    "os.kill(os.getpid(), signal.SIGKILL)\n"
+)
+
+
+def test_a_forked_child_outliving_a_killed_run_does_not_keep_the_lock(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_AND_DIE.format(path=str(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -9 and "held" in proc.stdout
+    started = time.monotonic()
+    with RunDirLock(tmp_path):  # the child's copy of the descriptor was closed at the fork
+        pass
+    assert time.monotonic() - started < 20  # not after the child's 30 s
