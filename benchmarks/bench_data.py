@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.measure import write_report
 from facenet.data import (
     IdentityFolder,
     PKSampler,
@@ -193,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)  # the main process's transforms
     report = run(args)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_report(args.json, report)
         print(f"wrote {args.json}")
     return 0
 

@@ -12,17 +12,16 @@ VAL, FAR) is identical, and reports the median time of each and their ratio. Tar
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks import reference_evaluation as ref
+from benchmarks.measure import write_report
 from facenet.evaluation.protocol import evaluate_verification
 
 TARGET_SPEEDUP = 100.0
@@ -150,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_report(args.json, report)
     ok = all(c["identical"] and c["speedup"] >= TARGET_SPEEDUP for c in cases)
     return 0 if ok else 1
 

@@ -31,7 +31,6 @@ available is skipped, and the table says so.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -45,6 +44,7 @@ from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
 from benchmarks import forking
+from benchmarks.measure import write_report
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 
 MARGIN = 0.2
@@ -289,8 +289,7 @@ def main(argv=None) -> int:
             "seconds_total": elapsed,
             "rows": rows,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+        write_report(args.json, report)
         print(f"wrote {args.json}")
     return 0
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import shutil
 import sys
@@ -43,6 +42,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
 from benchmarks.bench_training_step import describe_machine
+from benchmarks.measure import write_report
 from facenet.config import load_config
 from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
 from facenet.data.batches import TrainCrops, standardize
@@ -300,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     report = run(args)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_report(args.json, report)
         print(f"wrote {args.json}")
     return 0
 

@@ -55,9 +55,9 @@ from benchmarks.bench_training_step import (
     finish_report,
     ratio,
     round_order,
-    write_report,
 )
 from benchmarks.forking import run_forked
+from benchmarks.measure import write_report
 from facenet.memory import memory_figures
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import SemiHardNegativeMiner

@@ -53,7 +53,6 @@ import contextlib
 import copy
 import dataclasses
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -73,9 +72,9 @@ from benchmarks.measure import (
     seed_rule_parts,
     semihard_parts,
     timed,
+    write_report,
 )
 from benchmarks.seed_loop import SeedModel, l2_dist, seed_train_step
-from facenet.files import write_text_atomic
 from facenet.memory import (
     CUDA_MAX_ALLOCATED,
     GRAPH_BYTES_ALIVE,
@@ -948,14 +947,6 @@ def print_case(result: dict) -> None:
         print(f"   rounds: {rounds['error']}")
     for key, value in result.get("ratios", {}).items():
         print(f"   {key}: {value:.3f}")
-
-
-def write_report(path: Path | None, report: dict) -> None:
-    """Write the JSON report (atomically; called after every case so a timeout keeps them)."""
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(report, indent=1) + "\n")
 
 
 def finish_report(path: Path | None, report: dict, started: float) -> None:

@@ -9,12 +9,15 @@ the names of the trainer's epoch records in ``metrics.jsonl``.
 from __future__ import annotations
 
 import gc
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from facenet.files import write_text_atomic
 from facenet.memory import (
     GraphMemoryMeter,
     current_rss_bytes,
@@ -194,3 +197,18 @@ class GradBytesAtStep:
     def remove(self) -> None:
         """Detach the hook from the optimizer."""
         self._handle.remove()
+
+
+def write_report(path: Path | None, report: dict) -> None:
+    """Write a benchmark's JSON report, atomically (None: nowhere). The runners and
+    ``run_all`` read these files; a timed-out run keeps what was written last.
+
+    Args:
+        path: the report file (its folder is created).
+        report: plain JSON values.
+    """
+    if path is None:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(report, indent=1) + "\n")
