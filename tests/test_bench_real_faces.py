@@ -1,0 +1,103 @@
+"""benchmarks.bench_real_faces end to end on tiny synthetic identity folders at the real layout:
+every method trains (its loss moves), LFW-style and held-out figures come back, and fine-tuning
+reports before and after."""
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import bench_real_faces as bench
+from facenet.data.pairs import generate_pairs, scan_identities, write_pairs
+from facenet.data.synthetic import SyntheticIdentities
+from facenet.models.embedding import EmbeddingNet
+
+FIGURES = ("accuracy_mean", "accuracy_std", "val", "far", "auc", "eer")
+# A tiny network at 32 px, half a second of CPU per method: fast, not meaningful.
+SMALL = [
+    "model.backbone=tiny",
+    "model.embedding_dim=16",
+    "data.image_size=32",
+    "data.p=4",
+    "data.k=4",
+    "eval.n_folds=2",
+    "eval.heldout_identities=4",
+    "eval.heldout_pairs_per_fold=4",
+    "eval.batch_size=64",
+]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A training folder (12 identities x 6 images) and an LFW-like folder with its pairs."""
+    root = tmp_path_factory.mktemp("real_faces")
+    SyntheticIdentities(12, 6, image_size=40, seed=3).write_to_disk(root / "train")
+    lfw = root / "lfw"
+    SyntheticIdentities(8, 4, image_size=40, seed=3, identity_offset=100).write_to_disk(lfw)
+    write_pairs(root / "pairs.txt", generate_pairs(scan_identities(lfw), 2, 6, seed=0))
+    return root
+
+
+def run_bench(folders, tmp_path, *extra: str) -> dict:
+    """The benchmark's main on the folders; its JSON report."""
+    out = tmp_path / "report.json"
+    args = ["--train-root", str(folders / "train"), "--lfw-root", str(folders / "lfw")]
+    args += ["--pairs", str(folders / "pairs.txt"), "--json", str(out), "--out", str(tmp_path)]
+    assert bench.main([*args, *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_three_methods_train_and_are_evaluated(folders, tmp_path):
+    overrides = [f"--set={item}" for item in SMALL]
+    report = run_bench(folders, tmp_path, "--cpu-seconds", "0.5", *overrides)
+    scratch = report["scratch"]
+    assert scratch["data"]["train_identities"] == 8  # 12 less the 4 held out
+    for method in bench.METHODS:
+        record = scratch[method]
+        assert record["steps"] > 1 and record["cpu_seconds"] >= 0.5
+        assert record["loss_first"] != record["loss_last"], method  # it trained
+        for split in ("lfw", "heldout"):
+            assert all(0.0 <= record[split][key] <= 1.0 for key in FIGURES), (method, split)
+    assert scratch["ours"]["step_path"] == "one-pass"
+    assert scratch["data"]["lfw_pairs"] == 24  # 2 folds x (6 same + 6 different)
+    assert report["machine"]["cpu_count"] >= 1
+
+
+def test_finetuning_reports_before_and_after(folders, tmp_path):
+    weights = tmp_path / "published.pt"
+    torch.manual_seed(0)
+    torch.save(EmbeddingNet("tiny", embedding_dim=16).state_dict(), weights)
+    small = [f"--finetune-set={item}" for item in SMALL if "embedding_dim" not in item]
+    report = run_bench(
+        folders,
+        tmp_path,
+        "--methods",
+        "--weights",
+        str(weights),
+        "--cpu-seconds",
+        "0.5",
+        "--finetune-set=model.embedding_dim=16",
+        "--publisher-set=eval.n_folds=2",
+        *small,
+    )
+    assert "scratch" not in report
+    part = report["finetune"]
+    assert part["training"]["steps"] > 1
+    for when in ("before", "after"):
+        for key in ("publisher_lfw", "lfw", "heldout"):
+            assert 0.0 <= part[when][key]["accuracy_mean"] <= 1.0, (when, key)
+    # The weights moved: the figures on the same pairs differ, or at least the loss did.
+    training = part["training"]
+    assert training["loss_first"] != training["loss_last"]
+
+
+def test_budget_schedule_follows_the_fraction_spent():
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = bench.load_config(None, ["optim.schedule=cosine", "optim.min_lr_ratio=0.0"])
+    budget = bench.CpuBudget(1e9)  # nothing spent yet: the starting rate
+    schedule = bench.BudgetSchedule(optimizer, cfg, budget)
+    assert schedule.apply() == pytest.approx(1.0)
+    budget.cpu_start -= 0.5e9  # half the budget spent: half the cosine
+    assert schedule.apply() == pytest.approx(0.5, abs=1e-2)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05, abs=1e-3)
