@@ -97,14 +97,47 @@ class TrainCrops:
         self.size = image_hw(image_size)  # (S_h, S_w)
         self.random_crop, self.hflip = random_crop, hflip
         self.resize_to = resize_target(self.size)  # (R_h, R_w)
+        self._cover_sizes: dict[tuple[int, int], tuple[int, int]] = {}
 
-    def _offset(self, extent: int, side: int) -> int:
-        """Where the crop of ``side`` pixels starts along a side of ``extent`` pixels."""
-        if not self.random_crop:
-            return int(round((extent - side) / 2.0))  # v2.CenterCrop's rounding
-        if extent <= side:  # v2.RandomCrop draws nothing then
-            return 0
-        return int(torch.randint(0, extent - side + 1, size=()))
+    def _covered(self, height: int, width: int) -> tuple[int, int]:
+        """(H', W') an image of ``height`` x ``width`` is resized to (memoised per size)."""
+        size = self._cover_sizes.get((height, width))
+        if size is None:
+            size = self._cover_sizes[(height, width)] = cover_size(height, width, self.resize_to)
+        return size
+
+    def draw(self, height: int, width: int) -> tuple[int, int, bool]:
+        """``(top, left, flip)`` for an image resized to ``height`` x ``width``, drawn from
+        torch's global generator exactly as ``v2.RandomCrop`` then ``v2.RandomHorizontalFlip``
+        draw them.
+
+        ``RandomCrop`` draws ``torch.randint(0, extent - side + 1, size=(1,))`` per side whose
+        extent exceeds the crop (top first) and ``RandomHorizontalFlip`` one ``torch.rand(1)``,
+        flipping below 0.5. Drawing into fresh tensors with ``random_``/``uniform_`` takes the
+        same numbers from the generator in the same order (two equal ranges in one call: the
+        CPU kernel fills elements in order) at about a third of the cost (tests/data/
+        test_batches.py compares them over thousands of seeds).
+
+        Args:
+            height, width: the resized image's size.
+        """
+        (side_h, side_w), top, left = self.size, 0, 0
+        if not self.random_crop:  # v2.CenterCrop's rounding; nothing drawn
+            top = int(round((height - side_h) / 2.0))
+            left = int(round((width - side_w) / 2.0))
+        else:
+            span_h = height - side_h + 1 if height > side_h else 0  # 0: nothing drawn
+            span_w = width - side_w + 1 if width > side_w else 0
+            if span_h and span_h == span_w:
+                top, left = torch.empty(2, dtype=torch.int64).random_(0, span_h).tolist()
+            else:
+                if span_h:
+                    top = torch.empty((), dtype=torch.int64).random_(0, span_h).item()
+                if span_w:
+                    left = torch.empty((), dtype=torch.int64).random_(0, span_w).item()
+        # torch.rand(1)'s dtype is the default dtype, as torch.empty's.
+        flip = torch.empty(()).uniform_().item() < 0.5 if self.hflip else False
+        return top, left, flip
 
     def prepare(self, image: torch.Tensor) -> torch.Tensor:
         """The deterministic part: resized to cover 1.125 x (S_h, S_w), as the transform does.
@@ -117,16 +150,13 @@ class TrainCrops:
         Returns:
             uint8 (3, H', W'): for a square size, min(H', W') = 1.125 S.
         """
-        size = cover_size(image.shape[-2], image.shape[-1], self.resize_to)
+        size = self._covered(image.shape[-2], image.shape[-1])
         if tuple(image.shape[-2:]) == size:  # already prepared (or already that size)
             return image
         return TF.resize(image, list(size), antialias=True)
 
     def __call__(self, image: torch.Tensor) -> PendingCrop:
-        height, width = cover_size(image.shape[-2], image.shape[-1], self.resize_to)
-        top = self._offset(height, self.size[0])  # top, then left: v2.RandomCrop's order
-        left = self._offset(width, self.size[1])
-        flip = bool(torch.rand(1) < 0.5) if self.hflip else False
+        top, left, flip = self.draw(*self._covered(image.shape[-2], image.shape[-1]))
         return PendingCrop(image, top, left, flip, self.size, self.resize_to)
 
 

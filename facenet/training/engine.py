@@ -29,7 +29,7 @@ from torch.nn.utils import get_total_norm
 from tqdm import tqdm
 
 from facenet.data.batches import standardize
-from facenet.data.loading import count_images
+from facenet.data.loading import count_images, prefetch_to_device
 from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, memory_figures, reset_cuda_peaks
@@ -376,7 +376,7 @@ class Trainer:
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress, leave=False)
         stopped_early = False
         with self.meter if self.meter is not None else contextlib.nullcontext():
-            for index, batch in enumerate(loader):
+            for index, batch in enumerate(prefetch_to_device(loader, self.device)):
                 try:
                     if len(batch) == 5:  # seed-style (a, p, n, label_p, label_n)
                         stats = self.train_triplet_step(*batch)

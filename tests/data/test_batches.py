@@ -152,3 +152,18 @@ def test_a_prepared_non_square_image_is_not_resized_again():
     # covers 1.125 x (24, 20) = (27, 22): the width needs the larger scale (22 / 40 > 27 / 50)
     assert tuple(prepared.shape[-2:]) == (27, 22)
     assert crops.prepare(prepared) is prepared
+
+
+@pytest.mark.parametrize("extent_h, extent_w", [(36, 36), (36, 40), (40, 36), (32, 36), (36, 32)])
+def test_draws_take_torchvisions_numbers_over_many_seeds(extent_h, extent_w):
+    """TrainCrops.draw against the calls v2.RandomCrop and v2.RandomHorizontalFlip make."""
+    crops, generator = TrainCrops(32), torch.default_generator
+    for seed in range(0, 1000 * 7919, 7919):
+        generator.manual_seed(seed)
+        top = int(torch.randint(0, extent_h - 31, size=(1,))) if extent_h > 32 else 0
+        left = int(torch.randint(0, extent_w - 31, size=(1,))) if extent_w > 32 else 0
+        flip = bool(torch.rand(1) < 0.5)
+        after = torch.rand(1)  # the stream is left where torchvision's calls leave it
+        generator.manual_seed(seed)
+        assert crops.draw(extent_h, extent_w) == (top, left, flip)
+        assert torch.equal(torch.rand(1), after)
