@@ -153,6 +153,7 @@ def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> d
     cfg = workload_config(name, root, workers)
     dataset = IdentityFolder(root, transform=TrainCrops(cfg.data.image_size), cache_bytes=2**30)
     resolved, _ = resolve_loader_settings(cfg.data.num_workers, False, "cpu")
+    auto, _ = resolve_loader_settings("auto", False, "cpu")  # what the default would choose
     sampler = PKSampler(
         dataset.triplet_labels, cfg.data.p, cfg.data.k, seed=0, batches_per_epoch=batches
     )
@@ -174,7 +175,7 @@ def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> d
     row = {
         "workload": name,
         "workers": resolved,
-        "workers_setting": workers,
+        "workers_setting": "auto" if resolved == auto else workers,
         "batches": batches,
         "rounds": rounds,
         "step_images_per_s": images / min(step_alone),
@@ -248,7 +249,7 @@ def run(args: argparse.Namespace) -> dict:
         workloads = [("demo", 2, 2)]
     else:
         identities, per_identity, batches, files = 64, 8, 12, 2000
-        workloads = [("demo", 24, 4), ("resnet18", 4, 3)]
+        workloads = [("demo", 24, 8), ("resnet18", 4, 3)]
     work = Path(tempfile.mkdtemp(prefix="facenet_bench_pipeline_"))
     report = {"machine": describe_machine("cpu"), "loader": [], "training": [], "index": []}
     try:
@@ -262,7 +263,7 @@ def run(args: argparse.Namespace) -> dict:
             )
             for name, steps, repeat in workloads:
                 if (name == "demo") == (size == 32):
-                    for workers in (0, "auto"):
+                    for workers in (0, 1):
                         report["training"].append(training_row(name, root, workers, steps, repeat))
         for fmt in ("JPEG", "PNG"):
             report["index"].append(index_row(work / f"index_{fmt.lower()}_files", fmt, files))

@@ -61,6 +61,21 @@ class _EpochTotals:
     def __init__(self, device: torch.device):
         self.sums = {k: torch.zeros((), device=device) for k in STAT_KEYS}
         self.trained, self.images, self.start = 0, 0, time.perf_counter()
+        self.data_seconds = 0.0  # the loop's wait for the loader's next batch
+
+    def timed(self, batches: Iterable):
+        """``batches``, adding the time each ``next`` takes (the wait for input) to
+        ``data_seconds``: what torchvision's reference scripts log as data time."""
+        iterator = iter(batches)
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.data_seconds += time.perf_counter() - started
+            yield batch
 
     def add(self, stats: dict, batch) -> None:
         """Count a batch's images; add the statistics of a step that trained."""
@@ -376,7 +391,7 @@ class Trainer:
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress, leave=False)
         stopped_early = False
         with self.meter if self.meter is not None else contextlib.nullcontext():
-            for index, batch in enumerate(prefetch_to_device(loader, self.device)):
+            for index, batch in enumerate(totals.timed(prefetch_to_device(loader, self.device))):
                 try:
                     if len(batch) == 5:  # seed-style (a, p, n, label_p, label_n)
                         stats = self.train_triplet_step(*batch)
@@ -414,6 +429,9 @@ class Trainer:
             skipped_nonfinite=self.counts["nonfinite"] - counts_before["nonfinite"],
             images_per_second=totals.images / max(seconds, 1e-9),
             epoch_seconds=seconds,
+            # The share of the epoch spent waiting for input: 0 when loading is overlapped.
+            data_wait_seconds=totals.data_seconds,
+            data_wait_fraction=totals.data_seconds / max(seconds, 1e-9),
             lr=self.optimizer.param_groups[0]["lr"],
             stopped_early=stopped_early,
         )

@@ -423,6 +423,7 @@ def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> d
         "wall_seconds": progress.elapsed(),
         "train_seconds": sum(r.get("epoch_seconds", 0.0) for r in history),
         "images_per_second": _mean([r.get("images_per_second") for r in history]),
+        "data_wait_seconds": sum(r.get("data_wait_seconds", 0.0) for r in history),
         "peak_rss_bytes": max((r.get("peak_rss_bytes", 0) for r in history), default=None),
         "memory_per_epoch": [
             {k: r[k] for k in r if k == "epoch" or "bytes" in k or k.startswith("cuda")}

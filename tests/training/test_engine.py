@@ -2,6 +2,7 @@
 images' forward, the triplet gradient reaching the model, BatchNorm updated once per step."""
 
 import copy
+import time
 
 import pytest
 import torch
@@ -394,3 +395,21 @@ def test_an_epoch_adds_no_schedule_step_of_its_own():
     assert record["lr"] == 0.1 * trainer.scheduler.shape.factor(4)  # the next step's rate
     state = trainer.state_dict()["scheduler"]
     assert state["position"] == 4 and state["steps_per_epoch"] == 4
+
+
+def test_the_epoch_record_says_how_long_the_loop_waited_for_input():
+    trainer = make_trainer()
+    batches = [make_batch(seed=s) for s in range(3)]
+
+    def slow_loader():  # 0.1 s before each batch, nothing after the last
+        for batch in batches:
+            time.sleep(0.1)
+            yield batch
+
+    slow = trainer.train_one_epoch(slow_loader(), 1, progress=False)
+    assert 0.3 <= slow["data_wait_seconds"] < slow["epoch_seconds"]
+    assert slow["data_wait_fraction"] == pytest.approx(
+        slow["data_wait_seconds"] / slow["epoch_seconds"]
+    )
+    ready = trainer.train_one_epoch(batches, 2, progress=False)
+    assert ready["data_wait_seconds"] < 0.05 and ready["steps"] == 3

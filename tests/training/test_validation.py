@@ -138,6 +138,7 @@ def test_summary_says_what_a_person_asks(run):
         "test",
         "wall_seconds",
         "images_per_second",
+        "data_wait_seconds",
         "peak_rss_bytes",
         "before_training",
     ):
