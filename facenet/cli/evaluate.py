@@ -234,6 +234,7 @@ def _threshold_for(trained, args: argparse.Namespace) -> dict:
         "flip": bool(args.flip),
         "subtract_mean": bool(args.subtract_mean),
         "preprocess": args.preprocess,
+        "features": args.features,
     }
 
 

@@ -140,7 +140,9 @@ def sets_table(results: Mapping) -> str:
 # What a threshold was chosen for, besides its distance: the weights (a content hash of the
 # embedding network's state dict) and how the images became distances. A threshold applies
 # only where all of these are the same; epoch and chosen_on are for the messages.
-PROVENANCE = ("weights_sha256", "flip", "subtract_mean", "preprocess")
+PROVENANCE = ("weights_sha256", "flip", "subtract_mean", "preprocess", "features")
+# Records from before ``features`` existed were all chosen on unit embeddings.
+_IMPLIED = {"features": "unit"}
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,8 @@ class ThresholdRecord:
         flip: whether the embeddings concatenated the flipped image's, None when unknown.
         subtract_mean: whether the mean embedding was subtracted, None when unknown.
         preprocess: the evaluation preprocessing ("resize" or "crop"), None when unknown.
+        features: "unit" (the network's unit embeddings; also what a record that does not
+            say means) or "raw" (before L2 normalisation: ``eval.features``).
         chosen_on: what chose it (e.g. "validation pairs"), for messages.
         source: the file it was read from, for messages.
     """
@@ -169,6 +173,7 @@ class ThresholdRecord:
     preprocess: str | None = None
     chosen_on: str | None = None
     source: str = ""
+    features: str = "unit"
 
     def to_dict(self) -> dict:
         """The record as plain values (JSON, ``weights_only`` pickles): ``threshold``,
@@ -206,6 +211,7 @@ class ThresholdRecord:
             preprocess=_typed(fields.get("preprocess"), str),
             chosen_on=_typed(fields.get("chosen_on"), str),
             source=source,
+            features=_typed(fields.get("features"), str) or _IMPLIED["features"],
         )
 
     def differences(self, at_hand: Mapping) -> list[str]:
@@ -221,7 +227,7 @@ class ThresholdRecord:
         """
         found = []
         for key in PROVENANCE:
-            ours, theirs = getattr(self, key), at_hand.get(key)
+            ours, theirs = getattr(self, key), at_hand.get(key, _IMPLIED.get(key))
             if ours is None:
                 found.append(f"the record does not say which {_NOUNS[key]} it was chosen for")
             elif theirs is None:
@@ -247,6 +253,8 @@ class ThresholdRecord:
             parts.append("mean subtraction" if self.subtract_mean else "no mean subtraction")
         if self.preprocess is not None:
             parts.append(f"{self.preprocess} preprocessing")
+        if self.features != _IMPLIED["features"]:
+            parts.append(f"{self.features} features")
         where = f" from {self.source}" if self.source else ""
         return f"{self.value:.4f} ({'; '.join(parts)}){where}"
 
@@ -256,6 +264,7 @@ _NOUNS = {
     "flip": "flip setting",
     "subtract_mean": "mean subtraction",
     "preprocess": "preprocessing",
+    "features": "features",
 }
 
 

@@ -29,7 +29,7 @@ import torch
 
 from facenet.errors import DataError
 from facenet.evaluation.protocol import DISTANCES
-from facenet.evaluation.report import ThresholdRecord
+from facenet.evaluation.report import PROVENANCE, ThresholdRecord
 from facenet.metric.distances import pairwise_distance
 
 __all__ = [
@@ -291,7 +291,7 @@ def model_threshold(
     if threshold is not None:
         if not math.isfinite(threshold):
             raise DataError(f"--threshold {threshold!r} is not a finite number")
-        given = {k: at_hand[k] for k in ("weights_sha256", "flip", "subtract_mean", "preprocess")}
+        given = {k: at_hand.get(k) for k in PROVENANCE}
         record = ThresholdRecord(
             threshold,
             distance or "squared",

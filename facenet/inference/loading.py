@@ -152,6 +152,7 @@ class TrainedModel:
             "flip": bool(flip),
             "subtract_mean": bool(subtract_mean),
             "preprocess": EMBED_PREPROCESS,
+            "features": "unit",  # the embeddings made here are the network's unit outputs
         }
 
 
@@ -278,7 +279,7 @@ def _epoch_threshold(state: dict, digest, path) -> dict:
         return {}
     eval_cfg = state["config"].get("eval")
     saved = (
-        {k: eval_cfg.get(k) for k in ("flip", "subtract_mean", "preprocess")}
+        {k: eval_cfg.get(k) for k in ("flip", "subtract_mean", "preprocess", "features")}
         if isinstance(eval_cfg, Mapping)
         else {}
     )

@@ -78,7 +78,8 @@ def _plot(result, run_dir: Path, name: str, title: str, cfg: Config, logger, ste
 
 def threshold_for(model, cfg: Config) -> dict:
     """What a validation threshold is chosen for: the weights (content hash) and the
-    preparation (flip, mean subtraction, preprocessing), as a run records it.
+    preparation (flip, mean subtraction, preprocessing, unit or raw features), as a run
+    records it.
 
     The epoch's checkpoint is written right after its validation, from these same weights:
     ``load_model`` on that checkpoint computes the same digest.
@@ -92,6 +93,7 @@ def threshold_for(model, cfg: Config) -> dict:
         "flip": bool(cfg.eval.flip),
         "subtract_mean": bool(cfg.eval.subtract_mean),
         "preprocess": cfg.eval.preprocess,
+        "features": cfg.eval.features,
     }
 
 

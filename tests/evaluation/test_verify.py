@@ -156,10 +156,26 @@ def test_evaluate_records_what_its_threshold_was_chosen_for(tiny_run, tmp_path):
         "flip": True,
         "subtract_mean": False,
         "preprocess": "crop",
+        "features": "unit",
     }
     record = ThresholdRecord.from_dict(metrics)
     assert record.value == metrics["threshold"] and record.epoch == trained.epoch
     assert len(record.differences(trained.preparation(flip=True))) == 1  # the preprocessing
+
+
+def test_a_threshold_chosen_on_raw_features_does_not_fit_unit_embeddings(tiny_run, tmp_path):
+    out = tmp_path / "eval"
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--pairs", str(tiny_run["pairs"])]
+    argv += ["--features", "raw", "--preprocess", "resize", "--out", str(out)]
+    assert evaluate_script.main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["threshold_for"]["features"] == "raw"
+    record = ThresholdRecord.from_dict(metrics)
+    assert record.differences(load_model(tiny_run["checkpoint"]).preparation()) == [
+        "features: chosen with 'raw', here 'unit'"
+    ]
+    older = {k: v for k, v in metrics["threshold_for"].items() if k != "features"}
+    assert ThresholdRecord.from_dict({**metrics, "threshold_for": older}).features == "unit"
 
 
 def test_evaluate_refuses_nan_weights_and_batch_size_zero(tiny_run, tmp_path, capsys):

@@ -92,6 +92,7 @@ def test_weights_export_carries_the_run_threshold(tiny_run, tmp_path, capsys):
         "flip": False,
         "subtract_mean": False,
         "preprocess": "resize",
+        "features": "unit",
         "chosen_on": "validation pairs",
     }
     assert again.weights_sha256() == saved["weights_sha256"] == trained.weights_sha256()
