@@ -32,7 +32,9 @@ Trainer for ``--finetune-cpu-seconds``, LFW after in both.
 
     python -m benchmarks.bench_real_faces --train-root celeba_sphereface \\
         --lfw-root lfw_sphereface --pairs pairs.txt [--weights 068.ckpt] \\
-        --cpu-seconds 600 --json real_faces.json
+        --cpu-seconds 360 --json real_faces.json
+
+Measured figures and the commands: docs/real_faces.md.
 """
 
 from __future__ import annotations
@@ -538,7 +540,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lfw-root", required=True, help="aligned LFW: Name/Name_NNNN.jpg")
     parser.add_argument("--pairs", required=True, help="LFW's pairs.txt (View 2)")
     parser.add_argument("--weights", default=None, help="a published model to fine-tune")
-    parser.add_argument("--cpu-seconds", type=float, default=600.0, help="budget per method")
+    parser.add_argument("--cpu-seconds", type=float, default=360.0, help="budget per method")
     parser.add_argument("--finetune-cpu-seconds", type=float, default=None, help="default: same")
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     parser.add_argument("--config", default="configs/real_faces.yaml")
