@@ -34,7 +34,14 @@ __all__ = ["GRIDS", "embed_pairs", "threshold_grids", "verify", "verify_distance
 GRIDS = ("default", "classic", "mobilefacenet")
 
 
-def threshold_grids(grid: str = "default") -> tuple[np.ndarray | None, np.ndarray | None]:
+# How far the default grid of a distance reaches for embeddings of norm r instead of 1:
+# squared distances scale with r**2, euclidean ones with r; cosine and angular not at all.
+_NORM_POWER = {"squared": 2, "euclidean": 1, "seed_l2": 1}
+
+
+def threshold_grids(
+    grid: str = "default", distance: str = "squared", flip: bool = False
+) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(accuracy grid, VAL grid) of a grid name; None, None: the distance's own grids.
 
     Args:
@@ -42,6 +49,11 @@ def threshold_grids(grid: str = "default") -> tuple[np.ndarray | None, np.ndarra
             whatever the distance) or "mobilefacenet" (Xiaoccer/MobileFaceNet_Pytorch's
             similarities in steps of 1e-4, as cosine distances: :func:`mobilefacenet_thresholds`,
             for accuracy and VAL alike).
+        distance: the pair distance (only "default" grids depend on it).
+        flip: the embeddings concatenate two unit vectors (norm sqrt 2): a "default" grid
+            of a norm-dependent distance then runs, in the same steps, to the doubled range
+            (squared distances up to 8), or thresholds above the unit range would never be
+            tried. The publishers' grids stay as their code had them.
     """
     if grid not in GRIDS:
         raise ValueError(f"unknown threshold grid {grid!r}; expected one of {GRIDS}")
@@ -49,7 +61,16 @@ def threshold_grids(grid: str = "default") -> tuple[np.ndarray | None, np.ndarra
         return classic_thresholds(), classic_thresholds(fine=True)
     if grid == "mobilefacenet":  # one grid: the publisher has no VAL of its own
         return mobilefacenet_thresholds(), mobilefacenet_thresholds()
-    return None, None
+    if not flip or distance not in _NORM_POWER:
+        return None, None
+    stretch = 2.0 ** (_NORM_POWER[distance] / 2)  # (sqrt 2) ** power
+
+    def stretched(fine: bool) -> np.ndarray:
+        unit = default_thresholds(distance, fine=fine)  # arange(0, top, step): (T,)
+        steps = int(np.ceil(len(unit) * stretch)) + 1  # through the doubled range's top
+        return np.arange(steps) * (unit[1] - unit[0])  # starts with the unit grid, exactly
+
+    return stretched(False), stretched(True)
 
 
 def _source(pairs) -> str:
@@ -182,7 +203,7 @@ def verify(
         num_workers=num_workers,
         features=features,
     )
-    thresholds, val_thresholds = threshold_grids(grid)
+    thresholds, val_thresholds = threshold_grids(grid, distance, flip and features == "unit")
     result = _checked(
         _source(pairs),
         evaluate_embeddings,

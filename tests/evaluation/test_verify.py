@@ -53,17 +53,21 @@ def test_verify_is_the_protocol_on_the_embedded_pairs(tiny, flip, subtract_mean)
     )
     e1, e2, same = emb1.numpy(), emb2.numpy(), np.asarray(pairs.issame)
     assert np.array_equal(distances, pair_distances(e1, e2))
+    # With flip the default grids run over the concatenation's whole range (squared up to 8).
+    grid, fine = threshold_grids("default", "squared", flip)
+    if grid is None:
+        grid, fine = default_thresholds(), default_thresholds(fine=True)
+    grids = {"thresholds": grid, "val_thresholds": fine, "folds": pairs.fold_ids}
     if subtract_mean:
         by_hand = evaluate_embeddings(
-            e1, e2, same, subtract_mean=True, n_folds=pairs.n_folds, folds=pairs.fold_ids
+            e1, e2, same, subtract_mean=True, n_folds=pairs.n_folds, **grids
         )
     else:
-        by_hand = evaluate_verification(distances, same, pairs.n_folds, folds=pairs.fold_ids)
+        by_hand = evaluate_verification(distances, same, pairs.n_folds, **grids)
     assert result.to_dict() == by_hand.to_dict()
     # The classic loops (contiguous folds: the file's folds are contiguous blocks here).
     options = {"nrof_folds": pairs.n_folds, "subtract_mean": subtract_mean}
-    _, _, accuracy, best = ref.calculate_roc(default_thresholds(), e1, e2, same, **options)
-    fine = default_thresholds(fine=True)
+    _, _, accuracy, best = ref.calculate_roc(grid, e1, e2, same, **options)
     val, _, far, *_ = ref.calculate_val(fine, e1, e2, same, 1e-3, **options)
     assert result.accuracy == pytest.approx(accuracy, abs=1e-12)
     assert result.best_thresholds == pytest.approx(best, abs=1e-12)
@@ -77,6 +81,23 @@ def test_verify_takes_the_classic_grids_by_name(tiny):
     assert threshold_grids("default") == (None, None)
     with pytest.raises(ValueError, match="unknown threshold grid"):
         threshold_grids("fine")
+
+
+@pytest.mark.parametrize("distance, top", [("squared", 8.0), ("euclidean", 2 * 2**0.5)])
+def test_flipped_unit_embeddings_get_a_default_grid_over_their_whole_range(tiny, distance, top):
+    trained, pairs = tiny
+    unit = default_thresholds(distance)
+    flipped = verify(trained.model, pairs, trained.image_size, flip=True, distance=distance)
+    # The concatenation of two unit vectors: distances reach `top`; the unit grid comes first.
+    assert flipped.thresholds[-1] >= top - 1e-9 > unit[-1]
+    assert np.array_equal(flipped.thresholds[: len(unit)], unit)
+    plain = verify(trained.model, pairs, trained.image_size, distance=distance)
+    assert np.array_equal(plain.thresholds, unit)
+    for grid in ("classic", "mobilefacenet"):  # the publishers' grids stay theirs
+        assert np.array_equal(
+            threshold_grids(grid, distance, flip=True)[0], threshold_grids(grid)[0]
+        )
+    assert threshold_grids("default", "cosine", flip=True) == (None, None)  # scale-free
 
 
 def test_verify_distances_names_its_source_when_the_data_do_not_fit():
