@@ -222,22 +222,7 @@ def train_ours(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torc
     """
     seeded(cfg)
     trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
-    trainer.scheduler = None  # the budget's schedule sets the rates instead
-    schedule, trace, epoch = BudgetSchedule(trainer.optimizer, cfg, budget), Trace(), 0
-    trainer.model.train()
-    while not budget.done():
-        epoch += 1
-        data.sampler.set_epoch(epoch)
-        for images, labels in data.loader:
-            schedule.apply()
-            stats = trainer.train_step(images, labels)
-            loss = None if "skipped" in stats else float(stats["loss"])
-            trace.add(loss, images.shape[0], budget.spent())
-            if budget.done():
-                break
-    record = trace.record(budget, epoch)
-    record["step_path"] = trainer.step.name
-    return trainer.core_model, record
+    return trainer.core_model, train_for_budget(trainer, cfg, data, budget)
 
 
 def train_seed(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
@@ -490,7 +475,7 @@ def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
         if when == "after":
             print(f"fine-tuning for {args.finetune_cpu_seconds:g} CPU seconds", flush=True)
             budget = CpuBudget(args.finetune_cpu_seconds)
-            part["training"] = finetune_epochs(trainer, cfg, data, budget)
+            part["training"] = train_for_budget(trainer, cfg, data, budget)
         model = trainer.core_model.eval()
         part[when] = evaluate_sets(model, data, cfg, f"{when}:")
         if same_evaluation(publisher, cfg):  # the configuration's LFW figure is the publisher's
@@ -510,9 +495,16 @@ def same_evaluation(first: Config, second: Config) -> bool:
     )
 
 
-def finetune_epochs(trainer, cfg: Config, data: TrainingData, budget: CpuBudget) -> dict:
-    """The Trainer's steps on our loader until the budget (the budget's schedule)."""
-    trainer.scheduler = None
+def train_for_budget(trainer, cfg: Config, data: TrainingData, budget: CpuBudget) -> dict:
+    """The Trainer's steps on our loader until the budget (from scratch or fine-tuning).
+
+    Args:
+        trainer: a Trainer built from ``cfg``.
+        cfg: the run configuration (the optimizer's rates).
+        data: ``build_data``'s loader and sampler.
+        budget: the CPU budget, started; its schedule sets the rates, not the Trainer's.
+    """
+    trainer.scheduler = None  # the budget's schedule sets the rates instead
     schedule, trace, epoch = BudgetSchedule(trainer.optimizer, cfg, budget), Trace(), 0
     trainer.model.train()
     while not budget.done():
