@@ -33,7 +33,7 @@ test-slow: install
 	$(PY) -m pytest -q -m slow
 
 lint: install
-	$(PY) -m ruff check facenet scripts tests benchmarks
+	$(PY) -m ruff check facenet scripts tests benchmarks tools
 
 bench: install
 	$(PY) -m benchmarks.run_all

@@ -3,7 +3,7 @@
 code tokens: tokens that are neither comments, docstrings, newlines nor indentation; prose lines:
 docstring and comment lines; the longest function (lines, its docstring excluded); the widest
 signature (parameters, self/cls excluded); tuples/sets/lists of image-file extensions.
-Run from the repository root: ``python -m benchmarks.lean_figures``.
+Run from the repository root: ``python tools/lean_figures.py``.
 """
 
 import ast
