@@ -68,7 +68,8 @@ def measure_file(path: Path) -> dict:
             params = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
             width = sum(p not in ("self", "cls") for p in params) + bool(a.vararg) + bool(a.kwarg)
             longest, widest = max(longest, (lines, where)), max(widest, (width, where))
-    lists = sum(_is_extension_list(n) for n in ast.walk(tree) if isinstance(n, (ast.Tuple, ast.Set, ast.List)))
+    sequences = (n for n in ast.walk(tree) if isinstance(n, (ast.Tuple, ast.Set, ast.List)))
+    lists = sum(map(_is_extension_list, sequences))
     return {"tokens": tokens, "prose": len(doc_lines | comments), "longest": longest,
             "widest": widest, "lists": lists}
 
@@ -98,7 +99,8 @@ def main() -> int:
     }
     failed = [name for name, (value, _) in figures.items() if value > LIMITS[name]]
     for name, (value, where) in figures.items():
-        print(f"{'FAIL' if name in failed else 'ok  '} {name}: {value} (limit {LIMITS[name]}) {where}")
+        status = "FAIL" if name in failed else "ok  "
+        print(f"{status} {name}: {value} (limit {LIMITS[name]}) {where}")
     return 1 if failed else 0
 
 
