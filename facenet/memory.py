@@ -1,13 +1,10 @@
 """Measuring what autograd graphs, the process and the CUDA allocator hold.
 
-An autograd graph costs memory through the tensors its nodes save for backward (a convolution
-saves its input, a ReLU its output, BatchNorm its input and batch statistics). Those tensors live
-as long as the graph: ``backward()`` frees them, and otherwise they die with the last Python
-reference to the graph's outputs. :class:`GraphMemoryMeter` counts them as they are saved and as
-they are released, so "how much does this graph hold, and when is it freed?" gets a number.
-
-The other functions measure the rest of the picture: the process's resident memory, the CUDA
-caching allocator, and the bytes of parameters, gradients and optimizer state.
+A graph holds memory through the tensors its nodes save for backward; ``backward()`` frees
+them, otherwise they die with the last reference to the graph's outputs.
+:class:`GraphMemoryMeter` counts them as they are saved and released; the other functions read
+the process's resident memory, the CUDA allocator, and parameters, gradients and optimizer
+state. The figures' names (``MEMORY_KEYS``) are those metrics.jsonl files carry: never renamed.
 """
 
 from __future__ import annotations
@@ -23,38 +20,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-__all__ = [
-    "GraphMemoryMeter",
-    "TimelineEntry",
-    "graph_bytes_by_variable",
-    "peak_rss_bytes",
-    "current_rss_bytes",
-    "cuda_memory_stats",
-    "reset_cuda_peaks",
-    "module_state_bytes",
-    "format_bytes",
-    "memory_figures",
-    "PEAK_RSS_BYTES",
-    "GRAPH_BYTES_PEAK",
-    "GRAPH_BYTES_ALIVE",
-    "CUDA_MAX_ALLOCATED",
-    "CUDA_MAX_RESERVED",
-    "CUDA_ALLOCATED",
-    "CUDA_RESERVED",
-    "MEMORY_KEYS",
-]
-
-# The names of the memory figures: the trainer's epoch records (metrics.jsonl), the memory
-# report's JSON and the benchmarks' JSON all use these. They are the names users' metrics.jsonl
-# files already carry, so they are never renamed.
-PEAK_RSS_BYTES = "peak_rss_bytes"  # the process's peak resident set size so far
-GRAPH_BYTES_PEAK = "graph_bytes_peak"  # tensors saved for backward, peak since the meter's reset
-GRAPH_BYTES_ALIVE = "graph_bytes_alive"  # tensors saved for backward, alive when read
-CUDA_MAX_ALLOCATED = "cuda_max_allocated"  # the CUDA allocator's peak since reset_cuda_peaks
+PEAK_RSS_BYTES = "peak_rss_bytes"
+GRAPH_BYTES_PEAK = "graph_bytes_peak"  # since the meter's reset_peak
+GRAPH_BYTES_ALIVE = "graph_bytes_alive"
+CUDA_MAX_ALLOCATED = "cuda_max_allocated"  # since reset_cuda_peaks
 CUDA_MAX_RESERVED = "cuda_max_reserved"
-CUDA_ALLOCATED = "cuda_allocated"  # the CUDA allocator's figures when read
+CUDA_ALLOCATED = "cuda_allocated"
 CUDA_RESERVED = "cuda_reserved"
-# Every memory figure an epoch record, a report variant or a benchmark variant may carry.
 MEMORY_KEYS = (
     PEAK_RSS_BYTES,
     GRAPH_BYTES_PEAK,
@@ -66,17 +38,13 @@ MEMORY_KEYS = (
 )
 
 
-# --------------------------------------------------------------------------- storages
-
-
 def _storage_key(tensor: torch.Tensor) -> int | None:
-    """Identity of the storage under ``tensor`` (views of one storage share it); None if none."""
+    """The storage under ``tensor`` (shared by its views); None for sparse or wrapper tensors."""
     try:
-        # _cdata is the address of the StorageImpl: unique among storages alive at the same time,
-        # and it also tells meta-device storages apart (their data pointers are all 0).
+        # The StorageImpl's address: unique among live storages, meta-device ones included.
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, AttributeError):
-        return None  # sparse or wrapper tensors without a plain storage
+        return None
 
 
 def _storage_nbytes(tensor: torch.Tensor) -> int:
@@ -88,16 +56,12 @@ def _storage_nbytes(tensor: torch.Tensor) -> int:
 
 
 def _is_trainable_leaf(tensor: torch.Tensor) -> bool:
-    """True for a leaf requiring grad (a parameter) or a view of one (``weight.t()``).
-
-    Such tensors are owned by the model, not by the graph: the graph dying frees none of them.
-    """
+    """A parameter or a view of one (``weight.t()``): the model's, not the graph's."""
     base = tensor._base if tensor._base is not None else tensor
     return base.is_leaf and base.requires_grad
 
 
 def _excluded_keys(exclude: nn.Module | Iterable[torch.Tensor] | None) -> set[int]:
-    """Storage keys of the tensors named by ``exclude`` (a module: its parameters and buffers)."""
     if exclude is None:
         return set()
     if isinstance(exclude, nn.Module):
@@ -119,30 +83,19 @@ def _excluded_keys(exclude: nn.Module | Iterable[torch.Tensor] | None) -> set[in
     return keys
 
 
-# --------------------------------------------------------------------------- the meter
-
-
 class TimelineEntry(NamedTuple):
-    """One point of a meter's timeline: a label and the graph bytes alive at that moment."""
-
     label: str
     alive_bytes: int
 
 
 class _SavedTensorHolder:
-    """What autograd keeps in place of a saved tensor while the meter's hooks are active.
-
-    Autograd drops its reference to this object when it frees the saved variable (after a
-    backward without ``retain_graph``, or when the node dies with its graph); the meter's count
-    drops with it.
-    """
+    """What autograd keeps in place of a saved tensor; the count drops when autograd drops it."""
 
     __slots__ = ("tensor", "version", "meter", "key")
 
     def __init__(self, tensor: torch.Tensor, meter: GraphMemoryMeter | None, key: Any):
-        # A detached alias: holding the tensor itself would hold its grad_fn, and for a node that
-        # saves its own output (ReLU, exp) that is a reference cycle the collector cannot see
-        # through, so the graph would never be freed. The alias shares storage and version counter.
+        # A detached alias (same storage and version counter): holding the tensor would hold its
+        # grad_fn, a cycle for nodes saving their own output, and the graph would never be freed.
         self.tensor = tensor.detach()
         self.version = tensor._version
         self.meter = meter
@@ -156,30 +109,11 @@ class _SavedTensorHolder:
 class GraphMemoryMeter:
     """Bytes held by autograd graphs: saved tensors alive now, and the peak since a reset.
 
-    Enter it (``with meter:``) around code that builds graphs, once around a whole epoch or once
-    per step. Every tensor saved for backward inside the block is counted until autograd releases
-    it, also after the block has ended. Storages are counted once however many saved tensors view
-    them, by their full size. Parameters, and any leaf tensor requiring grad or a view of one, are
-    not counted: they belong to the model and outlive every graph.
-
-    Built on ``torch.autograd.graph.saved_tensors_hooks``, so code that installs its own hooks
-    inside the block (``torch.utils.checkpoint``, ``save_on_cpu``) hides its saved tensors from
-    the meter. Counts are storage sizes, not what an allocator rounds them up to.
-
-    Args:
-        exclude: tensors whose storages are never counted, or a module whose parameters and
-            buffers are never counted (BatchNorm saves its running statistics for backward; pass
-            the model to leave them out). Read again each time the meter is entered.
-
-    Example::
-
-        meter = GraphMemoryMeter()
-        with meter:
-            loss = model(x).sum()
-            meter.mark("forward")
-            loss.backward()
-            meter.mark("backward")
-        meter.alive_bytes, meter.peak_bytes, meter.timeline
+    Every tensor saved for backward inside ``with meter:`` is counted until autograd releases
+    it, also after the block. Storages count once, at full size; parameters and views of them
+    never. Built on ``saved_tensors_hooks``: code installing its own hooks inside the block
+    (``torch.utils.checkpoint``, ``save_on_cpu``) hides its tensors. ``exclude``: tensors, or a
+    module whose parameters and buffers (BatchNorm's running statistics) are not counted.
     """
 
     def __init__(self, exclude: nn.Module | Iterable[torch.Tensor] | None = None):
@@ -190,10 +124,8 @@ class GraphMemoryMeter:
         self._peak = 0
         self._exclude = exclude
         self._excluded: set[int] = set()
-        self._local = threading.local()  # per-thread stack of entered hook contexts
+        self._local = threading.local()  # saved-tensor hooks are per thread
         self.timeline: list[TimelineEntry] = []
-
-    # ----------------------------------------------------------------- context manager
 
     def __enter__(self) -> GraphMemoryMeter:
         self._excluded = _excluded_keys(self._exclude)
@@ -206,48 +138,35 @@ class GraphMemoryMeter:
         self._contexts().pop().__exit__(*exc_info)
 
     def _contexts(self) -> list:
-        """The hook contexts this thread has entered (saved-tensor hooks are per thread)."""
         if not hasattr(self._local, "stack"):
             self._local.stack = []
         return self._local.stack
 
-    # ----------------------------------------------------------------- readings
-
     @property
     def alive_bytes(self) -> int:
-        """Bytes of the distinct storages saved for backward and not yet released."""
         with self._lock:
             return self._alive
 
     @property
     def peak_bytes(self) -> int:
-        """The largest ``alive_bytes`` seen since construction or the last ``reset_peak()``."""
+        """The largest ``alive_bytes`` since construction or ``reset_peak()``."""
         with self._lock:
             return self._peak
 
     def reset_peak(self) -> None:
-        """Start a new peak from the bytes alive now."""
         with self._lock:
             self._peak = self._alive
 
     def mark(self, label: str) -> int:
-        """Append ``(label, alive_bytes)`` to ``timeline`` and return the bytes.
-
-        Args:
-            label: what just ran, e.g. the source line of a training step.
-        """
+        """Append ``(label, alive_bytes)`` to ``timeline``; return the bytes."""
         alive = self.alive_bytes
         self.timeline.append(TimelineEntry(str(label), alive))
         return alive
 
     def clear_timeline(self) -> None:
-        """Forget the recorded timeline (counts and peak are kept)."""
         self.timeline.clear()
 
-    # ----------------------------------------------------------------- hooks
-
     def _pack(self, tensor: torch.Tensor) -> _SavedTensorHolder:
-        """Called by autograd for each tensor saved for backward while the meter is entered."""
         key = _storage_key(tensor)
         if _is_trainable_leaf(tensor) or key in self._excluded:
             return _SavedTensorHolder(tensor, None, None)
@@ -258,8 +177,7 @@ class GraphMemoryMeter:
 
     @staticmethod
     def _unpack(holder: _SavedTensorHolder) -> torch.Tensor:
-        """Called by autograd when backward needs a saved tensor back."""
-        # Autograd skips its in-place modification check for hooked tensors; keep it, so that
+        # Autograd skips its in-place modification check for hooked tensors: keep it, so that
         # measuring never turns a loud error into a silently wrong gradient.
         if holder.tensor._version != holder.version:
             raise RuntimeError(
@@ -290,11 +208,8 @@ class GraphMemoryMeter:
                 self._alive -= entry[1]
 
 
-# --------------------------------------------------------------------------- who holds what
-
-
 def _saved_tensors_of(node: Any) -> list[torch.Tensor]:
-    """The tensors a graph node has saved for backward; [] once backward has freed them."""
+    """The tensors a graph node saved for backward; [] once backward freed them."""
     if hasattr(node, "saved_tensors"):  # a custom autograd.Function
         try:
             return list(node.saved_tensors)
@@ -314,7 +229,6 @@ def _saved_tensors_of(node: Any) -> list[torch.Tensor]:
 
 
 def _graph_saved_bytes(root: torch.Tensor) -> int:
-    """Bytes of the distinct storages saved by the graph reachable from ``root.grad_fn``."""
     if root.grad_fn is None:
         return 0
     seen_nodes, stack = set(), [root.grad_fn]
@@ -334,42 +248,21 @@ def _graph_saved_bytes(root: torch.Tensor) -> int:
 
 
 def graph_bytes_by_variable(variables: Mapping[str, Any]) -> dict[str, int]:
-    """For each named tensor, the saved-tensor bytes of the graph its ``grad_fn`` keeps alive.
-
-    Walks the graph from each tensor's ``grad_fn`` and sums the distinct storages its nodes
-    saved for backward, leaving out leaves that require grad (parameters), as the meter does.
-    A graph already freed by backward counts 0. Two variables sharing part of a graph both
-    report the shared part. Works with or without a :class:`GraphMemoryMeter`.
-
-    Args:
-        variables: name -> value, e.g. a loop's variables; values that are not tensors with a
-            ``grad_fn`` are reported as 0.
-
-    Returns:
-        name -> bytes, in the order given.
-    """
+    """For each named value, the bytes its graph's nodes saved for backward, counted as the
+    meter counts them; 0 for non-tensors and freed graphs. Shared parts count for each."""
     return {
         name: _graph_saved_bytes(value) if isinstance(value, torch.Tensor) else 0
         for name, value in variables.items()
     }
 
 
-# --------------------------------------------------------------------------- process memory
-
-
 def peak_rss_bytes() -> int:
-    """The peak resident set size of this process so far, in bytes."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # ru_maxrss is in KiB on Linux and in bytes on macOS.
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # KiB on Linux
 
 
 def current_rss_bytes() -> int:
-    """The resident set size of this process now, in bytes.
-
-    Read from ``/proc/self/statm`` (Linux); where that file does not exist, the peak RSS is
-    returned instead, an upper bound.
-    """
+    """Resident bytes now, from ``/proc/self/statm``; the peak (an upper bound) without it."""
     try:
         with open("/proc/self/statm") as statm:
             resident_pages = int(statm.read().split()[1])
@@ -378,19 +271,9 @@ def current_rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-# --------------------------------------------------------------------------- CUDA
-
-
 def cuda_memory_stats(device: torch.device | str | int | None = None) -> dict[str, int]:
-    """The CUDA caching allocator's figures for ``device``, in bytes; {} without CUDA.
-
-    Args:
-        device: a CUDA device; None is the current one. A non-CUDA device gives {}.
-
-    Returns:
-        ``allocated`` and ``reserved`` (now), ``max_allocated`` and ``max_reserved`` (peaks
-        since the last :func:`reset_cuda_peaks`).
-    """
+    """The CUDA allocator's ``allocated``, ``reserved`` and their peaks since
+    :func:`reset_cuda_peaks`, in bytes; {} without CUDA. None: the current device."""
     if not _is_cuda_device(device):
         return {}
     return {
@@ -402,17 +285,11 @@ def cuda_memory_stats(device: torch.device | str | int | None = None) -> dict[st
 
 
 def reset_cuda_peaks(device: torch.device | str | int | None = None) -> None:
-    """Restart the CUDA peak figures from the current ones; nothing without CUDA.
-
-    Args:
-        device: a CUDA device; None is the current one.
-    """
     if _is_cuda_device(device):
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def _is_cuda_device(device: torch.device | str | int | None) -> bool:
-    """True when CUDA is usable and ``device`` names a CUDA device (or is None)."""
     if not torch.cuda.is_available():
         return False
     if device is None or isinstance(device, int):
@@ -420,28 +297,15 @@ def _is_cuda_device(device: torch.device | str | int | None) -> bool:
     return torch.device(device).type == "cuda"
 
 
-# --------------------------------------------------------------------------- model state
-
-
 def _tensor_bytes(tensors: Iterable[Any]) -> int:
-    """Sum of ``nbytes`` over the tensors among ``tensors``."""
     return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 
 
 def module_state_bytes(
     model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, int]:
-    """Bytes that stay between steps: parameters, their gradients, buffers, optimizer state.
-
-    Args:
-        model: the module; shared parameters are counted once.
-        optimizer: optional; the tensors in ``optimizer.state`` (momentum, Adam moments, step
-            counters) are summed.
-
-    Returns:
-        ``param_bytes``, ``grad_bytes`` (gradients that exist now), ``buffer_bytes`` (e.g.
-        BatchNorm running statistics) and ``optimizer_state_bytes`` (0 without an optimizer).
-    """
+    """Bytes kept between steps: ``param_bytes`` (shared ones once), ``grad_bytes``,
+    ``buffer_bytes`` and ``optimizer_state_bytes`` (0 without an optimizer)."""
     params = list(model.parameters())
     state = optimizer.state.values() if optimizer is not None else []
     return {
@@ -452,9 +316,6 @@ def module_state_bytes(
     }
 
 
-# --------------------------------------------------------------------------- one reading
-
-
 def memory_figures(
     meter: GraphMemoryMeter | None = None,
     device: torch.device | str | int | None = None,
@@ -462,19 +323,9 @@ def memory_figures(
     rss: bool = True,
     cuda_now: bool = False,
 ) -> dict[str, int]:
-    """The memory figures under their :data:`MEMORY_KEYS` names, read now.
-
-    Args:
-        meter: a graph meter: its peak and alive bytes; None leaves them out.
-        device: the CUDA allocator's peaks on a CUDA device; other devices (and None without
-            CUDA) leave them out.
-        rss: include the process's peak RSS (false where several measurements share a process,
-            whose peak would mix them).
-        cuda_now: also the allocator's allocated and reserved bytes now (on CUDA).
-
-    Returns:
-        ``{name: bytes}``; the trainer logs exactly what ``memory_figures(meter, device)`` gives.
-    """
+    """The figures under their ``MEMORY_KEYS`` names, read now: the meter's, the CUDA peaks
+    on a CUDA ``device`` (also the current bytes with ``cuda_now``), and the peak RSS unless
+    ``rss`` is false (where several measurements share a process)."""
     figures = {PEAK_RSS_BYTES: int(peak_rss_bytes())} if rss else {}
     if meter is not None:
         figures[GRAPH_BYTES_PEAK] = int(meter.peak_bytes)
@@ -490,17 +341,11 @@ def memory_figures(
     return figures
 
 
-# --------------------------------------------------------------------------- formatting
-
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def format_bytes(n: int | float) -> str:
-    """A byte count for people: ``512 B``, ``1.5 KiB``, ``12.3 MiB`` (powers of 1024).
-
-    Args:
-        n: bytes; negative values (differences) keep their sign.
-    """
+    """``512 B``, ``1.5 KiB``, ``-12.3 MiB`` (powers of 1024)."""
     if isinstance(n, float) and not math.isfinite(n):
         return f"{n} B"
     sign = "-" if n < 0 else ""
