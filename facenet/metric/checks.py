@@ -22,14 +22,12 @@ _SHOWN = 5  # offending values or rows quoted in a message
 
 
 def check_embeddings(embeddings: torch.Tensor, who: str, name: str = "embeddings") -> None:
-
     if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 2:
         shape = tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else embeddings
         raise ValueError(f"{who}: {name} must be a 2-D tensor (B, D), got {shape}")
 
 
 def check_embedding_pair(x: torch.Tensor, y: torch.Tensor, who: str) -> None:
-
     if x.dim() != 2 or y.dim() != 2:
         raise ValueError(
             f"{who}: embeddings must be 2-D (N, D); got shapes {tuple(x.shape)} and "
@@ -55,13 +53,17 @@ def check_labels(labels, embeddings: torch.Tensor, who: str, hint: str = "") -> 
     return labels
 
 
-def check_on_nonfinite(on_nonfinite: str, who: str) -> str:
+def check_choice(value: str, choices: tuple[str, ...], who: str, name: str) -> str:
+    if value not in choices:
+        raise ValueError(f"{who}: unknown {name} {value!r}; valid: " + ", ".join(choices))
+    return value
 
-    if on_nonfinite not in ON_NONFINITE:
-        raise ValueError(
-            f"{who}: unknown on_nonfinite {on_nonfinite!r}; valid: " + ", ".join(ON_NONFINITE)
-        )
-    return on_nonfinite
+
+def check_count(value: int, minimum: int, who: str, name: str, note: str = "") -> int:
+    """``value`` if it is an int (not a bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{who}: {name} must be an int >= {minimum}{note}, got {value!r}")
+    return value
 
 
 def all_finite(*tensors: torch.Tensor) -> torch.Tensor:

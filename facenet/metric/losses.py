@@ -18,12 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from facenet.metric.checks import (
+    ON_NONFINITE,
     all_finite,
+    check_choice,
+    check_count,
     check_embeddings,
     check_finite,
     check_index_triplets,
     check_labels,
-    check_on_nonfinite,
 )
 from facenet.metric.distances import Distance, DistanceLike, compute_dtype, get_distance
 
@@ -31,12 +33,6 @@ if TYPE_CHECKING:
     from facenet.config import LossConfig
 
 REDUCTIONS = ("mean_active", "mean", "sum")
-
-
-def _check_reduction(reduction: str, who: str) -> str:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{who}: unknown reduction {reduction!r}; valid: " + ", ".join(REDUCTIONS))
-    return reduction
 
 
 def _connected_zero(*tensors: torch.Tensor) -> torch.Tensor:
@@ -92,10 +88,12 @@ class TripletMarginLoss(nn.Module):
         super().__init__()
         self.margin = float(margin)
         self.distance: Distance = get_distance(distance)
-        self.reduction = _check_reduction(reduction, "TripletMarginLoss")
+        self.reduction = check_choice(reduction, REDUCTIONS, "TripletMarginLoss", "reduction")
         self.soft_margin = bool(soft_margin)
         self.swap = bool(swap)
-        self.on_nonfinite = check_on_nonfinite(on_nonfinite, "TripletMarginLoss")
+        self.on_nonfinite = check_choice(
+            on_nonfinite, ON_NONFINITE, "TripletMarginLoss", "on_nonfinite"
+        )
         self.last_stats: dict[str, torch.Tensor] = {}
 
     def extra_repr(self) -> str:
@@ -216,10 +214,9 @@ def batch_all_triplet_loss(
     O(B^3 / identities)), with ``chunk_size`` anchors per chunk of working space."""
     who = "batch_all_triplet_loss"
     check_embeddings(embeddings, who)
-    _check_reduction(reduction, who)
-    check_on_nonfinite(on_nonfinite, who)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"{who}: chunk_size must be an int >= 1, got {chunk_size!r}")
+    check_choice(reduction, REDUCTIONS, who, "reduction")
+    check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
+    check_count(chunk_size, 1, who, "chunk_size")
     labels = check_labels(labels, embeddings, who)  # (B,)
     if embeddings.shape[0] == 0:
         return _connected_zero(embeddings)

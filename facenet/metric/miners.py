@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from facenet.metric.checks import (
+    ON_NONFINITE,
     all_finite,
+    check_choice,
+    check_count,
     check_embeddings,
     check_finite,
     check_index_triplets,
     check_labels,
-    check_on_nonfinite,
 )
 from facenet.metric.distances import Distance, DistanceLike, get_distance
 
@@ -53,14 +55,6 @@ class Triplets(NamedTuple):
     @property
     def num_triplets(self) -> int:
         return self.anchor.shape[0]
-
-
-def _check_max_triplets(max_triplets: int, who: str) -> int:
-    if isinstance(max_triplets, bool) or not isinstance(max_triplets, int) or max_triplets < 0:
-        raise ValueError(
-            f"{who}: max_triplets must be an int >= 0 (0: no cap), got {max_triplets!r}"
-        )
-    return max_triplets
 
 
 def _draw(sample, size: int, generator: torch.Generator | None, device: torch.device):
@@ -183,12 +177,19 @@ def _candidate_distances(embeddings, candidates: Triplets, distance: Distance):
 class _Miner:
     """The call protocol: checks, no_grad, candidates or mining, the max_triplets cap."""
 
-    def __init__(self, distance, max_triplets, generator, on_nonfinite) -> None:
+    def __init__(
+        self,
+        distance: DistanceLike = "squared",
+        *,
+        max_triplets: int = 0,
+        generator: torch.Generator | None = None,
+        on_nonfinite: str = "defer",
+    ) -> None:
         who = type(self).__name__
         self.distance = get_distance(distance)
-        self.max_triplets = _check_max_triplets(max_triplets, who)
+        self.max_triplets = check_count(max_triplets, 0, who, "max_triplets", " (0: no cap)")
         self.generator = generator
-        self.on_nonfinite = check_on_nonfinite(on_nonfinite, who)
+        self.on_nonfinite = check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
 
     def __call__(
         self,
@@ -254,14 +255,13 @@ class TripletMarginMiner(_Miner):
         generator: torch.Generator | None = None,
         on_nonfinite: str = "defer",
     ) -> None:
-        super().__init__(distance, max_triplets, generator, on_nonfinite)
-        if type_of_triplets not in TRIPLET_TYPES:
-            raise ValueError(
-                f"TripletMarginMiner: unknown type_of_triplets {type_of_triplets!r}; valid: "
-                + ", ".join(TRIPLET_TYPES)
-            )
+        super().__init__(
+            distance, max_triplets=max_triplets, generator=generator, on_nonfinite=on_nonfinite
+        )
         self.margin = float(margin)
-        self.type_of_triplets = type_of_triplets
+        self.type_of_triplets = check_choice(
+            type_of_triplets, TRIPLET_TYPES, "TripletMarginMiner", "type_of_triplets"
+        )
         self.strict_margin = bool(strict_margin)
 
     def __repr__(self) -> str:
@@ -299,16 +299,6 @@ class BatchHardMiner(_Miner):
     """Each anchor's farthest positive and nearest negative (Hermans, Beyer, Leibe 2017, "In
     Defense of the Triplet Loss"); anchors lacking either are left out. With ``candidates``,
     each anchor keeps its candidate of largest d(a,p) - d(a,n), the first one on ties."""
-
-    def __init__(
-        self,
-        distance: DistanceLike = "squared",
-        *,
-        max_triplets: int = 0,
-        generator: torch.Generator | None = None,
-        on_nonfinite: str = "defer",
-    ) -> None:
-        super().__init__(distance, max_triplets, generator, on_nonfinite)
 
     def __repr__(self) -> str:
         return f"BatchHardMiner(distance={self.distance.name!r})"
@@ -360,14 +350,11 @@ class SemiHardNegativeMiner(_Miner):
         max_triplets: int = 0,
         on_nonfinite: str = "defer",
     ) -> None:
-        super().__init__(distance, max_triplets, generator, on_nonfinite)
-        if fallback not in FALLBACKS:
-            raise ValueError(
-                f"SemiHardNegativeMiner: unknown fallback {fallback!r}; valid: "
-                + ", ".join(FALLBACKS)
-            )
+        super().__init__(
+            distance, max_triplets=max_triplets, generator=generator, on_nonfinite=on_nonfinite
+        )
         self.margin = float(margin)
-        self.fallback = fallback
+        self.fallback = check_choice(fallback, FALLBACKS, "SemiHardNegativeMiner", "fallback")
 
     def __repr__(self) -> str:
         return (
