@@ -27,8 +27,7 @@ from facenet.errors import ConfigError
 from facenet.files import write_text_atomic
 from facenet.sizes import image_hw
 
-# facenet.metric.DISTANCE_NAMES. angular: arccos(cos) / pi, davidsandberg/facenet's evaluation
-# distance; seed_l2: the seed script's sqrt(||x - y||^2 + 1e-4 / D), to reproduce its selection.
+# facenet.metric.DISTANCE_NAMES, described in facenet.metric.distances.
 Distance = Literal["squared", "euclidean", "cosine", "angular", "seed_l2"]
 
 # Old key -> new key: the old name is still read, with one warning.

@@ -25,16 +25,13 @@ def _temporary_path(path: Path) -> Path:
 
 def _fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` survive a power cut."""
-    try:
+    # Some platforms cannot open a folder; the rename itself is still atomic.
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some platforms cannot open a folder; the rename itself is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:

@@ -62,16 +62,12 @@ def _is_trainable_leaf(tensor: torch.Tensor) -> bool:
 
 
 def _excluded_keys(exclude: nn.Module | Iterable[torch.Tensor] | None) -> set[int]:
-    if exclude is None:
-        return set()
     if isinstance(exclude, nn.Module):
-        tensors: Iterable[torch.Tensor] = [*exclude.parameters(), *exclude.buffers()]
+        exclude = [*exclude.parameters(), *exclude.buffers()]
     elif isinstance(exclude, torch.Tensor):
-        tensors = [exclude]
-    else:
-        tensors = list(exclude)
+        exclude = [exclude]
     keys = set()
-    for tensor in tensors:
+    for tensor in exclude or []:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(
                 f"GraphMemoryMeter(exclude=...): expected an nn.Module or tensors, "
@@ -189,13 +185,11 @@ class GraphMemoryMeter:
 
     def _acquire(self, key: Any, nbytes: int) -> None:
         with self._lock:
-            entry = self._storage_refs.get(key)
-            if entry is None:
-                self._storage_refs[key] = [1, nbytes]
+            entry = self._storage_refs.setdefault(key, [0, nbytes])
+            entry[0] += 1
+            if entry[0] == 1:
                 self._alive += nbytes
                 self._peak = max(self._peak, self._alive)
-            else:
-                entry[0] += 1
 
     def _release(self, key: Any) -> None:
         with self._lock:
