@@ -241,7 +241,8 @@ class TripletMarginMiner(_Miner):
     ``strict_margin`` compares strictly (< m; easy: >= m): with "all" and "seed_l2", the seed
     script's ``d_n - d_p < margin``. Triplets come grouped by (anchor, positive), each pair's
     negatives nearest first. ``max_triplets`` > 0 keeps a random subset drawn from
-    ``generator``.
+    ``generator``. Mining compares d(a,n) with d(a,p) + m, filtering candidates computes tm as
+    the seed did: the two disagree only within one rounding error of m.
     """
 
     def __init__(
