@@ -366,7 +366,8 @@ def _current_key(section: str, key: str, source: str) -> str:
 
 
 def _sections(data: Any, source: str) -> dict[str, dict]:
-    """``{section: {key: value}}`` copied from a parsed file, or a ConfigError saying why not."""
+    """``{section: {key: value}}`` copied from a parsed file, old key names replaced by the
+    current ones, or a ConfigError saying why not."""
     if not isinstance(data, (dict, type(None))):
         raise ConfigError(f"{source}: a configuration must be a mapping of sections, got {data!r}")
     sections = {}
@@ -377,7 +378,12 @@ def _sections(data: Any, source: str) -> dict[str, dict]:
             )
         if not isinstance(values, (dict, type(None))):
             raise ConfigError(f"{source}: section '{name}' must be a mapping, got {values!r}")
-        sections[name] = dict(values or {})
+        sections[name] = renamed = {}
+        for old_key, value in (values or {}).items():
+            key = _current_key(name, old_key, source)
+            if key in renamed or (key != old_key and key in values):
+                raise ConfigError(f"{source}: {name}.{old_key} and {name}.{key} are the same key")
+            renamed[key] = value
     return sections
 
 
@@ -385,10 +391,7 @@ def _section(name: str, values: dict, source: str) -> Any:
     cls = _SECTION_TYPES[name]
     hints = typing.get_type_hints(cls)
     kwargs = {}
-    for old_key, value in values.items():
-        key = _current_key(name, old_key, source)
-        if key in kwargs or (key != old_key and key in values):
-            raise ConfigError(f"{source}: {name}.{old_key} and {name}.{key} are the same key")
+    for key, value in values.items():
         if key not in hints:
             raise ConfigError(
                 f"{source}: unknown key '{name}.{key}'; valid keys in '{name}': " + ", ".join(hints)
@@ -424,12 +427,7 @@ def _apply_overrides(data: dict[str, dict], overrides: list[str]) -> None:
             raise ConfigError(f"--set {item!r}: value is not a YAML scalar ({err})") from None
         if isinstance(value, dict):  # a list is a value for list keys (data.image_size=[112,96])
             raise ConfigError(f"--set {item!r}: value must be a scalar or a list")
-        section, key = parts[0], _current_key(*parts, f"--set {item}")
-        values = data.setdefault(section, {})
-        for old, new in RENAMED_KEYS.items():  # the override replaces the file's old spelling
-            if new == f"{section}.{key}":
-                values.pop(old.split(".", 1)[1], None)
-        values[key] = value
+        data.setdefault(parts[0], {})[_current_key(*parts, f"--set {item}")] = value
 
 
 def add_override_argument(parser) -> None:
