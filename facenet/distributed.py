@@ -138,19 +138,11 @@ def all_gather_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def gather_variable_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's (n_r, ...) tensor, in rank order: padded for the collective and trimmed
-    again (unlike DistributedSampler's repeats, no padding reaches the result)."""
+    """Every rank's (n_r, ...) tensor, in rank order, on this rank's device; no autograd
+    history (unlike DistributedSampler's repeats, nothing is padded)."""
     if not is_distributed():
         return [tensor]
-    size = torch.tensor([tensor.shape[0]], device=tensor.device)
-    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, size)
-    longest = int(max(s.item() for s in sizes))
-    padded = tensor.new_zeros((longest, *tensor.shape[1:]))
-    padded[: tensor.shape[0]] = tensor
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded)
-    return [part[: int(s.item())] for part, s in zip(parts, sizes)]
+    return [part.to(tensor.device) for part in gather_objects(tensor.detach().cpu())]
 
 
 def gather_objects(obj) -> list:
