@@ -232,55 +232,35 @@ def _number(value: float) -> str:
     return str(int(value)) if math.isfinite(value) and value == int(value) else f"{value:g}"
 
 
-_COUNT, _POSITIVE, _ONE_PLUS, _TWO_PLUS = Range(0), Range(0, math.inf, True), Range(1), Range(2)
-_NON_NEGATIVE, _FRACTION = Range(0, math.inf), Range(0, 1, False, True)
-
-# Every int and float key's range (tests/test_config.py checks that none is missing).
+# Every int and float key, by the range it accepts (tests/test_config.py checks that none is
+# missing). p and k are at least 2: negatives need two identities, positives two images;
+# train.chunk_size 1 is refused by _check_values, with the reason; a fold's threshold is chosen
+# on the others; zero epochs would train on nothing.
 RANGES: dict[str, Range] = {
-    "data.image_size": Range(8, 4096),
-    "data.p": _TWO_PLUS,  # negatives need two identities
-    "data.k": _TWO_PLUS,  # positives need two images
-    "data.triplets_per_epoch": _ONE_PLUS,
-    "data.triplet_batch_size": _ONE_PLUS,
-    "data.num_workers": Range(0, 1024),
-    "data.decoded_cache_mib": _COUNT,
-    "data.max_image_pixels": _ONE_PLUS,
-    "data.max_aspect_ratio": Range(1, math.inf),
-    "data.synthetic_identities": _TWO_PLUS,
-    "data.synthetic_images_per_identity": _TWO_PLUS,
-    "data.synthetic_heldout_identities": _TWO_PLUS,
-    "data.synthetic_heldout_images_per_identity": _TWO_PLUS,
-    "data.synthetic_pairs_per_fold": _ONE_PLUS,
-    "data.synthetic_seed": Range(0, 2**63 - 1),
-    "model.embedding_dim": Range(1, 65536),
-    "model.dropout": _FRACTION,
-    "mining.margin": _NON_NEGATIVE,
-    "mining.max_triplets": _COUNT,
-    "loss.margin": _NON_NEGATIVE,
-    "loss.ce_weight": _NON_NEGATIVE,
-    "optim.lr": _POSITIVE,
-    "optim.weight_decay": _NON_NEGATIVE,
-    "optim.momentum": _FRACTION,
-    "optim.warmup_epochs": _COUNT,
-    "optim.warmup_steps": _COUNT,
-    "optim.min_lr_ratio": Range(0, 1),
-    "optim.step_size": _ONE_PLUS,
-    "optim.gamma": Range(0, math.inf, True),
-    "optim.grad_clip": _NON_NEGATIVE,
-    "optim.backbone_lr_scale": _NON_NEGATIVE,
-    "optim.freeze_backbone_epochs": _COUNT,
-    "train.epochs": _ONE_PLUS,  # zero epochs would train on nothing
-    "train.steps_per_epoch": _COUNT,
-    "train.seed": Range(0, 2**63 - 1),
-    "train.log_interval": _ONE_PLUS,
-    "train.max_nonfinite_steps": _ONE_PLUS,
-    "train.chunk_size": _COUNT,  # 1 is refused by _check_values, with the reason
-    "eval.every": _COUNT,
-    "eval.heldout_identities": _COUNT,
-    "eval.heldout_pairs_per_fold": _ONE_PLUS,
-    "eval.n_folds": Range(2, 1000),  # a fold's threshold is chosen on the others
-    "eval.far_target": Range(0, 1, True),
-    "eval.batch_size": _ONE_PLUS,
+    key: allowed
+    for allowed, keys in {
+        Range(0): "data.decoded_cache_mib mining.max_triplets optim.warmup_epochs "
+        "optim.warmup_steps optim.freeze_backbone_epochs train.steps_per_epoch train.chunk_size "
+        "eval.every eval.heldout_identities",
+        Range(1): "data.triplets_per_epoch data.triplet_batch_size data.max_image_pixels "
+        "data.synthetic_pairs_per_fold optim.step_size train.epochs train.log_interval "
+        "train.max_nonfinite_steps eval.heldout_pairs_per_fold eval.batch_size",
+        Range(2): "data.p data.k data.synthetic_identities data.synthetic_images_per_identity "
+        "data.synthetic_heldout_identities data.synthetic_heldout_images_per_identity",
+        Range(0, math.inf): "mining.margin loss.margin loss.ce_weight optim.weight_decay "
+        "optim.grad_clip optim.backbone_lr_scale",
+        Range(0, math.inf, True): "optim.lr optim.gamma",
+        Range(0, 1, False, True): "model.dropout optim.momentum",
+        Range(0, 1): "optim.min_lr_ratio",
+        Range(0, 1, True): "eval.far_target",
+        Range(0, 2**63 - 1): "data.synthetic_seed train.seed",
+        Range(1, math.inf): "data.max_aspect_ratio",
+        Range(8, 4096): "data.image_size",
+        Range(0, 1024): "data.num_workers",
+        Range(1, 65536): "model.embedding_dim",
+        Range(2, 1000): "eval.n_folds",
+    }.items()
+    for key in keys.split()
 }
 
 
