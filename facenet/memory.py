@@ -38,21 +38,15 @@ MEMORY_KEYS = (
 )
 
 
-def _storage_key(tensor: torch.Tensor) -> int | None:
-    """The storage under ``tensor`` (shared by its views); None for sparse or wrapper tensors."""
+def _storage(tensor: torch.Tensor) -> tuple[int | None, int]:
+    """(key, bytes) of the whole storage under ``tensor``, shared by its views (a small view
+    holds all of it); (None, the tensor's bytes) for sparse or wrapper tensors."""
     try:
+        storage = tensor.untyped_storage()
         # The StorageImpl's address: unique among live storages, meta-device ones included.
-        return tensor.untyped_storage()._cdata
+        return storage._cdata, int(storage.nbytes())
     except (RuntimeError, NotImplementedError, AttributeError):
-        return None
-
-
-def _storage_nbytes(tensor: torch.Tensor) -> int:
-    """Bytes of the whole storage under ``tensor`` (a small view still holds all of it)."""
-    try:
-        return int(tensor.untyped_storage().nbytes())
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return tensor.element_size() * tensor.nelement()
+        return None, tensor.element_size() * tensor.nelement()
 
 
 def _is_trainable_leaf(tensor: torch.Tensor) -> bool:
@@ -73,10 +67,8 @@ def _excluded_keys(exclude: nn.Module | Iterable[torch.Tensor] | None) -> set[in
                 f"GraphMemoryMeter(exclude=...): expected an nn.Module or tensors, "
                 f"got an item of type {type(tensor).__name__}"
             )
-        key = _storage_key(tensor)
-        if key is not None:
-            keys.add(key)
-    return keys
+        keys.add(_storage(tensor)[0])
+    return keys - {None}
 
 
 class TimelineEntry(NamedTuple):
@@ -116,8 +108,8 @@ class GraphMemoryMeter:
         # Reentrant: a holder's __del__ can run from the garbage collector inside a locked section.
         self._lock = threading.RLock()
         self._storage_refs: dict[Any, list[int]] = {}  # key -> [holders alive, storage nbytes]
-        self._alive = 0
-        self._peak = 0
+        self.alive_bytes = 0
+        self.peak_bytes = 0  # the largest alive_bytes since construction or reset_peak()
         self._exclude = exclude
         self._excluded: set[int] = set()
         self._local = threading.local()  # saved-tensor hooks are per thread
@@ -138,20 +130,9 @@ class GraphMemoryMeter:
             self._local.stack = []
         return self._local.stack
 
-    @property
-    def alive_bytes(self) -> int:
-        with self._lock:
-            return self._alive
-
-    @property
-    def peak_bytes(self) -> int:
-        """The largest ``alive_bytes`` since construction or ``reset_peak()``."""
-        with self._lock:
-            return self._peak
-
     def reset_peak(self) -> None:
         with self._lock:
-            self._peak = self._alive
+            self.peak_bytes = self.alive_bytes
 
     def mark(self, label: str) -> int:
         """Append ``(label, alive_bytes)`` to ``timeline``; return the bytes."""
@@ -163,12 +144,12 @@ class GraphMemoryMeter:
         self.timeline.clear()
 
     def _pack(self, tensor: torch.Tensor) -> _SavedTensorHolder:
-        key = _storage_key(tensor)
+        key, nbytes = _storage(tensor)
         if _is_trainable_leaf(tensor) or key in self._excluded:
             return _SavedTensorHolder(tensor, None, None)
         if key is None:
             key = object()  # no shareable storage: count this tensor on its own
-        self._acquire(key, _storage_nbytes(tensor))
+        self._acquire(key, nbytes)
         return _SavedTensorHolder(tensor, self, key)
 
     @staticmethod
@@ -188,8 +169,8 @@ class GraphMemoryMeter:
             entry = self._storage_refs.setdefault(key, [0, nbytes])
             entry[0] += 1
             if entry[0] == 1:
-                self._alive += nbytes
-                self._peak = max(self._peak, self._alive)
+                self.alive_bytes += nbytes
+                self.peak_bytes = max(self.peak_bytes, self.alive_bytes)
 
     def _release(self, key: Any) -> None:
         with self._lock:
@@ -199,7 +180,7 @@ class GraphMemoryMeter:
             entry[0] -= 1
             if entry[0] == 0:
                 del self._storage_refs[key]
-                self._alive -= entry[1]
+                self.alive_bytes -= entry[1]
 
 
 def _saved_tensors_of(node: Any) -> list[torch.Tensor]:
@@ -234,9 +215,10 @@ def _graph_saved_bytes(root: torch.Tensor) -> int:
             continue
         seen_nodes.add(node)
         if hasattr(node, "variable"):  # AccumulateGrad: a leaf requiring grad
-            leaf_keys.add(_storage_key(node.variable))
+            leaf_keys.add(_storage(node.variable)[0])
         for tensor in _saved_tensors_of(node):
-            saved[_storage_key(tensor) or id(tensor)] = _storage_nbytes(tensor)
+            key, nbytes = _storage(tensor)
+            saved[key or id(tensor)] = nbytes
         stack.extend(next_node for next_node, _ in node.next_functions)
     return sum(nbytes for key, nbytes in saved.items() if key not in leaf_keys)
 
@@ -348,6 +330,4 @@ def format_bytes(n: int | float) -> str:
     while size >= 1024 and unit < len(_UNITS) - 1:
         size /= 1024
         unit += 1
-    if unit == 0:
-        return f"{sign}{int(size)} B"
-    return f"{sign}{size:.1f} {_UNITS[unit]}"
+    return f"{sign}{int(size)} B" if unit == 0 else f"{sign}{size:.1f} {_UNITS[unit]}"
