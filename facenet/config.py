@@ -318,21 +318,18 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             f"{where}: invalid value {value!r}; valid options: " + ", ".join(map(repr, args))
         )
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
         for arg in args:
             with contextlib.suppress(ConfigError):
-                if arg is not type(None):
-                    return _coerce(value, arg, where)
+                return _coerce(value, arg, where)
         raise ConfigError(f"{where}: {value!r} is not {_type_name(tp)}")
     if origin is list and isinstance(value, (list, tuple)):
         return [_coerce(v, args[0], where) for v in value]
     # YAML 1.1 reads 1e-3 (no dot) as a string; accept what is plainly a number.
     if tp is float and isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
         return float(value)
-    accepted = {bool: bool, int: int, float: (int, float), str: str}.get(tp, ())
+    accepted = {bool: bool, int: int, float: (int, float), str: str, type(None): tp}.get(tp, ())
     if isinstance(value, accepted) and (tp is bool or not isinstance(value, bool)):
-        return tp(value)
+        return float(value) if tp is float else value
     raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
