@@ -86,11 +86,18 @@ class _SortedNegatives(NamedTuple):
     count: torch.Tensor
 
 
-def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: torch.Tensor):
-    """Every anchor-positive pair (sorted by anchor, positive), its d(a,p), sorted negatives."""
-    same = labels[:, None] == labels[None, :]  # (B, B)
+def _same_and_positive(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, B) masks: same identity, and same identity off the diagonal."""
+    same = labels[:, None] == labels[None, :]
     positive = same.clone()
     positive.fill_diagonal_(False)
+    return same, positive
+
+
+def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: torch.Tensor):
+    """Every anchor-positive pair (sorted by anchor, positive), its d(a,p), sorted negatives,
+    and their :func:`_searcher`."""
+    same, positive = _same_and_positive(labels)
     pair_a, pair_p = positive.nonzero(as_tuple=True)  # (P,), (P,)
     dist = distance(embeddings)  # (B, B)
     # NaN sorts last: it marks the same-identity columns (and any NaN distance).
@@ -99,7 +106,7 @@ def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: t
     negatives = _SortedNegatives(
         values.masked_fill_(missing, float("inf")), index, (~missing).sum(1)
     )
-    return pair_a, pair_p, dist[pair_a, pair_p], negatives
+    return pair_a, pair_p, dist[pair_a, pair_p], negatives, _searcher(negatives, pair_a)
 
 
 def _searcher(negatives: _SortedNegatives, pair_a: torch.Tensor):
@@ -163,19 +170,17 @@ def _candidate_distances(embeddings, candidates: Triplets, distance: Distance):
         dist = distance(embeddings)  # (B, B)
         return dist[a, p], dist[a, n]
     d_ap, d_an = [], []
-    for start in range(0, a.shape[0], _CANDIDATE_CHUNK):
+    for start in range(0, max(a.shape[0], 1), _CANDIDATE_CHUNK):  # one chunk when empty
         part = slice(start, start + _CANDIDATE_CHUNK)
         anchors = embeddings[a[part]]  # (c, D)
         d_ap.append(distance.paired(anchors, embeddings[p[part]]))
         d_an.append(distance.paired(anchors, embeddings[n[part]]))
-    if not d_ap:
-        empty = embeddings.new_zeros(0, dtype=torch.promote_types(embeddings.dtype, torch.float32))
-        return empty, empty
     return torch.cat(d_ap), torch.cat(d_an)
 
 
 class _Miner:
-    """The call protocol: checks, no_grad, candidates or mining, the max_triplets cap."""
+    """The call protocol: checks, no_grad, candidates or mining, the max_triplets cap. Every
+    miner also takes the keywords ``max_triplets``, ``generator`` and ``on_nonfinite``."""
 
     def __init__(
         self,
@@ -252,13 +257,9 @@ class TripletMarginMiner(_Miner):
         distance: DistanceLike = "squared",
         *,
         strict_margin: bool = False,
-        max_triplets: int = 0,
-        generator: torch.Generator | None = None,
-        on_nonfinite: str = "defer",
+        **common,
     ) -> None:
-        super().__init__(
-            distance, max_triplets=max_triplets, generator=generator, on_nonfinite=on_nonfinite
-        )
+        super().__init__(distance, **common)
         self.margin = float(margin)
         self.type_of_triplets = check_choice(
             type_of_triplets, TRIPLET_TYPES, "TripletMarginMiner", "type_of_triplets"
@@ -280,8 +281,9 @@ class TripletMarginMiner(_Miner):
         return within & (tm > 0) if self.type_of_triplets == "semihard" else within
 
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
-        pair_a, pair_p, d_ap, negatives = _pairs_and_negatives(self.distance, embeddings, labels)
-        search = _searcher(negatives, pair_a)
+        pair_a, pair_p, d_ap, negatives, search = _pairs_and_negatives(
+            self.distance, embeddings, labels
+        )
         # tm <= m (strict: <)  <=>  d(a,n) <= d(a,p) + m: the first `within` sorted negatives.
         within = search(d_ap + self.margin, not self.strict_margin)
         start, stop = torch.zeros_like(within), within
@@ -309,9 +311,7 @@ class BatchHardMiner(_Miner):
         return self.max_triplets == 0
 
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
-        same = labels[:, None] == labels[None, :]  # (B, B)
-        positive = same.clone()
-        positive.fill_diagonal_(False)
+        same, positive = _same_and_positive(labels)
         dist = self.distance(embeddings)  # (B, B)
         hardest_positive = dist.masked_fill(~positive, float("-inf")).max(1).indices  # (B,)
         hardest_negative = dist.masked_fill(same, float("inf")).min(1).indices  # (B,)
@@ -347,13 +347,9 @@ class SemiHardNegativeMiner(_Miner):
         distance: DistanceLike = "squared",
         fallback: str = "hardest",
         generator: torch.Generator | None = None,
-        *,
-        max_triplets: int = 0,
-        on_nonfinite: str = "defer",
+        **common,
     ) -> None:
-        super().__init__(
-            distance, max_triplets=max_triplets, generator=generator, on_nonfinite=on_nonfinite
-        )
+        super().__init__(distance, generator=generator, **common)
         self.margin = float(margin)
         self.fallback = check_choice(fallback, FALLBACKS, "SemiHardNegativeMiner", "fallback")
 
@@ -371,8 +367,9 @@ class SemiHardNegativeMiner(_Miner):
         return self.fallback == "hardest" and self.max_triplets == 0
 
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
-        pair_a, pair_p, d_ap, negatives = _pairs_and_negatives(self.distance, embeddings, labels)
-        search = _searcher(negatives, pair_a)
+        pair_a, pair_p, d_ap, negatives, search = _pairs_and_negatives(
+            self.distance, embeddings, labels
+        )
         first = search(d_ap, True)  # the band is the sorted range [first, stop)
         stop = search(d_ap + self.margin, False)
         band = (stop - first).clamp_min(0).masked_fill(d_ap.isnan(), 0)  # (P,)
