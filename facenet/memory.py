@@ -248,15 +248,15 @@ def current_rss_bytes() -> int:
 
 
 def cuda_memory_stats(device: torch.device | str | int | None = None) -> dict[str, int]:
-    """The CUDA allocator's ``allocated``, ``reserved`` and their peaks since
-    :func:`reset_cuda_peaks`, in bytes; {} without CUDA. None: the current device."""
+    """The CUDA allocator's peaks since :func:`reset_cuda_peaks` and its current bytes, under
+    their ``MEMORY_KEYS`` names; {} without CUDA. None: the current device."""
     if not _is_cuda_device(device):
         return {}
     return {
-        "allocated": torch.cuda.memory_allocated(device),
-        "reserved": torch.cuda.memory_reserved(device),
-        "max_allocated": torch.cuda.max_memory_allocated(device),
-        "max_reserved": torch.cuda.max_memory_reserved(device),
+        CUDA_MAX_ALLOCATED: torch.cuda.max_memory_allocated(device),
+        CUDA_MAX_RESERVED: torch.cuda.max_memory_reserved(device),
+        CUDA_ALLOCATED: torch.cuda.memory_allocated(device),
+        CUDA_RESERVED: torch.cuda.memory_reserved(device),
     }
 
 
@@ -307,13 +307,9 @@ def memory_figures(
         figures[GRAPH_BYTES_PEAK] = int(meter.peak_bytes)
         figures[GRAPH_BYTES_ALIVE] = int(meter.alive_bytes)
     # None would mean "the current CUDA device" to cuda_memory_stats: no device, no CUDA figures.
-    cuda = cuda_memory_stats(device) if device is not None else {}
-    if cuda:
-        figures[CUDA_MAX_ALLOCATED] = int(cuda["max_allocated"])
-        figures[CUDA_MAX_RESERVED] = int(cuda["max_reserved"])
-        if cuda_now:
-            figures[CUDA_ALLOCATED] = int(cuda["allocated"])
-            figures[CUDA_RESERVED] = int(cuda["reserved"])
+    if device is not None:
+        shown = MEMORY_KEYS if cuda_now else (CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED)
+        figures.update((k, v) for k, v in cuda_memory_stats(device).items() if k in shown)
     return figures
 
 
