@@ -9,21 +9,18 @@ from collections.abc import Sequence
 ImageSize = int | Sequence[int]
 
 
-def _side(value, size) -> int:
-    # bool is an int subclass: True must not stand for a 1-pixel side.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"image_size={size!r}: expected a positive integer or [height, width]")
-    return value
-
-
 def image_hw(size: ImageSize) -> tuple[int, int]:
     """``(H, W)`` of S (an S x S image) or ``(H, W)``; a ValueError for anything else."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        side = _side(size, size)
-        return side, side
-    if isinstance(size, (str, bytes)) or not isinstance(size, Sequence) or len(size) != 2:
+    sides = (size, size) if isinstance(size, int) else size
+    # bool is an int subclass: True must not stand for a 1-pixel side.
+    if (
+        isinstance(size, (str, bytes))
+        or not isinstance(sides, Sequence)
+        or len(sides) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sides)
+    ):
         raise ValueError(f"image_size={size!r}: expected a positive integer or [height, width]")
-    return _side(size[0], size), _side(size[1], size)
+    return tuple(sides)
 
 
 def size_text(size: ImageSize) -> str:
