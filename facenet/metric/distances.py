@@ -61,10 +61,6 @@ def _squared_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (diff * diff).sum(1)
 
 
-def _seed_l2_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return (_squared_matrix(x, y) + 1e-4 / x.shape[1]).sqrt()
-
-
 def _seed_l2_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # The seed's operations in the seed's order, so float32 results are bit-identical.
     eps = 1e-4 / x.size(1)
@@ -72,29 +68,13 @@ def _seed_l2_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.pow(out + eps, 1.0 / 2)
 
 
-def _euclidean_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return _safe_sqrt(_squared_matrix(x, y))
-
-
-def _euclidean_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return _safe_sqrt(_squared_paired(x, y))
-
-
-def _cosine_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _cos_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # F.normalize divides by max(norm, 1e-12): a zero vector stays finite.
-    return 1 - F.normalize(x, dim=1) @ F.normalize(y, dim=1).T  # (B, M)
+    return F.normalize(x, dim=1) @ F.normalize(y, dim=1).T  # (B, M)
 
 
-def _cosine_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return 1 - (F.normalize(x, dim=1) * F.normalize(y, dim=1)).sum(1)  # (T,)
-
-
-def _angular_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return _safe_arccos(F.normalize(x, dim=1) @ F.normalize(y, dim=1).T)  # (B, M)
-
-
-def _angular_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return _safe_arccos((F.normalize(x, dim=1) * F.normalize(y, dim=1)).sum(1))  # (T,)
+def _cos_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (F.normalize(x, dim=1) * F.normalize(y, dim=1)).sum(1)  # (T,)
 
 
 class Distance:
@@ -165,11 +145,25 @@ class Distance:
 
 _NAMED = {
     "squared": Distance(_squared_matrix, _squared_paired, "squared", zero_diagonal=True),
-    "euclidean": Distance(_euclidean_matrix, _euclidean_paired, "euclidean", zero_diagonal=True),
-    "cosine": Distance(_cosine_matrix, _cosine_paired, "cosine"),
+    "euclidean": Distance(
+        lambda x, y: _safe_sqrt(_squared_matrix(x, y)),
+        lambda x, y: _safe_sqrt(_squared_paired(x, y)),
+        "euclidean",
+        zero_diagonal=True,
+    ),
+    "cosine": Distance(
+        lambda x, y: 1 - _cos_matrix(x, y), lambda x, y: 1 - _cos_paired(x, y), "cosine"
+    ),
     # arccos magnifies the rounding of cos(x, x) ~ 1 - 1e-16 to 1e-8: the diagonal is set to 0.
-    "angular": Distance(_angular_matrix, _angular_paired, "angular", zero_diagonal=True),
-    "seed_l2": Distance(_seed_l2_matrix, _seed_l2_paired, "seed_l2"),
+    "angular": Distance(
+        lambda x, y: _safe_arccos(_cos_matrix(x, y)),
+        lambda x, y: _safe_arccos(_cos_paired(x, y)),
+        "angular",
+        zero_diagonal=True,
+    ),
+    "seed_l2": Distance(
+        lambda x, y: (_squared_matrix(x, y) + 1e-4 / x.shape[1]).sqrt(), _seed_l2_paired, "seed_l2"
+    ),
 }
 
 DISTANCE_NAMES = tuple(_NAMED)
