@@ -112,18 +112,15 @@ class TripletMarginLoss(nn.Module):
         """The reduced loss. ``a`` indexes the (B, D) ``embeddings``; ``p`` and ``n`` index
         ``ref_embeddings`` (M, D) when given; an index outside its rows is refused."""
         who = type(self).__name__
-        check_embeddings(embeddings, who)
-        if ref_embeddings is not None:
-            check_embeddings(ref_embeddings, who, "ref_embeddings")
         inputs = (embeddings,) if ref_embeddings is None else (embeddings, ref_embeddings)
+        names = ("embeddings", "ref_embeddings")[: len(inputs)]
+        for name, t in zip(names, inputs):
+            check_embeddings(t, who, name)
         rows = (embeddings.shape[0], inputs[-1].shape[0])
-        of = ("embeddings", "ref_embeddings" if ref_embeddings is not None else "embeddings")
+        of = ("embeddings", names[-1])
         a, p, n = check_index_triplets(triplets, embeddings.device, who, rows=rows, of=of)
         finite = _check_inputs(self.on_nonfinite, who, *inputs)  # 0-dim bool
-        if a.shape[0] == 0:
-            loss = _nan_unless(finite, _connected_zero(*inputs))
-            self._record(loss, None, None, None)
-            return loss
+        # With no triplets the sums below are zeros still connected to the graph.
         dist = self.distance(embeddings, ref_embeddings)  # (B, M)
         d_ap, d_an = dist[a, p], dist[a, n]  # (T,), (T,)
         d_neg = d_an
@@ -138,12 +135,11 @@ class TripletMarginLoss(nn.Module):
 
     def _record(self, loss, losses, d_ap, d_an) -> None:
         """Detached statistics of this call, left on the device."""
-        count = 0 if losses is None else losses.shape[0]
-        active = None if losses is None else (losses > 0).to(losses.dtype)
-        mean = lambda t: loss.new_zeros(()) if t is None else t.detach().mean()  # noqa: E731
+        count = losses.shape[0]
+        mean = lambda t: t.detach().mean() if count else loss.new_zeros(())  # noqa: E731
         self.last_stats = {
             "num_triplets": torch.full((), count, dtype=torch.int64, device=loss.device),
-            "active_fraction": mean(active),
+            "active_fraction": mean((losses > 0).to(losses.dtype)),
             "mean_dap": mean(d_ap),
             "mean_dan": mean(d_an),
         }
