@@ -100,12 +100,10 @@ def check_index_range(index: torch.Tensor, rows: int, who: str, name: str, of: s
         f"{who}: {name} indices must lie in [0, {rows}) ({of} has {rows} rows; a negative "
         "index would wrap around to the last rows)"
     )
-    if index.device.type == "cuda":
-        torch._assert_async(ok, message)  # no host read: CUDA reports it asynchronously
-        return
     try:
-        if index.device.type == "cpu":
-            torch._assert_async(ok, message)  # on the CPU this raises at once
+        if index.device.type in ("cpu", "cuda"):
+            # No host read: CUDA reports a failure asynchronously, the CPU raises at once.
+            torch._assert_async(ok, message)
         elif not bool(ok):
             raise RuntimeError(message)
     except RuntimeError:
@@ -130,18 +128,19 @@ def check_index_triplets(
             f"{who}: {what}s must be a 3-tuple of index tensors (anchor, positive, negative), "
             f"got {count} (a 4-tuple of pairs (a1, p, a2, n) is not a triplet list)"
         )
-    a, p, n = (torch.as_tensor(t, device=device) for t in triplets)  # (T,) each
+    tensors = [torch.as_tensor(t, device=device) for t in triplets]  # (T,) each
+    names = ("anchor", "positive", "negative")
     prefix = "" if what == "triplet" else f"{what} "
-    for name, t in (("anchor", a), ("positive", p), ("negative", n)):
+    for name, t in zip(names, tensors):
         if t.is_floating_point() or t.dtype == torch.bool:
             raise ValueError(f"{who}: {prefix}{name} indices must be integers, got dtype {t.dtype}")
+    a, p, n = tensors
     if not (a.dim() == p.dim() == n.dim() == 1) or not (a.shape == p.shape == n.shape):
         raise ValueError(
             f"{who}: {what} index tensors must be 1-D and equally long, got shapes "
             f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
         )
-    if rows is not None:
-        limits = (("anchor", a, rows[0], of[0]), ("positive", p, rows[1], of[1]))
-        for name, t, limit, target in (*limits, ("negative", n, rows[1], of[1])):
-            check_index_range(t, limit, who, prefix + name, target)
+    if rows is not None:  # the positives and negatives index the second tensor
+        for name, t, i in zip(names, tensors, (0, 1, 1)):
+            check_index_range(t, rows[i], who, prefix + name, of[i])
     return a.long(), p.long(), n.long()
