@@ -159,8 +159,8 @@ class _BatchAllTripletHinge(torch.autograd.Function):
         positive.fill_diagonal_(False)
         grad = torch.zeros_like(dist)  # (B, B) d(sum of losses)/dD
         total = dist.new_zeros(())
-        num_active = torch.zeros((), dtype=torch.int64, device=dist.device)
-        num_valid = torch.zeros((), dtype=torch.int64, device=dist.device)
+        num_active = dist.new_zeros((), dtype=torch.int64)
+        num_valid = dist.new_zeros((), dtype=torch.int64)
         for start in range(0, batch_size, chunk_size):
             rows = slice(start, min(start + chunk_size, batch_size))
             pair_a, pair_p = positive[rows].nonzero(as_tuple=True)  # (c,), anchors chunk-local
