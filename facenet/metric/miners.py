@@ -217,8 +217,7 @@ class _Miner:
             else:
                 labels = check_labels(labels, embeddings, who, " unless candidates are given")
                 if embeddings.shape[0] == 0:
-                    empty = torch.empty(0, dtype=torch.int64, device=embeddings.device)
-                    return Triplets(empty, empty.clone(), empty.clone())
+                    return Triplets(*labels.new_zeros(3, 0, dtype=torch.int64))
                 triplets = self._mine(embeddings, labels, self._finite(embeddings, who))
         return _cap(triplets, self.max_triplets, self.generator)
 
@@ -322,14 +321,16 @@ class BatchHardMiner(_Miner):
     def _filter_candidates(self, embeddings, candidates: Triplets, finite) -> Triplets:
         d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
         violation = d_ap - d_an  # (T,)
-        anchors, group = torch.unique(candidates.anchor, return_inverse=True)
-        num_groups, num = anchors.shape[0], violation.shape[0]
-        worst = violation.new_full((num_groups,), float("-inf"))
-        worst = worst.scatter_reduce(0, group, violation, "amax")
-        position = torch.arange(num, device=violation.device)
-        at_worst = torch.where(violation == worst[group], position, num)
-        first = position.new_full((num_groups,), num).scatter_reduce(0, group, at_worst, "amin")
-        return _filter(candidates, (position == first[group]) & finite)
+        # Stable sorts: by anchor, then largest violation first (NaN sorts first), then the
+        # candidates' order; each anchor keeps its first, unless that is NaN.
+        order = violation.argsort(descending=True, stable=True)
+        order = order[candidates.anchor[order].argsort(stable=True)]
+        anchor = candidates.anchor[order]
+        first = torch.ones_like(anchor, dtype=torch.bool)
+        first[1:] = anchor[1:] != anchor[:-1]
+        keep = torch.zeros_like(first)
+        keep[order[first]] = True
+        return _filter(candidates, keep & ~violation.isnan() & finite)
 
 
 class SemiHardNegativeMiner(_Miner):
