@@ -82,7 +82,5 @@ def parse_device(name: str) -> torch.device:
     error."""
     try:
         return resolve_device(name)
-    except RuntimeError as err:
+    except (RuntimeError, FacenetError) as err:
         raise FacenetError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
-    except FacenetError as err:
-        raise FacenetError(f"--device {name!r}: {err}") from None
