@@ -142,14 +142,15 @@ def _expand_ranges(negatives, pair_a, pair_p, start, length) -> Triplets:
         return out
     batch_size = negatives.index.shape[0]
     step = _expand_step(batch_size)
-    # Output position t of pair i maps to flat sorted index a*B + start + (t - first_t(i)).
-    flat_base = pair_a * batch_size + start - (end - length)  # (P,)
+    begin = end - length  # (P,) where each pair's triplets begin in the output
+    # Output position t of pair i maps to flat sorted index a*B + start + (t - begin(i)).
+    flat_base = pair_a * batch_size + start - begin  # (P,)
     flat_index = negatives.index.reshape(-1)  # (B * B,)
     steps = torch.arange(step, max(total, step), step, device=device)
-    cut = torch.searchsorted(end, steps, right=True)  # (S,) pairs whose triplets end by a step
-    end_from_zero = torch.cat([end.new_zeros(1), end])  # (P + 1,)
+    # (S,) pairs whose triplets end by a step; each < P, as every step is < total
+    cut = torch.searchsorted(end, steps, right=True)
     pair_bounds = [0, *cut.tolist(), end.shape[0]]
-    out_bounds = [0, *end_from_zero[cut].tolist(), total]
+    out_bounds = [0, *begin[cut].tolist(), total]
     for s, e, os_, oe in zip(pair_bounds, pair_bounds[1:], out_bounds, out_bounds[1:]):
         if oe == os_:
             continue
