@@ -126,9 +126,7 @@ class GraphMemoryMeter:
         self._contexts().pop().__exit__(*exc_info)
 
     def _contexts(self) -> list:
-        if not hasattr(self._local, "stack"):
-            self._local.stack = []
-        return self._local.stack
+        return self._local.__dict__.setdefault("stack", [])
 
     def reset_peak(self) -> None:
         with self._lock:
