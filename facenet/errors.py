@@ -1,33 +1,17 @@
-"""One family of errors for problems with the user's input or environment.
-
-Every error a user can cause (a mistyped configuration key, a corrupt image, a damaged pairs
-file, a refused checkpoint, a weights file that does not fit, a run of non-finite losses)
-derives from :class:`FacenetError`. The command-line scripts turn these, and only these, into
-one line on stderr and exit code 2 (3 for :class:`NonFiniteLossError`); anything else is a bug
-and keeps its traceback. Each class also derives from the built-in exception that callers
-caught before this family existed (``ValueError``, ``RuntimeError``, ``FileNotFoundError``).
+"""Errors a user can cause: a bad configuration, image, pairs file, checkpoint or weights file,
+a run of non-finite losses. The commands print these, and only these, as one line with exit
+code 2 (3 for :class:`NonFiniteLossError`); anything else is a bug and keeps its traceback.
+Each class also derives from the built-in exception callers caught before (``ValueError``, ...).
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "FacenetError",
-    "ConfigError",
-    "DataError",
-    "CheckpointError",
-    "WeightsError",
-    "NonFiniteLossError",
-    "NonFiniteInputError",
-    "RankFailure",
-]
-
 
 class FacenetError(Exception):
-    """A problem with the input or the environment, reported to the user in one line.
+    """A problem with the input or the environment, reported in one line.
 
-    ``checkpoint_note`` (set by the run when it wrote a checkpoint before the error
-    propagated) says where the state at the last finished step is. ``agreed`` is True when
-    every rank of a multi-process run raises it at the same point (rank 0 alone reports it).
+    ``checkpoint_note``: where the run saved its last finished step before the error
+    propagated; ``agreed``: every rank raises it at the same point (rank 0 alone reports it).
     """
 
     checkpoint_note: str | None = None
@@ -35,7 +19,7 @@ class FacenetError(Exception):
 
 
 class ConfigError(FacenetError, ValueError):
-    """A configuration key, value or combination that cannot be used; the message names it."""
+    """The message names the key, the value and the file."""
 
 
 class DataError(FacenetError, ValueError):
@@ -55,12 +39,8 @@ class NonFiniteLossError(FacenetError, RuntimeError):
 
 
 class NonFiniteInputError(DataError):
-    """Input images holding NaN or infinite values (after the transform).
-
-    Args:
-        message: what happened.
-        rows: the batch rows of the offending images, when known.
-    """
+    """Input images holding NaN or infinite values after the transform; ``rows``: their batch
+    rows, when known."""
 
     def __init__(self, message: str, rows: list[int] | None = None):
         super().__init__(message)
@@ -69,12 +49,8 @@ class NonFiniteInputError(DataError):
 
 class RankFailure(FacenetError):
     """Another rank stopped with an error; this rank stops at the same point.
-
-    Args:
-        message: the other rank's message (``rank N: ...``).
-        checkpointable: every rank stands at a finished step and may checkpoint together
-            (False when the other rank's error is a bug: it is leaving without a checkpoint).
-    """
+    ``checkpointable``: every rank stands at a finished step (False when the other rank's
+    error is a bug: it leaves without a checkpoint)."""
 
     def __init__(self, message: str, checkpointable: bool = True):
         super().__init__(message)

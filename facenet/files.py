@@ -1,10 +1,8 @@
-"""Writing files so that a crash never leaves half of one, and JSON that is strict.
+"""Files written so that a crash never leaves half of one, and strict JSON.
 
-Every file the package writes (checkpoints, configurations, pairs files, metrics, summaries,
-caches) goes through :func:`write_atomic`: the contents go to a temporary file in the same
-folder (``.<name>.<pid>.tmp``), are flushed to disk, and the temporary file is ``os.replace``d
-over the target. A crash, ``kill -9`` or full disk at any moment leaves the old file or the new
-one. :func:`json_safe` turns non-finite floats into ``null`` so the JSON stays standard.
+Every file the package writes goes through :func:`write_atomic`: a temporary file in the same
+folder (``.<name>.<pid>.tmp``), flushed to disk, then ``os.replace``d over the target, so a
+crash, ``kill -9`` or full disk leaves the old file or the new one.
 """
 
 from __future__ import annotations
@@ -17,9 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["TEMPORARY_NAME", "write_atomic", "write_text_atomic", "json_safe"]
-
-# ".last.pt.<pid>.tmp": the temporary name write_atomic writes to before the rename.
+# ".last.pt.<pid>.tmp": what write_atomic writes before the rename.
 TEMPORARY_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<pid>\d+)\.tmp$")
 
 
@@ -28,30 +24,19 @@ def _temporary_path(path: Path) -> Path:
 
 
 def _fsync_folder(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (a power cut after it keeps the new entry)."""
-    try:
+    """Make a rename in ``folder`` survive a power cut."""
+    # Some platforms cannot open a folder; the rename itself is still atomic.
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some platforms cannot open a folder; the rename itself is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Write a file atomically: ``write(fh)`` fills a temporary file that replaces ``path``.
-
-    Args:
-        path: the target file; its folder must exist.
-        write: called with the temporary file opened for binary writing.
-
-    Raises:
-        OSError: the folder cannot be written or the disk is full; the temporary file is
-            removed and an existing file at ``path`` is left untouched.
-    """
+    """``write(fh)`` fills a temporary binary file that then replaces ``path``; on any error the
+    temporary file is removed and ``path`` left untouched."""
     path = Path(path)
     tmp = _temporary_path(path)
     try:
@@ -69,21 +54,12 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`write_atomic`.
-
-    Args:
-        path: the target file.
-        text: its contents.
-    """
+    """Write ``text`` as UTF-8 with :func:`write_atomic`."""
     return write_atomic(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with non-finite floats replaced by None, through dicts, lists and tuples.
-
-    Args:
-        value: a float, dict, list, tuple or any other JSON-serialisable value.
-    """
+    """``value`` with non-finite floats replaced by None, through dicts, lists and tuples."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):

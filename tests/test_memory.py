@@ -8,6 +8,10 @@ import torch
 from torch import nn
 
 from facenet.memory import (
+    CUDA_ALLOCATED,
+    CUDA_MAX_ALLOCATED,
+    CUDA_MAX_RESERVED,
+    CUDA_RESERVED,
     GraphMemoryMeter,
     cuda_memory_stats,
     current_rss_bytes,
@@ -352,9 +356,9 @@ def test_cuda_figures_with_cuda():
     before = cuda_memory_stats()
     block = torch.empty(2**20, dtype=torch.uint8, device="cuda")
     stats = cuda_memory_stats("cuda")
-    assert set(stats) == {"allocated", "reserved", "max_allocated", "max_reserved"}
-    assert stats["allocated"] >= before["allocated"] + 2**20
-    assert stats["max_allocated"] >= stats["allocated"]
+    assert list(stats) == [CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED, CUDA_ALLOCATED, CUDA_RESERVED]
+    assert stats[CUDA_ALLOCATED] >= before[CUDA_ALLOCATED] + 2**20
+    assert stats[CUDA_MAX_ALLOCATED] >= stats[CUDA_ALLOCATED]
     assert cuda_memory_stats("cpu") == {}
     del block
 

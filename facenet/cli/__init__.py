@@ -1,4 +1,2 @@
-"""The command-line layer: one module per console command (``facenet-train``,
-``facenet-evaluate``, ...), each a ``main(argv) -> exit code``, above every other layer.
-``common`` holds what they share: the one error wrapper and the ``--device`` argument.
-"""
+"""The console commands (``facenet-train``, ``facenet-evaluate``, ...), one module each with a
+``main(argv) -> exit code``; ``common`` holds what they share."""

@@ -1,9 +1,7 @@
 """What every command shares: user errors as one ``error:`` line with exit code 2, warnings as
-one ``warning:`` line, and the ``--device`` argument.
-
-A command's ``main(argv)`` is written as ``run_command(lambda: _main(args))``: a
-``FacenetError`` (a user mistake, named by file, key or value) or a file-system error becomes
-one line on stderr and exit code 2; anything else is a bug and keeps its traceback.
+one ``warning:`` line, and the ``--device`` argument. A command's ``main(argv)`` is
+``run_command(lambda: _main(args))``: a ``FacenetError`` or a file-system error becomes that
+line; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -19,23 +17,12 @@ import torch
 from facenet.distributed import resolve_device
 from facenet.errors import FacenetError
 
-__all__ = [
-    "EXIT_BAD_INPUT",
-    "add_device_argument",
-    "one_line",
-    "one_line_warnings",
-    "parse_device",
-    "positive_int",
-    "report_error",
-    "run_command",
-]
-
 EXIT_BAD_INPUT = 2
 
 
 def one_line(err: BaseException | str) -> str:
-    """A message on one line: an ``OSError`` as ``file: reason``; a multi-line text (a YAML error
-    quotes the line and a caret) joined, carets dropped."""
+    """A message on one line: an ``OSError`` as ``file: reason``; lines joined, caret lines (a
+    YAML error's) dropped."""
     if isinstance(err, OSError) and err.filename and err.strerror:
         return f"{err.filename}: {err.strerror}"
     lines = [line.strip() for line in str(err).splitlines()]
@@ -44,7 +31,6 @@ def one_line(err: BaseException | str) -> str:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Warnings as ``warning: <message>`` on stderr, without the source line."""
     print(f"warning: {message}", file=sys.stderr if file is None else file)
 
 
@@ -57,12 +43,7 @@ def one_line_warnings():
 
 
 def run_command(body: Callable[[], int | None]) -> int:
-    """Run a command's body; its exit code (None: 0), or 2 with one ``error:`` line for a user
-    error. Warnings raised meanwhile print as one ``warning:`` line.
-
-    Args:
-        body: the command's work, after its arguments are parsed.
-    """
+    """``body()``'s exit code (None: 0), or 2 with one ``error:`` line for a user error."""
     with one_line_warnings():
         try:
             code = body()
@@ -72,17 +53,12 @@ def run_command(body: Callable[[], int | None]) -> int:
 
 
 def report_error(err: BaseException) -> int:
-    """Print a user error as one ``error:`` line on stderr; returns exit code 2.
-
-    Args:
-        err: a ``FacenetError`` or a file-system error.
-    """
+    """Print a user error as one ``error:`` line on stderr; return exit code 2."""
     print(f"error: {one_line(err)}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
 def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
-    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (CUDA when present)."""
     parser.add_argument(
         "--device",
         default=default,
@@ -91,11 +67,7 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
 
 
 def positive_int(text: str) -> int:
-    """An argparse ``type``: an integer >= 1 (``--batch-size 0`` is an argparse error, exit 2).
-
-    Args:
-        text: the option's value as given.
-    """
+    """An argparse ``type``: an integer >= 1 (else an argparse error, exit 2)."""
     try:
         value = int(text)
     except ValueError:
@@ -106,11 +78,9 @@ def positive_int(text: str) -> int:
 
 
 def parse_device(name: str) -> torch.device:
-    """The torch device of ``--device``; a name torch cannot parse, or CUDA where there is
-    none, is a user error naming the value."""
+    """The torch device of ``--device``; an unknown name, or CUDA where there is none, is a user
+    error."""
     try:
         return resolve_device(name)
-    except RuntimeError as err:
+    except (RuntimeError, FacenetError) as err:
         raise FacenetError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
-    except FacenetError as err:
-        raise FacenetError(f"--device {name!r}: {err}") from None
