@@ -1,13 +1,8 @@
-"""What an image file says about itself before it is decoded: format, size, PNG checksums.
+"""What an image file declares before it is decoded: its format and size, a PNG's checksums.
 
-Decoders allocate what the header asks for, so the size is read first and checked against
-limits (:func:`check_size`): a 400 KB PNG can declare 20000 x 20000 pixels (1.2 GB once
-decoded), and a 1 x 200000 strip costs a gigabyte inside the resize to a square network input.
-:func:`check_png_chunks` verifies the CRC-32 of every PNG chunk: damage in the middle of a PNG
-is then found and named before a decoder sees it.
-
-Every function raises ``ValueError`` with a short reason; :mod:`facenet.data.images` turns it
-into a :class:`~facenet.data.images.CorruptImageError` naming the file.
+Decoders allocate what the header asks for (a 400 KB PNG can declare 20000 x 20000 pixels), so
+the size is checked against limits first. Every function raises ``ValueError`` with a short
+reason; :mod:`facenet.data.images` names the file.
 """
 
 from __future__ import annotations
@@ -16,8 +11,6 @@ import struct
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
-
-__all__ = ["ImageHeader", "read_header", "check_size", "check_png_chunks", "PNG_SIGNATURE"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they hold the size.
@@ -28,15 +21,7 @@ _JPEG_STANDALONE = {0x01, *range(0xD0, 0xD8)}
 
 @dataclass(frozen=True)
 class ImageHeader:
-    """The format and the declared size of an image.
-
-    Attributes:
-        format: "jpeg", "png", "gif" or "webp".
-        width: pixels per row.
-        height: rows.
-    """
-
-    format: str
+    format: str  # "jpeg", "png", "gif", "webp" or "bmp"
     width: int
     height: int
 
@@ -51,8 +36,7 @@ def _read_exact(fh: BinaryIO, n: int, what: str) -> bytes:
 def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
     """(width, height) from the first start-of-frame segment, walking the segments."""
     while True:
-        byte = _read_exact(fh, 1, "JPEG header")
-        if byte != b"\xff":
+        if _read_exact(fh, 1, "JPEG header") != b"\xff":
             raise ValueError("JPEG header: expected a marker")
         marker = _read_exact(fh, 1, "JPEG header")[0]
         while marker == 0xFF:  # fill bytes before a marker
@@ -74,12 +58,10 @@ def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
 
 
 def _png_size(fh: BinaryIO) -> tuple[int, int]:
-    """(width, height) from the IHDR chunk, which must come first."""
     length, kind = struct.unpack(">I4s", _read_exact(fh, 8, "PNG header"))
     if kind != b"IHDR" or length != 13:
         raise ValueError("PNG header: the first chunk is not a 13-byte IHDR")
-    width, height = struct.unpack(">II", _read_exact(fh, 8, "PNG header"))
-    return width, height
+    return struct.unpack(">II", _read_exact(fh, 8, "PNG header"))
 
 
 def _webp_size(fh: BinaryIO) -> tuple[int, int]:
@@ -101,46 +83,43 @@ def _webp_size(fh: BinaryIO) -> tuple[int, int]:
     raise ValueError(f"WebP header: unknown chunk {kind!r}")
 
 
+def _bmp_size(fh: BinaryIO) -> tuple[int, int]:
+    """(width, height) from the DIB header after the 14-byte file header."""
+    (dib_size,) = struct.unpack("<I", _read_exact(fh, 4, "BMP header"))
+    if dib_size == 12:  # BITMAPCOREHEADER: 16-bit sizes
+        return struct.unpack("<HH", _read_exact(fh, 4, "BMP header"))
+    if dib_size < 40:
+        raise ValueError(f"BMP header: unknown {dib_size}-byte info header")
+    width, height = struct.unpack("<ii", _read_exact(fh, 8, "BMP header"))
+    return width, abs(height)  # a negative height: rows stored top-down
+
+
 def read_header(fh: BinaryIO) -> ImageHeader:
-    """Read the format and declared size from the start of an image file.
-
-    Reads only the header (for a JPEG, the segments before the frame header).
-
-    Args:
-        fh: the file, opened for binary reading at its start; seekable.
-
-    Raises:
-        ValueError: not a JPEG, PNG, GIF or WebP file, or its header is cut short or damaged.
-    """
-    head = fh.read(12)
+    """The format and declared size, read from the header alone of the seekable ``fh``."""
+    head = fh.read(14)
     if head.startswith(b"\xff\xd8"):
         fh.seek(2)
         width, height, kind = *_jpeg_size(fh), "jpeg"
-    elif head.startswith(PNG_SIGNATURE[:8]) and len(head) >= 8:
+    elif head.startswith(PNG_SIGNATURE):
         fh.seek(8)
         width, height, kind = *_png_size(fh), "png"
     elif head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
         (width, height), kind = struct.unpack("<HH", head[6:10]), "gif"
     elif head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        fh.seek(12)
         width, height, kind = *_webp_size(fh), "webp"
+    elif head[:2] == b"BM" and len(head) == 14:
+        width, height, kind = *_bmp_size(fh), "bmp"
     else:
-        raise ValueError("not a JPEG, PNG, GIF or WebP file")
+        raise ValueError("not a JPEG, PNG, GIF, WebP or BMP file")
     if width < 1 or height < 1:
         raise ValueError(f"{kind.upper()} header declares {width} x {height} pixels")
     return ImageHeader(kind, width, height)
 
 
 def check_size(header: ImageHeader, max_pixels: int, max_aspect_ratio: float) -> None:
-    """Refuse an image whose declared size is over the limits, before it is decoded.
-
-    Args:
-        header: from :func:`read_header`.
-        max_pixels: the largest width x height accepted.
-        max_aspect_ratio: the largest long side / short side accepted.
-
-    Raises:
-        ValueError: the size is over a limit; the message gives the size and the limit.
-    """
+    """Refuse a declared width x height over ``max_pixels`` or a long / short side over
+    ``max_aspect_ratio``."""
     w, h = header.width, header.height
     if w * h > max_pixels:
         raise ValueError(
@@ -156,15 +135,7 @@ def check_size(header: ImageHeader, max_pixels: int, max_aspect_ratio: float) ->
 
 
 def check_png_chunks(data: bytes) -> None:
-    """Verify a PNG's structure and the CRC-32 of every chunk up to IEND.
-
-    Args:
-        data: the whole file.
-
-    Raises:
-        ValueError: no PNG signature, a chunk running past the end, a CRC mismatch (named by
-            chunk type and offset), no IDAT, or no IEND.
-    """
+    """Verify the CRC-32 of every chunk of the whole PNG ``data`` up to IEND, and an IDAT."""
     if not data.startswith(PNG_SIGNATURE):
         raise ValueError("not a PNG file")
     pos, seen_idat = len(PNG_SIGNATURE), False

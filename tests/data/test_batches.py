@@ -4,6 +4,7 @@ stays within its limit."""
 
 import pytest
 import torch
+from torchvision.transforms import v2
 
 from facenet.data import IdentityFolder, PKSampler
 from facenet.data.batches import (
@@ -12,10 +13,9 @@ from facenet.data.batches import (
     collate_batches,
     collate_crops,
     crop_and_flip,
-    resized_size,
     standardize,
 )
-from facenet.data.images import build_transform
+from facenet.data.images import build_transform, cover_size, resize_to_cover
 from facenet.data.loading import make_loader, resolve_loader_settings, sample_seed
 from facenet.data.synthetic import SyntheticIdentities
 
@@ -64,11 +64,12 @@ def test_crop_and_flip_is_slicing_and_mirroring():
     assert torch.equal(out[1], images[1, :, 2:6, 0:4].flip(-1))
 
 
-def test_resized_size_matches_torchvision():
+def test_square_resize_matches_torchvision():
     for height, width in SHAPES:
-        image = torch.zeros(3, height, width, dtype=torch.uint8)
-        resized = build_transform(16, True, random_crop=False).transforms[0](image)
-        assert resized_size(height, width, 18) == tuple(resized.shape[-2:])
+        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
+        resized = v2.Resize(18, antialias=True)(image)
+        assert cover_size(height, width, (18, 18)) == tuple(resized.shape[-2:])
+        assert torch.equal(resize_to_cover(image, (18, 18)), resized)
 
 
 def test_collate_leaves_other_samples_to_the_default_collate():
