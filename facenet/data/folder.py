@@ -147,12 +147,7 @@ def list_identities(root: str | os.PathLike) -> dict[str, list[str]]:
 
 def _signature(listing: dict, limits: tuple[int, float]) -> str:
     """A hash of the listing and the limits the files were checked against."""
-    digest = hashlib.sha256(f"facenet-index-v{INDEX_VERSION} {limits}\n".encode())
-    for identity, files in listing.items():
-        digest.update(f"D {identity}\n".encode())
-        for name, mtime_ns, size in files:
-            digest.update(f"F {name} {mtime_ns} {size}\n".encode())
-    return digest.hexdigest()
+    return hashlib.sha256(json.dumps([INDEX_VERSION, limits, listing]).encode()).hexdigest()
 
 
 def _index_path(root: Path, cache_dir: str | os.PathLike | None) -> Path:
@@ -168,11 +163,8 @@ def _load_index(path: Path, signature: str) -> dict | None:
         index = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(index, dict) or index.get("signature") != signature:
-        return None
-    if index.get("version") != INDEX_VERSION or not isinstance(index.get("identities"), dict):
-        return None
-    return index
+    valid = isinstance(index, dict) and isinstance(index.get("identities"), dict)
+    return index if valid and index.get("signature") == signature else None
 
 
 def _save_index(path: Path, index: dict) -> None:
@@ -220,6 +212,10 @@ def _names_for_warning(names: list[str]) -> str:
     return shown
 
 
+def _warn(root: Path, what: str, names: list[str]) -> None:
+    warnings.warn(f"{root}: {what}: {_names_for_warning(names)}", stacklevel=4)
+
+
 class IdentityFolder(Dataset):
     """Face images in ``root/<identity>/<image>``, labelled by identity folder in name order.
 
@@ -256,7 +252,8 @@ class IdentityFolder(Dataset):
         self.decoded = DecodedCache(cache_bytes)
         index = self._load_or_build_index(cache_dir)
         self.skipped = self._apply_corrupt_policy(index["corrupt"], on_corrupt)
-        kept = {k: v for k, v in index["identities"].items() if k not in set(exclude)}
+        excluded = set(exclude)
+        kept = {k: v for k, v in index["identities"].items() if k not in excluded}
         self.classes = self._usable_identities(kept)
         self.class_to_idx = {name: label for label, name in enumerate(self.classes)}
         self.samples = [
@@ -286,21 +283,14 @@ class IdentityFolder(Dataset):
         if on_corrupt == "error":
             more = f" ({len(paths) - 1} more corrupt files)" if len(paths) > 1 else ""
             raise CorruptImageError(paths[0], corrupt[0][2] + more)
-        warnings.warn(
-            f"{self.root}: skipped {len(paths)} corrupt or unreadable image(s): "
-            + _names_for_warning(paths),
-            stacklevel=3,
-        )
+        _warn(self.root, f"skipped {len(paths)} corrupt or unreadable image(s)", paths)
         return paths
 
     def _usable_identities(self, identities: dict[str, list[str]]) -> list[str]:
         empty = [identity for identity, names in identities.items() if not names]
         if empty:
-            warnings.warn(
-                f"{self.root}: ignored {_count(len(empty), 'identity folder', 'identity folders')}"
-                " without usable images: " + _names_for_warning(empty),
-                stacklevel=3,
-            )
+            folders = _count(len(empty), "identity folder", "identity folders")
+            _warn(self.root, f"ignored {folders} without usable images", empty)
         usable = sorted(identity for identity, names in identities.items() if names)
         if len(usable) < 2:
             raise DataError(
@@ -314,12 +304,8 @@ class IdentityFolder(Dataset):
         too_few = np.bincount(labels, minlength=len(self.classes)) < self.min_images  # (C,)
         if too_few.any():
             names = [self.classes[c] for c in np.flatnonzero(too_few)]
-            warnings.warn(
-                f"{self.root}: {_count(len(names), 'identity', 'identities')} with fewer than "
-                f"{self.min_images} images left out of triplet sampling: "
-                + _names_for_warning(names),
-                stacklevel=3,
-            )
+            many = f"{_count(len(names), 'identity', 'identities')} with fewer than"
+            _warn(self.root, f"{many} {self.min_images} images left out of triplet sampling", names)
         return np.where(too_few[labels], -1, labels)
 
     def images_by_identity(self) -> dict[str, list[str]]:

@@ -97,11 +97,6 @@ def _checked_header(fh, max_pixels: int, max_aspect_ratio: float) -> ImageHeader
     return header
 
 
-def _sixteen_to_eight(array: np.ndarray) -> np.ndarray:
-    """The high byte of 16-bit samples, as ``to_dtype(uint8, scale=True)``: not clipped."""
-    return (np.clip(array.astype(np.int64), 0, 65535) >> 8).astype(np.uint8)
-
-
 def _decode_with_pillow(raw: bytes, max_pixels: int, max_aspect_ratio: float) -> torch.Tensor:
     """uint8 RGB (3, H, W) of the first frame (torchvision decodes every GIF frame).
 
@@ -115,8 +110,9 @@ def _decode_with_pillow(raw: bytes, max_pixels: int, max_aspect_ratio: float) ->
         check_size(ImageHeader(image.format, *image.size), max_pixels, max_aspect_ratio)
         image.load()
         image = ImageOps.exif_transpose(image)
-        if image.mode.startswith("I"):  # 16-bit grayscale stays 16-bit in Pillow
-            array = np.repeat(_sixteen_to_eight(np.asarray(image))[:, :, None], 3, axis=2)
+        if image.mode.startswith("I"):  # 16-bit grayscale: its high byte, as to_dtype scales
+            gray = np.clip(np.asarray(image).astype(np.int64), 0, 65535) >> 8  # (H, W)
+            array = np.repeat(gray.astype(np.uint8)[:, :, None], 3, axis=2)
         else:
             array = np.asarray(image.convert("RGB"))
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
@@ -258,16 +254,11 @@ def crop_or_pad(image: torch.Tensor, size: ImageSize) -> torch.Tensor:
 
 
 def cover_size(height: int, width: int, target: tuple[int, int]) -> tuple[int, int]:
-    """(H', W'): ``height`` x ``width`` scaled, aspect kept, to just cover ``target`` (R_h, R_w).
-
-    For a square target, ``v2.Resize(R)``'s size (the longer side's float product truncated);
-    otherwise the side needing the larger scale becomes its target, the other rounded down.
+    """(H', W'): ``height`` x ``width`` scaled, aspect kept, to just cover ``target`` (R_h, R_w):
+    the side needing the larger scale becomes its target, the other is rounded down (for a
+    square target ``v2.Resize(R)``'s size, its float product truncated: equal below 2**26).
     """
     out_h, out_w = target
-    if out_h == out_w:
-        if width <= height:
-            return int(out_w * height / width), out_w
-        return out_h, int(out_h * width / height)
     if out_h * width >= out_w * height:  # the height needs the larger scale
         return out_h, out_h * width // height  # integer: >= out_w exactly, no float slack
     return out_w * height // width, out_w
