@@ -94,24 +94,41 @@ def _bmp_size(fh: BinaryIO) -> tuple[int, int]:
     return width, abs(height)  # a negative height: rows stored top-down
 
 
+def image_format(head: bytes) -> str | None:
+    """The format of a file that starts with ``head``, or None when it is none of ours."""
+    if head.startswith(b"\xff\xd8"):
+        return "jpeg"
+    if head.startswith(PNG_SIGNATURE):
+        return "png"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    return "bmp" if head[:2] == b"BM" else None
+
+
+def _gif_size(fh: BinaryIO) -> tuple[int, int]:
+    return struct.unpack("<HH", _read_exact(fh, 4, "GIF header"))
+
+
+# format -> (where its size reader starts, the reader)
+_SIZE_READERS = {
+    "jpeg": (2, _jpeg_size),
+    "png": (8, _png_size),
+    "gif": (6, _gif_size),
+    "webp": (12, _webp_size),
+    "bmp": (14, _bmp_size),
+}
+
+
 def read_header(fh: BinaryIO) -> ImageHeader:
     """The format and declared size, read from the header alone of the seekable ``fh``."""
-    head = fh.read(14)
-    if head.startswith(b"\xff\xd8"):
-        fh.seek(2)
-        width, height, kind = *_jpeg_size(fh), "jpeg"
-    elif head.startswith(PNG_SIGNATURE):
-        fh.seek(8)
-        width, height, kind = *_png_size(fh), "png"
-    elif head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
-        (width, height), kind = struct.unpack("<HH", head[6:10]), "gif"
-    elif head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        fh.seek(12)
-        width, height, kind = *_webp_size(fh), "webp"
-    elif head[:2] == b"BM" and len(head) == 14:
-        width, height, kind = *_bmp_size(fh), "bmp"
-    else:
+    kind = image_format(fh.read(14))
+    if kind is None:
         raise ValueError("not a JPEG, PNG, GIF, WebP or BMP file")
+    start, size_reader = _SIZE_READERS[kind]
+    fh.seek(start)
+    width, height = size_reader(fh)
     if width < 1 or height < 1:
         raise ValueError(f"{kind.upper()} header declares {width} x {height} pixels")
     return ImageHeader(kind, width, height)

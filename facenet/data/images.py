@@ -26,7 +26,13 @@ from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from facenet.data.image_headers import ImageHeader, check_png_chunks, check_size, read_header
+from facenet.data.image_headers import (
+    ImageHeader,
+    check_png_chunks,
+    check_size,
+    image_format,
+    read_header,
+)
 from facenet.errors import DataError
 from facenet.sizes import ImageSize, image_hw
 
@@ -180,10 +186,11 @@ def inspect_image(
 
     Reads the header and the last KiB (a PNG whole, for its CRCs).
     """
-    if not looks_like_image(path):
-        return "not a complete JPEG, PNG, WebP, GIF or BMP file"
     try:
         with _open_regular(path, _max_bytes(max_pixels)) as fh:
+            if not _complete(fh):
+                return "not a complete JPEG, PNG, WebP, GIF or BMP file"
+            fh.seek(0)
             _checked_header(fh, max_pixels, max_aspect_ratio)
     except CorruptImageError as err:
         return err.reason
@@ -205,23 +212,27 @@ def looks_like_image(path: str | os.PathLike) -> bool:
     from its first bytes and its last KiB."""
     try:
         with _open_regular(path, max_bytes=2**63) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(16)
-            fh.seek(max(0, size - _TAIL_BYTES))
-            tail = fh.read(_TAIL_BYTES)
+            return _complete(fh)
     except (OSError, CorruptImageError):  # missing, unreadable, a FIFO or a device
         return False
-    if head.startswith(b"\xff\xd8\xff"):  # JPEG: SOI marker ... EOI marker
-        return b"\xff\xd9" in tail
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):  # PNG: signature ... IEND chunk
+
+
+def _complete(fh) -> bool:
+    """Whether the file starts with an image header and ends with its format's end marker."""
+    size = os.fstat(fh.fileno()).st_size
+    head = fh.read(16)
+    fh.seek(max(0, size - _TAIL_BYTES))
+    tail = fh.read(_TAIL_BYTES)
+    kind = image_format(head)
+    if kind == "jpeg":  # SOI marker ... EOI marker
+        return head[2:3] == b"\xff" and b"\xff\xd9" in tail
+    if kind == "png":  # signature ... IEND chunk
         return b"IEND" in tail[-64:]
-    if head[:6] in (b"GIF87a", b"GIF89a"):  # GIF: header ... trailer byte 0x3B
+    if kind == "gif":  # header ... trailer byte 0x3B
         return tail.rstrip(b"\x00").endswith(b"\x3b")
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":  # WebP: RIFF size = file size - 8
+    if kind == "webp":  # RIFF size = file size - 8
         return int.from_bytes(head[4:8], "little") + 8 <= size
-    if head[:2] == b"BM":  # BMP: the file header's file size
-        return int.from_bytes(head[2:6], "little") <= size
-    return False
+    return kind == "bmp" and int.from_bytes(head[2:6], "little") <= size  # the file's size
 
 
 def normalization(normalize: str) -> tuple[bool, tuple, tuple]:
