@@ -94,17 +94,15 @@ def crop_and_flip(
 
 def collate_crops(items: list[PendingCrop]) -> torch.Tensor:
     """uint8 (B, 3, S_h, S_w); images of one size are resized in one call."""
-    (out_h, out_w), target = items[0].size, resize_target(items[0].size)
-    out = torch.empty((len(items), items[0].image.shape[0], out_h, out_w), dtype=torch.uint8)
+    size, target = items[0].size, resize_target(items[0].size)
+    out = torch.empty((len(items), items[0].image.shape[0], *size), dtype=torch.uint8)
+    top, left, flip = (torch.tensor(c) for c in zip(*((i.top, i.left, i.flip) for i in items)))
     groups: dict[tuple, list[int]] = {}
     for row, item in enumerate(items):
         groups.setdefault(tuple(item.image.shape), []).append(row)
     for rows in groups.values():
         images = resize_to_cover(torch.stack([items[r].image for r in rows]), target)
-        top = torch.tensor([items[r].top for r in rows])  # (G,)
-        left = torch.tensor([items[r].left for r in rows])  # (G,)
-        flip = torch.tensor([items[r].flip for r in rows])  # (G,)
-        cropped = crop_and_flip(images, top, left, flip, (out_h, out_w))  # (G, 3, S_h, S_w)
+        cropped = crop_and_flip(images, top[rows], left[rows], flip[rows], size)  # (G, 3, S_h, S_w)
         if len(groups) == 1:  # aligned crops: one size, no scatter needed
             return cropped
         out[rows] = cropped
@@ -150,9 +148,6 @@ class DecodedCache:
     def budget(self) -> int:
         worker = get_worker_info()
         return self.max_bytes // (worker.num_workers if worker is not None else 1)
-
-    def get(self, index: int) -> torch.Tensor | None:
-        return self.images.get(index)
 
     def put(self, index: int, image: torch.Tensor) -> None:
         """Keep ``image`` (never modified afterwards) if it fits in this process's share."""

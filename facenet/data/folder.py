@@ -320,7 +320,7 @@ class IdentityFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        image = self.decoded.get(index)  # uint8 (3, H, W), or None
+        image = self.decoded.images.get(index)  # uint8 (3, H, W), or None
         if image is None:
             image = read_image(path, *self.limits)
             # The transform's deterministic part (TrainCrops.prepare) runs once per image.

@@ -182,15 +182,13 @@ def batch_to_device(batch, device: torch.device):
     return batch
 
 
-def _record_on(batch, stream) -> None:
-    """Keep the allocator from reusing the batch's memory (allocated on the copy stream)
-    before ``stream`` has read it."""
+def _tensors(batch):
+    """The tensors of a batch: a tensor, or nested tuples/lists of them and other items."""
     if isinstance(batch, torch.Tensor):
-        if batch.is_cuda:
-            batch.record_stream(stream)
+        yield batch
     elif isinstance(batch, (list, tuple)):
         for item in batch:
-            _record_on(item, stream)
+            yield from _tensors(item)
 
 
 def prefetch_to_device(loader: Iterable, device: torch.device):
@@ -213,18 +211,16 @@ def prefetch_to_device(loader: Iterable, device: torch.device):
     while pending is not done:
         compute = torch.cuda.current_stream(device)
         compute.wait_stream(copy_stream)  # the step reads the batch after its copy
-        _record_on(pending, compute)
+        for tensor in _tensors(pending):  # allocated on the copy stream: kept till it is read
+            if tensor.is_cuda:
+                tensor.record_stream(compute)
         batch, pending = pending, issue_next()
         yield batch
 
 
 def count_images(batch) -> int:
     """The images in a batch: the leading sizes of its 4-D tensors (nested tuples/lists)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.ndim == 4 else 0
-    if isinstance(batch, (list, tuple)):
-        return sum(count_images(item) for item in batch)
-    return 0
+    return sum(tensor.shape[0] for tensor in _tensors(batch) if tensor.ndim == 4)
 
 
 def measure_throughput(loader: Iterable, max_batches: int) -> float:

@@ -113,7 +113,7 @@ def test_the_decoded_cache_keeps_images_up_to_its_limit(folder):
     for index in range(4):
         cache.put(index, image)
     assert cache.bytes == 600 and sorted(cache.images) == [0, 1]
-    assert cache.get(0) is image and cache.get(3) is None
+    assert cache.images.get(0) is image and cache.images.get(3) is None
     dataset = IdentityFolder(folder, transform=None, cache_bytes=3 * 20 * 20 * 3)
     first = [dataset[i][0] for i in range(len(dataset))]
     assert len(dataset.decoded.images) == 3  # three 20 px images fit
