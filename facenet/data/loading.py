@@ -8,6 +8,7 @@ draws under it. A resumed epoch, on any number of workers, draws what the whole 
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -228,19 +229,12 @@ def measure_throughput(loader: Iterable, max_batches: int) -> float:
     untimed when there are more."""
     if max_batches < 1:
         raise ValueError(f"max_batches={max_batches}: expected >= 1")
-    first_images, images, batches = 0, 0, 0
-    started = timed_from = time.perf_counter()
-    for batch in loader:
-        batches += 1
-        if batches == 1:
-            first_images = count_images(batch)
-            timed_from = time.perf_counter()  # start-up excluded
-        else:
-            images += count_images(batch)
-        if batches >= max_batches:
-            break
-    if batches <= 1:  # a single batch: nothing to time but the start-up
-        images, timed_from = first_images, started
+    counts, times = [], [time.perf_counter()]  # times[i + 1]: when batch i had come
+    for batch in itertools.islice(loader, max_batches):
+        counts.append(count_images(batch))
+        times.append(time.perf_counter())
+    start = 1 if len(counts) > 1 else 0
+    images = sum(counts[start:])
     if images == 0:
         raise ValueError("measure_throughput: the loader gave no images (no 4-D tensors)")
-    return images / max(time.perf_counter() - timed_from, 1e-9)
+    return images / max(times[-1] - times[start], 1e-9)
