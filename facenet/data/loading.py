@@ -124,21 +124,17 @@ def default_num_workers(device_type: str, local_processes: int = 1) -> int:
     return max(0, min(_MAX_AUTO_WORKERS, cores - busy))
 
 
-def default_pin_memory(device_type: str) -> bool:
-    """``data.pin_memory: auto``: pinned batches for a GPU, whose copies are then asynchronous."""
-    return device_type == "cuda"
-
-
 def resolve_loader_settings(
     num_workers: int | str, pin_memory: bool | str, device_type: str
 ) -> tuple[int, bool]:
     """``(num_workers, pin_memory)`` with "auto" resolved for ``device_type`` ("cuda", "cpu")
-    and torchrun's ``LOCAL_WORLD_SIZE`` processes on this machine."""
+    and torchrun's ``LOCAL_WORLD_SIZE`` processes on this machine: pinned memory (asynchronous
+    copies) for a GPU."""
     if num_workers == "auto":
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         num_workers = default_num_workers(device_type, local)
     if pin_memory == "auto":
-        pin_memory = default_pin_memory(device_type)
+        pin_memory = device_type == "cuda"
     return int(num_workers), bool(pin_memory)
 
 
