@@ -50,8 +50,7 @@ class TrainCrops:
         """
         (side_h, side_w), top, left = self.size, 0, 0
         if not self.random_crop:  # v2.CenterCrop's rounding; nothing drawn
-            top = int(round((height - side_h) / 2.0))
-            left = int(round((width - side_w) / 2.0))
+            top, left = round((height - side_h) / 2.0), round((width - side_w) / 2.0)
         else:
             span_h = height - side_h + 1 if height > side_h else 0  # 0: nothing drawn
             span_w = width - side_w + 1 if width > side_w else 0
