@@ -144,14 +144,12 @@ class DecodedCache:
         self.images: dict[int, torch.Tensor] = {}
         self.bytes = 0
 
-    def budget(self) -> int:
-        worker = get_worker_info()
-        return self.max_bytes // (worker.num_workers if worker is not None else 1)
-
     def put(self, index: int, image: torch.Tensor) -> None:
         """Keep ``image`` (never modified afterwards) if it fits in this process's share."""
+        worker = get_worker_info()
+        share = self.max_bytes // (worker.num_workers if worker is not None else 1)
         size = image.numel() * image.element_size()
-        if self.bytes + size <= self.budget():
+        if self.bytes + size <= share:
             self.images[index] = image
             self.bytes += size
 

@@ -1,4 +1,4 @@
-"""Image folders: the one walk of ``root/<identity>/<image>`` trees, and :class:`IdentityFolder`.
+"""Image folders: walking ``root/<identity>/<image>`` trees, and :class:`IdentityFolder`.
 
 Symbolic links are followed, but every real directory is visited once (remembered by
 ``(st_dev, st_ino)``, folders reached without a link first): a link back up (``up -> ..``) or to

@@ -1,4 +1,4 @@
-"""PKSampler (P x K batches, coverage, determinism, ranks, resume) and the loader helpers."""
+"""PKSampler (P x K batches, coverage, determinism, ranks, resume) and the loader functions."""
 
 import math
 import random
