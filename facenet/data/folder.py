@@ -101,22 +101,17 @@ def _walk(root: Path, max_depth: int | None = None) -> tuple[list[Path], list[tu
         key = (info.st_dev, info.st_ino)
         (dropped if key in files_seen else real).append((path, info))
         files_seen.add(key)
-    _warn_skipped(root, skipped, [p for p, _ in dropped])
+    _warn(
+        root,
+        _skipped_links(root, skipped, "folders already listed or holding it"),
+        _skipped_links(root, [p for p, _ in dropped], "files already listed"),
+    )
     return folders, real
 
 
-def _warn_skipped(root, folder_links: list, file_links: list) -> None:
-    parts = [
-        f"skipped {_count(len(links), 'link', 'links')} to {what}: "
-        + _names_for_warning([Path(p).relative_to(root).as_posix() for p in links])
-        for links, what in (
-            (folder_links, "folders already listed or holding it"),
-            (file_links, "files already listed"),
-        )
-        if links
-    ]
-    if parts:
-        warnings.warn(f"{root}: " + "; ".join(parts), stacklevel=4)
+def _skipped_links(root: Path, links: list[Path], what: str) -> tuple[str, list[str]]:
+    names = [p.relative_to(root).as_posix() for p in links]
+    return f"skipped {_count(len(links), 'link', 'links')} to {what}", names
 
 
 def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
@@ -143,28 +138,6 @@ def list_identities(root: str | os.PathLike) -> dict[str, list[str]]:
     (an identity without images too); images elsewhere are left out."""
     listing = _identity_files(Path(root))
     return {identity: [name for name, _, _ in files] for identity, files in listing.items()}
-
-
-def _signature(listing: dict, limits: tuple[int, float]) -> str:
-    """A hash of the listing and the limits the files were checked against."""
-    return hashlib.sha256(json.dumps([INDEX_VERSION, limits, listing]).encode()).hexdigest()
-
-
-def _index_path(root: Path, cache_dir: str | os.PathLike | None) -> Path:
-    if cache_dir is None:
-        return root / INDEX_FILE_NAME
-    key = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:16]
-    return Path(cache_dir) / f"facenet_index_{key}.json"
-
-
-def _load_index(path: Path, signature: str) -> dict | None:
-    """The cached index at ``path`` if it matches ``signature``; else None."""
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    valid = isinstance(index, dict) and isinstance(index.get("identities"), dict)
-    return index if valid and index.get("signature") == signature else None
 
 
 def _save_index(path: Path, index: dict) -> None:
@@ -205,15 +178,17 @@ def _count(n: int, singular: str, plural: str) -> str:
     return f"{n} {singular if n == 1 else plural}"
 
 
-def _names_for_warning(names: list[str]) -> str:
-    shown = ", ".join(names[:_NAMES_IN_WARNING])
-    if len(names) > _NAMES_IN_WARNING:
-        shown += f" and {len(names) - _NAMES_IN_WARNING} more"
-    return shown
-
-
-def _warn(root: Path, what: str, names: list[str]) -> None:
-    warnings.warn(f"{root}: {what}: {_names_for_warning(names)}", stacklevel=4)
+def _warn(root: Path, *parts: tuple[str, list[str]]) -> None:
+    """One warning of the ``(what, names)`` parts that have names, up to 10 names each."""
+    text = "; ".join(
+        f"{what}: "
+        + ", ".join(names[:_NAMES_IN_WARNING])
+        + (f" and {len(names) - _NAMES_IN_WARNING} more" if len(names) > _NAMES_IN_WARNING else "")
+        for what, names in parts
+        if names
+    )
+    if text:
+        warnings.warn(f"{root}: {text}", stacklevel=4)
 
 
 class IdentityFolder(Dataset):
@@ -237,8 +212,7 @@ class IdentityFolder(Dataset):
         cache_dir: str | os.PathLike | None = None,
         min_images: int = 2,
         exclude: Collection[str] = (),
-        max_pixels: int = DEFAULT_MAX_PIXELS,
-        max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+        limits: tuple[int, float] = (DEFAULT_MAX_PIXELS, DEFAULT_MAX_ASPECT_RATIO),
         cache_bytes: int = 0,
     ):
         if on_corrupt not in ("skip", "error"):
@@ -248,7 +222,7 @@ class IdentityFolder(Dataset):
             raise DataError(f"dataset folder not found: {self.root}")
         self.transform = transform
         self.min_images = min_images
-        self.limits = (int(max_pixels), float(max_aspect_ratio))
+        self.limits = (int(limits[0]), float(limits[1]))
         self.decoded = DecodedCache(cache_bytes)
         index = self._load_or_build_index(cache_dir)
         self.skipped = self._apply_corrupt_policy(index["corrupt"], on_corrupt)
@@ -263,15 +237,26 @@ class IdentityFolder(Dataset):
         ]
         self.targets = [label for _, label in self.samples]
         self.triplet_labels = self._triplet_labels()  # (N,) int64
-        self.triplet_indices = np.flatnonzero(self.triplet_labels >= 0)
 
     def _load_or_build_index(self, cache_dir: str | os.PathLike | None) -> dict:
         listing = _identity_files(self.root)
-        signature = _signature(listing, self.limits)
-        self.index_path = _index_path(self.root, cache_dir)
-        index = _load_index(self.index_path, signature)
-        self.index_reused = index is not None
-        if index is None:
+        # A hash of the listing and the limits its files were checked against.
+        signature = json.dumps([INDEX_VERSION, self.limits, listing]).encode()
+        signature = hashlib.sha256(signature).hexdigest()
+        self.index_path = self.root / INDEX_FILE_NAME
+        if cache_dir is not None:
+            key = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:16]
+            self.index_path = Path(cache_dir) / f"facenet_index_{key}.json"
+        try:
+            index = json.loads(self.index_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            index = None
+        self.index_reused = (
+            isinstance(index, dict)
+            and isinstance(index.get("identities"), dict)
+            and index.get("signature") == signature
+        )
+        if not self.index_reused:
             index = _build_index(self.root, listing, signature, self.limits)
             _save_index(self.index_path, index)
         return index
@@ -283,14 +268,14 @@ class IdentityFolder(Dataset):
         if on_corrupt == "error":
             more = f" ({len(paths) - 1} more corrupt files)" if len(paths) > 1 else ""
             raise CorruptImageError(paths[0], corrupt[0][2] + more)
-        _warn(self.root, f"skipped {len(paths)} corrupt or unreadable image(s)", paths)
+        _warn(self.root, (f"skipped {len(paths)} corrupt or unreadable image(s)", paths))
         return paths
 
     def _usable_identities(self, identities: dict[str, list[str]]) -> list[str]:
         empty = [identity for identity, names in identities.items() if not names]
         if empty:
             folders = _count(len(empty), "identity folder", "identity folders")
-            _warn(self.root, f"ignored {folders} without usable images", empty)
+            _warn(self.root, (f"ignored {folders} without usable images", empty))
         usable = sorted(identity for identity, names in identities.items() if names)
         if len(usable) < 2:
             raise DataError(
@@ -305,15 +290,10 @@ class IdentityFolder(Dataset):
         if too_few.any():
             names = [self.classes[c] for c in np.flatnonzero(too_few)]
             many = f"{_count(len(names), 'identity', 'identities')} with fewer than"
-            _warn(self.root, f"{many} {self.min_images} images left out of triplet sampling", names)
+            _warn(
+                self.root, (f"{many} {self.min_images} images left out of triplet sampling", names)
+            )
         return np.where(too_few[labels], -1, labels)
-
-    def images_by_identity(self) -> dict[str, list[str]]:
-        """``{identity: [image path, ...]}`` over the usable images."""
-        result: dict[str, list[str]] = {name: [] for name in self.classes}
-        for path, label in self.samples:
-            result[self.classes[label]].append(path)
-        return result
 
     def __len__(self) -> int:
         return len(self.samples)
