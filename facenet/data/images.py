@@ -192,10 +192,8 @@ def inspect_image(
                 return "not a complete JPEG, PNG, WebP, GIF or BMP file"
             fh.seek(0)
             _checked_header(fh, max_pixels, max_aspect_ratio)
-    except CorruptImageError as err:
-        return err.reason
-    except ValueError as err:
-        return str(err)
+    except ValueError as err:  # a CorruptImageError has its reason
+        return getattr(err, "reason", str(err))
     except OSError as err:
         return err.strerror or str(err)
     return None
@@ -307,7 +305,6 @@ def build_transform(
     size = image_hw(image_size)  # (S_h, S_w)
     if preprocess not in EVAL_PREPROCESS:
         raise ValueError(f"preprocess={preprocess!r}: expected one of {EVAL_PREPROCESS}")
-    normalized = _normalize_steps(normalize)
     if not train and preprocess == "crop":
         steps = [partial(crop_or_pad, size=size)]
     else:
@@ -315,4 +312,4 @@ def build_transform(
         steps = [partial(resize_to_cover, target=resize_target(size)), crop]
         if train and hflip:
             steps.append(v2.RandomHorizontalFlip(p=0.5))
-    return v2.Compose(steps + normalized)
+    return v2.Compose(steps + _normalize_steps(normalize))

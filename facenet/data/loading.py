@@ -115,24 +115,17 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def default_num_workers(device_type: str, local_processes: int = 1) -> int:
-    """``data.num_workers: auto``: a worker per core of this process's share that the step
-    leaves free (a GPU step needs one core, a CPU step ``torch.get_num_threads()``); at most 8.
-    """
-    cores = available_cpus() // max(1, local_processes)
-    busy = 1 if device_type == "cuda" else torch.get_num_threads()
-    return max(0, min(_MAX_AUTO_WORKERS, cores - busy))
-
-
 def resolve_loader_settings(
     num_workers: int | str, pin_memory: bool | str, device_type: str
 ) -> tuple[int, bool]:
-    """``(num_workers, pin_memory)`` with "auto" resolved for ``device_type`` ("cuda", "cpu")
-    and torchrun's ``LOCAL_WORLD_SIZE`` processes on this machine: pinned memory (asynchronous
-    copies) for a GPU."""
+    """``(num_workers, pin_memory)`` with "auto" resolved for ``device_type`` ("cuda", "cpu"):
+    a worker per core of this process's share (torchrun's ``LOCAL_WORLD_SIZE`` processes on
+    this machine) that the step leaves free (a GPU step needs one core, a CPU step
+    ``torch.get_num_threads()``), at most 8; pinned memory (asynchronous copies) for a GPU."""
     if num_workers == "auto":
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-        num_workers = default_num_workers(device_type, local)
+        busy = 1 if device_type == "cuda" else torch.get_num_threads()
+        num_workers = max(0, min(_MAX_AUTO_WORKERS, available_cpus() // max(1, local) - busy))
     if pin_memory == "auto":
         pin_memory = device_type == "cuda"
     return int(num_workers), bool(pin_memory)

@@ -55,7 +55,7 @@ class PKSampler(Sampler[list[int]]):
         world_size: int = 1,
         batches_per_epoch: int | None = None,
     ):
-        _check_positive(p=p, k=k, world_size=world_size)
+        check_positive(p=p, k=k, world_size=world_size)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} is outside [0, world_size={world_size})")
         if batches_per_epoch is not None and batches_per_epoch < 1:
@@ -152,7 +152,8 @@ class PKSampler(Sampler[list[int]]):
         yield from self._images_for(rng, groups)[self.rank :: self.world_size]
 
 
-def _check_positive(**values: int) -> None:
+def check_positive(**values: int) -> None:
+    """Raise ValueError naming the first of ``values`` that is not a positive integer."""
     for name, value in values.items():
         if not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name}={value!r}: expected a positive integer")

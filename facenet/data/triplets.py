@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 from facenet.data.images import read_image
-from facenet.data.samplers import as_label_array
+from facenet.data.samplers import as_label_array, check_positive
 from facenet.errors import DataError
 
 
@@ -69,8 +69,7 @@ class TripletListDataset(Dataset):
         paths_or_dataset: Sequence[str | os.PathLike] | Dataset | None = None,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
-        if not isinstance(num_triplets, (int, np.integer)) or num_triplets < 1:
-            raise ValueError(f"num_triplets={num_triplets!r}: expected a positive integer")
+        check_positive(num_triplets=num_triplets)
         self.labels = as_label_array(labels)  # (N,)
         if paths_or_dataset is not None and len(paths_or_dataset) != len(self.labels):
             raise ValueError(
