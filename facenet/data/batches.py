@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import get_worker_info
+from torch.utils.data._utils.collate import collate, default_collate_fn_map
 from torchvision.transforms.v2 import functional as TF
 
 from facenet.data.images import cover_size, normalization, resize_target, resize_to_cover
@@ -91,8 +92,9 @@ def crop_and_flip(
     return torch.gather(pixels, 2, where).reshape(batch, channels, out_h, out_w)
 
 
-def collate_crops(items: list[PendingCrop]) -> torch.Tensor:
-    """uint8 (B, 3, S_h, S_w); images of one size are resized in one call."""
+def collate_crops(items: list[PendingCrop], *, collate_fn_map=None) -> torch.Tensor:
+    """uint8 (B, 3, S_h, S_w); images of one size are resized in one call (``collate_fn_map``:
+    torch's collate protocol, unused)."""
     size, target = items[0].size, resize_target(items[0].size)
     out = torch.empty((len(items), items[0].image.shape[0], *size), dtype=torch.uint8)
     top, left, flip = (torch.tensor(c) for c in zip(*((i.top, i.left, i.flip) for i in items)))
@@ -109,17 +111,9 @@ def collate_crops(items: list[PendingCrop]) -> torch.Tensor:
 
 
 def collate_batches(batch: list):
-    """The loader's collate: :class:`PendingCrop` columns become uint8 batches, anything else
-    goes to ``default_collate``."""
-    first = batch[0]
-    if isinstance(first, PendingCrop):
-        return collate_crops(batch)
-    if not isinstance(first, (tuple, list)) or not any(isinstance(x, PendingCrop) for x in first):
-        return default_collate(batch)
-    return [
-        collate_crops(list(c)) if isinstance(c[0], PendingCrop) else default_collate(list(c))
-        for c in zip(*batch)
-    ]
+    """The loader's collate: ``default_collate`` with :class:`PendingCrop` columns collated by
+    :func:`collate_crops` into uint8 batches."""
+    return collate(batch, collate_fn_map={PendingCrop: collate_crops, **default_collate_fn_map})
 
 
 def standardize(images: torch.Tensor, normalize: str = "fixed") -> torch.Tensor:

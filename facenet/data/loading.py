@@ -46,11 +46,6 @@ def batch_seeds(seed: int, rank: int, epoch: int, position: int, rows: int) -> n
     return (_mix64(links) >> 1).astype(np.int64)
 
 
-def sample_seed(seed: int, rank: int, epoch: int, position: int, row: int) -> int:
-    """The seed of one sample (:func:`batch_seeds`)."""
-    return int(batch_seeds(seed, rank, epoch, position, row + 1)[row])
-
-
 class SeededBatches:
     """``batch_sampler``'s batches as ``(index, seed)`` pairs; the epoch is read from
     ``epoch_of.epoch`` (default: the batch sampler's)."""

@@ -16,7 +16,7 @@ from facenet.data.batches import (
     standardize,
 )
 from facenet.data.images import build_transform, cover_size, resize_to_cover
-from facenet.data.loading import make_loader, resolve_loader_settings, sample_seed
+from facenet.data.loading import batch_seeds, make_loader, resolve_loader_settings
 from facenet.data.synthetic import SyntheticIdentities
 
 # Square crops as aligned faces are stored, and other sizes: each its own resize group.
@@ -33,7 +33,7 @@ def reference_and_batch(size, normalize="fixed", random_crop=True, hflip=True, s
     ]
     expected, pending = [], []
     for row, image in enumerate(images):
-        seed_of_sample = sample_seed(seed, 0, 1, 2, row)
+        seed_of_sample = int(batch_seeds(seed, 0, 1, 2, len(SHAPES))[row])
         torch.manual_seed(seed_of_sample)
         expected.append(reference(image))  # (3, S, S) float
         torch.manual_seed(seed_of_sample)
