@@ -6,14 +6,12 @@ and the last image of every class were never drawn; here every image can be draw
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from facenet.data.images import read_image
 from facenet.data.samplers import as_label_array, check_positive
 from facenet.errors import DataError
 
@@ -56,9 +54,8 @@ def generate_triplets(
 class TripletListDataset(Dataset):
     """The triplets of an epoch, a function of ``(seed, epoch)``; ``triplets`` is int64 (N, 3).
 
-    Items are ``(img_a, img_p, img_n, label_p, label_n)``: images read from paths (through
-    ``transform``) or taken from a dataset of ``(image, label)`` items; without either, the
-    dataset indices in their place.
+    Items are ``(img_a, img_p, img_n, label_p, label_n)``, the images taken from ``dataset``'s
+    ``(image, label)`` items; without a dataset, the dataset indices in their place.
     """
 
     def __init__(
@@ -66,20 +63,15 @@ class TripletListDataset(Dataset):
         labels: Sequence[int] | np.ndarray | torch.Tensor,
         num_triplets: int,
         seed: int = 0,
-        paths_or_dataset: Sequence[str | os.PathLike] | Dataset | None = None,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        dataset: Dataset | None = None,
     ):
         check_positive(num_triplets=num_triplets)
         self.labels = as_label_array(labels)  # (N,)
-        if paths_or_dataset is not None and len(paths_or_dataset) != len(self.labels):
-            raise ValueError(
-                f"paths_or_dataset has {len(paths_or_dataset)} items but labels has "
-                f"{len(self.labels)}"
-            )
+        if dataset is not None and len(dataset) != len(self.labels):
+            raise ValueError(f"dataset has {len(dataset)} items but labels has {len(self.labels)}")
         self.num_triplets = int(num_triplets)
         self.seed = seed
-        self.source = paths_or_dataset
-        self.transform = transform
+        self.dataset = dataset
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -87,18 +79,13 @@ class TripletListDataset(Dataset):
         rng = np.random.default_rng([self.seed, self.epoch])
         self.triplets = torch.from_numpy(generate_triplets(self.labels, self.num_triplets, rng))
 
-    def _image(self, index: int) -> torch.Tensor:
-        if isinstance(self.source, Dataset):
-            return self.source[index][0]
-        image = read_image(self.source[index])  # uint8 (3, H, W)
-        return self.transform(image) if self.transform is not None else image
-
     def __len__(self) -> int:
         return self.num_triplets
 
     def __getitem__(self, i: int) -> tuple:
         a, p, n = self.triplets[i].tolist()
         label_p, label_n = int(self.labels[p]), int(self.labels[n])
-        if self.source is None:
+        if self.dataset is None:
             return a, p, n, label_p, label_n
-        return self._image(a), self._image(p), self._image(n), label_p, label_n
+        images = [self.dataset[index][0] for index in (a, p, n)]
+        return *images, label_p, label_n
