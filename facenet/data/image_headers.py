@@ -26,30 +26,31 @@ class ImageHeader:
     height: int
 
 
-def _read_exact(fh: BinaryIO, n: int, what: str) -> bytes:
+def _read_exact(fh: BinaryIO, n: int) -> bytes:
+    """``n`` bytes of the header; EOFError when the file ends first (read_header names it)."""
     data = fh.read(n)
     if len(data) != n:
-        raise ValueError(f"truncated {what}")
+        raise EOFError
     return data
 
 
 def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
     """(width, height) from the first start-of-frame segment, walking the segments."""
     while True:
-        if _read_exact(fh, 1, "JPEG header") != b"\xff":
+        if _read_exact(fh, 1) != b"\xff":
             raise ValueError("JPEG header: expected a marker")
-        marker = _read_exact(fh, 1, "JPEG header")[0]
+        marker = _read_exact(fh, 1)[0]
         while marker == 0xFF:  # fill bytes before a marker
-            marker = _read_exact(fh, 1, "JPEG header")[0]
+            marker = _read_exact(fh, 1)[0]
         if marker in _JPEG_STANDALONE:
             continue
         if marker in (0xD9, 0xDA):  # end of image or start of scan before any frame header
             raise ValueError("JPEG header: no frame header before the image data")
-        (length,) = struct.unpack(">H", _read_exact(fh, 2, "JPEG header"))
+        (length,) = struct.unpack(">H", _read_exact(fh, 2))
         if length < 2:
             raise ValueError("JPEG header: segment length below 2")
         if marker in _JPEG_SOF:
-            segment = _read_exact(fh, length - 2, "JPEG frame header")
+            segment = _read_exact(fh, length - 2)
             if len(segment) < 5:
                 raise ValueError("JPEG frame header too short")
             height, width = struct.unpack(">HH", segment[1:5])
@@ -58,16 +59,16 @@ def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
 
 
 def _png_size(fh: BinaryIO) -> tuple[int, int]:
-    length, kind = struct.unpack(">I4s", _read_exact(fh, 8, "PNG header"))
+    length, kind = struct.unpack(">I4s", _read_exact(fh, 8))
     if kind != b"IHDR" or length != 13:
         raise ValueError("PNG header: the first chunk is not a 13-byte IHDR")
-    return struct.unpack(">II", _read_exact(fh, 8, "PNG header"))
+    return struct.unpack(">II", _read_exact(fh, 8))
 
 
 def _webp_size(fh: BinaryIO) -> tuple[int, int]:
     """(width, height) from the first chunk after ``RIFF....WEBP``: VP8, VP8L or VP8X."""
-    kind = _read_exact(fh, 8, "WebP header")[:4]
-    body = _read_exact(fh, 10, "WebP header")
+    kind = _read_exact(fh, 8)[:4]
+    body = _read_exact(fh, 10)
     if kind == b"VP8 ":  # frame tag (3 bytes), start code 9d 01 2a, 14-bit sizes
         if body[3:6] != b"\x9d\x01\x2a":
             raise ValueError("WebP header: bad VP8 start code")
@@ -85,12 +86,12 @@ def _webp_size(fh: BinaryIO) -> tuple[int, int]:
 
 def _bmp_size(fh: BinaryIO) -> tuple[int, int]:
     """(width, height) from the DIB header after the 14-byte file header."""
-    (dib_size,) = struct.unpack("<I", _read_exact(fh, 4, "BMP header"))
+    (dib_size,) = struct.unpack("<I", _read_exact(fh, 4))
     if dib_size == 12:  # BITMAPCOREHEADER: 16-bit sizes
-        return struct.unpack("<HH", _read_exact(fh, 4, "BMP header"))
+        return struct.unpack("<HH", _read_exact(fh, 4))
     if dib_size < 40:
         raise ValueError(f"BMP header: unknown {dib_size}-byte info header")
-    width, height = struct.unpack("<ii", _read_exact(fh, 8, "BMP header"))
+    width, height = struct.unpack("<ii", _read_exact(fh, 8))
     return width, abs(height)  # a negative height: rows stored top-down
 
 
@@ -108,7 +109,7 @@ def image_format(head: bytes) -> str | None:
 
 
 def _gif_size(fh: BinaryIO) -> tuple[int, int]:
-    return struct.unpack("<HH", _read_exact(fh, 4, "GIF header"))
+    return struct.unpack("<HH", _read_exact(fh, 4))
 
 
 # format -> (where its size reader starts, the reader)
@@ -128,7 +129,10 @@ def read_header(fh: BinaryIO) -> ImageHeader:
         raise ValueError("not a JPEG, PNG, GIF, WebP or BMP file")
     start, size_reader = _SIZE_READERS[kind]
     fh.seek(start)
-    width, height = size_reader(fh)
+    try:
+        width, height = size_reader(fh)
+    except EOFError:
+        raise ValueError(f"truncated {kind.upper()} header") from None
     if width < 1 or height < 1:
         raise ValueError(f"{kind.upper()} header declares {width} x {height} pixels")
     return ImageHeader(kind, width, height)

@@ -87,13 +87,10 @@ class PKSampler(Sampler[list[int]]):
                 f"{rule} can be drawn"
             )
         self.identities = identities  # (C,) the label of each identity
+        self.num_identities = len(identities)
         self._inverse = inverse  # (M,) identity number of each drawable image
         self._drawable = drawable  # (M,) dataset indices
         self._counts = counts  # (C,)
-
-    @property
-    def num_identities(self) -> int:
-        return len(self.identities)
 
     def _global_batch_count(self) -> int:
         if self.batches_per_epoch is not None:
