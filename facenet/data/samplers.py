@@ -58,8 +58,8 @@ class PKSampler(Sampler[list[int]]):
         check_positive(p=p, k=k, world_size=world_size)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} is outside [0, world_size={world_size})")
-        if batches_per_epoch is not None and batches_per_epoch < 1:
-            raise ValueError(f"batches_per_epoch={batches_per_epoch}: expected >= 1 or None")
+        if batches_per_epoch is not None:
+            check_positive(batches_per_epoch=batches_per_epoch)
         self.p, self.k, self.seed, self.epoch = p, k, seed, 0
         self.with_replacement = with_replacement
         self.rank, self.world_size = rank, world_size
