@@ -141,6 +141,14 @@ def gif_frame_declaring(side: int) -> bytes:
     return screen + frame + b"\x02\x02\x44\x01\x00\x3b"
 
 
+def bmp_declaring(width: int, height: int) -> bytes:
+    """A 24-bit BMP file header and info header declaring ``width`` x ``height``, then 16
+    bytes of pixels: the size a decoder would allocate is only in the header."""
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, 0, 2835, 2835, 0, 0)
+    size = 14 + len(info) + 16
+    return b"BM" + struct.pack("<IHHI", size, 0, 0, 14 + len(info)) + info + bytes(16)
+
+
 def good_cases() -> dict[str, GoodCase]:
     """Every kind of decodable image, by name."""
     rgb = pixels(0)
@@ -160,6 +168,7 @@ def good_cases() -> dict[str, GoodCase]:
             png16(sixteen_bit(gray, 2)), ".png", as_tensor(np.dstack([gray] * 3))
         ),
         "png16_rgb": GoodCase(png16(sixteen_bit(rgb, 3)), ".png", as_tensor(rgb)),
+        "bmp": GoodCase(pil_bytes(Image.fromarray(rgb), "BMP"), ".bmp", as_tensor(rgb)),
         "webp_lossless": GoodCase(
             pil_bytes(Image.fromarray(rgb), "WEBP", lossless=True), ".webp", as_tensor(rgb)
         ),
@@ -183,6 +192,8 @@ def bad_cases() -> dict[str, BadCase]:
         "jpeg_huge": BadCase(jpeg_declaring(60000, 60000), ".jpg", "more than the limit"),
         "png_huge": BadCase(png_declaring(60000, 60000), ".png", "more than the limit"),
         "png_strip": BadCase(png_declaring(20000, 10), ".png", "aspect ratio"),
+        "bmp_huge": BadCase(bmp_declaring(60000, 60000), ".bmp", "more than the limit"),
+        "bmp_strip": BadCase(bmp_declaring(20000, -10), ".bmp", "aspect ratio"),
         "gif_huge_frame": BadCase(gif_frame_declaring(60000), ".gif", "exceeds limit"),
         "gif_large_frame": BadCase(gif_frame_declaring(12000), ".gif", "more than the limit"),
         "not_an_image": BadCase(b"hello, world" * 4, ".jpg", "not a (complete )?JPEG, PNG"),

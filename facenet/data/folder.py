@@ -1,16 +1,10 @@
-"""A face dataset laid out as ``root/<identity>/<image>`` (VGGFace2, CASIA-WebFace, LFW crops).
+"""Image folders: walking ``root/<identity>/<image>`` trees, and :class:`IdentityFolder`.
 
-Listing a large folder and checking every image takes a while, so the index (identities, their
-usable images and the corrupt files found) is built once and cached in a JSON file, keyed on the
-folder's listing signature (names, modification times and sizes). Any change to the folder
-changes the signature and the index is rebuilt.
-
-Symbolic links are followed (a dataset made of links into a shared store works), but every
-real directory is visited once, remembered by ``(st_dev, st_ino)``: a link back to a folder
-already listed (``up -> ..``) or to a folder holding the root is skipped, so a walk neither
-loops nor lists a folder twice. Directories reached without a link are listed under their own
-path, links afterwards; a link to a file already listed is skipped too. What was skipped is
-named in one warning.
+Symbolic links are followed, but every real directory is visited once (remembered by
+``(st_dev, st_ino)``, folders reached without a link first): a link back up (``up -> ..``) or to
+a folder listed already is skipped, and so is a link to an image listed already, with one
+warning naming them. ``IdentityFolder`` checks every image once and caches the result in a JSON
+index keyed on the listing's names, modification times and sizes.
 """
 
 from __future__ import annotations
@@ -39,26 +33,10 @@ from facenet.data.images import (
 from facenet.errors import DataError
 from facenet.files import write_text_atomic
 
-__all__ = [
-    "IdentityFolder",
-    "INDEX_FILE_NAME",
-    "list_identities",
-    "list_images",
-    "listing_signature",
-]
-
 INDEX_FILE_NAME = ".facenet_index.json"
 INDEX_VERSION = 2  # 2: PNG checksums and the size limits checked; reasons recorded
-# How many names a warning lists before it says "and N more".
 _NAMES_IN_WARNING = 10
 _HEADER_CHECK_THREADS = 8
-
-# {identity: [(file name, mtime_ns, size), ...]}, both levels sorted by name.
-Listing = dict[str, list[tuple[str, int, int]]]
-
-
-def _is_image_name(name: str) -> bool:
-    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
 def _key(path) -> tuple[int, int] | None:
@@ -70,12 +48,6 @@ def _key(path) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
-def _enclosing_keys(root: Path) -> set:
-    """The keys of ``root`` and every folder above it: a link to one of them is a loop."""
-    real = Path(os.path.realpath(root))
-    return {k for k in (_key(p) for p in (real, *real.parents)) if k is not None}
-
-
 def _sorted_entries(folder) -> list[os.DirEntry]:
     """The entries of ``folder`` not hidden, by name; none if it cannot be read (as os.walk)."""
     try:
@@ -85,168 +57,87 @@ def _sorted_entries(folder) -> list[os.DirEntry]:
         return []
 
 
-def _drop_linked_duplicates(real: list, linked: list) -> tuple[list, list]:
-    """Files reached through a link to a file, less those listed already.
+def _walk(root: Path, max_depth: int | None = None) -> tuple[list[Path], list[tuple]]:
+    """``(folders, [(image path, stat), ...])`` under ``root``, folders down to ``max_depth``.
 
-    Args:
-        real: ``(item, key)`` of the files that are not links.
-        linked: ``(item, key)`` of the links to files, in walk order.
-
-    Returns:
-        ``(kept, dropped)`` items of ``linked``: a link is dropped when its file is among
-        ``real`` or was kept through an earlier link.
+    Depth first in name order; links to folders are followed after every folder reached
+    without one, and skipped when they lead to a folder seen or to one holding ``root``.
     """
-    seen = {key for _, key in real}
-    kept, dropped = [], []
-    for item, key in linked:
-        (dropped if key in seen else kept).append(item)
-        seen.add(key)
-    return kept, dropped
-
-
-def _warn_skipped(root, links: list, files: list) -> None:
-    """One warning naming the links a walk did not follow."""
-    parts = []
-    if links:
-        parts.append(
-            f"skipped {_count(len(links), 'link', 'links')} to folders already listed or "
-            "holding it: " + _names_for_warning([_relative(p, root) for p in links])
-        )
-    if files:
-        parts.append(
-            f"skipped {_count(len(files), 'link', 'links')} to files already listed: "
-            + _names_for_warning([_relative(p, root) for p in files])
-        )
-    if parts:
-        warnings.warn(f"{root}: " + "; ".join(parts), stacklevel=3)
-
-
-def _relative(path, root) -> str:
-    """``path`` relative to ``root`` where it lies under it (as walked), else as given."""
-    try:
-        return Path(path).relative_to(root).as_posix()
-    except ValueError:
-        return str(path)
-
-
-def _walk_once(root: Path) -> tuple[list[Path], list[Path], list[Path]]:
-    """Image files under ``root``, every real directory visited once.
-
-    Folders are taken depth first in name order, links to folders after every folder reached
-    without one (so a folder is listed under its own path when it has one).
-
-    Returns:
-        ``(files, skipped_folder_links, skipped_file_links)``.
-    """
-    seen, enclosing = set(), _enclosing_keys(root)
-    seen.add(_key(root))
-    stack, links, skipped = [root], [], []
-    real_files, linked_files = [], []
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder not found: {root}")
+    real_root = Path(os.path.realpath(root))
+    seen = {k for k in map(_key, (real_root, *real_root.parents)) if k is not None}
+    stack, links, folders, skipped = [(root, 0)], [], [], []
+    real, linked = [], []  # (path, stat) of image files, not links and links
     while stack or links:
-        if not stack:  # follow the next link to a folder, unless it leads somewhere seen
-            link = links.pop(0)
+        if not stack:
+            link, depth = links.pop(0)
             key = _key(link)
-            if key is None or key in seen or key in enclosing:
+            if key is None or key in seen:
                 skipped.append(link)
                 continue
             seen.add(key)
-            stack.append(link)
-        folder = stack.pop()
+            stack.append((link, depth))
+            folders.append(link)
+        folder, depth = stack.pop()
         subfolders = []
         for entry in _sorted_entries(folder):
             path = Path(folder, entry.name)
-            if entry.is_symlink() and entry.is_dir():
-                links.append(path)
-            elif entry.is_dir(follow_symlinks=False):
-                key = _key(path)
-                if key not in seen:  # a bind mount of a folder seen already
+            if entry.is_dir():
+                if max_depth is not None and depth + 1 >= max_depth:
+                    continue
+                if entry.is_symlink():
+                    links.append((path, depth + 1))
+                elif (key := _key(path)) not in seen:  # else a bind mount of a folder seen
                     seen.add(key)
-                    subfolders.append(path)
-            elif entry.is_file() and _is_image_name(entry.name):
-                files = linked_files if entry.is_symlink() else real_files
-                files.append((path, _key(path)))
+                    subfolders.append((path, depth + 1))
+            elif entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                (linked if entry.is_symlink() else real).append((path, entry.stat()))
+        folders += [path for path, _ in subfolders]
         stack.extend(reversed(subfolders))  # depth first, in name order
-    kept, dropped = _drop_linked_duplicates(real_files, linked_files)
-    return [p for p, _ in real_files] + kept, skipped, dropped
+    files_seen = {(s.st_dev, s.st_ino) for _, s in real}
+    dropped = []
+    for path, info in linked:  # a link to an image listed already (or through a link) is dropped
+        key = (info.st_dev, info.st_ino)
+        (dropped if key in files_seen else real).append((path, info))
+        files_seen.add(key)
+    _warn(
+        root,
+        _skipped_links(root, skipped, "folders already listed or holding it"),
+        _skipped_links(root, [p for p, _ in dropped], "files already listed"),
+    )
+    return folders, real
 
 
-def _identity_folders(root: Path) -> tuple[list[str], list[str]]:
-    """The identity folders of ``root`` by name, and the links skipped: a link to a folder
-    listed already (a real identity folder preferred) or to a folder holding ``root``."""
-    entries = [e for e in _sorted_entries(root) if e.is_dir()]
-    seen, enclosing = set(), _enclosing_keys(root)
-    identities, skipped = [], []
-    for entry in sorted(entries, key=lambda e: (e.is_symlink(), e.name)):
-        key = _key(root / entry.name)
-        if key is None or key in seen or key in enclosing:
-            skipped.append(entry.name)
-            continue
-        seen.add(key)
-        identities.append(entry.name)
-    return sorted(identities), skipped
+def _skipped_links(root: Path, links: list[Path], what: str) -> tuple[str, list[str]]:
+    names = [p.relative_to(root).as_posix() for p in links]
+    return f"skipped {_count(len(links), 'link', 'links')} to {what}", names
 
 
-def list_identities(root: Path) -> Listing:
-    """Every identity folder under ``root`` and the image files in it, with mtimes and sizes.
+def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """``(paths, labels)`` of every image under ``root``, sorted; the label is the top-level
+    folder's name ("" for an image directly in ``root``)."""
+    root = Path(root)
+    found = sorted(path for path, _ in _walk(root)[1])
+    labels = [p.relative_to(root).parts[0] if p.parent != root else "" for p in found]
+    return [str(p) for p in found], labels
 
-    Links are followed, but a folder or an image is listed once: a link to an identity folder
-    listed already, to a folder holding ``root`` or to an image listed already is skipped,
-    with one warning naming them.
 
-    Args:
-        root: the dataset folder; hidden entries and plain files at its top level are ignored.
-    """
-    identities, skipped = _identity_folders(root)
-    real, linked = [], []
-    for identity in identities:
-        for entry in _sorted_entries(root / identity):
-            if entry.is_file() and _is_image_name(entry.name):
-                stat = entry.stat()
-                item = (identity, (entry.name, stat.st_mtime_ns, stat.st_size))
-                (linked if entry.is_symlink() else real).append((item, (stat.st_dev, stat.st_ino)))
-    kept, dropped = _drop_linked_duplicates(real, linked)
-    listing: Listing = {identity: [] for identity in identities}
-    for identity, file in [item for item, _ in real] + kept:
-        listing[identity].append(file)
-    _warn_skipped(root, skipped, [f"{identity}/{file[0]}" for identity, file in dropped])
+def _identity_files(root: Path) -> dict[str, list[tuple[str, int, int]]]:
+    """``{identity: [(image name, mtime_ns, size), ...]}``, both levels sorted by name."""
+    folders, files = _walk(root, max_depth=2)
+    listing = {folder.name: [] for folder in sorted(folders)}
+    for path, info in files:
+        if path.parent != root:
+            listing[path.parent.name].append((path.name, info.st_mtime_ns, info.st_size))
     return {identity: sorted(files) for identity, files in listing.items()}
 
 
-def listing_signature(listing: Listing, limits: tuple[int, float] | None = None) -> str:
-    """A hash of every identity name, file name, modification time and size in a listing.
-
-    Args:
-        listing: the output of :func:`list_identities`.
-        limits: (max_pixels, max_aspect_ratio) the files were checked against; other limits
-            give another signature, so the index is rebuilt.
-    """
-    digest = hashlib.sha256(f"facenet-index-v{INDEX_VERSION} {limits}\n".encode())
-    for identity, files in listing.items():
-        digest.update(f"D {identity}\n".encode())
-        for name, mtime_ns, size in files:
-            digest.update(f"F {name} {mtime_ns} {size}\n".encode())
-    return digest.hexdigest()
-
-
-def _index_path(root: Path, cache_dir: str | os.PathLike | None) -> Path:
-    """Where the index of ``root`` is cached: next to the data, or in ``cache_dir``."""
-    if cache_dir is None:
-        return root / INDEX_FILE_NAME
-    key = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:16]
-    return Path(cache_dir) / f"facenet_index_{key}.json"
-
-
-def _load_index(path: Path, signature: str) -> dict | None:
-    """The cached index at ``path`` if it exists and matches ``signature``; else None."""
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(index, dict) or index.get("signature") != signature:
-        return None
-    if index.get("version") != INDEX_VERSION or not isinstance(index.get("identities"), dict):
-        return None
-    return index
+def list_identities(root: str | os.PathLike) -> dict[str, list[str]]:
+    """``{identity: [image file name, ...]}`` for every ``root/<identity>/`` folder, sorted
+    (an identity without images too); images elsewhere are left out."""
+    listing = _identity_files(Path(root))
+    return {identity: [name for name, _, _ in files] for identity, files in listing.items()}
 
 
 def _save_index(path: Path, index: dict) -> None:
@@ -254,7 +145,7 @@ def _save_index(path: Path, index: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(index))
-    except OSError as err:  # write_atomic has removed its temporary file
+    except OSError as err:  # write_text_atomic has removed its temporary file
         warnings.warn(
             f"cannot write the dataset index {path}: {err.strerror or err}; "
             "the folder will be checked again next time",
@@ -262,8 +153,8 @@ def _save_index(path: Path, index: dict) -> None:
         )
 
 
-def _build_index(root: Path, listing: Listing, signature: str, limits: tuple[int, float]) -> dict:
-    """Check every image's header (and PNG checksums); split usable and corrupt files."""
+def _build_index(root: Path, listing: dict, signature: str, limits: tuple[int, float]) -> dict:
+    """Check every image short of decoding; split usable and corrupt files."""
     pairs = [(identity, name) for identity, files in listing.items() for name, _, _ in files]
     with ThreadPoolExecutor(max_workers=_HEADER_CHECK_THREADS) as pool:
         reasons = list(pool.map(lambda p: inspect_image(root / p[0] / p[1], *limits), pairs))
@@ -287,51 +178,30 @@ def _count(n: int, singular: str, plural: str) -> str:
     return f"{n} {singular if n == 1 else plural}"
 
 
-def _names_for_warning(names: list[str]) -> str:
-    shown = ", ".join(names[:_NAMES_IN_WARNING])
-    if len(names) > _NAMES_IN_WARNING:
-        shown += f" and {len(names) - _NAMES_IN_WARNING} more"
-    return shown
+def _warn(root: Path, *parts: tuple[str, list[str]]) -> None:
+    """One warning of the ``(what, names)`` parts that have names, up to 10 names each."""
+    text = "; ".join(
+        f"{what}: "
+        + ", ".join(names[:_NAMES_IN_WARNING])
+        + (f" and {len(names) - _NAMES_IN_WARNING} more" if len(names) > _NAMES_IN_WARNING else "")
+        for what, names in parts
+        if names
+    )
+    if text:
+        warnings.warn(f"{root}: {text}", stacklevel=4)
 
 
 class IdentityFolder(Dataset):
-    """Face images in ``root/<identity>/<image>``, one label per identity folder.
+    """Face images in ``root/<identity>/<image>``, labelled by identity folder in name order.
 
-    Identities are numbered in sorted order of their folder names. A file that fails the checks
-    short of decoding (:func:`~facenet.data.images.inspect_image`: a regular file, complete,
-    its declared size within ``max_pixels`` and ``max_aspect_ratio``, a PNG's checksums) is
-    dropped with one warning naming the files (``on_corrupt="skip"``) or raises
-    :class:`CorruptImageError` (``on_corrupt="error"``); a file that passes them but still
-    cannot be decoded raises :class:`CorruptImageError` naming it when loaded. Identity folders
-    with no usable image are ignored with a warning. Identities with fewer than ``min_images``
-    images stay in ``samples`` but are left out of triplet sampling (``triplet_labels`` is -1
-    for them), with a warning.
-
-    Attributes:
-        samples: ``[(path, label), ...]``, grouped by identity.
-        targets: the labels of ``samples``.
-        classes: identity names; ``classes[label]`` is the folder of that label.
-        class_to_idx: identity name -> label.
-        triplet_labels: int64 array (N,): the label, or -1 where the identity has fewer than
-            ``min_images`` images. Samplers draw only samples with a label >= 0.
-        triplet_indices: int64 array of the dataset indices with ``triplet_labels >= 0``.
-        skipped: paths of the corrupt files left out.
-        index_path: where the index is cached.
-        index_reused: True when the cached index matched the folder and nothing was re-checked.
-
-    Args:
-        root: the dataset folder.
-        transform: applied to the uint8 (3, H, W) image; None returns the image as decoded.
-        on_corrupt: "skip" or "error".
-        cache_dir: where to cache the index; None caches it in ``root`` as
-            ``.facenet_index.json``.
-        min_images: identities with fewer images are left out of triplet sampling.
-        exclude: identity names to leave out entirely (held out for evaluation).
-        max_pixels: images declaring more pixels are corrupt for ``on_corrupt``.
-        max_aspect_ratio: images declaring a longer side / shorter side above this, too.
-        cache_bytes: keep decoded images (after ``transform.prepare`` where the transform has
-            one) in memory up to this many bytes over all loading processes
-            (:class:`~facenet.data.batches.DecodedCache`; 0: decode every time).
+    A file that fails :func:`~facenet.data.images.inspect_image` is left out with one warning
+    (``on_corrupt="skip"``) or raises :class:`CorruptImageError` (``"error"``); one that passes
+    but cannot be decoded raises when loaded. Identities without a usable image are ignored;
+    those with fewer than ``min_images`` stay in ``samples`` but get ``triplet_labels`` -1,
+    which samplers never draw. ``exclude`` names identities left out entirely (held out).
+    ``cache_bytes`` keeps decoded images (after ``transform.prepare`` where the transform has
+    one) in memory, over all loading processes; ``cache_dir`` holds the index instead of
+    ``root``. Items are ``(transform(image), label)``, the image uint8 (3, H, W).
     """
 
     def __init__(
@@ -342,8 +212,7 @@ class IdentityFolder(Dataset):
         cache_dir: str | os.PathLike | None = None,
         min_images: int = 2,
         exclude: Collection[str] = (),
-        max_pixels: int = DEFAULT_MAX_PIXELS,
-        max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+        limits: tuple[int, float] = (DEFAULT_MAX_PIXELS, DEFAULT_MAX_ASPECT_RATIO),
         cache_bytes: int = 0,
     ):
         if on_corrupt not in ("skip", "error"):
@@ -353,7 +222,7 @@ class IdentityFolder(Dataset):
             raise DataError(f"dataset folder not found: {self.root}")
         self.transform = transform
         self.min_images = min_images
-        self.limits = (int(max_pixels), float(max_aspect_ratio))
+        self.limits = (int(limits[0]), float(limits[1]))
         self.decoded = DecodedCache(cache_bytes)
         index = self._load_or_build_index(cache_dir)
         self.skipped = self._apply_corrupt_policy(index["corrupt"], on_corrupt)
@@ -367,19 +236,29 @@ class IdentityFolder(Dataset):
             for name in index["identities"][identity]
         ]
         self.targets = [label for _, label in self.samples]
-        self.triplet_labels = self._triplet_labels()
-        self.triplet_indices = np.flatnonzero(self.triplet_labels >= 0)
+        self.triplet_labels = self._triplet_labels()  # (N,) int64
 
     def _load_or_build_index(self, cache_dir: str | os.PathLike | None) -> dict:
-        listing = list_identities(self.root)
-        signature = listing_signature(listing, self.limits)
-        path = _index_path(self.root, cache_dir)
-        index = _load_index(path, signature)
-        self.index_reused = index is not None
-        if index is None:
+        listing = _identity_files(self.root)
+        # A hash of the listing and the limits its files were checked against.
+        signature = json.dumps([INDEX_VERSION, self.limits, listing]).encode()
+        signature = hashlib.sha256(signature).hexdigest()
+        self.index_path = self.root / INDEX_FILE_NAME
+        if cache_dir is not None:
+            key = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:16]
+            self.index_path = Path(cache_dir) / f"facenet_index_{key}.json"
+        try:
+            index = json.loads(self.index_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            index = None
+        self.index_reused = (
+            isinstance(index, dict)
+            and isinstance(index.get("identities"), dict)
+            and index.get("signature") == signature
+        )
+        if not self.index_reused:
             index = _build_index(self.root, listing, signature, self.limits)
-            _save_index(path, index)
-        self.index_path = path
+            _save_index(self.index_path, index)
         return index
 
     def _apply_corrupt_policy(self, corrupt: list, on_corrupt: str) -> list[str]:
@@ -389,94 +268,45 @@ class IdentityFolder(Dataset):
         if on_corrupt == "error":
             more = f" ({len(paths) - 1} more corrupt files)" if len(paths) > 1 else ""
             raise CorruptImageError(paths[0], corrupt[0][2] + more)
-        warnings.warn(
-            f"{self.root}: skipped {len(paths)} corrupt or unreadable image(s): "
-            + _names_for_warning(paths),
-            stacklevel=3,
-        )
+        _warn(self.root, (f"skipped {len(paths)} corrupt or unreadable image(s)", paths))
         return paths
 
     def _usable_identities(self, identities: dict[str, list[str]]) -> list[str]:
-        usable = [identity for identity, names in identities.items() if names]
         empty = [identity for identity, names in identities.items() if not names]
         if empty:
-            warnings.warn(
-                f"{self.root}: ignored {_count(len(empty), 'identity folder', 'identity folders')}"
-                " without usable images: " + _names_for_warning(empty),
-                stacklevel=3,
-            )
+            folders = _count(len(empty), "identity folder", "identity folders")
+            _warn(self.root, (f"ignored {folders} without usable images", empty))
+        usable = sorted(identity for identity, names in identities.items() if names)
         if len(usable) < 2:
             raise DataError(
                 f"{self.root}: found {len(usable)} identity folder(s) with usable images; "
                 "need at least 2 (layout: root/<identity>/<image>)"
             )
-        return sorted(usable)
+        return usable
 
     def _triplet_labels(self) -> np.ndarray:
         labels = np.asarray(self.targets, dtype=np.int64)  # (N,)
-        counts = np.bincount(labels, minlength=len(self.classes))  # (C,)
-        too_few = counts < self.min_images
+        too_few = np.bincount(labels, minlength=len(self.classes)) < self.min_images  # (C,)
         if too_few.any():
             names = [self.classes[c] for c in np.flatnonzero(too_few)]
-            warnings.warn(
-                f"{self.root}: {_count(len(names), 'identity', 'identities')} with fewer than "
-                f"{self.min_images} images left out of triplet sampling: "
-                + _names_for_warning(names),
-                stacklevel=3,
+            many = f"{_count(len(names), 'identity', 'identities')} with fewer than"
+            _warn(
+                self.root, (f"{many} {self.min_images} images left out of triplet sampling", names)
             )
         return np.where(too_few[labels], -1, labels)
-
-    def images_by_identity(self) -> dict[str, list[str]]:
-        """``{identity: [image path, ...]}`` over the usable images (for making pairs)."""
-        result: dict[str, list[str]] = {name: [] for name in self.classes}
-        for path, label in self.samples:
-            result[self.classes[label]].append(path)
-        return result
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        """``(image, label)``; the image as ``transform`` makes it.
-
-        Raises:
-            CorruptImageError: the file cannot be decoded (it names the file).
-        """
         path, label = self.samples[index]
-        image = self.decoded.get(index)  # uint8 (3, H, W), or None
+        image = self.decoded.images.get(index)  # uint8 (3, H, W), or None
         if image is None:
             image = read_image(path, *self.limits)
-            # A transform's deterministic first part (TrainCrops.prepare: the resize) is
-            # cached with the image, so it runs once per image, not once per draw.
+            # The transform's deterministic part (TrainCrops.prepare) runs once per image.
             prepare = getattr(self.transform, "prepare", None)
             image = prepare(image) if prepare is not None else image
             self.decoded.put(index, image)
         if self.transform is not None:
             image = self.transform(image)
         return image, label
-
-
-def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
-    """Every image file under ``root`` (sorted), and its identity: the top-level folder name.
-
-    Links are followed, but every real directory is visited once (see the module docstring):
-    a loop through ``..`` ends, and a folder or an image reached twice is listed once, with one
-    warning naming the links skipped.
-
-    Args:
-        root: a folder of identity folders (``root/<identity>/.../<image>``) or of images;
-            hidden files and folders are left out.
-
-    Returns:
-        ``(paths, labels)``; the label of an image directly in ``root`` is "".
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"image folder not found: {root}")
-    found, skipped_links, skipped_files = _walk_once(root)
-    _warn_skipped(root, skipped_links, skipped_files)
-    found.sort()
-    labels = [
-        p.relative_to(root).parts[0] if len(p.relative_to(root).parts) > 1 else "" for p in found
-    ]
-    return [str(p) for p in found], labels

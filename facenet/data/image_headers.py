@@ -1,13 +1,8 @@
-"""What an image file says about itself before it is decoded: format, size, PNG checksums.
+"""What an image file declares before it is decoded: its format and size, a PNG's checksums.
 
-Decoders allocate what the header asks for, so the size is read first and checked against
-limits (:func:`check_size`): a 400 KB PNG can declare 20000 x 20000 pixels (1.2 GB once
-decoded), and a 1 x 200000 strip costs a gigabyte inside the resize to a square network input.
-:func:`check_png_chunks` verifies the CRC-32 of every PNG chunk: damage in the middle of a PNG
-is then found and named before a decoder sees it.
-
-Every function raises ``ValueError`` with a short reason; :mod:`facenet.data.images` turns it
-into a :class:`~facenet.data.images.CorruptImageError` naming the file.
+Decoders allocate what the header asks for (a 400 KB PNG can declare 20000 x 20000 pixels), so
+the size is checked against limits first. Every function raises ``ValueError`` with a short
+reason; :mod:`facenet.data.images` names the file.
 """
 
 from __future__ import annotations
@@ -16,8 +11,6 @@ import struct
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
-
-__all__ = ["ImageHeader", "read_header", "check_size", "check_png_chunks", "PNG_SIGNATURE"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they hold the size.
@@ -28,44 +21,36 @@ _JPEG_STANDALONE = {0x01, *range(0xD0, 0xD8)}
 
 @dataclass(frozen=True)
 class ImageHeader:
-    """The format and the declared size of an image.
-
-    Attributes:
-        format: "jpeg", "png", "gif" or "webp".
-        width: pixels per row.
-        height: rows.
-    """
-
-    format: str
+    format: str  # "jpeg", "png", "gif", "webp" or "bmp"
     width: int
     height: int
 
 
-def _read_exact(fh: BinaryIO, n: int, what: str) -> bytes:
+def _read_exact(fh: BinaryIO, n: int) -> bytes:
+    """``n`` bytes of the header; EOFError when the file ends first (read_header names it)."""
     data = fh.read(n)
     if len(data) != n:
-        raise ValueError(f"truncated {what}")
+        raise EOFError
     return data
 
 
 def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
     """(width, height) from the first start-of-frame segment, walking the segments."""
     while True:
-        byte = _read_exact(fh, 1, "JPEG header")
-        if byte != b"\xff":
+        if _read_exact(fh, 1) != b"\xff":
             raise ValueError("JPEG header: expected a marker")
-        marker = _read_exact(fh, 1, "JPEG header")[0]
+        marker = _read_exact(fh, 1)[0]
         while marker == 0xFF:  # fill bytes before a marker
-            marker = _read_exact(fh, 1, "JPEG header")[0]
+            marker = _read_exact(fh, 1)[0]
         if marker in _JPEG_STANDALONE:
             continue
         if marker in (0xD9, 0xDA):  # end of image or start of scan before any frame header
             raise ValueError("JPEG header: no frame header before the image data")
-        (length,) = struct.unpack(">H", _read_exact(fh, 2, "JPEG header"))
+        (length,) = struct.unpack(">H", _read_exact(fh, 2))
         if length < 2:
             raise ValueError("JPEG header: segment length below 2")
         if marker in _JPEG_SOF:
-            segment = _read_exact(fh, length - 2, "JPEG frame header")
+            segment = _read_exact(fh, length - 2)
             if len(segment) < 5:
                 raise ValueError("JPEG frame header too short")
             height, width = struct.unpack(">HH", segment[1:5])
@@ -74,18 +59,16 @@ def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
 
 
 def _png_size(fh: BinaryIO) -> tuple[int, int]:
-    """(width, height) from the IHDR chunk, which must come first."""
-    length, kind = struct.unpack(">I4s", _read_exact(fh, 8, "PNG header"))
+    length, kind = struct.unpack(">I4s", _read_exact(fh, 8))
     if kind != b"IHDR" or length != 13:
         raise ValueError("PNG header: the first chunk is not a 13-byte IHDR")
-    width, height = struct.unpack(">II", _read_exact(fh, 8, "PNG header"))
-    return width, height
+    return struct.unpack(">II", _read_exact(fh, 8))
 
 
 def _webp_size(fh: BinaryIO) -> tuple[int, int]:
     """(width, height) from the first chunk after ``RIFF....WEBP``: VP8, VP8L or VP8X."""
-    kind = _read_exact(fh, 8, "WebP header")[:4]
-    body = _read_exact(fh, 10, "WebP header")
+    kind = _read_exact(fh, 8)[:4]
+    body = _read_exact(fh, 10)
     if kind == b"VP8 ":  # frame tag (3 bytes), start code 9d 01 2a, 14-bit sizes
         if body[3:6] != b"\x9d\x01\x2a":
             raise ValueError("WebP header: bad VP8 start code")
@@ -101,46 +84,63 @@ def _webp_size(fh: BinaryIO) -> tuple[int, int]:
     raise ValueError(f"WebP header: unknown chunk {kind!r}")
 
 
-def read_header(fh: BinaryIO) -> ImageHeader:
-    """Read the format and declared size from the start of an image file.
+def _bmp_size(fh: BinaryIO) -> tuple[int, int]:
+    """(width, height) from the DIB header after the 14-byte file header."""
+    (dib_size,) = struct.unpack("<I", _read_exact(fh, 4))
+    if dib_size == 12:  # BITMAPCOREHEADER: 16-bit sizes
+        return struct.unpack("<HH", _read_exact(fh, 4))
+    if dib_size < 40:
+        raise ValueError(f"BMP header: unknown {dib_size}-byte info header")
+    width, height = struct.unpack("<ii", _read_exact(fh, 8))
+    return width, abs(height)  # a negative height: rows stored top-down
 
-    Reads only the header (for a JPEG, the segments before the frame header).
 
-    Args:
-        fh: the file, opened for binary reading at its start; seekable.
-
-    Raises:
-        ValueError: not a JPEG, PNG, GIF or WebP file, or its header is cut short or damaged.
-    """
-    head = fh.read(12)
+def image_format(head: bytes) -> str | None:
+    """The format of a file that starts with ``head``, or None when it is none of ours."""
     if head.startswith(b"\xff\xd8"):
-        fh.seek(2)
-        width, height, kind = *_jpeg_size(fh), "jpeg"
-    elif head.startswith(PNG_SIGNATURE[:8]) and len(head) >= 8:
-        fh.seek(8)
-        width, height, kind = *_png_size(fh), "png"
-    elif head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
-        (width, height), kind = struct.unpack("<HH", head[6:10]), "gif"
-    elif head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        width, height, kind = *_webp_size(fh), "webp"
-    else:
-        raise ValueError("not a JPEG, PNG, GIF or WebP file")
+        return "jpeg"
+    if head.startswith(PNG_SIGNATURE):
+        return "png"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    return "bmp" if head[:2] == b"BM" else None
+
+
+def _gif_size(fh: BinaryIO) -> tuple[int, int]:
+    return struct.unpack("<HH", _read_exact(fh, 4))
+
+
+# format -> (where its size reader starts, the reader)
+_SIZE_READERS = {
+    "jpeg": (2, _jpeg_size),
+    "png": (8, _png_size),
+    "gif": (6, _gif_size),
+    "webp": (12, _webp_size),
+    "bmp": (14, _bmp_size),
+}
+
+
+def read_header(fh: BinaryIO) -> ImageHeader:
+    """The format and declared size, read from the header alone of the seekable ``fh``."""
+    kind = image_format(fh.read(14))
+    if kind is None:
+        raise ValueError("not a JPEG, PNG, GIF, WebP or BMP file")
+    start, size_reader = _SIZE_READERS[kind]
+    fh.seek(start)
+    try:
+        width, height = size_reader(fh)
+    except EOFError:
+        raise ValueError(f"truncated {kind.upper()} header") from None
     if width < 1 or height < 1:
         raise ValueError(f"{kind.upper()} header declares {width} x {height} pixels")
     return ImageHeader(kind, width, height)
 
 
 def check_size(header: ImageHeader, max_pixels: int, max_aspect_ratio: float) -> None:
-    """Refuse an image whose declared size is over the limits, before it is decoded.
-
-    Args:
-        header: from :func:`read_header`.
-        max_pixels: the largest width x height accepted.
-        max_aspect_ratio: the largest long side / short side accepted.
-
-    Raises:
-        ValueError: the size is over a limit; the message gives the size and the limit.
-    """
+    """Refuse a declared width x height over ``max_pixels`` or a long / short side over
+    ``max_aspect_ratio``."""
     w, h = header.width, header.height
     if w * h > max_pixels:
         raise ValueError(
@@ -156,15 +156,7 @@ def check_size(header: ImageHeader, max_pixels: int, max_aspect_ratio: float) ->
 
 
 def check_png_chunks(data: bytes) -> None:
-    """Verify a PNG's structure and the CRC-32 of every chunk up to IEND.
-
-    Args:
-        data: the whole file.
-
-    Raises:
-        ValueError: no PNG signature, a chunk running past the end, a CRC mismatch (named by
-            chunk type and offset), no IDAT, or no IEND.
-    """
+    """Verify the CRC-32 of every chunk of the whole PNG ``data`` up to IEND, and an IDAT."""
     if not data.startswith(PNG_SIGNATURE):
         raise ValueError("not a PNG file")
     pos, seen_idat = len(PNG_SIGNATURE), False

@@ -4,6 +4,7 @@ stays within its limit."""
 
 import pytest
 import torch
+from torchvision.transforms import v2
 
 from facenet.data import IdentityFolder, PKSampler
 from facenet.data.batches import (
@@ -12,11 +13,10 @@ from facenet.data.batches import (
     collate_batches,
     collate_crops,
     crop_and_flip,
-    resized_size,
     standardize,
 )
-from facenet.data.images import build_transform
-from facenet.data.loading import make_loader, resolve_loader_settings, sample_seed
+from facenet.data.images import build_transform, cover_size, resize_to_cover
+from facenet.data.loading import batch_seeds, make_loader, resolve_loader_settings
 from facenet.data.synthetic import SyntheticIdentities
 
 # Square crops as aligned faces are stored, and other sizes: each its own resize group.
@@ -33,7 +33,7 @@ def reference_and_batch(size, normalize="fixed", random_crop=True, hflip=True, s
     ]
     expected, pending = [], []
     for row, image in enumerate(images):
-        seed_of_sample = sample_seed(seed, 0, 1, 2, row)
+        seed_of_sample = int(batch_seeds(seed, 0, 1, 2, len(SHAPES))[row])
         torch.manual_seed(seed_of_sample)
         expected.append(reference(image))  # (3, S, S) float
         torch.manual_seed(seed_of_sample)
@@ -64,11 +64,12 @@ def test_crop_and_flip_is_slicing_and_mirroring():
     assert torch.equal(out[1], images[1, :, 2:6, 0:4].flip(-1))
 
 
-def test_resized_size_matches_torchvision():
+def test_square_resize_matches_torchvision():
     for height, width in SHAPES:
-        image = torch.zeros(3, height, width, dtype=torch.uint8)
-        resized = build_transform(16, True, random_crop=False).transforms[0](image)
-        assert resized_size(height, width, 18) == tuple(resized.shape[-2:])
+        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
+        resized = v2.Resize(18, antialias=True)(image)
+        assert cover_size(height, width, (18, 18)) == tuple(resized.shape[-2:])
+        assert torch.equal(resize_to_cover(image, (18, 18)), resized)
 
 
 def test_collate_leaves_other_samples_to_the_default_collate():
@@ -112,7 +113,7 @@ def test_the_decoded_cache_keeps_images_up_to_its_limit(folder):
     for index in range(4):
         cache.put(index, image)
     assert cache.bytes == 600 and sorted(cache.images) == [0, 1]
-    assert cache.get(0) is image and cache.get(3) is None
+    assert cache.images.get(0) is image and cache.images.get(3) is None
     dataset = IdentityFolder(folder, transform=None, cache_bytes=3 * 20 * 20 * 3)
     first = [dataset[i][0] for i in range(len(dataset))]
     assert len(dataset.decoded.images) == 3  # three 20 px images fit

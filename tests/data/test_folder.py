@@ -14,7 +14,12 @@ from torchvision.io import encode_jpeg, write_png
 
 import facenet.data.folder as folder_module
 from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder, list_images
-from facenet.data.images import CorruptImageError, build_transform
+from facenet.data.images import (
+    DEFAULT_MAX_ASPECT_RATIO,
+    DEFAULT_MAX_PIXELS,
+    CorruptImageError,
+    build_transform,
+)
 from facenet.inference.embed import embed_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
@@ -108,7 +113,6 @@ def test_one_image_identity_stays_in_samples_but_not_in_triplet_sampling(root):
     assert carol in ds.targets
     expected = np.where(np.asarray(ds.targets) == carol, -1, ds.targets)
     assert np.array_equal(ds.triplet_labels, expected)
-    assert np.array_equal(ds.triplet_indices, np.flatnonzero(expected >= 0))
     left_out = [m for m in messages if "left out of triplet sampling" in m]
     assert len(left_out) == 1 and "carol" in left_out[0] and "alice" not in left_out[0]
 
@@ -236,7 +240,7 @@ def test_damaged_and_oversized_pngs_are_found_at_index_time_with_the_reason(root
     data[middle : middle + 5] = b"\x00\xff\x00\xff\x00"
     (root / "alice" / "a5_damaged.png").write_bytes(bytes(data))  # header and IEND intact
     write_png(torch.zeros(3, 1, 200, dtype=torch.uint8), str(root / "bob" / "b5_strip.png"))
-    ds, messages = build(root, max_aspect_ratio=20.0)
+    ds, messages = build(root, limits=(DEFAULT_MAX_PIXELS, 20.0))
     assert str(root / "alice" / "a5_damaged.png") in ds.skipped
     assert str(root / "bob" / "b5_strip.png") in ds.skipped
     assert any("a5_damaged.png" in m and "b5_strip.png" in m for m in messages)
@@ -252,9 +256,11 @@ def test_damaged_and_oversized_pngs_are_found_at_index_time_with_the_reason(root
 
 def test_other_limits_rebuild_the_index(root):
     assert build(root)[1] and build(root)[0].index_reused
-    again, _ = build(root, max_pixels=144)  # 12 x 12 = 144 pixels: every image within it
+    again, _ = build(
+        root, limits=(144, DEFAULT_MAX_ASPECT_RATIO)
+    )  # 12 x 12 = 144 pixels: every image within it
     assert not again.index_reused
-    assert build(root, max_pixels=144)[0].index_reused
+    assert build(root, limits=(144, DEFAULT_MAX_ASPECT_RATIO))[0].index_reused
 
 
 # --------------------------------------------------------------------------- links
@@ -325,7 +331,8 @@ def test_identity_folder_lists_each_real_folder_and_image_once(tmp_path):
         folder = IdentityFolder(root, cache_dir=tmp_path / "cache", min_images=1)
     assert folder.classes == ["A", "B", "ext"]
     by_identity = {
-        k: sorted(Path(p).name for p in v) for k, v in folder.images_by_identity().items()
+        k: sorted(Path(p).name for p, label in folder.samples if folder.classes[label] == k)
+        for k in folder.classes
     }
     assert by_identity == {
         "A": ["a1.jpg", "a2.jpg", "outside.jpg"],

@@ -15,8 +15,7 @@ from torchvision.io import encode_jpeg, encode_png, write_png
 from facenet.data.folder import IdentityFolder
 from facenet.data.image_headers import ImageHeader, read_header
 from facenet.data.images import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
+    NORMALIZATIONS,
     CorruptImageError,
     build_transform,
     decode_image_bytes,
@@ -109,6 +108,8 @@ def test_header_check_accepts_complete_and_rejects_truncated_files(tmp_path):
         "cut.png": (png[: len(png) - 20], False),
         "empty.png": (b"", False),
         "text.jpg": (b"hello", False),
+        "ok.bmp": (GOOD["bmp"].data, True),
+        "cut.bmp": (GOOD["bmp"].data[:-30], False),
     }
     for name, (data, expected) in cases.items():
         (tmp_path / name).write_bytes(data)
@@ -135,8 +136,9 @@ def test_fixed_normalisation_is_facenet_standardisation():
 def test_imagenet_normalisation_uses_mean_and_std():
     image = random_image(h=18, w=18)
     out = build_transform(16, train=False, normalize="imagenet")(image)
-    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    _, mean, std = NORMALIZATIONS["imagenet"]
+    mean = torch.tensor(mean).view(3, 1, 1)
+    std = torch.tensor(std).view(3, 1, 1)
     torch.testing.assert_close(out, (image[CENTRE].float() / 255 - mean) / std)
 
 
@@ -279,6 +281,10 @@ def test_header_sizes_of_every_format(tmp_path):
     vp8l_bits = (640 - 1) | ((480 - 1) << 14)
     webp = b"RIFF\x00\x00\x00\x00WEBPVP8L\x00\x00\x00\x00\x2f" + vp8l_bits.to_bytes(4, "little")
     assert read_header(io.BytesIO(webp + b"\x00" * 8)) == ImageHeader("webp", 640, 480)
+    bmp = b"BM" + bytes(12) + struct.pack("<Iii", 40, 33, -21) + bytes(28)  # top-down rows
+    assert read_header(io.BytesIO(bmp)) == ImageHeader("bmp", 33, 21)
+    core = b"BM" + bytes(12) + struct.pack("<IHH", 12, 5, 6)  # BITMAPCOREHEADER
+    assert read_header(io.BytesIO(core)) == ImageHeader("bmp", 5, 6)
     with pytest.raises(ValueError, match="not a JPEG"):
         read_header(io.BytesIO(b"hello world!"))
 

@@ -1,4 +1,4 @@
-"""PKSampler (P x K batches, coverage, determinism, ranks, resume) and the loader helpers."""
+"""PKSampler (P x K batches, coverage, determinism, ranks, resume) and the loader functions."""
 
 import math
 import random
@@ -151,10 +151,12 @@ def test_ranks_get_disjoint_equal_shares_covering_every_identity(world_size):
 
 def test_drop_last_false_yields_a_shorter_last_batch():
     labels = np.repeat(np.arange(7), 3)
-    batches = list(PKSampler(labels, p=3, k=3, drop_last=False))
+    sampler = PKSampler(labels, p=3, k=3)
+    assert [len(b) for b in sampler] == [9, 9, 9]
+    sampler.drop_last = False
+    batches = list(sampler)
     assert [len(b) for b in batches] == [9, 9, 3]
     assert {labels[i] for b in batches for i in b} == set(range(7))
-    assert [len(b) for b in PKSampler(labels, p=3, k=3, drop_last=True)] == [9, 9, 9]
 
 
 def test_epoch_length_follows_the_number_of_images():
