@@ -169,7 +169,6 @@ def _check_state(state, architecture: dict, path, name: str) -> dict:
             f"{name}[{_HEAD_KEY!r}] has shape {shape}; the architecture's embedding_dim is "
             f"{architecture['embedding_dim']}",
         )
-    _check_finite(state, path)
     return state
 
 
@@ -184,8 +183,9 @@ def _check_finite(state: Mapping, path) -> None:
 
 
 def _build(architecture: dict, state: Mapping, path, image_size: ImageSize) -> EmbeddingNet:
-    """An EmbeddingNet of ``architecture`` for ``image_size`` inputs holding ``state`` (its
-    classifier keys dropped)."""
+    """An EmbeddingNet of ``architecture`` for ``image_size`` inputs holding ``state`` (finite;
+    its classifier keys dropped)."""
+    _check_finite(state, path)
     weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
     model = EmbeddingNet(
         backbone=architecture["backbone"],
@@ -321,7 +321,6 @@ def _from_port(port: Port, weights: dict, contents: dict, path) -> TrainedModel:
     architecture = _check_architecture(
         {"backbone": port.backbone, "embedding_dim": int(head.shape[0]), "dropout": 0.0}, path
     )
-    _check_finite(ours, path)
     epoch = contents.get("epoch")
     return TrainedModel(
         model=_build(architecture, ours, path, size),

@@ -156,13 +156,15 @@ def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: s
         for k, v in expected.items()
         if k in state and state[k].shape != v.shape
     ]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing keys: {_list_keys(missing)}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected keys: {_list_keys(unexpected)}")
-    if mismatched:
-        problems.append(f"{len(mismatched)} shape mismatches: {_list_keys(mismatched)}")
+    problems = [
+        f"{len(keys)} {kind}: {_list_keys(keys)}"
+        for kind, keys in (
+            ("missing keys", missing),
+            ("unexpected keys", unexpected),
+            ("shape mismatches", mismatched),
+        )
+        if keys
+    ]
     if problems:
         raise WeightsError(f"weights file {path} does not fit {what}: " + "; ".join(problems))
 

@@ -158,11 +158,6 @@ _BLOCK_LAYERS = (
 )
 
 
-def _map_block_key(rest: str) -> str:
-    index, param = rest.split(".", 1)
-    return f"{_BLOCK_LAYERS[int(index)]}.{param}"
-
-
 _TOP_LEVEL = {"conv1": "stem", "dw_conv1": "stem_dw", "conv2": "conv_1x1", "linear7": "gdc"}
 
 
@@ -171,7 +166,8 @@ def _map_key(key: str) -> str:
     top, _, rest = key.partition(".")
     if top == "blocks":  # blocks.<i>.conv.<j>.<param>
         block, _, inner = rest.partition(".")
-        return f"backbone.blocks.{block}.{_map_block_key(inner.removeprefix('conv.'))}"
+        layer, param = inner.removeprefix("conv.").split(".", 1)
+        return f"backbone.blocks.{block}.{_BLOCK_LAYERS[int(layer)]}.{param}"
     if top in _TOP_LEVEL:
         return f"backbone.{_TOP_LEVEL[top]}.{rest.replace('prelu.', 'act.', 1)}"
     if top == "linear1":  # the 1x1 linear conv + BN to the embedding: our head
