@@ -96,8 +96,7 @@ class AlignSettings:
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AlignSettings:
         """A publisher's settings, ``overrides`` that are not None replacing them."""
-        preset = ALIGN_PRESETS[name]
-        settings = cls(**{f: getattr(preset, f) for f in preset.__dataclass_fields__}, preset=name)
+        settings = cls(**asdict(ALIGN_PRESETS[name]), preset=name)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
     @property
@@ -259,21 +258,22 @@ def _source_region(matrix: np.ndarray, height: int, width: int, shape) -> tuple[
     return x0, y0, x1, y1
 
 
-def _warp_affine(image: np.ndarray, matrix, height: int, width: int) -> np.ndarray:
-    """(H, W[, C]) uint8 warped by the (2, 3) ``matrix`` into (height, width[, C]): bilinear,
-    0 outside (OpenCV's ``warpAffine``, as insightface calls it); only the region read is
-    converted to floats."""
-    image = np.asarray(image)
-    matrix = np.asarray(matrix, dtype=np.float64)
-    out_shape = (height, width, *image.shape[2:])
-    x0, y0, x1, y1 = _source_region(matrix, height, width, image.shape)
+def _warp_affine(image, matrix: np.ndarray, height: int, width: int) -> np.ndarray:
+    """A (H, W[, C]) uint8 array or a PIL image warped by the (2, 3) ``matrix`` into (height,
+    width[, C]): bilinear, 0 outside (OpenCV's ``warpAffine``, as insightface calls it). Only
+    the region the warp reads is taken from the image, so a large photo costs no more."""
+    pil = isinstance(image, Image.Image)
+    shape = (image.height, image.width, len(image.getbands())) if pil else np.shape(image)
+    out_shape = (height, width, *shape[2:])
+    x0, y0, x1, y1 = _source_region(matrix, height, width, shape)
     if x1 <= x0 or y1 <= y0:
         return np.zeros(out_shape, dtype=np.uint8)
+    region = np.asarray(image.crop((x0, y0, x1, y1))) if pil else image[y0:y1, x0:x1]
     shifted = matrix.copy()
     shifted[:, 2] += matrix[:, :2] @ [x0, y0]  # the same map, from the region's pixels
     inverse = np.linalg.inv(np.vstack([shifted, [0.0, 0.0, 1.0]]))  # crop -> region
     warped = _skimage_transform().warp(
-        image[y0:y1, x0:x1],
+        region,
         inverse,
         output_shape=out_shape[:2],
         order=1,
@@ -289,7 +289,8 @@ def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -
     bilinear warp; returns the (height, width, 3) uint8 crop.
 
     Args:
-        image: (H, W, 3) uint8 array (its channel order is kept) or a PIL image.
+        image: (H, W, 3) uint8 array (its channel order is kept) or a PIL image (only the
+            region around the face is read).
         landmarks: (5, 2) as ``Face.landmarks``, counted from 0 (insightface's detectors;
             subtract 1 from facenet-pytorch's ``MTCNN.detect``).
         template: "arcface" (112 x 112), "sphereface" (112 x 96, H x W) or a
@@ -300,7 +301,8 @@ def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -
             raise ValueError(f"template={template!r}: expected one of {tuple(TEMPLATES)}")
         template = TEMPLATES[template]
     matrix = similarity_matrix(landmarks, template.pixel_points())
-    return _warp_affine(np.asarray(image), matrix, template.height, template.width)
+    image = image if isinstance(image, Image.Image) else np.asarray(image)
+    return _warp_affine(image, matrix, template.height, template.width)
 
 
 # --------------------------------------------------------------------------- the aligner
@@ -333,23 +335,23 @@ class Aligner:
             raise ValueError(f"select={settings.select!r}: expected one of {SELECTIONS}")
         self.settings = settings
         self.mtcnn = _load_mtcnn(device)
+        self.smallest = int(self.mtcnn.min_face_size)  # MTCNN's smallest face, in pixels
 
     def too_small(self, image: Image.Image) -> str:
         """Why MTCNN cannot search ``image``, or "": a shorter side under its smallest face
         leaves no scale to search (facenet-pytorch stops on an empty list)."""
-        smallest = int(getattr(self.mtcnn, "min_face_size", 20))
-        if min(image.size) >= smallest:
+        if min(image.size) >= self.smallest:
             return ""
         return (
             f"{image.width} x {image.height} px is smaller than the smallest face MTCNN "
-            f"searches for ({smallest} px)"
+            f"searches for ({self.smallest} px)"
         )
 
     def detect(self, images: list[Image.Image]) -> list[Face | None]:
         """The chosen face of each image, searched on its reduced copy, in the image's own
         pixels; None where none is found or the image is too small."""
-        smallest = int(getattr(self.mtcnn, "min_face_size", 20))
-        copies = [_detection_copy(image, self.settings.detect_size, smallest) for image in images]
+        size = self.settings.detect_size
+        copies = [_detection_copy(image, size, self.smallest) for image in images]
         by_size = defaultdict(list)  # MTCNN batches only images of one size
         for i, image in enumerate(images):
             if not self.too_small(image):
@@ -376,23 +378,12 @@ class Aligner:
     def crop(self, image: Image.Image, face: Face | tuple) -> Image.Image:
         """The crop of a :class:`Face` (a template warp with a template preset) or of a box
         (x0, y0, x1, y1): box plus margin, resized bilinearly as the publishers resize."""
-        height, width = self.settings.crop_size
         if isinstance(face, Face) and self.settings.template is not None:
-            return self._warp(image, face.landmarks)
+            return Image.fromarray(align_face(image, face.landmarks, self.settings.template))
+        height, width = self.settings.crop_size
         box = face.box if isinstance(face, Face) else face
         region = crop_box(box, image.width, image.height, self.settings)
         return image.crop(region).resize((width, height), Image.BILINEAR)
-
-    def _warp(self, image: Image.Image, landmarks: np.ndarray) -> Image.Image:
-        """The template warp, reading only the part of ``image`` around the face (not a copy
-        of the whole photo)."""
-        template = TEMPLATES[self.settings.template]
-        matrix = similarity_matrix(landmarks, template.pixel_points())
-        x0, y0, x1, y1 = _source_region(matrix, template.height, template.width, image.size[::-1])
-        if x1 <= x0 or y1 <= y0:
-            return Image.new("RGB", (template.width, template.height))
-        region = np.asarray(image.crop((x0, y0, x1, y1)))
-        return Image.fromarray(align_face(region, landmarks - [x0, y0], template))
 
     def align(self, jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
         """Align ``(source, target)`` pairs, decoding at most ``_HELD_PIXELS`` at a time; each
@@ -425,11 +416,12 @@ class Aligner:
             return AlignOutcome(source, target, "no_face", reason=reason)
         if face is None:
             height, width = self.settings.crop_size
-            box, prob = _centre_box(image.width, image.height, width / height), None
-            status, data = "centre_crop", _encode(self.crop(image, box), Path(target))
+            box = _centre_box(image.width, image.height, width / height)
+            status, prob, crop = "centre_crop", None, self.crop(image, box)
         else:
-            box, prob = face.box, face.probability
-            status, data = "aligned", _encode(self.crop(image, face), Path(target))
+            status, box, prob = "aligned", face.box, face.probability
+            crop = self.crop(image, face)
+        data = _encode(crop, Path(target))
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(target, lambda fh: fh.write(data))
         return AlignOutcome(source, target, status, box, prob, reason)
