@@ -1,9 +1,9 @@
 """Export a trained model: ``--checkpoint CKPT --format onnx|pt2|weights --out FILE``.
 
 ``onnx`` and ``pt2`` are checked against the eager model on a batch of another size and written
-only within ``--tolerance``. The threshold carried is ``--threshold``, or the one saved with the
-model when it was chosen for these weights as exported (no flip, no mean subtraction, ``resize``
-preprocessing); one chosen otherwise is an error naming what differs.
+only within ``--tolerance``. The threshold carried is ``--threshold``, or the model's saved
+threshold when it was chosen for these weights as exported (no flip, no mean subtraction,
+``resize`` preprocessing); a threshold chosen otherwise is an error naming what differs.
 """
 
 from __future__ import annotations
