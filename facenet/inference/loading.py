@@ -112,6 +112,20 @@ def _bad(path, what: str) -> CheckpointError:
     return CheckpointError(f"{path}: {what}")
 
 
+def _mapping(value, name: str, path) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise _bad(path, f"{name} must be a dict, got {type(value).__name__}")
+    return value
+
+
+def _fields(section: Mapping, names: tuple[str, ...], path, prefix: str = "") -> list:
+    """The values of ``names`` in a weights export's ``section``, each required."""
+    for name in names:
+        if name not in section:
+            raise _bad(path, f"a weights export without its '{prefix}{name}' field")
+    return [section[name] for name in names]
+
+
 def _int_in(value, name: str, bounds: tuple[int, int], path) -> int:
     low, high = bounds
     if isinstance(value, bool) or not isinstance(value, int):
@@ -122,8 +136,7 @@ def _int_in(value, name: str, bounds: tuple[int, int], path) -> int:
 
 
 def _check_architecture(architecture, path) -> dict:
-    if not isinstance(architecture, Mapping):
-        raise _bad(path, f"architecture must be a dict, got {type(architecture).__name__}")
+    architecture = _mapping(architecture, "architecture", path)
     backbone = architecture.get("backbone")
     if backbone not in BACKBONES:
         raise _bad(path, f"architecture.backbone {backbone!r}: valid backbones: {BACKBONES}")
@@ -182,17 +195,12 @@ def _check_finite(state: Mapping, path) -> None:
         raise _bad(path, f"{len(bad)} weight tensor(s) hold NaN or infinite values: {named}")
 
 
-def _build(architecture: dict, state: Mapping, path, image_size: ImageSize) -> EmbeddingNet:
-    """An EmbeddingNet of ``architecture`` for ``image_size`` inputs holding ``state`` (finite;
-    its classifier keys dropped)."""
+def _trained(architecture: dict, state: Mapping, path, image_size, normalize, kind, **fields):
+    """A TrainedModel whose EmbeddingNet of ``architecture`` holds ``state`` (finite; its
+    classifier keys dropped)."""
     _check_finite(state, path)
     weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
-    model = EmbeddingNet(
-        backbone=architecture["backbone"],
-        embedding_dim=architecture["embedding_dim"],
-        dropout=architecture["dropout"],
-        input_size=image_hw(image_size),
-    )
+    model = EmbeddingNet(**architecture, input_size=image_hw(image_size))
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
@@ -200,7 +208,9 @@ def _build(architecture: dict, state: Mapping, path, image_size: ImageSize) -> E
             f"{path}: its weights do not fit its saved architecture: "
             + " ".join(line.strip() for line in str(err).splitlines()[:2])
         ) from None
-    return model.eval()
+    return TrainedModel(
+        model.eval(), image_size, normalize, kind, str(path), architecture, **fields
+    )
 
 
 def _section(config: Mapping, name: str, path) -> Mapping:
@@ -235,33 +245,24 @@ def _epoch_threshold(state: dict, digest, path) -> dict:
 
 
 def _from_training_checkpoint(state: dict, path) -> TrainedModel:
-    model_cfg = _section(state["config"], "model", path)
+    architecture = _check_architecture(_section(state["config"], "model", path), path)
     data_cfg = _section(state["config"], "data", path)
-    architecture = _check_architecture(
-        {
-            k: model_cfg.get(k, 0.0 if k == "dropout" else None)
-            for k in ("backbone", "embedding_dim", "dropout")
-        },
-        path,
-    )
     image_size, normalize = _check_preprocess(
         data_cfg.get("image_size", 64), data_cfg.get("normalize", "fixed"), path, "data"
     )
     weights = _check_state(state["model"], architecture, path, "model")
-    trained = TrainedModel(
-        model=_build(architecture, weights, path, image_size),
-        image_size=image_size,
-        normalize=normalize,
-        kind="checkpoint",
-        path=str(path),
-        architecture=architecture,
-        epoch=state.get("epoch") if isinstance(state.get("epoch"), int) else None,
+    epoch = state.get("epoch")
+    trained = _trained(
+        architecture,
+        weights,
+        path,
+        image_size,
+        normalize,
+        "checkpoint",
+        epoch=epoch if isinstance(epoch, int) else None,
     )
     trained.verification = _epoch_threshold(state, trained.weights_sha256, path)
     return trained
-
-
-_WEIGHTS_FIELDS = ("architecture", "preprocess", "state_dict")
 
 
 def _from_weights_export(state: dict, path) -> TrainedModel:
@@ -271,37 +272,30 @@ def _from_weights_export(state: dict, path) -> TrainedModel:
             f"{path}: weights export version {state.get('version')!r}; this package reads "
             f"version {WEIGHTS_VERSION}"
         )
-    for name in _WEIGHTS_FIELDS:
-        if name not in state:
-            raise _bad(path, f"a weights export without its '{name}' field")
-    architecture = _check_architecture(state["architecture"], path)
-    preprocess = state["preprocess"]
-    if not isinstance(preprocess, Mapping):
-        raise _bad(path, f"preprocess must be a dict, got {type(preprocess).__name__}")
-    for name in ("image_size", "normalize"):
-        if name not in preprocess:
-            raise _bad(path, f"a weights export without its 'preprocess.{name}' field")
-    image_size, normalize = _check_preprocess(
-        preprocess["image_size"], preprocess["normalize"], path, "preprocess"
+    architecture, preprocess, weights = _fields(
+        state, ("architecture", "preprocess", "state_dict"), path
     )
-    weights = _check_state(state["state_dict"], architecture, path, "state_dict")
-    verification = state.get("verification") or {}
-    if not isinstance(verification, Mapping):
-        raise _bad(path, f"verification must be a dict, got {type(verification).__name__}")
+    architecture = _check_architecture(architecture, path)
+    preprocess = _fields(
+        _mapping(preprocess, "preprocess", path), ("image_size", "normalize"), path, "preprocess."
+    )
+    image_size, normalize = _check_preprocess(*preprocess, path, "preprocess")
+    weights = _check_state(weights, architecture, path, "state_dict")
+    verification = _mapping(state.get("verification") or {}, "verification", path)
     record = ThresholdRecord.from_dict(verification, str(path))
     if verification and record is None:
         raise _bad(path, f"verification holds no numeric threshold: {dict(verification)!r}")
     if record is not None and not math.isfinite(record.value):
         raise _bad(path, f"verification threshold {record.value!r} is not a finite number")
-    return TrainedModel(
-        model=_build(architecture, weights, path, image_size),
-        image_size=image_size,
-        normalize=normalize,
-        kind="weights",
-        path=str(path),
-        architecture=architecture,
+    return _trained(
+        architecture,
+        weights,
+        path,
+        image_size,
+        normalize,
+        "weights",
         verification=dict(verification),
-        epoch=record.epoch if record is not None else None,
+        epoch=None if record is None else record.epoch,
     )
 
 
@@ -310,25 +304,23 @@ def _from_port(port: Port, weights: dict, contents: dict, path) -> TrainedModel:
     if not all(torch.is_tensor(v) for v in weights.values()):
         raise _bad(path, f"a {port.publisher} state dict must hold only tensors")
     try:
-        size = port.input_size(weights)
+        size = _size_in(port.input_size(weights), "its input size", path)
     except ValueError as err:
         raise _bad(path, str(err)) from None
-    size = _size_in(size, "its input size", path)
     ours = port.convert(weights)
-    head = ours.get(_HEAD_KEY)
-    if head is None:
+    if _HEAD_KEY not in ours:
         raise _bad(path, f"a {port.publisher} file without its {port.head_layer} layer")
     architecture = _check_architecture(
-        {"backbone": port.backbone, "embedding_dim": int(head.shape[0]), "dropout": 0.0}, path
+        {"backbone": port.backbone, "embedding_dim": int(ours[_HEAD_KEY].shape[0])}, path
     )
     epoch = contents.get("epoch")
-    return TrainedModel(
-        model=_build(architecture, ours, path, size),
-        image_size=size,
-        normalize="fixed",
-        kind=port.kind,
-        path=str(path),
-        architecture=architecture,
+    return _trained(
+        architecture,
+        ours,
+        path,
+        size,
+        "fixed",
+        port.kind,
         epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
     )
 
