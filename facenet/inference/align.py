@@ -13,7 +13,6 @@ bounded number of pixels at once.
 from __future__ import annotations
 
 import ctypes
-import io
 import json
 import os
 from collections import defaultdict
@@ -251,11 +250,9 @@ def _source_region(matrix: np.ndarray, height: int, width: int, shape) -> tuple[
         [[0, 0, 1], [width - 1, 0, 1], [0, height - 1, 1], [width - 1, height - 1, 1]]
     )
     xy = corners @ inverse[:2].T  # (4, 2) input coordinates
-    low = np.floor(xy.min(axis=0)).astype(np.int64) - 1
-    high = np.floor(xy.max(axis=0)).astype(np.int64) + 2  # exclusive; + 1 for the neighbour
-    x0, y0 = (int(np.clip(v, 0, n)) for v, n in zip(low, (shape[1], shape[0])))
-    x1, y1 = (int(np.clip(v, 0, n)) for v, n in zip(high, (shape[1], shape[0])))
-    return x0, y0, x1, y1
+    # (x0, y0, x1, y1); x1 and y1 exclusive, + 1 for the bilinear neighbour
+    region = np.floor([*xy.min(axis=0) - 1, *xy.max(axis=0) + 2])
+    return tuple(int(v) for v in np.clip(region, 0, [shape[1], shape[0]] * 2))
 
 
 def _warp_affine(image, matrix: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -277,9 +274,7 @@ def _warp_affine(image, matrix: np.ndarray, height: int, width: int) -> np.ndarr
         inverse,
         output_shape=out_shape[:2],
         order=1,
-        mode="constant",
-        cval=0.0,
-        preserve_range=True,
+        preserve_range=True,  # mode "constant", cval 0: OpenCV's border
     )
     return np.clip(np.rint(warped), 0, 255).astype(np.uint8)
 
@@ -317,14 +312,6 @@ def _load_mtcnn(device: str | torch.device):
             "`pip install --no-deps facenet-pytorch==2.6.0 requests` (make install does)"
         ) from None
     return MTCNN(device=torch.device(device))
-
-
-def _encode(image: Image.Image, target: Path) -> bytes:
-    """The crop in ``target``'s format (PIL's defaults: JPEG quality 75, as facenet-pytorch's
-    ``save_img``)."""
-    buffer = io.BytesIO()
-    image.save(buffer, format=Image.registered_extensions()[target.suffix.lower()])
-    return buffer.getvalue()
 
 
 class Aligner:
@@ -421,9 +408,10 @@ class Aligner:
         else:
             status, box, prob = "aligned", face.box, face.probability
             crop = self.crop(image, face)
-        data = _encode(crop, Path(target))
+        # PIL's defaults: JPEG quality 75, as facenet-pytorch's save_img
+        form = Image.registered_extensions()[Path(target).suffix.lower()]
         Path(target).parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(target, lambda fh: fh.write(data))
+        write_atomic(target, lambda fh: crop.save(fh, format=form))
         return AlignOutcome(source, target, status, box, prob, reason)
 
 
