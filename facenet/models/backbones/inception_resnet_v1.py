@@ -66,57 +66,33 @@ class ResidualBlock(Branches):
         return self.relu(x + self.scale * self.conv2d(super().forward(x)))
 
 
+def _residual_block(channels, width, branches, scale, activate=True) -> ResidualBlock:
+    """An Inception-ResNet block whose branches each start with a 1x1 convolution to ``width``
+    channels, followed by same-size convolutions of the kernels (kh, kw) ``branches`` lists."""
+
+    def branch(kernels):
+        layers = [BasicConv2d(channels, width, 1)]
+        layers += [BasicConv2d(width, width, k, padding=(k[0] // 2, k[1] // 2)) for k in kernels]
+        return layers[0] if len(layers) == 1 else nn.Sequential(*layers)
+
+    return ResidualBlock(
+        channels, [branch(k) for k in branches], width * len(branches), scale, activate
+    )
+
+
 def block35(scale: float = 0.17) -> ResidualBlock:
     """Inception-ResNet-A on 256 channels (17 x 17 at 160 px)."""
-    return ResidualBlock(
-        256,
-        [
-            BasicConv2d(256, 32, 1),
-            nn.Sequential(BasicConv2d(256, 32, 1), BasicConv2d(32, 32, 3, padding=1)),
-            nn.Sequential(
-                BasicConv2d(256, 32, 1),
-                BasicConv2d(32, 32, 3, padding=1),
-                BasicConv2d(32, 32, 3, padding=1),
-            ),
-        ],
-        branch_channels=96,
-        scale=scale,
-    )
+    return _residual_block(256, 32, [(), [(3, 3)], [(3, 3), (3, 3)]], scale)
 
 
 def block17(scale: float = 0.10) -> ResidualBlock:
     """Inception-ResNet-B on 896 channels, with factorised 1 x 7 and 7 x 1 convolutions."""
-    return ResidualBlock(
-        896,
-        [
-            BasicConv2d(896, 128, 1),
-            nn.Sequential(
-                BasicConv2d(896, 128, 1),
-                BasicConv2d(128, 128, (1, 7), padding=(0, 3)),
-                BasicConv2d(128, 128, (7, 1), padding=(3, 0)),
-            ),
-        ],
-        branch_channels=256,
-        scale=scale,
-    )
+    return _residual_block(896, 128, [(), [(1, 7), (7, 1)]], scale)
 
 
 def block8(scale: float = 0.20, activate: bool = True) -> ResidualBlock:
     """Inception-ResNet-C on 1792 channels, with factorised 1 x 3 and 3 x 1 convolutions."""
-    return ResidualBlock(
-        1792,
-        [
-            BasicConv2d(1792, 192, 1),
-            nn.Sequential(
-                BasicConv2d(1792, 192, 1),
-                BasicConv2d(192, 192, (1, 3), padding=(0, 1)),
-                BasicConv2d(192, 192, (3, 1), padding=(1, 0)),
-            ),
-        ],
-        branch_channels=384,
-        scale=scale,
-        activate=activate,
-    )
+    return _residual_block(1792, 192, [(), [(1, 3), (3, 1)]], scale, activate)
 
 
 def mixed_6a() -> Branches:
