@@ -24,6 +24,7 @@ from facenet.files import TEMPORARY_NAME, write_atomic
 
 __all__ = [
     "save_checkpoint",
+    "some_names",
     "load_checkpoint",
     "load_weights_only",
     "remove_stale_temporary_files",
@@ -56,7 +57,7 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, owned by someone else
-        return True
+        pass
     return True
 
 
@@ -83,7 +84,6 @@ def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
 # The legacy format's pickles (magic number, protocol, system info, contents, storage keys)
 # before the raw storage bytes; a plain pickle file has one.
 _LEGACY_PICKLES = 5
-_NAMED_GLOBALS = 8  # in a refusal: enough to recognise the file, short enough for one line
 _REFUSED_OPERATION = "its pickle uses operations that weights_only loading does not allow"
 
 
@@ -138,10 +138,10 @@ def _refusal(path: Path, what: str, detail: str) -> str:
     )
 
 
-def _named(names) -> str:
-    names = sorted(names)
-    more = f" and {len(names) - _NAMED_GLOBALS} more" if len(names) > _NAMED_GLOBALS else ""
-    return ", ".join(names[:_NAMED_GLOBALS]) + more
+def some_names(names: list[str], shown: int = 8) -> str:
+    """The first ``shown`` names and how many more: enough to recognise, one line at most."""
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _check_zip_globals(path: Path, what: str, error: type[Exception]) -> None:
@@ -151,7 +151,7 @@ def _check_zip_globals(path: Path, what: str, error: type[Exception]) -> None:
     except (RuntimeError, ValueError, OSError) as err:  # a torn archive, a TorchScript file
         raise error(f"cannot read {what} {path}: {_first_line(err)}") from None
     if unsafe:
-        raise error(_refusal(path, what, f"unsupported GLOBAL {_named(unsafe)}"))
+        raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
 
 
 def _legacy_refusal(path: Path, what: str, error: type[Exception]) -> Exception:
@@ -162,11 +162,9 @@ def _legacy_refusal(path: Path, what: str, error: type[Exception]) -> Exception:
             names = _pickle_globals(fh)
         except ValueError:
             return error(f"cannot read {what} {path}: not a torch.save file, or a damaged one")
-    if not names:
-        return error(_refusal(path, what, _REFUSED_OPERATION))
     # Which of them torch refused is only in its error text: name all the file references.
-    detail = f"unsupported GLOBAL among those its pickle references: {_named(names)}"
-    return error(_refusal(path, what, detail))
+    detail = f"unsupported GLOBAL among those its pickle references: {some_names(sorted(names))}"
+    return error(_refusal(path, what, detail if names else _REFUSED_OPERATION))
 
 
 def load_weights_only(

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from facenet.checkpoint import load_checkpoint, save_checkpoint
+from facenet.checkpoint import load_checkpoint, save_checkpoint, some_names
 from facenet.data.images import build_transform
 from facenet.errors import CheckpointError
 from facenet.evaluation.report import ThresholdRecord
 from facenet.models.embedding import BACKBONES, EmbeddingNet
 from facenet.models.ports import Port, find_port
-from facenet.sizes import ImageSize, image_hw, plain_size
+from facenet.sizes import ImageSize, plain_size
 
 __all__ = [
     "EMBED_PREPROCESS",
@@ -44,7 +44,6 @@ _EMBEDDING_DIM_RANGE = (1, 65536)
 _NORMALIZE = ("fixed", "imagenet")
 _HEAD_KEY = "embedding.linear.weight"
 EMBED_PREPROCESS = "resize"  # how TrainedModel.transform prepares images
-_NAMED_KEYS = 3  # non-finite weights named in a message
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -191,8 +190,9 @@ def _check_finite(state: Mapping, path) -> None:
         k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())
     ]
     if bad:
-        named = ", ".join(bad[:_NAMED_KEYS]) + (" ..." if len(bad) > _NAMED_KEYS else "")
-        raise _bad(path, f"{len(bad)} weight tensor(s) hold NaN or infinite values: {named}")
+        raise _bad(
+            path, f"{len(bad)} weight tensor(s) hold NaN or infinite values: {some_names(bad)}"
+        )
 
 
 def _trained(architecture: dict, state: Mapping, path, image_size, normalize, kind, **fields):
@@ -200,7 +200,7 @@ def _trained(architecture: dict, state: Mapping, path, image_size, normalize, ki
     classifier keys dropped)."""
     _check_finite(state, path)
     weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
-    model = EmbeddingNet(**architecture, input_size=image_hw(image_size))
+    model = EmbeddingNet(**architecture, input_size=image_size)
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
