@@ -17,7 +17,7 @@ import json
 import os
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -101,9 +101,8 @@ class AlignSettings:
     @property
     def crop_size(self) -> tuple[int, int]:
         """(height, width) of the crop written."""
-        if self.template is not None:
-            return TEMPLATES[self.template].height, TEMPLATES[self.template].width
-        return self.image_size, self.image_size
+        template = TEMPLATES.get(self.template)
+        return (self.image_size,) * 2 if template is None else (template.height, template.width)
 
 
 @dataclass(frozen=True)
@@ -510,16 +509,13 @@ def _check_settings(dst, settings: AlignSettings, already: int) -> None:
         write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
         return
     recorded = _recorded(path)
-    for field in fields(settings):
-        value = recorded.get(field.name, _RECORD_DEFAULTS.get(field.name))
-        if value != wanted[field.name]:
-            hint = (
-                " (--detect-size; 0 searches the full image)" if field.name == "detect_size" else ""
-            )
+    for name, want in wanted.items():
+        value = recorded.get(name, _RECORD_DEFAULTS.get(name))
+        if value != want:
+            hint = " (--detect-size; 0 searches the full image)" if name == "detect_size" else ""
             raise AlignError(
-                f"{dst} was aligned with {field.name} = {value!r}; this run "
-                f"asks for {wanted[field.name]!r}{hint} ({path}): align into another folder, or "
-                "give the same settings"
+                f"{dst} was aligned with {name} = {value!r}; this run asks for {want!r}{hint} "
+                f"({path}): align into another folder, or give the same settings"
             )
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from facenet.checkpoint import load_weights_only
+from facenet.checkpoint import load_weights_only, some_names
 from facenet.errors import WeightsError
 from facenet.models.backbones import (
     InceptionResnetV1,
@@ -28,7 +28,7 @@ from facenet.models.backbones import (
     convert_facenet_pytorch_state_dict,
 )
 from facenet.models.ports import PORTS, find_port
-from facenet.sizes import ImageSize, image_hw
+from facenet.sizes import ImageSize
 
 if TYPE_CHECKING:
     from facenet.config import ModelConfig
@@ -37,11 +37,9 @@ __all__ = [
     "BACKBONES",
     "EmbeddingHead",
     "EmbeddingNet",
-    "build_backbone",
     "build_model",
     "convert_facenet_pytorch_state_dict",
     "count_parameters",
-    "load_backbone_weights",
 ]
 
 HEAD_BN_EPS = 1e-3  # FaceNet's, so heads converted from its ports give the same outputs
@@ -107,16 +105,6 @@ def _spec(name: str) -> _BackboneSpec:
     return _SPECS[name]
 
 
-def build_backbone(
-    name: str, in_channels: int = 3, input_size: ImageSize | None = None
-) -> tuple[nn.Module, int]:
-    """``(backbone, F)``: a random-initialised module mapping images (B, C, H, W) to pooled
-    features (B, F). ``input_size`` (S or (H, W)) is read only by mobilefacenet, whose global
-    depthwise kernel depends on it (None: 112 x 96)."""
-    model = _spec(name).build(in_channels, input_size)
-    return model, model.feature_dim
-
-
 # --------------------------------------------------------------------------- weights
 
 
@@ -142,11 +130,6 @@ def _submodule_keys(state: dict[str, torch.Tensor], prefix: str) -> dict[str, to
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def _list_keys(keys: list[str], limit: int = 8) -> str:
-    shown = ", ".join(keys[:limit])
-    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
-
-
 def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: str) -> None:
     expected = module.state_dict()
     missing = [k for k in expected if k not in state]
@@ -157,7 +140,7 @@ def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: s
         if k in state and state[k].shape != v.shape
     ]
     problems = [
-        f"{len(keys)} {kind}: {_list_keys(keys)}"
+        f"{len(keys)} {kind}: {some_names(keys)}"
         for kind, keys in (
             ("missing keys", missing),
             ("unexpected keys", unexpected),
@@ -167,19 +150,6 @@ def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: s
     ]
     if problems:
         raise WeightsError(f"weights file {path} does not fit {what}: " + "; ".join(problems))
-
-
-def load_backbone_weights(backbone: nn.Module, path: str | os.PathLike, name: str) -> None:
-    """Load a local state-dict file (``torch.load(weights_only=True)``) into the ``backbone``
-    built for ``name``: the backbone's own state dict (its source's head keys, such as
-    ``fc.*``, ignored), an EmbeddingNet's or a publisher's, or a checkpoint holding one under
-    ``"model"`` or ``"state_dict"``.
-
-    Raises:
-        WeightsError: the file is missing, refused, not a state dict, or does not fit (missing
-            and unexpected keys and shape mismatches named).
-    """
-    _load_backbone_state(backbone, _read_state_dict(path), path, name)
 
 
 def _ours(state: dict) -> dict:
@@ -241,13 +211,6 @@ class EmbeddingHead(nn.Module):
         return _l2_normalize(self.prelogits(features))
 
 
-def _check_positive_int(value, what: str, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"EmbeddingNet: {what} must be a positive integer, got {value!r}")
-
-
 class EmbeddingNet(nn.Module):
     """Backbone (B, C, H, W) -> (B, F) -> embedding head (B, D) (-> classifier).
 
@@ -256,9 +219,13 @@ class EmbeddingNet(nn.Module):
     training; it is also the ports' ``logits`` layout.
 
     Args:
-        weights: a local state-dict file for the backbone (:func:`load_backbone_weights`).
+        weights: a local state-dict file (``torch.load(weights_only=True)``) for the backbone:
+            its own state dict (its source's head keys, such as ``fc.*``, ignored), an
+            EmbeddingNet's or a publisher's, or a checkpoint holding one under "model" or
+            "state_dict".
         weights_head: also load the embedding head from ``weights`` (ours or a publisher's).
-        input_size: S or (H, W), for backbones built for one size (mobilefacenet).
+        input_size: S or (H, W), for backbones built for one size (mobilefacenet's global
+            depthwise kernel depends on it; None: 112 x 96).
     """
 
     def __init__(
@@ -273,15 +240,20 @@ class EmbeddingNet(nn.Module):
         input_size: ImageSize | None = None,
     ):
         super().__init__()
-        _check_positive_int(embedding_dim, "embedding_dim")
-        _check_positive_int(num_classes, "num_classes", allow_none=True)
-        _check_positive_int(in_channels, "in_channels")
+        sizes = {"embedding_dim": embedding_dim, "in_channels": in_channels}
+        if num_classes is not None:
+            sizes["num_classes"] = num_classes
+        for what, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EmbeddingNet: {what} must be a positive integer, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"EmbeddingNet: dropout must be in [0, 1), got {dropout!r}")
         self.backbone_name = backbone
         if weights_head and weights is None:
             raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
-        self.backbone, self.feature_dim = build_backbone(backbone, in_channels, input_size)
+        # images (B, C, H, W) -> pooled features (B, F), random weights
+        self.backbone = _spec(backbone).build(in_channels, input_size)
+        self.feature_dim = self.backbone.feature_dim
         self.embed_dim = embedding_dim
         self.embedding = EmbeddingHead(
             self.feature_dim, embedding_dim, dropout, bn_eps=_spec(backbone).head_bn_eps
@@ -321,7 +293,7 @@ def build_model(
         dropout=cfg.dropout,
         weights=cfg.weights,
         weights_head=cfg.weights_head,
-        input_size=None if image_size is None else image_hw(image_size),
+        input_size=image_size,
     )
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
