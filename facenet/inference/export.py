@@ -84,8 +84,7 @@ def _export_onnx(trained: TrainedModel, example: torch.Tensor) -> bytes:
     )
     proto = program.model_proto
     for key, value in _metadata(trained).items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
+        proto.metadata_props.add(key=key, value=value)
     return proto.SerializeToString()
 
 

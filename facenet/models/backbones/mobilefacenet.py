@@ -91,17 +91,6 @@ def _stages(in_channels: int, plan: Sequence[tuple[int, int, int, int]]) -> nn.S
     return nn.Sequential(*layers)
 
 
-def _pair(size: int | Sequence[int]) -> tuple[int, int]:
-    """(H, W) of S or (H, W), each a positive multiple of 16."""
-    height, width = image_hw(size)
-    if height < _STRIDE or width < _STRIDE or height % _STRIDE or width % _STRIDE:
-        raise ValueError(
-            f"MobileFaceNet: input size {height} x {width}: each side must be a positive "
-            f"multiple of {_STRIDE} (112 x 96 or 112 x 112)"
-        )
-    return height, width
-
-
 class MobileFaceNet(nn.Module):
     """MobileFaceNet's body: images (B, C, H, W) -> GDC features (B, 512), built for one
     input size: 112 x 96 (SphereFace's crops, the published weights) gives a 7 x 6 kernel,
@@ -111,18 +100,19 @@ class MobileFaceNet(nn.Module):
 
     def __init__(self, in_channels: int = 3, input_size: int | Sequence[int] | None = None):
         super().__init__()
-        self.input_size = _pair(input_size or (112, 96))
-        self.gdc_size = (self.input_size[0] // _STRIDE, self.input_size[1] // _STRIDE)
+        height, width = self.input_size = image_hw(input_size or (112, 96))
+        if min(height, width) < _STRIDE or height % _STRIDE or width % _STRIDE:
+            raise ValueError(
+                f"MobileFaceNet: input size {height} x {width}: each side must be a positive "
+                f"multiple of {_STRIDE} (112 x 96 or 112 x 112)"
+            )
+        self.gdc_size = (height // _STRIDE, width // _STRIDE)
         self.stem = ConvUnit(in_channels, 64, 3, 2, 1)
         self.stem_dw = ConvUnit(64, 64, 3, 1, 1, depthwise=True)
         self.blocks = _stages(64, MOBILEFACENET_BLOCKS)
         self.conv_1x1 = ConvUnit(128, 512)
         self.gdc = ConvUnit(512, 512, self.gdc_size, depthwise=True, linear=True)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        # the publisher's initialisation
-        for m in self.modules():
+        for m in self.modules():  # the publisher's initialisation
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
             elif isinstance(m, nn.BatchNorm2d):
