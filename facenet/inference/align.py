@@ -313,6 +313,14 @@ def _load_mtcnn(device: str | torch.device):
     return MTCNN(device=torch.device(device))
 
 
+def _glibc(name: str, *args) -> None:
+    """Call a glibc memory function; nothing where there is no glibc."""
+    try:
+        getattr(ctypes.CDLL("libc.so.6"), name)(*args)
+    except OSError:
+        pass
+
+
 class Aligner:
     """Detects the face of each image (MTCNN on ``device``) and writes its crop."""
 
@@ -322,6 +330,10 @@ class Aligner:
         self.settings = settings
         self.mtcnn = _load_mtcnn(device)
         self.smallest = int(self.mtcnn.min_face_size)  # MTCNN's smallest face, in pixels
+        # Blocks of 1 MiB and more in their own mappings, returned when freed: glibc's raised
+        # threshold otherwise lets images of ever other sizes fragment the heap (measured:
+        # +150 MB over 900 CelebA photos).
+        _glibc("mallopt", _M_MMAP_THRESHOLD, 1 << 20)
 
     def too_small(self, image: Image.Image) -> str:
         """Why MTCNN cannot search ``image``, or "": a shorter side under its smallest face
@@ -386,7 +398,9 @@ class Aligner:
             if pixels >= _HELD_PIXELS:
                 outcomes += self._align_held(held)
                 held, pixels = [], 0
-        return outcomes + self._align_held(held)
+        outcomes += self._align_held(held)
+        _glibc("malloc_trim", 0)
+        return outcomes
 
     def _align_held(self, held: list[tuple[Image.Image, str, str]]) -> list[AlignOutcome]:
         if not held:
@@ -417,35 +431,17 @@ class Aligner:
 # --------------------------------------------------------------------------- folders
 
 
-def _glibc(name: str, *args) -> None:
-    """Call a glibc memory function; nothing where there is no glibc."""
-    try:
-        getattr(ctypes.CDLL("libc.so.6"), name)(*args)
-    except OSError:
-        pass
-
-
-def _bound_heap() -> None:
-    """Serve blocks of 1 MiB and more by their own mappings, returned when freed: glibc's
-    raised threshold otherwise lets images of ever other sizes fragment the heap (measured:
-    +150 MB over 900 CelebA photos)."""
-    _glibc("mallopt", _M_MMAP_THRESHOLD, 1 << 20)
-
-
 _WORKER: Aligner | None = None  # one MTCNN per worker process
 
 
 def _init_worker(settings: AlignSettings, device: str) -> None:
     global _WORKER
     torch.set_num_threads(1)  # N workers on N cores: one thread each
-    _bound_heap()
     _WORKER = Aligner(settings, device)
 
 
 def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
-    outcomes = _WORKER.align(jobs)
-    _glibc("malloc_trim", 0)
-    return outcomes
+    return _WORKER.align(jobs)
 
 
 def _target(path: str, src: Path, dst: Path, settings: AlignSettings) -> Path:
@@ -523,11 +519,7 @@ def _batches(jobs, device, settings, batch_size: int, workers: int):
     """Outcome lists, batch by batch, in this process or in ``workers`` processes."""
     chunks = [jobs[i : i + batch_size] for i in range(0, len(jobs), batch_size)]
     if workers <= 1:
-        _bound_heap()
-        aligner = Aligner(settings, device)
-        for chunk in chunks:
-            yield aligner.align(chunk)
-            _glibc("malloc_trim", 0)
+        yield from map(Aligner(settings, device).align, chunks)
         return
     # spawn: a CUDA context (and the parent's threads) must not be forked into the workers
     with ProcessPoolExecutor(
