@@ -22,16 +22,6 @@ import torch
 from facenet.errors import CheckpointError
 from facenet.files import TEMPORARY_NAME, write_atomic
 
-__all__ = [
-    "save_checkpoint",
-    "some_names",
-    "load_checkpoint",
-    "load_weights_only",
-    "remove_stale_temporary_files",
-    "rng_state",
-    "set_rng_state",
-]
-
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
     """Write ``state`` (tensors, numbers, strings and containers of them) to ``path``

@@ -32,26 +32,6 @@ from facenet.errors import FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, LandmarkTemplate
 from facenet.files import write_atomic, write_text_atomic
 
-__all__ = [
-    "DEFAULT_DETECT_SIZE",
-    "SELECTIONS",
-    "SETTINGS_FILE",
-    "AlignError",
-    "AlignOutcome",
-    "AlignSettings",
-    "Aligner",
-    "Face",
-    "align_face",
-    "align_folder",
-    "count",
-    "crop_box",
-    "detection_scale",
-    "select_face",
-    "similarity_matrix",
-    "to_full_image",
-    "write_report",
-]
-
 SELECTIONS = ("center_weighted_size", "probability", "largest")
 STATUSES = ("aligned", "centre_crop", "no_face", "unreadable")
 _CENTER_WEIGHT = 2.0  # of the squared offset from the image centre (both publishers)

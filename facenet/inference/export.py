@@ -28,7 +28,6 @@ try:  # the export extra: pip install 'facenet-triplet[export]'
 except ImportError:  # pragma: no cover - the test environment installs it
     onnxruntime = None
 
-__all__ = ["FORMATS", "ExportError", "ExportReport", "export_model"]
 
 FORMATS = ("onnx", "pt2", "weights")
 # Different, so a program that had frozen the batch size fails the check.

@@ -26,15 +26,6 @@ from facenet.models.embedding import BACKBONES, EmbeddingNet
 from facenet.models.ports import Port, find_port
 from facenet.sizes import ImageSize, plain_size
 
-__all__ = [
-    "EMBED_PREPROCESS",
-    "WEIGHTS_FORMAT",
-    "TrainedModel",
-    "load_model",
-    "save_weights",
-    "weights_digest",
-]
-
 WEIGHTS_FORMAT = "facenet-weights"
 WEIGHTS_VERSION = 1  # bumped when the layout changes
 # The configuration's ranges (this layer does not import it): a crafted file asking for a

@@ -17,8 +17,6 @@ from facenet.models.backbones import (
 )
 from facenet.sizes import ImageSize
 
-__all__ = ["PORTS", "Port", "find_port"]
-
 
 @dataclass(frozen=True)
 class Port:

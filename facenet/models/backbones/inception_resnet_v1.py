@@ -13,11 +13,6 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-__all__ = [
-    "InceptionResnetV1",
-    "convert_facenet_pytorch_state_dict",
-]
-
 BN_EPS = 1e-3  # the TensorFlow original's, so converted weights give the same outputs
 _PORT_HEAD_TO_EMBEDDING_NET = {
     "last_linear.": "embedding.linear.",

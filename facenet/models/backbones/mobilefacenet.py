@@ -16,14 +16,6 @@ from torch import nn
 
 from facenet.sizes import image_hw
 
-__all__ = [
-    "MOBILEFACENET_BLOCKS",
-    "MOBILEFACENET_MARKER",
-    "MobileFaceNet",
-    "convert_mobilefacenet_state_dict",
-    "mobilefacenet_input_size",
-]
-
 # (expansion t, output channels c, repeats n, first stride s) of each stage: 112 x 96 -> 7 x 6.
 MOBILEFACENET_BLOCKS: tuple[tuple[int, int, int, int], ...] = (
     (2, 64, 5, 2),

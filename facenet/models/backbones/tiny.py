@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from torch import nn
 from torchvision.ops import Conv2dNormActivation
 
-__all__ = ["TinyCNN"]
-
 
 class TinyCNN(nn.Sequential):
     """Stride-2 conv-BN-ReLU stages of ``widths`` channels, then global average pooling:
