@@ -345,11 +345,9 @@ class Aligner:
         return found
 
     def _choose(self, image: Image.Image, factors, boxes, probs, points) -> Face:
-        boxes = np.asarray(boxes).reshape(-1, 2, 2)
-        boxes = to_full_image(boxes, factors, _MTCNN_ORIGIN).reshape(-1, 4)
+        boxes = to_full_image(np.reshape(boxes, (-1, 2, 2)), factors, _MTCNN_ORIGIN).reshape(-1, 4)
         # landmarks counted from 0 from here on, as align_face and insightface count
-        points = to_full_image(np.asarray(points).reshape(-1, 5, 2), factors, _MTCNN_ORIGIN) - 1
-        probs = np.asarray(probs, dtype=np.float64)
+        points = to_full_image(np.reshape(points, (-1, 5, 2)), factors, _MTCNN_ORIGIN) - 1
         k = select_face(boxes, probs, image.width, image.height, self.settings.select)
         return Face(tuple(float(v) for v in boxes[k]), float(probs[k]), points[k])
 

@@ -25,7 +25,7 @@ from facenet.models.backbones import (
     InceptionResnetV1,
     MobileFaceNet,
     TinyCNN,
-    convert_facenet_pytorch_state_dict,
+    convert_facenet_pytorch_state_dict,  # noqa: F401 (imported from here: docs/models.md)
 )
 from facenet.models.ports import PORTS, find_port
 from facenet.sizes import ImageSize
@@ -33,14 +33,6 @@ from facenet.sizes import ImageSize
 if TYPE_CHECKING:
     from facenet.config import ModelConfig
 
-__all__ = [
-    "BACKBONES",
-    "EmbeddingHead",
-    "EmbeddingNet",
-    "build_model",
-    "convert_facenet_pytorch_state_dict",
-    "count_parameters",
-]
 
 HEAD_BN_EPS = 1e-3  # FaceNet's, so heads converted from its ports give the same outputs
 # torchvision backbones: their classifier (replaced by nn.Identity; its keys are dropped from
@@ -251,13 +243,12 @@ class EmbeddingNet(nn.Module):
         self.backbone_name = backbone
         if weights_head and weights is None:
             raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
+        spec = _spec(backbone)
         # images (B, C, H, W) -> pooled features (B, F), random weights
-        self.backbone = _spec(backbone).build(in_channels, input_size)
+        self.backbone = spec.build(in_channels, input_size)
         self.feature_dim = self.backbone.feature_dim
         self.embed_dim = embedding_dim
-        self.embedding = EmbeddingHead(
-            self.feature_dim, embedding_dim, dropout, bn_eps=_spec(backbone).head_bn_eps
-        )
+        self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, spec.head_bn_eps)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
         if weights is not None:
             state = _read_state_dict(weights)
