@@ -29,7 +29,7 @@ from tqdm import tqdm
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, read_image
 from facenet.errors import FacenetError
-from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, LandmarkTemplate
+from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset, LandmarkTemplate
 from facenet.files import write_atomic, write_text_atomic
 
 SELECTIONS = ("center_weighted_size", "probability", "largest")
@@ -58,18 +58,13 @@ class AlignError(FacenetError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class AlignSettings:
-    """What :class:`Aligner` writes: a preset's fields (:mod:`facenet.evaluation.presets`), its
-    name, and ``detect_size`` (the longer side MTCNN searches; 0: the full image)."""
+class AlignSettings(AlignPreset):
+    """What :class:`Aligner` writes: a preset's fields, its name, ``fallback`` (a centre crop for
+    an image without a face) and ``detect_size`` (the longer side MTCNN searches; 0: the full
+    image). Built by :meth:`from_preset`."""
 
-    image_size: int = 160
-    margin: int = 14
-    margin_in: str = "output"
-    select: str = "center_weighted_size"
-    extension: str | None = None
     fallback: bool = False
     preset: str = "facenet-pytorch"
-    template: str | None = None
     detect_size: int = DEFAULT_DETECT_SIZE
 
     @classmethod
@@ -424,7 +419,7 @@ def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
 
 def _target(path: str, src: Path, dst: Path, settings: AlignSettings) -> Path:
     target = dst / Path(path).relative_to(src)
-    return target.with_suffix(settings.extension) if settings.extension else target
+    return target.with_suffix(settings.extension or target.suffix)
 
 
 def _refuse_collisions(pairs: list[tuple[str, Path]]) -> None:
