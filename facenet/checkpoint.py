@@ -1,12 +1,9 @@
-"""Checkpoints: written atomically, loaded with ``weights_only=True``.
+"""Checkpoints: written atomically (:func:`facenet.files.write_atomic`: a crash at any moment
+leaves the old file or the new one), loaded with ``weights_only=True``.
 
-A checkpoint holds plain contents only (state dicts, the config as a dict, counters, RNG states),
-so it loads without unpickling arbitrary objects. Writing goes through
-:func:`facenet.files.write_atomic`: a temporary file in the same folder, flushed to disk, then
-``os.replace``d over the target, and the folder entry is flushed too: a crash, a ``kill -9``
-or a full disk at any moment leaves either the old file or the new one, never a torn one. A
-temporary file left by a killed writer is removed by
-:func:`remove_stale_temporary_files`.
+A checkpoint holds plain contents only (state dicts, the config as a dict, counters, RNG
+states), so loading it unpickles no arbitrary object; a file whose pickle would run code is
+refused before anything runs.
 """
 
 from __future__ import annotations
@@ -25,26 +22,14 @@ import torch
 from facenet.errors import CheckpointError
 from facenet.files import TEMPORARY_NAME, write_atomic
 
-__all__ = [
-    "save_checkpoint",
-    "load_checkpoint",
-    "load_weights_only",
-    "remove_stale_temporary_files",
-    "rng_state",
-    "set_rng_state",
-]
-
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
-    """Write ``state`` to ``path`` atomically (:func:`facenet.files.write_atomic`).
-
-    Args:
-        state: plain contents: tensors, numbers, strings, lists, tuples and dicts of them.
-        path: the target file; its folder must exist.
+    """Write ``state`` (tensors, numbers, strings and containers of them) to ``path``
+    atomically; its folder must exist.
 
     Raises:
-        CheckpointError: the folder cannot be written or the disk is full; the temporary file
-            is removed and an existing checkpoint at ``path`` is left untouched.
+        CheckpointError: the folder cannot be written or the disk is full; an existing
+            checkpoint at ``path`` is left untouched.
     """
     path = Path(path)
     try:
@@ -62,22 +47,13 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, owned by someone else
-        return True
+        pass
     return True
 
 
 def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files of :func:`save_checkpoint` writers that no longer run.
-
-    A writer killed mid-write (``kill -9``, power loss) leaves ``.<name>.<pid>.tmp`` behind;
-    the checkpoint itself is intact. Files of this process and of live processes are kept.
-
-    Args:
-        folder: the run directory.
-
-    Returns:
-        The removed paths.
-    """
+    """Remove (and return) the ``.<name>.<pid>.tmp`` files that writers killed mid-write left
+    in ``folder``; those of this process and of live processes are kept."""
     removed = []
     folder = Path(folder)
     if not folder.is_dir():
@@ -95,11 +71,9 @@ def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
     return removed
 
 
-# Pickles in a torch file: the legacy format holds five in a row (magic number, protocol,
-# system info, the contents, the storage keys) before the raw storage bytes; a plain pickle one.
+# The legacy format's pickles (magic number, protocol, system info, contents, storage keys)
+# before the raw storage bytes; a plain pickle file has one.
 _LEGACY_PICKLES = 5
-# Globals named in a refusal: enough to recognise the file, short enough for one line.
-_NAMED_GLOBALS = 8
 _REFUSED_OPERATION = "its pickle uses operations that weights_only loading does not allow"
 
 
@@ -109,16 +83,8 @@ def _first_line(err: BaseException) -> str:
 
 
 def _pickle_globals(fh: BinaryIO) -> set[str]:
-    """The globals (``module.name``) the leading pickles of a non-zip torch file reference.
-
-    Read statically with :mod:`pickletools`: nothing is unpickled, so nothing runs.
-
-    Args:
-        fh: the file, at its start.
-
-    Raises:
-        ValueError: the bytes are not a pickle stream (a damaged or foreign file).
-    """
+    """The globals (``module.name``) the leading pickles of a non-zip torch file reference,
+    read statically (nothing runs); ValueError when the bytes are no pickle stream."""
     names: set[str] = set()
     for index in range(_LEGACY_PICKLES):
         if index and not fh.peek(1):  # a plain pickle ends here; the legacy format goes on
@@ -128,7 +94,7 @@ def _pickle_globals(fh: BinaryIO) -> set[str]:
 
 
 def _globals_of_one_pickle(fh: BinaryIO) -> set[str]:
-    """Globals of the pickle at ``fh``'s position (GLOBAL, and protocol 4's STACK_GLOBAL)."""
+    """Globals of the pickle at ``fh``'s position (GLOBAL, protocol 4's STACK_GLOBAL)."""
     names: set[str] = set()
     last_two: list[str | None] = [None, None]  # the two latest stack pushes, strings or None
     memo: dict[int, str | None] = {}
@@ -162,42 +128,33 @@ def _refusal(path: Path, what: str, detail: str) -> str:
     )
 
 
-def _named(names) -> str:
-    names = sorted(names)
-    more = f" and {len(names) - _NAMED_GLOBALS} more" if len(names) > _NAMED_GLOBALS else ""
-    return ", ".join(names[:_NAMED_GLOBALS]) + more
+def some_names(names: list[str], shown: int = 8) -> str:
+    """The first ``shown`` names and how many more: enough to recognise, one line at most."""
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _check_zip_globals(path: Path, what: str, error: type[Exception]) -> None:
-    """Refuse a zip-format torch file whose pickle names globals weights_only does not allow.
-
-    torch answers from the pickle, statically (``get_unsafe_globals_in_checkpoint``).
-    """
+    """Refuse a zip-format file whose pickle names globals weights_only does not allow."""
     try:
         unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except (RuntimeError, ValueError, OSError) as err:  # a torn archive, a TorchScript file
         raise error(f"cannot read {what} {path}: {_first_line(err)}") from None
     if unsafe:
-        raise error(_refusal(path, what, f"unsupported GLOBAL {_named(unsafe)}"))
+        raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
 
 
 def _legacy_refusal(path: Path, what: str, error: type[Exception]) -> Exception:
-    """The error for a non-zip file that ``torch.load(weights_only=True)`` refused.
-
-    torch lists unsafe globals for zip files only; for the legacy format (and plain pickles)
-    the file is read statically here: a pickle stream that weights_only refused names globals
-    it does not allow; bytes that are no pickle stream are a damaged or foreign file.
-    """
+    """The error for a non-zip file that weights_only refused (torch names unsafe globals for
+    zip files only): the globals its pickles reference, or a damaged or foreign file."""
     with path.open("rb") as fh:  # buffered: peek() tells where the pickles end
         try:
             names = _pickle_globals(fh)
         except ValueError:
             return error(f"cannot read {what} {path}: not a torch.save file, or a damaged one")
-    if not names:
-        return error(_refusal(path, what, _REFUSED_OPERATION))
     # Which of them torch refused is only in its error text: name all the file references.
-    detail = f"unsupported GLOBAL among those its pickle references: {_named(names)}"
-    return error(_refusal(path, what, detail))
+    detail = f"unsupported GLOBAL among those its pickle references: {some_names(sorted(names))}"
+    return error(_refusal(path, what, detail if names else _REFUSED_OPERATION))
 
 
 def load_weights_only(
@@ -206,22 +163,9 @@ def load_weights_only(
     error: type[Exception] = CheckpointError,
     map_location: Any = "cpu",
 ) -> Any:
-    """``torch.load(path, weights_only=True)``, with one clear error per way it can fail.
-
-    The one loader of torch files (checkpoints, weights exports, published state dicts), in
-    the zip format and the legacy one (``_use_new_zipfile_serialization=False``) alike. A file
-    whose pickle would run code is refused before anything runs; the message names the file
-    and never suggests loading it with ``weights_only=False``.
-
-    Args:
-        path: the file.
-        what: what the file is, for messages ("checkpoint", "weights file").
-        error: the exception class raised (e.g. :class:`CheckpointError`, ``WeightsError``).
-        map_location: where tensors go (default: the CPU).
-
-    Raises:
-        error: the file is missing, damaged, not a torch file, or refused.
-    """
+    """``torch.load(path, weights_only=True)`` of a zip or legacy-format file, raising ``error``
+    (one line naming ``what`` and the file) when it is missing, damaged, or refused; a file
+    whose pickle would run code is refused before anything runs."""
     path = Path(path)
     if not path.is_file():
         raise error(f"{what} not found: {path}")
@@ -241,16 +185,7 @@ def load_weights_only(
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """Load a checkpoint with ``torch.load(weights_only=True)`` (:func:`load_weights_only`).
-
-    Args:
-        path: the checkpoint file.
-        map_location: where tensors go (default: the CPU).
-
-    Raises:
-        CheckpointError: the file is missing, truncated, or holds objects other than plain
-            contents (a pickle that would run code is refused before anything runs).
-    """
+    """A checkpoint's dict (:func:`load_weights_only`); CheckpointError otherwise."""
     state = load_weights_only(path, "checkpoint", CheckpointError, map_location)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: expected a dict of contents, got {type(state).__name__}")
@@ -276,11 +211,7 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore the generators saved by :func:`rng_state`.
-
-    Args:
-        state: the dict :func:`rng_state` returned (possibly through a checkpoint).
-    """
+    """Restore the generators saved by :func:`rng_state`."""
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]
     np.random.set_state(

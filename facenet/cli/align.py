@@ -1,28 +1,11 @@
 """Align faces: detect the face in every image under SRC with MTCNN, write its crop under DST.
 
-Each crop keeps its image's relative path (``Name/Name_0001.jpg``; ``.png`` with the sandberg
-preset), so LFW's ``pairs.txt`` names the crops. Crops already in DST are kept (a second run
-resumes where the first stopped); every crop is written atomically. Images without a face and
-images that cannot be decoded are counted and listed in a report (DST/align_report.tsv);
-``--centre-crop`` writes a centre crop for a face-less image instead. An image too small for
-MTCNN (under 20 px) is reported as having no face.
-
-The settings are recorded in DST/align_settings.json; a run with other settings refuses to
-continue DST, naming the setting. Two images that would give one crop name (``x.jpg`` and
-``x.png`` with the sandberg preset, which writes PNG) are refused before anything is written.
-
-Presets (``--preset``) follow the publishers' own code: ``facenet-pytorch`` (160 px, margin 14
-in crop pixels, the input's file type) and ``sandberg`` (182 px, margin 44 in input pixels,
-PNG; its evaluation takes the centre 160) crop the detected box; ``arcface`` (112 x 112,
-insightface's template) and ``sphereface`` (112 x 96, height x width, SphereFace's template)
-warp the face so that MTCNN's five landmarks fall on the template's points (a least-squares
-similarity transform, bilinear). Flags given override the preset's values (a template fixes
-the size: ``--image-size`` and ``--margin`` are refused with it).
-
-MTCNN searches a copy of each image reduced to ``--detect-size`` px on its longer side (default
-320; 0: the full image); its boxes and landmarks are mapped back and the crop is taken from
-the full image. This bounds the cost of large photos; faces under 20/320 of the longer side
-are then missed (give a larger value, or 0, for small faces in large photos).
+Crops keep their image's relative path and are resumable; DST/align_settings.json records the
+settings and a run with others is refused; DST/align_report.tsv lists the images without a
+face or unreadable. Presets follow the publishers' code: ``facenet-pytorch`` and ``sandberg``
+crop the box, ``arcface`` and ``sphereface`` warp onto their template (which fixes the size:
+``--image-size`` and ``--margin`` are refused with it). MTCNN searches a copy reduced to
+``--detect-size`` px (0: the full image): faces under 20/320 of the longer side are missed.
 """
 
 from __future__ import annotations
@@ -46,7 +29,6 @@ from facenet.inference.align import (
 
 
 def _int_at_least(lowest: int):
-    """An argparse ``type``: an integer >= ``lowest`` (a wrong value is an argparse error)."""
 
     def parse(text: str) -> int:
         try:
@@ -61,8 +43,7 @@ def _int_at_least(lowest: int):
 
 
 def _detect_size(text: str) -> int:
-    """An argparse ``type``: 0 (the full image) or a side of at least 20 px (MTCNN's smallest
-    face: a smaller copy would hold no face to find)."""
+    """0 (the full image) or at least MTCNN's smallest face, 20 px."""
     value = _int_at_least(0)(text)
     if 0 < value < 20:
         raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 0 or >= 20")
@@ -134,7 +115,6 @@ def _settings(args: argparse.Namespace) -> AlignSettings:
 
 
 def _align(args: argparse.Namespace) -> int:
-    """Align the folder, write the report and print the counts; returns the exit code."""
     report = Path(args.report) if args.report else Path(args.dst) / "align_report.tsv"
     start = time.perf_counter()
     settings, device = _settings(args), parse_device(args.device)
@@ -155,11 +135,7 @@ def _align(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Align; returns the exit code (2: bad input).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Align; returns the exit code (2: bad input)."""
     args = get_args_parser().parse_args(argv)
     return run_command(lambda: _align(args))
 

@@ -1,15 +1,9 @@
 """Export a trained model: ``--checkpoint CKPT --format onnx|pt2|weights --out FILE``.
 
-``onnx`` and ``pt2`` (a ``torch.export`` program: ``torch.export.load(FILE).module()``) have a
-dynamic batch dimension; after exporting, the file is run on a batch and compared with the
-eager model, and written only if the largest absolute difference is at most ``--tolerance``
-(1e-4). ``weights`` writes ``model.pt``: the weights, architecture, preprocessing and the
-verification threshold, loadable with ``torch.load(weights_only=True)``.
-
-The threshold carried is ``--threshold``, or the one saved with the model when it was chosen
-for these weights, without flip or mean subtraction, with the evaluation's ``resize``
-preprocessing (what a deployment of the export computes); one chosen for anything else is an
-error saying what differs (give ``--threshold`` or ``--no-threshold``).
+``onnx`` and ``pt2`` are checked against the eager model on a batch of another size and written
+only within ``--tolerance``. The threshold carried is ``--threshold``, or the model's saved
+threshold when it was chosen for these weights as exported (no flip, no mean subtraction,
+``resize`` preprocessing); a threshold chosen otherwise is an error naming what differs.
 """
 
 from __future__ import annotations
@@ -39,7 +33,6 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
-    """Export, check parity and print what was written; returns the exit code."""
     trained = load_model(args.checkpoint)
     threshold, line = model_threshold(
         trained, trained.preparation(), args.threshold, args.distance, args.no_threshold
@@ -63,11 +56,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Export; returns the exit code (2: bad input or a parity failure).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Export; returns the exit code (2: bad input or a parity failure)."""
     args = get_args_parser().parse_args(argv)
     return run_command(lambda: _export(args))
 

@@ -1,19 +1,10 @@
-"""Exporting a trained network for deployment, with a parity check against the eager model.
+"""Exporting a trained network (images (B, 3, H, W) -> embeddings (B, D), batch dynamic).
 
-Formats (each with a dynamic batch dimension, images (B, 3, S, S) -> embeddings (B, D)):
-
-- ``onnx``: through ``torch.onnx.export(dynamo=True)``; checked with onnxruntime. Needs the
-  ``export`` extra (onnx, onnxruntime, onnxscript).
-- ``pt2``: a ``torch.export`` program, loadable with ``torch.export.load(path).module()``
-  (``torch.export`` replaces TorchScript, which this torch deprecates).
-- ``weights``: ``model.pt``, a ``weights_only`` state-dict file (see
-  :mod:`facenet.inference.loading`).
-
-Each exported file carries the preprocessing it expects (``image_size``, ``normalize``) and,
-when known, the verification threshold: ONNX metadata properties, a ``facenet.json`` extra
-file in the ``.pt2`` archive. The file is exported into memory, run on a batch of a size other
-than the one it was traced with, compared with the eager model, and written (atomically) only
-when the largest absolute difference is within the tolerance.
+``onnx`` (``torch.onnx.export(dynamo=True)``, checked with onnxruntime: the ``export`` extra),
+``pt2`` (``torch.export``: ``torch.export.load(path).module()``) or ``weights`` (``model.pt``,
+:mod:`facenet.inference.loading`). Each carries the preprocessing and the threshold (ONNX
+metadata, a ``facenet.json`` extra file in the ``.pt2``). The file is built in memory, run on a
+batch of another size than the traced one, and written only when it matches the eager model.
 """
 
 from __future__ import annotations
@@ -37,11 +28,9 @@ try:  # the export extra: pip install 'facenet-triplet[export]'
 except ImportError:  # pragma: no cover - the test environment installs it
     onnxruntime = None
 
-__all__ = ["FORMATS", "ExportError", "ExportReport", "export_model"]
 
 FORMATS = ("onnx", "pt2", "weights")
-# The batch sizes the program is traced with and checked at: different, so a program that
-# had frozen the batch size would fail the check instead of passing it.
+# Different, so a program that had frozen the batch size fails the check.
 _TRACE_BATCH, _CHECK_BATCH = 2, 3
 PARITY_TOLERANCE = 1e-4
 EXTRA_FILE = "facenet.json"
@@ -53,14 +42,8 @@ class ExportError(FacenetError):
 
 @dataclass
 class ExportReport:
-    """What was written and how closely it reproduces the eager model.
-
-    Args:
-        path: the file written.
-        format: "onnx", "pt2" or "weights".
-        max_abs_diff: largest |exported - eager| over the check batch (0 for weights).
-        batch: the check batch's size.
-    """
+    """What was written and its largest |exported - eager| on a batch of ``batch`` (0 for
+    weights)."""
 
     path: Path
     format: str
@@ -69,7 +52,6 @@ class ExportReport:
 
 
 def _metadata(trained: TrainedModel) -> dict:
-    """What a deployment needs to know besides the graph, as strings."""
     meta = {
         # "64" for a square input, "[112, 96]" (H, W; JSON) otherwise
         "image_size": json.dumps(plain_size(trained.image_size)),
@@ -82,7 +64,6 @@ def _metadata(trained: TrainedModel) -> dict:
 
 
 def _example(trained: TrainedModel, batch: int, seed: int) -> torch.Tensor:
-    """(batch, 3, H, W) standardised-looking random images, at the model's input size."""
     generator = torch.Generator().manual_seed(seed)
     height, width = image_hw(trained.image_size)
     return torch.randn(batch, 3, height, width, generator=generator)
@@ -102,8 +83,7 @@ def _export_onnx(trained: TrainedModel, example: torch.Tensor) -> bytes:
     )
     proto = program.model_proto
     for key, value in _metadata(trained).items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
+        proto.metadata_props.add(key=key, value=value)
     return proto.SerializeToString()
 
 
@@ -132,13 +112,8 @@ def export_model(
     path: str | os.PathLike,
     tolerance: float = PARITY_TOLERANCE,
 ) -> ExportReport:
-    """Export ``trained.model`` as ``fmt`` to ``path`` after checking it against eager.
-
-    Args:
-        trained: what :func:`facenet.inference.loading.load_model` returned (eval mode, on the CPU).
-        fmt: "onnx", "pt2" or "weights".
-        path: the file to write.
-        tolerance: the largest absolute difference from the eager embeddings accepted.
+    """Export ``trained.model`` as ``fmt`` to ``path`` if its embeddings are within
+    ``tolerance`` (largest absolute difference) of the eager model's.
 
     Raises:
         ExportError: an unknown format, a missing export extra, or a parity failure (then

@@ -7,18 +7,14 @@ from facenet.models.embedding import (
     BACKBONES,
     EmbeddingHead,
     EmbeddingNet,
-    build_backbone,
     build_model,
     count_parameters,
-    load_backbone_weights,
 )
 
 __all__ = [
     "BACKBONES",
     "EmbeddingHead",
     "EmbeddingNet",
-    "build_backbone",
     "build_model",
     "count_parameters",
-    "load_backbone_weights",
 ]

@@ -2,12 +2,10 @@
 :mod:`facenet.models.embedding`."""
 
 from facenet.models.backbones.inception_resnet_v1 import (
-    FACENET_PYTORCH_HEAD_KEYS,
     InceptionResnetV1,
     convert_facenet_pytorch_state_dict,
 )
 from facenet.models.backbones.mobilefacenet import (
-    MOBILEFACENET_HEAD_KEYS,
     MOBILEFACENET_MARKER,
     MobileFaceNet,
     convert_mobilefacenet_state_dict,
@@ -16,9 +14,7 @@ from facenet.models.backbones.mobilefacenet import (
 from facenet.models.backbones.tiny import TinyCNN
 
 __all__ = [
-    "FACENET_PYTORCH_HEAD_KEYS",
     "InceptionResnetV1",
-    "MOBILEFACENET_HEAD_KEYS",
     "MOBILEFACENET_MARKER",
     "MobileFaceNet",
     "TinyCNN",

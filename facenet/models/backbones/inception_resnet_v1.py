@@ -1,11 +1,8 @@
-"""Inception-ResNet-v1, the backbone of the FaceNet ports, for 160 x 160 face crops.
+"""Inception-ResNet-v1 (Szegedy et al., 2016), the backbone of FaceNet's ports, for 160 x 160 crops.
 
-The architecture is the one of Szegedy et al. (2016), "Inception-v4, Inception-ResNet and the
-Impact of Residual Connections on Learning", as used by FaceNet (Schroff et al., 2015) and its
-PyTorch ports. Module names follow the layout of the widely used facenet-pytorch port
-(``conv2d_1a`` ... ``block8``), so the backbone's state-dict keys are exactly that port's keys
-without its head; :func:`convert_facenet_pytorch_state_dict` maps a whole state dict of that
-layout (head included) onto :class:`facenet.models.embedding.EmbeddingNet`. See docs/models.md.
+Module names follow the facenet-pytorch port (``conv2d_1a`` ... ``block8``), so the backbone's
+state-dict keys are that port's keys without its head; :func:`convert_facenet_pytorch_state_dict`
+maps a whole port state dict (head included) onto :class:`facenet.models.embedding.EmbeddingNet`.
 """
 
 from __future__ import annotations
@@ -16,20 +13,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-__all__ = [
-    "FACENET_PYTORCH_HEAD_KEYS",
-    "InceptionResnetV1",
-    "convert_facenet_pytorch_state_dict",
-]
-
-# BatchNorm epsilon of the TensorFlow original; kept so that converted weights give the same
-# outputs.
-BN_EPS = 1e-3
-
-# Prefixes of the port's own head: pooled features -> last_linear -> last_bn (-> logits).
-FACENET_PYTORCH_HEAD_KEYS = ("last_linear.", "last_bn.", "logits.")
-
-# Where each head prefix of the port lives in an EmbeddingNet.
+BN_EPS = 1e-3  # the TensorFlow original's, so converted weights give the same outputs
 _PORT_HEAD_TO_EMBEDDING_NET = {
     "last_linear.": "embedding.linear.",
     "last_bn.": "embedding.bn.",
@@ -38,15 +22,7 @@ _PORT_HEAD_TO_EMBEDDING_NET = {
 
 
 class BasicConv2d(nn.Module):
-    """Conv (no bias) -> BatchNorm -> ReLU, with the submodule names ``conv`` and ``bn``.
-
-    Args:
-        in_channels: input channels.
-        out_channels: output channels.
-        kernel_size: an int or (kh, kw).
-        stride: the convolution stride.
-        padding: an int or (ph, pw).
-    """
+    """Conv (no bias) -> BatchNorm -> ReLU, named ``conv`` and ``bn`` as in the port."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0):
         super().__init__()
@@ -55,12 +31,11 @@ class BasicConv2d(nn.Module):
         self.relu = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_in, H, W) -> (B, C_out, H', W')."""
         return self.relu(self.bn(self.conv(x)))
 
 
-class _Branches(nn.Module):
-    """Parallel branches named ``branch0``, ``branch1``, ... whose outputs are concatenated."""
+class Branches(nn.Module):
+    """Parallel branches ``branch0``, ``branch1``, ... concatenated on channels."""
 
     def __init__(self, branches: Sequence[nn.Module]):
         super().__init__()
@@ -68,33 +43,13 @@ class _Branches(nn.Module):
         for i, branch in enumerate(branches):
             self.add_module(f"branch{i}", branch)
 
-    def concat_branches(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, sum of branch channels, H', W')."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([getattr(self, f"branch{i}")(x) for i in range(self.num_branches)], 1)
 
 
-class ReductionBlock(_Branches):
-    """A grid-size reduction (``mixed_6a``, ``mixed_7a``): stride-2 branches, concatenated.
-
-    Args:
-        branches: modules that each halve H and W.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, C', (H - 3) // 2 + 1, (W - 3) // 2 + 1)."""
-        return self.concat_branches(x)
-
-
-class ResidualBlock(_Branches):
-    """An Inception-ResNet block: ``relu(x + scale * conv2d(concat(branches(x))))``.
-
-    Args:
-        channels: input and output channels.
-        branches: same-size branches.
-        branch_channels: their total output channels (input of the 1 x 1 projection ``conv2d``).
-        scale: the residual scaling that keeps the sum stable (0.17, 0.10, 0.20 by stage).
-        activate: apply the final ReLU (the very last block, ``block8``, does not).
-    """
+class ResidualBlock(Branches):
+    """An Inception-ResNet block: ``relu(x + scale * conv2d(concat(branches(x))))``; the last
+    block (``block8``) has no ReLU."""
 
     def __init__(self, channels, branches, branch_channels, scale, activate=True):
         super().__init__(branches)
@@ -103,86 +58,44 @@ class ResidualBlock(_Branches):
         self.relu = nn.ReLU() if activate else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, C, H, W)."""
-        return self.relu(x + self.scale * self.conv2d(self.concat_branches(x)))
+        return self.relu(x + self.scale * self.conv2d(super().forward(x)))
 
 
-def _chain(*convs: nn.Module) -> nn.Sequential:
-    return nn.Sequential(*convs)
+def _residual_block(channels, width, branches, scale, activate=True) -> ResidualBlock:
+    """An Inception-ResNet block whose branches each start with a 1x1 convolution to ``width``
+    channels, followed by same-size convolutions of the kernels (kh, kw) ``branches`` lists."""
+
+    def branch(kernels):
+        layers = [BasicConv2d(channels, width, 1)]
+        layers += [BasicConv2d(width, width, k, padding=(k[0] // 2, k[1] // 2)) for k in kernels]
+        return layers[0] if len(layers) == 1 else nn.Sequential(*layers)
+
+    return ResidualBlock(
+        channels, [branch(k) for k in branches], width * len(branches), scale, activate
+    )
 
 
 def block35(scale: float = 0.17) -> ResidualBlock:
-    """Inception-ResNet-A on 256 channels (35 x 35 grid in the paper, 17 x 17 at 160 px).
-
-    Args:
-        scale: residual scaling.
-    """
-    return ResidualBlock(
-        256,
-        [
-            BasicConv2d(256, 32, 1),
-            _chain(BasicConv2d(256, 32, 1), BasicConv2d(32, 32, 3, padding=1)),
-            _chain(
-                BasicConv2d(256, 32, 1),
-                BasicConv2d(32, 32, 3, padding=1),
-                BasicConv2d(32, 32, 3, padding=1),
-            ),
-        ],
-        branch_channels=96,
-        scale=scale,
-    )
+    """Inception-ResNet-A on 256 channels (17 x 17 at 160 px)."""
+    return _residual_block(256, 32, [(), [(3, 3)], [(3, 3), (3, 3)]], scale)
 
 
 def block17(scale: float = 0.10) -> ResidualBlock:
-    """Inception-ResNet-B on 896 channels, with factorised 1 x 7 and 7 x 1 convolutions.
-
-    Args:
-        scale: residual scaling.
-    """
-    return ResidualBlock(
-        896,
-        [
-            BasicConv2d(896, 128, 1),
-            _chain(
-                BasicConv2d(896, 128, 1),
-                BasicConv2d(128, 128, (1, 7), padding=(0, 3)),
-                BasicConv2d(128, 128, (7, 1), padding=(3, 0)),
-            ),
-        ],
-        branch_channels=256,
-        scale=scale,
-    )
+    """Inception-ResNet-B on 896 channels, with factorised 1 x 7 and 7 x 1 convolutions."""
+    return _residual_block(896, 128, [(), [(1, 7), (7, 1)]], scale)
 
 
 def block8(scale: float = 0.20, activate: bool = True) -> ResidualBlock:
-    """Inception-ResNet-C on 1792 channels, with factorised 1 x 3 and 3 x 1 convolutions.
-
-    Args:
-        scale: residual scaling.
-        activate: apply the final ReLU.
-    """
-    return ResidualBlock(
-        1792,
-        [
-            BasicConv2d(1792, 192, 1),
-            _chain(
-                BasicConv2d(1792, 192, 1),
-                BasicConv2d(192, 192, (1, 3), padding=(0, 1)),
-                BasicConv2d(192, 192, (3, 1), padding=(1, 0)),
-            ),
-        ],
-        branch_channels=384,
-        scale=scale,
-        activate=activate,
-    )
+    """Inception-ResNet-C on 1792 channels, with factorised 1 x 3 and 3 x 1 convolutions."""
+    return _residual_block(1792, 192, [(), [(1, 3), (3, 1)]], scale, activate)
 
 
-def mixed_6a() -> ReductionBlock:
+def mixed_6a() -> Branches:
     """Reduction-A: 256 -> 384 + 256 + 256 = 896 channels, H and W halved."""
-    return ReductionBlock(
+    return Branches(
         [
             BasicConv2d(256, 384, 3, stride=2),
-            _chain(
+            nn.Sequential(
                 BasicConv2d(256, 192, 1),
                 BasicConv2d(192, 192, 3, padding=1),
                 BasicConv2d(192, 256, 3, stride=2),
@@ -192,13 +105,13 @@ def mixed_6a() -> ReductionBlock:
     )
 
 
-def mixed_7a() -> ReductionBlock:
+def mixed_7a() -> Branches:
     """Reduction-B: 896 -> 384 + 256 + 256 + 896 = 1792 channels, H and W halved."""
-    return ReductionBlock(
+    return Branches(
         [
-            _chain(BasicConv2d(896, 256, 1), BasicConv2d(256, 384, 3, stride=2)),
-            _chain(BasicConv2d(896, 256, 1), BasicConv2d(256, 256, 3, stride=2)),
-            _chain(
+            nn.Sequential(BasicConv2d(896, 256, 1), BasicConv2d(256, 384, 3, stride=2)),
+            nn.Sequential(BasicConv2d(896, 256, 1), BasicConv2d(256, 256, 3, stride=2)),
+            nn.Sequential(
                 BasicConv2d(896, 256, 1),
                 BasicConv2d(256, 256, 3, padding=1),
                 BasicConv2d(256, 256, 3, stride=2),
@@ -209,14 +122,8 @@ def mixed_7a() -> ReductionBlock:
 
 
 class InceptionResnetV1(nn.Sequential):
-    """Inception-ResNet-v1 up to global average pooling: (B, C, H, W) -> (B, 1792).
-
-    Made for 160 x 160 crops (the grid is 3 x 3 before pooling); inputs down to
-    ``MIN_INPUT_SIZE`` px work. About 22.6 M parameters.
-
-    Args:
-        in_channels: image channels (3 for RGB).
-    """
+    """Inception-ResNet-v1 up to global average pooling: (B, C, H, W) -> (B, 1792); 160 x 160
+    crops leave a 3 x 3 grid before pooling."""
 
     MIN_INPUT_SIZE = 75  # smaller inputs leave mixed_7a a grid under its 3 x 3 kernels
     feature_dim = 1792
@@ -242,7 +149,6 @@ class InceptionResnetV1(nn.Sequential):
         super().__init__(layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, 1792); a clear error for inputs under ``MIN_INPUT_SIZE``."""
         if min(x.shape[-2:]) < self.MIN_INPUT_SIZE:
             raise ValueError(
                 f"inception_resnet_v1 needs inputs of at least {self.MIN_INPUT_SIZE} x "
@@ -253,21 +159,9 @@ class InceptionResnetV1(nn.Sequential):
 
 
 def convert_facenet_pytorch_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict:
-    """Map a state dict in the facenet-pytorch layout onto ``EmbeddingNet``.
-
-    ``conv2d_1a.*`` ... ``block8.*`` -> ``backbone.*`` (same names below the prefix),
-    ``last_linear.*`` -> ``embedding.linear.*``, ``last_bn.*`` -> ``embedding.bn.*``,
-    ``logits.*`` -> ``classifier.*``. Load the result into
-    ``EmbeddingNet("inception_resnet_v1", embedding_dim=512, num_classes=N)`` with N the
-    number of classes of the ``logits`` layer (or without ``logits.*`` keys and no classifier).
-
-    Args:
-        state_dict: the port's ``model.state_dict()`` (tensors are shared, not copied).
-    """
-    converted = {}
-    for key, value in state_dict.items():
-        converted[_embedding_net_key(key)] = value
-    return converted
+    """A facenet-pytorch state dict on the keys of ``EmbeddingNet("inception_resnet_v1", 512,
+    num_classes=N)`` (N: its ``logits`` rows; no classifier without them), tensors shared."""
+    return {_embedding_net_key(key): value for key, value in state_dict.items()}
 
 
 def _embedding_net_key(key: str) -> str:
