@@ -1,38 +1,34 @@
 """The targets of the benchmark issues, as ratios measured in one run, met or missed.
 
-Each function reads the sections of ``benchmarks/results.json`` (``{name: report}``, as the
-runners of :mod:`benchmarks.runners` return them) and returns rows
-``{"target", "wanted", "measured", "met", "where"}``; ``met`` is None when not measured.
+:func:`all_targets` reads the sections of ``benchmarks/results.json`` (``{name: report}``) and
+returns rows ``{"target", "wanted", "measured", "met", "where"}``; ``met`` is None when not
+measured.
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "target",
-    "step_cases",
-    "graph_targets",
-    "throughput_targets",
-    "overhead_targets",
-    "chunk_targets",
-    "miner_targets",
-    "evaluation_targets",
-    "all_targets",
-    "status_text",
-]
+import operator
 
-# The targets of the benchmark issues, as ratios measured in one run.
-DENSE_GRAPH_RATIO = 0.5
-SPARSE_GRAPH_RATIO = 0.15
+# (ratio in a triplet case's "ratios", target, selection -> limit or one limit, "<=" / ">=")
+STEP_TARGETS = {
+    "graph": (
+        "graph_peak_two_pass_vs_seed",
+        "peak graph bytes, two-pass / seed, {}",
+        {"dense": 0.5, "sparse": 0.15},
+        "<=",
+    ),
+    "throughput": ("throughput_two_pass_vs_seed", "images/s, two-pass / seed", 1.5, ">="),
+    "overhead": ("two_pass_overhead_above_floor", "two-pass step above the floor", 0.10, "<="),
+}
 CHUNK_GRAPH_TOLERANCE = 1.10  # chunked peak <= this x one chunk's grad-forward graph bytes
-THROUGHPUT_RATIO = 1.5
-OVERHEAD = 0.10
-MINER_SPEEDUP = 3.0
-MINER_MEMORY_RATIO = 3.0
+MINER_SPEEDUP = MINER_MEMORY_RATIO = 3.0
 EVALUATION_SPEEDUP = 100.0
+COMPARE = {"<=": operator.le, ">=": operator.ge}
 
 
-def target(name: str, wanted: str, measured: float | None, met: bool | None, where: str) -> dict:
-    """One row of the targets table."""
+def target(name: str, wanted: str, measured: float | None, limit: float, where: str) -> dict:
+    """One row of the targets table; ``wanted`` is ``"<= ..."`` or ``">= ..."``."""
+    met = None if measured is None else COMPARE[wanted[:2]](measured, limit)
     return {"target": name, "wanted": wanted, "measured": measured, "met": met, "where": where}
 
 
@@ -42,57 +38,16 @@ def step_cases(sections: dict, batch: str) -> list[dict]:
     return [r for r in step.get("cases", []) if r["case"]["batch"] == batch]
 
 
-def graph_targets(sections: dict) -> list[dict]:
-    """Two-pass peak graph bytes vs the seed's: <= 0.5x dense, <= 0.15x sparse."""
+def step_targets(sections: dict, kind: str) -> list[dict]:
+    """One of :data:`STEP_TARGETS` for every triplet case."""
+    key, name, limit, sense = STEP_TARGETS[kind]
     rows = []
-    limits = {"dense": DENSE_GRAPH_RATIO, "sparse": SPARSE_GRAPH_RATIO}
     for result in step_cases(sections, "triplets"):
         case = result["case"]
-        limit = limits.get(case["selection"])
-        value = result.get("ratios", {}).get("graph_peak_two_pass_vs_seed")
-        rows.append(
-            target(
-                f"peak graph bytes, two-pass / seed, {case['selection']}",
-                f"<= {limit}",
-                value,
-                None if value is None else value <= limit,
-                case["name"],
-            )
-        )
-    return rows
-
-
-def throughput_targets(sections: dict) -> list[dict]:
-    """Two-pass images/s at least 1.5x the seed loop's."""
-    rows = []
-    for result in step_cases(sections, "triplets"):
-        value = result.get("ratios", {}).get("throughput_two_pass_vs_seed")
-        rows.append(
-            target(
-                "images/s, two-pass / seed",
-                f">= {THROUGHPUT_RATIO}",
-                value,
-                None if value is None else value >= THROUGHPUT_RATIO,
-                result["case"]["name"],
-            )
-        )
-    return rows
-
-
-def overhead_targets(sections: dict) -> list[dict]:
-    """Two-pass step time at most 10% above the floor (training-step table)."""
-    rows = []
-    for result in step_cases(sections, "triplets"):
-        value = result.get("ratios", {}).get("two_pass_overhead_above_floor")
-        rows.append(
-            target(
-                "two-pass step above the floor",
-                f"<= {OVERHEAD:.0%}",
-                value,
-                None if value is None else value <= OVERHEAD,
-                result["case"]["name"],
-            )
-        )
+        case_limit = limit[case["selection"]] if isinstance(limit, dict) else limit
+        wanted = f"{sense} {case_limit:.0%}" if kind == "overhead" else f"{sense} {case_limit}"
+        value = result.get("ratios", {}).get(key)
+        rows.append(target(name.format(case["selection"]), wanted, value, case_limit, case["name"]))
     return rows
 
 
@@ -102,16 +57,15 @@ def chunk_targets(sections: dict) -> list[dict]:
     for result in step_cases(sections, "pk"):
         if "two_pass_chunked" not in result["case"]["variants"]:
             continue
-        value = result.get("ratios", {}).get("graph_peak_chunked_vs_one_chunk")
         chunked = result["variants"].get("two_pass_chunked") or {}
+        absent = " (chunking not available)" if chunked.get("not_available") else ""
         rows.append(
             target(
                 "peak graph bytes, chunked / one chunk's forward",
                 f"<= {CHUNK_GRAPH_TOLERANCE:.2f}",
-                value,
-                None if value is None else value <= CHUNK_GRAPH_TOLERANCE,
-                result["case"]["name"]
-                + (" (chunking not available)" if chunked.get("not_available") else ""),
+                result.get("ratios", {}).get("graph_peak_chunked_vs_one_chunk"),
+                CHUNK_GRAPH_TOLERANCE,
+                result["case"]["name"] + absent,
             )
         )
     return rows
@@ -120,45 +74,42 @@ def chunk_targets(sections: dict) -> list[dict]:
 def miner_targets(sections: dict) -> list[dict]:
     """B = 1024, 64 identities, "all" and "semihard": >= 3x faster, <= 1/3 of PML's memory;
     never slower than PML at any size."""
-    miners = sections.get("miners") or {}
-    rows_in = miners.get("rows", [])
+    rows_in = (sections.get("miners") or {}).get("rows", [])
     rows = []
     for miner in ("all", "semihard"):
+        where = f"B=1024, 64 ids, {miner}"
         match = [
-            r
-            for r in rows_in
-            if r["batch"] == 1024 and r["identities"] == 64 and r["miner"] == miner
+            r for r in rows_in if (r["batch"], r["identities"], r["miner"]) == (1024, 64, miner)
         ]
         row = match[0] if match else {}
-        where = f"B=1024, 64 ids, {miner}"
-        speed, memory = row.get("speedup"), row.get("memory_ratio")
         rows.append(
             target(
                 "miner speed, PML / ours",
                 f">= {MINER_SPEEDUP:.0f}x",
-                speed,
-                None if speed is None else speed >= MINER_SPEEDUP,
+                row.get("speedup"),
+                MINER_SPEEDUP,
                 where,
             )
         )
+        memory = row.get("memory_ratio")
         rows.append(
             target(
                 "miner peak memory, PML / ours",
                 f">= {MINER_MEMORY_RATIO:.0f}x",
                 memory,
-                None if memory is None else memory >= MINER_MEMORY_RATIO,
+                MINER_MEMORY_RATIO,
                 where,
             )
         )
     speeds = [r["speedup"] for r in rows_in if r.get("speedup") is not None]
-    slowest = min(speeds) if speeds else None
+    where = f"{len(speeds)} cases with PML figures"
     rows.append(
         target(
             "miner never slower than PML (slowest case)",
             ">= 1x",
-            slowest,
-            None if slowest is None else slowest >= 1.0,
-            f"{len(speeds)} cases with PML figures",
+            min(speeds, default=None),
+            1.0,
+            where,
         )
     )
     return rows
@@ -168,28 +119,29 @@ def evaluation_targets(sections: dict) -> list[dict]:
     """The protocol at least 100x faster than the loops, with identical numbers."""
     rows = []
     for case in (sections.get("evaluation") or {}).get("cases", []):
-        rows.append(
-            target(
-                "evaluation speed, loops / ours (identical numbers)",
-                f">= {EVALUATION_SPEEDUP:.0f}x",
-                case["speedup"],
-                case["speedup"] >= EVALUATION_SPEEDUP and case["identical"],
-                f"{case['n_pairs']} pairs" + ("" if case["identical"] else ", NUMBERS DIFFER"),
-            )
+        differ = "" if case["identical"] else ", NUMBERS DIFFER"
+        speed = case["speedup"] if case["identical"] else 0.0
+        row = target(
+            "evaluation speed, loops / ours (identical numbers)",
+            f">= {EVALUATION_SPEEDUP:.0f}x",
+            speed,
+            EVALUATION_SPEEDUP,
+            f"{case['n_pairs']} pairs{differ}",
         )
+        rows.append(row | {"measured": case["speedup"]})
     return rows
 
 
 def all_targets(sections: dict) -> list[dict]:
     """Every target row, in the order of the issues."""
-    return (
-        graph_targets(sections)
-        + chunk_targets(sections)
-        + throughput_targets(sections)
-        + overhead_targets(sections)
-        + miner_targets(sections)
-        + evaluation_targets(sections)
-    )
+    return [
+        *step_targets(sections, "graph"),
+        *chunk_targets(sections),
+        *step_targets(sections, "throughput"),
+        *step_targets(sections, "overhead"),
+        *miner_targets(sections),
+        *evaluation_targets(sections),
+    ]
 
 
 def status_text(met: bool | None) -> str:

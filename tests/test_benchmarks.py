@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks import bench_training_step as step
-from benchmarks import runners, tables, targets
+from benchmarks import run_all, tables, targets
 from facenet.memory import GRAPH_BYTES_ALIVE, GRAPH_BYTES_PEAK
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,10 +112,10 @@ def test_targets_are_met_missed_or_not_measured():
             ]
         }
     }
-    graph = targets.graph_targets(sections)
+    graph = targets.step_targets(sections, "graph")
     assert [t["met"] for t in graph] == [True, False]  # 0.5 <= 0.5; 0.16 > 0.15
-    assert [t["met"] for t in targets.throughput_targets(sections)] == [False, None]
-    assert [t["met"] for t in targets.overhead_targets(sections)] == [None, True]
+    assert [t["met"] for t in targets.step_targets(sections, "throughput")] == [False, None]
+    assert [t["met"] for t in targets.step_targets(sections, "overhead")] == [None, True]
     assert [targets.status_text(m) for m in (True, False, None)] == [
         "met",
         "MISSED",
@@ -162,8 +162,8 @@ def test_the_committed_tables_are_those_of_the_committed_results():
     assert filled == markdown
 
 
-def test_each_runner_names_its_module_and_its_command(tmp_path):
-    assert runners.SECTIONS == (
+def test_each_runner_names_its_module_and_its_command():
+    assert run_all.SECTIONS == (
         "training_step",
         "miners",
         "evaluation",
@@ -171,15 +171,12 @@ def test_each_runner_names_its_module_and_its_command(tmp_path):
         "step_paths",
         "pipeline",
     )
-    for runner_class in runners.RUNNERS:
-        runner = runner_class(tmp_path, threads=1)
-        command = runner.command(quick=False)
-        assert command.startswith(f"python -m benchmarks.{runner.module} ")
-        assert command.endswith(f"--json {runner.name}.json")
-        assert runner.json_path == tmp_path / f"{runner.name}.json"
-    data = runners.DataRunner(tmp_path, threads=1)
-    assert "--step-json training_step.json" in data.command(quick=True)
-    assert data.extra_arguments()[0] == []  # no training-step report in this run yet
+    for name, module, quick_args in run_all.RUNNERS:
+        command = run_all.command(name, module, run_all.arguments(quick_args, False, 1))
+        assert command.startswith(f"python -m benchmarks.{module} ")
+        assert command.endswith(f"--json {name}.json")
+    data = run_all.command("data", "bench_data", ["--quick"])
+    assert "--step-json training_step.json" in data
 
 
 # ---------------------------------------------------------------- the quick run
