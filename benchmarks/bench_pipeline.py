@@ -25,9 +25,7 @@ Three measurements, in one process, on folders of built-in synthetic identities 
 
 from __future__ import annotations
 
-import argparse
 import copy
-import io
 import os
 import shutil
 import sys
@@ -43,22 +41,23 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
 from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import write_report
+from benchmarks.measure import benchmark_parser, run_benchmark, show, stop_workers
 from facenet.config import load_config
 from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
 from facenet.data.batches import TrainCrops, standardize
-from facenet.data.loading import count_images, make_loader, resolve_loader_settings
+from facenet.data.loading import (
+    count_images,
+    make_loader,
+    measure_throughput,
+    resolve_loader_settings,
+)
+from facenet.errors import FacenetError
 from facenet.training.build import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 VGGFACE2_FILES = 3_300_000
 # (network input px, stored px): the demo's 32 px PNGs, and 112 px crops stored a little larger.
 SIZES = ((32, 32), (112, 128))
-
-
-def write_faces(root: Path, identities: int, per_identity: int, stored: int) -> None:
-    """The synthetic identities as PNG files ``root/<identity>/<image>.png``."""
-    SyntheticIdentities(identities, per_identity, image_size=stored, seed=0).write_to_disk(root)
 
 
 # --------------------------------------------------------------------------- loaders
@@ -83,23 +82,7 @@ def torchvision_loader(root: Path, size: int, workers: int, batch: int):
 def images_per_second(loader, batches: int) -> float:
     """Images/s of one pass of at most ``batches`` batches, standardised as the Trainer does
     (the first batch, worker start-up, not timed)."""
-    images, started = 0, None
-    for index, (batch, _) in enumerate(loader):
-        batch = standardize(batch)  # (B, 3, S, S) float
-        if index == 0:
-            started = time.perf_counter()
-        else:
-            images += count_images(batch)
-        if index + 1 >= batches:
-            break
-    return images / max(time.perf_counter() - started, 1e-9)
-
-
-def shut_down(loader) -> None:
-    """Stop a loader's persistent workers now (they otherwise live until it is collected)."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
+    return measure_throughput(((standardize(x), y) for x, y in loader), batches)
 
 
 def loader_rows(root: Path, size: int, workers_list, p: int, k: int, batches: int) -> list:
@@ -110,10 +93,10 @@ def loader_rows(root: Path, size: int, workers_list, p: int, k: int, batches: in
         first = images_per_second(ours, batches)
         sampler.set_epoch(1)
         second = images_per_second(ours, batches)
-        shut_down(ours)
+        stop_workers(ours)
         theirs = torchvision_loader(root, size, workers, p * k)
         torchvision_rate = images_per_second(theirs, batches)
-        shut_down(theirs)
+        stop_workers(theirs)
         rows.append(
             {
                 "image_size": size,
@@ -124,16 +107,8 @@ def loader_rows(root: Path, size: int, workers_list, p: int, k: int, batches: in
                 "ours_vs_torchvision": second / torchvision_rate,
             }
         )
-        print(_loader_text(rows[-1]), flush=True)
+        show(rows[-1])
     return rows
-
-
-def _loader_text(row: dict) -> str:
-    return (
-        f"{row['image_size']:>4} px  {row['workers']} workers  ours {row['ours']:>7.0f} img/s "
-        f"(first pass {row['ours_first_pass']:.0f})  torchvision {row['torchvision']:>6.0f}  "
-        f"{row['ours_vs_torchvision']:.1f}x"
-    )
 
 
 # --------------------------------------------------------------------------- training
@@ -178,7 +153,7 @@ def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> d
         started = time.perf_counter()
         trainer.train_one_epoch(loader, round_index + 1, progress=False)
         end_to_end.append(time.perf_counter() - started)
-    shut_down(loader)
+    stop_workers(loader)
     images = sum(count_images(batch) for batch in preloaded)
     row = {
         "workload": name,
@@ -195,12 +170,7 @@ def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> d
     # Each round's pair (the same batches, one after the other): less exposed to other jobs.
     paired = [alone / through for alone, through in zip(step_alone, end_to_end)]
     row["end_to_end_vs_step_paired_median"] = float(np.median(paired))
-    print(
-        f"{name} workers {resolved}: step {row['step_images_per_s']:.0f} img/s, end to end "
-        f"{row['end_to_end_images_per_s']:.0f} img/s ({row['end_to_end_vs_step']:.0%}; "
-        f"paired median {row['end_to_end_vs_step_paired_median']:.0%})",
-        flush=True,
-    )
+    show(row)
     return row
 
 
@@ -213,11 +183,9 @@ def write_encoded(root: Path, files: int, fmt: str, side: int = 128) -> None:
     base = np.linspace(0, 200, side * side * 3).reshape(side, side, 3)
     for index in range(files):
         pixels = np.clip(base + rng.integers(0, 40, base.shape), 0, 255).astype(np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, format=fmt)
         folder = root / f"id{index // 50:05d}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{index:06d}.{fmt.lower()}").write_bytes(buffer.getvalue())
+        Image.fromarray(pixels).save(folder / f"{index:06d}.{fmt.lower()}", format=fmt)
 
 
 def index_row(root: Path, fmt: str, files: int) -> dict:
@@ -242,20 +210,17 @@ def index_row(root: Path, fmt: str, files: int) -> dict:
         "reuse_s_per_10k": reuse / files * 10_000,
         "build_s_vggface2": build / files * VGGFACE2_FILES,
     }
-    print(
-        f"index {fmt}: {files} files ({megabytes:.0f} MiB) built in {build:.2f} s "
-        f"({row['build_s_per_10k']:.1f} s per 10k; 3.3 M: {row['build_s_vggface2'] / 60:.0f} "
-        f"min), reused in {reuse:.2f} s",
-        flush=True,
-    )
+    show(row)
     return row
 
 
 # --------------------------------------------------------------------------- the run
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args) -> dict:
     """Write the folders, measure the three parts, return the report."""
+    if any(w < 0 for w in args.workers):
+        raise FacenetError(f"--workers must be >= 0, got {args.workers}")
     if args.quick:
         identities, per_identity, batches, files = 16, 4, 4, 200
         workloads = [("demo", 2, 2)]
@@ -267,7 +232,9 @@ def run(args: argparse.Namespace) -> dict:
     try:
         for size, stored in SIZES:
             root = work / f"faces_{stored}"
-            write_faces(root, identities, per_identity, stored)
+            SyntheticIdentities(identities, per_identity, image_size=stored, seed=0).write_to_disk(
+                root
+            )
             p, k = (16, 4) if size == 32 else (8, 4)
             p = min(p, identities)
             report["loader"] += loader_rows(
@@ -292,30 +259,11 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small folders, few batches")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and write the JSON report."""
-    args = get_args_parser().parse_args(argv)
-    args.argv = list(argv if argv is not None else sys.argv[1:])
-    if any(w < 0 for w in args.workers) or args.threads < 0:
-        print("--workers and --threads must be >= 0", file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    report = run(args)
-    if args.json:
-        write_report(args.json, report)
-        print(f"wrote {args.json}")
-    return 0
+    """Run the benchmark (``--quick``: small folders, few batches)."""
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    return run_benchmark(parser, argv, run)
 
 
 if __name__ == "__main__":

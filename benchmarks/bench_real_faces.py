@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -74,15 +75,8 @@ SCHEDULE_POINTS = 1000  # the budget's fraction spent, in thousandths, is the sc
 TRACE_POINTS = 40  # loss values kept per method (evenly over its steps)
 
 
-# --------------------------------------------------------------------------- budget, schedule
-
-
 class CpuBudget:
-    """Process CPU seconds (every thread) spent since the start, against a limit.
-
-    Args:
-        seconds: the limit.
-    """
+    """Process CPU seconds (every thread) spent since the start, against a limit."""
 
     def __init__(self, seconds: float):
         self.seconds = float(seconds)
@@ -92,14 +86,6 @@ class CpuBudget:
         """CPU seconds used since the start."""
         return time.process_time() - self.cpu_start
 
-    def wall(self) -> float:
-        """Wall seconds since the start."""
-        return time.perf_counter() - self.wall_start
-
-    def fraction(self) -> float:
-        """The part of the budget used, in [0, 1]."""
-        return min(1.0, self.spent() / self.seconds)
-
     def done(self) -> bool:
         """The budget is used up."""
         return self.spent() >= self.seconds
@@ -108,13 +94,9 @@ class CpuBudget:
 class BudgetSchedule:
     """The configuration's learning-rate shape over the budget's fraction spent, not steps.
 
-    Each group's rate is its starting rate times ``ScheduleShape.factor`` at the thousandth of
-    the budget used (warm-up, if any, as the same fraction of the run as in the config).
-
-    Args:
-        optimizer: the optimizer whose groups' current ``lr`` are the starting rates.
-        cfg: the run configuration (``optim`` section; ``train.epochs`` for the warm-up part).
-        budget: the method's CPU budget.
+    Each group's rate is its starting rate (its ``lr`` now) times ``ScheduleShape.factor`` at
+    the thousandth of the budget used (warm-up, if any, as the same fraction of the run as in
+    the config).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, cfg: Config, budget: CpuBudget):
@@ -132,57 +114,54 @@ class BudgetSchedule:
 
     def apply(self) -> float:
         """Set every group's rate for the next step; returns the factor."""
-        factor = self.shape.factor(int(self.budget.fraction() * SCHEDULE_POINTS))
+        fraction = min(1.0, self.budget.spent() / self.budget.seconds)
+        factor = self.shape.factor(int(fraction * SCHEDULE_POINTS))
         for group, base in zip(self.optimizer.param_groups, self.base):
             group["lr"] = base * factor
         return factor
 
 
-class Trace:
-    """A method's training record: steps, images, skipped steps and its loss over time."""
-
-    def __init__(self):
-        self.steps, self.images, self.skipped, self.losses = 0, 0, 0, []
-
-    def add(self, loss: float | None, images: int, cpu: float) -> None:
-        """One step: its loss (None when it was skipped), its images, the CPU time now."""
-        self.steps, self.images = self.steps + 1, self.images + images
-        if loss is None or not math.isfinite(loss):
-            self.skipped += 1
-        else:
-            self.losses.append((cpu, loss))
-
-    def record(self, budget: CpuBudget, epochs: int) -> dict:
-        """The JSON record: counts, CPU and wall time, loss at the start and the end."""
-        values = [loss for _, loss in self.losses]
-        ends = max(1, min(10, len(values) // 4))  # mean of the first / last few steps
-        keep = np.unique(np.linspace(0, len(values) - 1, TRACE_POINTS).astype(int))
-        return {
-            "steps": self.steps,
-            "skipped_steps": self.skipped,
-            "images": self.images,
-            "epochs_started": epochs,
-            "cpu_seconds": budget.spent(),
-            "wall_seconds": budget.wall(),
-            "images_per_cpu_second": self.images / max(budget.spent(), 1e-9),
-            "loss_first": float(np.mean(values[:ends])) if values else None,
-            "loss_last": float(np.mean(values[-ends:])) if values else None,
-            "loss_trace": [self.losses[i] for i in keep] if values else [],
-        }
+def train_for_budget(step, optimizer, cfg: Config, data, budget: CpuBudget) -> dict:
+    """``step(batch) -> (loss or None when skipped, images)`` over epochs of ``data`` until the
+    budget is spent, the rates set by :class:`BudgetSchedule`; the method's training record."""
+    schedule, losses = BudgetSchedule(optimizer, cfg, budget), []
+    steps = images = skipped = epochs = 0
+    while not budget.done():
+        epochs += 1
+        data.sampler.set_epoch(epochs)
+        for batch in data.loader:
+            schedule.apply()
+            loss, count = step(batch)
+            steps, images = steps + 1, images + count
+            if loss is None or not math.isfinite(loss):
+                skipped += 1
+            else:
+                losses.append((budget.spent(), loss))
+            if budget.done():
+                break
+    values = [loss for _, loss in losses]
+    ends = max(1, min(10, len(values) // 4))  # mean of the first / last few steps
+    keep = np.unique(np.linspace(0, len(values) - 1, TRACE_POINTS).astype(int))
+    return {
+        "steps": steps,
+        "skipped_steps": skipped,
+        "images": images,
+        "epochs_started": epochs,
+        "cpu_seconds": budget.spent(),
+        "wall_seconds": time.perf_counter() - budget.wall_start,
+        "images_per_cpu_second": images / max(budget.spent(), 1e-9),
+        "loss_first": float(np.mean(values[:ends])) if values else None,
+        "loss_last": float(np.mean(values[-ends:])) if values else None,
+        "loss_trace": [losses[i] for i in keep] if values else [],
+    }
 
 
 # --------------------------------------------------------------------------- configurations
 
 
 def load_configs(args: argparse.Namespace, path: str, extra: list[str], run_dir: Path) -> Config:
-    """A configuration with the benchmark's folders and settings applied.
-
-    Args:
-        args: the command line (folders).
-        path: the YAML file.
-        extra: ``--set`` overrides given for this configuration.
-        run_dir: where held-out pairs are written (``logging.out_dir``).
-    """
+    """The configuration at ``path`` with the benchmark's folders, ``extra`` overrides, and
+    ``run_dir`` for held-out pairs."""
     overrides = [
         f"data.root={args.train_root}",
         f"eval.pairs={args.pairs}",
@@ -213,80 +192,66 @@ def seeded(cfg: Config) -> None:
 
 
 def train_ours(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The Trainer of ``facenet-train`` (its default step) on our loader, until the budget.
-
-    Args:
-        cfg: the run configuration.
-        data: ``build_data``'s loader and sampler (P x K batches).
-        budget: the CPU budget, started.
-    """
+    """The Trainer of ``facenet-train`` (its default step) on our loader (P x K batches)."""
     seeded(cfg)
     trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
-    return trainer.core_model, train_for_budget(trainer, cfg, data, budget)
+    return trainer.core_model, train_trainer(trainer, cfg, data, budget)
+
+
+def train_trainer(trainer, cfg: Config, data: TrainingData, budget: CpuBudget) -> dict:
+    """The Trainer's steps on our loader until the budget (from scratch or fine-tuning); the
+    budget's schedule sets the rates, not the Trainer's."""
+    trainer.scheduler = None
+
+    def step(batch) -> tuple[float | None, int]:
+        stats = trainer.train_step(*batch)
+        return (None if "skipped" in stats else float(stats["loss"])), batch[0].shape[0]
+
+    trainer.model.train()
+    record = train_for_budget(step, trainer.optimizer, cfg, data, budget)
+    return record | {"step_path": trainer.step.name}
 
 
 def train_seed(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The seed's loop (``seed_train_step``) on triplet batches of our loader.
+    """The seed's loop (``seed_train_step``) on triplet batches of our loader (``build_data``
+    of a configuration with ``data.dataset: triplets``).
 
-    Args:
-        cfg: the run configuration (model, optimizer, margin).
-        data: ``build_data`` of :func:`seed_style` (a, p, n, label_p, label_n batches).
-        budget: the CPU budget, started.
+    With a single hard triplet the seed's classifier forwards are batches of one image, which
+    BatchNorm refuses in training mode (the original stops there): that step is skipped.
     """
     seeded(cfg)
     network = build_model(cfg.model, num_classes=None, image_size=cfg.data.image_size)
     model = SeedModel(network, data.num_classes)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
-    schedule, trace, epoch, state = BudgetSchedule(optimizer, cfg, budget), Trace(), 0, {}
+    state, epoch = {}, None  # the loop's variables, carried from step to step
+
+    def step(batch) -> tuple[float | None, int]:
+        nonlocal epoch
+        data_a, data_p, data_n, label_p, label_n = batch
+        if epoch != data.sampler.epoch:  # a new epoch's lists, as seed_epoch makes them
+            epoch = data.sampler.epoch
+            state.update(labels=[], distances=[])
+        images = [standardize(x, cfg.data.normalize) for x in (data_a, data_p, data_n)]
+        try:
+            out = seed_train_step(
+                model, optimizer, *images, label_p, label_n, margin=cfg.mining.margin, state=state
+            )
+        except ValueError as err:
+            if "more than 1 value per channel" not in str(err):
+                raise
+            optimizer.zero_grad()
+            return None, 3 * data_a.shape[0]
+        return (None if out["skipped"] else out["total_loss"]), 3 * data_a.shape[0]
+
     model.train()
-    while not budget.done():
-        epoch += 1
-        data.sampler.set_epoch(epoch)
-        state.update(labels=[], distances=[])  # the epoch's lists, as seed_epoch makes them
-        for data_a, data_p, data_n, label_p, label_n in data.loader:
-            schedule.apply()
-            images = [standardize(x, cfg.data.normalize) for x in (data_a, data_p, data_n)]
-            loss = seed_step(model, optimizer, images, label_p, label_n, cfg, state)
-            trace.add(loss, 3 * data_a.shape[0], budget.spent())
-            if budget.done():
-                break
+    record = train_for_budget(step, optimizer, cfg, data, budget)
     state.clear()  # the loop variables keep the last step's graphs alive
-    return network, trace.record(budget, epoch)
-
-
-def seed_step(model, optimizer, images, label_p, label_n, cfg: Config, state: dict):
-    """One ``seed_train_step``; its total loss, or None when it selected no triplet or one.
-
-    With a single hard triplet the seed's classifier forwards are batches of one image, which
-    BatchNorm refuses in training mode (the original stops there): that step is skipped.
-
-    Args:
-        model, optimizer: the SeedModel and its optimizer.
-        images: standardised (T, 3, H, W) anchors, positives, negatives.
-        label_p, label_n: (T,) labels.
-        cfg: the run configuration (``mining.margin``: the seed's selection and loss margin).
-        state: the loop's variables, carried from step to step.
-    """
-    try:
-        step = seed_train_step(
-            model, optimizer, *images, label_p, label_n, margin=cfg.mining.margin, state=state
-        )
-    except ValueError as err:
-        if "more than 1 value per channel" not in str(err):
-            raise
-        optimizer.zero_grad()
-        return None
-    return None if step["skipped"] else step["total_loss"]
+    return network, record
 
 
 class PlainFolder(Dataset):
     """``(image, label)``: the file decoded by torchvision and transformed alone, every time,
-    as a torchvision ``ImageFolder`` does.
-
-    Args:
-        samples: ``[(path, label), ...]``.
-        transform: the per-sample training transform (uint8 (3, H, W) -> float (3, S_h, S_w)).
-    """
+    as a torchvision ``ImageFolder`` does; ``samples`` are ``[(path, label), ...]``."""
 
     def __init__(self, samples: list, transform):
         self.samples, self.transform = samples, transform
@@ -296,79 +261,50 @@ class PlainFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        image = decode_image(path, mode=ImageReadMode.RGB)  # uint8 (3, H, W)
-        return self.transform(image), label
+        return self.transform(decode_image(path, mode=ImageReadMode.RGB)), label
 
 
-def plain_loader(cfg: Config, data: TrainingData) -> tuple[DataLoader, PKSampler]:
-    """The plain loop's data: the same training images and P x K sampling, loaded plainly.
-
-    Args:
-        cfg: the run configuration (``data`` section).
-        data: ``build_data``'s result (its folder gives the images and labels).
-    """
+def plain_data(cfg: Config, data: TrainingData) -> SimpleNamespace:
+    """The plain loop's data: the same training images and P x K sampling, loaded plainly."""
     folder = getattr(data.loader.dataset, "dataset", data.loader.dataset)  # under SeededSamples
     d = cfg.data
     transform = build_transform(d.image_size, True, d.normalize, d.hflip, d.random_crop)
     replace = d.sample_with_replacement
     sampler = PKSampler(folder.triplet_labels, d.p, d.k, cfg.train.seed, with_replacement=replace)
-    return DataLoader(PlainFolder(folder.samples, transform), batch_sampler=sampler), sampler
-
-
-def plain_step(model, miner, loss_fn, ce_weight: float, images, labels) -> torch.Tensor | None:
-    """One forward with grad, mining on the detached embeddings, loss; backward. The loss,
-    or None when no triplet was mined.
-
-    Args:
-        model: the EmbeddingNet (with a classifier head when ``ce_weight > 0``).
-        miner, loss_fn: our miner and triplet loss.
-        ce_weight: weight of the cross-entropy on the images the triplets use.
-        images: (B, 3, S_h, S_w) float; labels: (B,).
-    """
-    if ce_weight > 0:
-        embeddings, logits = model(images, return_logits=True)  # (B, D), (B, C)
-    else:
-        embeddings, logits = model(images), None
-    triplets = miner(embeddings.detach(), labels)
-    if triplets.anchor.numel() == 0:
-        return None
-    loss = loss_fn(embeddings, triplets)
-    if logits is not None:
-        used = torch.unique(torch.cat(list(triplets)))  # (U,) images the triplets use
-        loss = loss + ce_weight * F.cross_entropy(logits[used], labels[used])
-    loss.backward()  # frees the graph
-    return loss.detach()
+    loader = DataLoader(PlainFolder(folder.samples, transform), batch_sampler=sampler)
+    return SimpleNamespace(loader=loader, sampler=sampler)
 
 
 def train_plain(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The plain one-pass loop, until the budget.
-
-    Args:
-        cfg: the run configuration (model, miner, loss, optimizer).
-        data: ``build_data``'s result (the training images).
-        budget: the CPU budget, started.
-    """
+    """The plain one-pass loop: one forward with grad, our miner on the detached embeddings,
+    our triplet loss (+ the cross-entropy on the images the triplets use), backward, step."""
     seeded(cfg)
-    use_ce = cfg.loss.ce_weight > 0
-    model = build_model(cfg.model, data.num_classes if use_ce else None, cfg.data.image_size)
+    ce_weight = cfg.loss.ce_weight
+    model = build_model(cfg.model, data.num_classes if ce_weight > 0 else None, cfg.data.image_size)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     miner = build_miner(cfg.mining, torch.Generator().manual_seed(cfg.train.seed))
     loss_fn = build_loss(cfg.loss)
-    loader, sampler = plain_loader(cfg, data)
-    schedule, trace, epoch = BudgetSchedule(optimizer, cfg, budget), Trace(), 0
+
+    def step(batch) -> tuple[float | None, int]:
+        images, labels = batch
+        if ce_weight > 0:
+            embeddings, logits = model(images, return_logits=True)  # (B, D), (B, C)
+        else:
+            embeddings, logits = model(images), None
+        triplets = miner(embeddings.detach(), labels)
+        loss = None
+        if triplets.anchor.numel():
+            loss = loss_fn(embeddings, triplets)
+            if logits is not None:
+                used = torch.unique(torch.cat(list(triplets)))  # (U,) images the triplets use
+                loss = loss + ce_weight * F.cross_entropy(logits[used], labels[used])
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return (None if loss is None else float(loss)), images.shape[0]
+
     model.train()
-    while not budget.done():
-        epoch += 1
-        sampler.set_epoch(epoch)
-        for images, labels in loader:
-            schedule.apply()
-            loss = plain_step(model, miner, loss_fn, cfg.loss.ce_weight, images, labels)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            trace.add(None if loss is None else float(loss), images.shape[0], budget.spent())
-            if budget.done():
-                break
-    return model, trace.record(budget, epoch)
+    return model, train_for_budget(step, optimizer, cfg, plain_data(cfg, data), budget)
 
 
 TRAINERS = {"ours": train_ours, "seed": train_seed, "plain": train_plain}
@@ -378,15 +314,9 @@ TRAINERS = {"ours": train_ours, "seed": train_seed, "plain": train_plain}
 
 
 def evaluate(model, pairs, cfg: Config, image_size=None) -> dict:
-    """The verification figures of ``model`` on ``pairs`` with ``cfg``'s evaluation settings,
-    and the CPU and wall seconds the evaluation took.
-
-    Args:
-        model: an embedding network.
-        pairs: a ``PairList``.
-        cfg: a configuration (its ``eval`` section and ``data.normalize``).
-        image_size: the network's input; default ``cfg.data.image_size``.
-    """
+    """The verification figures of ``model`` on ``pairs`` with ``cfg``'s evaluation settings
+    (input ``image_size``, default ``cfg.data.image_size``), and the CPU and wall seconds the
+    evaluation took."""
     cpu, wall = time.process_time(), time.perf_counter()
     result = verify(
         model,
@@ -440,8 +370,7 @@ def from_scratch(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
     cfg = load_configs(args, args.config, args.overrides, run_dir)
     data = build_data(cfg, run_dir)
     report["scratch"] = {"config": args.config, "overrides": args.overrides}
-    report["scratch"]["settings"] = settings(cfg)
-    report["scratch"]["data"] = data_record(data)
+    report["scratch"] |= {"settings": settings(cfg), "data": data_record(data)}
     for method in args.methods:
         method_cfg = seed_style(cfg) if method == "seed" else cfg
         method_data = build_data(method_cfg, run_dir) if method == "seed" else data
@@ -449,9 +378,10 @@ def from_scratch(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
         budget = CpuBudget(args.cpu_seconds)
         model, record = TRAINERS[method](method_cfg, method_data, budget)
         print(
-            f"{method}: {record['steps']} steps, {record['images']} images, loss "
-            f"{record['loss_first']} -> {record['loss_last']}, {record['wall_seconds']:.0f} s wall",
-            flush=True,
+            f"{method}: {record['steps']} steps, loss",
+            record["loss_first"],
+            "->",
+            record["loss_last"],
         )
         record.update(evaluate_sets(model.eval(), data, cfg, method))
         report["scratch"][method] = record
@@ -469,16 +399,15 @@ def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
     seeded(cfg)
     trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
     part = report["finetune"] = {"config": args.finetune_config, "weights": args.weights}
-    part["settings"] = settings(cfg)
-    part["data"] = data_record(data)
+    part |= {"settings": settings(cfg), "data": data_record(data)}
     for when in ("before", "after"):
         if when == "after":
             print(f"fine-tuning for {args.finetune_cpu_seconds:g} CPU seconds", flush=True)
             budget = CpuBudget(args.finetune_cpu_seconds)
-            part["training"] = train_for_budget(trainer, cfg, data, budget)
+            part["training"] = train_trainer(trainer, cfg, data, budget)
         model = trainer.core_model.eval()
         part[when] = evaluate_sets(model, data, cfg, f"{when}:")
-        if same_evaluation(publisher, cfg):  # the configuration's LFW figure is the publisher's
+        if evaluation_of(publisher) == evaluation_of(cfg):  # its LFW figure is the publisher's
             part[when]["publisher_lfw"] = part[when]["lfw"]
         else:  # the model's input size (the publisher's: the same 112 x 96)
             lfw = evaluate(model, data.test_pairs, publisher, cfg.data.image_size)
@@ -487,39 +416,9 @@ def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
         write_report(args.json, report)
 
 
-def same_evaluation(first: Config, second: Config) -> bool:
-    """The two configurations evaluate alike (verify's settings and the standardisation)."""
-    return (verify_options(first), first.data.normalize) == (
-        verify_options(second),
-        second.data.normalize,
-    )
-
-
-def train_for_budget(trainer, cfg: Config, data: TrainingData, budget: CpuBudget) -> dict:
-    """The Trainer's steps on our loader until the budget (from scratch or fine-tuning).
-
-    Args:
-        trainer: a Trainer built from ``cfg``.
-        cfg: the run configuration (the optimizer's rates).
-        data: ``build_data``'s loader and sampler.
-        budget: the CPU budget, started; its schedule sets the rates, not the Trainer's.
-    """
-    trainer.scheduler = None  # the budget's schedule sets the rates instead
-    schedule, trace, epoch = BudgetSchedule(trainer.optimizer, cfg, budget), Trace(), 0
-    trainer.model.train()
-    while not budget.done():
-        epoch += 1
-        data.sampler.set_epoch(epoch)
-        for images, labels in data.loader:
-            schedule.apply()
-            stats = trainer.train_step(images, labels)
-            loss = None if "skipped" in stats else float(stats["loss"])
-            trace.add(loss, images.shape[0], budget.spent())
-            if budget.done():
-                break
-    record = trace.record(budget, epoch)
-    record["step_path"] = trainer.step.name
-    return record
+def evaluation_of(cfg: Config) -> tuple:
+    """What decides how a configuration evaluates: verify's settings and the standardisation."""
+    return verify_options(cfg), cfg.data.normalize
 
 
 # --------------------------------------------------------------------------- command line
