@@ -60,8 +60,6 @@ def step_consumption(step_report: dict | None, image_size: int, rate: float) -> 
 
 def measure(args) -> dict:
     """Write the folder, measure every (image size, workers) row, compare with the step."""
-    if any(w < 0 for w in args.workers):
-        raise FacenetError(f"--workers must be >= 0, got {args.workers}")
     if args.step_json and not args.step_json.is_file():
         raise FacenetError(f"--step-json {args.step_json}: no such file")
     step_report = json.loads(args.step_json.read_text()) if args.step_json else None
@@ -75,7 +73,7 @@ def measure(args) -> dict:
         SyntheticIdentities(ids, per_id, image_size=stored, seed=0).write_to_disk(Path(root))
         write_seconds = time.perf_counter() - started
         for image_size in sizes:
-            for workers in args.workers:
+            for workers in (0, 2):
                 rate = loader_throughput(Path(root), image_size, workers, pk, batches)
                 consumers = step_consumption(step_report, image_size, rate)
                 rows.append(
@@ -102,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: a few small images)."""
     parser = benchmark_parser(__doc__)
     parser.add_argument("--step-json", type=Path, default=None, help="bench_training_step JSON")
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     return run_benchmark(parser, argv, measure)
 
 

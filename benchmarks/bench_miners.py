@@ -1,31 +1,14 @@
 """Triplet mining on CPU: facenet.metric.miners against pytorch-metric-learning (PML) 2.9.0.
 
-For B in {256, 512, 1024, 2048} images of D = 128 dimensions from 16 or 64 identities, and
-for the triplet types "all", "semihard", "hard" (TripletMarginMiner) and batch-hard, this
-measures the median wall time and the peak memory of one mining call of each library, and
-prints their ratios. Both libraries see the same embeddings, the same labels and the squared
-Euclidean distance (PML: LpDistance(normalize_embeddings=False, power=2)), and the benchmark
-checks they return the same number of triplets.
+For B in {256, ..., 2048} embeddings (D = 128, L2-normalised identity centres plus noise of norm
+~2: ~21% of valid triplets inside the 0.2 margin, an early-training regime) from 16 or 64
+identities, and each triplet type, the median time and peak memory of one mining call of each
+library, same inputs, squared Euclidean distance; the triplet counts are compared. Peak memory:
+each (library, case) runs in a fresh forked child, which warms up on a 32-image slice, resets
+the kernel's high-water mark (/proc/self/clear_refs) and reports VmHWM - VmRSS around one
+call. PML cases estimated above 8 GB (or 70% of the memory available) are skipped.
 
-Embeddings: L2-normalised identity centres plus Gaussian noise of norm ~``--noise``, then
-normalised again. The default (2.0) gives ~21% of valid triplets inside the 0.2 margin, an
-early-training regime; the output of "all" then holds millions of triplets.
-
-Peak memory, the method: every (library, case) runs in a fresh process forked from this one
-(libraries imported, no tensor work done yet). The child builds the inputs, reads its
-resident set size (VmRSS), resets the kernel's high-water mark (writing 5 to
-/proc/self/clear_refs), runs the miner once, and reads the high-water mark (VmHWM). Peak =
-VmHWM - VmRSS before the call: every page the call made resident, whatever allocated it. A
-fresh process per case means no memory freed by an earlier case is silently reused; only what
-the child freed while building its inputs (a few MB) could be. The timed repetitions follow
-in the same child; the measured first call is not among them. Each child first mines a
-32-image slice, so one-time library setup (thread pool, BLAS buffers) is not counted.
-
-A PML case whose estimated peak exceeds ``--max-pml-gb`` (default 8) or 70% of the memory
-available is skipped, and the table says so.
-
-    python -m benchmarks.bench_miners --quick            # seconds
-    python -m benchmarks.bench_miners --json miners.json # the full table, ~3 minutes on 2 cores
+    python -m benchmarks.bench_miners [--quick] [--json miners.json]
 """
 
 from __future__ import annotations
@@ -49,6 +32,8 @@ from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, Triplet
 MARGIN = 0.2
 DIM = 128
 MINERS = ("all", "semihard", "hard", "batch_hard", "facenet_semihard")
+NOISE = 2.0
+MAX_PML_BYTES = 8e9
 
 
 def make_batch(batch_size: int, identities: int, noise: float, seed: int = 0):
@@ -176,13 +161,14 @@ def measure(args) -> dict:
     batches = (256, 512) if args.quick else (256, 512, 1024, 2048)
     identity_counts = (16,) if args.quick else (16, 64)
     available = _proc_bytes("/proc/meminfo", "MemAvailable")
-    pml_limit = min(args.max_pml_gb * 1e9, 0.7 * available)
+    pml_limit = min(MAX_PML_BYTES, 0.7 * available)
+    time_budget = 0.2 if args.quick else 2.0  # seconds of timed repeats per case
     load_before, rows, started = os.getloadavg()[0], [], time.perf_counter()
     for batch in batches:
         for identities in identity_counts:
-            case = {"batch": batch, "identities": identities, "noise": args.noise}
+            case = {"batch": batch, "identities": identities, "noise": NOISE}
             for miner in MINERS:
-                rows.append(run_case(case, miner, args.time_budget, pml_limit))
+                rows.append(run_case(case, miner, time_budget, pml_limit))
                 show(rows[-1])
     return {
         "benchmark": "bench_miners",
@@ -194,7 +180,7 @@ def measure(args) -> dict:
         "load_average_after": os.getloadavg()[0],
         "dim": DIM,
         "margin": MARGIN,
-        "noise": args.noise,
+        "noise": NOISE,
         "memory_method": "forked process per case; VmHWM after clear_refs minus VmRSS",
         "seconds_total": time.perf_counter() - started,
         "rows": rows,
@@ -203,13 +189,7 @@ def measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: B in {256, 512}, 16 identities)."""
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--noise", type=float, default=2.0, help="embedding noise (see top)")
-    parser.add_argument("--max-pml-gb", type=float, default=8.0, help="skip PML cases above")
-    parser.add_argument(
-        "--time-budget", type=float, default=2.0, help="seconds of timed repeats per case"
-    )
-    return run_benchmark(parser, argv, measure)
+    return run_benchmark(benchmark_parser(__doc__), argv, measure)
 
 
 if __name__ == "__main__":

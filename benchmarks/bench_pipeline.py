@@ -2,32 +2,20 @@
 """The input pipeline side by side: our loader against torchvision's, training end to end
 against the step alone, and the folder index's build time.
 
-Three measurements, in one process, on folders of built-in synthetic identities written here:
+On folders of synthetic identities written here: images/s of our training loader (decoded
+cache, ``TrainCrops``, 0-2 workers; first and second pass) against torchvision's
+``ImageFolder`` + ``DataLoader`` with the same augmentation; a Trainer fed by the loader against
+the same Trainer on preloaded tensors, in alternating rounds on the same batches (fastest round
+kept: other jobs only ever add time); seconds for ``IdentityFolder`` to index JPEG and PNG
+folders, per 10,000 files and projected to VGGFace2's 3.3 M. Details: BENCHMARKS.md, section 6.
 
-- *loader*: images/s of our training loader (``IdentityFolder`` with the decoded cache and
-  ``TrainCrops``, ``PKSampler`` batches, ``make_loader`` with 0, 1 and 2 workers, standardised
-  per batch as the Trainer does) against torchvision's ``ImageFolder`` + ``DataLoader`` with
-  the same augmentation per sample (``v2`` resize, random crop, flip, dtype, normalise), at
-  32 px (PNGs stored at 32 px, as the demo's) and 112 px (stored at 128 px). Ours is timed on
-  its first pass (decoding, the cache filling) and on a second pass (from the cache).
-- *training*: images/s of a Trainer fed by the loader (the run's loop) against the same
-  Trainer's step on preloaded, standardised tensors, in alternating rounds (other jobs on a
-  shared machine only ever add time; each side's fastest round is kept): the demo
-  (``configs/demo.yaml``'s model, loss and optimizer at 32 px, P x K = 16 x 4) and resnet18 at
-  112 px (P x K = 8 x 4), each with 0 workers and with ``data.num_workers: auto``.
-- *index*: seconds for ``IdentityFolder`` to list and check a folder of JPEGs, and one of
-  PNGs (every PNG's checksums: the whole file is read), per 10,000 files, with the projection
-  for VGGFace2's 3.3 M files (files in the page cache: a cold disk adds its read time).
-
-    python -m benchmarks.bench_pipeline --threads 1 --json pipeline.json
-    python -m benchmarks.bench_pipeline --quick --json q.json
+    python -m benchmarks.bench_pipeline [--quick] --threads 1 --json pipeline.json
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -51,7 +39,6 @@ from facenet.data.loading import (
     measure_throughput,
     resolve_loader_settings,
 )
-from facenet.errors import FacenetError
 from facenet.training.build import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,25 +111,16 @@ def workload_config(name: str, root: Path, workers):
     return load_config(None, [*common, *settings, "optim.name=sgd", "optim.lr=0.001"])
 
 
-def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> dict:
-    """End to end (the loader feeding the Trainer) against the step on preloaded tensors."""
-    cfg = workload_config(name, root, workers)
-    dataset = IdentityFolder(root, transform=TrainCrops(cfg.data.image_size), cache_bytes=2**30)
-    resolved, _ = resolve_loader_settings(cfg.data.num_workers, False, "cpu")
-    auto, _ = resolve_loader_settings("auto", False, "cpu")  # what the default would choose
-    sampler = PKSampler(
-        dataset.triplet_labels, cfg.data.p, cfg.data.k, seed=0, batches_per_epoch=batches
-    )
-    loader = make_loader(dataset, sampler, num_workers=resolved, seed=0)
-    trainer = build_trainer(cfg, len(dataset.classes), torch.device("cpu"), batches)
-    trainer.train_one_epoch(loader, 0, progress=False)  # a warm-up epoch (workers start)
+def timed_rounds(trainer, loader, sampler, rounds: int) -> tuple[list, list, int]:
+    """Seconds of each round's epoch trained from preloaded batches and through the loader,
+    and the images of an epoch."""
     start = copy.deepcopy(trainer.state_dict())
     step_alone, end_to_end = [], []
-    for round_index in range(rounds):
+    for round_index in range(1, rounds + 1):
         # Both sides train the same model state on the same batches (the epoch's, read
         # first, which also fills the decoded cache): the same arithmetic, only the input
         # differs (preloaded and standardised, or through the loader).
-        sampler.set_epoch(round_index + 1)
+        sampler.set_epoch(round_index)
         preloaded = [(standardize(images), labels) for images, labels in loader]
         trainer.load_state_dict(copy.deepcopy(start))
         started = time.perf_counter()
@@ -151,10 +129,26 @@ def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> d
         step_alone.append(time.perf_counter() - started)
         trainer.load_state_dict(copy.deepcopy(start))
         started = time.perf_counter()
-        trainer.train_one_epoch(loader, round_index + 1, progress=False)
+        trainer.train_one_epoch(loader, round_index, progress=False)
         end_to_end.append(time.perf_counter() - started)
+    return step_alone, end_to_end, sum(count_images(batch) for batch in preloaded)
+
+
+def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> dict:
+    """End to end (the loader feeding the Trainer) against the step on preloaded tensors."""
+    cfg = workload_config(name, root, workers)
+    dataset = IdentityFolder(root, transform=TrainCrops(cfg.data.image_size), cache_bytes=2**30)
+    resolved, _ = resolve_loader_settings(cfg.data.num_workers, False, "cpu")
+    auto, _ = resolve_loader_settings("auto", False, "cpu")  # what the default would choose
+    d = cfg.data
+    sampler = PKSampler(dataset.triplet_labels, d.p, d.k, seed=0, batches_per_epoch=batches)
+    loader = make_loader(dataset, sampler, num_workers=resolved, seed=0)
+    trainer = build_trainer(cfg, len(dataset.classes), torch.device("cpu"), batches)
+    trainer.train_one_epoch(loader, 0, progress=False)  # a warm-up epoch (workers start)
+    step_alone, end_to_end, images = timed_rounds(trainer, loader, sampler, rounds)
     stop_workers(loader)
-    images = sum(count_images(batch) for batch in preloaded)
+    # Each round's pair (the same batches, one after the other): less exposed to other jobs.
+    paired = [alone / through for alone, through in zip(step_alone, end_to_end)]
     row = {
         "workload": name,
         "workers": resolved,
@@ -165,11 +159,9 @@ def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> d
         "end_to_end_images_per_s": images / min(end_to_end),
         "step_images_per_s_median": images / float(np.median(step_alone)),
         "end_to_end_images_per_s_median": images / float(np.median(end_to_end)),
+        "end_to_end_vs_step": min(step_alone) / min(end_to_end),
+        "end_to_end_vs_step_paired_median": float(np.median(paired)),
     }
-    row["end_to_end_vs_step"] = row["end_to_end_images_per_s"] / row["step_images_per_s"]
-    # Each round's pair (the same batches, one after the other): less exposed to other jobs.
-    paired = [alone / through for alone, through in zip(step_alone, end_to_end)]
-    row["end_to_end_vs_step_paired_median"] = float(np.median(paired))
     show(row)
     return row
 
@@ -219,35 +211,28 @@ def index_row(root: Path, fmt: str, files: int) -> dict:
 
 def run(args) -> dict:
     """Write the folders, measure the three parts, return the report."""
-    if any(w < 0 for w in args.workers):
-        raise FacenetError(f"--workers must be >= 0, got {args.workers}")
     if args.quick:
         identities, per_identity, batches, files = 16, 4, 4, 200
         workloads = [("demo", 2, 2)]
     else:
         identities, per_identity, batches, files = 64, 8, 12, 2000
         workloads = [("demo", 24, 8), ("resnet18", 4, 3)]
-    work = Path(tempfile.mkdtemp(prefix="facenet_bench_pipeline_"))
     report = {"machine": describe_machine("cpu"), "loader": [], "training": [], "index": []}
-    try:
+    with tempfile.TemporaryDirectory(prefix="facenet_bench_pipeline_") as work:
         for size, stored in SIZES:
-            root = work / f"faces_{stored}"
+            root = Path(work) / f"faces_{stored}"
             SyntheticIdentities(identities, per_identity, image_size=stored, seed=0).write_to_disk(
                 root
             )
-            p, k = (16, 4) if size == 32 else (8, 4)
-            p = min(p, identities)
-            report["loader"] += loader_rows(
-                root, size, args.workers, p, 2 if args.quick else k, batches
-            )
+            p, k = min(16 if size == 32 else 8, identities), 2 if args.quick else 4
+            report["loader"] += loader_rows(root, size, (0, 1, 2), p, k, batches)
             for name, steps, repeat in workloads:
                 if (name == "demo") == (size == 32):
                     for workers in (0, 1):
                         report["training"].append(training_row(name, root, workers, steps, repeat))
         for fmt in ("JPEG", "PNG"):
-            report["index"].append(index_row(work / f"index_{fmt.lower()}_files", fmt, files))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            files_root = Path(work) / f"index_{fmt.lower()}_files"
+            report["index"].append(index_row(files_root, fmt, files))
     report["machine"]["load_average_after"] = os.getloadavg()[0]
     return {
         "benchmark": "bench_pipeline",
@@ -261,9 +246,7 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: small folders, few batches)."""
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    return run_benchmark(parser, argv, run)
+    return run_benchmark(benchmark_parser(__doc__), argv, run)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,16 @@
 #!/usr/bin/env python
 """Real faces: the LFW accuracy three training loops reach in one CPU budget, and fine-tuning.
 
-From scratch, on an aligned identity folder (``root/<identity>/<image>``, e.g. the CelebA photos
-aligned by ``facenet-align --preset sphereface``), each method trains the same network
-(``configs/real_faces.yaml``, the same initial weights, the same optimizer and learning-rate
-schedule) until it has used ``--cpu-seconds`` of process CPU time, then is evaluated on LFW's
-pairs and on the folder's held-out identities (``eval.heldout_identities``):
-
-- ``ours``: the Trainer built from the configuration as ``facenet-train`` builds it (its
-  default step: one pass for semi-hard mining with the hardest fallback), fed by our loader
-  (decoded cache, crops and flips per batch);
-- ``seed``: the seed's loop (``benchmarks.seed_loop``, a faithful port: three forwards per
-  triplet batch and three more for its classifier; its triplet loss never reaches the model,
-  so only its cross-entropy trains) on triplet batches from our loader;
-- ``plain``: the one-pass loop people write (pytorch-metric-learning style): every image
-  decoded from its file and transformed alone (torchvision), P x K batches, one forward with
-  grad, our miner on the detached embeddings, our triplet loss and the same cross-entropy term,
-  backward, step.
-
-The budget is process CPU time (``time.process_time``: every thread of this process), with
-data loading in the process (``num_workers`` 0), so that other jobs on a shared machine do not
-change what a method gets; wall time is recorded beside it. The learning rate follows the
-configuration's schedule over the fraction of the budget spent (a fixed number of steps would
-give the faster loop a shorter schedule). Evaluation is outside the budget.
-
-With ``--weights`` (a published model, e.g. MobileFaceNet_Pytorch's ``068.ckpt``), the
-fine-tuning configuration (``configs/finetune_mobilefacenet.yaml``) is measured: LFW before
-(the publisher's evaluation, ``configs/lfw_mobilefacenet.yaml``, and the fine-tuning
-configuration's own: evaluated once when they are the same), triplet fine-tuning with the
-Trainer for ``--finetune-cpu-seconds``, LFW after in both.
+Each method (``ours``: the Trainer as ``facenet-train`` builds it; ``seed``: the seed's loop;
+``plain``: the one-pass loop people write) trains the same network from the same initial
+weights on an aligned identity folder until it has used ``--cpu-seconds`` of process CPU time
+(every thread, loading in the process, so other jobs do not change what a method gets; the
+learning rate follows the schedule over the fraction spent), then is evaluated on LFW's pairs
+and the held-out identities. With ``--weights``, a published model is measured before and
+after triplet fine-tuning. Figures and commands: docs/real_faces.md.
 
     python -m benchmarks.bench_real_faces --train-root celeba_sphereface \\
-        --lfw-root lfw_sphereface --pairs pairs.txt [--weights 068.ckpt] \\
-        --cpu-seconds 360 --json real_faces.json
-
-Measured figures and the commands: docs/real_faces.md.
+        --lfw-root lfw_sphereface --pairs pairs.txt [--weights 068.ckpt] --json real_faces.json
 """
 
 from __future__ import annotations
@@ -213,8 +189,8 @@ def train_trainer(trainer, cfg: Config, data: TrainingData, budget: CpuBudget) -
 
 
 def train_seed(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The seed's loop (``seed_train_step``) on triplet batches of our loader (``build_data``
-    of a configuration with ``data.dataset: triplets``).
+    """The seed's loop (``seed_train_step``, a faithful port: its triplet loss never reaches the
+    model, so only its cross-entropy trains) on triplet batches of our loader.
 
     With a single hard triplet the seed's classifier forwards are batches of one image, which
     BatchNorm refuses in training mode (the original stops there): that step is skipped.

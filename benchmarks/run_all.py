@@ -32,22 +32,17 @@ HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE.parent / "BENCHMARKS.md"  # the hand-written document whose tables are filled
 QUICK_OUT = HERE.parent / "runs" / "bench_quick"
 
-# (section of results.json, module under benchmarks, its quick mode's arguments). In this
-# order: the data section reads the training step's report (--step-json).
+# (section of results.json, module under benchmarks). In this order: the data section reads
+# the training step's report (--step-json).
 RUNNERS = (
-    ("training_step", "bench_training_step", ["--quick"]),
-    ("miners", "bench_miners", ["--quick", "--time-budget", "0.2"]),
-    ("evaluation", "bench_evaluation", ["--quick"]),
-    ("data", "bench_data", ["--quick"]),
-    ("step_paths", "bench_step_paths", ["--quick"]),
-    ("pipeline", "bench_pipeline", ["--quick"]),
+    ("training_step", "bench_training_step"),
+    ("miners", "bench_miners"),
+    ("evaluation", "bench_evaluation"),
+    ("data", "bench_data"),
+    ("step_paths", "bench_step_paths"),
+    ("pipeline", "bench_pipeline"),
 )
-SECTIONS = tuple(name for name, _, _ in RUNNERS)
-
-
-def arguments(quick_args: list[str], quick: bool, threads: int) -> list[str]:
-    """A benchmark's arguments, ``--json`` and ``--step-json`` excepted."""
-    return [*(quick_args if quick else []), *(["--threads", str(threads)] if threads else [])]
+SECTIONS = tuple(name for name, _ in RUNNERS)
 
 
 def command(name: str, module: str, argv: list[str]) -> str:
@@ -84,8 +79,10 @@ def measure(args: argparse.Namespace, argv: list[str], gpu: dict | None) -> dict
     started = time.perf_counter()
     sections, commands = {}, {}
     with tempfile.TemporaryDirectory(prefix="facenet_bench_") as tmp:
-        for name, module, quick_args in RUNNERS:
-            bench_argv = arguments(quick_args, args.quick, args.threads)
+        bench_argv = ["--quick"] if args.quick else []
+        if args.threads:
+            bench_argv += ["--threads", str(args.threads)]
+        for name, module in RUNNERS:
             commands[name] = command(name, module, bench_argv)
             if name not in args.skip:
                 sections[name] = run_one(name, module, bench_argv, Path(tmp))

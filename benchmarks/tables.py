@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 from benchmarks.measure import RSS_BEFORE_BYTES
-from benchmarks.targets import status_text
 from facenet.memory import (
     CUDA_MAX_ALLOCATED,
     GRAPH_BYTES_ALIVE,
@@ -37,9 +36,11 @@ FLOOR = ["case.name", "rounds.nograd_forward_s", "rounds.selected_forward_backwa
 FLOOR += ["rounds.selected_images", "rounds.floor_s", "rounds.two_pass_step_s"]
 FLOOR += ["ratios.two_pass_overhead_above_floor", "rounds.optimizer_step_s", "rounds.miner_s"]
 FLOOR += ["rounds.grad_forward_s", "rounds.seed_parts_s", "ratios.seed_step_vs_floor"]
-CHUNKS = ["batch", "variant", "chunk_size", "rounds_images_per_s", GRAPH_BYTES_PEAK]
-CHUNKS += ["chunk_forward_graph_bytes", "loss_graph_bytes", "graph_peak_chunked_vs_one_chunk"]
-CHUNKS += ["graph_peak_chunked_vs_two_pass", "throughput_chunked_vs_two_pass"]
+CHUNKS = ["case.name", "case.chunk_size", "variants.two_pass.rounds_images_per_s"]
+CHUNKS += ["variants.two_pass_chunked.rounds_images_per_s", "variants.two_pass.graph_bytes_peak"]
+CHUNKS += ["variants.two_pass_chunked.graph_bytes_peak", "rounds.chunk_forward_graph_bytes"]
+CHUNKS += ["rounds.loss_graph_bytes", "ratios.graph_peak_chunked_vs_one_chunk"]
+CHUNKS += ["ratios.graph_peak_chunked_vs_two_pass", "ratios.throughput_chunked_vs_two_pass"]
 MINERS = ["batch", "identities", "miner", "ours.triplets", "ours.seconds", "pml.seconds"]
 MINERS += ["speedup", "ours.peak_bytes", "pml.peak_bytes", "memory_ratio", "note"]
 EVALUATION = ["n_pairs", "ours_median_s", "reference_median_s", "speedup", "identical"]
@@ -147,25 +148,16 @@ def run_table(results: dict) -> str:
 
 def commands_table(results: dict) -> str:
     """The command that repeats each section alone, and how long the section took."""
-    rows = []
-    for name, command in results["commands"].items():
-        section = results["sections"].get(name)
-        seconds = "not run" if section is None else cell(section.get("seconds"), ".0f")
-        rows.append([name, f"`{command}`", seconds])
-    return md_table(["section", "command", "seconds"], rows)
+    rows = [
+        {**(results["sections"].get(name) or {}), "section": name, "command": f"`{command}`"}
+        for name, command in results["commands"].items()
+    ]
+    return table(["section", "command", "seconds"], rows)
 
 
 def targets_table(results: dict) -> str:
-    """Every target: where, wanted, measured, met or missed."""
-    rows = []
-    for row in results["targets"]:
-        measured = row["measured"]
-        if measured is None or "above the floor" in row["target"]:
-            shown = cell(measured, "+.1%")
-        else:
-            shown = cell(measured, ".3f" if measured < 10 else ".0f")
-        rows.append([row["target"], row["where"], row["wanted"], shown, status_text(row["met"])])
-    return md_table(["target", "where", "wanted", "measured", "status"], rows)
+    """Every target: where, wanted, measured, met (yes / NO / ``-``: not measured)."""
+    return table(["target", "where", "wanted", "measured", "met"], results["targets"])
 
 
 # --------------------------------------------------------------------------- the sections
@@ -180,62 +172,52 @@ def step_rows(cases: list[dict]) -> list[dict]:
     ]
 
 
-def chunk_rows(cases: list[dict]) -> list[dict]:
-    """Gradient caching: the two-pass step without and with chunks, a row each per batch."""
+def triplet_cases(step: dict) -> list[dict]:
+    """The training-step cases on triplet batches."""
+    return [r for r in step.get("cases", []) if r["case"]["batch"] == "triplets"]
+
+
+def floor_cases(report: dict) -> list[dict]:
+    """The cases timed in rounds (they have a floor)."""
+    return [r for r in report.get("cases", []) if pick(r, "rounds.floor_s") is not None]
+
+
+def step_path_rows(report: dict) -> list[dict]:
+    """A row per (workload, variant); a workload that failed, its error."""
     rows = []
-    for result in cases:
-        variants, batch = result["variants"], result["case"]["p"] * result["case"]["k"]
-        rows.append({"batch": batch, "variant": "two_pass", **(variants.get("two_pass") or {})})
-        chunked = {**(variants.get("two_pass_chunked") or {}), **(result.get("rounds") or {})}
-        chunked |= {"chunk_size": result["case"]["chunk_size"], **result["ratios"]}
-        rows.append({"batch": batch, "variant": "two_pass_chunked", **chunked})
+    for result in report.get("workloads", []):
+        variants = [result] if "error" in result else result["variants"].values()
+        rows += [{**row, "workload": result["workload"]["name"]} for row in variants]
     return rows
 
 
-def floor_table(cases: list[dict]) -> str:
-    """The floor of every case timed in rounds, and the parts outside it."""
-    return table(FLOOR, [r for r in cases if pick(r, "rounds.floor_s") is not None])
-
-
-def section_tables(name: str, report: dict | None) -> dict[str, str]:
-    """The tables of one section's report ({} when it did not run or failed)."""
-    if not report or "error" in report:
-        return {}
-    if name == "training_step":
-        cases = report.get("cases", [])
-        triplets = [r for r in cases if r["case"]["batch"] == "triplets"]
-        pk = [r for r in cases if r["case"]["batch"] == "pk"]
-        tables = {
-            "training_step_cases": table(STEP, step_rows(triplets)),
-            "training_step_calibration": table(CALIBRATION, triplets),
-            "training_step_floor": floor_table(cases),
-        }
-        return tables | ({"training_step_chunks": table(CHUNKS, chunk_rows(pk))} if pk else {})
-    if name == "step_paths":
-        workloads = report.get("workloads", [])
-        rows = []
-        for result in workloads:  # its variants, or the workload's error
-            variants = [result] if "error" in result else result["variants"].values()
-            rows += [{**row, "workload": result["workload"]["name"]} for row in variants]
-        return {
-            "step_paths": table(STEP_PATHS, rows),
-            "step_paths_ratios": table(
-                STEP_PATH_RATIOS, [w for w in workloads if "error" not in w]
-            ),
-        }
-    if name == "pipeline":
-        return {
-            "pipeline_loader": table(LOADER, report.get("loader", [])),
-            "pipeline_training": table(TRAINING, report.get("training", [])),
-            "pipeline_index": table(INDEX, report.get("index", [])),
-        }
-    if name == "data":  # a row per (loader row, training-step case)
-        rows = report.get("rows", [])
-        rows = [{**r, "step": s} for r in rows for s in r.get("step_consumption") or [{}]]
-        return {"data": table(DATA, rows)}
-    if name == "evaluation":
-        return {"evaluation": table(EVALUATION, report.get("cases", []))}
-    return {"miners": table(MINERS, report.get("rows", []))}
+# marker: (section, its rows: a key of the report or a function of it, the keys shown)
+TABLES = {
+    "training_step_cases": ("training_step", lambda r: step_rows(triplet_cases(r)), STEP),
+    "training_step_calibration": ("training_step", triplet_cases, CALIBRATION),
+    "training_step_floor": ("training_step", floor_cases, FLOOR),
+    "training_step_chunks": (
+        "training_step",
+        lambda r: [c for c in r.get("cases", []) if c["case"]["batch"] == "pk"],
+        CHUNKS,
+    ),
+    "miners": ("miners", "rows", MINERS),
+    "evaluation": ("evaluation", "cases", EVALUATION),
+    "data": (  # a row per (loader row, training-step case)
+        "data",
+        lambda r: [{**x, "step": s} for x in r["rows"] for s in x["step_consumption"] or [{}]],
+        DATA,
+    ),
+    "step_paths": ("step_paths", step_path_rows, STEP_PATHS),
+    "step_paths_ratios": (
+        "step_paths",
+        lambda r: [w for w in r.get("workloads", []) if "error" not in w],
+        STEP_PATH_RATIOS,
+    ),
+    "pipeline_loader": ("pipeline", "loader", LOADER),
+    "pipeline_training": ("pipeline", "training", TRAINING),
+    "pipeline_index": ("pipeline", "index", INDEX),
+}
 
 
 def gpu_tables(gpu: dict | None) -> dict[str, str]:
@@ -248,7 +230,7 @@ def gpu_tables(gpu: dict | None) -> dict[str, str]:
         "gpu_cases": md_table(["GPU", "date", "command"], where)
         + "\n\n"
         + table(STEP, step_rows(cases)),
-        "gpu_floor": floor_table(cases),
+        "gpu_floor": table(FLOOR, floor_cases(gpu)),
     }
     if gpu.get("pk_search"):
         tables["gpu_search"] = table(SEARCH, gpu["pk_search"])
@@ -265,8 +247,12 @@ def render_tables(results: dict) -> dict[str, str]:
         "commands": commands_table(results),
         "targets": targets_table(results),
     }
-    for name, report in results["sections"].items():
-        tables.update(section_tables(name, report))
+    for marker, (section, rows, keys) in TABLES.items():
+        report = results["sections"].get(section)
+        if report and "error" not in report:
+            rows = rows(report) if callable(rows) else report.get(rows, [])
+            if rows:
+                tables[marker] = table(keys, rows)
     return tables | gpu_tables(results.get("gpu"))
 
 
