@@ -48,7 +48,7 @@ def step_consumption(step_report: dict | None, image_size: int, rate: float) -> 
     rows = []
     for result in (step_report or {}).get("cases", []):
         two_pass = result["variants"].get("two_pass") or {}
-        # The rate timed in rounds with the other variants (the one the ratios use).
+        # The rate timed in rounds beside the other variants: what the ratios use.
         step_rate = two_pass.get("rounds_images_per_s", two_pass.get("images_per_s"))
         if result["case"]["image_size"] == image_size and step_rate:
             case = result["case"]["name"]
