@@ -2,6 +2,6 @@
 data loading against their baselines, and the memory report.
 
 Run from the repository root as modules, e.g. ``python -m benchmarks.run_all``; each benchmark's
-``main(argv)`` takes ``--quick``, ``--threads N`` and ``--json PATH`` (the harness of
-``benchmarks.measure``). The installed ``facenet`` package never imports them.
+``main(argv)`` takes ``--quick``, ``--threads N`` and ``--json PATH`` (``benchmarks.measure``
+holds the harness they share). The installed ``facenet`` package never imports them.
 """

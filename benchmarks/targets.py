@@ -21,7 +21,7 @@ STEP_TARGETS = {
     "overhead": ("two_pass_overhead_above_floor", "two-pass step above the floor", 0.10, "<="),
 }
 CHUNK_GRAPH_TOLERANCE = 1.10  # chunked peak <= this x one chunk's grad-forward graph bytes
-MINER_SPEEDUP = MINER_MEMORY_RATIO = 3.0
+MINER_RATIO = 3.0  # PML / ours, in time and in peak memory
 EVALUATION_SPEEDUP = 100.0
 COMPARE = {"<=": operator.le, ">=": operator.ge}
 
@@ -77,30 +77,13 @@ def miner_targets(sections: dict) -> list[dict]:
     rows_in = (sections.get("miners") or {}).get("rows", [])
     rows = []
     for miner in ("all", "semihard"):
-        where = f"B=1024, 64 ids, {miner}"
-        match = [
-            r for r in rows_in if (r["batch"], r["identities"], r["miner"]) == (1024, 64, miner)
-        ]
-        row = match[0] if match else {}
-        rows.append(
-            target(
-                "miner speed, PML / ours",
-                f">= {MINER_SPEEDUP:.0f}x",
-                row.get("speedup"),
-                MINER_SPEEDUP,
-                where,
+        case = (1024, 64, miner)
+        row = next((r for r in rows_in if (r["batch"], r["identities"], r["miner"]) == case), {})
+        where, wanted = f"B=1024, 64 ids, {miner}", f">= {MINER_RATIO:.0f}x"
+        for name, key in (("speed", "speedup"), ("peak memory", "memory_ratio")):
+            rows.append(
+                target(f"miner {name}, PML / ours", wanted, row.get(key), MINER_RATIO, where)
             )
-        )
-        memory = row.get("memory_ratio")
-        rows.append(
-            target(
-                "miner peak memory, PML / ours",
-                f">= {MINER_MEMORY_RATIO:.0f}x",
-                memory,
-                MINER_MEMORY_RATIO,
-                where,
-            )
-        )
     speeds = [r["speedup"] for r in rows_in if r.get("speedup") is not None]
     where = f"{len(speeds)} cases with PML figures"
     rows.append(
@@ -120,15 +103,14 @@ def evaluation_targets(sections: dict) -> list[dict]:
     rows = []
     for case in (sections.get("evaluation") or {}).get("cases", []):
         differ = "" if case["identical"] else ", NUMBERS DIFFER"
-        speed = case["speedup"] if case["identical"] else 0.0
         row = target(
             "evaluation speed, loops / ours (identical numbers)",
             f">= {EVALUATION_SPEEDUP:.0f}x",
-            speed,
+            case["speedup"],
             EVALUATION_SPEEDUP,
             f"{case['n_pairs']} pairs{differ}",
         )
-        rows.append(row | {"measured": case["speedup"]})
+        rows.append(row | {"met": row["met"] and case["identical"]})
     return rows
 
 
