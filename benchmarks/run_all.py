@@ -32,13 +32,11 @@ HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE.parent / "BENCHMARKS.md"  # the hand-written document whose tables are filled
 QUICK_OUT = HERE.parent / "runs" / "bench_quick"
 
-# (section of results.json, module under benchmarks). In this order: the data section reads
-# the training step's report (--step-json).
+# (section of results.json, module under benchmarks), in the order of BENCHMARKS.md
 RUNNERS = (
     ("training_step", "bench_training_step"),
     ("miners", "bench_miners"),
     ("evaluation", "bench_evaluation"),
-    ("data", "bench_data"),
     ("step_paths", "bench_step_paths"),
     ("pipeline", "bench_pipeline"),
 )
@@ -47,16 +45,12 @@ SECTIONS = tuple(name for name, _ in RUNNERS)
 
 def command(name: str, module: str, argv: list[str]) -> str:
     """The command that repeats one benchmark alone, from the repository root."""
-    step_json = ["--step-json", "training_step.json"] if name == "data" else []
-    return " ".join(["python -m benchmarks." + module, *argv, *step_json, "--json", f"{name}.json"])
+    return " ".join(["python -m benchmarks." + module, *argv, "--json", f"{name}.json"])
 
 
 def run_one(name: str, module: str, argv: list[str], workdir: Path) -> dict:
     """One benchmark's report plus ``exit_status``, ``seconds`` and ``argv``, or
     ``{"error", "seconds"}`` when it wrote none."""
-    step_json = workdir / "training_step.json"
-    if name == "data" and step_json.is_file():
-        argv = [*argv, "--step-json", str(step_json)]
     print(f"\n######## {name}: {' '.join(argv)}", flush=True)
     path, started = workdir / f"{name}.json", time.perf_counter()
     try:

@@ -45,8 +45,6 @@ MINERS = ["batch", "identities", "miner", "ours.triplets", "ours.seconds", "pml.
 MINERS += ["speedup", "ours.peak_bytes", "pml.peak_bytes", "memory_ratio", "note"]
 EVALUATION = ["n_pairs", "ours_median_s", "reference_median_s", "speedup", "identical"]
 EVALUATION += ["accuracy_mean", "val", "auc"]
-DATA = ["image_size", "workers", "images_per_s", "step.case", "step.images_per_s"]
-DATA += ["step.loader_vs_step"]
 LOADER = ["image_size", "workers", "ours_first_pass", "ours", "torchvision", "ours_vs_torchvision"]
 TRAINING = ["workload", "workers", "workers_setting", "step_images_per_s"]
 TRAINING += ["end_to_end_images_per_s", "end_to_end_vs_step", "end_to_end_vs_step_paired_median"]
@@ -203,11 +201,6 @@ TABLES = {
     ),
     "miners": ("miners", "rows", MINERS),
     "evaluation": ("evaluation", "cases", EVALUATION),
-    "data": (  # a row per (loader row, training-step case)
-        "data",
-        lambda r: [{**x, "step": s} for x in r["rows"] for s in x["step_consumption"] or [{}]],
-        DATA,
-    ),
     "step_paths": ("step_paths", step_path_rows, STEP_PATHS),
     "step_paths_ratios": (
         "step_paths",

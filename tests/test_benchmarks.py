@@ -16,7 +16,7 @@ from facenet.memory import GRAPH_BYTES_ALIVE, GRAPH_BYTES_PEAK
 
 REPO = Path(__file__).resolve().parents[1]
 
-QUICK_SECTIONS = ("training_step", "evaluation", "data")
+QUICK_SECTIONS = ("training_step", "evaluation", "pipeline")
 
 
 def run_module(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -97,6 +97,9 @@ def _triplet_case(selection, ratios):
     }
 
 
+NAMES = ("peak graph bytes, two-pass", "images/s", "two-pass step above the floor")
+
+
 def test_targets_are_met_missed_or_not_measured():
     sections = {
         "training_step": {
@@ -112,10 +115,11 @@ def test_targets_are_met_missed_or_not_measured():
             ]
         }
     }
-    graph = targets.step_targets(sections, "graph")
-    assert [t["met"] for t in graph] == [True, False]  # 0.5 <= 0.5; 0.16 > 0.15
-    assert [t["met"] for t in targets.step_targets(sections, "throughput")] == [False, None]
-    assert [t["met"] for t in targets.step_targets(sections, "overhead")] == [None, True]
+    rows = targets.all_targets(sections)
+    met = {name: [t["met"] for t in rows if t["target"].startswith(name)] for name in NAMES}
+    assert met["peak graph bytes, two-pass"] == [True, False]  # 0.5 <= 0.5; 0.16 > 0.15
+    assert met["images/s"] == [False, None]
+    assert met["two-pass step above the floor"] == [None, True]
 
 
 def test_miner_targets_read_the_1024_row_and_the_slowest_case():
@@ -124,7 +128,7 @@ def test_miner_targets_read_the_1024_row_and_the_slowest_case():
         {"batch": 1024, "identities": 64, "miner": "semihard", "speedup": 3.0, "memory_ratio": 5.0},
         {"batch": 256, "identities": 16, "miner": "hard", "speedup": 0.9, "memory_ratio": 9.0},
     ]
-    rows_out = targets.miner_targets({"miners": {"rows": rows}})
+    rows_out = targets.all_targets({"miners": {"rows": rows}})
     assert [t["met"] for t in rows_out] == [True, False, True, True, False]
     assert rows_out[-1]["measured"] == pytest.approx(0.9)
 
@@ -173,7 +177,6 @@ def test_each_runner_names_its_module_and_its_command():
         "training_step",
         "miners",
         "evaluation",
-        "data",
         "step_paths",
         "pipeline",
     )
@@ -181,8 +184,6 @@ def test_each_runner_names_its_module_and_its_command():
         command = run_all.command(name, module, ["--threads", "1"])
         assert command.startswith(f"python -m benchmarks.{module} ")
         assert command.endswith(f"--json {name}.json")
-    data = run_all.command("data", "bench_data", ["--quick"])
-    assert "--step-json training_step.json" in data
 
 
 # ---------------------------------------------------------------- the quick run
@@ -196,7 +197,7 @@ def test_quick_run_writes_every_section_and_the_markdown(quick_report):
         "## Targets",
         "## 1. Training step",
         "## 3. Evaluation",
-        "## 4. Data",
+        "## 6. The input pipeline",
         "## GPU",
         "## Closing notes",
         "shared 2-core machine",
@@ -208,7 +209,13 @@ def test_quick_run_writes_every_section_and_the_markdown(quick_report):
     assert statuses <= {True, False, None} and statuses
     # Every table of the sections that ran is filled from this run, none left from another.
     filled = tables.render_tables(results)
-    for name in ("targets", "training_step_cases", "training_step_floor", "evaluation", "data"):
+    for name in (
+        "targets",
+        "training_step_cases",
+        "training_step_floor",
+        "evaluation",
+        "pipeline_loader",
+    ):
         assert filled[name] in markdown
     assert "miners" not in filled and "<!-- table:miners -->\n" + tables.NOT_MEASURED in markdown
 
@@ -255,17 +262,16 @@ def test_quick_chunk_rows_measure_both_variants(quick_report):
             assert chunked["not_available"]
 
 
-def test_quick_data_rows_compare_with_the_step(quick_report):
+def test_quick_pipeline_measures_both_loaders_and_both_input_paths(quick_report):
     results, _ = quick_report
-    rows = results["sections"]["data"]["rows"]
-    assert sorted(r["workers"] for r in rows) == [0, 2]
-    for row in rows:
-        assert row["images_per_s"] > 0
-        assert row["step_consumption"]  # the quick step runs at the same image size
-        for consumer in row["step_consumption"]:
-            assert consumer["loader_vs_step"] == pytest.approx(
-                row["images_per_s"] / consumer["images_per_s"]
-            )
+    report = results["sections"]["pipeline"]
+    assert [r["workers"] for r in report["loader"]] == [0, 1, 2] * 2  # at 32 and 112 px
+    for row in report["loader"]:
+        assert row["ours"] > 0 and row["torchvision"] > 0
+    assert [r["workers"] for r in report["training"]] == [0, 1]
+    for row in report["training"]:
+        assert row["step_images_per_s"] > 0 and row["end_to_end_images_per_s"] > 0
+    assert [r["format"] for r in report["index"]] == ["JPEG", "PNG"]
 
 
 def test_quick_evaluation_numbers_are_identical(quick_report):
