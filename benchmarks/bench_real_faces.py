@@ -46,7 +46,9 @@ from facenet.training.build import TrainingData, build_data, build_trainer
 from facenet.training.optim import ScheduleShape, build_optimizer
 from facenet.training.validation import verify_options
 
-METHODS = ("ours", "seed", "plain")
+SCRATCH_CONFIG = "configs/real_faces.yaml"
+FINETUNE_CONFIG = "configs/finetune_mobilefacenet.yaml"
+PUBLISHER_CONFIG = "configs/lfw_mobilefacenet.yaml"
 SCHEDULE_POINTS = 1000  # the budget's fraction spent, in thousandths, is the schedule's "step"
 TRACE_POINTS = 40  # loss values kept per method (evenly over its steps)
 
@@ -132,51 +134,27 @@ def train_for_budget(step, optimizer, cfg: Config, data, budget: CpuBudget) -> d
     }
 
 
-# --------------------------------------------------------------------------- configurations
+# --------------------------------------------------------------------------- the three loops
 
 
 def load_configs(args: argparse.Namespace, path: str, extra: list[str], run_dir: Path) -> Config:
-    """The configuration at ``path`` with the benchmark's folders, ``extra`` overrides, and
-    ``run_dir`` for held-out pairs."""
+    """The configuration at ``path`` on the benchmark's folders, with ``extra`` overrides."""
     overrides = [
         f"data.root={args.train_root}",
         f"eval.pairs={args.pairs}",
         f"eval.root={args.lfw_root}",
         "data.num_workers=0",  # loading counts in the process's CPU time
         "train.device=cpu",
-        f"logging.out_dir={run_dir}",
+        f"logging.out_dir={run_dir}",  # held-out pairs
         *extra,
     ]
     return load_config(path, overrides)
 
 
-def seed_style(cfg: Config) -> Config:
-    """The configuration of the seed's data: triplet batches of about P x K images."""
-    triplets = copy.deepcopy(cfg)
-    triplets.data.dataset = "triplets"
-    triplets.data.triplet_batch_size = max(1, cfg.data.p * cfg.data.k // 3)  # 3T ~ P x K
-    return triplets
-
-
-def seeded(cfg: Config) -> None:
-    """Every method starts from the same random state (the same initial weights)."""
-    torch.manual_seed(cfg.train.seed)
-    np.random.seed(cfg.train.seed)
-
-
-# --------------------------------------------------------------------------- the three loops
-
-
-def train_ours(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The Trainer of ``facenet-train`` (its default step) on our loader (P x K batches)."""
-    seeded(cfg)
-    trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
-    return trainer.core_model, train_trainer(trainer, cfg, data, budget)
-
-
-def train_trainer(trainer, cfg: Config, data: TrainingData, budget: CpuBudget) -> dict:
-    """The Trainer's steps on our loader until the budget (from scratch or fine-tuning); the
+def setup_ours(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
+    """The Trainer of ``facenet-train`` (its default step) on our loader (P x K batches); the
     budget's schedule sets the rates, not the Trainer's."""
+    trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
     trainer.scheduler = None
 
     def step(batch) -> tuple[float | None, int]:
@@ -184,18 +162,22 @@ def train_trainer(trainer, cfg: Config, data: TrainingData, budget: CpuBudget) -
         return (None if "skipped" in stats else float(stats["loss"])), batch[0].shape[0]
 
     trainer.model.train()
-    record = train_for_budget(step, trainer.optimizer, cfg, data, budget)
-    return record | {"step_path": trainer.step.name}
+    done = lambda: {"step_path": trainer.step.name}  # noqa: E731
+    return trainer.core_model, trainer.optimizer, step, data, done
 
 
-def train_seed(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
+def setup_seed(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
     """The seed's loop (``seed_train_step``, a faithful port: its triplet loss never reaches the
-    model, so only its cross-entropy trains) on triplet batches of our loader.
+    model, so only its cross-entropy trains) on triplet batches of about P x K images from our
+    loader.
 
     With a single hard triplet the seed's classifier forwards are batches of one image, which
     BatchNorm refuses in training mode (the original stops there): that step is skipped.
     """
-    seeded(cfg)
+    triplets = copy.deepcopy(cfg)
+    triplets.data.dataset = "triplets"
+    triplets.data.triplet_batch_size = max(1, cfg.data.p * cfg.data.k // 3)  # 3T ~ P x K
+    data = build_data(triplets, run_dir)
     network = build_model(cfg.model, num_classes=None, image_size=cfg.data.image_size)
     model = SeedModel(network, data.num_classes)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
@@ -220,9 +202,8 @@ def train_seed(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torc
         return (None if out["skipped"] else out["total_loss"]), 3 * data_a.shape[0]
 
     model.train()
-    record = train_for_budget(step, optimizer, cfg, data, budget)
-    state.clear()  # the loop variables keep the last step's graphs alive
-    return network, record
+    done = lambda: state.clear() or {}  # noqa: E731 (its variables keep the last graphs alive)
+    return network, optimizer, step, data, done
 
 
 class PlainFolder(Dataset):
@@ -240,23 +221,17 @@ class PlainFolder(Dataset):
         return self.transform(decode_image(path, mode=ImageReadMode.RGB)), label
 
 
-def plain_data(cfg: Config, data: TrainingData) -> SimpleNamespace:
-    """The plain loop's data: the same training images and P x K sampling, loaded plainly."""
+def setup_plain(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
+    """The plain one-pass loop on the same images and P x K sampling, loaded plainly: one
+    forward with grad, our miner on the detached embeddings, our triplet loss (+ the
+    cross-entropy on the images the triplets use), backward, step."""
+    d, ce_weight = cfg.data, cfg.loss.ce_weight
     folder = getattr(data.loader.dataset, "dataset", data.loader.dataset)  # under SeededSamples
-    d = cfg.data
     transform = build_transform(d.image_size, True, d.normalize, d.hflip, d.random_crop)
     replace = d.sample_with_replacement
     sampler = PKSampler(folder.triplet_labels, d.p, d.k, cfg.train.seed, with_replacement=replace)
     loader = DataLoader(PlainFolder(folder.samples, transform), batch_sampler=sampler)
-    return SimpleNamespace(loader=loader, sampler=sampler)
-
-
-def train_plain(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The plain one-pass loop: one forward with grad, our miner on the detached embeddings,
-    our triplet loss (+ the cross-entropy on the images the triplets use), backward, step."""
-    seeded(cfg)
-    ce_weight = cfg.loss.ce_weight
-    model = build_model(cfg.model, data.num_classes if ce_weight > 0 else None, cfg.data.image_size)
+    model = build_model(cfg.model, data.num_classes if ce_weight > 0 else None, d.image_size)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     miner = build_miner(cfg.mining, torch.Generator().manual_seed(cfg.train.seed))
     loss_fn = build_loss(cfg.loss)
@@ -280,62 +255,79 @@ def train_plain(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[tor
         return (None if loss is None else float(loss)), images.shape[0]
 
     model.train()
-    return model, train_for_budget(step, optimizer, cfg, plain_data(cfg, data), budget)
+    return model, optimizer, step, SimpleNamespace(loader=loader, sampler=sampler), dict
 
 
-TRAINERS = {"ours": train_ours, "seed": train_seed, "plain": train_plain}
+SETUPS = {"ours": setup_ours, "seed": setup_seed, "plain": setup_plain}
+
+
+def train(method: str, cfg: Config, data, run_dir: Path, seconds: float, before=None) -> tuple:
+    """``(model in eval mode, training record)`` of one method from the seeded initial state;
+    ``before(model)`` is called on the model before it trains (fine-tuning's first figures)."""
+    torch.manual_seed(cfg.train.seed)  # every method starts from the same initial weights
+    np.random.seed(cfg.train.seed)
+    model, optimizer, step, method_data, done = SETUPS[method](cfg, data, run_dir)
+    if before is not None:
+        before(model.eval())
+        model.train()
+    print(f"{method}: training for {seconds:g} CPU seconds", flush=True)
+    record = train_for_budget(step, optimizer, cfg, method_data, CpuBudget(seconds))
+    losses = record["loss_first"], record["loss_last"]
+    print(f"{method}: {record['steps']} steps, loss %s -> %s" % losses, flush=True)
+    return model.eval(), record | done()
 
 
 # --------------------------------------------------------------------------- evaluation
 
 
-def evaluate(model, pairs, cfg: Config, image_size=None) -> dict:
-    """The verification figures of ``model`` on ``pairs`` with ``cfg``'s evaluation settings
-    (input ``image_size``, default ``cfg.data.image_size``), and the CPU and wall seconds the
-    evaluation took."""
+def evaluate(model, pairs, eval_cfg: Config, image_size) -> dict:
+    """The verification figures of ``model`` on ``pairs`` with ``eval_cfg``'s evaluation
+    settings, and the CPU and wall seconds the evaluation took."""
     cpu, wall = time.process_time(), time.perf_counter()
-    result = verify(
-        model,
-        pairs,
-        image_size or cfg.data.image_size,
-        normalize=cfg.data.normalize,
-        device="cpu",
-        **verify_options(cfg),
-    )
-    values = figures(result)
-    values["pairs"] = len(pairs)
-    values["eval_cpu_seconds"] = time.process_time() - cpu
-    values["eval_wall_seconds"] = time.perf_counter() - wall
-    return values
+    options = verify_options(eval_cfg)
+    normalize = eval_cfg.data.normalize
+    result = verify(model, pairs, image_size, normalize=normalize, device="cpu", **options)
+    return figures(result) | {
+        "pairs": len(pairs),
+        "eval_cpu_seconds": time.process_time() - cpu,
+        "eval_wall_seconds": time.perf_counter() - wall,
+    }
 
 
-def evaluate_sets(model, data: TrainingData, cfg: Config, name: str) -> dict:
-    """LFW (the test pairs) and the held-out identities (the validation pairs), printed."""
+def evaluate_sets(model, data: TrainingData, cfg: Config, name: str, publisher=None) -> dict:
+    """LFW (the test pairs), the held-out identities (the validation pairs) and, given the
+    ``publisher``'s configuration, LFW as it evaluates (at the model's input size), printed."""
+    sets = {"lfw": (data.test_pairs, cfg), "heldout": (data.val_pairs, cfg)}
+    if publisher is not None:
+        sets["publisher_lfw"] = (data.test_pairs, publisher)
     out = {}
-    for key, pairs in (("lfw", data.test_pairs), ("heldout", data.val_pairs)):
-        if pairs is not None:
-            out[key] = evaluate(model, pairs, cfg)
+    for key, (pairs, eval_cfg) in sets.items():
+        if key == "publisher_lfw" and evaluation_of(publisher) == evaluation_of(cfg):
+            out[key] = out["lfw"]  # the same protocol: LFW's figure is the publisher's
+        elif pairs is not None:
+            out[key] = evaluate(model, pairs, eval_cfg, cfg.data.image_size)
             print(figures_line(f"{name} {key}", out[key]), flush=True)
     return out
 
 
-def data_record(data: TrainingData) -> dict:
-    """What the methods trained on and were tested with."""
-    folder = getattr(data.loader.dataset, "dataset", data.loader.dataset)
-    return {
-        "train_identities": data.num_classes,
-        "train_images": len(folder),
-        "lfw_pairs": None if data.test_pairs is None else len(data.test_pairs),
-        "lfw_pairs_skipped": None if data.test_pairs is None else len(data.test_pairs.skipped),
-        "heldout_pairs": None if data.val_pairs is None else len(data.val_pairs),
-        "notes": data.notes,
-    }
+def evaluation_of(cfg: Config) -> tuple:
+    """What decides how a configuration evaluates: verify's settings and the standardisation."""
+    return verify_options(cfg), cfg.data.normalize
 
 
-def settings(cfg: Config) -> dict:
-    """The resolved sections that define the training (folders and logging left out)."""
+def describe(cfg: Config, data: TrainingData) -> dict:
+    """The resolved sections that define the training (folders and logging left out), and what
+    the methods trained on and were tested with."""
     resolved = config_to_dict(cfg)
-    return {name: resolved[name] for name in ("data", "model", "mining", "loss", "optim", "eval")}
+    folder = getattr(data.loader.dataset, "dataset", data.loader.dataset)
+    pairs = {"lfw_pairs": data.test_pairs, "heldout_pairs": data.val_pairs}
+    counts = {key: None if p is None else len(p) for key, p in pairs.items()}
+    skipped = None if data.test_pairs is None else len(data.test_pairs.skipped)
+    return {
+        "settings": {k: resolved[k] for k in ("data", "model", "mining", "loss", "optim", "eval")},
+        "data": {"train_identities": data.num_classes, "train_images": len(folder), **counts}
+        | {"lfw_pairs_skipped": skipped, "notes": data.notes},
+    }
 
 
 # --------------------------------------------------------------------------- the two parts
@@ -343,58 +335,33 @@ def settings(cfg: Config) -> dict:
 
 def from_scratch(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
     """Train each method for the budget and evaluate it; the report is written after each."""
-    cfg = load_configs(args, args.config, args.overrides, run_dir)
+    cfg = load_configs(args, SCRATCH_CONFIG, args.overrides, run_dir)
     data = build_data(cfg, run_dir)
-    report["scratch"] = {"config": args.config, "overrides": args.overrides}
-    report["scratch"] |= {"settings": settings(cfg), "data": data_record(data)}
+    part = report["scratch"] = {"config": SCRATCH_CONFIG, "overrides": args.overrides}
+    part |= describe(cfg, data)
     for method in args.methods:
-        method_cfg = seed_style(cfg) if method == "seed" else cfg
-        method_data = build_data(method_cfg, run_dir) if method == "seed" else data
-        print(f"{method}: training for {args.cpu_seconds:g} CPU seconds", flush=True)
-        budget = CpuBudget(args.cpu_seconds)
-        model, record = TRAINERS[method](method_cfg, method_data, budget)
-        print(
-            f"{method}: {record['steps']} steps, loss",
-            record["loss_first"],
-            "->",
-            record["loss_last"],
-        )
-        record.update(evaluate_sets(model.eval(), data, cfg, method))
-        report["scratch"][method] = record
+        model, part[method] = train(method, cfg, data, run_dir, args.cpu_seconds)
+        part[method] |= evaluate_sets(model, data, cfg, method)
         write_report(args.json, report)
 
 
 def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
     """The published model on LFW (two evaluations) before and after triplet fine-tuning."""
     extra = [f"model.weights={args.weights}", *args.finetune_overrides]
-    cfg = load_configs(args, args.finetune_config, extra, run_dir)
-    publisher = load_config(
-        args.publisher_config, ["data.num_workers=0", *args.publisher_overrides]
-    )
+    cfg = load_configs(args, FINETUNE_CONFIG, extra, run_dir)
+    publisher = load_config(PUBLISHER_CONFIG, ["data.num_workers=0", *args.publisher_overrides])
     data = build_data(cfg, run_dir)
-    seeded(cfg)
-    trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
-    part = report["finetune"] = {"config": args.finetune_config, "weights": args.weights}
-    part |= {"settings": settings(cfg), "data": data_record(data)}
-    for when in ("before", "after"):
-        if when == "after":
-            print(f"fine-tuning for {args.finetune_cpu_seconds:g} CPU seconds", flush=True)
-            budget = CpuBudget(args.finetune_cpu_seconds)
-            part["training"] = train_trainer(trainer, cfg, data, budget)
-        model = trainer.core_model.eval()
-        part[when] = evaluate_sets(model, data, cfg, f"{when}:")
-        if evaluation_of(publisher) == evaluation_of(cfg):  # its LFW figure is the publisher's
-            part[when]["publisher_lfw"] = part[when]["lfw"]
-        else:  # the model's input size (the publisher's: the same 112 x 96)
-            lfw = evaluate(model, data.test_pairs, publisher, cfg.data.image_size)
-            part[when]["publisher_lfw"] = lfw
-            print(figures_line(f"{when}: publisher lfw", lfw), flush=True)
+    part = report["finetune"] = {"config": FINETUNE_CONFIG, "weights": args.weights}
+    part |= describe(cfg, data)
+
+    def before(model) -> None:
+        part["before"] = evaluate_sets(model, data, cfg, "before:", publisher)
         write_report(args.json, report)
 
-
-def evaluation_of(cfg: Config) -> tuple:
-    """What decides how a configuration evaluates: verify's settings and the standardisation."""
-    return verify_options(cfg), cfg.data.normalize
+    seconds = args.finetune_cpu_seconds
+    model, part["training"] = train("ours", cfg, data, run_dir, seconds, before)
+    part["after"] = evaluate_sets(model, data, cfg, "after:", publisher)
+    write_report(args.json, report)
 
 
 # --------------------------------------------------------------------------- command line
@@ -409,17 +376,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", default=None, help="a published model to fine-tune")
     parser.add_argument("--cpu-seconds", type=float, default=360.0, help="budget per method")
     parser.add_argument("--finetune-cpu-seconds", type=float, default=None, help="default: same")
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--config", default="configs/real_faces.yaml")
-    parser.add_argument("--finetune-config", default="configs/finetune_mobilefacenet.yaml")
-    parser.add_argument("--publisher-config", default="configs/lfw_mobilefacenet.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
-    parser.add_argument(
-        "--finetune-set", dest="finetune_overrides", action="append", default=[], metavar="K=V"
-    )
-    parser.add_argument(
-        "--publisher-set", dest="publisher_overrides", action="append", default=[], metavar="K=V"
-    )
+    parser.add_argument("--methods", nargs="*", default=list(SETUPS), choices=SETUPS)
+    for part in ("", "finetune-", "publisher-"):  # overrides of each configuration
+        dest = part.replace("-", "_") + "overrides"
+        parser.add_argument(f"--{part}set", dest=dest, action="append", default=[], metavar="K=V")
     parser.add_argument("--out", default=None, help="run folder (held-out pairs); default: temp")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--json", default=None, help="write the report here")
