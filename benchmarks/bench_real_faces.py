@@ -27,14 +27,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_image
 
 from benchmarks.bench_training_step import describe_machine
 from benchmarks.measure import write_report
 from benchmarks.seed_loop import SeedModel, seed_train_step
 from facenet.config import Config, config_to_dict, load_config
-from facenet.data import PKSampler
 from facenet.data.batches import standardize
 from facenet.data.images import build_transform
 from facenet.evaluation.report import figures, figures_line
@@ -206,31 +205,20 @@ def setup_seed(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
     return network, optimizer, step, data, done
 
 
-class PlainFolder(Dataset):
-    """``(image, label)``: the file decoded by torchvision and transformed alone, every time,
-    as a torchvision ``ImageFolder`` does; ``samples`` are ``[(path, label), ...]``."""
-
-    def __init__(self, samples: list, transform):
-        self.samples, self.transform = samples, transform
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path, label = self.samples[index]
-        return self.transform(decode_image(path, mode=ImageReadMode.RGB)), label
-
-
 def setup_plain(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
-    """The plain one-pass loop on the same images and P x K sampling, loaded plainly: one
-    forward with grad, our miner on the detached embeddings, our triplet loss (+ the
-    cross-entropy on the images the triplets use), backward, step."""
+    """The plain one-pass loop on the same P x K batches, each file decoded by torchvision and
+    transformed alone as an ``ImageFolder`` does: one forward with grad, our miner on the
+    detached embeddings, our triplet loss (+ the cross-entropy on the images the triplets use),
+    backward, step."""
     d, ce_weight = cfg.data, cfg.loss.ce_weight
     folder = getattr(data.loader.dataset, "dataset", data.loader.dataset)  # under SeededSamples
     transform = build_transform(d.image_size, True, d.normalize, d.hflip, d.random_crop)
-    replace = d.sample_with_replacement
-    sampler = PKSampler(folder.triplet_labels, d.p, d.k, cfg.train.seed, with_replacement=replace)
-    loader = DataLoader(PlainFolder(folder.samples, transform), batch_sampler=sampler)
+
+    def load(samples: list) -> tuple:  # each file decoded and transformed alone, every time
+        images = [transform(decode_image(path, mode=ImageReadMode.RGB)) for path, _ in samples]
+        return torch.stack(images), torch.tensor([label for _, label in samples])
+
+    loader = DataLoader(folder.samples, batch_sampler=data.sampler, collate_fn=load)
     model = build_model(cfg.model, data.num_classes if ce_weight > 0 else None, d.image_size)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     miner = build_miner(cfg.mining, torch.Generator().manual_seed(cfg.train.seed))
@@ -255,7 +243,7 @@ def setup_plain(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
         return (None if loss is None else float(loss)), images.shape[0]
 
     model.train()
-    return model, optimizer, step, SimpleNamespace(loader=loader, sampler=sampler), dict
+    return model, optimizer, step, SimpleNamespace(loader=loader, sampler=data.sampler), dict
 
 
 SETUPS = {"ours": setup_ours, "seed": setup_seed, "plain": setup_plain}
