@@ -12,8 +12,6 @@ exit status 1 when it is missed or a number differs.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import sys
 import time
@@ -22,6 +20,7 @@ from functools import partial
 import numpy as np
 
 from benchmarks import reference_evaluation as ref
+from benchmarks.bench_training_step import describe_machine
 from benchmarks.measure import benchmark_parser, run_benchmark, show
 from facenet.evaluation.protocol import evaluate_verification
 
@@ -100,18 +99,10 @@ def measure(args) -> dict:
         show(cases[-1])
     ok = all(c["identical"] and c["speedup"] >= TARGET_SPEEDUP for c in cases)
     return {
-        "benchmark": "verification protocol: facenet.evaluation.protocol vs the classic loops",
-        "grids": {"accuracy": "arange(0, 4, 0.01)", "val": "arange(0, 4, 0.001)"},
+        "machine": describe_machine("cpu"),
         "n_folds": N_FOLDS,
         "far_target": FAR_TARGET,
-        "target_speedup": TARGET_SPEEDUP,
         "cases": cases,
-        "machine": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-        },
         "exit_status": 0 if ok else 1,
     }
 

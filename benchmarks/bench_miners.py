@@ -14,7 +14,6 @@ call. PML cases estimated above 8 GB (or 70% of the memory available) are skippe
 from __future__ import annotations
 
 import os
-import platform
 import re
 import statistics
 import sys
@@ -24,6 +23,7 @@ import torch
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
+from benchmarks.bench_training_step import describe_machine
 from benchmarks.forking import run_forked
 from benchmarks.measure import benchmark_parser, run_benchmark, show
 from facenet.errors import FacenetError
@@ -163,28 +163,17 @@ def measure(args) -> dict:
     available = _proc_bytes("/proc/meminfo", "MemAvailable")
     pml_limit = min(MAX_PML_BYTES, 0.7 * available)
     time_budget = 0.2 if args.quick else 2.0  # seconds of timed repeats per case
-    load_before, rows, started = os.getloadavg()[0], [], time.perf_counter()
+    report = {"machine": describe_machine("cpu"), "dim": DIM, "margin": MARGIN, "noise": NOISE}
+    report["memory_method"] = "forked process per case; VmHWM after clear_refs minus VmRSS"
+    rows = report["rows"] = []
     for batch in batches:
         for identities in identity_counts:
             case = {"batch": batch, "identities": identities, "noise": NOISE}
             for miner in MINERS:
                 rows.append(run_case(case, miner, time_budget, pml_limit))
                 show(rows[-1])
-    return {
-        "benchmark": "bench_miners",
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpus": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg()[0],
-        "dim": DIM,
-        "margin": MARGIN,
-        "noise": NOISE,
-        "memory_method": "forked process per case; VmHWM after clear_refs minus VmRSS",
-        "seconds_total": time.perf_counter() - started,
-        "rows": rows,
-    }
+    report["machine"]["load_average_after"] = os.getloadavg()[0]
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

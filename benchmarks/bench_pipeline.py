@@ -43,8 +43,9 @@ from facenet.training.build import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 VGGFACE2_FILES = 3_300_000
-# (network input px, stored px): the demo's 32 px PNGs, and 112 px crops stored a little larger.
-SIZES = ((32, 32), (112, 128))
+# (network input px, stored px, training workload): the demo's 32 px PNGs, and 112 px crops
+# stored a little larger.
+SIZES = ((32, 32, "demo"), (112, 128, "resnet18"))
 
 
 # --------------------------------------------------------------------------- loaders
@@ -72,10 +73,10 @@ def images_per_second(loader, batches: int) -> float:
     return measure_throughput(((standardize(x), y) for x, y in loader), batches)
 
 
-def loader_rows(root: Path, size: int, workers_list, p: int, k: int, batches: int) -> list:
-    """One row per worker count: ours (first pass, second pass) and torchvision's."""
+def loader_rows(root: Path, size: int, p: int, k: int, batches: int) -> list:
+    """One row per worker count (0-2): ours (first pass, second pass) and torchvision's."""
     rows = []
-    for workers in workers_list:
+    for workers in (0, 1, 2):
         ours, sampler = our_loader(root, size, workers, p, k, batches)
         first = images_per_second(ours, batches)
         sampler.set_epoch(1)
@@ -211,37 +212,30 @@ def index_row(root: Path, fmt: str, files: int) -> dict:
 
 def run(args) -> dict:
     """Write the folders, measure the three parts, return the report."""
-    if args.quick:
-        identities, per_identity, batches, files = 16, 4, 4, 200
-        workloads = [("demo", 2, 2)]
-    else:
-        identities, per_identity, batches, files = 64, 8, 12, 2000
-        workloads = [("demo", 24, 8), ("resnet18", 4, 3)]
-    report = {"machine": describe_machine("cpu"), "loader": [], "training": [], "index": []}
-    with tempfile.TemporaryDirectory(prefix="facenet_bench_pipeline_") as work:
-        for size, stored in SIZES:
-            root = Path(work) / f"faces_{stored}"
-            SyntheticIdentities(identities, per_identity, image_size=stored, seed=0).write_to_disk(
-                root
-            )
-            p, k = min(16 if size == 32 else 8, identities), 2 if args.quick else 4
-            report["loader"] += loader_rows(root, size, (0, 1, 2), p, k, batches)
-            for name, steps, repeat in workloads:
-                if (name == "demo") == (size == 32):
-                    for workers in (0, 1):
-                        report["training"].append(training_row(name, root, workers, steps, repeat))
-        for fmt in ("JPEG", "PNG"):
-            files_root = Path(work) / f"index_{fmt.lower()}_files"
-            report["index"].append(index_row(files_root, fmt, files))
-    report["machine"]["load_average_after"] = os.getloadavg()[0]
-    return {
-        "benchmark": "bench_pipeline",
-        "command": "python -m benchmarks.bench_pipeline " + " ".join(args.argv),
-        "identities": identities,
+    identities, per_identity, batches, files = (16, 4, 4, 200) if args.quick else (64, 8, 12, 2000)
+    # workload: (batches, rounds); the demo at 32 px, resnet18 at 112
+    workloads = {"demo": (2, 2)} if args.quick else {"demo": (24, 8), "resnet18": (4, 3)}
+    report = {"machine": describe_machine("cpu"), "identities": identities}
+    report |= {
         "images_per_identity": per_identity,
         "batches": batches,
-        **report,
+        "loader": [],
+        "training": [],
     }
+    with tempfile.TemporaryDirectory(prefix="facenet_bench_pipeline_") as work:
+        for size, stored, workload in SIZES:
+            root = Path(work) / f"faces_{stored}"
+            SyntheticIdentities(identities, per_identity, stored, seed=0).write_to_disk(root)
+            p, k = min(16 if size == 32 else 8, identities), 2 if args.quick else 4
+            report["loader"] += loader_rows(root, size, p, k, batches)
+            for workers in (0, 1) if workload in workloads else ():
+                report["training"].append(
+                    training_row(workload, root, workers, *workloads[workload])
+                )
+        formats = ("JPEG", "PNG")
+        report["index"] = [index_row(Path(work) / f"{f}_files", f, files) for f in formats]
+    report["machine"]["load_average_after"] = os.getloadavg()[0]
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,8 +93,8 @@ def measure(args: argparse.Namespace, argv: list[str], gpu: dict | None) -> dict
 
 
 def read_gpu_reports(paths: list[Path]) -> dict | None:
-    """gpu_check.sh's reports merged (cases from each, the P x K search from any); None
-    without files. Raises ValueError naming the file when one cannot be read."""
+    """gpu_check.sh's reports merged (the cases of each, other keys from the first that has
+    them); None without files. Raises ValueError naming the file when one cannot be read."""
     merged = None
     for path in paths:
         try:
@@ -102,8 +102,7 @@ def read_gpu_reports(paths: list[Path]) -> dict | None:
         except (OSError, ValueError) as err:
             raise ValueError(f"--gpu-json {path}: cannot read it ({err})") from err
         cases = [*(merged or {}).get("cases", []), *report.get("cases", [])]
-        merged = {**(merged or report), "cases": cases}
-        merged["pk_search"] = report.get("pk_search") or merged.get("pk_search")
+        merged = {**report, **(merged or {}), "cases": cases}
     return merged
 
 

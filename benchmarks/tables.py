@@ -56,6 +56,9 @@ STEP_PATHS += [GRAPH_BYTES_PEAK]
 STEP_PATH_RATIOS = ["workload.name", "ratios.two_pass_vs_auto", "ratios.auto_overhead_vs_plain"]
 STEP_PATH_RATIOS += ["ratios.meter_on_vs_off", "ratios.two_pass_vs_auto_median"]
 STEP_PATH_RATIOS += ["ratios.auto_overhead_vs_plain_median", "ratios.meter_on_vs_off_median"]
+RUN = ["command", "date", "seconds_total", "load_average_after", "machine.load_average"]
+RUN += ["machine.cpu_model", "machine.cpu_count", "machine.torch", "machine.torch_threads"]
+RUN += ["machine.python", "machine.platform", "machine.gpu"]
 SEARCH = ["batch", "chunk_size", "error", CUDA_MAX_ALLOCATED]
 
 
@@ -126,22 +129,9 @@ def table(keys: list[str], rows: list[dict]) -> str:
 
 
 def run_table(results: dict) -> str:
-    """When, where and how long: the run's date, machine, load and duration."""
-    step = results["sections"].get("training_step") or {}
-    machine = step.get("machine") or results.get("machine") or {}
-    seconds = results["seconds_total"]
-    loads = [machine.get("load_average"), results.get("load_average_after")]
-    rows = [
-        ["command", f"`{results['command']}`"],
-        ["date", results["date"]],
-        ["duration", f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} minutes"],
-        ["CPU", f"{machine.get('cpu_model')}, {machine.get('cpu_count')} cores"],
-        ["torch", f"{machine.get('torch')}, {machine.get('torch_threads')} intra-op thread(s)"],
-        ["Python", f"{machine.get('python')}; {machine.get('platform')}"],
-        ["load average (1 min), start / end", " / ".join(cell(x, ".2f") for x in loads)],
-        *([["GPU", machine["gpu"]]] if machine.get("gpu") else []),
-    ]
-    return md_table(["", "this run"], rows)
+    """When, where and how long: keys of the run and of its machine (the training step's)."""
+    run = {**results, "machine": pick(results, "sections.training_step.machine")}
+    return md_table(["", "this run"], [[key, pick(run, key)] for key in RUN])
 
 
 def commands_table(results: dict) -> str:
@@ -210,24 +200,16 @@ TABLES = {
     "pipeline_loader": ("pipeline", "loader", LOADER),
     "pipeline_training": ("pipeline", "training", TRAINING),
     "pipeline_index": ("pipeline", "index", INDEX),
+    # gpu_check.sh's figures (run_all --gpu-json): its cases on the GPU named, their floor, the
+    # largest P x K
+    "gpu_cases": (
+        "gpu",
+        lambda r: [{**row, "gpu": pick(r, "machine.gpu")} for row in step_rows(r.get("cases", []))],
+        ["gpu", *STEP],
+    ),
+    "gpu_floor": ("gpu", floor_cases, FLOOR),
+    "gpu_search": ("gpu", "pk_search", SEARCH),
 }
-
-
-def gpu_tables(gpu: dict | None) -> dict[str, str]:
-    """gpu_check.sh's figures (``--gpu-json``): its cases and the largest P x K, when given."""
-    if not gpu:
-        return {}
-    cases = gpu.get("cases", [])
-    where = [[pick(gpu, "machine.gpu"), gpu.get("date"), gpu.get("command")]]
-    tables = {
-        "gpu_cases": md_table(["GPU", "date", "command"], where)
-        + "\n\n"
-        + table(STEP, step_rows(cases)),
-        "gpu_floor": table(FLOOR, floor_cases(gpu)),
-    }
-    if gpu.get("pk_search"):
-        tables["gpu_search"] = table(SEARCH, gpu["pk_search"])
-    return tables
 
 
 # --------------------------------------------------------------------------- the document
@@ -240,13 +222,14 @@ def render_tables(results: dict) -> dict[str, str]:
         "commands": commands_table(results),
         "targets": targets_table(results),
     }
+    sections = {**results["sections"], "gpu": results.get("gpu")}
     for marker, (section, rows, keys) in TABLES.items():
-        report = results["sections"].get(section)
+        report = sections.get(section)
         if report and "error" not in report:
             rows = rows(report) if callable(rows) else report.get(rows, [])
             if rows:
                 tables[marker] = table(keys, rows)
-    return tables | gpu_tables(results.get("gpu"))
+    return tables
 
 
 def fill_tables(markdown: str, tables: dict[str, str]) -> tuple[str, list[str]]:
