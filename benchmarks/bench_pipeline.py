@@ -135,33 +135,34 @@ def timed_rounds(trainer, loader, sampler, rounds: int) -> tuple[list, list, int
     return step_alone, end_to_end, sum(count_images(batch) for batch in preloaded)
 
 
-def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> dict:
+def training_row(name: str, root: Path, workers: int, batches: int, rounds: int) -> dict:
     """End to end (the loader feeding the Trainer) against the step on preloaded tensors."""
     cfg = workload_config(name, root, workers)
     dataset = IdentityFolder(root, transform=TrainCrops(cfg.data.image_size), cache_bytes=2**30)
-    resolved, _ = resolve_loader_settings(cfg.data.num_workers, False, "cpu")
-    auto, _ = resolve_loader_settings("auto", False, "cpu")  # what the default would choose
     d = cfg.data
     sampler = PKSampler(dataset.triplet_labels, d.p, d.k, seed=0, batches_per_epoch=batches)
-    loader = make_loader(dataset, sampler, num_workers=resolved, seed=0)
+    loader = make_loader(dataset, sampler, num_workers=workers, seed=0)
     trainer = build_trainer(cfg, len(dataset.classes), torch.device("cpu"), batches)
     trainer.train_one_epoch(loader, 0, progress=False)  # a warm-up epoch (workers start)
     step_alone, end_to_end, images = timed_rounds(trainer, loader, sampler, rounds)
     stop_workers(loader)
-    # Each round's pair (the same batches, one after the other): less exposed to other jobs.
-    paired = [alone / through for alone, through in zip(step_alone, end_to_end)]
+    auto, _ = resolve_loader_settings("auto", False, "cpu")  # what the default would choose
+    alone, through = np.array(step_alone), np.array(end_to_end)
     row = {
         "workload": name,
-        "workers": resolved,
-        "workers_setting": "auto" if resolved == auto else workers,
+        "workers": workers,
+        "workers_setting": "auto" if workers == auto else workers,
+    }
+    row |= {
         "batches": batches,
         "rounds": rounds,
-        "step_images_per_s": images / min(step_alone),
-        "end_to_end_images_per_s": images / min(end_to_end),
-        "step_images_per_s_median": images / float(np.median(step_alone)),
-        "end_to_end_images_per_s_median": images / float(np.median(end_to_end)),
-        "end_to_end_vs_step": min(step_alone) / min(end_to_end),
-        "end_to_end_vs_step_paired_median": float(np.median(paired)),
+        "step_images_per_s": images / alone.min(),
+        "end_to_end_images_per_s": images / through.min(),
+        "step_images_per_s_median": images / np.median(alone),
+        "end_to_end_images_per_s_median": images / np.median(through),
+        "end_to_end_vs_step": alone.min() / through.min(),
+        # each round's pair (the same batches, one after the other): less exposed to other jobs
+        "end_to_end_vs_step_paired_median": np.median(alone / through),
     }
     show(row)
     return row
