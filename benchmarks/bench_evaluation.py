@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks import reference_evaluation as ref
 from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import benchmark_parser, run_benchmark, show
+from benchmarks.measure import run_benchmark, show
 from facenet.evaluation.protocol import evaluate_verification
 
 TARGET_SPEEDUP = 100.0
@@ -109,7 +109,7 @@ def measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: 2,000 pairs, few repeats)."""
-    return run_benchmark(benchmark_parser(__doc__), argv, measure)
+    return run_benchmark(__doc__, argv, measure)
 
 
 if __name__ == "__main__":

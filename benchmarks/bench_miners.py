@@ -25,7 +25,7 @@ from pytorch_metric_learning import miners as pml_miners
 
 from benchmarks.bench_training_step import describe_machine
 from benchmarks.forking import run_forked
-from benchmarks.measure import benchmark_parser, run_benchmark, show
+from benchmarks.measure import run_benchmark, show
 from facenet.errors import FacenetError
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 
@@ -178,7 +178,7 @@ def measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: B in {256, 512}, 16 identities)."""
-    return run_benchmark(benchmark_parser(__doc__), argv, measure)
+    return run_benchmark(__doc__, argv, measure)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
 from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import benchmark_parser, run_benchmark, show, stop_workers
+from benchmarks.measure import run_benchmark, show, stop_workers
 from facenet.config import load_config
 from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
 from facenet.data.batches import TrainCrops, standardize
@@ -241,7 +241,7 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: small folders, few batches)."""
-    return run_benchmark(benchmark_parser(__doc__), argv, run)
+    return run_benchmark(__doc__, argv, run)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The harness every benchmark shares, and the measurement core of the training-step benchmarks.
 
-Each benchmark is a module with ``main(argv)`` built on :func:`benchmark_parser` and
-:func:`run_benchmark`: ``--quick``, ``--threads N`` and ``--json PATH`` (its report, written
-atomically). Memory figures carry the names of ``facenet.memory.MEMORY_KEYS``, the names of the
-trainer's epoch records in ``metrics.jsonl``, so that one figure has one definition and one name.
+Each benchmark is a module with ``main(argv)`` built on :func:`run_benchmark`: ``--quick``,
+``--threads N`` and ``--json PATH`` (its report, written atomically). Memory figures carry the
+names of ``facenet.memory.MEMORY_KEYS``, the names of the trainer's epoch records in
+``metrics.jsonl``, so that one figure has one definition and one name.
 """
 
 from __future__ import annotations
@@ -34,24 +34,17 @@ from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner
 RSS_BEFORE_BYTES = "rss_before_bytes"
 
 
-def benchmark_parser(doc: str) -> argparse.ArgumentParser:
-    """The options every benchmark takes; ``doc``'s first line describes it."""
+def run_benchmark(doc: str, argv: list[str] | None, measure: Callable[..., dict]) -> int:
+    """Parse ``argv`` (``--quick``, ``--json PATH``, ``--threads N``; ``doc``'s first line
+    describes the benchmark), set the torch threads, write ``measure(args)`` to ``--json``.
+
+    A :class:`FacenetError` raised by ``measure`` is printed in one line: exit status 2.
+    """
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="seconds instead of minutes")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    return parser
-
-
-def run_benchmark(
-    parser: argparse.ArgumentParser, argv: list[str] | None, measure: Callable[..., dict]
-) -> int:
-    """Parse ``argv``, set the torch threads, write ``measure(args)`` to ``--json``.
-
-    A :class:`FacenetError` raised by ``measure`` is printed in one line: exit status 2.
-    """
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if args.threads < 0:
             raise FacenetError(f"--threads must be >= 0, got {args.threads}")
