@@ -2,34 +2,20 @@
 """The input pipeline side by side: our loader against torchvision's, training end to end
 against the step alone, and the folder index's build time.
 
-Three measurements, in one process, on folders of built-in synthetic identities written here:
+On folders of synthetic identities written here: images/s of our training loader (decoded
+cache, ``TrainCrops``, 0-2 workers; first and second pass) against torchvision's
+``ImageFolder`` + ``DataLoader`` with the same augmentation; a Trainer fed by the loader against
+the same Trainer on preloaded tensors, in alternating rounds on the same batches (fastest round
+kept: other jobs only ever add time); seconds for ``IdentityFolder`` to index JPEG and PNG
+folders, per 10,000 files and projected to VGGFace2's 3.3 M. Details: BENCHMARKS.md, section 6.
 
-- *loader*: images/s of our training loader (``IdentityFolder`` with the decoded cache and
-  ``TrainCrops``, ``PKSampler`` batches, ``make_loader`` with 0, 1 and 2 workers, standardised
-  per batch as the Trainer does) against torchvision's ``ImageFolder`` + ``DataLoader`` with
-  the same augmentation per sample (``v2`` resize, random crop, flip, dtype, normalise), at
-  32 px (PNGs stored at 32 px, as the demo's) and 112 px (stored at 128 px). Ours is timed on
-  its first pass (decoding, the cache filling) and on a second pass (from the cache).
-- *training*: images/s of a Trainer fed by the loader (the run's loop) against the same
-  Trainer's step on preloaded, standardised tensors, in alternating rounds (other jobs on a
-  shared machine only ever add time; each side's fastest round is kept): the demo
-  (``configs/demo.yaml``'s model, loss and optimizer at 32 px, P x K = 16 x 4) and resnet18 at
-  112 px (P x K = 8 x 4), each with 0 workers and with ``data.num_workers: auto``.
-- *index*: seconds for ``IdentityFolder`` to list and check a folder of JPEGs, and one of
-  PNGs (every PNG's checksums: the whole file is read), per 10,000 files, with the projection
-  for VGGFace2's 3.3 M files (files in the page cache: a cold disk adds its read time).
-
-    python -m benchmarks.bench_pipeline --threads 1 --json pipeline.json
-    python -m benchmarks.bench_pipeline --quick --json q.json
+    python -m benchmarks.bench_pipeline [--quick] --threads 1 --json pipeline.json
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import io
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -43,22 +29,23 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
 from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import write_report
+from benchmarks.measure import run_benchmark, show, stop_workers
 from facenet.config import load_config
 from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
 from facenet.data.batches import TrainCrops, standardize
-from facenet.data.loading import count_images, make_loader, resolve_loader_settings
+from facenet.data.loading import (
+    count_images,
+    make_loader,
+    measure_throughput,
+    resolve_loader_settings,
+)
 from facenet.training.build import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 VGGFACE2_FILES = 3_300_000
-# (network input px, stored px): the demo's 32 px PNGs, and 112 px crops stored a little larger.
-SIZES = ((32, 32), (112, 128))
-
-
-def write_faces(root: Path, identities: int, per_identity: int, stored: int) -> None:
-    """The synthetic identities as PNG files ``root/<identity>/<image>.png``."""
-    SyntheticIdentities(identities, per_identity, image_size=stored, seed=0).write_to_disk(root)
+# (network input px, stored px, training workload): the demo's 32 px PNGs, and 112 px crops
+# stored a little larger.
+SIZES = ((32, 32, "demo"), (112, 128, "resnet18"))
 
 
 # --------------------------------------------------------------------------- loaders
@@ -83,37 +70,21 @@ def torchvision_loader(root: Path, size: int, workers: int, batch: int):
 def images_per_second(loader, batches: int) -> float:
     """Images/s of one pass of at most ``batches`` batches, standardised as the Trainer does
     (the first batch, worker start-up, not timed)."""
-    images, started = 0, None
-    for index, (batch, _) in enumerate(loader):
-        batch = standardize(batch)  # (B, 3, S, S) float
-        if index == 0:
-            started = time.perf_counter()
-        else:
-            images += count_images(batch)
-        if index + 1 >= batches:
-            break
-    return images / max(time.perf_counter() - started, 1e-9)
+    return measure_throughput(((standardize(x), y) for x, y in loader), batches)
 
 
-def shut_down(loader) -> None:
-    """Stop a loader's persistent workers now (they otherwise live until it is collected)."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-
-
-def loader_rows(root: Path, size: int, workers_list, p: int, k: int, batches: int) -> list:
-    """One row per worker count: ours (first pass, second pass) and torchvision's."""
+def loader_rows(root: Path, size: int, p: int, k: int, batches: int) -> list:
+    """One row per worker count (0-2): ours (first pass, second pass) and torchvision's."""
     rows = []
-    for workers in workers_list:
+    for workers in (0, 1, 2):
         ours, sampler = our_loader(root, size, workers, p, k, batches)
         first = images_per_second(ours, batches)
         sampler.set_epoch(1)
         second = images_per_second(ours, batches)
-        shut_down(ours)
+        stop_workers(ours)
         theirs = torchvision_loader(root, size, workers, p * k)
         torchvision_rate = images_per_second(theirs, batches)
-        shut_down(theirs)
+        stop_workers(theirs)
         rows.append(
             {
                 "image_size": size,
@@ -124,16 +95,8 @@ def loader_rows(root: Path, size: int, workers_list, p: int, k: int, batches: in
                 "ours_vs_torchvision": second / torchvision_rate,
             }
         )
-        print(_loader_text(rows[-1]), flush=True)
+        show(rows[-1])
     return rows
-
-
-def _loader_text(row: dict) -> str:
-    return (
-        f"{row['image_size']:>4} px  {row['workers']} workers  ours {row['ours']:>7.0f} img/s "
-        f"(first pass {row['ours_first_pass']:.0f})  torchvision {row['torchvision']:>6.0f}  "
-        f"{row['ours_vs_torchvision']:.1f}x"
-    )
 
 
 # --------------------------------------------------------------------------- training
@@ -149,25 +112,16 @@ def workload_config(name: str, root: Path, workers):
     return load_config(None, [*common, *settings, "optim.name=sgd", "optim.lr=0.001"])
 
 
-def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> dict:
-    """End to end (the loader feeding the Trainer) against the step on preloaded tensors."""
-    cfg = workload_config(name, root, workers)
-    dataset = IdentityFolder(root, transform=TrainCrops(cfg.data.image_size), cache_bytes=2**30)
-    resolved, _ = resolve_loader_settings(cfg.data.num_workers, False, "cpu")
-    auto, _ = resolve_loader_settings("auto", False, "cpu")  # what the default would choose
-    sampler = PKSampler(
-        dataset.triplet_labels, cfg.data.p, cfg.data.k, seed=0, batches_per_epoch=batches
-    )
-    loader = make_loader(dataset, sampler, num_workers=resolved, seed=0)
-    trainer = build_trainer(cfg, len(dataset.classes), torch.device("cpu"), batches)
-    trainer.train_one_epoch(loader, 0, progress=False)  # a warm-up epoch (workers start)
+def timed_rounds(trainer, loader, sampler, rounds: int) -> tuple[list, list, int]:
+    """Seconds of each round's epoch trained from preloaded batches and through the loader,
+    and the images of an epoch."""
     start = copy.deepcopy(trainer.state_dict())
     step_alone, end_to_end = [], []
-    for round_index in range(rounds):
+    for round_index in range(1, rounds + 1):
         # Both sides train the same model state on the same batches (the epoch's, read
         # first, which also fills the decoded cache): the same arithmetic, only the input
         # differs (preloaded and standardised, or through the loader).
-        sampler.set_epoch(round_index + 1)
+        sampler.set_epoch(round_index)
         preloaded = [(standardize(images), labels) for images, labels in loader]
         trainer.load_state_dict(copy.deepcopy(start))
         started = time.perf_counter()
@@ -176,31 +130,41 @@ def training_row(name: str, root: Path, workers, batches: int, rounds: int) -> d
         step_alone.append(time.perf_counter() - started)
         trainer.load_state_dict(copy.deepcopy(start))
         started = time.perf_counter()
-        trainer.train_one_epoch(loader, round_index + 1, progress=False)
+        trainer.train_one_epoch(loader, round_index, progress=False)
         end_to_end.append(time.perf_counter() - started)
-    shut_down(loader)
-    images = sum(count_images(batch) for batch in preloaded)
+    return step_alone, end_to_end, sum(count_images(batch) for batch in preloaded)
+
+
+def training_row(name: str, root: Path, workers: int, batches: int, rounds: int) -> dict:
+    """End to end (the loader feeding the Trainer) against the step on preloaded tensors."""
+    cfg = workload_config(name, root, workers)
+    dataset = IdentityFolder(root, transform=TrainCrops(cfg.data.image_size), cache_bytes=2**30)
+    d = cfg.data
+    sampler = PKSampler(dataset.triplet_labels, d.p, d.k, seed=0, batches_per_epoch=batches)
+    loader = make_loader(dataset, sampler, num_workers=workers, seed=0)
+    trainer = build_trainer(cfg, len(dataset.classes), torch.device("cpu"), batches)
+    trainer.train_one_epoch(loader, 0, progress=False)  # a warm-up epoch (workers start)
+    step_alone, end_to_end, images = timed_rounds(trainer, loader, sampler, rounds)
+    stop_workers(loader)
+    auto, _ = resolve_loader_settings("auto", False, "cpu")  # what the default would choose
+    alone, through = np.array(step_alone), np.array(end_to_end)
     row = {
         "workload": name,
-        "workers": resolved,
-        "workers_setting": "auto" if resolved == auto else workers,
+        "workers": workers,
+        "workers_setting": "auto" if workers == auto else workers,
+    }
+    row |= {
         "batches": batches,
         "rounds": rounds,
-        "step_images_per_s": images / min(step_alone),
-        "end_to_end_images_per_s": images / min(end_to_end),
-        "step_images_per_s_median": images / float(np.median(step_alone)),
-        "end_to_end_images_per_s_median": images / float(np.median(end_to_end)),
+        "step_images_per_s": images / alone.min(),
+        "end_to_end_images_per_s": images / through.min(),
+        "step_images_per_s_median": images / np.median(alone),
+        "end_to_end_images_per_s_median": images / np.median(through),
+        "end_to_end_vs_step": alone.min() / through.min(),
+        # each round's pair (the same batches, one after the other): less exposed to other jobs
+        "end_to_end_vs_step_paired_median": np.median(alone / through),
     }
-    row["end_to_end_vs_step"] = row["end_to_end_images_per_s"] / row["step_images_per_s"]
-    # Each round's pair (the same batches, one after the other): less exposed to other jobs.
-    paired = [alone / through for alone, through in zip(step_alone, end_to_end)]
-    row["end_to_end_vs_step_paired_median"] = float(np.median(paired))
-    print(
-        f"{name} workers {resolved}: step {row['step_images_per_s']:.0f} img/s, end to end "
-        f"{row['end_to_end_images_per_s']:.0f} img/s ({row['end_to_end_vs_step']:.0%}; "
-        f"paired median {row['end_to_end_vs_step_paired_median']:.0%})",
-        flush=True,
-    )
+    show(row)
     return row
 
 
@@ -213,11 +177,9 @@ def write_encoded(root: Path, files: int, fmt: str, side: int = 128) -> None:
     base = np.linspace(0, 200, side * side * 3).reshape(side, side, 3)
     for index in range(files):
         pixels = np.clip(base + rng.integers(0, 40, base.shape), 0, 255).astype(np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, format=fmt)
         folder = root / f"id{index // 50:05d}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{index:06d}.{fmt.lower()}").write_bytes(buffer.getvalue())
+        Image.fromarray(pixels).save(folder / f"{index:06d}.{fmt.lower()}", format=fmt)
 
 
 def index_row(root: Path, fmt: str, files: int) -> dict:
@@ -242,80 +204,44 @@ def index_row(root: Path, fmt: str, files: int) -> dict:
         "reuse_s_per_10k": reuse / files * 10_000,
         "build_s_vggface2": build / files * VGGFACE2_FILES,
     }
-    print(
-        f"index {fmt}: {files} files ({megabytes:.0f} MiB) built in {build:.2f} s "
-        f"({row['build_s_per_10k']:.1f} s per 10k; 3.3 M: {row['build_s_vggface2'] / 60:.0f} "
-        f"min), reused in {reuse:.2f} s",
-        flush=True,
-    )
+    show(row)
     return row
 
 
 # --------------------------------------------------------------------------- the run
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args) -> dict:
     """Write the folders, measure the three parts, return the report."""
-    if args.quick:
-        identities, per_identity, batches, files = 16, 4, 4, 200
-        workloads = [("demo", 2, 2)]
-    else:
-        identities, per_identity, batches, files = 64, 8, 12, 2000
-        workloads = [("demo", 24, 8), ("resnet18", 4, 3)]
-    work = Path(tempfile.mkdtemp(prefix="facenet_bench_pipeline_"))
-    report = {"machine": describe_machine("cpu"), "loader": [], "training": [], "index": []}
-    try:
-        for size, stored in SIZES:
-            root = work / f"faces_{stored}"
-            write_faces(root, identities, per_identity, stored)
-            p, k = (16, 4) if size == 32 else (8, 4)
-            p = min(p, identities)
-            report["loader"] += loader_rows(
-                root, size, args.workers, p, 2 if args.quick else k, batches
-            )
-            for name, steps, repeat in workloads:
-                if (name == "demo") == (size == 32):
-                    for workers in (0, 1):
-                        report["training"].append(training_row(name, root, workers, steps, repeat))
-        for fmt in ("JPEG", "PNG"):
-            report["index"].append(index_row(work / f"index_{fmt.lower()}_files", fmt, files))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    report["machine"]["load_average_after"] = os.getloadavg()[0]
-    return {
-        "benchmark": "bench_pipeline",
-        "command": "python -m benchmarks.bench_pipeline " + " ".join(args.argv),
-        "identities": identities,
+    identities, per_identity, batches, files = (16, 4, 4, 200) if args.quick else (64, 8, 12, 2000)
+    # workload: (batches, rounds); the demo at 32 px, resnet18 at 112
+    workloads = {"demo": (2, 2)} if args.quick else {"demo": (24, 8), "resnet18": (4, 3)}
+    report = {"machine": describe_machine("cpu"), "identities": identities}
+    report |= {
         "images_per_identity": per_identity,
         "batches": batches,
-        **report,
+        "loader": [],
+        "training": [],
     }
-
-
-def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small folders, few batches")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    return parser
+    with tempfile.TemporaryDirectory(prefix="facenet_bench_pipeline_") as work:
+        for size, stored, workload in SIZES:
+            root = Path(work) / f"faces_{stored}"
+            SyntheticIdentities(identities, per_identity, stored, seed=0).write_to_disk(root)
+            p, k = min(16 if size == 32 else 8, identities), 2 if args.quick else 4
+            report["loader"] += loader_rows(root, size, p, k, batches)
+            for workers in (0, 1) if workload in workloads else ():
+                report["training"].append(
+                    training_row(workload, root, workers, *workloads[workload])
+                )
+        formats = ("JPEG", "PNG")
+        report["index"] = [index_row(Path(work) / f"{f}_files", f, files) for f in formats]
+    report["machine"]["load_average_after"] = os.getloadavg()[0]
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and write the JSON report."""
-    args = get_args_parser().parse_args(argv)
-    args.argv = list(argv if argv is not None else sys.argv[1:])
-    if any(w < 0 for w in args.workers) or args.threads < 0:
-        print("--workers and --threads must be >= 0", file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    report = run(args)
-    if args.json:
-        write_report(args.json, report)
-        print(f"wrote {args.json}")
-    return 0
+    """Run the benchmark (``--quick``: small folders, few batches)."""
+    return run_benchmark(__doc__, argv, run)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,16 @@
 #!/usr/bin/env python
 """Real faces: the LFW accuracy three training loops reach in one CPU budget, and fine-tuning.
 
-From scratch, on an aligned identity folder (``root/<identity>/<image>``, e.g. the CelebA photos
-aligned by ``facenet-align --preset sphereface``), each method trains the same network
-(``configs/real_faces.yaml``, the same initial weights, the same optimizer and learning-rate
-schedule) until it has used ``--cpu-seconds`` of process CPU time, then is evaluated on LFW's
-pairs and on the folder's held-out identities (``eval.heldout_identities``):
-
-- ``ours``: the Trainer built from the configuration as ``facenet-train`` builds it (its
-  default step: one pass for semi-hard mining with the hardest fallback), fed by our loader
-  (decoded cache, crops and flips per batch);
-- ``seed``: the seed's loop (``benchmarks.seed_loop``, a faithful port: three forwards per
-  triplet batch and three more for its classifier; its triplet loss never reaches the model,
-  so only its cross-entropy trains) on triplet batches from our loader;
-- ``plain``: the one-pass loop people write (pytorch-metric-learning style): every image
-  decoded from its file and transformed alone (torchvision), P x K batches, one forward with
-  grad, our miner on the detached embeddings, our triplet loss and the same cross-entropy term,
-  backward, step.
-
-The budget is process CPU time (``time.process_time``: every thread of this process), with
-data loading in the process (``num_workers`` 0), so that other jobs on a shared machine do not
-change what a method gets; wall time is recorded beside it. The learning rate follows the
-configuration's schedule over the fraction of the budget spent (a fixed number of steps would
-give the faster loop a shorter schedule). Evaluation is outside the budget.
-
-With ``--weights`` (a published model, e.g. MobileFaceNet_Pytorch's ``068.ckpt``), the
-fine-tuning configuration (``configs/finetune_mobilefacenet.yaml``) is measured: LFW before
-(the publisher's evaluation, ``configs/lfw_mobilefacenet.yaml``, and the fine-tuning
-configuration's own: evaluated once when they are the same), triplet fine-tuning with the
-Trainer for ``--finetune-cpu-seconds``, LFW after in both.
+Each method (``ours``: the Trainer as ``facenet-train`` builds it; ``seed``: the seed's loop;
+``plain``: the one-pass loop people write) trains the same network from the same initial
+weights on an aligned identity folder until it has used ``--cpu-seconds`` of process CPU time
+(every thread, loading in the process, so other jobs do not change what a method gets; the
+learning rate follows the schedule over the fraction spent), then is evaluated on LFW's pairs
+and the held-out identities. With ``--weights``, a published model is measured before and
+after triplet fine-tuning. Figures and commands: docs/real_faces.md.
 
     python -m benchmarks.bench_real_faces --train-root celeba_sphereface \\
-        --lfw-root lfw_sphereface --pairs pairs.txt [--weights 068.ckpt] \\
-        --cpu-seconds 360 --json real_faces.json
-
-Measured figures and the commands: docs/real_faces.md.
+        --lfw-root lfw_sphereface --pairs pairs.txt [--weights 068.ckpt] --json real_faces.json
 """
 
 from __future__ import annotations
@@ -46,18 +22,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_image
 
 from benchmarks.bench_training_step import describe_machine
 from benchmarks.measure import write_report
 from benchmarks.seed_loop import SeedModel, seed_train_step
 from facenet.config import Config, config_to_dict, load_config
-from facenet.data import PKSampler
 from facenet.data.batches import standardize
 from facenet.data.images import build_transform
 from facenet.evaluation.report import figures, figures_line
@@ -69,20 +45,15 @@ from facenet.training.build import TrainingData, build_data, build_trainer
 from facenet.training.optim import ScheduleShape, build_optimizer
 from facenet.training.validation import verify_options
 
-METHODS = ("ours", "seed", "plain")
+SCRATCH_CONFIG = "configs/real_faces.yaml"
+FINETUNE_CONFIG = "configs/finetune_mobilefacenet.yaml"
+PUBLISHER_CONFIG = "configs/lfw_mobilefacenet.yaml"
 SCHEDULE_POINTS = 1000  # the budget's fraction spent, in thousandths, is the schedule's "step"
 TRACE_POINTS = 40  # loss values kept per method (evenly over its steps)
 
 
-# --------------------------------------------------------------------------- budget, schedule
-
-
 class CpuBudget:
-    """Process CPU seconds (every thread) spent since the start, against a limit.
-
-    Args:
-        seconds: the limit.
-    """
+    """Process CPU seconds (every thread) spent since the start, against a limit."""
 
     def __init__(self, seconds: float):
         self.seconds = float(seconds)
@@ -92,14 +63,6 @@ class CpuBudget:
         """CPU seconds used since the start."""
         return time.process_time() - self.cpu_start
 
-    def wall(self) -> float:
-        """Wall seconds since the start."""
-        return time.perf_counter() - self.wall_start
-
-    def fraction(self) -> float:
-        """The part of the budget used, in [0, 1]."""
-        return min(1.0, self.spent() / self.seconds)
-
     def done(self) -> bool:
         """The budget is used up."""
         return self.spent() >= self.seconds
@@ -108,13 +71,9 @@ class CpuBudget:
 class BudgetSchedule:
     """The configuration's learning-rate shape over the budget's fraction spent, not steps.
 
-    Each group's rate is its starting rate times ``ScheduleShape.factor`` at the thousandth of
-    the budget used (warm-up, if any, as the same fraction of the run as in the config).
-
-    Args:
-        optimizer: the optimizer whose groups' current ``lr`` are the starting rates.
-        cfg: the run configuration (``optim`` section; ``train.epochs`` for the warm-up part).
-        budget: the method's CPU budget.
+    Each group's rate is its starting rate (its ``lr`` now) times ``ScheduleShape.factor`` at
+    the thousandth of the budget used (warm-up, if any, as the same fraction of the run as in
+    the config).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, cfg: Config, budget: CpuBudget):
@@ -132,304 +91,231 @@ class BudgetSchedule:
 
     def apply(self) -> float:
         """Set every group's rate for the next step; returns the factor."""
-        factor = self.shape.factor(int(self.budget.fraction() * SCHEDULE_POINTS))
+        fraction = min(1.0, self.budget.spent() / self.budget.seconds)
+        factor = self.shape.factor(int(fraction * SCHEDULE_POINTS))
         for group, base in zip(self.optimizer.param_groups, self.base):
             group["lr"] = base * factor
         return factor
 
 
-class Trace:
-    """A method's training record: steps, images, skipped steps and its loss over time."""
+def train_for_budget(step, optimizer, cfg: Config, data, budget: CpuBudget) -> dict:
+    """``step(batch) -> (loss or None when skipped, images)`` over epochs of ``data`` until the
+    budget is spent, the rates set by :class:`BudgetSchedule`; the method's training record."""
+    schedule, losses = BudgetSchedule(optimizer, cfg, budget), []
+    steps = images = skipped = epochs = 0
+    while not budget.done():
+        epochs += 1
+        data.sampler.set_epoch(epochs)
+        for batch in data.loader:
+            schedule.apply()
+            loss, count = step(batch)
+            steps, images = steps + 1, images + count
+            if loss is None or not math.isfinite(loss):
+                skipped += 1
+            else:
+                losses.append((budget.spent(), loss))
+            if budget.done():
+                break
+    values = [loss for _, loss in losses]
+    ends = max(1, min(10, len(values) // 4))  # mean of the first / last few steps
+    keep = np.unique(np.linspace(0, len(values) - 1, TRACE_POINTS).astype(int))
+    return {
+        "steps": steps,
+        "skipped_steps": skipped,
+        "images": images,
+        "epochs_started": epochs,
+        "cpu_seconds": budget.spent(),
+        "wall_seconds": time.perf_counter() - budget.wall_start,
+        "images_per_cpu_second": images / max(budget.spent(), 1e-9),
+        "loss_first": float(np.mean(values[:ends])) if values else None,
+        "loss_last": float(np.mean(values[-ends:])) if values else None,
+        "loss_trace": [losses[i] for i in keep] if values else [],
+    }
 
-    def __init__(self):
-        self.steps, self.images, self.skipped, self.losses = 0, 0, 0, []
 
-    def add(self, loss: float | None, images: int, cpu: float) -> None:
-        """One step: its loss (None when it was skipped), its images, the CPU time now."""
-        self.steps, self.images = self.steps + 1, self.images + images
-        if loss is None or not math.isfinite(loss):
-            self.skipped += 1
-        else:
-            self.losses.append((cpu, loss))
-
-    def record(self, budget: CpuBudget, epochs: int) -> dict:
-        """The JSON record: counts, CPU and wall time, loss at the start and the end."""
-        values = [loss for _, loss in self.losses]
-        ends = max(1, min(10, len(values) // 4))  # mean of the first / last few steps
-        keep = np.unique(np.linspace(0, len(values) - 1, TRACE_POINTS).astype(int))
-        return {
-            "steps": self.steps,
-            "skipped_steps": self.skipped,
-            "images": self.images,
-            "epochs_started": epochs,
-            "cpu_seconds": budget.spent(),
-            "wall_seconds": budget.wall(),
-            "images_per_cpu_second": self.images / max(budget.spent(), 1e-9),
-            "loss_first": float(np.mean(values[:ends])) if values else None,
-            "loss_last": float(np.mean(values[-ends:])) if values else None,
-            "loss_trace": [self.losses[i] for i in keep] if values else [],
-        }
-
-
-# --------------------------------------------------------------------------- configurations
+# --------------------------------------------------------------------------- the three loops
 
 
 def load_configs(args: argparse.Namespace, path: str, extra: list[str], run_dir: Path) -> Config:
-    """A configuration with the benchmark's folders and settings applied.
-
-    Args:
-        args: the command line (folders).
-        path: the YAML file.
-        extra: ``--set`` overrides given for this configuration.
-        run_dir: where held-out pairs are written (``logging.out_dir``).
-    """
+    """The configuration at ``path`` on the benchmark's folders, with ``extra`` overrides."""
     overrides = [
         f"data.root={args.train_root}",
         f"eval.pairs={args.pairs}",
         f"eval.root={args.lfw_root}",
         "data.num_workers=0",  # loading counts in the process's CPU time
         "train.device=cpu",
-        f"logging.out_dir={run_dir}",
+        f"logging.out_dir={run_dir}",  # held-out pairs
         *extra,
     ]
     return load_config(path, overrides)
 
 
-def seed_style(cfg: Config) -> Config:
-    """The configuration of the seed's data: triplet batches of about P x K images."""
-    triplets = copy.deepcopy(cfg)
-    triplets.data.dataset = "triplets"
-    triplets.data.triplet_batch_size = max(1, cfg.data.p * cfg.data.k // 3)  # 3T ~ P x K
-    return triplets
-
-
-def seeded(cfg: Config) -> None:
-    """Every method starts from the same random state (the same initial weights)."""
-    torch.manual_seed(cfg.train.seed)
-    np.random.seed(cfg.train.seed)
-
-
-# --------------------------------------------------------------------------- the three loops
-
-
-def train_ours(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The Trainer of ``facenet-train`` (its default step) on our loader, until the budget.
-
-    Args:
-        cfg: the run configuration.
-        data: ``build_data``'s loader and sampler (P x K batches).
-        budget: the CPU budget, started.
-    """
-    seeded(cfg)
+def setup_ours(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
+    """The Trainer of ``facenet-train`` (its default step) on our loader (P x K batches); the
+    budget's schedule sets the rates, not the Trainer's."""
     trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
-    return trainer.core_model, train_for_budget(trainer, cfg, data, budget)
+    trainer.scheduler = None
+
+    def step(batch) -> tuple[float | None, int]:
+        stats = trainer.train_step(*batch)
+        return (None if "skipped" in stats else float(stats["loss"])), batch[0].shape[0]
+
+    trainer.model.train()
+    done = lambda: {"step_path": trainer.step.name}  # noqa: E731
+    return trainer.core_model, trainer.optimizer, step, data, done
 
 
-def train_seed(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The seed's loop (``seed_train_step``) on triplet batches of our loader.
-
-    Args:
-        cfg: the run configuration (model, optimizer, margin).
-        data: ``build_data`` of :func:`seed_style` (a, p, n, label_p, label_n batches).
-        budget: the CPU budget, started.
-    """
-    seeded(cfg)
-    network = build_model(cfg.model, num_classes=None, image_size=cfg.data.image_size)
-    model = SeedModel(network, data.num_classes)
-    optimizer = build_optimizer(model.parameters(), cfg.optim)
-    schedule, trace, epoch, state = BudgetSchedule(optimizer, cfg, budget), Trace(), 0, {}
-    model.train()
-    while not budget.done():
-        epoch += 1
-        data.sampler.set_epoch(epoch)
-        state.update(labels=[], distances=[])  # the epoch's lists, as seed_epoch makes them
-        for data_a, data_p, data_n, label_p, label_n in data.loader:
-            schedule.apply()
-            images = [standardize(x, cfg.data.normalize) for x in (data_a, data_p, data_n)]
-            loss = seed_step(model, optimizer, images, label_p, label_n, cfg, state)
-            trace.add(loss, 3 * data_a.shape[0], budget.spent())
-            if budget.done():
-                break
-    state.clear()  # the loop variables keep the last step's graphs alive
-    return network, trace.record(budget, epoch)
-
-
-def seed_step(model, optimizer, images, label_p, label_n, cfg: Config, state: dict):
-    """One ``seed_train_step``; its total loss, or None when it selected no triplet or one.
+def setup_seed(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
+    """The seed's loop (``seed_train_step``, a faithful port: its triplet loss never reaches the
+    model, so only its cross-entropy trains) on triplet batches of about P x K images from our
+    loader.
 
     With a single hard triplet the seed's classifier forwards are batches of one image, which
     BatchNorm refuses in training mode (the original stops there): that step is skipped.
-
-    Args:
-        model, optimizer: the SeedModel and its optimizer.
-        images: standardised (T, 3, H, W) anchors, positives, negatives.
-        label_p, label_n: (T,) labels.
-        cfg: the run configuration (``mining.margin``: the seed's selection and loss margin).
-        state: the loop's variables, carried from step to step.
     """
-    try:
-        step = seed_train_step(
-            model, optimizer, *images, label_p, label_n, margin=cfg.mining.margin, state=state
-        )
-    except ValueError as err:
-        if "more than 1 value per channel" not in str(err):
-            raise
-        optimizer.zero_grad()
-        return None
-    return None if step["skipped"] else step["total_loss"]
+    triplets = copy.deepcopy(cfg)
+    triplets.data.dataset = "triplets"
+    triplets.data.triplet_batch_size = max(1, cfg.data.p * cfg.data.k // 3)  # 3T ~ P x K
+    data = build_data(triplets, run_dir)
+    network = build_model(cfg.model, num_classes=None, image_size=cfg.data.image_size)
+    model = SeedModel(network, data.num_classes)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    state, epoch = {}, None  # the loop's variables, carried from step to step
+
+    def step(batch) -> tuple[float | None, int]:
+        nonlocal epoch
+        data_a, data_p, data_n, label_p, label_n = batch
+        if epoch != data.sampler.epoch:  # a new epoch's lists, as seed_epoch makes them
+            epoch = data.sampler.epoch
+            state.update(labels=[], distances=[])
+        images = [standardize(x, cfg.data.normalize) for x in (data_a, data_p, data_n)]
+        try:
+            out = seed_train_step(
+                model, optimizer, *images, label_p, label_n, margin=cfg.mining.margin, state=state
+            )
+        except ValueError as err:
+            if "more than 1 value per channel" not in str(err):
+                raise
+            optimizer.zero_grad()
+            return None, 3 * data_a.shape[0]
+        return (None if out["skipped"] else out["total_loss"]), 3 * data_a.shape[0]
+
+    model.train()
+    done = lambda: state.clear() or {}  # noqa: E731 (its variables keep the last graphs alive)
+    return network, optimizer, step, data, done
 
 
-class PlainFolder(Dataset):
-    """``(image, label)``: the file decoded by torchvision and transformed alone, every time,
-    as a torchvision ``ImageFolder`` does.
-
-    Args:
-        samples: ``[(path, label), ...]``.
-        transform: the per-sample training transform (uint8 (3, H, W) -> float (3, S_h, S_w)).
-    """
-
-    def __init__(self, samples: list, transform):
-        self.samples, self.transform = samples, transform
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path, label = self.samples[index]
-        image = decode_image(path, mode=ImageReadMode.RGB)  # uint8 (3, H, W)
-        return self.transform(image), label
-
-
-def plain_loader(cfg: Config, data: TrainingData) -> tuple[DataLoader, PKSampler]:
-    """The plain loop's data: the same training images and P x K sampling, loaded plainly.
-
-    Args:
-        cfg: the run configuration (``data`` section).
-        data: ``build_data``'s result (its folder gives the images and labels).
-    """
+def setup_plain(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
+    """The plain one-pass loop on the same P x K batches, each file decoded by torchvision and
+    transformed alone as an ``ImageFolder`` does: one forward with grad, our miner on the
+    detached embeddings, our triplet loss (+ the cross-entropy on the images the triplets use),
+    backward, step."""
+    d, ce_weight = cfg.data, cfg.loss.ce_weight
     folder = getattr(data.loader.dataset, "dataset", data.loader.dataset)  # under SeededSamples
-    d = cfg.data
     transform = build_transform(d.image_size, True, d.normalize, d.hflip, d.random_crop)
-    replace = d.sample_with_replacement
-    sampler = PKSampler(folder.triplet_labels, d.p, d.k, cfg.train.seed, with_replacement=replace)
-    return DataLoader(PlainFolder(folder.samples, transform), batch_sampler=sampler), sampler
 
+    def load(samples: list) -> tuple:  # each file decoded and transformed alone, every time
+        images = [transform(decode_image(path, mode=ImageReadMode.RGB)) for path, _ in samples]
+        return torch.stack(images), torch.tensor([label for _, label in samples])
 
-def plain_step(model, miner, loss_fn, ce_weight: float, images, labels) -> torch.Tensor | None:
-    """One forward with grad, mining on the detached embeddings, loss; backward. The loss,
-    or None when no triplet was mined.
-
-    Args:
-        model: the EmbeddingNet (with a classifier head when ``ce_weight > 0``).
-        miner, loss_fn: our miner and triplet loss.
-        ce_weight: weight of the cross-entropy on the images the triplets use.
-        images: (B, 3, S_h, S_w) float; labels: (B,).
-    """
-    if ce_weight > 0:
-        embeddings, logits = model(images, return_logits=True)  # (B, D), (B, C)
-    else:
-        embeddings, logits = model(images), None
-    triplets = miner(embeddings.detach(), labels)
-    if triplets.anchor.numel() == 0:
-        return None
-    loss = loss_fn(embeddings, triplets)
-    if logits is not None:
-        used = torch.unique(torch.cat(list(triplets)))  # (U,) images the triplets use
-        loss = loss + ce_weight * F.cross_entropy(logits[used], labels[used])
-    loss.backward()  # frees the graph
-    return loss.detach()
-
-
-def train_plain(cfg: Config, data: TrainingData, budget: CpuBudget) -> tuple[torch.nn.Module, dict]:
-    """The plain one-pass loop, until the budget.
-
-    Args:
-        cfg: the run configuration (model, miner, loss, optimizer).
-        data: ``build_data``'s result (the training images).
-        budget: the CPU budget, started.
-    """
-    seeded(cfg)
-    use_ce = cfg.loss.ce_weight > 0
-    model = build_model(cfg.model, data.num_classes if use_ce else None, cfg.data.image_size)
+    loader = DataLoader(folder.samples, batch_sampler=data.sampler, collate_fn=load)
+    model = build_model(cfg.model, data.num_classes if ce_weight > 0 else None, d.image_size)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     miner = build_miner(cfg.mining, torch.Generator().manual_seed(cfg.train.seed))
     loss_fn = build_loss(cfg.loss)
-    loader, sampler = plain_loader(cfg, data)
-    schedule, trace, epoch = BudgetSchedule(optimizer, cfg, budget), Trace(), 0
+
+    def step(batch) -> tuple[float | None, int]:
+        images, labels = batch
+        if ce_weight > 0:
+            embeddings, logits = model(images, return_logits=True)  # (B, D), (B, C)
+        else:
+            embeddings, logits = model(images), None
+        triplets = miner(embeddings.detach(), labels)
+        loss = None
+        if triplets.anchor.numel():
+            loss = loss_fn(embeddings, triplets)
+            if logits is not None:
+                used = torch.unique(torch.cat(list(triplets)))  # (U,) images the triplets use
+                loss = loss + ce_weight * F.cross_entropy(logits[used], labels[used])
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return (None if loss is None else float(loss)), images.shape[0]
+
     model.train()
-    while not budget.done():
-        epoch += 1
-        sampler.set_epoch(epoch)
-        for images, labels in loader:
-            schedule.apply()
-            loss = plain_step(model, miner, loss_fn, cfg.loss.ce_weight, images, labels)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            trace.add(None if loss is None else float(loss), images.shape[0], budget.spent())
-            if budget.done():
-                break
-    return model, trace.record(budget, epoch)
+    return model, optimizer, step, SimpleNamespace(loader=loader, sampler=data.sampler), dict
 
 
-TRAINERS = {"ours": train_ours, "seed": train_seed, "plain": train_plain}
+SETUPS = {"ours": setup_ours, "seed": setup_seed, "plain": setup_plain}
+
+
+def train(method: str, cfg: Config, data, run_dir: Path, seconds: float, before=None) -> tuple:
+    """``(model in eval mode, training record)`` of one method from the seeded initial state;
+    ``before(model)`` is called on the model before it trains (fine-tuning's first figures)."""
+    torch.manual_seed(cfg.train.seed)  # every method starts from the same initial weights
+    np.random.seed(cfg.train.seed)
+    model, optimizer, step, method_data, done = SETUPS[method](cfg, data, run_dir)
+    if before is not None:
+        before(model.eval())
+        model.train()
+    print(f"{method}: training for {seconds:g} CPU seconds", flush=True)
+    record = train_for_budget(step, optimizer, cfg, method_data, CpuBudget(seconds))
+    losses = record["loss_first"], record["loss_last"]
+    print(f"{method}: {record['steps']} steps, loss %s -> %s" % losses, flush=True)
+    return model.eval(), record | done()
 
 
 # --------------------------------------------------------------------------- evaluation
 
 
-def evaluate(model, pairs, cfg: Config, image_size=None) -> dict:
-    """The verification figures of ``model`` on ``pairs`` with ``cfg``'s evaluation settings,
-    and the CPU and wall seconds the evaluation took.
-
-    Args:
-        model: an embedding network.
-        pairs: a ``PairList``.
-        cfg: a configuration (its ``eval`` section and ``data.normalize``).
-        image_size: the network's input; default ``cfg.data.image_size``.
-    """
+def evaluate(model, pairs, eval_cfg: Config, image_size) -> dict:
+    """The verification figures of ``model`` on ``pairs`` with ``eval_cfg``'s evaluation
+    settings, and the CPU and wall seconds the evaluation took."""
     cpu, wall = time.process_time(), time.perf_counter()
-    result = verify(
-        model,
-        pairs,
-        image_size or cfg.data.image_size,
-        normalize=cfg.data.normalize,
-        device="cpu",
-        **verify_options(cfg),
-    )
-    values = figures(result)
-    values["pairs"] = len(pairs)
-    values["eval_cpu_seconds"] = time.process_time() - cpu
-    values["eval_wall_seconds"] = time.perf_counter() - wall
-    return values
+    options = verify_options(eval_cfg)
+    normalize = eval_cfg.data.normalize
+    result = verify(model, pairs, image_size, normalize=normalize, device="cpu", **options)
+    return figures(result) | {
+        "pairs": len(pairs),
+        "eval_cpu_seconds": time.process_time() - cpu,
+        "eval_wall_seconds": time.perf_counter() - wall,
+    }
 
 
-def evaluate_sets(model, data: TrainingData, cfg: Config, name: str) -> dict:
-    """LFW (the test pairs) and the held-out identities (the validation pairs), printed."""
+def evaluate_sets(model, data: TrainingData, cfg: Config, name: str, publisher=None) -> dict:
+    """LFW (the test pairs), the held-out identities (the validation pairs) and, given the
+    ``publisher``'s configuration, LFW as it evaluates (at the model's input size), printed."""
+    sets = {"lfw": (data.test_pairs, cfg), "heldout": (data.val_pairs, cfg)}
+    if publisher is not None:
+        sets["publisher_lfw"] = (data.test_pairs, publisher)
     out = {}
-    for key, pairs in (("lfw", data.test_pairs), ("heldout", data.val_pairs)):
-        if pairs is not None:
-            out[key] = evaluate(model, pairs, cfg)
+    for key, (pairs, eval_cfg) in sets.items():
+        if key == "publisher_lfw" and evaluation_of(publisher) == evaluation_of(cfg):
+            out[key] = out["lfw"]  # the same protocol: LFW's figure is the publisher's
+        elif pairs is not None:
+            out[key] = evaluate(model, pairs, eval_cfg, cfg.data.image_size)
             print(figures_line(f"{name} {key}", out[key]), flush=True)
     return out
 
 
-def data_record(data: TrainingData) -> dict:
-    """What the methods trained on and were tested with."""
-    folder = getattr(data.loader.dataset, "dataset", data.loader.dataset)
-    return {
-        "train_identities": data.num_classes,
-        "train_images": len(folder),
-        "lfw_pairs": None if data.test_pairs is None else len(data.test_pairs),
-        "lfw_pairs_skipped": None if data.test_pairs is None else len(data.test_pairs.skipped),
-        "heldout_pairs": None if data.val_pairs is None else len(data.val_pairs),
-        "notes": data.notes,
-    }
+def evaluation_of(cfg: Config) -> tuple:
+    """What decides how a configuration evaluates: verify's settings and the standardisation."""
+    return verify_options(cfg), cfg.data.normalize
 
 
-def settings(cfg: Config) -> dict:
-    """The resolved sections that define the training (folders and logging left out)."""
+def describe(cfg: Config, data: TrainingData) -> dict:
+    """The resolved sections that define the training (folders and logging left out), and what
+    the methods trained on and were tested with."""
     resolved = config_to_dict(cfg)
-    return {name: resolved[name] for name in ("data", "model", "mining", "loss", "optim", "eval")}
+    folder = getattr(data.loader.dataset, "dataset", data.loader.dataset)
+    pairs = {"lfw_pairs": data.test_pairs, "heldout_pairs": data.val_pairs}
+    counts = {key: None if p is None else len(p) for key, p in pairs.items()}
+    skipped = None if data.test_pairs is None else len(data.test_pairs.skipped)
+    return {
+        "settings": {k: resolved[k] for k in ("data", "model", "mining", "loss", "optim", "eval")},
+        "data": {"train_identities": data.num_classes, "train_images": len(folder), **counts}
+        | {"lfw_pairs_skipped": skipped, "notes": data.notes},
+    }
 
 
 # --------------------------------------------------------------------------- the two parts
@@ -437,89 +323,33 @@ def settings(cfg: Config) -> dict:
 
 def from_scratch(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
     """Train each method for the budget and evaluate it; the report is written after each."""
-    cfg = load_configs(args, args.config, args.overrides, run_dir)
+    cfg = load_configs(args, SCRATCH_CONFIG, args.overrides, run_dir)
     data = build_data(cfg, run_dir)
-    report["scratch"] = {"config": args.config, "overrides": args.overrides}
-    report["scratch"]["settings"] = settings(cfg)
-    report["scratch"]["data"] = data_record(data)
+    part = report["scratch"] = {"config": SCRATCH_CONFIG, "overrides": args.overrides}
+    part |= describe(cfg, data)
     for method in args.methods:
-        method_cfg = seed_style(cfg) if method == "seed" else cfg
-        method_data = build_data(method_cfg, run_dir) if method == "seed" else data
-        print(f"{method}: training for {args.cpu_seconds:g} CPU seconds", flush=True)
-        budget = CpuBudget(args.cpu_seconds)
-        model, record = TRAINERS[method](method_cfg, method_data, budget)
-        print(
-            f"{method}: {record['steps']} steps, {record['images']} images, loss "
-            f"{record['loss_first']} -> {record['loss_last']}, {record['wall_seconds']:.0f} s wall",
-            flush=True,
-        )
-        record.update(evaluate_sets(model.eval(), data, cfg, method))
-        report["scratch"][method] = record
+        model, part[method] = train(method, cfg, data, run_dir, args.cpu_seconds)
+        part[method] |= evaluate_sets(model, data, cfg, method)
         write_report(args.json, report)
 
 
 def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
     """The published model on LFW (two evaluations) before and after triplet fine-tuning."""
     extra = [f"model.weights={args.weights}", *args.finetune_overrides]
-    cfg = load_configs(args, args.finetune_config, extra, run_dir)
-    publisher = load_config(
-        args.publisher_config, ["data.num_workers=0", *args.publisher_overrides]
-    )
+    cfg = load_configs(args, FINETUNE_CONFIG, extra, run_dir)
+    publisher = load_config(PUBLISHER_CONFIG, ["data.num_workers=0", *args.publisher_overrides])
     data = build_data(cfg, run_dir)
-    seeded(cfg)
-    trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
-    part = report["finetune"] = {"config": args.finetune_config, "weights": args.weights}
-    part["settings"] = settings(cfg)
-    part["data"] = data_record(data)
-    for when in ("before", "after"):
-        if when == "after":
-            print(f"fine-tuning for {args.finetune_cpu_seconds:g} CPU seconds", flush=True)
-            budget = CpuBudget(args.finetune_cpu_seconds)
-            part["training"] = train_for_budget(trainer, cfg, data, budget)
-        model = trainer.core_model.eval()
-        part[when] = evaluate_sets(model, data, cfg, f"{when}:")
-        if same_evaluation(publisher, cfg):  # the configuration's LFW figure is the publisher's
-            part[when]["publisher_lfw"] = part[when]["lfw"]
-        else:  # the model's input size (the publisher's: the same 112 x 96)
-            lfw = evaluate(model, data.test_pairs, publisher, cfg.data.image_size)
-            part[when]["publisher_lfw"] = lfw
-            print(figures_line(f"{when}: publisher lfw", lfw), flush=True)
+    part = report["finetune"] = {"config": FINETUNE_CONFIG, "weights": args.weights}
+    part |= describe(cfg, data)
+
+    def before(model) -> None:
+        part["before"] = evaluate_sets(model, data, cfg, "before:", publisher)
         write_report(args.json, report)
 
-
-def same_evaluation(first: Config, second: Config) -> bool:
-    """The two configurations evaluate alike (verify's settings and the standardisation)."""
-    return (verify_options(first), first.data.normalize) == (
-        verify_options(second),
-        second.data.normalize,
-    )
-
-
-def train_for_budget(trainer, cfg: Config, data: TrainingData, budget: CpuBudget) -> dict:
-    """The Trainer's steps on our loader until the budget (from scratch or fine-tuning).
-
-    Args:
-        trainer: a Trainer built from ``cfg``.
-        cfg: the run configuration (the optimizer's rates).
-        data: ``build_data``'s loader and sampler.
-        budget: the CPU budget, started; its schedule sets the rates, not the Trainer's.
-    """
-    trainer.scheduler = None  # the budget's schedule sets the rates instead
-    schedule, trace, epoch = BudgetSchedule(trainer.optimizer, cfg, budget), Trace(), 0
-    trainer.model.train()
-    while not budget.done():
-        epoch += 1
-        data.sampler.set_epoch(epoch)
-        for images, labels in data.loader:
-            schedule.apply()
-            stats = trainer.train_step(images, labels)
-            loss = None if "skipped" in stats else float(stats["loss"])
-            trace.add(loss, images.shape[0], budget.spent())
-            if budget.done():
-                break
-    record = trace.record(budget, epoch)
-    record["step_path"] = trainer.step.name
-    return record
+    seconds = args.finetune_cpu_seconds
+    model, part["training"] = train("ours", cfg, data, run_dir, seconds, before)
+    part["after"] = evaluate_sets(model, data, cfg, "after:", publisher)
+    write_report(args.json, report)
 
 
 # --------------------------------------------------------------------------- command line
@@ -534,17 +364,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", default=None, help="a published model to fine-tune")
     parser.add_argument("--cpu-seconds", type=float, default=360.0, help="budget per method")
     parser.add_argument("--finetune-cpu-seconds", type=float, default=None, help="default: same")
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--config", default="configs/real_faces.yaml")
-    parser.add_argument("--finetune-config", default="configs/finetune_mobilefacenet.yaml")
-    parser.add_argument("--publisher-config", default="configs/lfw_mobilefacenet.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
-    parser.add_argument(
-        "--finetune-set", dest="finetune_overrides", action="append", default=[], metavar="K=V"
-    )
-    parser.add_argument(
-        "--publisher-set", dest="publisher_overrides", action="append", default=[], metavar="K=V"
-    )
+    parser.add_argument("--methods", nargs="*", default=list(SETUPS), choices=SETUPS)
+    for part in ("", "finetune-", "publisher-"):  # overrides of each configuration
+        dest = part.replace("-", "_") + "overrides"
+        parser.add_argument(f"--{part}set", dest=dest, action="append", default=[], metavar="K=V")
     parser.add_argument("--out", default=None, help="run folder (held-out pairs); default: temp")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--json", default=None, help="write the report here")

@@ -7,7 +7,7 @@
 #
 #   bash benchmarks/gpu_check.sh
 #   OUT=/tmp/gpu bash benchmarks/gpu_check.sh
-#   python -m benchmarks.run_all --gpu-json gpu_check.json   # adds the figures to BENCHMARKS.md
+#   python -m benchmarks.run_all --tables-only --gpu-json gpu_check.json gpu_search.json
 #
 # The work is done by python -m benchmarks.bench_training_step --suite gpu, which runs on a CPU too
 # (with --device cpu --backbone tiny ... for a smoke test); this script only refuses to start

@@ -1,15 +1,17 @@
-"""The measurement core of the training-step benchmarks and the memory report.
+"""The harness every benchmark shares, and the measurement core of the training-step benchmarks.
 
-``bench_training_step``, ``bench_step_paths`` and ``memory_report`` time a step, read its memory
-and build the corrected step's miner and loss through these functions, so that one figure has
-one definition and one name: memory figures carry the names of ``facenet.memory.MEMORY_KEYS``,
-the names of the trainer's epoch records in ``metrics.jsonl``.
+Each benchmark is a module with ``main(argv)`` built on :func:`run_benchmark`: ``--quick``,
+``--threads N`` and ``--json PATH`` (its report, written atomically). Memory figures carry the
+names of ``facenet.memory.MEMORY_KEYS``, the names of the trainer's epoch records in
+``metrics.jsonl``, so that one figure has one definition and one name.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 
+from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
 from facenet.memory import (
     GraphMemoryMeter,
@@ -27,41 +30,49 @@ from facenet.memory import (
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner
 
-__all__ = [
-    "RSS_BEFORE_BYTES",
-    "synchronize",
-    "timed",
-    "metered_step",
-    "memory_readings",
-    "rss_before",
-    "seed_rule_parts",
-    "semihard_parts",
-    "release_device_memory",
-    "ForwardCounter",
-    "GradBytesAtStep",
-]
-
 # Benchmark-only: the process's RSS before its steps (peak RSS minus this = what they added).
 RSS_BEFORE_BYTES = "rss_before_bytes"
 
 
-def synchronize(device: torch.device | str) -> None:
-    """Wait for queued CUDA work, so that timings and allocator figures are complete.
+def run_benchmark(doc: str, argv: list[str] | None, measure: Callable[..., dict]) -> int:
+    """Parse ``argv`` (``--quick``, ``--json PATH``, ``--threads N``; ``doc``'s first line
+    describes the benchmark), set the torch threads, write ``measure(args)`` to ``--json``.
 
-    Args:
-        device: the device the work runs on; nothing to wait for off CUDA.
+    A :class:`FacenetError` raised by ``measure`` is printed in one line: exit status 2.
     """
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="seconds instead of minutes")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    args = parser.parse_args(argv)
+    try:
+        if args.threads < 0:
+            raise FacenetError(f"--threads must be >= 0, got {args.threads}")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        report = measure(args)
+    except FacenetError as err:
+        print(err, file=sys.stderr)
+        return 2
+    write_report(args.json, report)
+    if args.json:
+        print(f"wrote {args.json}")
+    return report.get("exit_status", 0)
+
+
+def show(row: dict) -> None:
+    """One measured row on the console, as it goes into the report."""
+    print(json.dumps(row, default=str), flush=True)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued CUDA work, so that timings and allocator figures are complete."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def timed(device: torch.device | str, fn: Callable[[], Any]) -> tuple[float, Any]:
-    """``(seconds, fn())``, the device's queued work included.
-
-    Args:
-        device: where ``fn`` queues work.
-        fn: the work.
-    """
+    """``(seconds, fn())``, the device's queued work included."""
     synchronize(device)
     start = time.perf_counter()
     result = fn()
@@ -79,13 +90,7 @@ def metered_step(
 
     The meter keeps counting across calls, so graphs one step leaves behind are still seen (and
     their release counted) during the next one: the seed loop's peak needs that.
-
-    Args:
-        meter: the graph meter (entered for the call).
-        device: the step's device.
-        fn: one training step.
-        reset_peaks: start the graph and CUDA peaks from what is alive now (a per-step peak);
-            False keeps the peak over every call since the last reset.
+    ``reset_peaks`` starts the graph and CUDA peaks from what is alive now (a per-step peak).
     """
     if reset_peaks:
         reset_cuda_peaks(device)
@@ -98,17 +103,8 @@ def metered_step(
 def memory_readings(
     meter: GraphMemoryMeter, device: torch.device | str, rss: bool = False
 ) -> dict[str, int]:
-    """Graph bytes (peak, alive now) and, on CUDA, the allocator's peaks and current figures.
-
-    Args:
-        meter: the meter the steps ran under.
-        device: the steps' device.
-        rss: add the process's peak RSS; only meaningful in a process of its own (a forked
-            child), where the peak belongs to this measurement alone.
-
-    Returns:
-        ``{name: bytes}`` under ``facenet.memory.MEMORY_KEYS`` names.
-    """
+    """``{MEMORY_KEYS name: bytes}``: graph bytes (peak, alive now), on CUDA the allocator's
+    peaks and current figures; ``rss`` adds the peak RSS (meaningful in a forked child only)."""
     return memory_figures(meter, torch.device(device), rss=rss, cuda_now=True)
 
 
@@ -119,11 +115,7 @@ def rss_before() -> dict[str, int]:
 
 def seed_rule_parts(margin: float) -> tuple[TripletMarginMiner, TripletMarginLoss]:
     """The seed's selection (``d(a,n) - d(a,p) < margin`` on its distance) and its mean
-    triplet loss: what the corrected step runs on triplet batches.
-
-    Args:
-        margin: the selection and loss margin.
-    """
+    triplet loss: what the corrected step runs on triplet batches."""
     miner = TripletMarginMiner(
         margin=margin, type_of_triplets="all", distance="seed_l2", strict_margin=True
     )
@@ -131,36 +123,23 @@ def seed_rule_parts(margin: float) -> tuple[TripletMarginMiner, TripletMarginLos
 
 
 def semihard_parts(margin: float, seed: int = 0) -> tuple[SemiHardNegativeMiner, TripletMarginLoss]:
-    """FaceNet's semi-hard mining and the triplet loss, squared distance: P x K batches.
-
-    Args:
-        margin: the mining and loss margin.
-        seed: seed of the miner's generator (its random negative choices).
-    """
+    """FaceNet's semi-hard mining and the triplet loss, squared distance: P x K batches;
+    ``seed`` seeds the miner's random negative choices."""
     generator = torch.Generator().manual_seed(seed)
     miner = SemiHardNegativeMiner(margin=margin, distance="squared", generator=generator)
     return miner, TripletMarginLoss(margin=margin, distance="squared")
 
 
 def release_device_memory(device: torch.device | str) -> None:
-    """On CUDA, collect garbage and return cached blocks, so measurements start alike.
-
-    On the CPU nothing is needed: reference counting already freed the last one's tensors.
-
-    Args:
-        device: the measurements' device.
-    """
+    """On CUDA, collect garbage and return cached blocks, so measurements start alike (on the
+    CPU reference counting already freed the last one's tensors)."""
     if torch.device(device).type == "cuda":
         gc.collect()  # a reference cycle would keep the last measurement's tensors allocated
         torch.cuda.empty_cache()
 
 
 class ForwardCounter:
-    """Counts images entering a module, with and without grad (a forward pre-hook).
-
-    Args:
-        module: the module whose inputs (first argument, (N, ...)) are counted.
-    """
+    """Counts images entering ``module`` (first argument, (N, ...)), with and without grad."""
 
     def __init__(self, module: torch.nn.Module):
         self.with_grad = 0
@@ -180,11 +159,7 @@ class ForwardCounter:
 
 
 class GradBytesAtStep:
-    """Gradient bytes alive when ``optimizer.step()`` starts (an optimizer step pre-hook).
-
-    Args:
-        optimizer: the optimizer whose parameters' gradients are summed.
-    """
+    """Gradient bytes alive when ``optimizer.step()`` starts (an optimizer step pre-hook)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.peak = 0
@@ -200,15 +175,15 @@ class GradBytesAtStep:
 
 
 def write_report(path: Path | None, report: dict) -> None:
-    """Write a benchmark's JSON report, atomically (None: nowhere). The runners and
-    ``run_all`` read these files; a timed-out run keeps what was written last.
+    """Write a benchmark's JSON report atomically (``path`` None: nowhere); a timed-out run
+    keeps what was written last."""
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(report, indent=1) + "\n")
 
-    Args:
-        path: the report file (its folder is created).
-        report: plain JSON values.
-    """
-    if path is None:
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(report, indent=1) + "\n")
+
+def stop_workers(loader) -> None:
+    """Stop a DataLoader's persistent workers now (they otherwise live until it is collected)."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()

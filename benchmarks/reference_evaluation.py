@@ -1,22 +1,12 @@
 """The classic LFW verification protocol as straightforward loops: the reference for tests.
 
-This follows ``calculate_roc`` / ``calculate_val`` / ``calculate_accuracy`` /
-``calculate_val_far`` of the classic FaceNet code line by line (a Python loop over every
-threshold of every fold), with two changes:
-
-- ``interp1d(far_train, thresholds, kind="slinear")(far_target)``, which raises on current SciPy
-  when training FAR values repeat, is replaced by the stated rule: interpolate linearly between
-  the two neighbouring grid thresholds where FAR first reaches the target (the first grid
-  threshold if FAR is already there at the first one; 0.0 if it never reaches it).
-- Distances can be given directly (``dist=``) instead of being computed from embeddings.
-
-``distance_metric="angular"`` is davidsandberg/facenet's ``distance_metric=1``,
-``arccos(cos_sim) / pi``, computed as its ``distance()`` does: no clipping, so two identical
-embeddings whose rounded similarity exceeds 1 give NaN there (never "same"). ``publisher_evaluate``
-is its ``lfw.evaluate``: pairs interleaved in one (2N, D) array and the fixed grids
-``arange(0, 4, 0.01)`` (accuracy) and ``arange(0, 4, 0.001)`` (VAL) for every metric.
-
-It is deliberately slow and simple; ``facenet.evaluation.protocol`` must give the same numbers.
+``calculate_roc`` / ``calculate_val`` / ``calculate_accuracy`` / ``calculate_val_far`` follow
+the classic FaceNet code line by line (a Python loop over every threshold of every fold), with
+two changes: its ``interp1d(far_train, thresholds, kind="slinear")``, which raises on current
+SciPy when training FAR values repeat, is replaced by the stated rule (:func:`threshold_for_far`),
+and distances can be given directly (``dist=``). ``distance_metric="angular"`` is
+davidsandberg/facenet's ``arccos(cos_sim) / pi``, unclipped as there (NaN never "same").
+Deliberately slow and simple: ``facenet.evaluation.protocol`` must give the same numbers.
 """
 
 from __future__ import annotations
@@ -115,7 +105,9 @@ def calculate_roc(
 
 
 def threshold_for_far(far_train, thresholds, far_target):
-    """The stated rule that replaces the classic ``interp1d`` (loops, no vectorisation)."""
+    """The stated rule that replaces the classic ``interp1d``: interpolate linearly between the
+    two neighbouring grid thresholds where FAR first reaches the target (the first threshold if
+    it is already there; 0.0 if it never reaches it)."""
     for j in range(len(thresholds)):
         if far_train[j] >= far_target:
             if j == 0:

@@ -1,20 +1,21 @@
 """Every benchmark in one run: benchmarks/results.json and the tables of BENCHMARKS.md.
 
-Runs the runners of :mod:`benchmarks.runners` in order (training step, miners, evaluation, data,
-step paths), checks the targets (:mod:`benchmarks.targets`), writes results.json, then rewrites
-the tables of BENCHMARKS.md between their ``<!-- table:NAME -->`` markers
-(:mod:`benchmarks.tables`). The prose around them is written by hand and left alone.
+Runs the benchmarks of :data:`RUNNERS` in order, each through its module's ``main`` with
+``--json <tmp>/<name>.json`` (each forks its own measurement children), checks the targets
+(:mod:`benchmarks.targets`), writes results.json, then rewrites the tables of BENCHMARKS.md
+between their markers (:mod:`benchmarks.tables`); the prose around them is left alone.
 
     python -m benchmarks.run_all                  # make bench: results.json, BENCHMARKS.md
     python -m benchmarks.run_all --quick          # seconds; writes into runs/bench_quick/
     python -m benchmarks.run_all --tables-only    # the tables again from results.json
-    python -m benchmarks.run_all --gpu-json gpu_check.json gpu_search.json  # gpu_check.sh's
+    python -m benchmarks.run_all --tables-only --gpu-json gpu_check.json gpu_search.json
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import sys
@@ -22,77 +23,86 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.runners import RUNNERS, SECTIONS
+from benchmarks.measure import write_report
 from benchmarks.tables import fill_tables, render_tables, targets_table
 from benchmarks.targets import all_targets
 from facenet.files import write_text_atomic
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-TEMPLATE = REPO / "BENCHMARKS.md"  # the hand-written document whose tables are filled
-QUICK_OUT = REPO / "runs" / "bench_quick"
+TEMPLATE = HERE.parent / "BENCHMARKS.md"  # the hand-written document whose tables are filled
+QUICK_OUT = HERE.parent / "runs" / "bench_quick"
+
+# (section of results.json, module under benchmarks), in the order of BENCHMARKS.md
+RUNNERS = (
+    ("training_step", "bench_training_step"),
+    ("miners", "bench_miners"),
+    ("evaluation", "bench_evaluation"),
+    ("step_paths", "bench_step_paths"),
+    ("pipeline", "bench_pipeline"),
+)
+SECTIONS = tuple(name for name, _ in RUNNERS)
 
 
-def run_sections(quick: bool, threads: int, skip: list[str]) -> tuple[dict, dict]:
-    """Run every runner not in ``skip``; ``(sections, commands)`` by section name.
+def command(name: str, module: str, argv: list[str]) -> str:
+    """The command that repeats one benchmark alone, from the repository root."""
+    return " ".join(["python -m benchmarks." + module, *argv, "--json", f"{name}.json"])
 
-    Args:
-        quick: every benchmark's quick mode.
-        threads: torch intra-op threads of the timed processes.
-        skip: section names not to run.
-    """
+
+def run_one(name: str, module: str, argv: list[str], workdir: Path) -> dict:
+    """One benchmark's report plus ``exit_status``, ``seconds`` and ``argv``, or
+    ``{"error", "seconds"}`` when it wrote none."""
+    print(f"\n######## {name}: {' '.join(argv)}", flush=True)
+    path, started = workdir / f"{name}.json", time.perf_counter()
+    try:
+        code = importlib.import_module("benchmarks." + module).main([*argv, "--json", str(path)])
+    except SystemExit as stop:  # argparse or a refusal inside the benchmark
+        code = stop.code if isinstance(stop.code, int) else 1
+    seconds = time.perf_counter() - started
+    if not path.is_file():
+        return {"error": f"{name} wrote no report (exit status {code})", "seconds": seconds}
+    return {
+        **json.loads(path.read_text(encoding="utf-8")),
+        "exit_status": code,
+        "seconds": seconds,
+        "argv": argv,
+    }
+
+
+def measure(args: argparse.Namespace, argv: list[str], gpu: dict | None) -> dict:
+    """Run the benchmarks not skipped and check the targets: the combined results."""
+    started = time.perf_counter()
     sections, commands = {}, {}
     with tempfile.TemporaryDirectory(prefix="facenet_bench_") as tmp:
-        for runner_class in RUNNERS:
-            runner = runner_class(Path(tmp), threads)
-            commands[runner.name] = runner.command(quick)
-            if runner.name not in skip:
-                sections[runner.name] = runner.run(quick)
-    return sections, commands
+        bench_argv = ["--quick"] if args.quick else []
+        if args.threads:
+            bench_argv += ["--threads", str(args.threads)]
+        for name, module in RUNNERS:
+            commands[name] = command(name, module, bench_argv)
+            if name not in args.skip:
+                sections[name] = run_one(name, module, bench_argv, Path(tmp))
+    return {
+        "command": " ".join(["python -m benchmarks.run_all", *argv]),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "seconds_total": time.perf_counter() - started,
+        "load_average_after": os.getloadavg()[0],
+        "commands": commands,
+        "targets": all_targets(sections),
+        "sections": sections,
+        "gpu": gpu,
+    }
 
 
-def write_markdown(results: dict, template: Path, path: Path) -> list[str]:
-    """``template`` with its tables filled from ``results``, written to ``path``.
-
-    Args:
-        results: the combined results (as in results.json).
-        template: the hand-written BENCHMARKS.md with table markers.
-        path: where the filled document goes.
-
-    Returns:
-        The markers that got no table (not measured in this run).
-    """
-    markdown, missing = fill_tables(template.read_text(encoding="utf-8"), render_tables(results))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, markdown)
-    return missing
-
-
-def write_json(results: dict, path: Path) -> None:
-    """results.json, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(results, indent=1) + "\n")
-
-
-def read_gpu_reports(paths: list[Path]) -> dict | str | None:
-    """gpu_check.sh's reports merged (cases from each, the P x K search from any); an error
-    message naming the file when one cannot be read; None without files.
-
-    Args:
-        paths: gpu_check.json and gpu_search.json, or either.
-    """
-    merged: dict | None = None
+def read_gpu_reports(paths: list[Path]) -> dict | None:
+    """gpu_check.sh's reports merged (the cases of each, other keys from the first that has
+    them); None without files. Raises ValueError naming the file when one cannot be read."""
+    merged = None
     for path in paths:
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
-            return f"--gpu-json {path}: cannot read it ({err})"
-        if merged is None:
-            merged = {**report, "cases": list(report.get("cases", []))}
-        else:
-            merged["cases"] += report.get("cases", [])
-        if report.get("pk_search"):
-            merged["pk_search"] = report["pk_search"]
+            raise ValueError(f"--gpu-json {path}: cannot read it ({err})") from err
+        cases = [*(merged or {}).get("cases", []), *report.get("cases", [])]
+        merged = {**report, **(merged or {}), "cases": cases}
     return merged
 
 
@@ -116,7 +126,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         "op split over threads waits for descheduled siblings); 0: torch's default",
     )
     parser.add_argument(
-        "--gpu-json", type=Path, nargs="+", default=None, help="gpu_check.sh's JSON reports"
+        "--gpu-json", type=Path, nargs="+", default=[], help="gpu_check.sh's reports"
     )
     parser.add_argument(
         "--tables-only",
@@ -127,47 +137,27 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
-    """(BENCHMARKS.md, results.json) for these arguments."""
-    if args.out_dir is not None:
-        return args.out_dir / "BENCHMARKS.md", args.out_dir / "results.json"
-    if args.quick:
-        return QUICK_OUT / "BENCHMARKS.md", QUICK_OUT / "results.json"
-    return TEMPLATE, HERE / "results.json"
-
-
-def measure(args: argparse.Namespace, argv: list[str], gpu: dict | None) -> dict:
-    """Run the benchmarks and check the targets: the combined results."""
-    started = time.perf_counter()
-    sections, commands = run_sections(args.quick, args.threads, args.skip)
-    return {
-        "command": " ".join(["python -m benchmarks.run_all", *argv]),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "seconds_total": time.perf_counter() - started,
-        "load_average_after": os.getloadavg()[0],
-        "commands": commands,
-        "targets": all_targets(sections),
-        "sections": sections,
-        "gpu": gpu,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run every section (or none, with --tables-only), write results.json and the tables."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = get_args_parser().parse_args(argv)
-    gpu = read_gpu_reports(args.gpu_json or [])
-    if isinstance(gpu, str):
-        print(gpu, file=sys.stderr)
+    try:
+        gpu = read_gpu_reports(args.gpu_json)
+    except ValueError as err:
+        print(err, file=sys.stderr)
         return 2
-    markdown_path, json_path = output_paths(args)
+    out = args.out_dir or (QUICK_OUT if args.quick else None)
+    markdown_path = out / "BENCHMARKS.md" if out else TEMPLATE
+    json_path = out / "results.json" if out else HERE / "results.json"
     if args.tables_only:
         results = json.loads(json_path.read_text(encoding="utf-8"))
         results["gpu"] = gpu or results.get("gpu")
     else:
         results = measure(args, argv, gpu)
-    write_json(results, json_path)
-    missing = write_markdown(results, TEMPLATE, markdown_path)
+    write_report(json_path, results)
+    markdown, missing = fill_tables(TEMPLATE.read_text(encoding="utf-8"), render_tables(results))
+    markdown_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(markdown_path, markdown)
     print("\n" + targets_table(results))
     if missing:
         print(f"\nnot measured in this run: {', '.join(missing)}")

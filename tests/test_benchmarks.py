@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from benchmarks import bench_training_step as step
-from benchmarks import runners, tables, targets
+from benchmarks import run_all, tables, targets
 from facenet.memory import GRAPH_BYTES_ALIVE, GRAPH_BYTES_PEAK
 
 REPO = Path(__file__).resolve().parents[1]
 
-QUICK_SECTIONS = ("training_step", "evaluation", "data")
+QUICK_SECTIONS = ("training_step", "evaluation", "pipeline")
 
 
 def run_module(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -97,6 +97,9 @@ def _triplet_case(selection, ratios):
     }
 
 
+NAMES = ("peak graph bytes, two-pass", "images/s", "two-pass step above the floor")
+
+
 def test_targets_are_met_missed_or_not_measured():
     sections = {
         "training_step": {
@@ -112,15 +115,11 @@ def test_targets_are_met_missed_or_not_measured():
             ]
         }
     }
-    graph = targets.graph_targets(sections)
-    assert [t["met"] for t in graph] == [True, False]  # 0.5 <= 0.5; 0.16 > 0.15
-    assert [t["met"] for t in targets.throughput_targets(sections)] == [False, None]
-    assert [t["met"] for t in targets.overhead_targets(sections)] == [None, True]
-    assert [targets.status_text(m) for m in (True, False, None)] == [
-        "met",
-        "MISSED",
-        "not measured",
-    ]
+    rows = targets.all_targets(sections)
+    met = {name: [t["met"] for t in rows if t["target"].startswith(name)] for name in NAMES}
+    assert met["peak graph bytes, two-pass"] == [True, False]  # 0.5 <= 0.5; 0.16 > 0.15
+    assert met["images/s"] == [False, None]
+    assert met["two-pass step above the floor"] == [None, True]
 
 
 def test_miner_targets_read_the_1024_row_and_the_slowest_case():
@@ -129,7 +128,7 @@ def test_miner_targets_read_the_1024_row_and_the_slowest_case():
         {"batch": 1024, "identities": 64, "miner": "semihard", "speedup": 3.0, "memory_ratio": 5.0},
         {"batch": 256, "identities": 16, "miner": "hard", "speedup": 0.9, "memory_ratio": 9.0},
     ]
-    rows_out = targets.miner_targets({"miners": {"rows": rows}})
+    rows_out = targets.all_targets({"miners": {"rows": rows}})
     assert [t["met"] for t in rows_out] == [True, False, True, True, False]
     assert rows_out[-1]["measured"] == pytest.approx(0.9)
 
@@ -139,6 +138,17 @@ def test_md_table_escapes_bars_and_right_aligns_numbers():
     lines = table.splitlines()
     assert lines[1] == "| --- | ---: |"
     assert "a\\|b" in lines[2] and lines[3] == "| c | - |"
+
+
+def test_table_shows_the_keys_bytes_in_mib_and_a_row_s_error():
+    rows = [
+        {"name": "a", "peak_bytes": 3 * 2**20, "ratio": 0.12345, "n": 1024, "ok": True},
+        {"name": "b", "error": "failed|here"},
+    ]
+    lines = tables.table(["name", "peak_bytes", "ratio", "n", "ok"], rows).splitlines()
+    assert lines[0] == "| name | peak_bytes (MiB) | ratio | n | ok |"
+    assert lines[2] == "| a | 3.0 | 0.1235 | 1,024 | yes |"
+    assert lines[3] == "| b | failed\\|here | - | - | - |"
 
 
 def test_fill_tables_replaces_only_what_is_between_the_markers():
@@ -162,24 +172,18 @@ def test_the_committed_tables_are_those_of_the_committed_results():
     assert filled == markdown
 
 
-def test_each_runner_names_its_module_and_its_command(tmp_path):
-    assert runners.SECTIONS == (
+def test_each_runner_names_its_module_and_its_command():
+    assert run_all.SECTIONS == (
         "training_step",
         "miners",
         "evaluation",
-        "data",
         "step_paths",
         "pipeline",
     )
-    for runner_class in runners.RUNNERS:
-        runner = runner_class(tmp_path, threads=1)
-        command = runner.command(quick=False)
-        assert command.startswith(f"python -m benchmarks.{runner.module} ")
-        assert command.endswith(f"--json {runner.name}.json")
-        assert runner.json_path == tmp_path / f"{runner.name}.json"
-    data = runners.DataRunner(tmp_path, threads=1)
-    assert "--step-json training_step.json" in data.command(quick=True)
-    assert data.extra_arguments()[0] == []  # no training-step report in this run yet
+    for name, module in run_all.RUNNERS:
+        command = run_all.command(name, module, ["--threads", "1"])
+        assert command.startswith(f"python -m benchmarks.{module} ")
+        assert command.endswith(f"--json {name}.json")
 
 
 # ---------------------------------------------------------------- the quick run
@@ -193,7 +197,7 @@ def test_quick_run_writes_every_section_and_the_markdown(quick_report):
         "## Targets",
         "## 1. Training step",
         "## 3. Evaluation",
-        "## 4. Data",
+        "## 6. The input pipeline",
         "## GPU",
         "## Closing notes",
         "shared 2-core machine",
@@ -201,11 +205,17 @@ def test_quick_run_writes_every_section_and_the_markdown(quick_report):
         assert heading in markdown
     for name in QUICK_SECTIONS:
         assert results["commands"][name] in markdown  # each table says how to repeat it
-    statuses = {targets.status_text(t["met"]) for t in results["targets"]}
-    assert statuses <= {"met", "MISSED", "not measured"} and statuses
+    statuses = {t["met"] for t in results["targets"]}
+    assert statuses <= {True, False, None} and statuses
     # Every table of the sections that ran is filled from this run, none left from another.
     filled = tables.render_tables(results)
-    for name in ("targets", "training_step_cases", "training_step_floor", "evaluation", "data"):
+    for name in (
+        "targets",
+        "training_step_cases",
+        "training_step_floor",
+        "evaluation",
+        "pipeline_loader",
+    ):
         assert filled[name] in markdown
     assert "miners" not in filled and "<!-- table:miners -->\n" + tables.NOT_MEASURED in markdown
 
@@ -252,17 +262,16 @@ def test_quick_chunk_rows_measure_both_variants(quick_report):
             assert chunked["not_available"]
 
 
-def test_quick_data_rows_compare_with_the_step(quick_report):
+def test_quick_pipeline_measures_both_loaders_and_both_input_paths(quick_report):
     results, _ = quick_report
-    rows = results["sections"]["data"]["rows"]
-    assert sorted(r["workers"] for r in rows) == [0, 2]
-    for row in rows:
-        assert row["images_per_s"] > 0
-        assert row["step_consumption"]  # the quick step runs at the same image size
-        for consumer in row["step_consumption"]:
-            assert consumer["loader_vs_step"] == pytest.approx(
-                row["images_per_s"] / consumer["images_per_s"]
-            )
+    report = results["sections"]["pipeline"]
+    assert [r["workers"] for r in report["loader"]] == [0, 1, 2] * 2  # at 32 and 112 px
+    for row in report["loader"]:
+        assert row["ours"] > 0 and row["torchvision"] > 0
+    assert [r["workers"] for r in report["training"]] == [0, 1]
+    for row in report["training"]:
+        assert row["step_images_per_s"] > 0 and row["end_to_end_images_per_s"] > 0
+    assert [r["format"] for r in report["index"]] == ["JPEG", "PNG"]
 
 
 def test_quick_evaluation_numbers_are_identical(quick_report):
