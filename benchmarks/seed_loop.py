@@ -1,40 +1,16 @@
 """BASELINE - NOT AN EXAMPLE TO FOLLOW. The seed's training loop, ported faithfully.
 
-This module reproduces the training loop of ``train_triplet.py`` from liorshk/facenet_pytorch
-(quoted in ``/work/shared/SEED.md``), bugs included, so that the corrected trainer can be measured
-against what it replaces. Its known faults are kept on purpose:
-
-- hard triplets are chosen through a numpy round trip and the chosen embeddings are re-created as
-  new leaf tensors, so the triplet loss sends NO gradient to the model; only cross-entropy trains;
-- three full-batch forwards with grad (anchor, positive, negative) build graphs that are never
-  backpropagated; the loop variables ``out_a``, ``out_p``, ``out_n``, ``d_p``, ``d_n`` keep them
-  alive into the next iteration, where the next three forwards run before the old graphs are
-  released: the peak holds two steps' graphs;
-- ``forward_classifier`` runs three more forwards on images already embedded;
-- BatchNorm running statistics are updated six times per step, three by passes never trained on;
-- images and embeddings travel device -> CPU -> device every step; losses are synced per step;
-- the learning rate decays twice (Adagrad's ``lr_decay`` plus ``adjust_learning_rate``) when the
-  original's optimizer is used (:func:`create_optimizer`).
-
-Only what no longer runs on current PyTorch is changed, each change marked ``# MODERNISED``:
-``Variable(...)`` is dropped, ``.data[0]`` becomes ``.item()``, ``.cuda()`` becomes
-``.to(device)`` (the model's device, so the port also runs on a CPU), ``subdist[0]`` is dropped,
-and the old-style ``autograd.Function`` helpers whose ``forward`` was called directly become
-plain classes. Logging to TensorBoard, the progress bar, the end-of-epoch evaluation and the
-checkpoint are left out: they do not touch the graphs.
-
-The loop's local variables live in a ``state`` dict that the caller passes from one step to the
-next, so their survival into the next iteration - the heart of the seed's memory problem - is
-reproduced. With a :class:`facenet.memory.GraphMemoryMeter`, each ported line is followed by
-``meter.mark("<original source line>")``: the meter's timeline says which line allocates graph
-memory, which line frees it and what is left when the step ends.
-
-Run ``python -m benchmarks.seed_loop`` to print that timeline for a small model.
+The loop of ``train_triplet.py`` from liorshk/facenet_pytorch (quoted in SEED.md), bugs
+included, so that the corrected trainer is measured against what it replaces. Only what no
+longer runs on current PyTorch is changed, each change marked ``# MODERNISED``; logging, the
+progress bar, the evaluation and the checkpoint are left out (they do not touch the graphs).
+The loop's variables live in a ``state`` dict the caller passes from one step to the next, so
+their survival into the next iteration, the heart of the seed's memory problem, is reproduced;
+with a ``GraphMemoryMeter`` each ported line is followed by ``meter.mark(<original line>)``.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,21 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from facenet.memory import GraphMemoryMeter, format_bytes, graph_bytes_by_variable
-from facenet.models.embedding import EmbeddingNet
-
-__all__ = [
-    "PairwiseDistance",
-    "TripletMarginLoss",
-    "l2_dist",
-    "SeedModel",
-    "adjust_learning_rate",
-    "create_optimizer",
-    "seed_train_step",
-    "seed_epoch",
-    "print_timeline",
-]
-
+from facenet.memory import GraphMemoryMeter
 
 # --------------------------------------------------------------------------- the helpers
 
@@ -219,15 +181,6 @@ class _LoopVariables:
         self._variables[name] = value
 
 
-def _no_mark(label: str) -> None:
-    """Stands for ``meter.mark`` when no meter is given."""
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    """Where the model's parameters are: the port's stand-in for ``.cuda()``."""
-    return next(model.parameters()).device
-
-
 def seed_train_step(
     model: SeedModel,
     optimizer: torch.optim.Optimizer,
@@ -264,8 +217,8 @@ def seed_train_step(
         ``continue``, with no backward and no optimizer step).
     """
     v = _LoopVariables(state if state is not None else {})
-    mark = meter.mark if meter is not None else _no_mark
-    device = _model_device(model)
+    mark = meter.mark if meter is not None else lambda label: None
+    device = next(model.parameters()).device  # the port's stand-in for .cuda()
     if "distances" not in v._variables:
         v.labels, v.distances = [], []  # the epoch's lists, created before the loop
 
@@ -444,81 +397,3 @@ def seed_epoch(
     # MODERNISED: subdist[0] -> subdist (a distance is now a 0-d element, not a 1-element row).
     distances = np.array([subdist for dist in v.distances for subdist in dist])
     return {"steps": steps, "distances": distances, "labels": labels}
-
-
-# --------------------------------------------------------------------------- the timeline
-
-
-def _random_triplet_batch(batch_size: int, image_size: int, num_classes: int, seed: int):
-    """A random (data_a, data_p, data_n, label_p, label_n) batch; anchors share label_p."""
-    generator = torch.Generator().manual_seed(seed)
-
-    def images() -> torch.Tensor:  # (B, 3, H, W), its own storage as a DataLoader batch has
-        return torch.randn(batch_size, 3, image_size, image_size, generator=generator)
-
-    label_p = torch.randint(0, num_classes, (batch_size,), generator=generator)
-    offset = torch.randint(1, num_classes, (batch_size,), generator=generator)
-    return images(), images(), images(), label_p, (label_p + offset) % num_classes
-
-
-def print_timeline(meter: GraphMemoryMeter, state: dict[str, Any]) -> None:
-    """Print each marked line with the graph bytes alive after it and the change it made, then
-    which loop variables keep graph bytes alive.
-
-    Args:
-        meter: the ``GraphMemoryMeter`` that recorded the step.
-        state: the loop's variables after the step.
-    """
-    previous = None
-    for label, alive in meter.timeline:
-        delta = (
-            ""
-            if previous is None
-            else f"{'+' if alive >= previous else ''}{format_bytes(alive - previous)}"
-        )
-        print(f"{format_bytes(alive):>11} {delta:>12}  {label}")
-        previous = alive
-    held = {name: n for name, n in graph_bytes_by_variable(state).items() if n > 0}
-    print(
-        "\nStill alive after the step, reachable from these loop variables (shared parts repeat):"
-    )
-    for name, nbytes in held.items():
-        print(f"{format_bytes(nbytes):>11}  {name}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run two steps of the seed loop on a small model and print the second step's timeline."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backbone", default="tiny")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--margin", type=float, default=0.2)
-    args = parser.parse_args(argv)
-
-    torch.manual_seed(0)
-    num_classes = 10
-    model = SeedModel(EmbeddingNet(args.backbone, embedding_dim=64), num_classes)
-    optimizer = create_optimizer(model)
-    meter, state = GraphMemoryMeter(exclude=model), {}
-    with meter:
-        batch = _random_triplet_batch(args.batch_size, args.image_size, num_classes, seed=0)
-        seed_train_step(model, optimizer, *batch, margin=args.margin, state=state)
-        meter.clear_timeline()
-        meter.reset_peak()
-        batch = _random_triplet_batch(args.batch_size, args.image_size, num_classes, seed=1)
-        result = seed_train_step(
-            model, optimizer, *batch, margin=args.margin, state=state, meter=meter
-        )
-    print(
-        f"Seed loop, second step ({args.backbone}, {args.image_size} px, batch 3 x "
-        f"{args.batch_size}, {result['n_selected']} selected); graph bytes after each line:\n"
-    )
-    print_timeline(meter, state)
-    print(
-        f"\npeak during the step: {format_bytes(meter.peak_bytes)}; "
-        f"alive after it: {format_bytes(meter.alive_bytes)}"
-    )
-
-
-if __name__ == "__main__":
-    main()
