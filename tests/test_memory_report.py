@@ -27,17 +27,15 @@ ARGV = [
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One report on a tiny model: (returned report, JSON file contents, printed text, paths)."""
-    out = tmp_path_factory.mktemp("memory_report")
-    json_path, plot_path = out / "report.json", out / "report.png"
+    """One report on a tiny model: (returned report, JSON file contents, printed text)."""
+    json_path = tmp_path_factory.mktemp("memory_report") / "report.json"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        report = memory_report.main([*ARGV, "--json", str(json_path), "--plot", str(plot_path)])
+        report = memory_report.main([*ARGV, "--json", str(json_path)])
     return {
         "report": report,
         "json": json.loads(json_path.read_text()),
         "printed": printed.getvalue(),
-        "plot": plot_path,
     }
 
 
@@ -177,13 +175,6 @@ def test_printed_report_shows_the_table_the_timeline_and_the_holders(run):
         assert f"  {name}\n" in holders
 
 
-def test_chart_is_a_png_and_the_figure_is_closed(run):
-    import matplotlib.pyplot as plt
-
-    assert run["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert plt.get_fignums() == []
-
-
 # --------------------------------------------------------------------------- graph lifecycle
 
 
@@ -242,12 +233,11 @@ def test_cuda_without_cuda_is_a_clear_error(capsys):
     assert "CUDA is not available" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--json", "--plot"])
-def test_an_output_that_is_a_folder_is_refused_before_the_report(tmp_path, capsys, flag):
+def test_an_output_that_is_a_folder_is_refused_before_the_report(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        memory_report.parse_args([flag, str(tmp_path)])
+        memory_report.parse_args(["--json", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert f"{flag} {tmp_path}: is a folder" in capsys.readouterr().err
+    assert f"--json {tmp_path}: is a folder" in capsys.readouterr().err
 
 
 def test_image_size_takes_one_side_or_height_x_width():
