@@ -28,9 +28,6 @@ class PairwiseDistance:
 
     MODERNISED: an old-style ``autograd.Function`` whose ``forward`` was called directly (so it
     built an ordinary graph); now a plain class with the same ``forward``.
-
-    Args:
-        p: the norm.
     """
 
     def __init__(self, p: float):
@@ -49,9 +46,6 @@ class TripletMarginLoss:
     """The original's triplet loss: ``mean(clamp(margin + d(a, p) - d(a, n), min=0))``.
 
     MODERNISED: an old-style ``autograd.Function`` called through ``forward``; now a plain class.
-
-    Args:
-        margin: the triplet margin.
     """
 
     def __init__(self, margin: float):
@@ -73,17 +67,10 @@ l2_dist = PairwiseDistance(2)  # a module-level global, as in the original
 
 
 class SeedModel(nn.Module):
-    """The original ``FaceModel`` around any embedding network, with ``forward_classifier``.
-
-    ``forward_classifier(x)`` runs ``forward(x)`` again and applies a linear classifier to the
-    embeddings, as the original did; ``forward`` keeps its last output in ``self.features``, as
-    the original did.
-
-    Args:
-        embedding_net: a module mapping images (B, C, H, W) to embeddings (B, D).
-        num_classes: classes of the classifier head.
-        embedding_dim: D; read from ``embedding_net.embedding_dim`` or ``.embed_dim`` if omitted.
-    """
+    """The original ``FaceModel`` around any embedding network (images (B, C, H, W) to
+    embeddings (B, D)): ``forward`` keeps its last output in ``self.features`` and
+    ``forward_classifier`` runs ``forward`` again, as the original did. ``embedding_dim``: D,
+    read from ``embedding_net.embedding_dim`` or ``.embed_dim`` if omitted."""
 
     def __init__(
         self, embedding_net: nn.Module, num_classes: int, embedding_dim: int | None = None
@@ -116,12 +103,8 @@ class SeedModel(nn.Module):
 
 
 def adjust_learning_rate(optimizer: torch.optim.Optimizer, lr_decay: float) -> None:
-    """The original's per-step decay ``lr = lr0 / (1 + step * lr_decay)`` on every group.
-
-    Args:
-        optimizer: its groups get a ``step`` counter, as in the original.
-        lr_decay: the decay rate; 0 leaves the rate unchanged.
-    """
+    """The original's per-step decay ``lr = lr0 / (1 + step * lr_decay)`` on every group
+    (each gets a ``step`` counter, as in the original)."""
     for group in optimizer.param_groups:
         if "step" not in group:
             group["step"] = 0
@@ -138,15 +121,8 @@ def create_optimizer(
     lr_decay: float = 1e-4,
     wd: float = 0.0,
 ) -> torch.optim.Optimizer:
-    """The original's optimizers and defaults (Adagrad, lr 0.1, lr_decay 1e-4).
-
-    Args:
-        model: the model whose parameters are optimised.
-        name: ``sgd``, ``adam`` or ``adagrad``.
-        lr: the learning rate.
-        lr_decay: Adagrad's own decay (applied on top of :func:`adjust_learning_rate`'s).
-        wd: weight decay.
-    """
+    """The original's optimizers and defaults (Adagrad, lr 0.1, its own lr_decay 1e-4, applied
+    on top of :func:`adjust_learning_rate`'s)."""
     if name == "sgd":
         return torch.optim.SGD(
             model.parameters(), lr=lr, momentum=0.9, dampening=0.9, weight_decay=wd
@@ -184,37 +160,26 @@ class _LoopVariables:
 def seed_train_step(
     model: SeedModel,
     optimizer: torch.optim.Optimizer,
-    data_a: torch.Tensor,
-    data_p: torch.Tensor,
-    data_n: torch.Tensor,
-    label_p: torch.Tensor,
-    label_n: torch.Tensor,
+    batch: tuple[torch.Tensor, ...],
     margin: float = 0.2,
     state: dict[str, Any] | None = None,
     meter: GraphMemoryMeter | None = None,
     *,
     lr_decay: float = 0.0,
 ) -> dict[str, Any]:
-    """One iteration of the original loop's body, faithfully, bugs included.
+    """One iteration of the original loop's body on ``batch = (data_a, data_p, data_n,
+    label_p, label_n)`` (images (B, C, H, W), labels (B,)), faithfully, bugs included.
 
     Args:
-        model: a :class:`SeedModel` (anything with ``forward`` and ``forward_classifier``).
-        optimizer: the optimizer (:func:`create_optimizer` gives the original's).
-        data_a, data_p, data_n: anchor, positive and negative images (B, C, H, W).
-        label_p, label_n: class labels (B,) of the positives (and anchors) and negatives.
         margin: the original's ``args.margin``: selection threshold and triplet-loss margin.
-        state: the loop's local variables, carried from one iteration to the next (pass the same
-            dict every step to reproduce the original's retention); a fresh dict if None, whose
-            graphs die when the step returns.
-        meter: a ``GraphMemoryMeter`` whose ``mark`` is called with the original source line
-            after each ported line; None for no timeline.
-        lr_decay: the original's ``args.lr_decay`` for :func:`adjust_learning_rate`; 0 keeps the
-            learning rate.
+        state: the loop's variables, carried from one iteration to the next (pass the same dict
+            every step to reproduce the original's retention); None: they die with the step.
+        meter: its ``mark`` is called with the original source line after each ported line.
+        lr_decay: the original's ``args.lr_decay`` for :func:`adjust_learning_rate`.
 
     Returns:
-        ``triplet_loss``, ``ce_loss``, ``total_loss`` (Python floats, NaN when skipped),
-        ``n_selected`` (int) and ``skipped`` (True when no triplet was hard: the original's
-        ``continue``, with no backward and no optimizer step).
+        ``triplet_loss``, ``ce_loss``, ``total_loss`` (floats, NaN when skipped), ``n_selected``
+        and ``skipped`` (no triplet was hard: the original's ``continue``, no update).
     """
     v = _LoopVariables(state if state is not None else {})
     mark = meter.mark if meter is not None else lambda label: None
@@ -223,7 +188,7 @@ def seed_train_step(
         v.labels, v.distances = [], []  # the epoch's lists, created before the loop
 
     # The for-statement binds the new batch to the loop variables.
-    v.data_a, v.data_p, v.data_n, v.label_p, v.label_n = data_a, data_p, data_n, label_p, label_n
+    v.data_a, v.data_p, v.data_n, v.label_p, v.label_n = batch
     mark("for batch_idx, (data_a, data_p, data_n,label_p,label_n) in pbar:")
 
     # MODERNISED: .cuda() -> .to(device); the Variable(...) line that followed is dropped.
@@ -388,7 +353,7 @@ def seed_epoch(
 
     steps = [
         seed_train_step(
-            model, optimizer, *batch, margin=margin, state=state, meter=meter, lr_decay=lr_decay
+            model, optimizer, batch, margin=margin, state=state, meter=meter, lr_decay=lr_decay
         )
         for batch in batches
     ]
