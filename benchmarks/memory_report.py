@@ -63,7 +63,17 @@ REQUIRED_KEYS = (
     "step_seconds",
 )
 CUDA_KEYS = (CUDA_MAX_ALLOCATED, CUDA_ALLOCATED, CUDA_RESERVED, CUDA_MAX_RESERVED)
-TABLE_KEYS = (*REQUIRED_KEYS[:-1], "grad_bytes_at_optimizer_step", *CUDA_KEYS[:3], "step_seconds")
+TABLE_COLUMNS = {  # title: key, for the printed table
+    "graph peak": GRAPH_BYTES_PEAK,
+    "graph after": GRAPH_BYTES_ALIVE,
+    "params": "param_bytes",
+    "grads after": "grad_bytes",
+    "grads at step": "grad_bytes_at_optimizer_step",
+    "optim state": "optimizer_state_bytes",
+    "cuda peak": CUDA_MAX_ALLOCATED,
+    "cuda alloc": CUDA_ALLOCATED,
+    "cuda reserved": CUDA_RESERVED,
+}
 CONFIG_KEYS = ("backbone", "image_size", "batch_size", "steps", "margin", "seed", "embedding_dim")
 CONFIG_KEYS += ("optimizer", "lr")
 
@@ -220,7 +230,7 @@ def measure_seed(
     def run_step(batch: tuple) -> dict:
         meter.clear_timeline()  # the last step's timeline only
         return seed_loop.seed_train_step(
-            model, optimizer, *batch, margin=args.margin, state=state, meter=meter
+            model, optimizer, batch, margin=args.margin, state=state, meter=meter
         )
 
     if args.snapshot:
@@ -364,10 +374,12 @@ def print_report(report: dict[str, Any]) -> None:
         f"{config['batch_size']} triplets = {config['images_per_batch']} images, "
         f"{config['steps']} steps, {config['device']}, optimizer {config['optimizer']}\n"
     )
-    columns = [key for key in TABLE_KEYS if key in report["variants"]["seed"]]
-    print("variant      img grad  no grad " + " ".join(f"{key[:13]:>13}" for key in columns))
+    columns = {k: v for k, v in TABLE_COLUMNS.items() if v in report["variants"]["seed"]}
+    titles = " ".join(f"{title:>13}" for title in columns)
+    print(f"variant      img grad  no grad {titles}   step s")
     for name, figures in report["variants"].items():
-        cells = " ".join(f"{format_bytes(figures[key]):>13}" for key in columns)
+        cells = " ".join(f"{format_bytes(figures[key]):>13}" for key in columns.values())
+        cells += f" {figures['step_seconds']:>8.3f}"
         print(f"{name:<12} {figures['images_forwarded_with_grad']:>8.1f} "
               f"{figures['images_forwarded_no_grad']:>8.1f} {cells}")  # fmt: skip
     print(f"\nSeed loop, step {timeline['step']}: graph bytes alive after each line\n")
@@ -382,8 +394,9 @@ def print_report(report: dict[str, Any]) -> None:
     )
     for name, nbytes in timeline["held_by_variable"].items():
         print(f"{format_bytes(nbytes):>11}  {name}")
-    print("\nOne forward's graph:")
-    for key, value in report["graph_lifecycle"].items():
+    lifecycle = dict(report["graph_lifecycle"])
+    print(f"\nOne forward of {lifecycle.pop('images')} images, graph bytes:")
+    for key, value in lifecycle.items():
         print(f"  {key:<40} {format_bytes(value) if isinstance(value, int) else value}")
 
 
