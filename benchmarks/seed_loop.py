@@ -157,40 +157,8 @@ class _LoopVariables:
         self._variables[name] = value
 
 
-def seed_train_step(
-    model: SeedModel,
-    optimizer: torch.optim.Optimizer,
-    batch: tuple[torch.Tensor, ...],
-    margin: float = 0.2,
-    state: dict[str, Any] | None = None,
-    meter: GraphMemoryMeter | None = None,
-    *,
-    lr_decay: float = 0.0,
-) -> dict[str, Any]:
-    """One iteration of the original loop's body on ``batch = (data_a, data_p, data_n,
-    label_p, label_n)`` (images (B, C, H, W), labels (B,)), faithfully, bugs included.
-
-    Args:
-        margin: the original's ``args.margin``: selection threshold and triplet-loss margin.
-        state: the loop's variables, carried from one iteration to the next (pass the same dict
-            every step to reproduce the original's retention); None: they die with the step.
-        meter: its ``mark`` is called with the original source line after each ported line.
-        lr_decay: the original's ``args.lr_decay`` for :func:`adjust_learning_rate`.
-
-    Returns:
-        ``triplet_loss``, ``ce_loss``, ``total_loss`` (floats, NaN when skipped), ``n_selected``
-        and ``skipped`` (no triplet was hard: the original's ``continue``, no update).
-    """
-    v = _LoopVariables(state if state is not None else {})
-    mark = meter.mark if meter is not None else lambda label: None
-    device = next(model.parameters()).device  # the port's stand-in for .cuda()
-    if "distances" not in v._variables:
-        v.labels, v.distances = [], []  # the epoch's lists, created before the loop
-
-    # The for-statement binds the new batch to the loop variables.
-    v.data_a, v.data_p, v.data_n, v.label_p, v.label_n = batch
-    mark("for batch_idx, (data_a, data_p, data_n,label_p,label_n) in pbar:")
-
+def _choose_hard_triplets(v: _LoopVariables, model, margin: float, device, mark) -> None:
+    """The loop body's lines from moving the batch to the device to ``hard_triplets``."""
     # MODERNISED: .cuda() -> .to(device); the Variable(...) line that followed is dropped.
     v.data_a, v.data_p, v.data_n = v.data_a.to(device), v.data_p.to(device), v.data_n.to(device)
     mark("data_a, data_p, data_n = data_a.cuda(), data_p.cuda(), data_n.cuda()")
@@ -208,16 +176,10 @@ def seed_train_step(
     mark("all = (d_n - d_p < args.margin).cpu().data.numpy().flatten()")
     v.hard_triplets = np.where(v.all == 1)
     mark("hard_triplets = np.where(all == 1)")
-    if len(v.hard_triplets[0]) == 0:
-        mark("continue")
-        nan = float("nan")
-        return {
-            "triplet_loss": nan,
-            "ce_loss": nan,
-            "total_loss": nan,
-            "n_selected": 0,
-            "skipped": True,
-        }
+
+
+def _copy_selected(v: _LoopVariables, device, mark) -> None:
+    """The chosen embeddings, images and labels, copied out through numpy."""
     # MODERNISED (the next six lines): Variable(...) dropped, .cuda() -> .to(device).
     v.out_selected_a = torch.from_numpy(v.out_a.cpu().data.numpy()[v.hard_triplets]).to(device)
     mark(
@@ -249,6 +211,10 @@ def seed_train_step(
     mark("selected_label_p = torch.from_numpy(label_p.cpu().numpy()[hard_triplets])")
     v.selected_label_n = torch.from_numpy(v.label_n.cpu().numpy()[v.hard_triplets])
     mark("selected_label_n= torch.from_numpy(label_n.cpu().numpy()[hard_triplets])")
+
+
+def _losses(v: _LoopVariables, model, margin: float, device, mark) -> None:
+    """The triplet loss on the copies, the classifier's three forwards, the total loss."""
     v.triplet_loss = TripletMarginLoss(margin).forward(
         v.out_selected_a, v.out_selected_p, v.out_selected_n
     )
@@ -283,6 +249,69 @@ def seed_train_step(
 
     v.loss = v.cross_entropy_loss + v.triplet_loss
     mark("loss = cross_entropy_loss + triplet_loss")
+
+
+def _log(v: _LoopVariables, mark) -> dict[str, float]:
+    """The loop body's logging and the epoch's distances and labels."""
+    # log loss value. MODERNISED: .data[0] -> .item(); each is a device sync, as it was.
+    losses = {
+        "triplet_loss": v.triplet_loss.item(),
+        "ce_loss": v.cross_entropy_loss.item(),
+        "total_loss": v.loss.item(),
+    }
+
+    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_n)
+    v.distances.append(v.dists.data.cpu().numpy())
+    v.labels.append(np.zeros(v.dists.size(0)))
+
+    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_p)
+    v.distances.append(v.dists.data.cpu().numpy())
+    v.labels.append(np.ones(v.dists.size(0)))
+    mark("labels.append(np.ones(dists.size(0)))  # end of the loop body")
+    return losses
+
+
+def seed_train_step(
+    model: SeedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, ...],
+    margin: float = 0.2,
+    state: dict[str, Any] | None = None,
+    meter: GraphMemoryMeter | None = None,
+    *,
+    lr_decay: float = 0.0,
+) -> dict[str, Any]:
+    """One iteration of the original loop's body on ``batch = (data_a, data_p, data_n,
+    label_p, label_n)`` (images (B, C, H, W), labels (B,)), faithfully, bugs included.
+
+    Args:
+        margin: the original's ``args.margin``: selection threshold and triplet-loss margin.
+        state: the loop's variables, carried from one iteration to the next (pass the same dict
+            every step to reproduce the original's retention); None: they die with the step.
+        meter: its ``mark`` is called with the original source line after each ported line.
+        lr_decay: the original's ``args.lr_decay`` for :func:`adjust_learning_rate`.
+
+    Returns:
+        ``triplet_loss``, ``ce_loss``, ``total_loss`` (floats, NaN when skipped), ``n_selected``
+        and ``skipped`` (no triplet was hard: the original's ``continue``, no update).
+    """
+    v = _LoopVariables(state if state is not None else {})
+    mark = meter.mark if meter is not None else lambda label: None
+    device = next(model.parameters()).device  # the port's stand-in for .cuda()
+    if "distances" not in v._variables:
+        v.labels, v.distances = [], []  # the epoch's lists, created before the loop
+
+    # The for-statement binds the new batch to the loop variables.
+    v.data_a, v.data_p, v.data_n, v.label_p, v.label_n = batch
+    mark("for batch_idx, (data_a, data_p, data_n,label_p,label_n) in pbar:")
+
+    _choose_hard_triplets(v, model, margin, device, mark)
+    if len(v.hard_triplets[0]) == 0:
+        mark("continue")
+        losses = dict.fromkeys(("triplet_loss", "ce_loss", "total_loss"), float("nan"))
+        return {**losses, "n_selected": 0, "skipped": True}
+    _copy_selected(v, device, mark)
+    _losses(v, model, margin, device, mark)
     # compute gradient and update weights
     optimizer.zero_grad()
     v.loss.backward()
@@ -293,27 +322,7 @@ def seed_train_step(
     # update the optimizer learning rate
     adjust_learning_rate(optimizer, lr_decay)
 
-    # log loss value. MODERNISED: .data[0] -> .item(); each is a device sync, as it was.
-    triplet_value = v.triplet_loss.item()
-    ce_value = v.cross_entropy_loss.item()
-    total_value = v.loss.item()
-
-    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_n)
-    v.distances.append(v.dists.data.cpu().numpy())
-    v.labels.append(np.zeros(v.dists.size(0)))
-
-    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_p)
-    v.distances.append(v.dists.data.cpu().numpy())
-    v.labels.append(np.ones(v.dists.size(0)))
-    mark("labels.append(np.ones(dists.size(0)))  # end of the loop body")
-
-    return {
-        "triplet_loss": triplet_value,
-        "ce_loss": ce_value,
-        "total_loss": total_value,
-        "n_selected": len(v.hard_triplets[0]),
-        "skipped": False,
-    }
+    return {**_log(v, mark), "n_selected": len(v.hard_triplets[0]), "skipped": False}
 
 
 def seed_epoch(
