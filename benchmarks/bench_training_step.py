@@ -114,19 +114,19 @@ def cpu_cases(quick: bool) -> list[Case]:
 
 
 def gpu_cases(quick: bool) -> list[Case]:
-    """resnet50 at 160 px, T = 128 and P x K = 64 x 4, fp32 and bf16; quick: tiny, small."""
+    """resnet50 at 160 px, T = 128 and P x K = 64 x 4, fp32 and bf16 (quick: tiny, small);
+    the device is set by :func:`main`."""
     backbone, size, triplets, p, k, chunk_size, repeats = (
         ("tiny", 32, 8, 4, 2, 4, 1) if quick else ("resnet50", 160, 128, 64, 4, 64, 5)
     )
-    common = {"repeats": repeats, "device": "cuda"}
     cases = []
     for amp in ("none", "bf16"):
         cases += [
-            Case(backbone, size, "triplets", sel, triplets=triplets, amp=amp, **common)
+            Case(backbone, size, "triplets", sel, triplets=triplets, repeats=repeats, amp=amp)
             for sel in SELECTIONS
         ]
         variants = ("two_pass", "one_pass", "two_pass_chunked")
-        pk = {**common, "variants": variants, "chunk_size": chunk_size, "amp": amp}
+        pk = {"variants": variants, "repeats": repeats, "chunk_size": chunk_size, "amp": amp}
         cases.append(Case(backbone, size, "pk", "semihard", p=p, k=k, **pk))
     return cases
 
