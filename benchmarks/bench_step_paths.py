@@ -1,13 +1,11 @@
 #!/usr/bin/env python
 """Step paths: the default step (``passes="auto"``) against ``passes=2``, a plain loop with no
-Trainer (pytorch-metric-learning's examples: one grad forward, the miner on its detached copy,
-loss, backward, update), and the default with the graph meter on.
+Trainer (as pytorch-metric-learning's examples write it), and the default with the graph meter.
 
 P x K batches of seeded random images, semi-hard mining with the hardest fallback (every image
-selected) and the triplet loss, margin 0.2, squared distance; ``demo`` is configs/demo.yaml's
-model and optimizer, ``resnet18`` the triplet loss alone. One forked child per workload runs
-every variant in rotating rounds on the same batch after untimed warm-up rounds; the ratios
-use each variant's fastest round (other jobs only ever add time), ``*_median`` its median.
+selected), triplet loss, margin 0.2; ``demo`` is configs/demo.yaml's model and optimizer. One
+forked child per workload runs every variant in rotating rounds on the same batch after
+untimed warm-up rounds; ratios use each variant's fastest round, ``*_median`` its median.
 
     python -m benchmarks.bench_step_paths --threads 1 --json step_paths.json   # --quick: seconds
 """

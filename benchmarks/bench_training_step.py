@@ -1,13 +1,12 @@
 #!/usr/bin/env python
 """Training step, side by side: the seed's loop, the two-pass step, the one-pass step, chunks.
 
-Every variant trains the same initial network on the same batches (SGD, lr 1e-4, momentum 0.9)
+Each variant trains the same initial network on the same batches (SGD, lr 1e-4, momentum 0.9)
 in a forked child of its own, so its peak RSS is its own; its graph peak runs over every step
-(the seed loop's needs a second step, while the first step's graphs are still alive). The time
-ratios come from one more child that runs every variant and each part of the two-pass step in
-rotating rounds on the same batch, each task's figure being its fastest round. The floor is the
-no-grad forward on the batch plus forward and backward on the images two-pass selected. A
-triplet batch's hard triplets are made so by construction (:func:`make_triplet_batches`).
+(the seed loop's needs a second step, while the first step's graphs are alive). Time ratios
+come from one more child running every variant and each part of the two-pass step in rotating
+rounds on the same batch, each task's figure its fastest round. The floor: the no-grad forward
+on the batch plus forward and backward on the images two-pass selected.
 
     python -m benchmarks.bench_training_step --json step.json   # CPU suite; --quick: seconds
 """

@@ -20,7 +20,7 @@ from torch import nn
 
 from facenet.memory import GraphMemoryMeter
 
-# --------------------------------------------------------------------------- the helpers
+# ------------------------------------------------------------------ the original's utilities
 
 
 class PairwiseDistance:
