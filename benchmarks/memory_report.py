@@ -6,7 +6,8 @@ selection rule, and (unless ``--pk 0``) of both on the same images as a P x K ba
 semi-hard mining (``*_pk``). Per variant: graph bytes alive after a step and at its peak,
 parameter, gradient and optimizer-state bytes, step time, the CUDA allocator's figures; then
 the seed loop's per-line timeline, which loop variable keeps which graph, and where a graph
-lives and what frees it. docs/memory.md answers the seed's three questions with it.
+lives and what frees it, as JSON (stdout without ``--json``). docs/memory.md answers the seed's
+three questions with it.
 
     python -m benchmarks.memory_report --backbone tiny --image-size 64 --json report.json
 """
@@ -45,12 +46,11 @@ from facenet.memory import (
     GRAPH_BYTES_ALIVE,
     GRAPH_BYTES_PEAK,
     GraphMemoryMeter,
-    format_bytes,
     graph_bytes_by_variable,
     module_state_bytes,
 )
 from facenet.models.embedding import BACKBONES, EmbeddingNet
-from facenet.sizes import ImageSize, image_hw, plain_size, size_text
+from facenet.sizes import ImageSize, image_hw, plain_size
 from facenet.training.engine import Trainer
 
 # Every variant has these keys; CUDA_KEYS too on a CUDA device.
@@ -63,17 +63,6 @@ REQUIRED_KEYS = (
     "step_seconds",
 )
 CUDA_KEYS = (CUDA_MAX_ALLOCATED, CUDA_ALLOCATED, CUDA_RESERVED, CUDA_MAX_RESERVED)
-TABLE_COLUMNS = {  # title: key, for the printed table
-    "graph peak": GRAPH_BYTES_PEAK,
-    "graph after": GRAPH_BYTES_ALIVE,
-    "params": "param_bytes",
-    "grads after": "grad_bytes",
-    "grads at step": "grad_bytes_at_optimizer_step",
-    "optim state": "optimizer_state_bytes",
-    "cuda peak": CUDA_MAX_ALLOCATED,
-    "cuda alloc": CUDA_ALLOCATED,
-    "cuda reserved": CUDA_RESERVED,
-}
 CONFIG_KEYS = ("backbone", "image_size", "batch_size", "steps", "margin", "seed", "embedding_dim")
 CONFIG_KEYS += ("optimizer", "lr")
 
@@ -365,60 +354,24 @@ def run_report(args: argparse.Namespace) -> dict[str, Any]:
             "graph_lifecycle": lifecycle}  # fmt: skip
 
 
-def print_report(report: dict[str, Any]) -> None:
-    """The variants' bytes side by side, the seed step's timeline and its graphs' holders,
-    the graph lifecycle."""
-    config, timeline = report["config"], report["seed_timeline"]
-    print(
-        f"Memory report: {config['backbone']}, {size_text(config['image_size'])} px, batch "
-        f"{config['batch_size']} triplets = {config['images_per_batch']} images, "
-        f"{config['steps']} steps, {config['device']}, optimizer {config['optimizer']}\n"
-    )
-    columns = {k: v for k, v in TABLE_COLUMNS.items() if v in report["variants"]["seed"]}
-    titles = " ".join(f"{title:>13}" for title in columns)
-    print(f"variant      img grad  no grad {titles}   step s")
-    for name, figures in report["variants"].items():
-        cells = " ".join(f"{format_bytes(figures[key]):>13}" for key in columns.values())
-        cells += f" {figures['step_seconds']:>8.3f}"
-        print(f"{name:<12} {figures['images_forwarded_with_grad']:>8.1f} "
-              f"{figures['images_forwarded_no_grad']:>8.1f} {cells}")  # fmt: skip
-    print(f"\nSeed loop, step {timeline['step']}: graph bytes alive after each line\n")
-    for row in timeline["lines"]:
-        change = row["change_bytes"]
-        verb = "allocates" if change > 0 else "frees" if change < 0 else ""
-        delta = format_bytes(change) if change else ""
-        print(f"{format_bytes(row['alive_bytes']):>11} {delta:>12} {verb:<9}  {row['line']}")
-    print(
-        f"\npeak during the step: {format_bytes(timeline['peak'])}; alive when it ends: "
-        f"{format_bytes(timeline['alive_after_step'])}, held by (shared parts repeat):"
-    )
-    for name, nbytes in timeline["held_by_variable"].items():
-        print(f"{format_bytes(nbytes):>11}  {name}")
-    lifecycle = dict(report["graph_lifecycle"])
-    print(f"\nOne forward of {lifecycle.pop('images')} images, graph bytes:")
-    for key, value in lifecycle.items():
-        print(f"  {key:<40} {format_bytes(value) if isinstance(value, int) else value}")
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run, print and write the report; returns it: ``config``, ``variants`` (name ->
-    figures, with :data:`REQUIRED_KEYS`, and :data:`CUDA_KEYS` on CUDA), ``seed_timeline``
-    and ``graph_lifecycle``."""
+    """Run the report and write it to ``--json`` (or stdout); returns it: ``config``,
+    ``variants`` (name -> figures, with :data:`REQUIRED_KEYS`, and :data:`CUDA_KEYS` on CUDA),
+    ``seed_timeline`` and ``graph_lifecycle``."""
     args = parse_args(argv)
     report = run_report(args)
-    print_report(report)
     if args.memory_summary:
-        print("\n" + torch.cuda.memory_summary(args.device, abbreviated=True))
-    if args.json:
-        try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(args.json, json.dumps(json_safe(report), indent=2) + "\n")
-        except OSError as err:
-            print(f"error: cannot write {args.json}: {err.strerror or err}", file=sys.stderr)
-            raise SystemExit(2) from None
-        print(f"\nwrote {args.json}")
-    if args.snapshot:
-        print(f"wrote {args.snapshot} (open it at https://pytorch.org/memory_viz)")
+        print(torch.cuda.memory_summary(args.device, abbreviated=True))
+    text = json.dumps(json_safe(report), indent=2) + "\n"
+    if args.json is None:
+        print(text)
+        return report
+    try:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.json, text)
+    except OSError as err:
+        print(f"error: cannot write {args.json}: {err.strerror or err}", file=sys.stderr)
+        raise SystemExit(2) from None
     return report
 
 

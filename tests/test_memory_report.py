@@ -1,8 +1,6 @@
 """The memory report, measured: the seed loop keeps graphs alive after a step and the corrected
 steps keep none; the JSON has every key; the timeline names the lines that hold memory."""
 
-import contextlib
-import io
 import json
 
 import pytest
@@ -27,16 +25,10 @@ ARGV = [
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One report on a tiny model: (returned report, JSON file contents, printed text)."""
+    """One report on a tiny model: the returned report and the JSON file's contents."""
     json_path = tmp_path_factory.mktemp("memory_report") / "report.json"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        report = memory_report.main([*ARGV, "--json", str(json_path)])
-    return {
-        "report": report,
-        "json": json.loads(json_path.read_text()),
-        "printed": printed.getvalue(),
-    }
+    report = memory_report.main([*ARGV, "--json", str(json_path)])
+    return {"report": report, "json": json.loads(json_path.read_text())}
 
 
 def reference_seed_graph_bytes(batch):
@@ -162,19 +154,6 @@ def test_timeline_names_the_lines_that_hold_memory(run):
     assert timeline["held_by_variable"]["model.features"] == 0
 
 
-def test_printed_report_shows_the_table_the_timeline_and_the_holders(run):
-    printed = run["printed"]
-    for name in ("seed", *CORRECTED):
-        assert f"\n{name} " in printed
-    out_row = next(line for line in printed.splitlines() if line.endswith(OUT_LINE))
-    assert "allocates" in out_row
-    d_n_row = next(line for line in printed.splitlines() if line.endswith(D_N_LINE))
-    assert "frees" in d_n_row
-    holders = printed.split("alive when it ends:")[1]
-    for name in ("out_a", "out_p", "out_n", "d_p", "d_n"):
-        assert f"  {name}\n" in holders
-
-
 # --------------------------------------------------------------------------- graph lifecycle
 
 
@@ -253,8 +232,10 @@ def test_image_size_takes_one_side_or_height_x_width():
 
 def test_a_non_square_report_runs(tmp_path):
     argv = [*ARGV[:3], "24x20", *ARGV[4:], "--json", str(tmp_path / "r.json")]
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        memory_report.main(argv)
+    memory_report.main(argv)
     assert json.loads((tmp_path / "r.json").read_text())["config"]["image_size"] == [24, 20]
-    assert "24 x 20 px" in printed.getvalue()
+
+
+def test_without_json_the_report_goes_to_stdout(capsys):
+    report = memory_report.main([*ARGV, "--pk", "0", "--steps", "2"])
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(report))
