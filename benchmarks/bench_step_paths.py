@@ -12,18 +12,17 @@ untimed warm-up rounds; ratios use each variant's fastest round, ``*_median`` it
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import dataclasses
 import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_training_step import finish_report, ratio, start_report, time_rounds
+from benchmarks.bench_training_step import parse_options, ratio, start_report, time_rounds
 from benchmarks.forking import run_forked
 from benchmarks.measure import write_report
 from facenet.memory import memory_figures
@@ -59,10 +58,6 @@ class Workload:
     rounds: int
     batches: int = 4
 
-    def as_dict(self) -> dict:
-        """The fields and the batch size, JSON-ready."""
-        return {**dataclasses.asdict(self), "images": self.p * self.k}
-
 
 def workloads(quick: bool) -> list[Workload]:
     """The demo config and resnet18 at 64 px; quick: the same models, small batches."""
@@ -77,8 +72,8 @@ def workloads(quick: bool) -> list[Workload]:
     ]
 
 
-def build_parts(work: Workload):
-    """A seeded model (identical in every variant), its optimizer, a seeded miner, the loss."""
+def build_parts(work: Workload) -> tuple:
+    """``(model, miner, loss, optimizer)``, seeded: the same in every variant."""
     torch.manual_seed(0)
     classes = work.num_classes if work.ce_weight > 0 else None
     model = EmbeddingNet(work.backbone, 128, num_classes=classes).train()
@@ -88,7 +83,7 @@ def build_parts(work: Workload):
         optimizer = torch.optim.SGD(model.parameters(), lr=work.lr, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
     miner = SemiHardNegativeMiner(MARGIN, "squared", fallback="hardest", generator=generator)
-    return model, optimizer, miner, TripletMarginLoss(MARGIN, distance="squared")
+    return model, miner, TripletMarginLoss(MARGIN, distance="squared"), optimizer
 
 
 def make_batches(work: Workload) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -103,8 +98,9 @@ def make_batches(work: Workload) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def plain_stepper(work: Workload):
-    """The plain loop's step on a batch; returns its triplets."""
-    model, optimizer, miner, loss_fn = build_parts(work)
+    """The plain loop's step (as pytorch-metric-learning's examples write it): images it
+    trained on."""
+    model, miner, loss_fn, optimizer = build_parts(work)
 
     def step(batch):
         images, labels = batch
@@ -119,37 +115,26 @@ def plain_stepper(work: Workload):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return triplets
+        return torch.cat([triplets.anchor, triplets.positive, triplets.negative]).unique().numel()
 
     return step
 
 
-def build_trainer(work: Workload, passes, graph_memory: bool = False) -> Trainer:
-    """A Trainer as a run builds one (CPU, fp32)."""
-    model, optimizer, miner, loss_fn = build_parts(work)
-    return Trainer(
-        model,
-        miner,
-        loss_fn,
-        optimizer,
-        ce_weight=work.ce_weight,
-        passes=passes,
-        graph_memory=graph_memory,
-    )
+def trainer_stepper(trainer: Trainer):
+    """A Trainer's step under its meter, if any: images it trained on (None: skipped)."""
 
+    def step(batch):
+        with trainer.meter or contextlib.nullcontext():
+            stats = trainer.train_step(*batch)
+        return None if "skipped" in stats else stats["selected_images"]
 
-def selected_images(output) -> float | None:
-    """Images a step trained on: the Trainer's statistic, or the plain loop's unique indices;
-    None for a skipped step."""
-    if isinstance(output, dict):
-        return None if "skipped" in output else float(output["selected_images"])
-    return float(torch.cat([output.anchor, output.positive, output.negative]).unique().numel())
+    return step
 
 
 def variant_row(work: Workload, name: str, step: str, runs: list[tuple]) -> dict:
     """A variant's fastest and median round over its steps that were not skipped."""
-    counted = [(seconds, selected_images(output)) for seconds, output in runs]
-    values = [seconds for seconds, count in counted if count is not None]
+    counts = [count for _, count in runs if count is not None]
+    values = [seconds for seconds, count in runs if count is not None]
     row = {"label": VARIANT_LABELS[name], "step": step, "skipped_steps": len(runs) - len(values)}
     row["timed_steps"] = len(values)
     if values:
@@ -157,7 +142,7 @@ def variant_row(work: Workload, name: str, step: str, runs: list[tuple]) -> dict
             fastest_s=min(values),
             median_s=statistics.median(values),
             images_per_s=work.p * work.k / min(values),
-            selected_images_mean=statistics.fmean(c for _, c in counted if c is not None),
+            selected_images_mean=statistics.fmean(counts),
             times_s=[round(v, 5) for v in values],
         )
     return row
@@ -165,27 +150,28 @@ def variant_row(work: Workload, name: str, step: str, runs: list[tuple]) -> dict
 
 def measure_workload(work: Workload) -> dict:
     """Every variant in rounds in this process."""
-    torch.manual_seed(0)
-    batches = make_batches(work)
-    auto, two_pass = build_trainer(work, "auto"), build_trainer(work, 2)
-    metered = build_trainer(work, "auto", graph_memory=True)
-    trainers = {"auto": auto, "two_pass": two_pass, "auto_meter": metered}
-
-    def metered_step(batch):
-        with metered.meter:
-            return metered.train_step(*batch)
-
-    tasks = {"auto": lambda b: auto.train_step(*b), "two_pass": lambda b: two_pass.train_step(*b)}
-    tasks.update(plain=plain_stepper(work), auto_meter=metered_step)
     started = time.perf_counter()
-    runs = time_rounds(tasks, batches, work.rounds, work.warmup)
+    trainers = {
+        name: Trainer(*build_parts(work), ce_weight=work.ce_weight, passes=passes,
+                      graph_memory=name == "auto_meter")
+        for name, passes in (("auto", "auto"), ("two_pass", 2), ("auto_meter", "auto"))
+    }  # fmt: skip
+    tasks = {name: trainer_stepper(trainer) for name, trainer in trainers.items()}
+    tasks = {"auto": tasks["auto"], "two_pass": tasks["two_pass"], "plain": plain_stepper(work),
+             "auto_meter": tasks["auto_meter"]}  # fmt: skip
+    runs = time_rounds(tasks, make_batches(work), work.rounds, work.warmup)
     steps = {name: trainer.step.name for name, trainer in trainers.items()} | {"plain": "plain"}
     variants = {name: variant_row(work, name, steps[name], runs[name]) for name in tasks}
     # Graph bytes only: the variants share this process, so no RSS of their own.
-    variants["auto_meter"].update(memory_figures(metered.meter, rss=False))
-    ratios = workload_ratios(variants)
-    return {"workload": work.as_dict(), "variants": variants, "ratios": ratios,
-            "seconds": time.perf_counter() - started}  # fmt: skip
+    variants["auto_meter"].update(memory_figures(trainers["auto_meter"].meter, rss=False))
+    seconds = time.perf_counter() - started
+    return {"workload": workload_dict(work), "variants": variants,
+            "ratios": workload_ratios(variants), "seconds": seconds}  # fmt: skip
+
+
+def workload_dict(work: Workload) -> dict:
+    """The fields and the batch size, JSON-ready."""
+    return {**dataclasses.asdict(work), "images": work.p * work.k}
 
 
 def workload_ratios(variants: dict) -> dict:
@@ -201,31 +187,15 @@ def workload_ratios(variants: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the workloads; write the JSON report after each."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small batches, a few rounds")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    args = parser.parse_args(argv)
-    if sys.platform != "linux":
-        raise SystemExit("bench_step_paths.py: Linux only (fork)")
-    if args.threads < 0:
-        raise SystemExit("--threads must be >= 0")
-    if args.threads:
-        torch.set_num_threads(args.threads)  # inherited by the forked children
-    report = start_report("bench_step_paths", argv, "cpu")
-    report.update(quick=args.quick, workloads=[])
-    report["rule"] = "ratios from each variant's fastest round (median-round ratios: *_median)"
-    started = time.perf_counter()
+    """Run the workloads, each in a forked child; write the JSON report after each."""
+    args = parse_options(__doc__, argv)
+    report = start_report("bench_step_paths", argv, "cpu", quick=args.quick, workloads=[])
     for work in workloads(args.quick):
         result = run_forked(measure_workload, work)
         if "error" in result:
-            result = {"workload": work.as_dict(), "error": result["error"]}
-        print(work.name, result.get("error") or result["ratios"], flush=True)
+            result = {"workload": workload_dict(work), "error": result["error"]}
         report["workloads"].append(result)
-        report["seconds_total"] = time.perf_counter() - started
         write_report(args.json, report)
-    finish_report(args.json, report, started)
     return 0
 
 

@@ -22,7 +22,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -505,7 +504,6 @@ def search_largest_batch(template: Case, sizes: list[int]) -> list[dict]:
             )
             outcome = run_forked(try_batch, case)
             rows.append({"batch": case.images, "chunk_size": chunk_size, **outcome})
-            print(f"  P x K = {case.images}, chunk {chunk_size}: {outcome.get('error', 'fits')}")
             if "error" in outcome:
                 break
     return rows
@@ -532,71 +530,61 @@ def describe_machine(device: str) -> dict:
     return machine
 
 
-def start_report(benchmark: str, argv: list[str] | None, device: str) -> dict:
-    """A report's head: its command, the date and the machine."""
+def start_report(benchmark: str, argv: list[str] | None, device: str, **fields) -> dict:
+    """A report's head: its command, the date and the machine, then ``fields``."""
     return {
         "benchmark": benchmark,
         "command": f"python -m benchmarks.{benchmark} " + " ".join(argv or sys.argv[1:]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": describe_machine(device),
+        **fields,
     }
 
 
-def finish_report(path: Path | None, report: dict, started: float) -> None:
-    """Add the total time and the load at the end; write the report."""
-    report["seconds_total"] = time.perf_counter() - started
-    report["load_average_after"] = os.getloadavg()[0]
-    write_report(path, report)
-    print(f"total {report['seconds_total']:.0f} s" + (f"; wrote {path}" if path else ""))
-
-
-def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("cpu", "gpu"), default="cpu")
-    parser.add_argument("--quick", action="store_true", help="tiny model, small batches")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    parser.add_argument("--device", default=None, help="every case's device (cpu / cuda)")
+def parse_options(doc: str, argv: list[str] | None, options: dict | None = None):
+    """``--quick``, ``--json``, ``--threads`` (set here: forked children inherit them) and
+    ``options`` (flag: ``add_argument`` keywords), parsed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="seconds instead of minutes")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    parser.add_argument(
-        "--pk-search",
-        type=lambda text: [int(v) for v in text.split(",")],
-        default=None,
-        help="comma-separated P x K sizes: the largest two-pass batch that fits, with and "
-        "without chunks (after the suite)",
-    )
-    parser.add_argument("--only-search", action="store_true", help="skip the suite")
-    return parser
+    for flag, settings in (options or {}).items():
+        parser.add_argument(flag, **settings)
+    args = parser.parse_args(argv)
+    if sys.platform != "linux":
+        parser.error("Linux only (fork, /proc)")
+    if args.threads < 0:
+        parser.error(f"--threads {args.threads}: must be >= 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the suite and write the JSON report after each case."""
-    args = get_args_parser().parse_args(argv)
-    if sys.platform != "linux":
-        raise SystemExit("bench_training_step.py: Linux only (fork, /proc)")
+    args = parse_options(__doc__, argv, {
+        "--suite": {"choices": ("cpu", "gpu"), "default": "cpu"},
+        "--device": {"help": "every case's device (default: cuda for the GPU suite)"},
+        "--pk-search": {"type": lambda text: [int(v) for v in text.split(",")],
+                        "help": "P x K sizes, comma-separated: the largest two-pass batch that "
+                        "fits, with and without chunks (after the suite)"},
+        "--only-search": {"action": "store_true", "help": "skip the suite"},
+    })  # fmt: skip
     device = args.device or ("cuda" if args.suite == "gpu" else "cpu")
     cuda = run_forked(lambda: {"ok": torch.cuda.is_available()}) if device != "cpu" else {}
     if device.startswith("cuda") and not cuda.get("ok"):
         raise SystemExit(f"--device {device}: torch sees no CUDA device")
-    if args.threads < 0:
-        raise SystemExit("--threads must be positive")
-    if args.threads:
-        torch.set_num_threads(args.threads)  # inherited by every forked child
     cases = gpu_cases(args.quick) if args.suite == "gpu" else cpu_cases(args.quick)
     cases = [dataclasses.replace(case, device=device) for case in cases]
-    report = start_report("bench_training_step", argv, device)
-    report.update(suite=args.suite, quick=args.quick, cases=[])
-    started = time.perf_counter()
+    report = start_report("bench_training_step", argv, device, suite=args.suite,
+                          quick=args.quick, cases=[])  # fmt: skip
     for case in [] if args.only_search else cases:
-        result = run_case(case)
-        print(case.name, {key: round(value, 3) for key, value in result["ratios"].items()})
-        report["cases"].append(result)
-        report["seconds_total"] = time.perf_counter() - started
+        report["cases"].append(run_case(case))
         write_report(args.json, report)
     if args.pk_search:
         template = next(case for case in cases if case.batch == "pk")
         report["pk_search"] = search_largest_batch(template, args.pk_search)
-    finish_report(args.json, report, started)
+    write_report(args.json, report)
     return 0
 
 
