@@ -27,10 +27,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import memory_report
 from benchmarks.forking import run_forked
 from benchmarks.measure import (
-    memory_readings,
-    metered_step,
     rss_before,
     seed_rule_parts,
     semihard_parts,
@@ -41,8 +40,9 @@ from benchmarks.seed_loop import SeedModel, l2_dist, seed_train_step
 from facenet.memory import (
     CUDA_MAX_ALLOCATED,
     GRAPH_BYTES_PEAK,
+    PEAK_RSS_BYTES,
     GraphMemoryMeter,
-    reset_cuda_peaks,
+    peak_rss_bytes,
 )
 from facenet.metric.distances import get_distance
 from facenet.models.embedding import EmbeddingNet
@@ -142,18 +142,14 @@ def make_triplet_batches(case: Case, count: int) -> list[tuple]:
     between the two groups then selects the same count each step, in every variant.
     """
     gen = torch.Generator().manual_seed(0)
-    shape = (case.triplets, 3, case.image_size, case.image_size)
     batches = []
-    for _ in range(count):
-        anchor = torch.randn(shape, generator=gen)
-        positive = anchor + POSITIVE_NOISE * torch.randn(shape, generator=gen)
-        negative = torch.randn(shape, generator=gen)
+    for a, noise, n, label_p, label_n in memory_report.make_triplet_batches(
+        count, case.triplets, case.image_size, NUM_CLASSES, seed=0
+    ):
+        p = a + POSITIVE_NOISE * noise
         hard = torch.randperm(case.triplets, generator=gen)[: hard_triplets_per_batch(case)]
-        positive[hard], negative[hard] = negative[hard].clone(), positive[hard].clone()
-        label_p = torch.randint(0, NUM_CLASSES, (case.triplets,), generator=gen)
-        offset = torch.randint(1, NUM_CLASSES, (case.triplets,), generator=gen)
-        batch = (anchor, positive, negative, label_p, (label_p + offset) % NUM_CLASSES)
-        batches.append(tuple(t.to(case.device) for t in batch))
+        p[hard], n[hard] = n[hard].clone(), p[hard].clone()
+        batches.append(tuple(t.to(case.device) for t in (a, p, n, label_p, label_n)))
     return batches
 
 
@@ -250,52 +246,45 @@ def calibrate(case: Case) -> dict:
 
 
 def build_stepper(case: Case, variant: str, margin: float):
-    """``(step(batch) -> (triplets, images) selected, meter)``: ``variant`` on its own model."""
+    """``(step(batch) -> its statistics, model, optimizer, meter)``: ``variant`` on its own
+    model."""
     if variant == "seed":
         model = build_seed_model(case).train()
         optimizer, state = make_optimizer(model), {}  # state: the loop's variables, carried
 
         def seed_step(batch):
             with autocast(case):
-                out = seed_train_step(model, optimizer, batch, margin=margin, state=state)
-            return out["n_selected"], 3 * out["n_selected"]  # forward_classifier runs on each
+                return seed_train_step(model, optimizer, batch, margin=margin, state=state)
 
-        return seed_step, GraphMemoryMeter(exclude=model)
+        return seed_step, model, optimizer, GraphMemoryMeter(exclude=model)
     trainer = build_trainer(case, variant, margin)
     trainer.model.train()
     train = trainer.train_triplet_step if case.batch == "triplets" else trainer.train_step
-
-    def step(batch):
-        stats = train(*batch)
-        return (0, 0) if "skipped" in stats else (stats["num_triplets"], stats["selected_images"])
-
-    return step, trainer.meter
+    return lambda batch: train(*batch), trainer.model, trainer.optimizer, trainer.meter
 
 
 def measure_trainer(case: Case, variant: str, margin: float) -> dict:
-    """``repeats + 1`` steps of one variant, the seed's loop or a Trainer: median step time
-    after the warm-up step, selection, and memory (peak RSS: run it in a forked child)."""
-    step, meter = build_stepper(case, variant, margin)
+    """``repeats + 1`` steps of one variant, the seed's loop or a Trainer: the memory report's
+    figures, median step time and selection after the warm-up step, and the peak RSS (run it
+    in a forked child)."""
+    step, model, optimizer, meter = build_stepper(case, variant, margin)
     before = rss_before()
-    reset_cuda_peaks(case.device)
-    seconds, triplets, images = [], [], []
-    for index, batch in enumerate(make_batches(case)):
-        step_s, (n_triplets, n_images) = metered_step(meter, case.device, lambda b=batch: step(b))
-        if index > 0:
-            seconds.append(step_s)
-            triplets.append(int(n_triplets))
-            images.append(int(n_images))
-    median = statistics.median(seconds)
-    summary = {
-        "step_seconds": seconds,
-        "median_step_s": median,
-        "images_per_s": case.images / median,
-        "selected_triplets_mean": statistics.mean(triplets),
-        "selected_images_mean": statistics.mean(images),
-    }
+    figures = memory_report.measure_steps(
+        case.device, make_batches(case), step, model, optimizer, meter
+    )
+    timed = figures["per_step"][1:]
+    triplets = statistics.mean(s["selected_triplets"] for s in timed)
+    figures.update(
+        median_step_s=figures["step_seconds"],
+        images_per_s=case.images / figures["step_seconds"],
+        selected_triplets_mean=triplets,
+        selected_images_mean=statistics.mean(s["selected_images"] for s in timed),
+        **before,
+        **{PEAK_RSS_BYTES: peak_rss_bytes()},
+    )
     if case.batch == "triplets":
-        summary["selected_fraction"] = statistics.mean(triplets) / case.triplets
-    return {**summary, **before, **memory_readings(meter, case.device, rss=True)}
+        figures["selected_fraction"] = triplets / case.triplets
+    return figures
 
 
 def batch_tensors(case: Case, batch: tuple):

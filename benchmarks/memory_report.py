@@ -159,30 +159,34 @@ def build_network(args: argparse.Namespace, classes: int | None) -> EmbeddingNet
     return EmbeddingNet(args.backbone, args.embedding_dim, num_classes=classes, input_size=size)
 
 
-def measure_steps(
-    args: argparse.Namespace,
-    batches: Sequence[tuple],
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    meter: GraphMemoryMeter,
-    run_step: Callable[[tuple], dict],
-) -> dict[str, Any]:
-    """A variant's steps on the batches, under ``meter`` (which counts across steps, so that
-    graphs a step leaves behind are seen in the next); peaks over the steps, what the last one
-    left, the state's bytes, and ``per_step``. ``step_seconds``: median after the first step."""
+def selection(result: dict) -> tuple[int, int]:
+    """``(triplets, images)`` a step trained on, from the seed loop's result (its classifier
+    forwards the three images of each triplet) or a Trainer's statistics."""
+    if "n_selected" in result:
+        return result["n_selected"], 3 * result["n_selected"]
+    return (0, 0) if "skipped" in result else (result["num_triplets"], result["selected_images"])
+
+
+def measure_steps(device, batches: Sequence[tuple], step: Callable[[tuple], dict], model,
+                  optimizer, meter: GraphMemoryMeter) -> dict[str, Any]:  # fmt: skip
+    """``step`` on each batch under ``meter`` (which counts across steps, so that graphs a step
+    leaves behind are seen in the next): peaks over the steps, what the last one left, the
+    state's bytes, and ``per_step``. ``step_seconds``: the median after the first step."""
     network = getattr(model, "model", model)  # a SeedModel wraps the EmbeddingNet
     forwards, grads = ForwardCounter(network.backbone), GradBytesAtStep(optimizer)
     per_step = []
     for batch in batches:
         with_grad, no_grad = forwards.with_grad, forwards.no_grad
-        seconds, result = metered_step(meter, args.device, lambda b=batch: run_step(b), True)
+        seconds, result = metered_step(meter, device, lambda b=batch: step(b), True)
+        triplets, images = selection(result)
         # Every variant shares this process: its peak RSS would mix them, so it is left out.
         per_step.append({
-            **memory_readings(meter, args.device, rss=False),
+            **memory_readings(meter, device, rss=False),
             "step_seconds": seconds,
             "images_forwarded_with_grad": forwards.with_grad - with_grad,
             "images_forwarded_no_grad": forwards.no_grad - no_grad,
-            "selected_triplets": int(result.get("n_selected", result.get("num_triplets", 0))),
+            "selected_triplets": int(triplets),
+            "selected_images": int(images),
         })  # fmt: skip
     forwards.remove()
     grads.remove()
@@ -193,10 +197,10 @@ def measure_steps(
         **module_state_bytes(model, optimizer),  # grad_bytes: gradients left after the step
         "grad_bytes_at_optimizer_step": grads.peak,
         "step_seconds": statistics.median(s["step_seconds"] for s in per_step[1:]),
-        "images_forwarded_with_grad": forwards.with_grad / len(per_step),
-        "images_forwarded_no_grad": forwards.no_grad / len(per_step),
-        "selected_triplets": statistics.mean(s["selected_triplets"] for s in per_step),
     }
+    for key in ("images_forwarded_with_grad", "images_forwarded_no_grad", "selected_triplets",
+                "selected_images"):  # fmt: skip
+        figures[key] = statistics.mean(s[key] for s in per_step)
     for key in (CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED):
         if key in per_step[0]:
             figures[key] = max(s[key] for s in per_step)
@@ -224,7 +228,7 @@ def measure_seed(
 
     if args.snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
-    figures = measure_steps(args, batches, model, optimizer, meter, run_step)
+    figures = measure_steps(args.device, batches, run_step, model, optimizer, meter)
     if args.snapshot:
         args.snapshot.parent.mkdir(parents=True, exist_ok=True)
         torch.cuda.memory._dump_snapshot(str(args.snapshot))
@@ -276,7 +280,7 @@ def measure_trainer(
             return trainer.train_step(torch.cat(batch[:3]), labels)  # (3T, 3, H, W)
         return trainer.train_triplet_step(*batch)
 
-    return measure_steps(args, batches, network, optimizer, trainer.meter, run_step)
+    return measure_steps(args.device, batches, run_step, network, optimizer, trainer.meter)
 
 
 def graph_lifecycle(args: argparse.Namespace, images: torch.Tensor) -> dict[str, Any]:
