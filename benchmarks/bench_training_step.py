@@ -254,7 +254,7 @@ def build_stepper(case: Case, variant: str, margin: float):
 
         def seed_step(batch):
             with autocast(case):
-                return seed_train_step(model, optimizer, batch, margin=margin, state=state)
+                return seed_train_step(model, optimizer, *batch, margin=margin, state=state)
 
         return seed_step, model, optimizer, GraphMemoryMeter(exclude=model)
     trainer = build_trainer(case, variant, margin)

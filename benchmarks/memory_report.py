@@ -223,7 +223,7 @@ def measure_seed(
     def run_step(batch: tuple) -> dict:
         meter.clear_timeline()  # the last step's timeline only
         return seed_loop.seed_train_step(
-            model, optimizer, batch, margin=args.margin, state=state, meter=meter
+            model, optimizer, *batch, margin=args.margin, state=state, meter=meter
         )
 
     if args.snapshot:

@@ -142,19 +142,8 @@ def create_optimizer(
 class _LoopVariables:
     """Attribute access to the ``state`` dict, so the ported lines read like the original's."""
 
-    __slots__ = ("_variables",)
-
     def __init__(self, variables: dict[str, Any]):
-        object.__setattr__(self, "_variables", variables)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._variables[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self._variables[name] = value
+        self.__dict__ = variables  # the caller's dict itself: what the loop binds, it keeps
 
 
 def _choose_hard_triplets(v: _LoopVariables, model, margin: float, device, mark) -> None:
@@ -274,15 +263,14 @@ def _log(v: _LoopVariables, mark) -> dict[str, float]:
 def seed_train_step(
     model: SeedModel,
     optimizer: torch.optim.Optimizer,
-    batch: tuple[torch.Tensor, ...],
+    *batch: torch.Tensor,
     margin: float = 0.2,
     state: dict[str, Any] | None = None,
     meter: GraphMemoryMeter | None = None,
-    *,
     lr_decay: float = 0.0,
 ) -> dict[str, Any]:
-    """One iteration of the original loop's body on ``batch = (data_a, data_p, data_n,
-    label_p, label_n)`` (images (B, C, H, W), labels (B,)), faithfully, bugs included.
+    """One iteration of the original loop's body on ``data_a, data_p, data_n, label_p,
+    label_n`` (images (B, C, H, W), labels (B,)), faithfully, bugs included.
 
     Args:
         margin: the original's ``args.margin``: selection threshold and triplet-loss margin.
@@ -295,10 +283,11 @@ def seed_train_step(
         ``triplet_loss``, ``ce_loss``, ``total_loss`` (floats, NaN when skipped), ``n_selected``
         and ``skipped`` (no triplet was hard: the original's ``continue``, no update).
     """
-    v = _LoopVariables(state if state is not None else {})
+    state = {} if state is None else state
+    v = _LoopVariables(state)
     mark = meter.mark if meter is not None else lambda label: None
     device = next(model.parameters()).device  # the port's stand-in for .cuda()
-    if "distances" not in v._variables:
+    if "distances" not in state:
         v.labels, v.distances = [], []  # the epoch's lists, created before the loop
 
     # The for-statement binds the new batch to the loop variables.
@@ -362,7 +351,7 @@ def seed_epoch(
 
     steps = [
         seed_train_step(
-            model, optimizer, batch, margin=margin, state=state, meter=meter, lr_decay=lr_decay
+            model, optimizer, *batch, margin=margin, state=state, meter=meter, lr_decay=lr_decay
         )
         for batch in batches
     ]

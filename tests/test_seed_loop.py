@@ -70,7 +70,7 @@ def test_triplet_loss_sends_no_gradient():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keep the parameters as they are
     state = {}
     margin = 5.0  # unit embeddings: d(a,n) - d(a,p) <= 2 < margin, so every triplet is hard
-    result = seed_loop.seed_train_step(model, optimizer, batch, margin=margin, state=state)
+    result = seed_loop.seed_train_step(model, optimizer, *batch, margin=margin, state=state)
     assert result["n_selected"] == 5 and result["triplet_loss"] > 0
     loop_grads = [p.grad.clone() for p in model.parameters()]
 
@@ -102,12 +102,12 @@ def test_graphs_survive_the_step_and_are_released_when_overwritten():
     forwards, retained = reference_graph_bytes(model, make_batch(seed=9))
     meter, state = GraphMemoryMeter(exclude=model), {}
     with meter:
-        seed_loop.seed_train_step(model, optimizer, make_batch(seed=1), margin=0.5, state=state)
+        seed_loop.seed_train_step(model, optimizer, *make_batch(seed=1), margin=0.5, state=state)
         after_first = meter.alive_bytes
         first_out_a = weakref.ref(state["out_a"])
         meter.clear_timeline()
         seed_loop.seed_train_step(
-            model, optimizer, make_batch(seed=2), margin=0.5, state=state, meter=meter
+            model, optimizer, *make_batch(seed=2), margin=0.5, state=state, meter=meter
         )
     # What stays after a step is exactly the three mining forwards and the two distances.
     assert after_first == retained > 0
@@ -132,7 +132,7 @@ def test_no_hard_triplet_continues_with_graphs_held():
     meter, state = GraphMemoryMeter(exclude=model), {}
     with meter:
         result = seed_loop.seed_train_step(
-            model, optimizer, make_batch(), margin=-10.0, state=state, meter=meter
+            model, optimizer, *make_batch(), margin=-10.0, state=state, meter=meter
         )
     assert result["skipped"] and result["n_selected"] == 0 and math.isnan(result["total_loss"])
     assert meter.timeline[-1].label == "continue"
@@ -145,7 +145,7 @@ def test_batchnorm_statistics_updated_six_times_per_step():
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     bn = model.model.body[1]
-    seed_loop.seed_train_step(model, optimizer, make_batch(), margin=5.0)
+    seed_loop.seed_train_step(model, optimizer, *make_batch(), margin=5.0)
     assert bn.num_batches_tracked.item() == 6
 
 
@@ -154,7 +154,7 @@ def test_timeline_names_the_lines_that_allocate_and_free():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     meter = GraphMemoryMeter()
     with meter:
-        seed_loop.seed_train_step(model, optimizer, make_batch(), margin=5.0, meter=meter)
+        seed_loop.seed_train_step(model, optimizer, *make_batch(), margin=5.0, meter=meter)
     labels = [entry.label for entry in meter.timeline]
     deltas = dict(zip(labels[1:], np.diff([entry.alive_bytes for entry in meter.timeline])))
     assert deltas[OUT_LINE] > 0
