@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
@@ -143,14 +142,12 @@ def variant_row(work: Workload, name: str, step: str, runs: list[tuple]) -> dict
             median_s=statistics.median(values),
             images_per_s=work.p * work.k / min(values),
             selected_images_mean=statistics.fmean(counts),
-            times_s=[round(v, 5) for v in values],
         )
     return row
 
 
 def measure_workload(work: Workload) -> dict:
     """Every variant in rounds in this process."""
-    started = time.perf_counter()
     trainers = {
         name: Trainer(*build_parts(work), ce_weight=work.ce_weight, passes=passes,
                       graph_memory=name == "auto_meter")
@@ -164,9 +161,8 @@ def measure_workload(work: Workload) -> dict:
     variants = {name: variant_row(work, name, steps[name], runs[name]) for name in tasks}
     # Graph bytes only: the variants share this process, so no RSS of their own.
     variants["auto_meter"].update(memory_figures(trainers["auto_meter"].meter, rss=False))
-    seconds = time.perf_counter() - started
-    return {"workload": workload_dict(work), "variants": variants,
-            "ratios": workload_ratios(variants), "seconds": seconds}  # fmt: skip
+    ratios = workload_ratios(variants)
+    return {"workload": workload_dict(work), "variants": variants, "ratios": ratios}
 
 
 def workload_dict(work: Workload) -> dict:
