@@ -193,7 +193,6 @@ def measure_steps(device, batches: Sequence[tuple], step: Callable[[tuple], dict
     figures: dict[str, Any] = {
         GRAPH_BYTES_ALIVE: per_step[-1][GRAPH_BYTES_ALIVE],
         GRAPH_BYTES_PEAK: max(s[GRAPH_BYTES_PEAK] for s in per_step),
-        "graph_bytes_peak_mean": statistics.mean(s[GRAPH_BYTES_PEAK] for s in per_step),
         **module_state_bytes(model, optimizer),  # grad_bytes: gradients left after the step
         "grad_bytes_at_optimizer_step": grads.peak,
         "step_seconds": statistics.median(s["step_seconds"] for s in per_step[1:]),
@@ -365,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     report = run_report(args)
     if args.memory_summary:
-        print(torch.cuda.memory_summary(args.device, abbreviated=True))
+        print(torch.cuda.memory_summary(args.device, abbreviated=True), file=sys.stderr)
     text = json.dumps(json_safe(report), indent=2) + "\n"
     if args.json is None:
         print(text)
