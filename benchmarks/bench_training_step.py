@@ -55,7 +55,7 @@ SPARSE_FRACTION = 0.2  # share of a triplet batch made hard
 DENSE_MARGIN = 10.0  # unit embeddings: d(a,n) - d(a,p) >= -2 < 10, every triplet passes
 PK_MARGIN = 0.2
 POSITIVE_NOISE = 0.3  # positive = anchor + this x N(0, 1), in pixel space
-VARIANTS = ("seed", "two_pass", "one_pass", "two_pass_chunked")
+VARIANTS = ("seed", "two_pass", "one_pass", "two_pass_chunked", "auto")
 SELECTIONS = ("sparse", "dense")
 
 
@@ -105,7 +105,8 @@ def cpu_cases(quick: bool) -> list[Case]:
         steps = [Case("resnet18", 112, "triplets", s, triplets=16, repeats=6) for s in SELECTIONS]
         steps += [Case("tiny", 64, "triplets", s, triplets=32, repeats=20) for s in SELECTIONS]
         batches, chunk_size, repeats = [(32, 8), (64, 8), (225, 8)], 64, 6  # FaceNet's: ~1,800
-    chunked = {"variants": ("two_pass", "two_pass_chunked"), "chunk_size": chunk_size}
+    variants = ("two_pass", "two_pass_chunked", "auto")  # auto: the default's choice of path
+    chunked = {"variants": variants, "chunk_size": chunk_size}
     return steps + [
         Case("tiny", 32, "pk", "semihard", p=p, k=k, repeats=repeats, **chunked) for p, k in batches
     ]
@@ -189,7 +190,7 @@ def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def build_trainer(case: Case, variant: str, margin: float) -> Trainer:
-    """A Trainer for "two_pass", "one_pass" or "two_pass_chunked"."""
+    """A Trainer for "two_pass", "one_pass", "two_pass_chunked" or "auto" (``passes="auto"``)."""
     model = build_network(case)
     if case.batch == "triplets":
         miner, loss_fn = seed_rule_parts(margin)
@@ -203,7 +204,7 @@ def build_trainer(case: Case, variant: str, margin: float) -> Trainer:
         device=case.device,
         amp=case.amp,
         ce_weight=1.0 if case.batch == "triplets" else 0.0,
-        passes=1 if variant == "one_pass" else 2,
+        passes={"one_pass": 1, "auto": "auto"}.get(variant, 2),
         chunk_size=case.chunk_size if variant == "two_pass_chunked" else 0,
         meter=GraphMemoryMeter(exclude=model),
     )
@@ -246,8 +247,8 @@ def calibrate(case: Case) -> dict:
 
 
 def build_stepper(case: Case, variant: str, margin: float):
-    """``(step(batch) -> its statistics, model, optimizer, meter)``: ``variant`` on its own
-    model."""
+    """``(step(batch) -> its statistics, model, optimizer, meter, path)``: ``variant`` on its
+    own model; ``path``: "seed" or the Trainer's step (one-pass, two-pass, chunked)."""
     if variant == "seed":
         model = build_seed_model(case).train()
         optimizer, state = make_optimizer(model), {}  # state: the loop's variables, carried
@@ -256,18 +257,19 @@ def build_stepper(case: Case, variant: str, margin: float):
             with autocast(case):
                 return seed_train_step(model, optimizer, *batch, margin=margin, state=state)
 
-        return seed_step, model, optimizer, GraphMemoryMeter(exclude=model)
+        return seed_step, model, optimizer, GraphMemoryMeter(exclude=model), "seed"
     trainer = build_trainer(case, variant, margin)
     trainer.model.train()
     train = trainer.train_triplet_step if case.batch == "triplets" else trainer.train_step
-    return lambda batch: train(*batch), trainer.model, trainer.optimizer, trainer.meter
+    step = lambda batch: train(*batch)  # noqa: E731
+    return step, trainer.model, trainer.optimizer, trainer.meter, trainer.step.name
 
 
 def measure_trainer(case: Case, variant: str, margin: float) -> dict:
     """``repeats + 1`` steps of one variant, the seed's loop or a Trainer: the memory report's
     figures, median step time and selection after the warm-up step, and the peak RSS (run it
     in a forked child)."""
-    step, model, optimizer, meter = build_stepper(case, variant, margin)
+    step, model, optimizer, meter, path = build_stepper(case, variant, margin)
     before = rss_before()
     figures = memory_report.measure_steps(
         case.device, make_batches(case), step, model, optimizer, meter
@@ -279,6 +281,7 @@ def measure_trainer(case: Case, variant: str, margin: float) -> dict:
         images_per_s=case.images / figures["step_seconds"],
         selected_triplets_mean=triplets,
         selected_images_mean=statistics.mean(s["selected_images"] for s in timed),
+        step=path,
         **before,
         **{PEAK_RSS_BYTES: peak_rss_bytes()},
     )
@@ -373,6 +376,9 @@ def measure_rounds(case: Case, margins: dict, selected_images: int, variants: li
         f"{v}_step_s": build_stepper(case, v, margins["seed" if v == "seed" else "ours"])[0]
         for v in variants
     }
+    if "auto" in variants:  # the graph meter's cost: the default step under its meter
+        step, *_, meter, _ = build_stepper(case, "auto", margins["ours"])
+        tasks["auto_metered_step_s"] = lambda batch: metered(meter, step, batch)
     for name, part in floor_parts(parts_trainer, case, batches[0], selected).items():
         tasks[name] = lambda batch, f=part: f()
     runs = time_rounds(tasks, batches, case.repeats, device=case.device)
@@ -389,6 +395,12 @@ def measure_rounds(case: Case, margins: dict, selected_images: int, variants: li
         rounds["chunk_forward_graph_bytes"] = forward_graph_bytes(model, chunk, case)
         rounds["loss_graph_bytes"] = loss_graph_bytes(parts_trainer, case, batches[0])
     return rounds
+
+
+def metered(meter: GraphMemoryMeter, step, batch: tuple):
+    """``step(batch)`` inside ``meter``."""
+    with meter:
+        return step(batch)
 
 
 def forward_graph_bytes(model: torch.nn.Module, images: torch.Tensor, case: Case) -> int:
@@ -437,6 +449,8 @@ def case_ratios(variants: dict, rounds: dict | None) -> dict:
         "throughput_two_pass_vs_seed": ratio(step["seed"], step["two_pass"]),
         "throughput_one_pass_vs_seed": ratio(step["seed"], step["one_pass"]),
         "throughput_chunked_vs_two_pass": ratio(step["two_pass"], step["two_pass_chunked"]),
+        "two_pass_vs_auto": ratio(step["two_pass"], step["auto"]),  # step times
+        "meter_on_vs_off": ratio(rounds.get("auto_metered_step_s"), step["auto"]),
         "two_pass_overhead_above_floor": None if above_floor is None else above_floor - 1.0,
         "seed_step_vs_floor": ratio(step["seed"], floor),
         # What the arithmetic alone allows two-pass to gain over the seed on this machine.
