@@ -31,12 +31,10 @@ from benchmarks import memory_report
 from benchmarks.forking import run_forked
 from benchmarks.measure import (
     rss_before,
-    seed_rule_parts,
-    semihard_parts,
     timed,
     write_report,
 )
-from benchmarks.seed_loop import SeedModel, l2_dist, seed_train_step
+from benchmarks.seed_loop import l2_dist, seed_train_step
 from facenet.memory import (
     CUDA_MAX_ALLOCATED,
     GRAPH_BYTES_PEAK,
@@ -49,7 +47,6 @@ from facenet.models.embedding import EmbeddingNet
 from facenet.training.engine import Trainer
 from facenet.training.step import frozen_bn_running_stats, unique_triplet_images
 
-EMBEDDING_DIM = 128
 NUM_CLASSES = 16  # triplet mode: classes of the classifier head
 SPARSE_FRACTION = 0.2  # share of a triplet batch made hard
 DENSE_MARGIN = 10.0  # unit embeddings: d(a,n) - d(a,p) >= -2 < 10, every triplet passes
@@ -76,6 +73,9 @@ class Case:
     chunk_size: int = 0  # images per chunk of two_pass_chunked
     device: str = "cpu"
     amp: str = "none"  # or "bf16"
+    margin: float = PK_MARGIN  # a Trainer's (triplet batches: calibrated per variant)
+    seed: int = 0  # of the weights and the miner
+    embedding_dim: int = 128
 
     @property
     def images(self) -> int:
@@ -173,15 +173,7 @@ def autocast(case: Case) -> torch.autocast:
 
 def build_network(case: Case) -> EmbeddingNet:
     """The seeded network every variant starts from; a classifier head in triplet mode."""
-    torch.manual_seed(0)
-    classes = NUM_CLASSES if case.batch == "triplets" else None
-    return EmbeddingNet(case.backbone, EMBEDDING_DIM, num_classes=classes)
-
-
-def build_seed_model(case: Case) -> SeedModel:
-    """The seed's ``FaceModel``: the same backbone and embedding, its own classifier."""
-    torch.manual_seed(0)
-    return SeedModel(EmbeddingNet(case.backbone, EMBEDDING_DIM), NUM_CLASSES).to(case.device)
+    return memory_report.build_network(case, NUM_CLASSES if case.batch == "triplets" else None)
 
 
 def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -191,22 +183,16 @@ def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def build_trainer(case: Case, variant: str, margin: float) -> Trainer:
     """A Trainer for "two_pass", "one_pass", "two_pass_chunked" or "auto" (``passes="auto"``)."""
-    model = build_network(case)
-    if case.batch == "triplets":
-        miner, loss_fn = seed_rule_parts(margin)
-    else:
-        miner, loss_fn = semihard_parts(margin, seed=0)
-    return Trainer(
+    model, triplets = build_network(case), case.batch == "triplets"
+    return memory_report.build_trainer(
+        dataclasses.replace(case, margin=margin),
         model,
-        miner,
-        loss_fn,
         make_optimizer(model),
-        device=case.device,
+        pk=not triplets,
         amp=case.amp,
-        ce_weight=1.0 if case.batch == "triplets" else 0.0,
+        ce_weight=1.0 if triplets else 0.0,
         passes={"one_pass": 1, "auto": "auto"}.get(variant, 2),
         chunk_size=case.chunk_size if variant == "two_pass_chunked" else 0,
-        meter=GraphMemoryMeter(exclude=model),
     )
 
 
@@ -221,7 +207,8 @@ def calibrate(case: Case) -> dict:
     """A margin for the seed's loop and one for our steps, each selecting the case's share of
     the candidates (the hard ones, or all) on the initial network. The seed's BatchNorm sees
     a, p and n as three batches, ours as one, so their distances differ."""
-    seed_model, network = build_seed_model(case).train(), build_network(case).to(case.device)
+    seed_model = memory_report.build_seed_model(case, NUM_CLASSES)
+    network = build_network(case).to(case.device)
     distance = get_distance("seed_l2")
     margins = {"seed": [], "ours": []}  # d(a,n) - d(a,p), a (T,) tensor per batch
     with torch.no_grad(), frozen_bn_running_stats(seed_model), autocast(case):
@@ -250,7 +237,7 @@ def build_stepper(case: Case, variant: str, margin: float):
     """``(step(batch) -> its statistics, model, optimizer, meter, path)``: ``variant`` on its
     own model; ``path``: "seed" or the Trainer's step (one-pass, two-pass, chunked)."""
     if variant == "seed":
-        model = build_seed_model(case).train()
+        model = memory_report.build_seed_model(case, NUM_CLASSES)
         optimizer, state = make_optimizer(model), {}  # state: the loop's variables, carried
 
         def seed_step(batch):

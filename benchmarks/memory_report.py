@@ -152,11 +152,27 @@ def make_triplet_batches(
     return batches
 
 
-def build_network(args: argparse.Namespace, classes: int | None) -> EmbeddingNet:
-    """The seeded network: the same initial weights in every variant."""
+def build_network(args, classes: int | None) -> EmbeddingNet:
+    """The seeded network: the same initial weights in every variant. ``args``: this module's
+    options, or any object with ``backbone``, ``image_size``, ``embedding_dim``, ``seed`` (and
+    ``device``, ``margin`` for the two functions below), as the training-step benchmark's case."""
     torch.manual_seed(args.seed)
     size = image_hw(args.image_size)
     return EmbeddingNet(args.backbone, args.embedding_dim, num_classes=classes, input_size=size)
+
+
+def build_seed_model(args, classes: int) -> seed_loop.SeedModel:
+    """The seed's ``FaceModel`` on the seeded network, in training mode on ``args.device``."""
+    return seed_loop.SeedModel(build_network(args, None), classes).to(args.device).train()
+
+
+def build_trainer(args, network: EmbeddingNet, optimizer, pk: bool, **settings) -> Trainer:
+    """A Trainer with a graph meter: the seed's selection rule and loss or, ``pk``, semi-hard
+    mining (``settings``: the Trainer's other keywords)."""
+    miner, loss_fn = semihard_parts(args.margin, args.seed) if pk else seed_rule_parts(args.margin)
+    return Trainer(
+        network, miner, loss_fn, optimizer, device=args.device, graph_memory=True, **settings
+    )
 
 
 def selection(result: dict) -> tuple[int, int]:
@@ -214,8 +230,7 @@ def measure_seed(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The seed loop's port, its loop variables carried between steps: its figures, and the
     last step's timeline with the graph bytes each loop variable keeps alive after it."""
-    network = build_network(args, None)
-    model = seed_loop.SeedModel(network, args.classes).to(args.device).train()
+    model = build_seed_model(args, args.classes)
     optimizer = seed_loop.create_optimizer(model, name=args.optimizer, lr=args.lr)
     meter, state = GraphMemoryMeter(exclude=model), {}
 
@@ -260,17 +275,7 @@ def measure_trainer(
     images as P x K identities with semi-hard mining, instead of the seed's rule."""
     network = build_network(args, args.classes).to(args.device)
     optimizer = seed_loop.create_optimizer(network, name=args.optimizer, lr=args.lr)
-    miner, loss_fn = semihard_parts(args.margin, args.seed) if pk else seed_rule_parts(args.margin)
-    trainer = Trainer(
-        network,
-        miner,
-        loss_fn,
-        optimizer,
-        passes=passes,
-        ce_weight=1.0,
-        device=args.device,
-        graph_memory=True,
-    )
+    trainer = build_trainer(args, network, optimizer, pk, passes=passes, ce_weight=1.0)
     network.train()
     labels = torch.arange(args.identities).repeat_interleave(args.pk or 1)  # (3T,) when pk
 
