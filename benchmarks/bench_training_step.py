@@ -6,7 +6,8 @@ in a forked child of its own, so its peak RSS is its own; its graph peak runs ov
 (the seed loop's needs a second step, while the first step's graphs are alive). Time ratios
 come from one more child running every variant and each part of the two-pass step in rotating
 rounds on the same batch, each task's figure its fastest round. The floor: the no-grad forward
-on the batch plus forward and backward on the images two-pass selected.
+on the batch plus forward and backward on the images two-pass selected. P x K cases also run
+the default step (``passes="auto"``: its path in ``step``), in the rounds under its graph meter.
 
     python -m benchmarks.bench_training_step --json step.json   # CPU suite; --quick: seconds
 """
@@ -265,8 +266,6 @@ def measure_trainer(case: Case, variant: str, margin: float) -> dict:
     triplets = statistics.mean(s["selected_triplets"] for s in timed)
     figures.update(
         median_step_s=figures["step_seconds"],
-        images_per_s=case.images / figures["step_seconds"],
-        selected_triplets_mean=triplets,
         selected_images_mean=statistics.mean(s["selected_images"] for s in timed),
         step=path,
         **before,
@@ -335,17 +334,17 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
     return parts
 
 
-def time_rounds(tasks: dict, batches: list, rounds: int, warmup: int = 1, device="cpu") -> dict:
+def time_rounds(tasks: dict, batches: list, rounds: int, device: str) -> dict:
     """Each task ``task(batch)`` once per round on the round's batch, in an order rotated by
-    the round (no task always runs right after the same one); after the ``warmup`` rounds,
+    the round (no task always runs right after the same one); after a warm-up round,
     ``{name: [(seconds, output), ...]}``."""
     runs: dict[str, list] = {name: [] for name in tasks}
-    for index in range(warmup + rounds):
+    for index in range(1 + rounds):
         batch = batches[index % len(batches)]
         shift = index % len(tasks)
         for name in list(tasks)[shift:] + list(tasks)[:shift]:
             seconds, output = timed(device, lambda t=tasks[name], b=batch: t(b))
-            if index >= warmup:
+            if index:
                 runs[name].append((seconds, output))
     return runs
 
@@ -368,7 +367,7 @@ def measure_rounds(case: Case, margins: dict, selected_images: int, variants: li
         tasks["auto_metered_step_s"] = lambda batch: metered(meter, step, batch)
     for name, part in floor_parts(parts_trainer, case, batches[0], selected).items():
         tasks[name] = lambda batch, f=part: f()
-    runs = time_rounds(tasks, batches, case.repeats, device=case.device)
+    runs = time_rounds(tasks, batches, case.repeats, case.device)
     times = {name: [seconds for seconds, _ in pairs] for name, pairs in runs.items()}
     rounds = {name: min(values) for name, values in times.items()}
     rounds["medians"] = {name: statistics.median(values) for name, values in times.items()}
@@ -520,26 +519,19 @@ def describe_machine(device: str) -> dict:
     return machine
 
 
-def start_report(benchmark: str, argv: list[str] | None, device: str, **fields) -> dict:
-    """A report's head: its command, the date and the machine, then ``fields``."""
-    return {
-        "benchmark": benchmark,
-        "command": f"python -m benchmarks.{benchmark} " + " ".join(argv or sys.argv[1:]),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": describe_machine(device),
-        **fields,
-    }
-
-
-def parse_options(doc: str, argv: list[str] | None, options: dict | None = None):
-    """``--quick``, ``--json``, ``--threads`` (set here: forked children inherit them) and
-    ``options`` (flag: ``add_argument`` keywords), parsed."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="seconds instead of minutes")
-    parser.add_argument("--json", type=Path, default=None, help="write the report here")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    for flag, settings in (options or {}).items():
-        parser.add_argument(flag, **settings)
+def parse_options(argv: list[str] | None) -> argparse.Namespace:
+    """The options, parsed; ``--threads`` is set here (forked children inherit it)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--quick", action="store_true", help="seconds instead of minutes")
+    add("--json", type=Path, default=None, help="write the report here")
+    add("--threads", type=int, default=0, help="torch threads (0: default)")
+    add("--suite", choices=("cpu", "gpu"), default="cpu")
+    add("--device", help="every case's device (default: cuda for the GPU suite)")
+    add("--pk-search", type=lambda text: [int(v) for v in text.split(",")],
+        help="P x K sizes, comma-separated: the largest two-pass batch that fits, with and "
+        "without chunks (after the suite)")  # fmt: skip
+    add("--only-search", action="store_true", help="skip the suite")
     args = parser.parse_args(argv)
     if sys.platform != "linux":
         parser.error("Linux only (fork, /proc)")
@@ -552,22 +544,22 @@ def parse_options(doc: str, argv: list[str] | None, options: dict | None = None)
 
 def main(argv: list[str] | None = None) -> int:
     """Run the suite and write the JSON report after each case."""
-    args = parse_options(__doc__, argv, {
-        "--suite": {"choices": ("cpu", "gpu"), "default": "cpu"},
-        "--device": {"help": "every case's device (default: cuda for the GPU suite)"},
-        "--pk-search": {"type": lambda text: [int(v) for v in text.split(",")],
-                        "help": "P x K sizes, comma-separated: the largest two-pass batch that "
-                        "fits, with and without chunks (after the suite)"},
-        "--only-search": {"action": "store_true", "help": "skip the suite"},
-    })  # fmt: skip
+    args = parse_options(argv)
     device = args.device or ("cuda" if args.suite == "gpu" else "cpu")
     cuda = run_forked(lambda: {"ok": torch.cuda.is_available()}) if device != "cpu" else {}
     if device.startswith("cuda") and not cuda.get("ok"):
         raise SystemExit(f"--device {device}: torch sees no CUDA device")
     cases = gpu_cases(args.quick) if args.suite == "gpu" else cpu_cases(args.quick)
     cases = [dataclasses.replace(case, device=device) for case in cases]
-    report = start_report("bench_training_step", argv, device, suite=args.suite,
-                          quick=args.quick, cases=[])  # fmt: skip
+    report = {
+        "benchmark": "bench_training_step",
+        "command": "python -m benchmarks.bench_training_step " + " ".join(argv or sys.argv[1:]),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": describe_machine(device),
+        "suite": args.suite,
+        "quick": args.quick,
+        "cases": [],
+    }
     for case in [] if args.only_search else cases:
         report["cases"].append(run_case(case))
         write_report(args.json, report)

@@ -207,21 +207,17 @@ def measure_steps(device, batches: Sequence[tuple], step: Callable[[tuple], dict
     forwards.remove()
     grads.remove()
     figures: dict[str, Any] = {
-        GRAPH_BYTES_ALIVE: per_step[-1][GRAPH_BYTES_ALIVE],
-        GRAPH_BYTES_PEAK: max(s[GRAPH_BYTES_PEAK] for s in per_step),
         **module_state_bytes(model, optimizer),  # grad_bytes: gradients left after the step
         "grad_bytes_at_optimizer_step": grads.peak,
         "step_seconds": statistics.median(s["step_seconds"] for s in per_step[1:]),
     }
-    for key in ("images_forwarded_with_grad", "images_forwarded_no_grad", "selected_triplets",
-                "selected_images"):  # fmt: skip
-        figures[key] = statistics.mean(s[key] for s in per_step)
-    for key in (CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED):
-        if key in per_step[0]:
+    for key in per_step[0]:  # peaks over the steps, what the last one left, means of counts
+        if key in (GRAPH_BYTES_PEAK, CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED):
             figures[key] = max(s[key] for s in per_step)
-    for key in (CUDA_ALLOCATED, CUDA_RESERVED):
-        if key in per_step[0]:
+        elif key in (GRAPH_BYTES_ALIVE, CUDA_ALLOCATED, CUDA_RESERVED):
             figures[key] = per_step[-1][key]
+        elif key != "step_seconds":
+            figures[key] = statistics.mean(s[key] for s in per_step)
     return {**figures, "per_step": per_step}
 
 
