@@ -249,8 +249,13 @@ def build_stepper(case: Case, variant: str, margin: float):
     trainer = build_trainer(case, variant, margin)
     trainer.model.train()
     train = trainer.train_triplet_step if case.batch == "triplets" else trainer.train_step
-    step = lambda batch: train(*batch)  # noqa: E731
-    return step, trainer.model, trainer.optimizer, trainer.meter, trainer.step.name
+    return (
+        (lambda batch: train(*batch)),
+        trainer.model,
+        trainer.optimizer,
+        trainer.meter,
+        trainer.step.name,
+    )
 
 
 def measure_trainer(case: Case, variant: str, margin: float) -> dict:
