@@ -1,4 +1,4 @@
-"""Run one measurement in a forked child, so that its peak RSS and failures are its own."""
+"""Run one measurement in a forked child, so that its peak RSS and its failures are its own."""
 
 from __future__ import annotations
 
@@ -8,18 +8,12 @@ import sys
 import traceback
 from pathlib import Path
 
-__all__ = ["run_forked"]
-
 
 def run_forked(fn, *args) -> dict:
     """``fn(*args)`` in a forked child; its JSON-able dict comes back through a pipe.
 
-    A child that raises returns ``{"error": ...}``; one that dies (killed for memory) too. The
-    parent must not have initialised CUDA: each child starts its own context.
-
-    Args:
-        fn: the measurement; returns a JSON-serialisable dict.
-        args: its arguments.
+    A child that raises or dies (killed for memory) gives ``{"error": ...}``. The parent must
+    not have initialised CUDA: each child starts its own context.
     """
     read_end, write_end = os.pipe()
     sys.stdout.flush()
@@ -28,15 +22,11 @@ def run_forked(fn, *args) -> dict:
     if pid == 0:  # child
         os.close(read_end)
         try:
-            result = fn(*args)
+            text = json.dumps(fn(*args))
         except BaseException as err:  # reported to the parent, never raised past the fork
             last = traceback.extract_tb(err.__traceback__)[-1]
             where = f"{Path(last.filename).name}:{last.lineno}"
-            result = {"error": f"{type(err).__name__}: {str(err)[:300]} ({where})"}
-        try:
-            text = json.dumps(result)
-        except (TypeError, ValueError) as err:
-            text = json.dumps({"error": f"result not JSON-serialisable: {err}"})
+            text = json.dumps({"error": f"{type(err).__name__}: {str(err)[:300]} ({where})"})
         with os.fdopen(write_end, "w") as fh:
             fh.write(text)
         sys.stdout.flush()

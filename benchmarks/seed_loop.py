@@ -1,40 +1,16 @@
 """BASELINE - NOT AN EXAMPLE TO FOLLOW. The seed's training loop, ported faithfully.
 
-This module reproduces the training loop of ``train_triplet.py`` from liorshk/facenet_pytorch
-(quoted in ``/work/shared/SEED.md``), bugs included, so that the corrected trainer can be measured
-against what it replaces. Its known faults are kept on purpose:
-
-- hard triplets are chosen through a numpy round trip and the chosen embeddings are re-created as
-  new leaf tensors, so the triplet loss sends NO gradient to the model; only cross-entropy trains;
-- three full-batch forwards with grad (anchor, positive, negative) build graphs that are never
-  backpropagated; the loop variables ``out_a``, ``out_p``, ``out_n``, ``d_p``, ``d_n`` keep them
-  alive into the next iteration, where the next three forwards run before the old graphs are
-  released: the peak holds two steps' graphs;
-- ``forward_classifier`` runs three more forwards on images already embedded;
-- BatchNorm running statistics are updated six times per step, three by passes never trained on;
-- images and embeddings travel device -> CPU -> device every step; losses are synced per step;
-- the learning rate decays twice (Adagrad's ``lr_decay`` plus ``adjust_learning_rate``) when the
-  original's optimizer is used (:func:`create_optimizer`).
-
-Only what no longer runs on current PyTorch is changed, each change marked ``# MODERNISED``:
-``Variable(...)`` is dropped, ``.data[0]`` becomes ``.item()``, ``.cuda()`` becomes
-``.to(device)`` (the model's device, so the port also runs on a CPU), ``subdist[0]`` is dropped,
-and the old-style ``autograd.Function`` helpers whose ``forward`` was called directly become
-plain classes. Logging to TensorBoard, the progress bar, the end-of-epoch evaluation and the
-checkpoint are left out: they do not touch the graphs.
-
-The loop's local variables live in a ``state`` dict that the caller passes from one step to the
-next, so their survival into the next iteration - the heart of the seed's memory problem - is
-reproduced. With a :class:`facenet.memory.GraphMemoryMeter`, each ported line is followed by
-``meter.mark("<original source line>")``: the meter's timeline says which line allocates graph
-memory, which line frees it and what is left when the step ends.
-
-Run ``python -m benchmarks.seed_loop`` to print that timeline for a small model.
+The loop of ``train_triplet.py`` from liorshk/facenet_pytorch (quoted in SEED.md), bugs
+included, so that the corrected trainer is measured against what it replaces. Only what no
+longer runs on current PyTorch is changed, each change marked ``# MODERNISED``; logging, the
+progress bar, the evaluation and the checkpoint are left out (they do not touch the graphs).
+The loop's variables live in a ``state`` dict the caller passes from one step to the next, so
+their survival into the next iteration, the heart of the seed's memory problem, is reproduced;
+with a ``GraphMemoryMeter`` each ported line is followed by ``meter.mark(<original line>)``.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,23 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from facenet.memory import GraphMemoryMeter, format_bytes, graph_bytes_by_variable
-from facenet.models.embedding import EmbeddingNet
+from facenet.memory import GraphMemoryMeter
 
-__all__ = [
-    "PairwiseDistance",
-    "TripletMarginLoss",
-    "l2_dist",
-    "SeedModel",
-    "adjust_learning_rate",
-    "create_optimizer",
-    "seed_train_step",
-    "seed_epoch",
-    "print_timeline",
-]
-
-
-# --------------------------------------------------------------------------- the helpers
+# ------------------------------------------------------------------ the original's utilities
 
 
 class PairwiseDistance:
@@ -66,9 +28,6 @@ class PairwiseDistance:
 
     MODERNISED: an old-style ``autograd.Function`` whose ``forward`` was called directly (so it
     built an ordinary graph); now a plain class with the same ``forward``.
-
-    Args:
-        p: the norm.
     """
 
     def __init__(self, p: float):
@@ -87,9 +46,6 @@ class TripletMarginLoss:
     """The original's triplet loss: ``mean(clamp(margin + d(a, p) - d(a, n), min=0))``.
 
     MODERNISED: an old-style ``autograd.Function`` called through ``forward``; now a plain class.
-
-    Args:
-        margin: the triplet margin.
     """
 
     def __init__(self, margin: float):
@@ -111,17 +67,10 @@ l2_dist = PairwiseDistance(2)  # a module-level global, as in the original
 
 
 class SeedModel(nn.Module):
-    """The original ``FaceModel`` around any embedding network, with ``forward_classifier``.
-
-    ``forward_classifier(x)`` runs ``forward(x)`` again and applies a linear classifier to the
-    embeddings, as the original did; ``forward`` keeps its last output in ``self.features``, as
-    the original did.
-
-    Args:
-        embedding_net: a module mapping images (B, C, H, W) to embeddings (B, D).
-        num_classes: classes of the classifier head.
-        embedding_dim: D; read from ``embedding_net.embedding_dim`` or ``.embed_dim`` if omitted.
-    """
+    """The original ``FaceModel`` around any embedding network (images (B, C, H, W) to
+    embeddings (B, D)): ``forward`` keeps its last output in ``self.features`` and
+    ``forward_classifier`` runs ``forward`` again, as the original did. ``embedding_dim``: D,
+    read from ``embedding_net.embedding_dim`` or ``.embed_dim`` if omitted."""
 
     def __init__(
         self, embedding_net: nn.Module, num_classes: int, embedding_dim: int | None = None
@@ -154,12 +103,8 @@ class SeedModel(nn.Module):
 
 
 def adjust_learning_rate(optimizer: torch.optim.Optimizer, lr_decay: float) -> None:
-    """The original's per-step decay ``lr = lr0 / (1 + step * lr_decay)`` on every group.
-
-    Args:
-        optimizer: its groups get a ``step`` counter, as in the original.
-        lr_decay: the decay rate; 0 leaves the rate unchanged.
-    """
+    """The original's per-step decay ``lr = lr0 / (1 + step * lr_decay)`` on every group
+    (each gets a ``step`` counter, as in the original)."""
     for group in optimizer.param_groups:
         if "step" not in group:
             group["step"] = 0
@@ -176,15 +121,8 @@ def create_optimizer(
     lr_decay: float = 1e-4,
     wd: float = 0.0,
 ) -> torch.optim.Optimizer:
-    """The original's optimizers and defaults (Adagrad, lr 0.1, lr_decay 1e-4).
-
-    Args:
-        model: the model whose parameters are optimised.
-        name: ``sgd``, ``adam`` or ``adagrad``.
-        lr: the learning rate.
-        lr_decay: Adagrad's own decay (applied on top of :func:`adjust_learning_rate`'s).
-        wd: weight decay.
-    """
+    """The original's optimizers and defaults (Adagrad, lr 0.1, its own lr_decay 1e-4, applied
+    on top of :func:`adjust_learning_rate`'s)."""
     if name == "sgd":
         return torch.optim.SGD(
             model.parameters(), lr=lr, momentum=0.9, dampening=0.9, weight_decay=wd
@@ -204,75 +142,12 @@ def create_optimizer(
 class _LoopVariables:
     """Attribute access to the ``state`` dict, so the ported lines read like the original's."""
 
-    __slots__ = ("_variables",)
-
     def __init__(self, variables: dict[str, Any]):
-        object.__setattr__(self, "_variables", variables)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._variables[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self._variables[name] = value
+        self.__dict__ = variables  # the caller's dict itself: what the loop binds, it keeps
 
 
-def _no_mark(label: str) -> None:
-    """Stands for ``meter.mark`` when no meter is given."""
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    """Where the model's parameters are: the port's stand-in for ``.cuda()``."""
-    return next(model.parameters()).device
-
-
-def seed_train_step(
-    model: SeedModel,
-    optimizer: torch.optim.Optimizer,
-    data_a: torch.Tensor,
-    data_p: torch.Tensor,
-    data_n: torch.Tensor,
-    label_p: torch.Tensor,
-    label_n: torch.Tensor,
-    margin: float = 0.2,
-    state: dict[str, Any] | None = None,
-    meter: GraphMemoryMeter | None = None,
-    *,
-    lr_decay: float = 0.0,
-) -> dict[str, Any]:
-    """One iteration of the original loop's body, faithfully, bugs included.
-
-    Args:
-        model: a :class:`SeedModel` (anything with ``forward`` and ``forward_classifier``).
-        optimizer: the optimizer (:func:`create_optimizer` gives the original's).
-        data_a, data_p, data_n: anchor, positive and negative images (B, C, H, W).
-        label_p, label_n: class labels (B,) of the positives (and anchors) and negatives.
-        margin: the original's ``args.margin``: selection threshold and triplet-loss margin.
-        state: the loop's local variables, carried from one iteration to the next (pass the same
-            dict every step to reproduce the original's retention); a fresh dict if None, whose
-            graphs die when the step returns.
-        meter: a ``GraphMemoryMeter`` whose ``mark`` is called with the original source line
-            after each ported line; None for no timeline.
-        lr_decay: the original's ``args.lr_decay`` for :func:`adjust_learning_rate`; 0 keeps the
-            learning rate.
-
-    Returns:
-        ``triplet_loss``, ``ce_loss``, ``total_loss`` (Python floats, NaN when skipped),
-        ``n_selected`` (int) and ``skipped`` (True when no triplet was hard: the original's
-        ``continue``, with no backward and no optimizer step).
-    """
-    v = _LoopVariables(state if state is not None else {})
-    mark = meter.mark if meter is not None else _no_mark
-    device = _model_device(model)
-    if "distances" not in v._variables:
-        v.labels, v.distances = [], []  # the epoch's lists, created before the loop
-
-    # The for-statement binds the new batch to the loop variables.
-    v.data_a, v.data_p, v.data_n, v.label_p, v.label_n = data_a, data_p, data_n, label_p, label_n
-    mark("for batch_idx, (data_a, data_p, data_n,label_p,label_n) in pbar:")
-
+def _choose_hard_triplets(v: _LoopVariables, model, margin: float, device, mark) -> None:
+    """The loop body's lines from moving the batch to the device to ``hard_triplets``."""
     # MODERNISED: .cuda() -> .to(device); the Variable(...) line that followed is dropped.
     v.data_a, v.data_p, v.data_n = v.data_a.to(device), v.data_p.to(device), v.data_n.to(device)
     mark("data_a, data_p, data_n = data_a.cuda(), data_p.cuda(), data_n.cuda()")
@@ -290,16 +165,10 @@ def seed_train_step(
     mark("all = (d_n - d_p < args.margin).cpu().data.numpy().flatten()")
     v.hard_triplets = np.where(v.all == 1)
     mark("hard_triplets = np.where(all == 1)")
-    if len(v.hard_triplets[0]) == 0:
-        mark("continue")
-        nan = float("nan")
-        return {
-            "triplet_loss": nan,
-            "ce_loss": nan,
-            "total_loss": nan,
-            "n_selected": 0,
-            "skipped": True,
-        }
+
+
+def _copy_selected(v: _LoopVariables, device, mark) -> None:
+    """The chosen embeddings, images and labels, copied out through numpy."""
     # MODERNISED (the next six lines): Variable(...) dropped, .cuda() -> .to(device).
     v.out_selected_a = torch.from_numpy(v.out_a.cpu().data.numpy()[v.hard_triplets]).to(device)
     mark(
@@ -331,6 +200,10 @@ def seed_train_step(
     mark("selected_label_p = torch.from_numpy(label_p.cpu().numpy()[hard_triplets])")
     v.selected_label_n = torch.from_numpy(v.label_n.cpu().numpy()[v.hard_triplets])
     mark("selected_label_n= torch.from_numpy(label_n.cpu().numpy()[hard_triplets])")
+
+
+def _losses(v: _LoopVariables, model, margin: float, device, mark) -> None:
+    """The triplet loss on the copies, the classifier's three forwards, the total loss."""
     v.triplet_loss = TripletMarginLoss(margin).forward(
         v.out_selected_a, v.out_selected_p, v.out_selected_n
     )
@@ -365,6 +238,69 @@ def seed_train_step(
 
     v.loss = v.cross_entropy_loss + v.triplet_loss
     mark("loss = cross_entropy_loss + triplet_loss")
+
+
+def _log(v: _LoopVariables, mark) -> dict[str, float]:
+    """The loop body's logging and the epoch's distances and labels."""
+    # log loss value. MODERNISED: .data[0] -> .item(); each is a device sync, as it was.
+    losses = {
+        "triplet_loss": v.triplet_loss.item(),
+        "ce_loss": v.cross_entropy_loss.item(),
+        "total_loss": v.loss.item(),
+    }
+
+    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_n)
+    v.distances.append(v.dists.data.cpu().numpy())
+    v.labels.append(np.zeros(v.dists.size(0)))
+
+    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_p)
+    v.distances.append(v.dists.data.cpu().numpy())
+    v.labels.append(np.ones(v.dists.size(0)))
+    mark("labels.append(np.ones(dists.size(0)))  # end of the loop body")
+    return losses
+
+
+def seed_train_step(
+    model: SeedModel,
+    optimizer: torch.optim.Optimizer,
+    *batch: torch.Tensor,
+    margin: float = 0.2,
+    state: dict[str, Any] | None = None,
+    meter: GraphMemoryMeter | None = None,
+    lr_decay: float = 0.0,
+) -> dict[str, Any]:
+    """One iteration of the original loop's body on ``data_a, data_p, data_n, label_p,
+    label_n`` (images (B, C, H, W), labels (B,)), faithfully, bugs included.
+
+    Args:
+        margin: the original's ``args.margin``: selection threshold and triplet-loss margin.
+        state: the loop's variables, carried from one iteration to the next (pass the same dict
+            every step to reproduce the original's retention); None: they die with the step.
+        meter: its ``mark`` is called with the original source line after each ported line.
+        lr_decay: the original's ``args.lr_decay`` for :func:`adjust_learning_rate`.
+
+    Returns:
+        ``triplet_loss``, ``ce_loss``, ``total_loss`` (floats, NaN when skipped), ``n_selected``
+        and ``skipped`` (no triplet was hard: the original's ``continue``, no update).
+    """
+    state = {} if state is None else state
+    v = _LoopVariables(state)
+    mark = meter.mark if meter is not None else lambda label: None
+    device = next(model.parameters()).device  # the port's stand-in for .cuda()
+    if "distances" not in state:
+        v.labels, v.distances = [], []  # the epoch's lists, created before the loop
+
+    # The for-statement binds the new batch to the loop variables.
+    v.data_a, v.data_p, v.data_n, v.label_p, v.label_n = batch
+    mark("for batch_idx, (data_a, data_p, data_n,label_p,label_n) in pbar:")
+
+    _choose_hard_triplets(v, model, margin, device, mark)
+    if len(v.hard_triplets[0]) == 0:
+        mark("continue")
+        losses = dict.fromkeys(("triplet_loss", "ce_loss", "total_loss"), float("nan"))
+        return {**losses, "n_selected": 0, "skipped": True}
+    _copy_selected(v, device, mark)
+    _losses(v, model, margin, device, mark)
     # compute gradient and update weights
     optimizer.zero_grad()
     v.loss.backward()
@@ -375,27 +311,7 @@ def seed_train_step(
     # update the optimizer learning rate
     adjust_learning_rate(optimizer, lr_decay)
 
-    # log loss value. MODERNISED: .data[0] -> .item(); each is a device sync, as it was.
-    triplet_value = v.triplet_loss.item()
-    ce_value = v.cross_entropy_loss.item()
-    total_value = v.loss.item()
-
-    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_n)
-    v.distances.append(v.dists.data.cpu().numpy())
-    v.labels.append(np.zeros(v.dists.size(0)))
-
-    v.dists = l2_dist.forward(v.out_selected_a, v.out_selected_p)
-    v.distances.append(v.dists.data.cpu().numpy())
-    v.labels.append(np.ones(v.dists.size(0)))
-    mark("labels.append(np.ones(dists.size(0)))  # end of the loop body")
-
-    return {
-        "triplet_loss": triplet_value,
-        "ce_loss": ce_value,
-        "total_loss": total_value,
-        "n_selected": len(v.hard_triplets[0]),
-        "skipped": False,
-    }
+    return {**_log(v, mark), "n_selected": len(v.hard_triplets[0]), "skipped": False}
 
 
 def seed_epoch(
@@ -444,81 +360,3 @@ def seed_epoch(
     # MODERNISED: subdist[0] -> subdist (a distance is now a 0-d element, not a 1-element row).
     distances = np.array([subdist for dist in v.distances for subdist in dist])
     return {"steps": steps, "distances": distances, "labels": labels}
-
-
-# --------------------------------------------------------------------------- the timeline
-
-
-def _random_triplet_batch(batch_size: int, image_size: int, num_classes: int, seed: int):
-    """A random (data_a, data_p, data_n, label_p, label_n) batch; anchors share label_p."""
-    generator = torch.Generator().manual_seed(seed)
-
-    def images() -> torch.Tensor:  # (B, 3, H, W), its own storage as a DataLoader batch has
-        return torch.randn(batch_size, 3, image_size, image_size, generator=generator)
-
-    label_p = torch.randint(0, num_classes, (batch_size,), generator=generator)
-    offset = torch.randint(1, num_classes, (batch_size,), generator=generator)
-    return images(), images(), images(), label_p, (label_p + offset) % num_classes
-
-
-def print_timeline(meter: GraphMemoryMeter, state: dict[str, Any]) -> None:
-    """Print each marked line with the graph bytes alive after it and the change it made, then
-    which loop variables keep graph bytes alive.
-
-    Args:
-        meter: the ``GraphMemoryMeter`` that recorded the step.
-        state: the loop's variables after the step.
-    """
-    previous = None
-    for label, alive in meter.timeline:
-        delta = (
-            ""
-            if previous is None
-            else f"{'+' if alive >= previous else ''}{format_bytes(alive - previous)}"
-        )
-        print(f"{format_bytes(alive):>11} {delta:>12}  {label}")
-        previous = alive
-    held = {name: n for name, n in graph_bytes_by_variable(state).items() if n > 0}
-    print(
-        "\nStill alive after the step, reachable from these loop variables (shared parts repeat):"
-    )
-    for name, nbytes in held.items():
-        print(f"{format_bytes(nbytes):>11}  {name}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run two steps of the seed loop on a small model and print the second step's timeline."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backbone", default="tiny")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--margin", type=float, default=0.2)
-    args = parser.parse_args(argv)
-
-    torch.manual_seed(0)
-    num_classes = 10
-    model = SeedModel(EmbeddingNet(args.backbone, embedding_dim=64), num_classes)
-    optimizer = create_optimizer(model)
-    meter, state = GraphMemoryMeter(exclude=model), {}
-    with meter:
-        batch = _random_triplet_batch(args.batch_size, args.image_size, num_classes, seed=0)
-        seed_train_step(model, optimizer, *batch, margin=args.margin, state=state)
-        meter.clear_timeline()
-        meter.reset_peak()
-        batch = _random_triplet_batch(args.batch_size, args.image_size, num_classes, seed=1)
-        result = seed_train_step(
-            model, optimizer, *batch, margin=args.margin, state=state, meter=meter
-        )
-    print(
-        f"Seed loop, second step ({args.backbone}, {args.image_size} px, batch 3 x "
-        f"{args.batch_size}, {result['n_selected']} selected); graph bytes after each line:\n"
-    )
-    print_timeline(meter, state)
-    print(
-        f"\npeak during the step: {format_bytes(meter.peak_bytes)}; "
-        f"alive after it: {format_bytes(meter.alive_bytes)}"
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -255,11 +255,19 @@ def test_quick_chunk_rows_measure_both_variants(quick_report):
         two = result["variants"]["two_pass"]
         assert two[GRAPH_BYTES_ALIVE] == 0
         assert two["selected_images_mean"] == result["case"]["p"] * result["case"]["k"]
-        chunked = result["variants"]["two_pass_chunked"]
-        if report["chunking"]["available"]:
-            assert chunked[GRAPH_BYTES_PEAK] < two[GRAPH_BYTES_PEAK]
-        else:
-            assert chunked["not_available"]
+        assert result["variants"]["two_pass_chunked"][GRAPH_BYTES_PEAK] < two[GRAPH_BYTES_PEAK]
+
+
+def test_quick_pk_rows_time_the_default_path_and_its_meter(quick_report):
+    results, _ = quick_report
+    for result in results["sections"]["training_step"]["cases"]:
+        if result["case"]["batch"] == "pk":  # semi-hard mining selects every image: one pass
+            assert result["variants"]["auto"]["step"] == "one-pass"
+            assert result["variants"]["two_pass"]["step"] == "two-pass"
+            assert result["rounds"]["auto_metered_step_s"] > 0
+            assert result["rounds"]["medians"]["auto_metered_step_s"] > 0
+            for key in ("two_pass_vs_auto", "meter_on_vs_off"):
+                assert result["ratios"][key] > 0
 
 
 def test_quick_pipeline_measures_both_loaders_and_both_input_paths(quick_report):
@@ -285,41 +293,15 @@ def test_quick_evaluation_numbers_are_identical(quick_report):
 
 def test_gpu_suite_runs_on_cpu_with_a_tiny_model(tmp_path):
     out = tmp_path / "gpu.json"
-    done = run_module(
-        "bench_training_step",
-        "--suite",
-        "gpu",
-        "--device",
-        "cpu",
-        "--backbone",
-        "tiny",
-        "--image-size",
-        "32",
-        "--triplets",
-        "8",
-        "--pk",
-        "4x2",
-        "--chunk-size",
-        "4",
-        "--repeats",
-        "1",
-        "--pk-search",
-        "8,16",
-        "--json",
-        str(out),
-        "--only-case",
-        "bf16",
-        "--threads",
-        "1",  # fp32 takes the CPU suite's paths
-    )
+    argv = ["--suite", "gpu", "--quick", "--device", "cpu", "--pk-search", "8,16"]
+    done = run_module("bench_training_step", *argv, "--json", str(out), "--threads", "1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
-    bf16_cases = [c for c in step.gpu_cases() if c.amp == "bf16"]
-    assert [c["case"]["batch"] for c in report["cases"]] == [c.batch for c in bf16_cases]
+    cases = step.gpu_cases(quick=True)
+    assert [c["case"]["name"] for c in report["cases"]] == [c.name for c in cases]
+    assert {c["case"]["amp"] for c in report["cases"]} == {"none", "bf16"}
     for result in report["cases"]:
         assert (result["case"]["device"], result["case"]["backbone"]) == ("cpu", "tiny")
-        assert result["case"]["amp"] == "bf16"
-    for result in report["cases"]:
         assert "error" not in result["variants"]["two_pass"], result["variants"]["two_pass"]
     assert [r["batch"] for r in report["pk_search"] if r["chunk_size"] == 0] == [8, 16]
 
@@ -357,47 +339,3 @@ def test_run_all_quick_with_the_miners(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["sections"]["miners"]["rows"]
     assert "## 2. Miners" in (tmp_path / "BENCHMARKS.md").read_text()
-
-
-# ---------------------------------------------------------------- step paths
-
-
-def test_step_paths_quick_times_every_variant_of_both_workloads(tmp_path):
-    out = tmp_path / "step_paths.json"
-    done = run_module("bench_step_paths", "--quick", "--threads", "1", "--json", str(out))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert [r["workload"]["name"] for r in report["workloads"]] == ["demo", "resnet18"]
-    for result in report["workloads"]:
-        assert "error" not in result, result
-        work, variants = result["workload"], result["variants"]
-        assert list(variants) == ["auto", "two_pass", "plain", "auto_meter"]
-        for row in variants.values():
-            assert row["timed_steps"] == work["rounds"] and row["skipped_steps"] == 0
-            assert row["fastest_s"] > 0 and row["median_s"] >= row["fastest_s"]
-            assert row["selected_images_mean"] == work["images"]  # every image selected
-        steps = {name: row["step"] for name, row in variants.items()}
-        assert steps == {
-            "auto": "one-pass",  # the new default, with the semi-hard miner's hardest fallback
-            "two_pass": "two-pass",
-            "plain": "plain",
-            "auto_meter": "one-pass",
-        }
-        assert variants["auto_meter"][GRAPH_BYTES_PEAK] > 0
-        assert variants["auto_meter"][GRAPH_BYTES_ALIVE] == 0
-        assert (work["ce_weight"] > 0) == (work["name"] == "demo")
-        for key in ("two_pass_vs_auto", "meter_on_vs_off", "two_pass_vs_auto_median"):
-            assert result["ratios"][key] > 0
-        assert result["ratios"]["auto_overhead_vs_plain"] == pytest.approx(
-            variants["auto"]["fastest_s"] / variants["plain"]["fastest_s"] - 1
-        )
-
-
-def test_quick_run_has_the_step_paths_section(quick_report):
-    results, markdown = quick_report
-    section = results["sections"]["step_paths"]
-    assert "error" not in section and len(section["workloads"]) == 2
-    assert "## 5. Step paths" in markdown
-    assert results["commands"]["step_paths"] in markdown
-    for heading in ("two-pass / auto", "auto over plain", "meter on / off"):
-        assert heading in markdown

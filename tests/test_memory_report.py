@@ -1,8 +1,6 @@
 """The memory report, measured: the seed loop keeps graphs alive after a step and the corrected
 steps keep none; the JSON has every key; the timeline names the lines that hold memory."""
 
-import contextlib
-import io
 import json
 
 import pytest
@@ -27,18 +25,10 @@ ARGV = [
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One report on a tiny model: (returned report, JSON file contents, printed text, paths)."""
-    out = tmp_path_factory.mktemp("memory_report")
-    json_path, plot_path = out / "report.json", out / "report.png"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        report = memory_report.main([*ARGV, "--json", str(json_path), "--plot", str(plot_path)])
-    return {
-        "report": report,
-        "json": json.loads(json_path.read_text()),
-        "printed": printed.getvalue(),
-        "plot": plot_path,
-    }
+    """One report on a tiny model: the returned report and the JSON file's contents."""
+    json_path = tmp_path_factory.mktemp("memory_report") / "report.json"
+    report = memory_report.main([*ARGV, "--json", str(json_path)])
+    return {"report": report, "json": json.loads(json_path.read_text())}
 
 
 def reference_seed_graph_bytes(batch):
@@ -164,26 +154,6 @@ def test_timeline_names_the_lines_that_hold_memory(run):
     assert timeline["held_by_variable"]["model.features"] == 0
 
 
-def test_printed_report_shows_the_table_the_timeline_and_the_holders(run):
-    printed = run["printed"]
-    for name in ("seed", *CORRECTED):
-        assert f"\n{name} " in printed
-    out_row = next(line for line in printed.splitlines() if line.endswith(OUT_LINE))
-    assert "allocates" in out_row
-    d_n_row = next(line for line in printed.splitlines() if line.endswith(D_N_LINE))
-    assert "frees" in d_n_row
-    holders = printed.split("alive when it ends:")[1]
-    for name in ("out_a", "out_p", "out_n", "d_p", "d_n"):
-        assert f"  {name}\n" in holders
-
-
-def test_chart_is_a_png_and_the_figure_is_closed(run):
-    import matplotlib.pyplot as plt
-
-    assert run["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert plt.get_fignums() == []
-
-
 # --------------------------------------------------------------------------- graph lifecycle
 
 
@@ -242,12 +212,11 @@ def test_cuda_without_cuda_is_a_clear_error(capsys):
     assert "CUDA is not available" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--json", "--plot"])
-def test_an_output_that_is_a_folder_is_refused_before_the_report(tmp_path, capsys, flag):
+def test_an_output_that_is_a_folder_is_refused_before_the_report(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        memory_report.parse_args([flag, str(tmp_path)])
+        memory_report.parse_args(["--json", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert f"{flag} {tmp_path}: is a folder" in capsys.readouterr().err
+    assert f"--json {tmp_path}: is a folder" in capsys.readouterr().err
 
 
 def test_image_size_takes_one_side_or_height_x_width():
@@ -263,8 +232,10 @@ def test_image_size_takes_one_side_or_height_x_width():
 
 def test_a_non_square_report_runs(tmp_path):
     argv = [*ARGV[:3], "24x20", *ARGV[4:], "--json", str(tmp_path / "r.json")]
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        memory_report.main(argv)
+    memory_report.main(argv)
     assert json.loads((tmp_path / "r.json").read_text())["config"]["image_size"] == [24, 20]
-    assert "24 x 20 px" in printed.getvalue()
+
+
+def test_without_json_the_report_goes_to_stdout(capsys):
+    report = memory_report.main([*ARGV, "--pk", "0", "--steps", "2"])
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(report))
