@@ -98,6 +98,12 @@ class Distance:
     def __repr__(self) -> str:
         return f"Distance({self.name!r})"
 
+    def __reduce__(self):
+        # A named distance pickles by its name: its forms are lambdas.
+        if _NAMED.get(self.name) is self:
+            return get_distance, (self.name,)
+        return super().__reduce__()
+
     def _widened(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_embedding_pair(x, y, f"distance {self.name!r}")
         dtype = compute_dtype(x, y)

@@ -183,3 +183,16 @@ def test_empty_inputs():
     assert pairwise_distance(torch.zeros(0, 4)).shape == (0, 0)
     assert pairwise_distance(torch.zeros(0, 4), torch.zeros(3, 4)).shape == (0, 3)
     assert paired_distance(torch.zeros(0, 4), torch.zeros(0, 4)).shape == (0,)
+
+
+@pytest.mark.parametrize("name", DISTANCE_NAMES)
+def test_losses_and_miners_with_a_named_distance_pickle(name):
+    import pickle
+
+    from facenet.metric.losses import TripletMarginLoss
+    from facenet.metric.miners import SemiHardNegativeMiner
+
+    for thing in (TripletMarginLoss(0.2, distance=name), SemiHardNegativeMiner(0.2, distance=name)):
+        copy = pickle.loads(pickle.dumps(thing))
+        x = torch.randn(4, 3, dtype=torch.float64)
+        assert torch.equal(copy.distance(x), get_distance(name)(x))
