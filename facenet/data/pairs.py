@@ -16,6 +16,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 from typing import NamedTuple
 
@@ -536,20 +537,16 @@ def _draw_different(indices, names, rng) -> tuple:
 
 
 def _every_same(indices, names) -> list[tuple]:
-    return [(name, a, b) for name in names for a, b in _combinations(indices[name])]
+    return [(name, a, b) for name in names for a, b in combinations(indices[name], 2)]
 
 
 def _every_different(indices, names) -> list[tuple]:
     return [
         (n1, a, n2, b)
-        for n1, n2 in _combinations(sorted(names))
+        for n1, n2 in combinations(sorted(names), 2)
         for a in indices[n1]
         for b in indices[n2]
     ]
-
-
-def _combinations(items: list) -> list[tuple]:
-    return [(a, b) for i, a in enumerate(items) for b in items[i + 1 :]]
 
 
 def _sample_distinct(count: int, possible: int, draw, candidates, rng, what: str) -> list[tuple]:
