@@ -173,14 +173,6 @@ def read_bin(path: str | os.PathLike) -> BinPairs:
     return BinPairs(images, np.array(flags, dtype=bool), path.stem, str(path))
 
 
-def bin_transform(image_size: ImageSize, normalize: str = "fixed") -> v2.Compose:
-    """uint8 (3, h, w) aligned face -> float (3, S_h, S_w): resized whole (no crop), then
-    standardised as in training ("fixed" or "imagenet")."""
-    return v2.Compose(
-        [v2.Resize(image_hw(image_size), antialias=True), *_normalize_steps(normalize)]
-    )
-
-
 class BinImages(torch.utils.data.Dataset):
     """The images of a ``.bin`` file, each decoded into the model's input (3, S_h, S_w);
     ``max_pixels`` and ``max_aspect_ratio`` bound the sizes an image may declare."""
@@ -194,7 +186,10 @@ class BinImages(torch.utils.data.Dataset):
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
     ):
         self.pairs = pairs
-        self.transform = bin_transform(image_size, normalize)
+        # Aligned already: resized whole (no crop), then standardised as in training.
+        self.transform = v2.Compose(
+            [v2.Resize(image_hw(image_size), antialias=True), *_normalize_steps(normalize)]
+        )
         self.limits = (max_pixels, max_aspect_ratio)
 
     def __len__(self) -> int:
