@@ -173,9 +173,6 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
     )
 
 
-# ----------------------------------------------------------------------------- drawing
-
-
 class _Painter:
     """Paints shapes given by signed distances (< 0 inside) onto ``canvas`` (S, S, 3), whose
     pixels lie at ``x``, ``y`` (S, S); ``pixel`` is a pixel's side in those units."""
@@ -360,9 +357,6 @@ def render_face(
     return (np.clip(canvas, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-# ----------------------------------------------------------------------------- dataset
-
-
 class SyntheticIdentities(Dataset):
     """Procedurally drawn face-like identities: item ``index`` is ``(uint8 (3, S, S), label)``,
     image ``index % images_per_identity`` of identity ``index // images_per_identity``.
@@ -391,10 +385,7 @@ class SyntheticIdentities(Dataset):
         self.num_identities, self.images_per_identity = num_identities, images_per_identity
         self.image_size, self.seed, self.identity_offset = image_size, seed, identity_offset
         self.targets = [j for j in range(num_identities) for _ in range(images_per_identity)]
-        self.classes = [self.identity_name(j) for j in range(num_identities)]
-
-    def identity_name(self, label: int) -> str:
-        return f"id{self.identity_offset + label:05d}"
+        self.classes = [f"id{identity_offset + j:05d}" for j in range(num_identities)]
 
     def _rng(self, label: int, *stream: int) -> np.random.Generator:
         """An independent stream for ``(seed, global identity, *stream)``."""
@@ -444,9 +435,6 @@ class SyntheticIdentities(Dataset):
                 png = encode_png(self.image(label, i)).numpy().tobytes()
                 _write_verified(Path(root) / name / file_name, png)
         return written
-
-
-# ----------------------------------------------------------------------------- on disk
 
 
 def _write_verified(path: Path, data: bytes) -> None:
