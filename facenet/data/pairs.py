@@ -149,9 +149,6 @@ class PairList:
         )
 
 
-# --------------------------------------------------------------------------- reading
-
-
 class _BadLine(Exception):
     """What is wrong with a line; :func:`read_pairs` names the file and line."""
 
@@ -166,7 +163,6 @@ def _number(token: str, what: str) -> int:
 
 
 def _is_file_name(ref: str) -> bool:
-    """An image's file name rather than an LFW index."""
     return os.path.splitext(ref)[1].lower() in IMAGE_EXTENSIONS
 
 
@@ -344,9 +340,6 @@ def read_pairs(
     if skipped:
         warnings.warn(pair_list.skip_report(), stacklevel=2)
     return pair_list
-
-
-# --------------------------------------------------------------------------- generating
 
 
 def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
@@ -637,47 +630,36 @@ def generate_pairs(
     return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
 
 
-# --------------------------------------------------------------------------- writing
-
-
-def _valid_ref(ref) -> bool:
-    """An LFW index (int >= 0) or an image file name without separators, tabs or breaks."""
-    if isinstance(ref, str):
-        return _is_file_name(ref) and not re.search(r"[\t\n\r/\\]", ref)
-    return isinstance(ref, (int, np.integer)) and not isinstance(ref, bool) and ref >= 0
-
-
-def _valid_pair(pair, size: int) -> bool:
-    """A same pair is (name, idx1, idx2), a different one (name1, idx1, name2, idx2)."""
-    if not isinstance(pair, (tuple, list)) or len(pair) != size:
-        return False
-    names, refs = (pair[:1], pair[1:]) if size == 3 else (pair[0::2], pair[1::2])
-    return all(isinstance(n, str) and n and not re.search(r"[\t\n\r]", n) for n in names) and all(
-        _valid_ref(r) for r in refs
-    )
+def _line(pair, issame: bool) -> str | None:
+    """``pair`` as a line of the file, or None when it would not read back as the same pair."""
+    line = "\t".join(map(str, pair)) if isinstance(pair, (tuple, list)) else ""
+    try:
+        same, (name1, ref1), (name2, ref2) = _parse_pair(_fields(line))
+    except _BadLine:
+        return None
+    read_back = (name1, ref1, ref2) if same else (name1, ref1, name2, ref2)
+    breaks = "\n" in line or "\r" in line
+    return line if same == issame and read_back == tuple(pair) and not breaks else None
 
 
 def pairs_text(folds) -> str:
-    """Folds in the LFW format: a header line, then each fold's same and different pairs.
-
-    Args:
-        folds: a sequence of ``(same, different)`` (e.g. :class:`PairFold`), same pairs as
-            (name, idx1, idx2), different pairs as (name1, idx1, name2, idx2).
-    """
+    """``(same, different)`` folds (as :class:`PairFold`) in the LFW format: a header line, then
+    each fold's same and different pairs."""
     if not folds:
         raise ValueError("no folds to write")
-    per_fold, lines = len(folds[0][0]), [f"{len(folds)}\t{len(folds[0][0])}"]
+    per_fold = len(folds[0][0])
+    lines = [f"{len(folds)}\t{per_fold}"]
     for f, (same, different) in enumerate(folds):
         if len(same) != per_fold or len(different) != per_fold or per_fold == 0:
             raise ValueError(
                 f"fold {f} holds {len(same)} same and {len(different)} different pairs; every "
                 f"fold must hold the same positive number of each ({per_fold} in fold 0)"
             )
-        for kind, pairs, size in (("same", same, 3), ("different", different, 4)):
-            bad = [pair for pair in pairs if not _valid_pair(pair, size)]
-            if bad:
-                raise ValueError(f"fold {f}: malformed {kind} pair {bad[0]!r}")
-            lines += ["\t".join(map(str, pair)) for pair in pairs]
+        for kind, pairs in (("same", same), ("different", different)):
+            for pair in pairs:
+                lines.append(_line(pair, kind == "same"))
+                if lines[-1] is None:
+                    raise ValueError(f"fold {f}: malformed {kind} pair {pair!r}")
     return "\n".join(lines) + "\n"
 
 
