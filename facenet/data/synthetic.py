@@ -113,6 +113,12 @@ def _colour(rng: np.random.Generator, low: float, high: float) -> tuple[float, f
     return tuple(float(c) for c in rng.uniform(low, high, 3))
 
 
+def _skin_tone(rng: np.random.Generator) -> tuple[float, float, float]:
+    """A skin-like colour, light to dark, with a random cast."""
+    tone = rng.uniform(0.3, 0.95) * np.array([1.0, 0.78, 0.62]) + rng.uniform(-0.08, 0.08, 3)
+    return tuple(float(c) for c in np.clip(tone, 0, 1))
+
+
 def _sample_template(rng: np.random.Generator) -> FaceTemplate:
     bald = rng.random() < 0.12
     n_moles = int(rng.integers(0, 4))
@@ -141,24 +147,16 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
         w, h = _u(rng, 0.25, 0.6), _u(rng, 0.25, 0.6)
         x0, y0 = _u(rng, -1, 1 - w), _u(rng, -1, 1 - h)
         occluder = (x0, y0, x0 + w, y0 + h) + _colour(rng, 0, 1)
-    rotation = float(np.clip(rng.normal(0, ROTATION_STD), -MAX_ROTATION, MAX_ROTATION))
-    scale = _u(rng, *SCALE_RANGE)
-    shift = (_u(rng, -MAX_SHIFT, MAX_SHIFT), _u(rng, -MAX_SHIFT, MAX_SHIFT))
-    yaw, eye_open = _u(rng, -MAX_YAW, MAX_YAW), _u(rng, 0.55, 1.15)
-    gaze = (_u(rng, -0.35, 0.35), _u(rng, -0.2, 0.2))
-    smile, brow_raise = float(rng.normal(0, 0.02)), float(rng.normal(0, 0.012))
-    # Skin, light to dark, with a random cast.
-    tone = rng.uniform(0.3, 0.95) * np.array([1.0, 0.78, 0.62]) + rng.uniform(-0.08, 0.08, 3)
     return Nuisance(
-        rotation,
-        scale,
-        shift,
-        yaw,
-        eye_open,
-        gaze,
-        smile,
-        brow_raise,
-        skin=tuple(float(c) for c in np.clip(tone, 0, 1)),
+        rotation=float(np.clip(rng.normal(0, ROTATION_STD), -MAX_ROTATION, MAX_ROTATION)),
+        scale=_u(rng, *SCALE_RANGE),
+        shift=(_u(rng, -MAX_SHIFT, MAX_SHIFT), _u(rng, -MAX_SHIFT, MAX_SHIFT)),
+        yaw=_u(rng, -MAX_YAW, MAX_YAW),
+        eye_open=_u(rng, 0.55, 1.15),
+        gaze=(_u(rng, -0.35, 0.35), _u(rng, -0.2, 0.2)),
+        smile=float(rng.normal(0, 0.02)),
+        brow_raise=float(rng.normal(0, 0.012)),
+        skin=_skin_tone(rng),
         hair=_colour(rng, 0.02, 0.55),
         iris=_colour(rng, 0.0, 0.5),
         background=_colour(rng, 0, 1),
