@@ -17,7 +17,7 @@ from torchvision.utils import make_grid
 
 from facenet.cli.common import run_command
 from facenet.config import add_override_argument, load_config
-from facenet.data.synthetic import SyntheticIdentities, prepare_synthetic_data
+from facenet.data.synthetic import SyntheticIdentities, drawn_side, prepare_synthetic_data
 from facenet.errors import FacenetError
 from facenet.files import write_atomic
 
@@ -38,7 +38,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def write_preview(path: str, image_size: int, seed: int) -> None:
-    """A PNG grid of the first 8 training identities (one a row), 8 images each."""
+    """A PNG grid of the first 8 training identities (one a row), 8 images of side
+    ``image_size`` each."""
     data = SyntheticIdentities(8, 8, image_size=image_size, seed=seed)
     images = torch.stack([data[i][0] for i in range(len(data))])  # (64, 3, S, S) uint8
     data = encode_png(make_grid(images, nrow=8, padding=2)).numpy().tobytes()
@@ -61,7 +62,7 @@ def _make_synthetic(args: argparse.Namespace) -> int:
     )
     if args.preview:
         try:
-            write_preview(args.preview, data.image_size, data.synthetic_seed)
+            write_preview(args.preview, drawn_side(data.image_size), data.synthetic_seed)
         except OSError as err:  # named as the preview: the data set itself was written
             reason = err.strerror or err
             raise FacenetError(f"cannot write the preview {args.preview}: {reason}") from None
