@@ -208,7 +208,6 @@ class _FaceDrawer(_Painter):
     def __init__(self, canvas, x, y, pixel: float, t: FaceTemplate, n: Nuisance):
         super().__init__(canvas, x, y, pixel)
         self.t, self.n = t, n
-        # A turn of the head: inner features slide sideways and the face narrows.
         self.feature_dx = 0.18 * n.yaw
         self.narrow = 1.0 - 0.25 * abs(n.yaw)
         self.skin = np.asarray(n.skin)
@@ -234,7 +233,7 @@ class _FaceDrawer(_Painter):
 
     def hair_back(self):
         t = self.t
-        if t.hair_top <= 0:  # bald
+        if t.hair_top <= 0:
             return
         half_width = t.head_w * self.narrow + t.hair_volume
         top_cy = (t.hair_top - t.head_h) * -0.5 - 0.05
