@@ -419,24 +419,26 @@ class _Search:
         self.folds = [_FoldLoad() for _ in range(n_folds)]
         sizes = np.array([c for _, c in counts] + [0], dtype=np.int64)
 
-        def left(values):  # (len(counts) + 1,) sums over the identities from k on
-            return np.cumsum(values[::-1])[::-1]
+        def left(values) -> list[int]:  # len(counts) + 1 sums over the identities from k on
+            return np.cumsum(values[::-1])[::-1].tolist()
 
         self.left_same = left(sizes * (sizes - 1) // 2)
         self.left_images = left(sizes)
-        self.left_among = left(sizes * np.append(self.left_images[1:], 0))
+        self.left_among = left(sizes * np.array(self.left_images[1:] + [0]))
         self.nodes, self.gave_up = 0, False
 
     def _hopeless(self, k: int, short: list[_FoldLoad]) -> bool:
         """The identities from ``k`` on cannot cover what the short folds miss."""
-        missing = np.array([f.deficit(self.per_fold) for f in short]).sum(axis=0)
+        missing = [f.deficit(self.per_fold) for f in short]
         dealt = sum(f.images for f in self.folds)
         can_differ = self.left_images[k] * dealt + self.left_among[k]
-        return missing[0] > self.left_same[k] or missing[1] > can_differ
+        return (
+            sum(same for same, _ in missing) > self.left_same[k]
+            or sum(different for _, different in missing) > can_differ
+        )
 
-    def _choices(self, k: int) -> list[_FoldLoad]:
+    def _choices(self, k: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
         """The short folds in distinct states, the one identity ``k`` helps most first."""
-        short = [f for f in self.folds if f.deficit(self.per_fold) != (0, 0)]
         if k == len(self.counts) or self._hopeless(k, short):
             return []
         count, states = self.counts[k][1], {}
@@ -460,9 +462,10 @@ class _Search:
                 if self.nodes > _ASSIGN_BUDGET:
                     self.gave_up = True
                     return None
-                if all(f.deficit(self.per_fold) == (0, 0) for f in self.folds):
+                short = [f for f in self.folds if f.deficit(self.per_fold) != (0, 0)]
+                if not short:
                     return k
-                options = iter(self._choices(k))
+                options = iter(self._choices(k, short))
             fold = next(options, None)
             if fold is not None:
                 fold.add(*self.counts[k])
