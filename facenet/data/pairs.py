@@ -438,7 +438,7 @@ class _Search:
         )
 
     def _choices(self, k: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
-        """The short folds in distinct states, the one identity ``k`` helps most first."""
+        """The short folds in distinct states, those identity ``k`` helps most first."""
         if k == len(self.counts) or self._hopeless(k, short):
             return []
         count, states = self.counts[k][1], {}
