@@ -180,16 +180,6 @@ def _identity(name: str) -> str:
     return name
 
 
-def _parse_header(tokens: list[str]) -> tuple[int, int]:
-    """(n_folds, pairs_per_fold) from ``F P`` or a one-number ``P`` header."""
-    if len(tokens) not in (1, 2):
-        raise _BadLine(f"expected a header '<n_folds>\\t<pairs_per_fold>', got {tokens}")
-    n_folds, per_fold = (1, *[_number(t, "header value") for t in tokens])[-2:]
-    if n_folds < 1 or per_fold < 1:
-        raise _BadLine(f"header values must be >= 1, got {tokens}")
-    return n_folds, per_fold
-
-
 def _parse_pair(tokens: list[str]) -> tuple[bool, tuple, tuple]:
     """(issame, (name1, ref1), (name2, ref2)); a ref is an LFW index or a file name."""
     if len(tokens) not in (3, 4):
@@ -232,41 +222,22 @@ def lfw_image_index(identity: str, file_name: str) -> int | None:
     return int(match.group(1)) if match and ext.lower() in IMAGE_EXTENSIONS else None
 
 
-class _ImageFinder:
-    """Finds the image of ``(identity, ref)`` under ``root``, listing each folder once."""
-
-    def __init__(self, root: Path):
-        self.root, self.indexes = root, {}
-
-    def _index(self, name: str) -> dict[int, str]:
-        """{LFW index: path}; of several files per index, the first extension of
-        IMAGE_EXTENSIONS wins, then the first name."""
-        folder = self.root / name
+def _locate(root: Path, indexes: dict, name: str, ref: int | str) -> tuple[str, bool]:
+    """(path, True) of the image ``(name, ref)``, else (the path looked for, False); ``indexes``
+    caches each folder's {LFW index: path}, where the first extension of IMAGE_EXTENSIONS
+    wins, then the first name."""
+    if isinstance(ref, str):
+        return str(root / name / ref), (root / name / ref).is_file()
+    if name not in indexes:
+        folder = root / name
         ranked = sorted(
             (IMAGE_EXTENSIONS.index(os.path.splitext(entry)[1].lower()), entry)
             for entry in (os.listdir(folder) if folder.is_dir() else [])
             if lfw_image_index(name, entry) is not None
         )
-        index = {}
-        for _, entry in ranked:
-            index.setdefault(lfw_image_index(name, entry), str(folder / entry))
-        return index
-
-    def find(self, name: str, ref: int | str) -> str | None:
-        if isinstance(ref, str):
-            path = self.root / name / ref
-            return str(path) if path.is_file() else None
-        if name not in self.indexes:
-            self.indexes[name] = self._index(name)
-        return self.indexes[name].get(ref)
-
-    def expected(self, name: str, ref: int | str) -> str:
-        """The path looked for (``.*``: any image extension)."""
-        return (
-            str(self.root / name / ref)
-            if isinstance(ref, str)
-            else f"{self.root / name / name}_{ref:04d}.*"
-        )
+        indexes[name] = {lfw_image_index(name, e): str(folder / e) for _, e in reversed(ranked)}
+    found = indexes[name].get(ref)
+    return (found, True) if found else (f"{root / name / name}_{ref:04d}.*", False)
 
 
 def _parse(pairs_path: Path) -> tuple[int, int, list]:
@@ -274,10 +245,13 @@ def _parse(pairs_path: Path) -> tuple[int, int, list]:
     lines = _read_lines(pairs_path)
     if not lines:
         raise PairsFormatError(pairs_path, 0, "empty pairs file")
-    line_no = header_line = lines[0][0]
+    (line_no, header), parsed = lines[0], []
     try:
-        n_folds, per_fold = _parse_header(lines[0][1])
-        parsed = []
+        if len(header) not in (1, 2):
+            raise _BadLine(f"expected a header '<n_folds>\\t<pairs_per_fold>', got {header}")
+        n_folds, per_fold = (1, *[_number(t, "header value") for t in header])[-2:]
+        if n_folds < 1 or per_fold < 1:
+            raise _BadLine(f"header values must be >= 1, got {header}")
         for line_no, tokens in lines[1:]:
             parsed.append((line_no, *_parse_pair(tokens)))
     except _BadLine as err:
@@ -285,7 +259,7 @@ def _parse(pairs_path: Path) -> tuple[int, int, list]:
     if len(parsed) != n_folds * 2 * per_fold:
         raise PairsFormatError(
             pairs_path,
-            header_line,
+            lines[0][0],
             f"the header promises {n_folds} fold(s) x 2 x {per_fold} = "
             f"{n_folds * 2 * per_fold} pairs, but the file holds {len(parsed)}",
         )
@@ -311,17 +285,16 @@ def read_pairs(
     if not root.is_dir():
         raise FileNotFoundError(f"image root {root} (for {pairs_path}) is not a folder")
     n_folds, per_fold, parsed = _parse(pairs_path)
-    finder = _ImageFinder(root)
-    kept, missing, skipped = [], [], []
+    indexes, kept, missing, skipped = {}, [], [], []
     for position, (line_no, same, *sides) in enumerate(parsed):
         fold = position // (2 * per_fold)
-        paths = [finder.find(*side) for side in sides]
-        absent = [finder.expected(*side) for side, path in zip(sides, paths) if path is None]
+        located = [_locate(root, indexes, *side) for side in sides]
+        absent = [path for path, found in located if not found]
         if absent:
             missing += [(line_no, path) for path in absent]
             skipped.append((line_no, fold, "missing " + ", ".join(absent)))
         else:
-            kept.append((line_no, fold, *paths, same))
+            kept.append((line_no, fold, *[path for path, _ in located], same))
     if missing and not skip_missing:
         raise MissingImagesError(pairs_path, root, missing)
     lines, folds, paths1, paths2, same = list(zip(*kept)) or [()] * 5
