@@ -492,32 +492,6 @@ def _pick(keys: list, rng):
     return keys[int(rng.integers(len(keys)))]
 
 
-def _draw_same(indices, names, rng) -> tuple:
-    """A uniform identity with 2+ images, two distinct images of it."""
-    name = _pick(names, rng)
-    first, second = rng.choice(len(indices[name]), size=2, replace=False).tolist()
-    return (name, *sorted((indices[name][first], indices[name][second])))
-
-
-def _draw_different(indices, names, rng) -> tuple:
-    """Two distinct uniform identities, one image of each."""
-    n1, n2 = sorted(names[i] for i in rng.choice(len(names), size=2, replace=False).tolist())
-    return (n1, _pick(indices[n1], rng), n2, _pick(indices[n2], rng))
-
-
-def _every_same(indices, names) -> list[tuple]:
-    return [(name, a, b) for name in names for a, b in combinations(indices[name], 2)]
-
-
-def _every_different(indices, names) -> list[tuple]:
-    return [
-        (n1, a, n2, b)
-        for n1, n2 in combinations(sorted(names), 2)
-        for a in indices[n1]
-        for b in indices[n2]
-    ]
-
-
 def _sample_distinct(count: int, possible: int, draw, candidates, rng, what: str) -> list[tuple]:
     """``count`` distinct pairs out of ``possible``: by rejection sampling with ``draw()``, or
     from ``candidates()`` (every pair) when they are scarce."""
@@ -538,22 +512,39 @@ def _sample_distinct(count: int, possible: int, draw, candidates, rng, what: str
 
 
 def _sample_group(indices, names, per_kind: int, rng, where: str):
-    """(same pairs, different pairs), ``per_kind`` of each, among the identities ``names``."""
+    """(same pairs, different pairs), ``per_kind`` of each, among the identities ``names``:
+    a same pair is a uniform identity with 2+ images and two distinct images of it, a
+    different pair two distinct uniform identities and one image of each."""
     multi = [n for n in names if len(indices[n]) >= 2]
     sizes = np.array([len(indices[n]) for n in names], dtype=np.int64)
+
+    def draw_same():
+        name = _pick(multi, rng)
+        first, second = rng.choice(len(indices[name]), size=2, replace=False).tolist()
+        return (name, *sorted((indices[name][first], indices[name][second])))
+
+    def draw_different():
+        n1, n2 = sorted(names[i] for i in rng.choice(len(names), size=2, replace=False).tolist())
+        return (n1, _pick(indices[n1], rng), n2, _pick(indices[n2], rng))
+
     same = _sample_distinct(
         per_kind,
         sum(math.comb(len(indices[n]), 2) for n in multi),
-        lambda: _draw_same(indices, multi, rng),
-        lambda: _every_same(indices, multi),
+        draw_same,
+        lambda: [(n, a, b) for n in multi for a, b in combinations(indices[n], 2)],
         rng,
         f"{where}: same pairs from {len(multi)} identities with 2+ images",
     )
     different = _sample_distinct(
         per_kind,
         int((sizes.sum() ** 2 - (sizes**2).sum()) // 2),
-        lambda: _draw_different(indices, names, rng),
-        lambda: _every_different(indices, names),
+        draw_different,
+        lambda: [
+            (n1, a, n2, b)
+            for n1, n2 in combinations(sorted(names), 2)
+            for a in indices[n1]
+            for b in indices[n2]
+        ],
         rng,
         f"{where}: different pairs from {len(names)} identities",
     )
