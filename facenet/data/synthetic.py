@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass, make_dataclass, replace
+from dataclasses import make_dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,30 +79,13 @@ _TEMPLATE_RANGES = {
 FaceTemplate = make_dataclass("FaceTemplate", [*_TEMPLATE_RANGES, "moles"], frozen=True)
 
 
-@dataclass(frozen=True)
-class Nuisance:
-    """What changes between images of one identity; colours RGB in [0, 1]."""
-
-    rotation: float  # radians
-    scale: float
-    shift: tuple[float, float]
-    yaw: float  # turn of the head: features shift sideways and the face narrows
-    eye_open: float
-    gaze: tuple[float, float]
-    smile: float
-    brow_raise: float
-    skin: tuple[float, float, float]
-    hair: tuple[float, float, float]
-    iris: tuple[float, float, float]
-    background: tuple[float, float, float]
-    background_slope: tuple[float, float, float]
-    clutter: tuple[tuple[float, ...], ...]  # (x, y, rx, ry, r, g, b) background blobs
-    light: tuple[float, float]  # lighting gradient (x, y)
-    gain: tuple[float, float, float]  # colour cast
-    contrast: float
-    brightness: float
-    occluder: tuple[float, ...] | None  # (x0, y0, x1, y1, r, g, b) in image coordinates
-    noise_std: float
+# What changes between images of one identity, as sample_nuisance draws it.
+Nuisance = make_dataclass(
+    "Nuisance",
+    "rotation scale shift yaw eye_open gaze smile brow_raise skin hair iris background "
+    "background_slope clutter light gain contrast brightness occluder noise_std".split(),
+    frozen=True,
+)
 
 
 def _u(rng: np.random.Generator, low: float, high: float) -> float:
@@ -137,12 +120,12 @@ def _sample_template(rng: np.random.Generator) -> FaceTemplate:
 
 
 def sample_nuisance(rng: np.random.Generator) -> Nuisance:
-    """Draw one image's nuisance from its own random stream ``rng``."""
-    clutter = tuple(
+    """Draw one image's nuisance from its own random stream ``rng``; colours RGB in [0, 1]."""
+    clutter = tuple(  # (x, y, rx, ry, r, g, b) background blobs
         (_u(rng, -1, 1), _u(rng, -1, 1), _u(rng, 0.1, 0.5), _u(rng, 0.1, 0.5)) + _colour(rng, 0, 1)
         for _ in range(int(rng.integers(1, 5)))
     )
-    occluder = None
+    occluder = None  # or (x0, y0, x1, y1, r, g, b) in image coordinates
     if rng.random() < OCCLUDER_PROBABILITY:
         w, h = _u(rng, 0.25, 0.6), _u(rng, 0.25, 0.6)
         x0, y0 = _u(rng, -1, 1 - w), _u(rng, -1, 1 - h)
@@ -151,7 +134,7 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
         rotation=float(np.clip(rng.normal(0, ROTATION_STD), -MAX_ROTATION, MAX_ROTATION)),
         scale=_u(rng, *SCALE_RANGE),
         shift=(_u(rng, -MAX_SHIFT, MAX_SHIFT), _u(rng, -MAX_SHIFT, MAX_SHIFT)),
-        yaw=_u(rng, -MAX_YAW, MAX_YAW),
+        yaw=_u(rng, -MAX_YAW, MAX_YAW),  # turn of the head
         eye_open=_u(rng, 0.55, 1.15),
         gaze=(_u(rng, -0.35, 0.35), _u(rng, -0.2, 0.2)),
         smile=float(rng.normal(0, 0.02)),
@@ -162,8 +145,8 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
         background=_colour(rng, 0, 1),
         background_slope=_colour(rng, -0.3, 0.3),
         clutter=clutter,
-        light=(_u(rng, -0.35, 0.35), _u(rng, -0.35, 0.35)),
-        gain=_colour(rng, 0.8, 1.2),
+        light=(_u(rng, -0.35, 0.35), _u(rng, -0.35, 0.35)),  # lighting gradient (x, y)
+        gain=_colour(rng, 0.8, 1.2),  # colour cast
         contrast=_u(rng, 0.7, 1.3),
         brightness=_u(rng, -0.12, 0.12),
         occluder=occluder,
