@@ -480,22 +480,20 @@ def _clear_previous(root: Path, manifest_path: Path) -> None:
         shutil.rmtree(target, ignore_errors=True)
 
 
-def _write_heldout_pairs(written: dict[str, list[str]], path: str, pairs_per_fold: int, seed: int):
-    """Pairs of some held-out identities: identity-disjoint folds when there are enough."""
-    try:
-        folds = generate_pairs(written, PAIRS_FOLDS, pairs_per_fold, seed=seed)
-    except DataError:  # too few identities per fold: draw from all, then split
+def _write_heldout_pairs(written: dict[str, list[str]], path: Path, pairs_per_fold: int, seed: int):
+    """Pairs of some held-out identities: identity-disjoint folds when there are enough, else
+    drawn from all of them and split."""
+    for disjoint in (True, False):
         try:
-            folds = generate_pairs(
-                written, PAIRS_FOLDS, pairs_per_fold, seed=seed, disjoint_folds=False
-            )
+            folds = generate_pairs(written, PAIRS_FOLDS, pairs_per_fold, seed, disjoint)
+            return write_pairs(path, folds)
         except DataError as err:
-            raise ConfigError(
-                "data.synthetic_heldout_identities, data.synthetic_heldout_images_per_identity "
-                f"and data.synthetic_pairs_per_fold: too small for the held-out pairs (half of "
-                f"the held-out identities each for validation and test): {err}"
-            ) from None
-    write_pairs(path, folds)
+            problem = err
+    raise ConfigError(
+        "data.synthetic_heldout_identities, data.synthetic_heldout_images_per_identity "
+        f"and data.synthetic_pairs_per_fold: too small for the held-out pairs (half of "
+        f"the held-out identities each for validation and test): {problem}"
+    )
 
 
 def _check_sizes(cfg) -> None:
@@ -539,13 +537,8 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
     """
     _check_sizes(cfg)
     root, wanted = Path(root), _manifest(cfg)
-    heldout = root / "heldout"
-    paths = {
-        "train_root": str(root / "train"),
-        "heldout_root": str(heldout),
-        "val_pairs": str(heldout / "val_pairs.txt"),
-        "test_pairs": str(heldout / "test_pairs.txt"),
-    }
+    paths = {"train_root": root / "train", "heldout_root": root / "heldout"}
+    paths |= {key: root / "heldout" / f"{key}.txt" for key in ("val_pairs", "test_pairs")}
     manifest_path = root / MANIFEST_NAME
     try:
         found = json.loads(manifest_path.read_text(encoding="utf-8"))
@@ -553,10 +546,10 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         found = None
     if (
         found == {**wanted, "complete": True}
-        and all(Path(paths[k]).is_file() for k in ("val_pairs", "test_pairs"))
+        and all(paths[k].is_file() for k in ("val_pairs", "test_pairs"))
         and all(_folder_complete(root / part, wanted[part]) for part in ("train", "heldout"))
     ):
-        return paths
+        return {key: str(path) for key, path in paths.items()}
     root.mkdir(parents=True, exist_ok=True)
     _clear_previous(root, manifest_path)
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": False}, indent=2))
@@ -565,16 +558,14 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         written = SyntheticIdentities(
             spec["identities"],
             spec["images_per_identity"],
-            drawn_side(cfg.image_size),
-            cfg.synthetic_seed,
+            wanted["image_size"],
+            wanted["seed"],
             spec["identity_offset"],
         ).write_to_disk(root / part)
     names = sorted(written)  # the held-out identities, in two identity-disjoint halves
-    halves = (
-        {n: written[n] for n in names[: len(names) // 2]},
-        {n: written[n] for n in names[len(names) // 2 :]},
-    )
-    for half, key in zip(halves, ("val_pairs", "test_pairs")):
-        _write_heldout_pairs(half, paths[key], cfg.synthetic_pairs_per_fold, cfg.synthetic_seed)
+    half = len(names) // 2
+    for key, group in zip(("val_pairs", "test_pairs"), (names[:half], names[half:])):
+        pairs_of = {n: written[n] for n in group}
+        _write_heldout_pairs(pairs_of, paths[key], cfg.synthetic_pairs_per_fold, wanted["seed"])
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": True}, indent=2))
-    return paths
+    return {key: str(path) for key, path in paths.items()}
