@@ -56,10 +56,11 @@ class MissingImagesError(DataError, FileNotFoundError):
     """Images a pairs file names that do not exist: ``missing`` (their expected paths, sorted)
     and ``lines`` (the lines naming each)."""
 
-    def __init__(self, pairs_path, root, missing: list[tuple[int, str]]):
+    def __init__(self, pairs_path, root, missing: list[tuple[int, list[str]]]):
         self.lines: dict[str, list[int]] = {}
-        for line_no, path in missing:
-            self.lines.setdefault(path, []).append(line_no)
+        for line_no, paths in missing:
+            for path in paths:
+                self.lines.setdefault(path, []).append(line_no)
         self.missing = sorted(self.lines)
         shown = [
             f"  {path} (line(s) {', '.join(map(str, self.lines[path]))})"
@@ -69,7 +70,7 @@ class MissingImagesError(DataError, FileNotFoundError):
             shown.append(f"  ... and {len(self.missing) - _LISTED_MISSING} more")
         super().__init__(
             f"{pairs_path}: {len(self.missing)} image(s) named on "
-            f"{len({line_no for line_no, _ in missing})} line(s) not found under {root} "
+            f"{len(missing)} line(s) not found under {root} "
             f"(looked for {'/'.join(e[1:] for e in IMAGE_EXTENSIONS)}):\n"
             + "\n".join(shown)
             + "\nPass skip_missing=True (eval.skip_missing) to skip those pairs."
@@ -88,7 +89,7 @@ class PairList:
     """The resolved pairs of a pairs file, in file order: N kept pairs.
 
     ``fold_ids`` and ``line_numbers`` are (N,) each kept pair's fold and line in the file;
-    ``skipped`` holds (line, reason) of each skipped pair and ``skipped_folds`` its fold.
+    ``skipped`` holds (line, reason) of each skipped pair.
     """
 
     paths1: list[str]
@@ -99,7 +100,6 @@ class PairList:
     fold_ids: np.ndarray
     line_numbers: np.ndarray
     skipped: list[tuple[int, str]] = field(default_factory=list)
-    skipped_folds: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     source: str = ""
 
     def __len__(self) -> int:
@@ -134,7 +134,7 @@ class PairList:
 
     def skipped_per_fold(self) -> np.ndarray:
         """(n_folds,) skipped pairs in each fold of the file."""
-        return np.bincount(self.skipped_folds, minlength=self.n_folds)
+        return 2 * self.pairs_per_fold - np.bincount(self.fold_ids, minlength=self.n_folds)
 
     def skip_report(self) -> str:
         """What skipping did to the folds, in words (empty when nothing was skipped)."""
@@ -285,14 +285,13 @@ def read_pairs(
     if not root.is_dir():
         raise FileNotFoundError(f"image root {root} (for {pairs_path}) is not a folder")
     n_folds, per_fold, parsed = _parse(pairs_path)
-    indexes, kept, missing, skipped = {}, [], [], []
+    indexes, kept, missing = {}, [], []
     for position, (line_no, same, *sides) in enumerate(parsed):
         fold = position // (2 * per_fold)
         located = [_locate(root, indexes, *side) for side in sides]
         absent = [path for path, found in located if not found]
         if absent:
-            missing += [(line_no, path) for path in absent]
-            skipped.append((line_no, fold, "missing " + ", ".join(absent)))
+            missing.append((line_no, absent))
         else:
             kept.append((line_no, fold, *[path for path, _ in located], same))
     if missing and not skip_missing:
@@ -306,11 +305,10 @@ def read_pairs(
         per_fold,
         fold_ids=np.array(folds, dtype=np.int64),
         line_numbers=np.array(lines, dtype=np.int64),
-        skipped=[(line_no, reason) for line_no, _, reason in skipped],
-        skipped_folds=np.array([fold for _, fold, _ in skipped], dtype=np.int64),
+        skipped=[(line_no, "missing " + ", ".join(absent)) for line_no, absent in missing],
         source=str(pairs_path),
     )
-    if skipped:
+    if missing:
         warnings.warn(pair_list.skip_report(), stacklevel=2)
     return pair_list
 
