@@ -118,9 +118,13 @@ def check_pickle_lengths(raw: bytes, source: str) -> None:
         BinFormatError: an opcode runs past the end, no STOP, or a memo index larger than the
             file could hold.
     """
+    size, problem = len(raw), None
     try:
         for opcode, arg, _ in pickletools.genops(io.BytesIO(raw)):
-            problem = _beyond_the_file(opcode.name, arg, len(raw))
+            if opcode.name in _MEMO_PUTS and not 0 <= int(arg) <= size:
+                problem = f"memo index {arg} in a {size}-byte file"
+            elif opcode.name == "FRAME" and arg > size:
+                problem = f"a frame of {arg} bytes in a {size}-byte file"
             if problem:
                 break
         else:
@@ -128,15 +132,6 @@ def check_pickle_lengths(raw: bytes, source: str) -> None:
     except ValueError as err:  # a declared length past the end, an unknown opcode, no STOP
         problem = str(err)
     raise BinFormatError(f"{source}: not a readable pickle ({problem})")
-
-
-def _beyond_the_file(name: str, arg, size: int) -> str | None:
-    """What an opcode declares that a ``size``-byte pickle cannot hold, or None."""
-    if name in _MEMO_PUTS and not 0 <= int(arg) <= size:
-        return f"memo index {arg} in a {size}-byte file"
-    if name == "FRAME" and arg > size:
-        return f"a frame of {arg} bytes in a {size}-byte file"
-    return None
 
 
 def _read_raw(path: Path) -> bytes:
