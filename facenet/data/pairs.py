@@ -203,18 +203,6 @@ def _fields(line: str) -> list[str]:
     return words
 
 
-def _read_lines(pairs_path: Path) -> list[tuple[int, list[str]]]:
-    """(line number, fields) of every non-blank line."""
-    if pairs_path.exists() and not pairs_path.is_file():  # a FIFO or device would block
-        raise PairsFormatError(pairs_path, 0, "not a regular file (a FIFO, device or folder)")
-    try:
-        with open(pairs_path, encoding="utf-8") as fh:  # universal newlines: CRLF read as LF
-            rows = [(n, _fields(line)) for n, line in enumerate(fh, start=1)]
-    except UnicodeDecodeError:
-        raise PairsFormatError(pairs_path, 0, "not a UTF-8 text file") from None
-    return [(n, tokens) for n, tokens in rows if tokens]
-
-
 def lfw_image_index(identity: str, file_name: str) -> int | None:
     """The NNNN of ``<identity>_<NNNN>.<image extension>`` (a path's last part), else None."""
     stem, ext = os.path.splitext(os.path.basename(file_name))
@@ -242,7 +230,13 @@ def _locate(root: Path, indexes: dict, name: str, ref: int | str) -> tuple[str, 
 
 def _parse(pairs_path: Path) -> tuple[int, int, list]:
     """(n_folds, pairs_per_fold, [(line number, issame, side1, side2), ...])."""
-    lines = _read_lines(pairs_path)
+    if pairs_path.exists() and not pairs_path.is_file():  # a FIFO or device would block
+        raise PairsFormatError(pairs_path, 0, "not a regular file (a FIFO, device or folder)")
+    try:
+        with open(pairs_path, encoding="utf-8") as fh:  # universal newlines: CRLF read as LF
+            lines = [(n, _fields(line)) for n, line in enumerate(fh, start=1) if line.strip()]
+    except UnicodeDecodeError:
+        raise PairsFormatError(pairs_path, 0, "not a UTF-8 text file") from None
     if not lines:
         raise PairsFormatError(pairs_path, 0, "empty pairs file")
     (line_no, header), parsed = lines[0], []
