@@ -94,12 +94,12 @@ def _check_layout(obj, source: str) -> tuple[list, list]:
     if not isinstance(obj, (tuple, list)) or len(obj) != 2:
         raise BinFormatError(f"{source}: expected a pickled (images, issame) pair")
     images, flags = obj
-    if not isinstance(images, (list, tuple)) or not all(
-        isinstance(b, (bytes, bytearray)) for b in images
+    for items, kinds, what in (
+        (images, (bytes, bytearray), "first item must be a list of encoded images (bytes)"),
+        (flags, bool, "second item must be a list of booleans (issame)"),
     ):
-        raise BinFormatError(f"{source}: the first item must be a list of encoded images (bytes)")
-    if not isinstance(flags, (list, tuple)) or not all(isinstance(f, bool) for f in flags):
-        raise BinFormatError(f"{source}: the second item must be a list of booleans (issame)")
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, kinds) for i in items):
+            raise BinFormatError(f"{source}: the {what}")
     if len(images) != 2 * len(flags) or not flags:
         raise BinFormatError(
             f"{source}: {len(images)} images for {len(flags)} pairs; expected two per pair"
