@@ -112,7 +112,7 @@ class PairList:
             np.asarray(self.paths1 + self.paths2, dtype=str), return_inverse=True
         )
         inverse = inverse.reshape(-1).astype(np.int64)
-        return [str(p) for p in unique], inverse[: len(self)], inverse[len(self) :]
+        return unique.tolist(), inverse[: len(self)], inverse[len(self) :]
 
     def folds_for(self, n_folds: int) -> np.ndarray | None:
         """(N,) the fold of each pair for an evaluation in ``n_folds`` folds.
