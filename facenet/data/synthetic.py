@@ -409,11 +409,12 @@ class SyntheticIdentities(Dataset):
         """
         written: dict[str, list[str]] = {}
         for label, name in enumerate(self.classes):
-            (Path(root) / name).mkdir(parents=True, exist_ok=True)
+            folder = Path(root) / name
+            folder.mkdir(parents=True, exist_ok=True)
             written[name] = [f"{name}_{i + 1:04d}.png" for i in range(self.images_per_identity)]
             for i, file_name in enumerate(written[name]):
                 png = encode_png(self.image(label, i)).numpy().tobytes()
-                _write_verified(Path(root) / name / file_name, png)
+                _write_verified(folder / file_name, png)
         return written
 
 
