@@ -589,16 +589,17 @@ def generate_pairs(
     return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
 
 
-def _line(pair, issame: bool) -> str | None:
-    """``pair`` as a line of the file, or None when it would not read back as the same pair."""
+def _line(pair, kind: str, fold: int) -> str:
+    """``pair`` as a line of the file; ValueError when it would not read back as the same pair."""
     line = "\t".join(map(str, pair)) if isinstance(pair, (tuple, list)) else ""
     try:
         same, (name1, ref1), (name2, ref2) = _parse_pair(_fields(line))
+        read_back = (name1, ref1, ref2) if same else (name1, ref1, name2, ref2)
+        if same == (kind == "same") and read_back == tuple(pair) and not re.search("[\n\r]", line):
+            return line
     except _BadLine:
-        return None
-    read_back = (name1, ref1, ref2) if same else (name1, ref1, name2, ref2)
-    breaks = "\n" in line or "\r" in line
-    return line if same == issame and read_back == tuple(pair) and not breaks else None
+        pass
+    raise ValueError(f"fold {fold}: malformed {kind} pair {pair!r}")
 
 
 def pairs_text(folds) -> str:
@@ -615,10 +616,7 @@ def pairs_text(folds) -> str:
                 f"fold must hold the same positive number of each ({per_fold} in fold 0)"
             )
         for kind, pairs in (("same", same), ("different", different)):
-            for pair in pairs:
-                lines.append(_line(pair, kind == "same"))
-                if lines[-1] is None:
-                    raise ValueError(f"fold {f}: malformed {kind} pair {pair!r}")
+            lines += [_line(pair, kind, f) for pair in pairs]
     return "\n".join(lines) + "\n"
 
 
