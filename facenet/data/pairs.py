@@ -394,13 +394,10 @@ class _Search:
 
     def _hopeless(self, k: int, short: list[_FoldLoad]) -> bool:
         """The identities from ``k`` on cannot cover what the short folds miss."""
-        missing = [f.deficit(self.per_fold) for f in short]
+        same, different = map(sum, zip(*[f.deficit(self.per_fold) for f in short]))
         dealt = sum(f.images for f in self.folds)
         can_differ = self.left_images[k] * dealt + self.left_among[k]
-        return (
-            sum(same for same, _ in missing) > self.left_same[k]
-            or sum(different for _, different in missing) > can_differ
-        )
+        return same > self.left_same[k] or different > can_differ
 
     def _choices(self, k: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
         """The short folds in distinct states, those identity ``k`` helps most first."""
