@@ -439,6 +439,25 @@ class _Search:
                 options, fold = dealt.pop()
                 fold.remove(self.counts[k - 1][1])
 
+    def why_not(self) -> str:
+        """Why no dealing was found, with the numbers that decide it."""
+        n_folds, per_fold = len(self.folds), self.per_fold
+        multi = sum(1 for _, c in self.counts if c >= 2)
+        same = sum(math.comb(c, 2) for _, c in self.counts)
+        head = (
+            f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
+            f"from {len(self.counts)} identities ({multi} with 2+ images)"
+        )
+        if self.gave_up:
+            reason = f"no dealing of identities to folds found within {_ASSIGN_BUDGET} steps"
+        elif same < n_folds * per_fold:
+            reason = f"{same} same pairs exist, {n_folds * per_fold} needed"
+        elif multi < n_folds:
+            reason = "every fold needs an identity with 2+ images"
+        else:
+            reason = "no dealing of identities to folds gives every fold enough pairs of both kinds"
+        return f"{head}: {reason}"
+
 
 def _assign_folds(indices: dict[str, list], n_folds: int, per_fold: int, rng) -> list[list[str]]:
     """Deal identities to ``n_folds`` disjoint folds that can each hold ``per_fold`` same and
@@ -453,27 +472,10 @@ def _assign_folds(indices: dict[str, list], n_folds: int, per_fold: int, rng) ->
     search = _Search(counts, n_folds, per_fold)
     dealt = search.run()
     if dealt is None:
-        raise DataError(_no_assignment(counts, n_folds, per_fold, search.gave_up))
+        raise DataError(search.why_not())
     for name, count in counts[dealt:]:
         min(search.folds, key=lambda f: (len(f.names), f.same)).add(name, count)
     return [fold.names for fold in search.folds]
-
-
-def _no_assignment(counts: list[tuple[str, int]], n_folds: int, per_fold: int, gave_up) -> str:
-    """Why identity-disjoint folds cannot be drawn, with the numbers that decide it."""
-    multi = sum(1 for _, c in counts if c >= 2)
-    same = sum(math.comb(c, 2) for _, c in counts)
-    head = (
-        f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
-        f"from {len(counts)} identities ({multi} with 2+ images)"
-    )
-    if gave_up:
-        return f"{head}: no dealing of identities to folds found within {_ASSIGN_BUDGET} steps"
-    if same < n_folds * per_fold:
-        return f"{head}: {same} same pairs exist, {n_folds * per_fold} needed"
-    if multi < n_folds:
-        return f"{head}: every fold needs an identity with 2+ images"
-    return f"{head}: no dealing of identities to folds gives every fold enough pairs of both kinds"
 
 
 def _pick(keys: list, rng):
