@@ -48,9 +48,8 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
 
 def _make_synthetic(args: argparse.Namespace) -> int:
     """Write the data set (and the preview) and say where; returns the exit code."""
-    cfg = load_config(args.config, args.overrides)
-    paths = prepare_synthetic_data(args.out, cfg.data)
-    data = cfg.data
+    data = load_config(args.config, args.overrides).data
+    paths = prepare_synthetic_data(args.out, data)
     print(
         f"train:   {paths['train_root']} ({data.synthetic_identities} identities x "
         f"{data.synthetic_images_per_identity} images, {data.image_size} px)\n"
