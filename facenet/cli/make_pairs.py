@@ -1,10 +1,8 @@
 """Write an LFW-format pairs file for a root/<identity>/<image> folder: ``facenet-make-pairs ROOT``.
 
-Folds x (same + different) pairs are drawn with a seed, no identity in two folds (as in LFW),
+Folds of same and different pairs are drawn with a seed, no identity in two folds (as in LFW),
 so any held-out set can be evaluated like LFW with ``facenet-evaluate`` or ``eval.pairs``.
-Images named ``<identity>_<NNNN>.<ext>`` are referred to by NNNN, as in LFW; any other image
-by its file name (tab-separated fields, so names may hold spaces). Only the output file is
-written; the image folders are never touched.
+Only the output file is written; the image folders are never touched.
 """
 
 from __future__ import annotations
@@ -41,30 +39,25 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _draw_folds(images: dict, args: argparse.Namespace):
-    """The folds; when identity-disjoint folds cannot be drawn, the message names the flags."""
+def _make_pairs(args: argparse.Namespace) -> int:
+    """Draw the folds, write the file and say what it holds; returns the exit code."""
+    root = Path(args.root)
+    out = Path(args.out) if args.out else root / "pairs.txt"
+    images = scan_identities(root)
     try:
-        return generate_pairs(
+        folds = generate_pairs(
             images,
             n_folds=args.folds,
             pairs_per_fold=args.pairs_per_fold,
             seed=args.seed,
             disjoint_folds=not args.shared_identities,
         )
-    except DataError as err:
+    except DataError as err:  # name the flags that would help
         hint = "" if args.shared_identities else "; --shared-identities lets folds share them"
         raise DataError(
             f"{err} (--folds {args.folds}, --pairs-per-fold {args.pairs_per_fold}: lower "
             f"them{hint})"
         ) from None
-
-
-def _make_pairs(args: argparse.Namespace) -> int:
-    """Draw the folds, write the file and say what it holds; returns the exit code."""
-    root = Path(args.root)
-    out = Path(args.out) if args.out else root / "pairs.txt"
-    images = scan_identities(root)
-    folds = _draw_folds(images, args)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_pairs(out, folds)
     used = sum(1 for files in images.values() if files)  # empty folders: ignored, warned
@@ -76,11 +69,7 @@ def _make_pairs(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the pairs file; returns the exit code (2 for bad input).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Write the pairs file; returns the exit code (2 for bad input)."""
     args = get_args_parser().parse_args(argv)
     return run_command(lambda: _make_pairs(args))
 

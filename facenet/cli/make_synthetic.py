@@ -1,9 +1,9 @@
 """Write the built-in synthetic face data set: ``facenet-make-synthetic OUT``.
 
-OUT receives ``train/<identity>/*.png``, ``heldout/<identity>/*.png``, ``heldout/pairs.txt``
-and ``manifest.json``. Sizes come from the ``data`` section of a run configuration
-(``--config``, ``--set data.synthetic_identities=100``); running again with the same settings
-writes nothing.
+OUT receives ``train/<identity>/*.png``, ``heldout/<identity>/*.png``, the held-out
+``val_pairs.txt`` and ``test_pairs.txt``, and ``manifest.json``. Sizes come from the ``data``
+section of a run configuration (``--config``, ``--set data.synthetic_identities=100``); running
+again with the same settings writes nothing.
 """
 
 from __future__ import annotations
@@ -11,8 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+from torchvision.io import encode_png
+from torchvision.utils import make_grid
+
 from facenet.cli.common import run_command
 from facenet.config import add_override_argument, load_config
+from facenet.data.synthetic import SyntheticIdentities, drawn_side, prepare_synthetic_data
 from facenet.errors import FacenetError
 from facenet.files import write_atomic
 
@@ -33,19 +38,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def write_preview(path: str, image_size: int, seed: int) -> None:
-    """A PNG grid of the first 8 training identities, 8 images each.
-
-    Args:
-        path: the PNG file to write.
-        image_size: side of each image.
-        seed: the data set's seed.
-    """
-    import torch
-    from torchvision.io import encode_png
-    from torchvision.utils import make_grid
-
-    from facenet.data.synthetic import SyntheticIdentities
-
+    """A PNG grid of the first 8 training identities (one a row), 8 images of side
+    ``image_size`` each."""
     data = SyntheticIdentities(8, 8, image_size=image_size, seed=seed)
     images = torch.stack([data[i][0] for i in range(len(data))])  # (64, 3, S, S) uint8
     data = encode_png(make_grid(images, nrow=8, padding=2)).numpy().tobytes()
@@ -54,11 +48,8 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
 
 def _make_synthetic(args: argparse.Namespace) -> int:
     """Write the data set (and the preview) and say where; returns the exit code."""
-    from facenet.data.synthetic import prepare_synthetic_data
-
-    cfg = load_config(args.config, args.overrides)
-    paths = prepare_synthetic_data(args.out, cfg.data)
-    data = cfg.data
+    data = load_config(args.config, args.overrides).data
+    paths = prepare_synthetic_data(args.out, data)
     print(
         f"train:   {paths['train_root']} ({data.synthetic_identities} identities x "
         f"{data.synthetic_images_per_identity} images, {data.image_size} px)\n"
@@ -70,7 +61,7 @@ def _make_synthetic(args: argparse.Namespace) -> int:
     )
     if args.preview:
         try:
-            write_preview(args.preview, data.image_size, data.synthetic_seed)
+            write_preview(args.preview, drawn_side(data.image_size), data.synthetic_seed)
         except OSError as err:  # named as the preview: the data set itself was written
             reason = err.strerror or err
             raise FacenetError(f"cannot write the preview {args.preview}: {reason}") from None
@@ -79,11 +70,7 @@ def _make_synthetic(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the data set; returns the exit code (2 for bad configuration or an unwritable OUT).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Write the data set; returns the exit code (2 for bad configuration or an unwritable OUT)."""
     args = get_args_parser().parse_args(argv)
     return run_command(lambda: _make_synthetic(args))
 

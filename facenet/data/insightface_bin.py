@@ -1,25 +1,12 @@
 """Verification sets in insightface's ``.bin`` format (lfw, cfp_fp, agedb_30, calfw, cplfw).
 
-A ``.bin`` file is a pickle of ``(bins, issame_list)``: ``bins`` a list of 2N encoded images
-(JPEG or PNG bytes, 112 x 112 aligned faces), pair i being ``bins[2i]`` and ``bins[2i + 1]``,
-and ``issame_list`` N booleans. Files written by Python 2 hold the images as ``str``, read back
-as bytes (``encoding="bytes"``, as insightface reads them).
-
-A pickle can name any Python callable and run it while loading. These files are read with
-:class:`BinUnpickler`, which admits no global at all: the only objects it builds are the
-containers, bytes, strings, numbers and booleans the pickle opcodes make by themselves, so a
-crafted file runs nothing and is refused with :class:`BinFormatError` naming the file and the
-global it asked for. Before it runs, the opcodes are walked once
-(:func:`check_pickle_lengths`): a length or a memo index that the file cannot hold (a pickle
-declaring an 8-exabyte byte string, a memo slot in the billions) is refused by name, where the
-unpickler would first allocate what it declares. The contents are then checked to be exactly
-that layout.
-
-Images are decoded when a batch needs them by the project's one checked decoder
-(:func:`facenet.data.images.decode_image_bytes`: declared sizes limited, PNG checksums, 16-bit
-images scaled to 8 bits, animated images as their first frame; a damaged image is a
-:class:`BinFormatError` naming the set, the image and the pair, never a crash), resized to the
-model's input side (no crop: they are aligned already), then standardised as in training.
+A ``.bin`` file is a pickle of ``(bins, issame_list)``: 2N encoded images (112 x 112 aligned
+faces; pair i is ``bins[2i]``, ``bins[2i + 1]``) and N booleans; Python 2 files hold the images
+as ``str``, read back as bytes as insightface reads them. A pickle can run any callable while
+loading, so these files are read by :class:`BinUnpickler`, which admits no global at all, after
+:func:`check_pickle_lengths` has refused lengths the file cannot hold. Images are decoded when
+a batch needs them by :func:`facenet.data.images.decode_image_bytes` (a damaged one is a
+:class:`BinFormatError` naming the set, image and pair), resized whole and standardised.
 """
 
 from __future__ import annotations
@@ -55,10 +42,9 @@ __all__ = [
     "read_bin",
 ]
 
-# The largest .bin file read (the public sets are 50-400 MB); the whole file is held in memory.
+# The largest .bin file read (the public sets are 50-400 MB); it is held in memory whole.
 MAX_BIN_BYTES = 8 * 2**30
-# The opcodes that store into the unpickler's memo at the index they name: the unpickler grows
-# its memo table to that index first.
+# Opcodes storing into the memo at the index they name (the unpickler grows its memo to it).
 _MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
@@ -67,15 +53,12 @@ class BinFormatError(DataError):
 
 
 class BinUnpickler(pickle.Unpickler):
-    """An unpickler that refuses every global: nothing named in the file can be called.
+    """An unpickler that refuses every global, so nothing named in the file can be called.
 
     Every opcode that brings in a callable or a class (GLOBAL, STACK_GLOBAL, INST, OBJ, the
     copyreg extension codes, and through them REDUCE, NEWOBJ and BUILD) goes through
-    ``find_class``; persistent ids go through ``persistent_load``. Both refuse.
-
-    Args:
-        file: the binary file.
-        source: the file's name, for the error message.
+    ``find_class``, persistent ids through ``persistent_load``: both refuse. The only objects
+    built are the containers, bytes, strings, numbers and booleans the opcodes make themselves.
     """
 
     def __init__(self, file, source: str):
@@ -94,14 +77,8 @@ class BinUnpickler(pickle.Unpickler):
 
 @dataclass
 class BinPairs:
-    """The contents of a ``.bin`` file.
-
-    Args:
-        images: 2N encoded images; pair i is ``images[2i]``, ``images[2i + 1]``.
-        issame: (N,) bool.
-        name: the file's stem ("lfw", "cfp_fp", ...).
-        path: the file, for error messages (None: ``name`` + ".bin").
-    """
+    """The contents of a ``.bin`` file: 2N encoded images (pair i is ``images[2i]``,
+    ``images[2i + 1]``), (N,) bool ``issame``, the file's stem and path (None: name + ".bin")."""
 
     images: list
     issame: np.ndarray
@@ -117,12 +94,12 @@ def _check_layout(obj, source: str) -> tuple[list, list]:
     if not isinstance(obj, (tuple, list)) or len(obj) != 2:
         raise BinFormatError(f"{source}: expected a pickled (images, issame) pair")
     images, flags = obj
-    if not isinstance(images, (list, tuple)) or not all(
-        isinstance(b, (bytes, bytearray)) for b in images
+    for items, kinds, what in (
+        (images, (bytes, bytearray), "first item must be a list of encoded images (bytes)"),
+        (flags, bool, "second item must be a list of booleans (issame)"),
     ):
-        raise BinFormatError(f"{source}: the first item must be a list of encoded images (bytes)")
-    if not isinstance(flags, (list, tuple)) or not all(isinstance(f, bool) for f in flags):
-        raise BinFormatError(f"{source}: the second item must be a list of booleans (issame)")
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, kinds) for i in items):
+            raise BinFormatError(f"{source}: the {what}")
     if len(images) != 2 * len(flags) or not flags:
         raise BinFormatError(
             f"{source}: {len(images)} images for {len(flags)} pairs; expected two per pair"
@@ -133,21 +110,21 @@ def _check_layout(obj, source: str) -> tuple[list, list]:
 def check_pickle_lengths(raw: bytes, source: str) -> None:
     """Refuse a pickle whose opcodes declare more than the file holds, before it is loaded.
 
-    The unpickler allocates a byte string of the declared length before reading it, and grows
-    its memo to the index a PUT names; ``pickletools.genops`` reads from a byte buffer instead,
-    so a declared length beyond the end of the file costs nothing here.
-
-    Args:
-        raw: the whole pickle.
-        source: the file's name, for the error message.
+    The unpickler allocates a byte string of the declared length before reading it (an
+    8-exabyte one, say) and grows its memo to the index a PUT names; ``pickletools.genops``
+    reads from the byte buffer instead, so a length past the end costs nothing here.
 
     Raises:
-        BinFormatError: an opcode runs past the end of the file, the pickle has no STOP, or a
-            memo index is larger than the file could hold.
+        BinFormatError: an opcode runs past the end, no STOP, or a memo index larger than the
+            file could hold.
     """
+    size, problem = len(raw), None
     try:
         for opcode, arg, _ in pickletools.genops(io.BytesIO(raw)):
-            problem = _beyond_the_file(opcode.name, arg, len(raw))
+            if opcode.name in _MEMO_PUTS and not 0 <= int(arg) <= size:
+                problem = f"memo index {arg} in a {size}-byte file"
+            elif opcode.name == "FRAME" and arg > size:
+                problem = f"a frame of {arg} bytes in a {size}-byte file"
             if problem:
                 break
         else:
@@ -155,15 +132,6 @@ def check_pickle_lengths(raw: bytes, source: str) -> None:
     except ValueError as err:  # a declared length past the end, an unknown opcode, no STOP
         problem = str(err)
     raise BinFormatError(f"{source}: not a readable pickle ({problem})")
-
-
-def _beyond_the_file(name: str, arg, size: int) -> str | None:
-    """What an opcode declares that a ``size``-byte pickle cannot hold, or None."""
-    if name in _MEMO_PUTS and not 0 <= int(arg) <= size:
-        return f"memo index {arg} in a {size}-byte file"
-    if name == "FRAME" and arg > size:
-        return f"a frame of {arg} bytes in a {size}-byte file"
-    return None
 
 
 def _read_raw(path: Path) -> bytes:
@@ -179,9 +147,6 @@ def _read_raw(path: Path) -> bytes:
 
 def read_bin(path: str | os.PathLike) -> BinPairs:
     """Read an insightface ``.bin`` verification file without running anything in it.
-
-    Args:
-        path: the file.
 
     Raises:
         BinFormatError: a refused pickle, a damaged file, or contents of another layout.
@@ -203,28 +168,9 @@ def read_bin(path: str | os.PathLike) -> BinPairs:
     return BinPairs(images, np.array(flags, dtype=bool), path.stem, str(path))
 
 
-def bin_transform(image_size: ImageSize, normalize: str = "fixed") -> v2.Compose:
-    """uint8 (3, h, w) aligned face -> float (3, S_h, S_w): resized whole, then standardised.
-
-    Args:
-        image_size: S or (S_h, S_w), the model's input size.
-        normalize: the pixel standardisation ("fixed" or "imagenet").
-    """
-    return v2.Compose(
-        [v2.Resize(image_hw(image_size), antialias=True), *_normalize_steps(normalize)]
-    )
-
-
 class BinImages(torch.utils.data.Dataset):
-    """The images of a ``.bin`` file, decoded one by one into the model's input.
-
-    Args:
-        pairs: what :func:`read_bin` returned.
-        image_size: the model's input size: S or (S_h, S_w).
-        normalize: the pixel standardisation the model was trained with.
-        max_pixels: the largest declared width x height accepted.
-        max_aspect_ratio: the largest declared long side / short side accepted.
-    """
+    """The images of a ``.bin`` file, each decoded into the model's input (3, S_h, S_w);
+    ``max_pixels`` and ``max_aspect_ratio`` bound the sizes an image may declare."""
 
     def __init__(
         self,
@@ -235,21 +181,19 @@ class BinImages(torch.utils.data.Dataset):
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
     ):
         self.pairs = pairs
-        self.transform = bin_transform(image_size, normalize)
+        # Aligned already: resized whole (no crop), then standardised as in training.
+        self.transform = v2.Compose(
+            [v2.Resize(image_hw(image_size), antialias=True), *_normalize_steps(normalize)]
+        )
         self.limits = (max_pixels, max_aspect_ratio)
 
     def __len__(self) -> int:
         return len(self.pairs.images)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        """Image ``index`` as the model's input (3, S_h, S_w).
-
-        Raises:
-            BinFormatError: the image cannot be decoded; names the set, the image and the pair.
-        """
         source = f"{self.pairs.path or self.pairs.name + '.bin'}: image {index} (pair {index // 2})"
         try:
             image = decode_image_bytes(self.pairs.images[index], source, *self.limits)
         except CorruptImageError as err:
             raise BinFormatError(f"{source} cannot be decoded: {err.reason}") from None
-        return self.transform(image)  # from uint8 (3, h, w)
+        return self.transform(image)

@@ -1,44 +1,33 @@
-"""LFW-style pair lists: read and write ``pairs.txt``, and generate pairs for any image folder.
+"""LFW-style pair lists (``pairs.txt``): read them, and draw them for any identity folder.
 
-The format (LFW "View 2")::
-
-    10<TAB>300                      header: number of folds, pairs of each kind per fold
-    Abel_Pacheco<TAB>1<TAB>4        a "same" pair: name, index of image 1, index of image 2
-    ...                             (pairs_per_fold same lines, then)
-    Abdel_Madi_Shabneh<TAB>1<TAB>Dean_Barker<TAB>1   a "different" pair: name1 idx1 name2 idx2
-    ...                             (pairs_per_fold different lines; then the next fold)
-
-A one-number header (``1100``, as in ``pairsDevTrain.txt``) means one fold of that many pairs
-of each kind. Fields may be separated by tabs or spaces; CRLF line ends, stray spaces and blank
-lines are tolerated. A malformed line is a :class:`PairsFormatError` naming the file and line.
-
-Image resolution rule: ``<name> <idx>`` refers to ``root/<name>/<name>_<idx:04d>.<ext>`` where
-``ext`` is any of jpg, jpeg, png, bmp, webp in any letter case. When several files share the
-stem, the first extension in that order wins (then the first name in sorted order).
-
-Folds are the contiguous blocks of ``2 * pairs_per_fold`` lines, in file order, which is what
-the evaluation's contiguous ``KFold`` reproduces. Skipping pairs whose images are missing
-shifts those blocks; :attr:`PairList.fold_ids` keeps each remaining pair's fold from the file.
+The format is LFW's "View 2": a header ``<n_folds> <pairs_per_fold>`` (one number: one fold),
+then per fold ``pairs_per_fold`` same pairs ``name idx1 idx2`` and as many different pairs
+``name1 idx1 name2 idx2``. ``name idx`` is ``root/name/name_<idx:04d>.<ext>``, the first
+extension of ``IMAGE_EXTENSIONS`` found; an image's file name may stand for ``idx``. Fields are
+split by tabs (names may hold spaces), else by whitespace. Folds are contiguous blocks of lines,
+as the evaluation's ``KFold`` cuts them; ``PairList.fold_ids`` keeps each pair's fold in the file
+when pairs with missing images are skipped.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import re
 import warnings
 from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from facenet.data.folder import list_identities
+from facenet.data.images import IMAGE_EXTENSIONS
 from facenet.errors import DataError
 from facenet.files import write_text_atomic
 
 __all__ = [
-    "IMAGE_EXTENSIONS",
     "PairsFormatError",
     "MissingImagesError",
     "PairList",
@@ -51,55 +40,40 @@ __all__ = [
     "lfw_image_index",
 ]
 
-# In order of preference when one stem has several files.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-
 _LISTED_MISSING = 20  # missing images quoted in an error message
+_ASSIGN_BUDGET = 200_000  # nodes the fold assignment's search visits before it gives up
 
 
 class PairsFormatError(DataError):
-    """A pairs file line that does not follow the format; the message names file and line.
-
-    Args:
-        path: the pairs file.
-        line_no: 1-based line number (0 for the file as a whole).
-        message: what is wrong.
-    """
+    """A pairs file off the format; the message names the file and line (0: the whole file)."""
 
     def __init__(self, path: str | os.PathLike, line_no: int, message: str):
         self.path, self.line_no = str(path), line_no
-        where = f"{path}:{line_no}" if line_no else str(path)
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{path}:{line_no}: {message}" if line_no else f"{path}: {message}")
 
 
 class MissingImagesError(DataError, FileNotFoundError):
-    """Images named by a pairs file that do not exist.
+    """Images a pairs file names that do not exist: ``missing`` (their expected paths, sorted)
+    and ``lines`` (the lines naming each)."""
 
-    ``missing`` lists each missing image once (its path without extension, sorted) and
-    ``lines`` maps it to the lines of the pairs file that name it.
-
-    Args:
-        pairs_path: the pairs file.
-        root: the image folder searched.
-        missing: (line number, expected path without extension) for every missing side.
-    """
-
-    def __init__(self, pairs_path, root, missing: list[tuple[int, str]]):
+    def __init__(self, pairs_path, root, missing: list[tuple[int, list[str]]]):
         self.lines: dict[str, list[int]] = {}
-        for line_no, path in missing:
-            self.lines.setdefault(path, []).append(line_no)
+        for line_no, paths in missing:
+            for path in paths:
+                self.lines.setdefault(path, []).append(line_no)
         self.missing = sorted(self.lines)
-        shown = "\n".join(
+        shown = [
             f"  {path} (line(s) {', '.join(map(str, self.lines[path]))})"
             for path in self.missing[:_LISTED_MISSING]
-        )
-        more = len(self.missing) - _LISTED_MISSING
-        tail = f"\n  ... and {more} more" if more > 0 else ""
-        n_lines = len({line_no for line_no, _ in missing})
+        ]
+        if len(self.missing) > _LISTED_MISSING:
+            shown.append(f"  ... and {len(self.missing) - _LISTED_MISSING} more")
         super().__init__(
-            f"{pairs_path}: {len(self.missing)} image(s) named on {n_lines} line(s) not found "
-            f"under {root} (looked for {'/'.join(e[1:] for e in IMAGE_EXTENSIONS)}):\n"
-            f"{shown}{tail}\nPass skip_missing=True (eval.skip_missing) to skip those pairs."
+            f"{pairs_path}: {len(self.missing)} image(s) named on "
+            f"{len(missing)} line(s) not found under {root} "
+            f"(looked for {'/'.join(e[1:] for e in IMAGE_EXTENSIONS)}):\n"
+            + "\n".join(shown)
+            + "\nPass skip_missing=True (eval.skip_missing) to skip those pairs."
         )
 
 
@@ -112,20 +86,10 @@ class PairFold(NamedTuple):
 
 @dataclass
 class PairList:
-    """Resolved pairs of a pairs file, in file order.
+    """The resolved pairs of a pairs file, in file order: N kept pairs.
 
-    Args:
-        paths1: image path of the first side of each pair.
-        paths2: image path of the second side.
-        issame: (N,) bool, True for same-identity pairs.
-        n_folds: folds announced by the header.
-        pairs_per_fold: pairs of each kind per fold announced by the header.
-        fold_ids: (N,) the fold of each kept pair in the file (differs from contiguous
-            re-splitting only when pairs were skipped).
-        line_numbers: (N,) the line of each kept pair.
-        skipped: (line number, reason) of each skipped pair.
-        skipped_folds: the fold (in the file) of each skipped pair.
-        source: the pairs file.
+    ``fold_ids`` and ``line_numbers`` are (N,) each kept pair's fold and line in the file;
+    ``skipped`` holds (line, reason) of each skipped pair.
     """
 
     paths1: list[str]
@@ -136,35 +100,27 @@ class PairList:
     fold_ids: np.ndarray
     line_numbers: np.ndarray
     skipped: list[tuple[int, str]] = field(default_factory=list)
-    skipped_folds: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     source: str = ""
 
     def __len__(self) -> int:
         return len(self.paths1)
 
     def unique_paths(self) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """Sorted unique image paths and, for each side, the (N,) index of its image in them.
-
-        Each unique image can then be embedded once: ``emb[index1]``, ``emb[index2]``.
-        """
-        both = np.asarray(self.paths1 + self.paths2, dtype=str)
-        unique, inverse = np.unique(both, return_inverse=True)
+        """Sorted unique image paths and (N,) the index of each side's image in them, so each
+        image is embedded once: ``emb[index1]``, ``emb[index2]``."""
+        unique, inverse = np.unique(
+            np.asarray(self.paths1 + self.paths2, dtype=str), return_inverse=True
+        )
         inverse = inverse.reshape(-1).astype(np.int64)
-        n = len(self.paths1)
-        return [str(p) for p in unique], inverse[:n], inverse[n:]
+        return unique.tolist(), inverse[: len(self)], inverse[len(self) :]
 
     def folds_for(self, n_folds: int) -> np.ndarray | None:
         """(N,) the fold of each pair for an evaluation in ``n_folds`` folds.
 
-        The file's own folds when it has ``n_folds``. Otherwise the same pairs, in file order,
-        are cut into ``n_folds`` contiguous runs, and the different pairs likewise: every fold
-        holds both kinds. (A one-fold file lists all its same pairs, then all its different
-        ones, so contiguous folds would each hold one kind.) For files of balanced folds this
-        equals contiguous folds whenever ``n_folds`` divides the file's folds. None when a kind
-        has fewer pairs than folds (the protocol then says so).
-
-        Args:
-            n_folds: the folds of the evaluation.
+        The file's own folds when it has ``n_folds``; otherwise the same pairs, in file order,
+        are cut into ``n_folds`` contiguous runs, and the different pairs likewise, so every
+        fold holds both kinds (a one-fold file lists all its same pairs first). None when a
+        kind has fewer pairs than folds.
         """
         if n_folds == self.n_folds:
             return self.fold_ids
@@ -177,293 +133,200 @@ class PairList:
         return ids
 
     def skipped_per_fold(self) -> np.ndarray:
-        """(n_folds,) number of skipped pairs in each fold of the file."""
-        return np.bincount(self.skipped_folds, minlength=self.n_folds)
+        """(n_folds,) skipped pairs in each fold of the file."""
+        return 2 * self.pairs_per_fold - np.bincount(self.fold_ids, minlength=self.n_folds)
 
     def skip_report(self) -> str:
         """What skipping did to the folds, in words (empty when nothing was skipped)."""
         if not self.skipped:
             return ""
-        total = len(self) + len(self.skipped)
         return (
-            f"{self.source}: skipped {len(self.skipped)} of {total} pairs with missing images "
-            f"(per fold: {self.skipped_per_fold().tolist()}). Evaluated with contiguous folds, "
-            f"the remaining {len(self)} pairs are re-split into {self.n_folds} folds, so pairs "
-            "near fold boundaries move to a neighbouring fold; pass folds=pair_list.fold_ids "
-            "to the evaluation to keep the file's folds instead."
+            f"{self.source}: skipped {len(self.skipped)} of {len(self) + len(self.skipped)} "
+            f"pairs with missing images (per fold: {self.skipped_per_fold().tolist()}). "
+            f"Evaluated with contiguous folds, the remaining {len(self)} pairs are re-split into "
+            f"{self.n_folds} folds, so pairs near fold boundaries move to a neighbouring fold; "
+            "pass folds=pair_list.fold_ids to the evaluation to keep the file's folds instead."
         )
 
 
-# --------------------------------------------------------------------------- reading
+class _BadLine(Exception):
+    """What is wrong with a line; :func:`read_pairs` names the file and line."""
 
 
-def _parse_int(token: str, path, line_no: int, what: str) -> int:
-    if not re.fullmatch(r"\d+", token):
-        raise PairsFormatError(
-            path, line_no, f"{what} must be a non-negative integer, got {token!r}"
-        )
+def _number(token: str, what: str) -> int:
+    if not token.isdecimal():
+        raise _BadLine(f"{what} must be a non-negative integer, got {token!r}")
     try:
         return int(token)
-    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
-        raise PairsFormatError(
-            path, line_no, f"{what} has {len(token)} digits: not a plausible count or index"
-        ) from None
+    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+        raise _BadLine(f"{what} has {len(token)} digits: not a plausible count or index") from None
 
 
-def _parse_header(tokens: list[str], path, line_no: int) -> tuple[int, int]:
-    """(n_folds, pairs_per_fold) from ``F P`` or a one-number ``P`` header."""
-    if len(tokens) not in (1, 2):
-        raise PairsFormatError(
-            path, line_no, f"expected a header '<n_folds>\\t<pairs_per_fold>', got {tokens}"
-        )
-    values = [_parse_int(t, path, line_no, "header value") for t in tokens]
-    n_folds, per_fold = (1, values[0]) if len(values) == 1 else values
-    if n_folds < 1 or per_fold < 1:
-        raise PairsFormatError(path, line_no, f"header values must be >= 1, got {tokens}")
-    return n_folds, per_fold
+def _is_file_name(ref: str) -> bool:
+    return os.path.splitext(ref)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _parse_image_ref(token: str, path, line_no: int, what: str) -> int | str:
-    """An LFW image index (``<name>_<NNNN>``), or the image's file name in its identity folder."""
-    if os.path.splitext(token)[1].lower() in IMAGE_EXTENSIONS and not re.fullmatch(r"\d+", token):
-        if "/" in token or "\\" in token or token in (".", ".."):
-            raise PairsFormatError(
-                path,
-                line_no,
-                f"{what} must be a file name inside its identity folder, got {token!r}",
-            )
-        return token
-    return _parse_int(token, path, line_no, what)
+def _image_ref(token: str, what: str) -> int | str:
+    if not _is_file_name(token):
+        return _number(token, what)
+    if "/" in token or "\\" in token:
+        raise _BadLine(f"{what} must be a file name inside its identity folder, got {token!r}")
+    return token
 
 
-def _check_identity(name: str, path, line_no: int) -> str:
-    """An identity is a folder directly under the root: no separators, not '.' or '..'."""
+def _identity(name: str) -> str:
     if "/" in name or "\\" in name or name in (".", ".."):
-        raise PairsFormatError(path, line_no, f"identity {name!r} must be a folder name")
+        raise _BadLine(f"identity {name!r} must be a folder name")
     return name
 
 
-def _parse_pair(
-    tokens: list[str], path, line_no: int
-) -> tuple[str, int | str, str, int | str, bool]:
-    """(name1, ref1, name2, ref2, issame) from a 3-field or 4-field line; a ref is an LFW
-    index or an image file name."""
-    if len(tokens) == 3:
-        name, a, b = tokens
-        name = _check_identity(name, path, line_no)
-        ref1 = _parse_image_ref(a, path, line_no, "idx1")
-        return name, ref1, name, _parse_image_ref(b, path, line_no, "idx2"), True
-    if len(tokens) == 4:
-        name1, a, name2, b = tokens
-        name1, name2 = _check_identity(name1, path, line_no), _check_identity(name2, path, line_no)
-        ref1 = _parse_image_ref(a, path, line_no, "idx1")
-        return name1, ref1, name2, _parse_image_ref(b, path, line_no, "idx2"), False
-    raise PairsFormatError(
-        path,
-        line_no,
-        "expected 'name idx1 idx2' (same) or 'name1 idx1 name2 idx2' (different), "
-        f"got {len(tokens)} field(s): {' '.join(tokens)!r}",
-    )
+def _parse_pair(tokens: list[str]) -> tuple[bool, tuple, tuple]:
+    """(issame, (name1, ref1), (name2, ref2)); a ref is an LFW index or a file name."""
+    if len(tokens) not in (3, 4):
+        raise _BadLine(
+            "expected 'name idx1 idx2' (same) or 'name1 idx1 name2 idx2' (different), "
+            f"got {len(tokens)} field(s): {' '.join(tokens)!r}"
+        )
+    name1, name2 = _identity(tokens[0]), _identity(tokens[0 if len(tokens) == 3 else 2])
+    ref1, ref2 = _image_ref(tokens[1], "idx1"), _image_ref(tokens[-1], "idx2")
+    return len(tokens) == 3, (name1, ref1), (name2, ref2)
 
 
 def _fields(line: str) -> list[str]:
-    """Tab-separated fields when the line has a tab and that gives a header or a pair (names
-    may hold spaces), else whitespace-separated words (LFW files mixing tabs and spaces)."""
+    """Tab-separated fields when that gives a header or a pair (names may hold spaces), else
+    whitespace-separated words (LFW files mixing tabs and spaces)."""
     words = line.split()
     if "\t" in line:
-        fields = [field.strip() for field in line.split("\t") if field.strip()]
-        if len(fields) >= 3 or len(fields) == len(words):  # a pair by tabs, or no spaces
+        fields = [f.strip() for f in line.split("\t") if f.strip()]
+        if len(fields) >= 3 or len(fields) == len(words):
             return fields
     return words
 
 
-def _read_lines(pairs_path: Path) -> list[tuple[int, list[str]]]:
-    """(line number, whitespace-split fields) of every non-blank line."""
+def lfw_image_index(identity: str, file_name: str) -> int | None:
+    """The NNNN of ``<identity>_<NNNN>.<image extension>`` (a path's last part), else None."""
+    stem, ext = os.path.splitext(os.path.basename(file_name))
+    match = re.fullmatch(re.escape(identity) + r"_(\d+)", stem)
+    return int(match.group(1)) if match and ext.lower() in IMAGE_EXTENSIONS else None
+
+
+def _locate(root: Path, indexes: dict, name: str, ref: int | str) -> tuple[str, bool]:
+    """(path, True) of the image ``(name, ref)``, else (the path looked for, False); ``indexes``
+    caches each folder's {LFW index: path}, where the first extension of IMAGE_EXTENSIONS
+    wins, then the first name."""
+    if isinstance(ref, str):
+        return str(root / name / ref), (root / name / ref).is_file()
+    if name not in indexes:
+        folder = root / name
+        ranked = sorted(
+            (IMAGE_EXTENSIONS.index(os.path.splitext(entry)[1].lower()), entry)
+            for entry in (os.listdir(folder) if folder.is_dir() else [])
+            if lfw_image_index(name, entry) is not None
+        )
+        indexes[name] = {lfw_image_index(name, e): str(folder / e) for _, e in reversed(ranked)}
+    found = indexes[name].get(ref)
+    return (found, True) if found else (f"{root / name / name}_{ref:04d}.*", False)
+
+
+def _parse(pairs_path: Path) -> tuple[int, int, list]:
+    """(n_folds, pairs_per_fold, [(line number, issame, side1, side2), ...])."""
     if pairs_path.exists() and not pairs_path.is_file():  # a FIFO or device would block
         raise PairsFormatError(pairs_path, 0, "not a regular file (a FIFO, device or folder)")
     try:
-        with open(pairs_path, encoding="utf-8", newline=None) as fh:  # universal newlines: CRLF ok
-            rows = [(n, _fields(line)) for n, line in enumerate(fh, start=1)]
+        with open(pairs_path, encoding="utf-8") as fh:  # universal newlines: CRLF read as LF
+            lines = [(n, _fields(line)) for n, line in enumerate(fh, start=1) if line.strip()]
     except UnicodeDecodeError:
         raise PairsFormatError(pairs_path, 0, "not a UTF-8 text file") from None
-    return [(n, tokens) for n, tokens in rows if tokens]
-
-
-def lfw_image_index(identity: str, file_name: str) -> int | None:
-    """The index in ``<identity>_<NNNN>.<ext>`` (an image extension), else None.
-
-    Args:
-        identity: the identity (folder) name.
-        file_name: a file name or path; only its last component is read.
-    """
-    base = os.path.basename(file_name)
-    stem, ext = os.path.splitext(base)
-    if ext.lower() not in IMAGE_EXTENSIONS:
-        return None
-    match = re.fullmatch(re.escape(identity) + r"_(\d+)", stem)
-    return int(match.group(1)) if match else None
-
-
-class _ImageResolver:
-    """Finds ``root/<name>/<name>_<idx:04d>.<ext>``, listing each identity folder once."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self._folders: dict[str, dict[int, str]] = {}
-
-    def _index_folder(self, name: str) -> dict[int, str]:
-        folder = self.root / name
-        found: dict[int, tuple[int, str]] = {}
-        if folder.is_dir():
-            for entry in sorted(os.listdir(folder)):
-                idx = lfw_image_index(name, entry)
-                if idx is None:
-                    continue
-                rank = IMAGE_EXTENSIONS.index(os.path.splitext(entry)[1].lower())
-                if idx not in found or rank < found[idx][0]:
-                    found[idx] = (rank, entry)
-        return {idx: str(folder / entry) for idx, (_, entry) in found.items()}
-
-    def find(self, name: str, idx: int | str) -> str | None:
-        """The image path, or None when no such file exists."""
-        if isinstance(idx, str):  # a file name in the identity folder
-            path = self.root / name / idx
-            return str(path) if path.is_file() else None
-        if name not in self._folders:
-            self._folders[name] = self._index_folder(name)
-        return self._folders[name].get(idx)
-
-    def expected(self, name: str, idx: int | str) -> str:
-        """The path that was looked for (``.*``: any image extension)."""
-        if isinstance(idx, str):
-            return str(self.root / name / idx)
-        return str(self.root / name / f"{name}_{idx:04d}") + ".*"
-
-
-def _check_pair_count(path, header_line: int, n_folds: int, per_fold: int, n_pairs: int) -> None:
-    expected = n_folds * 2 * per_fold
-    if n_pairs != expected:
+    if not lines:
+        raise PairsFormatError(pairs_path, 0, "empty pairs file")
+    (line_no, header), parsed = lines[0], []
+    try:
+        if len(header) not in (1, 2):
+            raise _BadLine(f"expected a header '<n_folds>\\t<pairs_per_fold>', got {header}")
+        n_folds, per_fold = (1, *[_number(t, "header value") for t in header])[-2:]
+        if n_folds < 1 or per_fold < 1:
+            raise _BadLine(f"header values must be >= 1, got {header}")
+        for line_no, tokens in lines[1:]:
+            parsed.append((line_no, *_parse_pair(tokens)))
+    except _BadLine as err:
+        raise PairsFormatError(pairs_path, line_no, str(err)) from None
+    if len(parsed) != n_folds * 2 * per_fold:
         raise PairsFormatError(
-            path,
-            header_line,
-            f"the header promises {n_folds} fold(s) x 2 x {per_fold} = {expected} pairs, "
-            f"but the file holds {n_pairs}",
+            pairs_path,
+            lines[0][0],
+            f"the header promises {n_folds} fold(s) x 2 x {per_fold} = "
+            f"{n_folds * 2 * per_fold} pairs, but the file holds {len(parsed)}",
         )
+    return n_folds, per_fold, parsed
 
 
 def read_pairs(
     pairs_path: str | os.PathLike, root: str | os.PathLike | None = None, skip_missing: bool = False
 ) -> PairList:
-    """Read an LFW-format pairs file and resolve its images.
+    """Read an LFW-format pairs file and resolve its images to absolute paths.
 
     Args:
-        pairs_path: the pairs file (see the module docstring for the format).
-        root: the image folder holding ``<name>/<name>_<idx:04d>.<ext>``; default the pairs
-            file's folder. Paths in the result are absolute.
-        skip_missing: skip pairs with a missing image (recorded in ``skipped``, reported by
-            ``skip_report()`` and a warning) instead of raising.
+        root: the folder of identity folders; default the pairs file's folder.
+        skip_missing: skip pairs with a missing image (``skipped``, ``skip_report()`` and a
+            warning) instead of raising :class:`MissingImagesError`.
 
     Raises:
         FileNotFoundError: the pairs file or the image root does not exist.
-        PairsFormatError: a malformed header or pair line, a pair count that does not match
-            the header, or a file that is not UTF-8 text.
-        MissingImagesError: images are missing and ``skip_missing`` is False.
+        PairsFormatError: a malformed line, a pair count off the header, not UTF-8 text.
     """
     pairs_path = Path(pairs_path)
     root = Path(os.path.abspath(pairs_path.parent if root is None else root))
     if not root.is_dir():
         raise FileNotFoundError(f"image root {root} (for {pairs_path}) is not a folder")
-    lines = _read_lines(pairs_path)
-    if not lines:
-        raise PairsFormatError(pairs_path, 0, "empty pairs file")
-    header_line, header = lines[0]
-    n_folds, per_fold = _parse_header(header, pairs_path, header_line)
-    parsed = [(n, _parse_pair(tokens, pairs_path, n)) for n, tokens in lines[1:]]
-    _check_pair_count(pairs_path, header_line, n_folds, per_fold, len(parsed))
-    return _resolve_pairs(pairs_path, root, parsed, n_folds, per_fold, skip_missing)
-
-
-def _resolve_pairs(pairs_path, root, parsed, n_folds, per_fold, skip_missing) -> PairList:
-    """Turn parsed lines into paths; collect missing images."""
-    resolver = _ImageResolver(root)
-    kept, missing, skipped = [], [], []
-    for position, (line_no, (name1, idx1, name2, idx2, same)) in enumerate(parsed):
-        path1, path2 = resolver.find(name1, idx1), resolver.find(name2, idx2)
-        sides = ((name1, idx1, path1), (name2, idx2, path2))
-        absent = [resolver.expected(name, idx) for name, idx, path in sides if path is None]
+    n_folds, per_fold, parsed = _parse(pairs_path)
+    indexes, kept, missing = {}, [], []
+    for position, (line_no, same, *sides) in enumerate(parsed):
         fold = position // (2 * per_fold)
+        located = [_locate(root, indexes, *side) for side in sides]
+        absent = [path for path, found in located if not found]
         if absent:
-            missing.extend((line_no, a) for a in absent)
-            skipped.append((line_no, fold, "missing " + ", ".join(absent)))
-            continue
-        kept.append((line_no, fold, path1, path2, same))
+            missing.append((line_no, absent))
+        else:
+            kept.append((line_no, fold, *[path for path, _ in located], same))
     if missing and not skip_missing:
         raise MissingImagesError(pairs_path, root, missing)
+    lines, folds, paths1, paths2, same = list(zip(*kept)) or [()] * 5
     pair_list = PairList(
-        paths1=[k[2] for k in kept],
-        paths2=[k[3] for k in kept],
-        issame=np.array([k[4] for k in kept], dtype=bool),
-        n_folds=n_folds,
-        pairs_per_fold=per_fold,
-        fold_ids=np.array([k[1] for k in kept], dtype=np.int64),
-        line_numbers=np.array([k[0] for k in kept], dtype=np.int64),
-        skipped=[(line_no, reason) for line_no, _, reason in skipped],
-        skipped_folds=np.array([fold for _, fold, _ in skipped], dtype=np.int64),
+        list(paths1),
+        list(paths2),
+        np.array(same, dtype=bool),
+        n_folds,
+        per_fold,
+        fold_ids=np.array(folds, dtype=np.int64),
+        line_numbers=np.array(lines, dtype=np.int64),
+        skipped=[(line_no, "missing " + ", ".join(absent)) for line_no, absent in missing],
         source=str(pairs_path),
     )
-    if skipped:
-        warnings.warn(pair_list.skip_report(), stacklevel=3)
+    if missing:
+        warnings.warn(pair_list.skip_report(), stacklevel=2)
     return pair_list
 
 
-# --------------------------------------------------------------------------- generating
-
-
 def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
-    """``{identity: [image file name, ...]}`` for every ``root/<identity>/`` folder, sorted.
-
-    Args:
-        root: the image folder; hidden entries and non-image files are left out.
-    """
+    """``{identity: [image file name, ...]}`` of every ``root/<identity>/``, both sorted, as
+    :func:`facenet.data.folder.list_identities` lists them (hidden entries left out)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image root {root} is not a folder")
-    listing = {}
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        listing[folder.name] = sorted(
-            f.name
-            for f in folder.iterdir()
-            if f.suffix.lower() in IMAGE_EXTENSIONS and not f.name.startswith(".")
-        )
-    return listing
-
-
-def _without_empty(indices: dict[str, list]) -> dict[str, list]:
-    """The identities holding an image; the others are ignored with one warning, as
-    :class:`facenet.data.folder.IdentityFolder` ignores an empty identity folder."""
-    empty = [name for name, keys in indices.items() if not keys]
-    if empty:
-        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
-        warnings.warn(
-            f"ignored {len(empty)} identity folder(s) without images: {shown}", stacklevel=3
-        )
-    return {name: keys for name, keys in indices.items() if keys}
+    return {name: [file[0] for file in files] for name, files in list_identities(root).items()}
 
 
 def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
     """How a pairs file names each identity's images, sorted and unique: the LFW indices when
-    every image of the identity is named ``<identity>_<NNNN>.<ext>``, else the file names."""
+    every image is named ``<identity>_<NNNN>.<ext>``, else the file names. Identities without
+    images are left out with one warning, as IdentityFolder leaves them out."""
     keys = {}
     for identity in sorted(images_by_identity):
         if not identity or re.search(r"[\t\n\r/\\]", identity) or identity != identity.strip():
             raise DataError(
                 f"identity name {identity!r} is empty or holds tabs, line breaks or slashes"
             )
-        names = [
-            os.path.basename(name)
-            for name in images_by_identity[identity]
-            if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS  # others are ignored
-        ]
+        names = [os.path.basename(n) for n in images_by_identity[identity] if _is_file_name(n)]
         bad = [n for n in names if re.search(r"[\t\n\r\\]", n) or n != n.strip()]
         if bad:
             raise DataError(
@@ -472,17 +335,17 @@ def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
             )
         indices = [lfw_image_index(identity, n) for n in names]
         keys[identity] = sorted(set(indices if None not in indices else names))
-    return keys
-
-
-# Nodes the fold assignment's search may visit before it gives up (see _assign_folds).
-_ASSIGN_BUDGET = 200_000
+    empty = [name for name, found in keys.items() if not found]
+    if empty:
+        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+        warnings.warn(
+            f"ignored {len(empty)} identity folder(s) without images: {shown}", stacklevel=3
+        )
+    return {name: found for name, found in keys.items() if found}
 
 
 class _FoldLoad:
     """What a fold's identities can give: same pairs, images, different pairs."""
-
-    __slots__ = ("same", "images", "different", "names")
 
     def __init__(self) -> None:
         self.same = self.images = self.different = 0
@@ -504,173 +367,115 @@ class _FoldLoad:
         """(same, different) pairs still missing for ``per_fold`` of each."""
         return max(0, per_fold - self.same), max(0, per_fold - self.different)
 
-    def state(self) -> tuple[int, int, int]:
-        return self.same, self.images, self.different
-
 
 class _Search:
-    """Depth-first search for identity-disjoint folds that each hold ``per_fold`` pairs of each
-    kind; identities largest first, each fold tried in order of how much it gains.
+    """Exact depth-first search for identity-disjoint folds that each hold ``per_fold`` pairs
+    of each kind: identities largest first, each to the short fold it helps most first.
 
-    Exact: only branches that cannot lead to an assignment are cut, so it finds one whenever
-    one exists, unless it visits ``_ASSIGN_BUDGET`` nodes first (``gave_up``). The first
-    descent is the greedy assignment; the search backtracks only where that one fails.
-    Cuts: (1) an identity only goes to a fold still short of pairs (adding one never hurts a
-    fold, so any assignment can be rewritten that way); (2) of folds in the same state only
-    the first is tried; (3) a branch stops when the identities left cannot cover the missing
-    same pairs (their C(n, 2) summed) or different pairs (each of their images pairs at most
-    with every image dealt so far and every other image left).
+    It finds a dealing whenever one exists, unless it visits ``_ASSIGN_BUDGET`` nodes first
+    (``gave_up``); its first descent is the greedy dealing. Cuts: an identity only goes to a
+    fold still short (adding one never hurts a fold); of folds in the same state only the first
+    is tried; a branch stops when the identities left cannot cover the missing same pairs
+    (their C(n, 2) summed) or different pairs (their images with every image dealt or left).
     """
 
     def __init__(self, counts: list[tuple[str, int]], n_folds: int, per_fold: int) -> None:
         self.counts, self.per_fold = counts, per_fold
         self.folds = [_FoldLoad() for _ in range(n_folds)]
-        sizes = [c for _, c in counts]
-        # Suffix sums over the identities still to deal: same pairs, images, pairs among them.
-        self.left_same = list(itertools.accumulate(reversed([math.comb(c, 2) for c in sizes])))
-        self.left_same = self.left_same[::-1] + [0]
-        self.left_images = list(itertools.accumulate(reversed(sizes)))[::-1] + [0]
-        self.left_among = [0] * (len(sizes) + 1)
-        for k in range(len(sizes) - 1, -1, -1):
-            self.left_among[k] = self.left_among[k + 1] + sizes[k] * self.left_images[k + 1]
-        self.nodes, self.gave_up = 0, False
+        sizes = np.array([c for _, c in counts] + [0], dtype=np.int64)
 
-    def _short(self) -> list[_FoldLoad]:
-        return [f for f in self.folds if f.deficit(self.per_fold) != (0, 0)]
+        def left(values) -> list[int]:  # len(counts) + 1 sums over the identities from k on
+            return np.cumsum(values[::-1])[::-1].tolist()
+
+        self.left_same = left(sizes * (sizes - 1) // 2)
+        self.left_images = left(sizes)
+        self.left_among = left(sizes * np.array(self.left_images[1:] + [0]))
+        self.nodes, self.gave_up = 0, False
 
     def _hopeless(self, k: int, short: list[_FoldLoad]) -> bool:
         """The identities from ``k`` on cannot cover what the short folds miss."""
-        missing = [f.deficit(self.per_fold) for f in short]
+        same, different = map(sum, zip(*[f.deficit(self.per_fold) for f in short]))
         dealt = sum(f.images for f in self.folds)
         can_differ = self.left_images[k] * dealt + self.left_among[k]
-        return (
-            sum(m[0] for m in missing) > self.left_same[k]
-            or sum(m[1] for m in missing) > can_differ
-        )
+        return same > self.left_same[k] or different > can_differ
 
-    def _choices(self, count: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
-        """The short folds in distinct states, the one this identity helps most first."""
-        seen, choices = set(), []
+    def _choices(self, k: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
+        """The short folds in distinct states, those identity ``k`` helps most first."""
+        if k == len(self.counts) or self._hopeless(k, short):
+            return []
+        count, states = self.counts[k][1], {}
         for fold in short:
-            if fold.state() not in seen:
-                seen.add(fold.state())
-                choices.append(fold)
+            states.setdefault((fold.same, fold.images, fold.different), fold)
 
         def gain(fold: _FoldLoad) -> tuple:
             same, different = fold.deficit(self.per_fold)
             covered = min(same, math.comb(count, 2)) + min(different, count * fold.images)
             return (-covered, -(same + different), len(fold.names))
 
-        return sorted(choices, key=gain)
+        return sorted(states.values(), key=gain)
 
     def run(self) -> int | None:
         """Deal identities until every fold holds enough; the number dealt, or None."""
-        stack = [(0, None)]  # (identity position, iterator over its folds or None)
-        while stack:
-            k, options = stack.pop()
-            if options is None:  # first visit of position k
+        dealt, options = [], None  # dealt: (options left, fold) of each identity dealt
+        while True:
+            k = len(dealt)
+            if options is None:  # first visit of identity k
                 self.nodes += 1
                 if self.nodes > _ASSIGN_BUDGET:
                     self.gave_up = True
                     return None
-                short = self._short()
+                short = [f for f in self.folds if f.deficit(self.per_fold) != (0, 0)]
                 if not short:
                     return k
-                if k == len(self.counts) or self._hopeless(k, short):
-                    self._undo(stack)
-                    continue
-                options = iter(self._choices(self.counts[k][1], short))
+                options = iter(self._choices(k, short))
             fold = next(options, None)
-            if fold is None:
-                self._undo(stack)
-                continue
-            fold.add(*self.counts[k])
-            stack += [(k, options), (k + 1, None)]
-        return None
+            if fold is not None:
+                fold.add(*self.counts[k])
+                dealt.append((options, fold))
+                options = None
+            elif not dealt:
+                return None
+            else:  # back to identity k - 1: take it back, try its next fold
+                options, fold = dealt.pop()
+                fold.remove(self.counts[k - 1][1])
 
-    def _undo(self, stack: list) -> None:
-        """Back to the parent: take back the identity it dealt."""
-        if stack:
-            k = stack[-1][0]
-            owner = next(f for f in self.folds if f.names and f.names[-1] == self.counts[k][0])
-            owner.remove(self.counts[k][1])
+    def why_not(self) -> str:
+        """Why no dealing was found, with the numbers that decide it."""
+        n_folds, per_fold = len(self.folds), self.per_fold
+        multi = sum(1 for _, c in self.counts if c >= 2)
+        same = sum(math.comb(c, 2) for _, c in self.counts)
+        head = (
+            f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
+            f"from {len(self.counts)} identities ({multi} with 2+ images)"
+        )
+        if self.gave_up:
+            reason = f"no dealing of identities to folds found within {_ASSIGN_BUDGET} steps"
+        elif same < n_folds * per_fold:
+            reason = f"{same} same pairs exist, {n_folds * per_fold} needed"
+        elif multi < n_folds:
+            reason = "every fold needs an identity with 2+ images"
+        else:
+            reason = "no dealing of identities to folds gives every fold enough pairs of both kinds"
+        return f"{head}: {reason}"
 
 
 def _assign_folds(indices: dict[str, list], n_folds: int, per_fold: int, rng) -> list[list[str]]:
     """Deal identities to ``n_folds`` disjoint folds that can each hold ``per_fold`` same and
     ``per_fold`` different pairs, whenever such a dealing exists (:class:`_Search`).
 
-    Identities are shuffled (ties in size keep that order), so the seed varies the folds; the
-    ones the search did not need then go, largest first, to the fold with the fewest
-    identities, then the fewest possible same pairs, as LFW's folds are balanced.
-
-    Raises:
-        DataError: no such dealing exists (with the counts that decide it), or the search
-            gave up (``_ASSIGN_BUDGET`` nodes; the message says so).
+    Identities are shuffled (ties in size keep that order), so the seed varies the folds; those
+    the search did not need then go, largest first, to the fold with the fewest identities,
+    then the fewest same pairs, as LFW's folds are balanced.
     """
     shuffled = [list(indices)[i] for i in rng.permutation(len(indices))]
     counts = sorted(((n, len(indices[n])) for n in shuffled), key=lambda nc: -nc[1])  # stable
     search = _Search(counts, n_folds, per_fold)
     dealt = search.run()
     if dealt is None:
-        raise DataError(_no_assignment(counts, n_folds, per_fold, search.gave_up))
-    folds = search.folds
+        raise DataError(search.why_not())
     for name, count in counts[dealt:]:
-        fold = min(folds, key=lambda f: (len(f.names), f.same))
-        fold.add(name, count)
-    return [fold.names for fold in folds]
-
-
-def _no_assignment(counts: list[tuple[str, int]], n_folds: int, per_fold: int, gave_up) -> str:
-    """Why identity-disjoint folds cannot be drawn, with the numbers that decide it."""
-    multi = sum(1 for _, c in counts if c >= 2)
-    same = sum(math.comb(c, 2) for _, c in counts)
-    head = (
-        f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
-        f"from {len(counts)} identities ({multi} with 2+ images)"
-    )
-    if gave_up:
-        return f"{head}: no dealing of identities to folds found within {_ASSIGN_BUDGET} steps"
-    if same < n_folds * per_fold:
-        return f"{head}: {same} same pairs exist, {n_folds * per_fold} needed"
-    if multi < n_folds:
-        return f"{head}: every fold needs an identity with 2+ images"
-    return f"{head}: no dealing of identities to folds gives every fold enough pairs of both kinds"
-
-
-def _same_candidates(indices: dict[str, list[int]], names: list[str]) -> list[tuple]:
-    return [
-        (name, a, b)
-        for name in names
-        for i, a in enumerate(indices[name])
-        for b in indices[name][i + 1 :]
-    ]
-
-
-def _different_candidates(indices: dict[str, list[int]], names: list[str]) -> list[tuple]:
-    ordered = sorted(names)
-    return [
-        (n1, a, n2, b)
-        for i, n1 in enumerate(ordered)
-        for n2 in ordered[i + 1 :]
-        for a in indices[n1]
-        for b in indices[n2]
-    ]
-
-
-def _draw_same(indices, names, rng) -> tuple:
-    """One random same pair: a uniform identity with 2+ images, two distinct images."""
-    name = names[rng.integers(len(names))]
-    first, second = rng.choice(len(indices[name]), size=2, replace=False).tolist()
-    a, b = sorted((indices[name][first], indices[name][second]))
-    return (name, a, b)
-
-
-def _draw_different(indices, names, rng) -> tuple:
-    """One random different pair: two distinct uniform identities, one image of each."""
-    i, j = sorted(rng.choice(len(names), size=2, replace=False).tolist())
-    n1, n2 = sorted((names[i], names[j]))
-    return (n1, _pick(indices[n1], rng), n2, _pick(indices[n2], rng))
+        min(search.folds, key=lambda f: (len(f.names), f.same)).add(name, count)
+    return [fold.names for fold in search.folds]
 
 
 def _pick(keys: list, rng):
@@ -679,59 +484,62 @@ def _pick(keys: list, rng):
 
 
 def _sample_distinct(count: int, possible: int, draw, candidates, rng, what: str) -> list[tuple]:
-    """``count`` distinct pairs: rejection sampling, or enumeration when pairs are scarce.
-
-    Args:
-        count: pairs wanted.
-        possible: number of distinct pairs that exist.
-        draw: () -> one random pair.
-        candidates: () -> every possible pair (used when ``count`` is near ``possible``).
-        rng: the numpy Generator.
-        what: the kind of pair, for the error message.
-    """
+    """``count`` distinct pairs out of ``possible``: by rejection sampling with ``draw()``, or
+    from ``candidates()`` (every pair) when they are scarce."""
     if count > possible:
         raise DataError(f"{what}: {count} distinct pairs needed, only {possible} exist")
     chosen: set[tuple] = set()
-    attempts = 0 if 2 * count <= possible else None  # None: enumerate straight away
-    while attempts is not None and len(chosen) < count:
-        chosen.add(draw())
-        attempts += 1
-        if attempts > 50 * count + 1000:  # identities running out of unused pairs
-            attempts = None
+    if 2 * count <= possible:
+        for _ in range(50 * count + 1001):  # then the identities run out of unused pairs
+            chosen.add(draw())
+            if len(chosen) == count:
+                break
     if len(chosen) < count:
         rest = sorted(set(candidates()) - chosen)
-        picks = rng.choice(len(rest), size=count - len(chosen), replace=False)
-        chosen.update(rest[i] for i in picks)
+        chosen.update(
+            rest[i] for i in rng.choice(len(rest), size=count - len(chosen), replace=False)
+        )
     return sorted(chosen)
 
 
-def _sample_group(indices, names, n_same, n_different, rng, where: str):
-    """(same pairs, different pairs) drawn from the identities ``names``."""
+def _sample_group(indices, names, per_kind: int, rng, where: str):
+    """(same pairs, different pairs), ``per_kind`` of each, among the identities ``names``:
+    a same pair is a uniform identity with 2+ images and two distinct images of it, a
+    different pair two distinct uniform identities and one image of each."""
     multi = [n for n in names if len(indices[n]) >= 2]
     sizes = np.array([len(indices[n]) for n in names], dtype=np.int64)
-    possible_same = sum(math.comb(len(indices[n]), 2) for n in multi)
-    possible_different = int((sizes.sum() ** 2 - (sizes**2).sum()) // 2)
+
+    def draw_same():
+        name = _pick(multi, rng)
+        first, second = rng.choice(len(indices[name]), size=2, replace=False).tolist()
+        return (name, *sorted((indices[name][first], indices[name][second])))
+
+    def draw_different():
+        n1, n2 = sorted(names[i] for i in rng.choice(len(names), size=2, replace=False).tolist())
+        return (n1, _pick(indices[n1], rng), n2, _pick(indices[n2], rng))
+
     same = _sample_distinct(
-        n_same,
-        possible_same,
-        lambda: _draw_same(indices, multi, rng),
-        lambda: _same_candidates(indices, multi),
+        per_kind,
+        sum(math.comb(len(indices[n]), 2) for n in multi),
+        draw_same,
+        lambda: [(n, a, b) for n in multi for a, b in combinations(indices[n], 2)],
         rng,
         f"{where}: same pairs from {len(multi)} identities with 2+ images",
     )
     different = _sample_distinct(
-        n_different,
-        possible_different,
-        lambda: _draw_different(indices, names, rng),
-        lambda: _different_candidates(indices, names),
+        per_kind,
+        int((sizes.sum() ** 2 - (sizes**2).sum()) // 2),
+        draw_different,
+        lambda: [
+            (n1, a, n2, b)
+            for n1, n2 in combinations(sorted(names), 2)
+            for a in indices[n1]
+            for b in indices[n2]
+        ],
         rng,
         f"{where}: different pairs from {len(names)} identities",
     )
     return same, different
-
-
-def _shuffled(pairs: list[tuple], rng) -> list[tuple]:
-    return [pairs[i] for i in rng.permutation(len(pairs))]
 
 
 def generate_pairs(
@@ -741,79 +549,65 @@ def generate_pairs(
     seed: int = 0,
     disjoint_folds: bool = True,
 ) -> list[PairFold]:
-    """Draw LFW-style folds of same and different pairs, reproducibly.
+    """Draw LFW-style folds of distinct same and different pairs, reproducibly.
 
-    An identity whose images are all named ``<identity>_<NNNN>.<ext>`` is referred to by that
-    NNNN, as in LFW (1-based in LFW and the synthetic data); any other identity by its images'
-    file names (the reader accepts both). Pairs are distinct, same pairs join two different
-    images, and within each fold both kinds are sorted by name as in LFW's file.
+    Images named ``<identity>_<NNNN>.<ext>`` are referred to by NNNN, as in LFW; any other
+    identity's images by file name. Within a fold both kinds are sorted, as in LFW's file.
 
     Args:
-        images_by_identity: ``{identity: [file name or path, ...]}``; non-image files ignored.
-        n_folds: number of folds.
+        images_by_identity: ``{identity: [file name or path, ...]}``; non-images ignored.
         pairs_per_fold: same pairs, and also different pairs, per fold.
-        seed: seed of the numpy random generator.
-        disjoint_folds: as in LFW, no identity appears in two folds: identities are dealt to
-            folds so that each can hold its pairs whenever such a dealing exists
-            (:func:`_assign_folds`; seeded, balanced); False draws all pairs from all
-            identities, then splits them. Identities without images are ignored with a
-            warning.
+        disjoint_folds: no identity in two folds, as in LFW (identities are dealt to folds by
+            an exact search, seeded and balanced); False draws all pairs from all identities,
+            then splits them.
 
     Raises:
-        DataError: a name a pairs file cannot hold (tabs, line breaks), or too few identities
-            or images to draw the distinct pairs asked for (the message gives the counts: no
-            dealing of identities to disjoint folds exists, or which kind falls short).
-        ValueError: ``n_folds`` or ``pairs_per_fold`` below 1.
+        DataError: a name a pairs file cannot hold, or too few identities or images for the
+            distinct pairs asked for (the message gives the counts).
     """
     if n_folds < 1 or pairs_per_fold < 1:
         raise ValueError(f"n_folds={n_folds} and pairs_per_fold={pairs_per_fold} must be >= 1")
-    indices = _without_empty(_image_keys(images_by_identity))
+    indices = _image_keys(images_by_identity)
     rng = np.random.default_rng(seed)
-    if not disjoint_folds:
-        same, different = _sample_group(
-            indices, list(indices), n_folds * pairs_per_fold, n_folds * pairs_per_fold, rng, "all"
-        )
-        same, different = _shuffled(same, rng), _shuffled(different, rng)
-        blocks = [slice(f * pairs_per_fold, (f + 1) * pairs_per_fold) for f in range(n_folds)]
-        return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
-    folds = []
-    for f, names in enumerate(_assign_folds(indices, n_folds, pairs_per_fold, rng)):
-        where = f"fold {f} ({len(names)} identities)"
-        same, different = _sample_group(indices, names, pairs_per_fold, pairs_per_fold, rng, where)
-        folds.append(PairFold(same, different))
-    return folds
+    if disjoint_folds:
+        groups = _assign_folds(indices, n_folds, pairs_per_fold, rng)
+        return [
+            PairFold(
+                *_sample_group(
+                    indices, names, pairs_per_fold, rng, f"fold {f} ({len(names)} identities)"
+                )
+            )
+            for f, names in enumerate(groups)
+        ]
+    total = n_folds * pairs_per_fold
+    same, different = (
+        [pairs[i] for i in rng.permutation(total)]
+        for pairs in _sample_group(indices, list(indices), total, rng, "all")
+    )
+    blocks = [slice(f * pairs_per_fold, (f + 1) * pairs_per_fold) for f in range(n_folds)]
+    return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
 
 
-# --------------------------------------------------------------------------- writing
+def _line(pair, kind: str, fold: int) -> str:
+    """``pair`` as a line of the file; ValueError when it would not read back as the same pair."""
+    line = "\t".join(map(str, pair)) if isinstance(pair, (tuple, list)) else ""
+    try:
+        same, (name1, ref1), (name2, ref2) = _parse_pair(_fields(line))
+        read_back = (name1, ref1, ref2) if same else (name1, ref1, name2, ref2)
+        if same == (kind == "same") and read_back == tuple(pair) and not re.search("[\n\r]", line):
+            return line
+    except _BadLine:
+        pass
+    raise ValueError(f"fold {fold}: malformed {kind} pair {pair!r}")
 
 
-def _valid_ref(ref) -> bool:
-    """An LFW index (int >= 0) or an image file name without separators, tabs or breaks."""
-    if isinstance(ref, str):
-        return (
-            os.path.splitext(ref)[1].lower() in IMAGE_EXTENSIONS
-            and not re.search(r"[\t\n\r/\\]", ref)
-            and not re.fullmatch(r"\d+", ref)
-        )
-    return isinstance(ref, (int, np.integer)) and not isinstance(ref, bool) and ref >= 0
-
-
-def _valid_pair(pair, kind: str) -> bool:
-    """A same pair is (name, idx1, idx2), a different one (name1, idx1, name2, idx2)."""
-    if not isinstance(pair, (tuple, list)) or len(pair) != (3 if kind == "same" else 4):
-        return False
-    names = pair[:1] if kind == "same" else pair[0::2]
-    idxs = pair[1:] if kind == "same" else pair[1::2]
-    good_names = all(isinstance(n, str) and n and not re.search(r"[\t\n\r]", n) for n in names)
-    good_idxs = all(_valid_ref(i) for i in idxs)
-    return good_names and good_idxs
-
-
-def _check_folds(folds) -> int:
-    """pairs_per_fold of ``folds``, after checking the LFW layout and every field."""
+def pairs_text(folds) -> str:
+    """``(same, different)`` folds (as :class:`PairFold`) in the LFW format: a header line, then
+    each fold's same and different pairs."""
     if not folds:
         raise ValueError("no folds to write")
     per_fold = len(folds[0][0])
+    lines = [f"{len(folds)}\t{per_fold}"]
     for f, (same, different) in enumerate(folds):
         if len(same) != per_fold or len(different) != per_fold or per_fold == 0:
             raise ValueError(
@@ -821,33 +615,10 @@ def _check_folds(folds) -> int:
                 f"fold must hold the same positive number of each ({per_fold} in fold 0)"
             )
         for kind, pairs in (("same", same), ("different", different)):
-            bad = [pair for pair in pairs if not _valid_pair(pair, kind)]
-            if bad:
-                raise ValueError(f"fold {f}: malformed {kind} pair {bad[0]!r}")
-    return per_fold
-
-
-def pairs_text(folds) -> str:
-    """Folds in the LFW format: a header line, then each fold's same and different pairs.
-
-    Args:
-        folds: a sequence of ``(same, different)`` (e.g. :class:`PairFold`), same pairs as
-            (name, idx1, idx2), different pairs as (name1, idx1, name2, idx2).
-    """
-    per_fold = _check_folds(folds)
-    lines = [f"{len(folds)}\t{per_fold}"]
-    for same, different in folds:
-        lines += ["\t".join(str(v) for v in pair) for pair in same]
-        lines += ["\t".join(str(v) for v in pair) for pair in different]
+            lines += [_line(pair, kind, f) for pair in pairs]
     return "\n".join(lines) + "\n"
 
 
 def write_pairs(path: str | os.PathLike, folds) -> None:
-    """Write folds in the LFW format (:func:`pairs_text`), atomically
-    (:func:`facenet.files.write_text_atomic`).
-
-    Args:
-        path: the pairs file to write.
-        folds: as for :func:`pairs_text`.
-    """
+    """Write folds in the LFW format (:func:`pairs_text`), atomically."""
     write_text_atomic(path, pairs_text(folds))

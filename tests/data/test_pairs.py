@@ -271,6 +271,8 @@ def test_write_refuses_uneven_or_malformed_folds(tmp_path):
         write_pairs(tmp_path / "p.txt", [PairFold([("A\tB", 1, 2)], [("A", 1, "B", 1)])])
     with pytest.raises(ValueError, match="malformed same pair"):
         write_pairs(tmp_path / "p.txt", [PairFold([("A", "x/y.jpg", 2)], [("A", 1, "B", 1)])])
+    with pytest.raises(ValueError, match="malformed different pair"):  # the reader refuses it
+        write_pairs(tmp_path / "p.txt", [PairFold([("A", 1, 2)], [("A", 1, "../B", 1)])])
     assert not (tmp_path / "p.txt").exists()
 
 
@@ -448,3 +450,12 @@ def test_empty_identity_folders_are_ignored_with_a_warning(tmp_path, capsys):
         assert err == "warning: ignored 1 identity folder(s) without images: Empty\n"
         assert "from 4 identities" in out
         assert "Empty" not in (tmp_path / "lfw" / "pairs.txt").read_text()
+
+
+def test_pairs_name_every_image_training_reads(tmp_path):
+    """One extension list: an identity's .gif is drawn into pairs and resolved when read."""
+    make_lfw_folder(tmp_path, {"A": 2})
+    make_lfw_folder(tmp_path, {"B": 1}, ext=".gif")
+    assert scan_identities(tmp_path)["B"] == ["B_0001.gif"]
+    write_pairs(tmp_path / "pairs.txt", generate_pairs(scan_identities(tmp_path), 1, 1))
+    assert read_pairs(tmp_path / "pairs.txt").paths2[1] == str(tmp_path / "B" / "B_0001.gif")

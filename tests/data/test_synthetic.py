@@ -409,6 +409,13 @@ def test_script_writes_the_data_set_and_a_preview(tmp_path, capsys):
     assert "heldout" in capsys.readouterr().out
 
 
+def test_script_preview_of_a_non_square_input_is_drawn_at_the_faces_side(tmp_path):
+    preview = tmp_path / "preview.png"
+    settings = [*SMALL_SETTINGS, "--set", "data.image_size=[16,12]", "--preview", str(preview)]
+    assert make_synthetic_script.main([str(tmp_path / "synthetic"), *settings]) == 0
+    assert read_image(preview).shape == (3, 8 * 18 + 2, 8 * 18 + 2)
+
+
 def test_script_reports_a_bad_key_with_exit_code_2(tmp_path, capsys):
     main = make_synthetic_script.main
     assert main([str(tmp_path), "--set", "data.synthetic_faces=3"]) == 2
