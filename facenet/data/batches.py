@@ -147,6 +147,6 @@ class DecodedCache:
             self.images[index] = image
             self.bytes += size
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self):
         # A worker started with spawn gets an empty cache, not a copy of the parent's.
         return {"max_bytes": self.max_bytes, "images": {}, "bytes": 0}

@@ -54,7 +54,7 @@ class SeededBatches:
         self.batch_sampler, self.seed, self.rank = batch_sampler, int(seed), int(rank)
         self.epoch_of = batch_sampler if epoch_of is None else epoch_of
 
-    def __len__(self) -> int:
+    def __len__(self):
         return len(self.batch_sampler)
 
     def __iter__(self):
@@ -71,7 +71,7 @@ class SeededSamples(Dataset):
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
 
-    def __len__(self) -> int:
+    def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, item: tuple[int, int]):

@@ -79,7 +79,7 @@ class TripletListDataset(Dataset):
         rng = np.random.default_rng([self.seed, self.epoch])
         self.triplets = torch.from_numpy(generate_triplets(self.labels, self.num_triplets, rng))
 
-    def __len__(self) -> int:
+    def __len__(self):
         return self.num_triplets
 
     def __getitem__(self, i: int) -> tuple:
