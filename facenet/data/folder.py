@@ -158,7 +158,7 @@ def _build_index(root, listing, signature, limits):
     pairs = [(identity, name) for identity, files in listing.items() for name, _, _ in files]
     with ThreadPoolExecutor(max_workers=_HEADER_CHECK_THREADS) as pool:
         reasons = list(pool.map(lambda p: inspect_image(root / p[0] / p[1], *limits), pairs))
-    identities: dict[str, list[str]] = {identity: [] for identity in listing}
+    identities = {identity: [] for identity in listing}
     corrupt = []
     for (identity, name), reason in zip(pairs, reasons):
         if reason is None:

@@ -102,13 +102,13 @@ class PKSampler(Sampler[list[int]]):
     def __len__(self):
         return self._global_batch_count() // self.world_size
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int):
         self.epoch = int(epoch)
 
-    def state_dict(self) -> dict:
+    def state_dict(self):
         return {"epoch": self.epoch, "seed": self.seed}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict):
         missing = {"epoch", "seed"} - set(state)
         if missing:
             raise KeyError(f"PKSampler state is missing {sorted(missing)}")
@@ -116,7 +116,7 @@ class PKSampler(Sampler[list[int]]):
 
     def _identity_groups(self, rng, n_batches):
         """``n_batches`` groups of distinct identity numbers, pass after pass."""
-        groups: list[np.ndarray] = []
+        groups = []
         while len(groups) < n_batches:
             order = rng.permutation(self.num_identities)  # (C,)
             full = len(order) // self.p
