@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they hold the size.
-_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+# JPEG start-of-frame markers, which hold the size: C0..CF but DHT (C4), JPG (C8) and DAC (CC).
+_JPEG_SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 # Markers without a length field: TEM, RST0..7 (and SOI, handled before the loop).
 _JPEG_STANDALONE = {0x01, *range(0xD0, 0xD8)}
 
