@@ -98,7 +98,7 @@ def collate_crops(items: list[PendingCrop], *, collate_fn_map=None) -> torch.Ten
     size, target = items[0].size, resize_target(items[0].size)
     out = torch.empty((len(items), items[0].image.shape[0], *size), dtype=torch.uint8)
     top, left, flip = (torch.tensor(c) for c in zip(*((i.top, i.left, i.flip) for i in items)))
-    groups: dict[tuple, list[int]] = {}
+    groups = {}
     for row, item in enumerate(items):
         groups.setdefault(tuple(item.image.shape), []).append(row)
     for rows in groups.values():
@@ -135,10 +135,10 @@ class DecodedCache:
         if max_bytes < 0:
             raise ValueError(f"max_bytes={max_bytes}: expected >= 0")
         self.max_bytes = int(max_bytes)
-        self.images: dict[int, torch.Tensor] = {}
+        self.images = {}  # dataset index -> uint8 (3, H, W)
         self.bytes = 0
 
-    def put(self, index: int, image: torch.Tensor) -> None:
+    def put(self, index: int, image: torch.Tensor):
         """Keep ``image`` (never modified afterwards) if it fits in this process's share."""
         worker = get_worker_info()
         share = self.max_bytes // (worker.num_workers if worker is not None else 1)
@@ -147,6 +147,6 @@ class DecodedCache:
             self.images[index] = image
             self.bytes += size
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self):
         # A worker started with spawn gets an empty cache, not a copy of the parent's.
         return {"max_bytes": self.max_bytes, "images": {}, "bytes": 0}

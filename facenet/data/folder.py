@@ -39,7 +39,7 @@ _NAMES_IN_WARNING = 10
 _HEADER_CHECK_THREADS = 8
 
 
-def _key(path) -> tuple[int, int] | None:
+def _key(path):
     """``(st_dev, st_ino)`` of what ``path`` names (links followed); None if it cannot be read."""
     try:
         info = os.stat(path)
@@ -48,7 +48,7 @@ def _key(path) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
-def _sorted_entries(folder) -> list[os.DirEntry]:
+def _sorted_entries(folder):
     """The entries of ``folder`` not hidden, by name; none if it cannot be read (as os.walk)."""
     try:
         with os.scandir(folder) as entries:
@@ -57,7 +57,7 @@ def _sorted_entries(folder) -> list[os.DirEntry]:
         return []
 
 
-def _walk(root: Path, max_depth: int | None = None) -> tuple[list[Path], list[tuple]]:
+def _walk(root, max_depth=None):
     """``(folders, [(image path, stat), ...])`` under ``root``, folders down to ``max_depth``.
 
     Depth first in name order; links to folders are followed after every folder reached
@@ -109,7 +109,7 @@ def _walk(root: Path, max_depth: int | None = None) -> tuple[list[Path], list[tu
     return folders, real
 
 
-def _skipped_links(root: Path, links: list[Path], what: str) -> tuple[str, list[str]]:
+def _skipped_links(root, links, what):
     names = [p.relative_to(root).as_posix() for p in links]
     return f"skipped {_count(len(links), 'link', 'links')} to {what}", names
 
@@ -123,7 +123,7 @@ def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
     return [str(p) for p in found], labels
 
 
-def _identity_files(root: Path) -> dict[str, list[tuple[str, int, int]]]:
+def _identity_files(root):
     """``{identity: [(image name, mtime_ns, size), ...]}``, both levels sorted by name."""
     folders, files = _walk(root, max_depth=2)
     listing = {folder.name: [] for folder in sorted(folders)}
@@ -140,7 +140,7 @@ def list_identities(root: str | os.PathLike) -> dict[str, list[str]]:
     return {identity: [name for name, _, _ in files] for identity, files in listing.items()}
 
 
-def _save_index(path: Path, index: dict) -> None:
+def _save_index(path, index):
     """Write the index atomically; a read-only location only costs a warning."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -153,12 +153,12 @@ def _save_index(path: Path, index: dict) -> None:
         )
 
 
-def _build_index(root: Path, listing: dict, signature: str, limits: tuple[int, float]) -> dict:
+def _build_index(root, listing, signature, limits):
     """Check every image short of decoding; split usable and corrupt files."""
     pairs = [(identity, name) for identity, files in listing.items() for name, _, _ in files]
     with ThreadPoolExecutor(max_workers=_HEADER_CHECK_THREADS) as pool:
         reasons = list(pool.map(lambda p: inspect_image(root / p[0] / p[1], *limits), pairs))
-    identities: dict[str, list[str]] = {identity: [] for identity in listing}
+    identities = {identity: [] for identity in listing}
     corrupt = []
     for (identity, name), reason in zip(pairs, reasons):
         if reason is None:
@@ -174,11 +174,11 @@ def _build_index(root: Path, listing: dict, signature: str, limits: tuple[int, f
     }
 
 
-def _count(n: int, singular: str, plural: str) -> str:
+def _count(n, singular, plural):
     return f"{n} {singular if n == 1 else plural}"
 
 
-def _warn(root: Path, *parts: tuple[str, list[str]]) -> None:
+def _warn(root, *parts):
     """One warning of the ``(what, names)`` parts that have names, up to 10 names each."""
     text = "; ".join(
         f"{what}: "
@@ -238,7 +238,7 @@ class IdentityFolder(Dataset):
         self.targets = [label for _, label in self.samples]
         self.triplet_labels = self._triplet_labels()  # (N,) int64
 
-    def _load_or_build_index(self, cache_dir: str | os.PathLike | None) -> dict:
+    def _load_or_build_index(self, cache_dir):
         listing = _identity_files(self.root)
         # A hash of the listing and the limits its files were checked against.
         signature = json.dumps([INDEX_VERSION, self.limits, listing]).encode()
@@ -261,7 +261,7 @@ class IdentityFolder(Dataset):
             _save_index(self.index_path, index)
         return index
 
-    def _apply_corrupt_policy(self, corrupt: list, on_corrupt: str) -> list[str]:
+    def _apply_corrupt_policy(self, corrupt, on_corrupt):
         paths = [str(self.root / identity / name) for identity, name, _ in corrupt]
         if not paths:
             return []
@@ -271,7 +271,7 @@ class IdentityFolder(Dataset):
         _warn(self.root, (f"skipped {len(paths)} corrupt or unreadable image(s)", paths))
         return paths
 
-    def _usable_identities(self, identities: dict[str, list[str]]) -> list[str]:
+    def _usable_identities(self, identities):
         empty = [identity for identity, names in identities.items() if not names]
         if empty:
             folders = _count(len(empty), "identity folder", "identity folders")
@@ -284,7 +284,7 @@ class IdentityFolder(Dataset):
             )
         return usable
 
-    def _triplet_labels(self) -> np.ndarray:
+    def _triplet_labels(self):
         labels = np.asarray(self.targets, dtype=np.int64)  # (N,)
         too_few = np.bincount(labels, minlength=len(self.classes)) < self.min_images  # (C,)
         if too_few.any():
@@ -295,7 +295,7 @@ class IdentityFolder(Dataset):
             )
         return np.where(too_few[labels], -1, labels)
 
-    def __len__(self) -> int:
+    def __len__(self):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they hold the size.
-_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+# JPEG start-of-frame markers, which hold the size: C0..CF but DHT (C4), JPG (C8) and DAC (CC).
+_JPEG_SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 # Markers without a length field: TEM, RST0..7 (and SOI, handled before the loop).
 _JPEG_STANDALONE = {0x01, *range(0xD0, 0xD8)}
 
@@ -26,7 +26,7 @@ class ImageHeader:
     height: int
 
 
-def _read_exact(fh: BinaryIO, n: int) -> bytes:
+def _read_exact(fh, n):
     """``n`` bytes of the header; EOFError when the file ends first (read_header names it)."""
     data = fh.read(n)
     if len(data) != n:
@@ -34,7 +34,7 @@ def _read_exact(fh: BinaryIO, n: int) -> bytes:
     return data
 
 
-def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
+def _jpeg_size(fh):
     """(width, height) from the first start-of-frame segment, walking the segments."""
     while True:
         if _read_exact(fh, 1) != b"\xff":
@@ -58,14 +58,14 @@ def _jpeg_size(fh: BinaryIO) -> tuple[int, int]:
         fh.seek(length - 2, 1)
 
 
-def _png_size(fh: BinaryIO) -> tuple[int, int]:
+def _png_size(fh):
     length, kind = struct.unpack(">I4s", _read_exact(fh, 8))
     if kind != b"IHDR" or length != 13:
         raise ValueError("PNG header: the first chunk is not a 13-byte IHDR")
     return struct.unpack(">II", _read_exact(fh, 8))
 
 
-def _webp_size(fh: BinaryIO) -> tuple[int, int]:
+def _webp_size(fh):
     """(width, height) from the first chunk after ``RIFF....WEBP``: VP8, VP8L or VP8X."""
     kind = _read_exact(fh, 8)[:4]
     body = _read_exact(fh, 10)
@@ -84,7 +84,7 @@ def _webp_size(fh: BinaryIO) -> tuple[int, int]:
     raise ValueError(f"WebP header: unknown chunk {kind!r}")
 
 
-def _bmp_size(fh: BinaryIO) -> tuple[int, int]:
+def _bmp_size(fh):
     """(width, height) from the DIB header after the 14-byte file header."""
     (dib_size,) = struct.unpack("<I", _read_exact(fh, 4))
     if dib_size == 12:  # BITMAPCOREHEADER: 16-bit sizes
@@ -108,15 +108,11 @@ def image_format(head: bytes) -> str | None:
     return "bmp" if head[:2] == b"BM" else None
 
 
-def _gif_size(fh: BinaryIO) -> tuple[int, int]:
-    return struct.unpack("<HH", _read_exact(fh, 4))
-
-
 # format -> (where its size reader starts, the reader)
 _SIZE_READERS = {
     "jpeg": (2, _jpeg_size),
     "png": (8, _png_size),
-    "gif": (6, _gif_size),
+    "gif": (6, lambda fh: struct.unpack("<HH", _read_exact(fh, 4))),
     "webp": (12, _webp_size),
     "bmp": (14, _bmp_size),
 }

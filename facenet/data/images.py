@@ -69,7 +69,7 @@ class CorruptImageError(DataError):
         super().__init__(f"corrupt or unreadable image {self.path}: {reason}")
 
 
-def _open_regular(path: str | os.PathLike, max_bytes: int):
+def _open_regular(path, max_bytes):
     """``path`` opened if it is a regular file of at most ``max_bytes``.
 
     ``O_NONBLOCK`` keeps a FIFO's open from waiting for a writer; the type is checked on the
@@ -89,11 +89,11 @@ def _open_regular(path: str | os.PathLike, max_bytes: int):
     return os.fdopen(fd, "rb")
 
 
-def _max_bytes(max_pixels: int) -> int:
+def _max_bytes(max_pixels):
     return _BYTES_PER_PIXEL * max_pixels + _METADATA_BYTES
 
 
-def _checked_header(fh, max_pixels: int, max_aspect_ratio: float) -> ImageHeader:
+def _checked_header(fh, max_pixels, max_aspect_ratio):
     """The header of the image ``fh`` holds, within the limits; a PNG's CRCs verified too."""
     header = read_header(fh)
     check_size(header, max_pixels, max_aspect_ratio)
@@ -103,7 +103,7 @@ def _checked_header(fh, max_pixels: int, max_aspect_ratio: float) -> ImageHeader
     return header
 
 
-def _decode_with_pillow(raw: bytes, max_pixels: int, max_aspect_ratio: float) -> torch.Tensor:
+def _decode_with_pillow(raw, max_pixels, max_aspect_ratio):
     """uint8 RGB (3, H, W) of the first frame (torchvision decodes every GIF frame).
 
     The opened size is checked again: a GIF frame may be larger than its declared screen.
@@ -124,7 +124,7 @@ def _decode_with_pillow(raw: bytes, max_pixels: int, max_aspect_ratio: float) ->
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
-def _decode_jpeg(raw: bytes, source: str) -> torch.Tensor:
+def _decode_jpeg(raw, source):
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # (n_bytes,)
     try:
         image = decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
@@ -199,7 +199,7 @@ def inspect_image(
     return None
 
 
-def _short_reason(err: Exception) -> str:
+def _short_reason(err):
     """The last line of a torchvision decoder message, without the C++ source location."""
     text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
     return text.rsplit(", ", 1)[-1]
@@ -215,7 +215,7 @@ def looks_like_image(path: str | os.PathLike) -> bool:
         return False
 
 
-def _complete(fh) -> bool:
+def _complete(fh):
     """Whether the file starts with an image header and ends with its format's end marker."""
     size = os.fstat(fh.fileno()).st_size
     head = fh.read(16)
@@ -240,7 +240,7 @@ def normalization(normalize: str) -> tuple[bool, tuple, tuple]:
     return NORMALIZATIONS[normalize]
 
 
-def _normalize_steps(normalize: str) -> list:
+def _normalize_steps(normalize):
     scale, mean, std = normalization(normalize)
     return [v2.ToDtype(torch.float32, scale=scale), v2.Normalize(mean, std)]
 

@@ -54,7 +54,7 @@ class SeededBatches:
         self.batch_sampler, self.seed, self.rank = batch_sampler, int(seed), int(rank)
         self.epoch_of = batch_sampler if epoch_of is None else epoch_of
 
-    def __len__(self) -> int:
+    def __len__(self):
         return len(self.batch_sampler)
 
     def __iter__(self):
@@ -65,17 +65,14 @@ class SeededBatches:
 
 
 class SeededSamples(Dataset):
-    """``dataset[index]`` drawn with torch's CPU generator seeded by the item's seed; the
-    generator's state outside is left as it was."""
+    """``dataset[index]`` of each ``(index, seed)`` of a batch (the loader fetches whole batches),
+    drawn with torch's CPU generator seeded by ``seed``; the generator's state outside is kept."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
 
-    def __len__(self) -> int:
+    def __len__(self):
         return len(self.dataset)
-
-    def __getitem__(self, item: tuple[int, int]):
-        return self.__getitems__([item])[0]
 
     def __getitems__(self, items: list[tuple[int, int]]) -> list:
         # Saved and restored once per batch: ~2 us with the reseeds (fork_rng costs ~75 us).

@@ -66,7 +66,7 @@ class PKSampler(Sampler[list[int]]):
         self.batches_per_epoch = batches_per_epoch
         self._group_images(as_label_array(labels))
 
-    def _group_images(self, labels: np.ndarray) -> None:
+    def _group_images(self, labels):
         drawable = np.flatnonzero(labels >= 0)  # (M,)
         if not self.with_replacement:
             _, inverse, counts = np.unique(
@@ -92,31 +92,31 @@ class PKSampler(Sampler[list[int]]):
         self._drawable = drawable  # (M,) dataset indices
         self._counts = counts  # (C,)
 
-    def _global_batch_count(self) -> int:
+    def _global_batch_count(self):
         if self.batches_per_epoch is not None:
             return self.batches_per_epoch * self.world_size
         one_pass = math.ceil(self.num_identities / self.p)
         one_look = math.ceil(len(self._drawable) / (self.p * self.k))
         return math.ceil(max(one_pass, one_look) / self.world_size) * self.world_size
 
-    def __len__(self) -> int:
+    def __len__(self):
         return self._global_batch_count() // self.world_size
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int):
         self.epoch = int(epoch)
 
-    def state_dict(self) -> dict:
+    def state_dict(self):
         return {"epoch": self.epoch, "seed": self.seed}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict):
         missing = {"epoch", "seed"} - set(state)
         if missing:
             raise KeyError(f"PKSampler state is missing {sorted(missing)}")
         self.epoch, self.seed = int(state["epoch"]), int(state["seed"])
 
-    def _identity_groups(self, rng: np.random.Generator, n_batches: int) -> list[np.ndarray]:
+    def _identity_groups(self, rng, n_batches):
         """``n_batches`` groups of distinct identity numbers, pass after pass."""
-        groups: list[np.ndarray] = []
+        groups = []
         while len(groups) < n_batches:
             order = rng.permutation(self.num_identities)  # (C,)
             full = len(order) // self.p
@@ -124,13 +124,12 @@ class PKSampler(Sampler[list[int]]):
             rest = order[full * self.p :]
             if len(rest) and (self.drop_last or self.world_size > 1):
                 others = np.setdiff1d(np.arange(self.num_identities), rest)
-                fill = rng.choice(others, size=self.p - len(rest), replace=False)
-                groups.append(np.concatenate([rest, fill]))
-            elif len(rest):
+                rest = np.concatenate([rest, rng.choice(others, self.p - len(rest), replace=False)])
+            if len(rest):
                 groups.append(rest)
         return groups[:n_batches]
 
-    def _images_for(self, rng: np.random.Generator, groups: list[np.ndarray]) -> list[list[int]]:
+    def _images_for(self, rng, groups):
         """K dataset indices per identity of each group, identity-major."""
         # A fresh random order of each identity's images: sort by (identity, random key).
         shuffled = np.lexsort((rng.random(len(self._inverse)), self._inverse))  # (M,)

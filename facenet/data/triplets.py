@@ -74,12 +74,12 @@ class TripletListDataset(Dataset):
         self.dataset = dataset
         self.set_epoch(0)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int):
         self.epoch = int(epoch)
         rng = np.random.default_rng([self.seed, self.epoch])
         self.triplets = torch.from_numpy(generate_triplets(self.labels, self.num_triplets, rng))
 
-    def __len__(self) -> int:
+    def __len__(self):
         return self.num_triplets
 
     def __getitem__(self, i: int) -> tuple:
