@@ -7,7 +7,7 @@ cache, ``TrainCrops``, 0-2 workers; first and second pass) against torchvision's
 ``ImageFolder`` + ``DataLoader`` with the same augmentation; a Trainer fed by the loader against
 the same Trainer on preloaded tensors, in alternating rounds on the same batches (fastest round
 kept: other jobs only ever add time); seconds for ``IdentityFolder`` to index JPEG and PNG
-folders, per 10,000 files and projected to VGGFace2's 3.3 M. Details: BENCHMARKS.md, section 6.
+folders, per 10,000 files and projected to VGGFace2's 3.3 M. Details: BENCHMARKS.md, section 5.
 
     python -m benchmarks.bench_pipeline [--quick] --threads 1 --json pipeline.json
 """
