@@ -20,8 +20,7 @@ from functools import partial
 import numpy as np
 
 from benchmarks import reference_evaluation as ref
-from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import run_benchmark, show
+from benchmarks.measure import describe_machine, run_benchmark, show
 from facenet.evaluation.protocol import evaluate_verification
 
 TARGET_SPEEDUP = 100.0

@@ -23,9 +23,8 @@ import torch
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
-from benchmarks.bench_training_step import describe_machine
 from benchmarks.forking import run_forked
-from benchmarks.measure import run_benchmark, show
+from benchmarks.measure import describe_machine, run_benchmark, show
 from facenet.errors import FacenetError
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 

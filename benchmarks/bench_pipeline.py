@@ -28,8 +28,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import run_benchmark, show, stop_workers
+from benchmarks.measure import describe_machine, run_benchmark, show, stop_workers
 from facenet.config import load_config
 from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
 from facenet.data.batches import TrainCrops, standardize
