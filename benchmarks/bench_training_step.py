@@ -27,9 +27,9 @@ import torch
 from benchmarks import memory_report
 from benchmarks.forking import run_forked
 from benchmarks.measure import (
+    RSS_BEFORE_BYTES,
     describe_machine,
     ratio,
-    rss_before,
     run_benchmark,
     time_rounds,
     write_report,
@@ -41,6 +41,7 @@ from facenet.memory import (
     GRAPH_BYTES_PEAK,
     PEAK_RSS_BYTES,
     GraphMemoryMeter,
+    current_rss_bytes,
     peak_rss_bytes,
 )
 from facenet.metric.distances import get_distance
@@ -263,7 +264,7 @@ def measure_trainer(case: Case, variant: str, margin: float) -> dict:
     figures, median step time and selection after the warm-up step, and the peak RSS (run it
     in a forked child)."""
     step, model, optimizer, meter, path = build_stepper(case, variant, margin)
-    before = rss_before()
+    before = {RSS_BEFORE_BYTES: current_rss_bytes()}
     figures = memory_report.measure_steps(
         case.device, make_batches(case), step, model, optimizer, meter
     )
@@ -301,11 +302,14 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
     with torch.no_grad(), autocast(case):
         embeddings = model(images).float()  # (B, D), for the miner
 
-    def forward_backward(x, on=model):
+    def backward(x, on=model):
         with autocast(case):
             out = on(x, return_logits=with_logits)
         sum(o.float().sum() for o in (out if with_logits else (out,))).backward()
-        on.zero_grad(set_to_none=True)  # as the step does after its update
+
+    def forward_backward(x):
+        backward(x)
+        model.zero_grad(set_to_none=True)  # as the step does after its update
 
     def grad_forward():  # the one-pass step's forward on the batch (graph dropped)
         with autocast(case):
@@ -324,9 +328,7 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
 
     # The update on a copy whose gradients stay: every timed call has all of them to apply.
     update_model = copy.deepcopy(model)
-    with autocast(case):
-        out = update_model(selected, return_logits=with_logits)
-    sum(o.float().sum() for o in (out if with_logits else (out,))).backward()
+    backward(selected, on=update_model)
     parts = {
         "nograd_forward_s": nograd_forward,
         "selected_forward_backward_s": lambda: forward_backward(selected),

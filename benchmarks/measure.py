@@ -27,8 +27,6 @@ from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
 from facenet.memory import (
     GraphMemoryMeter,
-    current_rss_bytes,
-    memory_figures,
     reset_cuda_peaks,
 )
 from facenet.metric.losses import TripletMarginLoss
@@ -151,19 +149,6 @@ def metered_step(
         if reset_peaks:
             meter.reset_peak()  # the new peak starts from what the last step left alive
         return timed(device, fn)
-
-
-def memory_readings(
-    meter: GraphMemoryMeter, device: torch.device | str, rss: bool = False
-) -> dict[str, int]:
-    """``{MEMORY_KEYS name: bytes}``: graph bytes (peak, alive now), on CUDA the allocator's
-    peaks and current figures; ``rss`` adds the peak RSS (meaningful in a forked child only)."""
-    return memory_figures(meter, torch.device(device), rss=rss, cuda_now=True)
-
-
-def rss_before() -> dict[str, int]:
-    """``{RSS_BEFORE_BYTES: the resident set size now}``, read before the steps."""
-    return {RSS_BEFORE_BYTES: current_rss_bytes()}
 
 
 def seed_rule_parts(margin: float) -> tuple[TripletMarginMiner, TripletMarginLoss]:
