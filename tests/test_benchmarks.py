@@ -212,6 +212,7 @@ def test_quick_run_writes_every_section_and_the_markdown(quick_report):
         "targets",
         "training_step_cases",
         "training_step_floor",
+        "training_step_default",
         "evaluation",
         "pipeline_loader",
     ):
