@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from functools import partial
 
 import numpy as np
 
 from benchmarks import reference_evaluation as ref
-from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import run_benchmark, show
+from benchmarks.measure import describe_machine, run_benchmark, show, timed
 from facenet.evaluation.protocol import evaluate_verification
 
 TARGET_SPEEDUP = 100.0
@@ -57,12 +55,8 @@ def identical(result, reference: tuple) -> bool:
 
 def median_seconds(fn, repeats: int) -> tuple[float, object]:
     """(median wall time over ``repeats`` calls, the last call's return value)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+    times, outs = zip(*(timed("cpu", fn) for _ in range(repeats)))
+    return statistics.median(times), outs[-1]
 
 
 def bench_size(n_pairs: int, repeats: int, reference_repeats: int) -> dict:

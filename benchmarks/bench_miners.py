@@ -17,15 +17,13 @@ import os
 import re
 import statistics
 import sys
-import time
 
 import torch
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
-from benchmarks.bench_training_step import describe_machine
 from benchmarks.forking import run_forked
-from benchmarks.measure import run_benchmark, show
+from benchmarks.measure import describe_machine, run_benchmark, show, timed
 from facenet.errors import FacenetError
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 
@@ -94,15 +92,12 @@ def measure_in_child(library: str, miner: str, case: dict, time_budget: float) -
     mine(embeddings[:32], labels[:32])
     before = _proc_bytes("/proc/self/status", "VmRSS")
     _reset_peak()
-    start = time.perf_counter()
-    count = len(mine(embeddings, labels)[0])
-    cold = time.perf_counter() - start
+    cold, triplets = timed("cpu", lambda: mine(embeddings, labels))
+    count = len(triplets[0])
     peak = _proc_bytes("/proc/self/status", "VmHWM") - before
     times = []
     while not times or (sum(times) + cold < time_budget and len(times) < 5):
-        start = time.perf_counter()
-        mine(embeddings, labels)
-        times.append(time.perf_counter() - start)
+        times.append(timed("cpu", lambda: mine(embeddings, labels))[0])
     return {
         "seconds": statistics.median(times),
         "runs": len(times),

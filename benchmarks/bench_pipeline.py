@@ -7,7 +7,7 @@ cache, ``TrainCrops``, 0-2 workers; first and second pass) against torchvision's
 ``ImageFolder`` + ``DataLoader`` with the same augmentation; a Trainer fed by the loader against
 the same Trainer on preloaded tensors, in alternating rounds on the same batches (fastest round
 kept: other jobs only ever add time); seconds for ``IdentityFolder`` to index JPEG and PNG
-folders, per 10,000 files and projected to VGGFace2's 3.3 M. Details: BENCHMARKS.md, section 6.
+folders, per 10,000 files and projected to VGGFace2's 3.3 M. Details: BENCHMARKS.md, section 5.
 
     python -m benchmarks.bench_pipeline [--quick] --threads 1 --json pipeline.json
 """
@@ -28,8 +28,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import run_benchmark, show, stop_workers
+from benchmarks.measure import describe_machine, run_benchmark, show, stop_workers, timed
 from facenet.config import load_config
 from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
 from facenet.data.batches import TrainCrops, standardize
@@ -152,8 +151,6 @@ def training_row(name: str, root: Path, workers: int, batches: int, rounds: int)
         "workload": name,
         "workers": workers,
         "workers_setting": "auto" if workers == auto else workers,
-    }
-    row |= {
         "batches": batches,
         "rounds": rounds,
         "step_images_per_s": images / alone.min(),
@@ -187,12 +184,8 @@ def index_row(root: Path, fmt: str, files: int) -> dict:
     write_encoded(root, files, fmt)
     megabytes = sum(f.stat().st_size for f in root.rglob("*.*")) / 2**20
     cache = root.parent / f"index_{fmt}"
-    started = time.perf_counter()
-    IdentityFolder(root, cache_dir=cache)
-    build = time.perf_counter() - started
-    started = time.perf_counter()
-    reused = IdentityFolder(root, cache_dir=cache)
-    reuse = time.perf_counter() - started
+    build, _ = timed("cpu", lambda: IdentityFolder(root, cache_dir=cache))
+    reuse, reused = timed("cpu", lambda: IdentityFolder(root, cache_dir=cache))
     assert reused.index_reused
     row = {
         "format": fmt,
@@ -216,8 +209,9 @@ def run(args) -> dict:
     identities, per_identity, batches, files = (16, 4, 4, 200) if args.quick else (64, 8, 12, 2000)
     # workload: (batches, rounds); the demo at 32 px, resnet18 at 112
     workloads = {"demo": (2, 2)} if args.quick else {"demo": (24, 8), "resnet18": (4, 3)}
-    report = {"machine": describe_machine("cpu"), "identities": identities}
-    report |= {
+    report = {
+        "machine": describe_machine("cpu"),
+        "identities": identities,
         "images_per_identity": per_identity,
         "batches": batches,
         "loader": [],

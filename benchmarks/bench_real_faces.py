@@ -30,8 +30,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_image
 
-from benchmarks.bench_training_step import describe_machine
-from benchmarks.measure import write_report
+from benchmarks.measure import describe_machine, write_report
 from benchmarks.seed_loop import SeedModel, seed_train_step
 from facenet.config import Config, config_to_dict, load_config
 from facenet.data.batches import standardize

@@ -15,32 +15,33 @@ the default step (``passes="auto"``: its path in ``step``), in the rounds under 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import datetime
-import os
-import platform
 import statistics
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from benchmarks import memory_report
 from benchmarks.forking import run_forked
 from benchmarks.measure import (
-    rss_before,
-    timed,
+    RSS_BEFORE_BYTES,
+    describe_machine,
+    ratio,
+    run_benchmark,
+    time_rounds,
     write_report,
 )
 from benchmarks.seed_loop import l2_dist, seed_train_step
+from facenet.errors import FacenetError
 from facenet.memory import (
     CUDA_MAX_ALLOCATED,
     GRAPH_BYTES_PEAK,
     PEAK_RSS_BYTES,
     GraphMemoryMeter,
+    current_rss_bytes,
     peak_rss_bytes,
 )
 from facenet.metric.distances import get_distance
@@ -263,7 +264,7 @@ def measure_trainer(case: Case, variant: str, margin: float) -> dict:
     figures, median step time and selection after the warm-up step, and the peak RSS (run it
     in a forked child)."""
     step, model, optimizer, meter, path = build_stepper(case, variant, margin)
-    before = rss_before()
+    before = {RSS_BEFORE_BYTES: current_rss_bytes()}
     figures = memory_report.measure_steps(
         case.device, make_batches(case), step, model, optimizer, meter
     )
@@ -301,11 +302,14 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
     with torch.no_grad(), autocast(case):
         embeddings = model(images).float()  # (B, D), for the miner
 
-    def forward_backward(x, on=model):
+    def backward(x, on=model):
         with autocast(case):
             out = on(x, return_logits=with_logits)
         sum(o.float().sum() for o in (out if with_logits else (out,))).backward()
-        on.zero_grad(set_to_none=True)  # as the step does after its update
+
+    def forward_backward(x):
+        backward(x)
+        model.zero_grad(set_to_none=True)  # as the step does after its update
 
     def grad_forward():  # the one-pass step's forward on the batch (graph dropped)
         with autocast(case):
@@ -324,9 +328,7 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
 
     # The update on a copy whose gradients stay: every timed call has all of them to apply.
     update_model = copy.deepcopy(model)
-    with autocast(case):
-        out = update_model(selected, return_logits=with_logits)
-    sum(o.float().sum() for o in (out if with_logits else (out,))).backward()
+    backward(selected, on=update_model)
     parts = {
         "nograd_forward_s": nograd_forward,
         "selected_forward_backward_s": lambda: forward_backward(selected),
@@ -337,21 +339,6 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
     if "seed" in case.variants:
         parts["seed_parts_s"] = seed_parts
     return parts
-
-
-def time_rounds(tasks: dict, batches: list, rounds: int, device: str) -> dict:
-    """Each task ``task(batch)`` once per round on the round's batch, in an order rotated by
-    the round (no task always runs right after the same one); after a warm-up round,
-    ``{name: [(seconds, output), ...]}``."""
-    runs: dict[str, list] = {name: [] for name in tasks}
-    for index in range(1 + rounds):
-        batch = batches[index % len(batches)]
-        shift = index % len(tasks)
-        for name in list(tasks)[shift:] + list(tasks)[:shift]:
-            seconds, output = timed(device, lambda t=tasks[name], b=batch: t(b))
-            if index:
-                runs[name].append((seconds, output))
-    return runs
 
 
 def measure_rounds(case: Case, margins: dict, selected_images: int, variants: list[str]):
@@ -414,11 +401,6 @@ def loss_graph_bytes(trainer: Trainer, case: Case, batch: tuple) -> int:
     with meter:
         loss = trainer.loss_fn(cached, local)  # noqa: F841 (held while the peak is read)
         return int(meter.peak_bytes)
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    """num / den, or None when either is missing or den is not positive."""
-    return None if num is None or den is None or den <= 0 else num / den
 
 
 def case_ratios(variants: dict, rounds: dict | None) -> dict:
@@ -503,62 +485,31 @@ def search_largest_batch(template: Case, sizes: list[int]) -> list[dict]:
     return rows
 
 
-def describe_machine(device: str) -> dict:
-    """CPU model, cores, torch and its threads, Python, the load, and the GPU when used."""
-    cpu_model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
-        names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
-        cpu_model = names[0] if names else cpu_model
-    machine = {
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_average": os.getloadavg()[0],
-    }
-    if torch.device(device).type == "cuda":  # in a child: this process must not touch CUDA
-        gpu = run_forked(lambda: {"name": torch.cuda.get_device_name(0)})
-        machine["gpu"] = gpu.get("name", "unknown")
-    return machine
-
-
-def parse_options(argv: list[str] | None) -> argparse.Namespace:
-    """The options, parsed; ``--threads`` is set here (forked children inherit it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The suite's options beside the harness's."""
     add = parser.add_argument
-    add("--quick", action="store_true", help="seconds instead of minutes")
-    add("--json", type=Path, default=None, help="write the report here")
-    add("--threads", type=int, default=0, help="torch threads (0: default)")
     add("--suite", choices=("cpu", "gpu"), default="cpu")
     add("--device", help="every case's device (default: cuda for the GPU suite)")
     add("--pk-search", type=lambda text: [int(v) for v in text.split(",")],
         help="P x K sizes, comma-separated: the largest two-pass batch that fits, with and "
         "without chunks (after the suite)")  # fmt: skip
     add("--only-search", action="store_true", help="skip the suite")
-    args = parser.parse_args(argv)
+
+
+def measure(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Run the suite, writing the report to ``--json`` after each case (a run stopped by a
+    time limit keeps the cases it finished)."""
     if sys.platform != "linux":
-        parser.error("Linux only (fork, /proc)")
-    if args.threads < 0:
-        parser.error(f"--threads {args.threads}: must be >= 0")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the suite and write the JSON report after each case."""
-    args = parse_options(argv)
+        raise FacenetError("Linux only (fork, /proc)")
     device = args.device or ("cuda" if args.suite == "gpu" else "cpu")
     cuda = run_forked(lambda: {"ok": torch.cuda.is_available()}) if device != "cpu" else {}
     if device.startswith("cuda") and not cuda.get("ok"):
-        raise SystemExit(f"--device {device}: torch sees no CUDA device")
+        raise FacenetError(f"--device {device}: torch sees no CUDA device")
     cases = gpu_cases(args.quick) if args.suite == "gpu" else cpu_cases(args.quick)
     cases = [dataclasses.replace(case, device=device) for case in cases]
     report = {
         "benchmark": "bench_training_step",
-        "command": "python -m benchmarks.bench_training_step " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m benchmarks.bench_training_step " + " ".join(argv),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": describe_machine(device),
         "suite": args.suite,
@@ -571,8 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.pk_search:
         template = next(case for case in cases if case.batch == "pk")
         report["pk_search"] = search_largest_batch(template, args.pk_search)
-    write_report(args.json, report)
-    return 0
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite and write the JSON report after each case."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_benchmark(__doc__, argv, lambda args: measure(args, argv), add_options)
 
 
 if __name__ == "__main__":

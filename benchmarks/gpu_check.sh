@@ -10,7 +10,7 @@
 #   python -m benchmarks.run_all --tables-only --gpu-json gpu_check.json gpu_search.json
 #
 # The work is done by python -m benchmarks.bench_training_step --suite gpu, which runs on a CPU too
-# (with --device cpu --backbone tiny ... for a smoke test); this script only refuses to start
+# (with --device cpu --quick for a smoke test); this script only refuses to start
 # without CUDA and bounds the time.
 set -euo pipefail
 

@@ -1,4 +1,4 @@
-"""The harness every benchmark shares, and the measurement core of the training-step benchmarks.
+"""The harness every benchmark shares, and the measurement core of the training-step benchmark.
 
 Each benchmark is a module with ``main(argv)`` built on :func:`run_benchmark`: ``--quick``,
 ``--threads N`` and ``--json PATH`` (its report, written atomically). Memory figures carry the
@@ -9,8 +9,11 @@ names of ``facenet.memory.MEMORY_KEYS``, the names of the trainer's epoch record
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
+import platform
 import sys
 import time
 from collections.abc import Callable
@@ -19,12 +22,11 @@ from typing import Any
 
 import torch
 
+from benchmarks.forking import run_forked
 from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
 from facenet.memory import (
     GraphMemoryMeter,
-    current_rss_bytes,
-    memory_figures,
     reset_cuda_peaks,
 )
 from facenet.metric.losses import TripletMarginLoss
@@ -34,9 +36,15 @@ from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner
 RSS_BEFORE_BYTES = "rss_before_bytes"
 
 
-def run_benchmark(doc: str, argv: list[str] | None, measure: Callable[..., dict]) -> int:
-    """Parse ``argv`` (``--quick``, ``--json PATH``, ``--threads N``; ``doc``'s first line
-    describes the benchmark), set the torch threads, write ``measure(args)`` to ``--json``.
+def run_benchmark(
+    doc: str,
+    argv: list[str] | None,
+    measure: Callable[..., dict],
+    add_options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> int:
+    """Parse ``argv`` (``--quick``, ``--json PATH``, ``--threads N`` and what ``add_options``
+    adds; ``doc``'s first line describes the benchmark), set the torch threads, write
+    ``measure(args)`` to ``--json``.
 
     A :class:`FacenetError` raised by ``measure`` is printed in one line: exit status 2.
     """
@@ -44,6 +52,8 @@ def run_benchmark(doc: str, argv: list[str] | None, measure: Callable[..., dict]
     parser.add_argument("--quick", action="store_true", help="seconds instead of minutes")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    if add_options:
+        add_options(parser)
     args = parser.parse_args(argv)
     try:
         if args.threads < 0:
@@ -58,6 +68,47 @@ def run_benchmark(doc: str, argv: list[str] | None, measure: Callable[..., dict]
     if args.json:
         print(f"wrote {args.json}")
     return report.get("exit_status", 0)
+
+
+def time_rounds(tasks: dict, batches: list, rounds: int, device: str) -> dict:
+    """Each task ``task(batch)`` once per round on the round's batch, in an order rotated by
+    the round (no task always runs right after the same one); after a warm-up round,
+    ``{name: [(seconds, output), ...]}``."""
+    runs: dict[str, list] = {name: [] for name in tasks}
+    for index in range(1 + rounds):
+        batch = batches[index % len(batches)]
+        shift = index % len(tasks)
+        for name in list(tasks)[shift:] + list(tasks)[:shift]:
+            seconds, output = timed(device, lambda t=tasks[name], b=batch: t(b))
+            if index:
+                runs[name].append((seconds, output))
+    return runs
+
+
+def describe_machine(device: str) -> dict:
+    """CPU model, cores, torch and its threads, Python, the load, and the GPU when used."""
+    cpu_model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+        cpu_model = names[0] if names else cpu_model
+    machine = {
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": os.getloadavg()[0],
+    }
+    if torch.device(device).type == "cuda":  # in a child: this process must not touch CUDA
+        gpu = run_forked(lambda: {"name": torch.cuda.get_device_name(0)})
+        machine["gpu"] = gpu.get("name", "unknown")
+    return machine
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None when either is missing or den is not positive."""
+    return None if num is None or den is None or den <= 0 else num / den
 
 
 def show(row: dict) -> None:
@@ -98,19 +149,6 @@ def metered_step(
         if reset_peaks:
             meter.reset_peak()  # the new peak starts from what the last step left alive
         return timed(device, fn)
-
-
-def memory_readings(
-    meter: GraphMemoryMeter, device: torch.device | str, rss: bool = False
-) -> dict[str, int]:
-    """``{MEMORY_KEYS name: bytes}``: graph bytes (peak, alive now), on CUDA the allocator's
-    peaks and current figures; ``rss`` adds the peak RSS (meaningful in a forked child only)."""
-    return memory_figures(meter, torch.device(device), rss=rss, cuda_now=True)
-
-
-def rss_before() -> dict[str, int]:
-    """``{RSS_BEFORE_BYTES: the resident set size now}``, read before the steps."""
-    return {RSS_BEFORE_BYTES: current_rss_bytes()}
 
 
 def seed_rule_parts(margin: float) -> tuple[TripletMarginMiner, TripletMarginLoss]:

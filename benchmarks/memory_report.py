@@ -28,7 +28,6 @@ from benchmarks import seed_loop
 from benchmarks.measure import (
     ForwardCounter,
     GradBytesAtStep,
-    memory_readings,
     metered_step,
     release_device_memory,
     seed_rule_parts,
@@ -47,6 +46,7 @@ from facenet.memory import (
     GRAPH_BYTES_PEAK,
     GraphMemoryMeter,
     graph_bytes_by_variable,
+    memory_figures,
     module_state_bytes,
 )
 from facenet.models.embedding import BACKBONES, EmbeddingNet
@@ -197,7 +197,7 @@ def measure_steps(device, batches: Sequence[tuple], step: Callable[[tuple], dict
         triplets, images = selection(result)
         # Every variant shares this process: its peak RSS would mix them, so it is left out.
         per_step.append({
-            **memory_readings(meter, device, rss=False),
+            **memory_figures(meter, torch.device(device), rss=False, cuda_now=True),
             "step_seconds": seconds,
             "images_forwarded_with_grad": forwards.with_grad - with_grad,
             "images_forwarded_no_grad": forwards.no_grad - no_grad,

@@ -37,7 +37,6 @@ RUNNERS = (
     ("training_step", "bench_training_step"),
     ("miners", "bench_miners"),
     ("evaluation", "bench_evaluation"),
-    ("step_paths", "bench_step_paths"),
     ("pipeline", "bench_pipeline"),
 )
 SECTIONS = tuple(name for name, _ in RUNNERS)

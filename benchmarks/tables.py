@@ -51,11 +51,10 @@ TRAINING += ["end_to_end_images_per_s", "end_to_end_vs_step", "end_to_end_vs_ste
 TRAINING += ["step_images_per_s_median", "end_to_end_images_per_s_median"]
 INDEX = ["format", "files", "megabytes", "build_s", "build_s_per_10k", "build_s_vggface2"]
 INDEX += ["reuse_s_per_10k"]
-STEP_PATHS = ["workload", "label", "step", "fastest_s", "median_s", "images_per_s"]
-STEP_PATHS += [GRAPH_BYTES_PEAK]
-STEP_PATH_RATIOS = ["workload.name", "ratios.two_pass_vs_auto", "ratios.auto_overhead_vs_plain"]
-STEP_PATH_RATIOS += ["ratios.meter_on_vs_off", "ratios.two_pass_vs_auto_median"]
-STEP_PATH_RATIOS += ["ratios.auto_overhead_vs_plain_median", "ratios.meter_on_vs_off_median"]
+DEFAULT = ["case.name", "variants.auto.step", "rounds.auto_step_s", "rounds.two_pass_step_s"]
+DEFAULT += ["rounds.auto_metered_step_s", "variants.auto.rounds_images_per_s"]
+DEFAULT += ["variants.auto.graph_bytes_peak", "ratios.two_pass_vs_auto", "ratios.meter_on_vs_off"]
+DEFAULT += ["rounds.medians.auto_step_s", "rounds.medians.two_pass_step_s"]
 RUN = ["command", "date", "seconds_total", "load_average_after", "machine.load_average"]
 RUN += ["machine.cpu_model", "machine.cpu_count", "machine.torch", "machine.torch_threads"]
 RUN += ["machine.python", "machine.platform", "machine.gpu"]
@@ -170,13 +169,9 @@ def floor_cases(report: dict) -> list[dict]:
     return [r for r in report.get("cases", []) if pick(r, "rounds.floor_s") is not None]
 
 
-def step_path_rows(report: dict) -> list[dict]:
-    """A row per (workload, variant); a workload that failed, its error."""
-    rows = []
-    for result in report.get("workloads", []):
-        variants = [result] if "error" in result else result["variants"].values()
-        rows += [{**row, "workload": result["workload"]["name"]} for row in variants]
-    return rows
+def pk_cases(report: dict) -> list[dict]:
+    """The training-step cases on P x K batches."""
+    return [r for r in report.get("cases", []) if r["case"]["batch"] == "pk"]
 
 
 # marker: (section, its rows: a key of the report or a function of it, the keys shown)
@@ -184,19 +179,14 @@ TABLES = {
     "training_step_cases": ("training_step", lambda r: step_rows(triplet_cases(r)), STEP),
     "training_step_calibration": ("training_step", triplet_cases, CALIBRATION),
     "training_step_floor": ("training_step", floor_cases, FLOOR),
-    "training_step_chunks": (
+    "training_step_chunks": ("training_step", pk_cases, CHUNKS),
+    "training_step_default": (
         "training_step",
-        lambda r: [c for c in r.get("cases", []) if c["case"]["batch"] == "pk"],
-        CHUNKS,
+        lambda r: [c for c in pk_cases(r) if "auto" in c["variants"]],
+        DEFAULT,
     ),
     "miners": ("miners", "rows", MINERS),
     "evaluation": ("evaluation", "cases", EVALUATION),
-    "step_paths": ("step_paths", step_path_rows, STEP_PATHS),
-    "step_paths_ratios": (
-        "step_paths",
-        lambda r: [w for w in r.get("workloads", []) if "error" not in w],
-        STEP_PATH_RATIOS,
-    ),
     "pipeline_loader": ("pipeline", "loader", LOADER),
     "pipeline_training": ("pipeline", "training", TRAINING),
     "pipeline_index": ("pipeline", "index", INDEX),

@@ -177,7 +177,6 @@ def test_each_runner_names_its_module_and_its_command():
         "training_step",
         "miners",
         "evaluation",
-        "step_paths",
         "pipeline",
     )
     for name, module in run_all.RUNNERS:
@@ -197,7 +196,7 @@ def test_quick_run_writes_every_section_and_the_markdown(quick_report):
         "## Targets",
         "## 1. Training step",
         "## 3. Evaluation",
-        "## 6. The input pipeline",
+        "## 5. The input pipeline",
         "## GPU",
         "## Closing notes",
         "shared 2-core machine",
@@ -213,6 +212,7 @@ def test_quick_run_writes_every_section_and_the_markdown(quick_report):
         "targets",
         "training_step_cases",
         "training_step_floor",
+        "training_step_default",
         "evaluation",
         "pipeline_loader",
     ):
