@@ -39,8 +39,9 @@ from facenet.files import write_text_atomic
 from facenet.metric.losses import build_loss
 from facenet.metric.miners import build_miner
 from facenet.models.embedding import build_model
-from facenet.training.engine import Trainer
+from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.optim import build_optimizer, build_scheduler, parameter_groups
+from facenet.training.step import build_step
 
 __all__ = [
     "TrainingData",
@@ -484,21 +485,21 @@ def build_trainer(
     scheduler = _from_section(
         "optim", build_scheduler, optimizer, cfg.optim, cfg.train.epochs, steps_per_epoch
     )
-    return Trainer(
+    step = build_step(
         model,
         miner,
         _from_section("loss", build_loss, cfg.loss),
-        optimizer,
-        scheduler=scheduler,
-        device=device,
-        amp=cfg.train.amp,
-        ce_weight=cfg.loss.ce_weight,
-        input_normalize=cfg.data.normalize,
         passes=cfg.mining.passes,
+        chunk_size=cfg.train.chunk_size,
+        triplet_lists=cfg.data.dataset == "triplets",
+        ce_weight=cfg.loss.ce_weight,
+        amp=cfg.train.amp,
+    )
+    settings = TrainerSettings(
+        input_normalize=cfg.data.normalize,
         grad_clip=cfg.optim.grad_clip,
         max_nonfinite_steps=cfg.train.max_nonfinite_steps,
         channels_last=cfg.model.channels_last,
-        chunk_size=cfg.train.chunk_size,
-        triplet_lists=cfg.data.dataset == "triplets",
         graph_memory=cfg.logging.graph_memory,
     )
+    return Trainer(step, optimizer, scheduler, settings)

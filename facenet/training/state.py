@@ -91,7 +91,7 @@ class Progress:
 
 
 def _miner_generator(trainer: Trainer) -> torch.Generator | None:
-    return getattr(trainer.miner, "generator", None)
+    return getattr(trainer.step.miner, "generator", None)
 
 
 def _rank_state(trainer: Trainer, sampler) -> dict:
