@@ -71,7 +71,6 @@ class _EvalSources:
     test: tuple[str, str | None] | None = None
     held_out: tuple[str, ...] = ()  # identities left out of training
     notes: list = field(default_factory=list)
-    # (path, text) to write before the held-out pairs are read: the run's first write.
     pending: list = field(default_factory=list)
 
 
@@ -288,15 +287,6 @@ def _evaluation_notes(cfg: Config, val, test) -> list[str]:
     return []
 
 
-def _write_pending(sources: _EvalSources, outputs) -> None:
-    """Write the held-out record and pairs (rank 0), recording them as the run's outputs."""
-    for path, text in sources.pending if is_main_process() else ():
-        if outputs is not None:
-            outputs.add(path)
-        write_text_atomic(path, text)
-    sources.pending = []
-
-
 def build_data(
     cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, outputs=None
 ) -> TrainingData:
@@ -309,16 +299,18 @@ def build_data(
     train_root, sources = _data_roots(cfg, Path(run_dir), fresh)
     dataset = _identity_folder(cfg, train_root, exclude=sources.held_out)
     loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
-    # Given pairs files are read (checked) before the run's first write: the held-out files.
-    held = {str(path) for path, _ in sources.pending}
     keys = {"val": ("eval.val_pairs", "eval.val_root"), "test": ("eval.pairs", "eval.root")}
-    written = [s for s in keys if getattr(sources, s) and getattr(sources, s)[0] in held]
-    pairs = {}
-    for split in [s for s in keys if s not in written] + written:
-        if split in written:
-            _write_pending(sources, outputs)
-        pairs[split] = _read_eval_pairs(cfg, getattr(sources, split), keys[split])
-    _write_pending(sources, outputs)  # e.g. heldout.json when no pairs are read (eval.every 0)
+    held = {str(path) for path, _ in sources.pending}
+    written = {s for s in keys if (getattr(sources, s) or ("",))[0] in held}
+    # Given pairs files are read (checked) before the run's first write: the held-out files.
+    pairs = {
+        s: _read_eval_pairs(cfg, getattr(sources, s), keys[s]) for s in keys if s not in written
+    }
+    for path, text in sources.pending if is_main_process() else ():
+        if outputs is not None:
+            outputs.add(path)
+        write_text_atomic(path, text)
+    pairs.update({s: _read_eval_pairs(cfg, getattr(sources, s), keys[s]) for s in written})
     val, test = pairs["val"], pairs["test"]
     _check_apart(val, test, dataset)
     return TrainingData(

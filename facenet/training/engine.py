@@ -1,11 +1,8 @@
 """The engine around the training step: the update, the non-finite policy, one epoch, state.
 
-``Trainer.train_step`` runs its step (``facenet.training.step``), then: with no triplet, or a
-non-finite loss, gradient or running statistic, it drops the gradients and restores
-BatchNorm's running statistics (the model is as it was) and looks at the images; otherwise it
-clips, steps the optimizer through the scaler and zeroes the gradients. The scheduler is
-stepped once per batch, skipped ones included. No tensor saved for backward outlives a step;
-statistics stay on the device until a log interval reads them.
+A step with no triplet, or a non-finite loss, gradient or running statistic, leaves the model
+as it was (gradients dropped, BatchNorm's running statistics restored). No tensor saved for
+backward outlives a step; statistics stay on the device until a log interval reads them.
 """
 
 from __future__ import annotations
@@ -141,24 +138,20 @@ class Trainer:
         labels: torch.Tensor,
         candidates: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> dict:
-        """One optimisation step on (B, C, H, W) ``images``, uint8 (standardised here, on the
-        device) or float, with (B,) ``labels``; ``candidates``: (a, p, n) index tensors the
-        miner only filters (seed-style batches).
+        """One optimisation step on (B, C, H, W) uint8 (standardised on the device) or float
+        ``images`` with (B,) ``labels``; ``candidates``: (a, p, n) indices the miner filters.
 
-        Returns detached device tensors (``STAT_KEYS``), or ``{"skipped": reason}`` when no
-        triplet was selected or the loss was not finite (no update then). Raises
-        NonFiniteInputError when the images are to blame (``rows`` names them), and
-        NonFiniteLossError after ``max_nonfinite_steps`` non-finite losses in a row.
+        Returns detached device tensors (``STAT_KEYS``), or ``{"skipped": reason}``. Raises
+        NonFiniteInputError when the images are to blame, NonFiniteLossError after
+        ``max_nonfinite_steps`` non-finite losses in a row.
         """
         images = images.to(self.device, non_blocking=True)  # uint8: a quarter of the bytes
-        images = standardize(
-            images, self.settings.input_normalize
-        )  # (B, C, H, W) float, on the device
-        if self.settings.channels_last:
+        settings = self.settings
+        images = standardize(images, settings.input_normalize)  # (B, C, H, W) float
+        if settings.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         labels = labels.to(self.device, non_blocking=True)
-        # The step may update BatchNorm's running statistics before it is known to count:
-        # keep a copy, so that a skipped step leaves the model exactly as it was.
+        # The step may update running statistics before it is known to count: keep a copy.
         bn_before = [b.clone() for b in self._bn_buffers]
         result = self.step(images, labels, candidates)
         if result is None:  # the same answer on every rank (the miner saw the global batch)
@@ -182,12 +175,8 @@ class Trainer:
         return result.stats
 
     def _finite(self, loss: torch.Tensor) -> bool:
-        """The loss, the gradients and BatchNorm's running statistics are finite, on every rank.
-
-        A NaN image that the miner leaves out still poisons the running statistics and
-        (through 0 x NaN) the gradients, with a finite loss. Under fp16 the GradScaler judges
-        the gradients itself.
-        """
+        """Loss, gradients and running statistics are finite on every rank: a NaN image the
+        miner leaves out still poisons the last two. Under fp16 the scaler judges gradients."""
         checks = [loss]
         if not self.scaler.is_enabled():
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -229,8 +218,7 @@ class Trainer:
         if self.scheduler is None:
             return
         with warnings.catch_warnings():
-            # A torch scheduler warns when its first step comes before any optimizer step
-            # (a skipped first batch); the order is the intended one here.
+            # A torch scheduler warns of a first step before any optimizer step (intended here).
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
             self.scheduler.step()
 

@@ -168,11 +168,8 @@ class Run:
         return self.stopped_by(signals, saved)
 
     def checkpoint_at_error(self, err: Exception, batches: _CountedBatches) -> Exception:
-        """Where the epoch stopped, the checkpoint written for it, and the error to raise.
-
-        A batch whose inputs were found non-finite was not trained (``--resume`` retries it);
-        a failed fetch never yielded its batch; a non-finite loss's batch counts as done.
-        """
+        """Checkpoint where the epoch stopped; the error to raise. A batch with non-finite
+        inputs was not trained (``--resume`` retries it); a non-finite loss's batch was."""
         progress = self.progress
         trained = batches.yielded - (1 if isinstance(err, NonFiniteInputError) else 0)
         progress.steps_done = batches.start + trained
@@ -267,13 +264,9 @@ class Run:
 
 
 def fit(run: Run, resume_state: dict | None = None) -> dict:
-    """Train ``train.epochs`` epochs with evaluation, logging and checkpoints, continuing from
-    ``resume_state`` (``read_resume_checkpoint``) if given; the summary written to
-    ``summary.json`` (``stopped_by``: the signal that stopped the run, or None).
-
-    An error mid-epoch (CorruptImageError, NonFiniteInputError, NonFiniteLossError) is raised
-    after a checkpoint of the last finished step; its ``checkpoint_note`` says where.
-    """
+    """Train the run's epochs, continuing from ``resume_state`` if given; the summary written
+    to ``summary.json`` (``stopped_by``: the signal that stopped the run, or None). An error
+    mid-epoch is raised after a checkpoint whose place its ``checkpoint_note`` says."""
     run.start(resume_state)
     cfg, data, progress, main = run.cfg, run.data, run.progress, is_main_process()
     try:
@@ -286,8 +279,7 @@ def fit(run: Run, resume_state: dict | None = None) -> dict:
             stopped_by = run.train_epochs(signals)
         test = None
         if stopped_by is None and progress.history and data.test_pairs is not None:
-            # A first SIGINT/SIGTERM now lets the test finish (the training is done and on
-            # disk); a second stops at once, and --resume evaluates the test pairs.
+            # A first signal lets the test finish; after a second, --resume runs the test.
             with StopSignals("finishing the test evaluation; the training is saved"):
                 test = run.test()
         summary = _summary(progress, stopped_by, test)

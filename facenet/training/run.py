@@ -139,8 +139,7 @@ def _seeded(cfg: Config, rank: int):
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     torch.manual_seed(cfg.train.seed + rank)
     if cfg.train.deterministic:
-        # warn_only: some CUDA backward kernels (adaptive average pooling) have no
-        # deterministic version; they warn instead of stopping the run.
+        # warn_only: CUDA's adaptive average pooling backward has no deterministic version.
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield

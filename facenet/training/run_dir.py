@@ -35,8 +35,7 @@ __all__ = [
 LOCK_NAME = ".lock"
 OUTPUTS_RECORD = "outputs.json"
 _RECORD_FORMAT = "facenet-run-outputs"
-# What runs wrote before they kept a record: removed from a directory without a record only
-# when its last.pt is a training checkpoint of this package (it held a run).
+# What runs wrote before they kept a record (removed only where last.pt shows a run).
 LEGACY_RUN_OUTPUTS = (
     "last.pt",
     "best.pt",
@@ -61,9 +60,8 @@ class NotARunOutput(FacenetError):
     """A file the run would write exists, and no run recorded writing it."""
 
 
-# Lock descriptors this process holds. A forked child (a DataLoader worker) inherits them, and
-# an flock lasts while any copy of its descriptor is open: a worker outliving a killed run
-# would keep the directory locked. Children close their copies at once.
+# Lock descriptors this process holds. An flock lasts while any copy is open: a forked child
+# (a DataLoader worker) outliving a killed run would keep it, so children close their copies.
 _HELD_FDS: set[int] = set()
 
 
@@ -99,8 +97,7 @@ class RunDirLock:
                     f"{self.path.parent} is in use by {who} (lock file {self.path}); wait for "
                     "it to end, or choose another --out"
                 ) from None
-            # The holder may have removed the file between our open and our lock: then we
-            # locked a file nobody else will open; try again on the current one.
+            # The holder may have removed the file between our open and lock: try again.
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                     break

@@ -248,8 +248,7 @@ def remaining_loader(loader, skip: int):
         collate_fn=loader.collate_fn,
         prefetch_factor=loader.prefetch_factor,
         worker_init_fn=loader.worker_init_fn,
-        # Its own generator: the global one must not advance (the interrupted epoch already
-        # drew its loader seed from it before the checkpoint captured its state).
+        # The global generator must not advance: the epoch drew its loader seed before.
         generator=torch.Generator(),
     )
 

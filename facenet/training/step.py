@@ -89,12 +89,9 @@ def _all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
 
 
 class _Step:
-    """What every path shares: the forward, global mining, the loss and its statistics.
-
-    ``model`` may be DDP-wrapped (grad forwards go through the wrapper, no-grad ones through
-    the module) and sits on its device; ``amp``: "none", "bf16" (autocast) or "fp16" (autocast
-    and ``scaler``, a GradScaler whose ``scale`` multiplies every backward).
-    """
+    """What every path shares. ``model`` sits on its device, possibly DDP-wrapped (no-grad
+    forwards skip the wrapper); ``amp``: "none", "bf16" (autocast) or "fp16" (autocast and
+    ``scaler``, a GradScaler whose ``scale`` multiplies every backward)."""
 
     name = ""
 
@@ -302,12 +299,9 @@ class ChunkedStep(_Step):
         return torch.cat(pieces), states
 
     def _backward_chunks(self, images, labels, chunks, states, row_grads, selected, total):
-        """Re-forward with grad the chunks holding a selected image and backpropagate their
-        rows; returns this rank's cross-entropy sum (``total``: U, of every rank).
-
-        A rank with no selected image runs its last chunk with zero gradients, so that it
-        joins DDP's all-reduce, which happens on the last backward only.
-        """
+        """Re-forward with grad the chunks holding a selected image, backpropagate their rows;
+        this rank's cross-entropy sum (``total``: U). A rank with none runs its last chunk with
+        zero gradients: DDP's all-reduce, on the last backward, needs every rank."""
         with_logits, ce_sum = self.ce_weight > 0, row_grads.new_zeros(())
         ce_scale = self.ce_weight * get_world_size() / total
         has_selected = torch.stack([selected[chunk].any() for chunk in chunks]).tolist()
@@ -334,12 +328,9 @@ class ChunkedStep(_Step):
 def choose_step(
     passes: int | str, chunk_size: int, selects_every_image: bool, triplet_lists: bool = False
 ) -> str:
-    """The step path: "one-pass", "two-pass" or "chunked".
-
-    ``passes="auto"``: chunked when ``chunk_size > 0``; one pass when the miner selects every
-    image (a selection-only pass would forward the same images again); two passes otherwise,
-    and always for seed-style (a, p, n) triplet lists (the miner filters them: sparse).
-    """
+    """The path: "one-pass", "two-pass" or "chunked". ``passes="auto"``: chunked when
+    ``chunk_size > 0``; one pass when the miner selects every image (a selection-only pass
+    would forward the same images again); else two, always for seed-style triplet lists."""
     if isinstance(passes, bool) or passes not in ("auto", 1, 2):
         raise ConfigError(f"passes must be 'auto', 1 or 2, got {passes!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 0:
