@@ -159,9 +159,6 @@ class StepSchedule:
         self.position += 1
         self._apply()
 
-    def get_last_lr(self) -> list[float]:
-        return [group["lr"] for group in self.optimizer.param_groups]
-
     def state_dict(self) -> dict:
         return {
             "kind": self.shape.kind,

@@ -140,19 +140,23 @@ class _Step:
         """The stated loss on ``embeddings`` (N, D), in triplet index order, this rank's rows
         carrying the graph; backward. ``selected``: U, every rank's selected images (the
         cross-entropy is their mean); ``logits`` (u, C) of this rank's, or None."""
-        triplet_loss = self.loss_fn(embeddings, triplets)
-        stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
-        stats["triplet_loss"] = triplet_loss.detach()
-        loss, value = triplet_loss, triplet_loss.detach()
+        triplet_loss = loss = self.loss_fn(embeddings, triplets)
+        ce_sum = None
         if logits is not None:
             ce_sum = F.cross_entropy(logits, ce_labels, reduction="sum")
             loss = loss + self.ce_weight * ce_sum / selected
-            stats["ce_loss"] = _all_reduce_sum(ce_sum.detach()) / selected
-            value = value + self.ce_weight * stats["ce_loss"]
         # DDP averages the ranks' gradients; each rank's share is 1/W of the sum.
         self.scale(loss * get_world_size()).backward()  # frees every tensor saved for backward
-        stats["loss"] = value
-        stats["selected_images"] = torch.tensor(float(selected))
+        return self.result(triplet_loss, ce_sum, selected)
+
+    def result(self, triplet_loss, ce_sum, selected: int) -> StepResult:
+        """The stated loss and statistics; ``ce_sum``: this rank's cross-entropy sum, or None."""
+        stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
+        stats["triplet_loss"] = value = triplet_loss.detach()
+        if ce_sum is not None:
+            stats["ce_loss"] = _all_reduce_sum(ce_sum.detach()) / selected
+            value = value + self.ce_weight * stats["ce_loss"]
+        stats["loss"], stats["selected_images"] = value, torch.tensor(float(selected))
         return StepResult(value, stats)
 
 
@@ -271,7 +275,6 @@ class ChunkedStep(_Step):
         unique, local = unique_triplet_images(triplets)
         cached = everyone[unique].requires_grad_(True)  # (U, D) leaf
         triplet_loss = self.loss_fn(cached, local)
-        stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
         scaled = self.scale(triplet_loss) * get_world_size()  # DDP averages the ranks
         (grad,) = torch.autograd.grad(scaled, cached)  # (U, D)
         mine, rows = self.own_rows(unique, count)
@@ -282,12 +285,7 @@ class ChunkedStep(_Step):
         ce_sum = self._backward_chunks(
             images, labels, chunks, states, row_grads, selected, unique.numel()
         )
-        stats["triplet_loss"] = value = triplet_loss.detach()
-        if self.ce_weight > 0:
-            stats["ce_loss"] = _all_reduce_sum(ce_sum) / unique.numel()
-            value = value + self.ce_weight * stats["ce_loss"]
-        stats["loss"], stats["selected_images"] = value, torch.tensor(float(unique.numel()))
-        return StepResult(value, stats)
+        return self.result(triplet_loss, ce_sum if self.ce_weight > 0 else None, unique.numel())
 
     def _no_grad_pass(self, images, chunks):
         """The stated forward without a graph; the random state before each chunk."""
