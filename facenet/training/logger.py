@@ -52,7 +52,7 @@ class RunLogger:
             self.writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def log_scalars(self, prefix: str, values: dict, step: int) -> None:
-        if self.enabled and self.writer is not None:
+        if self.writer is not None:
             for key, value in _numbers(values).items():
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
@@ -71,12 +71,11 @@ class RunLogger:
             self.writer.flush()
 
     def log_figure(self, tag: str, figure, step: int) -> None:
-        if self.enabled and self.writer is not None and figure is not None:
+        if self.writer is not None and figure is not None:
             self.writer.add_figure(tag, figure, step, close=True)
 
     def log_hparams(self, config: dict, metrics: dict) -> None:
-
-        if self.enabled and self.writer is not None:
+        if self.writer is not None:
             self.writer.add_hparams(flat_hparams(config), _numbers(metrics), run_name=".")
 
     def close(self) -> None:
