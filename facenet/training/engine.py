@@ -157,7 +157,8 @@ class Trainer:
         if result is None:  # the same answer on every rank (the miner saw the global batch)
             self._undo(bn_before)
             self._check_images(images)
-            return self._skipped("no_triplets")
+            self._count("no_triplets")
+            return {"skipped": "no_triplets", "selected_images": 0}
         if not self._finite(result.loss):
             self._undo(bn_before)
             self._check_images(images)
@@ -169,7 +170,8 @@ class Trainer:
                 )
                 err.agreed = get_world_size() > 1  # the same decision on every rank
                 raise err
-            return self._skipped("nonfinite")
+            self._count("nonfinite")
+            return {"skipped": "nonfinite", "selected_images": 0}
         self.nonfinite_in_a_row = 0
         self._update()
         return result.stats
@@ -206,15 +208,11 @@ class Trainer:
             err.agreed = get_world_size() > 1  # every rank raises it here
             raise err
 
-    def _skipped(self, reason: str) -> dict:
+    def _count(self, outcome: str) -> None:
+        """Count a batch ("trained", "no_triplets" or "nonfinite") and step the schedule:
+        skipped batches too, so decays given in epochs fall on epoch boundaries."""
         self.counts["steps"] += 1
-        self.counts[reason] += 1
-        self._advance_schedule()
-        return {"skipped": reason, "selected_images": 0}
-
-    def _advance_schedule(self) -> None:
-        """Skipped batches advance the schedule too: it follows how far the run is through its
-        data, so decays given in epochs fall on epoch boundaries and every rank agrees."""
+        self.counts[outcome] += 1
         if self.scheduler is None:
             return
         with warnings.catch_warnings():
@@ -240,9 +238,7 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
-        self.counts["steps"] += 1
-        self.counts["trained"] += 1
-        self._advance_schedule()
+        self._count("trained")
 
     def train_one_epoch(
         self,

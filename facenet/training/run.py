@@ -28,14 +28,12 @@ from facenet.distributed import (
 )
 from facenet.errors import FacenetError, NonFiniteLossError
 from facenet.training.build import (
-    TrainingData,
     build_data,
     build_device,
     build_trainer,
     check_model,
 )
 from facenet.training.console import describe_error, final_lines
-from facenet.training.engine import Trainer
 from facenet.training.loop import Run, fit
 from facenet.training.run_dir import RunDirLock, RunOutputs
 from facenet.training.state import read_resume_checkpoint
@@ -72,8 +70,8 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
         try:
             state = read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
             outputs = RunOutputs(run_dir, overwrite, _read_paths(cfg), enabled=info.is_main)
-            trainer, data = _build(cfg, run_dir, info, outputs, check_model_first=overwrite)
-            summary = fit(Run(trainer, data, cfg, run_dir, outputs), resume_state=state)
+            run = _build(cfg, run_dir, info, outputs, check_model_first=overwrite)
+            summary = fit(run, resume_state=state)
         except KeyboardInterrupt as err:
             print(f"error: {_interrupted_message(err, run_dir)}", file=sys.stderr)
             return 128 + signal.SIGINT
@@ -91,7 +89,7 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
 
 def _build(
     cfg: Config, run_dir: Path, info: DistInfo, outputs: RunOutputs, check_model_first: bool
-) -> tuple[Trainer, TrainingData]:
+) -> Run:
     """The run's data and trainer on this rank's device, then ``config.yaml``. The first file
     written removes the previous run under --overwrite: ``check_model_first`` builds the model
     once before the data, so that a model mistake also leaves the previous run as it was."""
@@ -113,7 +111,7 @@ def _build(
             f"{', ...' if len(outputs.removed) > 6 else ''})",
             file=sys.stderr,
         )
-    return trainer, data
+    return Run(trainer, data, cfg, run_dir, outputs)
 
 
 def _read_paths(cfg: Config) -> list[str]:
