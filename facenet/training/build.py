@@ -63,17 +63,6 @@ class TrainingData:
     steps_per_epoch: int = 0
 
 
-@dataclass
-class _EvalSources:
-    """Where the validation and test pairs come from: (file, image root) each, or None."""
-
-    val: tuple[str, str | None] | None = None
-    test: tuple[str, str | None] | None = None
-    held_out: tuple[str, ...] = ()  # identities left out of training
-    notes: list = field(default_factory=list)
-    pending: list = field(default_factory=list)
-
-
 def build_device(cfg: Config) -> torch.device:
     """The device of ``train.device`` ("auto": CUDA when present)."""
     try:
@@ -92,45 +81,45 @@ def _from_section(section: str, build, *args, **kwargs):
         raise ConfigError(f"{section}: {err}") from None
 
 
-def _data_roots(cfg: Config, run_dir: Path, fresh: bool) -> tuple[str, _EvalSources]:
-    """The training image folder and the evaluation sets, generating the synthetic set if
-    needed, or holding out identities of a folder (``fresh``: do not read a held-out record)."""
+def _data_roots(cfg: Config, run_dir: Path, fresh: bool):
+    """(training image folder, {split: (pairs file, image root) or None}, HeldOut or None):
+    the synthetic set generated if needed, or identities of a folder held out (``fresh``: do
+    not read a held-out record)."""
     data, ev = cfg.data, cfg.eval
-    given = _EvalSources(
-        val=(ev.val_pairs, ev.val_root) if ev.val_pairs else None,
-        test=(ev.pairs, ev.root) if ev.pairs else None,
-    )
+    given = {
+        "val": (ev.val_pairs, ev.val_root) if ev.val_pairs else None,
+        "test": (ev.pairs, ev.root) if ev.pairs else None,
+    }
     if data.dataset == "synthetic":
         root = Path(data.root) if data.root else run_dir / "data"
         try:
             prepared = prepare_synthetic_data(root, data)
         except OSError as err:
             raise OSError(err.errno, f"data.root: cannot write the synthetic data: {err}") from err
-        given.val = given.val or (prepared["val_pairs"], ev.val_root)
-        given.test = given.test or (prepared["test_pairs"], ev.root)
-        return str(prepared["train_root"]), given
+        given["val"] = given["val"] or (prepared["val_pairs"], ev.val_root)
+        given["test"] = given["test"] or (prepared["test_pairs"], ev.root)
+        return str(prepared["train_root"]), given, None
     if not data.root:
         raise ConfigError(f"data.root: required for data.dataset: {data.dataset}")
-    if ev.heldout_identities > 0:
-        if given.val and given.test:
-            raise ConfigError(
-                f"eval.heldout_identities: {ev.heldout_identities}, but eval.val_pairs and "
-                "eval.pairs are both given: there is nothing to hold out identities for"
-            )
-        splits = [name for name in ("val", "test") if getattr(given, name) is None]
-        settings = HeldOutSettings(
-            ev.heldout_identities,
-            ev.n_folds,
-            ev.heldout_pairs_per_fold,
-            cfg.train.seed,
-            data.max_image_pixels,
-            data.max_aspect_ratio,
+    if ev.heldout_identities <= 0:
+        return data.root, given, None
+    if given["val"] and given["test"]:
+        raise ConfigError(
+            f"eval.heldout_identities: {ev.heldout_identities}, but eval.val_pairs and "
+            "eval.pairs are both given: there is nothing to hold out identities for"
         )
-        held = hold_out(Path(data.root), run_dir, splits, settings, fresh)
-        given.held_out, given.pending, given.notes = held.identities, held.pending, [held.note]
-        for split, path in held.pairs.items():
-            setattr(given, split, (path, str(Path(data.root))))
-    return data.root, given
+    settings = HeldOutSettings(
+        ev.heldout_identities,
+        ev.n_folds,
+        ev.heldout_pairs_per_fold,
+        cfg.train.seed,
+        data.max_image_pixels,
+        data.max_aspect_ratio,
+    )
+    splits = [name for name, source in given.items() if source is None]
+    held = hold_out(Path(data.root), run_dir, splits, settings, fresh)
+    given.update({split: (path, str(Path(data.root))) for split, path in held.pairs.items()})
+    return data.root, given, held
 
 
 def _identity_folder(cfg: Config, train_root: str, exclude=()):
@@ -163,7 +152,8 @@ def _identity_folder(cfg: Config, train_root: str, exclude=()):
 def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
     """(loader, sampler): P x K batches, or seed-style triplet batches (data.dataset: triplets)."""
     data, seed = cfg.data, cfg.train.seed
-    workers, pin = resolve_loader_settings(data.num_workers, data.pin_memory, _device_type(cfg))
+    device_type = build_device(cfg).type
+    workers, pin = resolve_loader_settings(data.num_workers, data.pin_memory, device_type)
     if data.dataset == "triplets":
         try:
             sampler = TripletListDataset(
@@ -204,14 +194,6 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
         raise ConfigError(f"data.p={data.p}, data.k={data.k}: {err}") from None
     loader = make_loader(dataset, sampler, workers, pin, seed, rank)
     return loader, sampler
-
-
-def _device_type(cfg: Config) -> str:
-    """ "cuda" or "cpu": where the step will run (the loader's "auto" settings follow it)."""
-    try:
-        return resolve_device(cfg.train.device).type
-    except FacenetError:  # refused with its key by build_device
-        return "cpu"
 
 
 def _read_eval_pairs(cfg: Config, source, keys: tuple[str, str]):
@@ -296,21 +278,18 @@ def build_data(
     recorded in ``outputs`` (under ``clear_previous``, a previous held-out record is not read).
     """
     fresh = outputs is not None and outputs.clear_previous
-    train_root, sources = _data_roots(cfg, Path(run_dir), fresh)
-    dataset = _identity_folder(cfg, train_root, exclude=sources.held_out)
+    train_root, sources, held = _data_roots(cfg, Path(run_dir), fresh)
+    dataset = _identity_folder(cfg, train_root, exclude=held.identities if held else ())
     loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
     keys = {"val": ("eval.val_pairs", "eval.val_root"), "test": ("eval.pairs", "eval.root")}
-    held = {str(path) for path, _ in sources.pending}
-    written = {s for s in keys if (getattr(sources, s) or ("",))[0] in held}
+    written = held.pairs if held else {}
     # Given pairs files are read (checked) before the run's first write: the held-out files.
-    pairs = {
-        s: _read_eval_pairs(cfg, getattr(sources, s), keys[s]) for s in keys if s not in written
-    }
-    for path, text in sources.pending if is_main_process() else ():
+    pairs = {s: _read_eval_pairs(cfg, sources[s], keys[s]) for s in keys if s not in written}
+    for path, text in held.pending if held and is_main_process() else ():
         if outputs is not None:
             outputs.add(path)
         write_text_atomic(path, text)
-    pairs.update({s: _read_eval_pairs(cfg, getattr(sources, s), keys[s]) for s in written})
+    pairs.update({s: _read_eval_pairs(cfg, sources[s], keys[s]) for s in written})
     val, test = pairs["val"], pairs["test"]
     _check_apart(val, test, dataset)
     return TrainingData(
@@ -321,7 +300,7 @@ def build_data(
         test,
         cfg.data.image_size,
         cfg.data.normalize,
-        notes=sources.notes + _evaluation_notes(cfg, val, test),
+        notes=([held.note] if held else []) + _evaluation_notes(cfg, val, test),
         steps_per_epoch=min(len(loader), cfg.train.steps_per_epoch or len(loader)),
     )
 
@@ -329,7 +308,13 @@ def build_data(
 def check_model(cfg: Config) -> None:
     """Build the network of the ``model`` section once on the CPU (its weights file read):
     a mistake there is found before a run writes anything."""
-    _from_section("model", build_model, cfg.model, num_classes=None, image_size=cfg.data.image_size)
+    _model(cfg, None)
+
+
+def _model(cfg: Config, num_classes: int | None):
+    return _from_section(
+        "model", build_model, cfg.model, num_classes=num_classes, image_size=cfg.data.image_size
+    )
 
 
 def build_trainer(
@@ -337,11 +322,7 @@ def build_trainer(
 ) -> Trainer:
     """Model, step, optimizer and per-step schedule (``steps_per_epoch`` turns its epochs into
     steps) on ``device``; ``num_classes`` sizes the classifier head of ``loss.ce_weight``."""
-    use_ce = cfg.loss.ce_weight > 0
-    num_classes = num_classes if use_ce else None
-    model = _from_section(
-        "model", build_model, cfg.model, num_classes=num_classes, image_size=cfg.data.image_size
-    ).to(device)
+    model = _model(cfg, num_classes if cfg.loss.ce_weight > 0 else None).to(device)
     # Named groups when fine-tuning (backbone lr scale, frozen stages); read before DDP wraps it.
     params = _from_section("optim", parameter_groups, model, cfg.optim)
     if is_distributed():
