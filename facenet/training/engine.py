@@ -154,27 +154,26 @@ class Trainer:
         # The step may update running statistics before it is known to count: keep a copy.
         bn_before = [b.clone() for b in self._bn_buffers]
         result = self.step(images, labels, candidates)
-        if result is None:  # the same answer on every rank (the miner saw the global batch)
-            self._undo(bn_before)
-            self._check_images(images)
+        # None: the same answer on every rank (the miner saw the global batch).
+        if result is not None and self._finite(result.loss):
+            self.nonfinite_in_a_row = 0
+            self._update()
+            return result.stats
+        self._undo(bn_before)
+        self._check_images(images)
+        if result is None:
             self._count("no_triplets")
             return {"skipped": "no_triplets", "selected_images": 0}
-        if not self._finite(result.loss):
-            self._undo(bn_before)
-            self._check_images(images)
-            self.nonfinite_in_a_row += 1
-            if self.nonfinite_in_a_row >= self.settings.max_nonfinite_steps:
-                err = NonFiniteLossError(
-                    f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
-                    f"gradient (last loss: {result.loss.item()}); check the learning rate"
-                )
-                err.agreed = get_world_size() > 1  # the same decision on every rank
-                raise err
-            self._count("nonfinite")
-            return {"skipped": "nonfinite", "selected_images": 0}
-        self.nonfinite_in_a_row = 0
-        self._update()
-        return result.stats
+        self.nonfinite_in_a_row += 1
+        if self.nonfinite_in_a_row >= settings.max_nonfinite_steps:
+            err = NonFiniteLossError(
+                f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
+                f"gradient (last loss: {result.loss.item()}); check the learning rate"
+            )
+            err.agreed = get_world_size() > 1  # the same decision on every rank
+            raise err
+        self._count("nonfinite")
+        return {"skipped": "nonfinite", "selected_images": 0}
 
     def _finite(self, loss: torch.Tensor) -> bool:
         """Loss, gradients and running statistics are finite on every rank: a NaN image the
@@ -295,11 +294,12 @@ class Trainer:
         seconds = time.perf_counter() - totals.start
         result = totals.means()
         del result["images_per_second"]
+        done = {k: n - counts_before[k] for k, n in self.counts.items()}
         result.update(
             epoch=epoch,
-            steps=self.counts["steps"] - counts_before["steps"],
-            skipped_no_triplets=self.counts["no_triplets"] - counts_before["no_triplets"],
-            skipped_nonfinite=self.counts["nonfinite"] - counts_before["nonfinite"],
+            steps=done["steps"],
+            skipped_no_triplets=done["no_triplets"],
+            skipped_nonfinite=done["nonfinite"],
             images_per_second=totals.images / max(seconds, 1e-9),
             epoch_seconds=seconds,
             data_wait_seconds=totals.data_seconds,

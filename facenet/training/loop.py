@@ -124,7 +124,7 @@ class Run:
         evaluated = cfg.eval.every > 0 and (self.data.val_pairs or self.data.test_pairs) is not None
         names += ["best.pt", "roc_*.png"] if evaluated else []
         for name in names:  # recorded before they are written
-            self.outputs.add(self.run_dir / name)
+            self.outputs.add(name)
         if main:
             remove_stale_temporary_files(self.run_dir)
         self.progress = Progress()
@@ -374,6 +374,7 @@ def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> d
     history = progress.history
     best = _validation_of(progress, progress.best_epoch)
     validated = [r["validation"] for r in history if "validation" in r]
+    rates = [r["images_per_second"] for r in history if r.get("images_per_second") is not None]
     summary: dict[str, Any] = {
         "epochs": len(history),
         "stopped_by": stopped_by,
@@ -394,7 +395,7 @@ def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> d
         "test": test,
         "wall_seconds": progress.elapsed(),
         "train_seconds": sum(r.get("epoch_seconds", 0.0) for r in history),
-        "images_per_second": _mean([r.get("images_per_second") for r in history]),
+        "images_per_second": sum(rates) / len(rates) if rates else None,
         "data_wait_seconds": sum(r.get("data_wait_seconds", 0.0) for r in history),
         "peak_rss_bytes": max((r.get("peak_rss_bytes", 0) for r in history), default=None),
         "memory_per_epoch": [
@@ -405,11 +406,6 @@ def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> d
     if any("cuda_max_allocated" in r for r in history):
         summary["cuda_max_allocated"] = max(r.get("cuda_max_allocated", 0) for r in history)
     return summary
-
-
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def _final_metrics(summary: dict) -> dict:

@@ -218,7 +218,7 @@ class RunOutputs:
         if not self.enabled:
             return
         self.begin()
-        name = Path(path).name if Path(path).parent != Path(".") else str(path)
+        name = Path(path).name
         if name in self.names:
             return
         target = self.run_dir / name

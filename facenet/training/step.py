@@ -96,8 +96,6 @@ class _Step:
     name = ""
 
     def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none"):
-        if amp not in _AUTOCAST:
-            raise ValueError(f"amp must be 'none', 'bf16' or 'fp16', got {amp!r}")
         self.model, self.core = model, getattr(model, "module", model)
         if ce_weight > 0 and getattr(self.core, "classifier", None) is None:
             raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
@@ -360,7 +358,6 @@ def build_step(
     ``_Step``; ``chunk_size``: images per chunk of the chunked path)."""
     every = getattr(miner, "selects_every_image", False)
     name = choose_step(passes, chunk_size, every, triplet_lists)
-    kwargs = {"ce_weight": ce_weight, "amp": amp}
-    if name == "chunked":
-        return ChunkedStep(model, miner, loss_fn, chunk_size=chunk_size, **kwargs)
-    return {"one-pass": OnePassStep, "two-pass": TwoPassStep}[name](model, miner, loss_fn, **kwargs)
+    chunked = {"chunk_size": chunk_size} if name == "chunked" else {}
+    path = {"one-pass": OnePassStep, "two-pass": TwoPassStep, "chunked": ChunkedStep}[name]
+    return path(model, miner, loss_fn, ce_weight=ce_weight, amp=amp, **chunked)
