@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from facenet.data.images import inspect_image
@@ -41,8 +41,8 @@ class HeldOut:
 
     identities: tuple[str, ...]
     pairs: dict[str, str]
-    pending: list[tuple[Path, str]] = field(default_factory=list)
-    note: str = ""
+    pending: list[tuple[Path, str]]
+    note: str
 
 
 def choose_held_out(
@@ -84,9 +84,8 @@ def hold_out(
     listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
     chosen, record = choose_held_out(listing, run_dir, splits, settings, fresh)
     limits = (settings.max_pixels, settings.max_aspect_ratio)
-    held = HeldOut(tuple(n for names in chosen.values() for n in names), {})
-    if record is not None:
-        held.pending.append((run_dir / HELDOUT_RECORD, record))
+    pending = [] if record is None else [(run_dir / HELDOUT_RECORD, record)]
+    pairs = {}
     for split, names in chosen.items():
         path = run_dir / f"{split}_pairs.txt"
         if fresh or not path.is_file():
@@ -95,14 +94,15 @@ def hold_out(
                 n: [f for f in listing[n] if inspect_image(root / n / f, *limits) is None]
                 for n in names
             }
-            held.pending.append((path, pairs_text(_folds(images, settings, split))))
-        held.pairs[split] = str(path)
-    held.note = (
-        f"held out {len(held.identities)} identities of {root} from training "
+            pending.append((path, pairs_text(_folds(images, settings, split))))
+        pairs[split] = str(path)
+    identities = tuple(n for names in chosen.values() for n in names)
+    note = (
+        f"held out {len(identities)} identities of {root} from training "
         f"(eval.heldout_identities, recorded in {run_dir / HELDOUT_RECORD}): "
         + ", ".join(f"{len(n)} for {s} ({run_dir / f'{s}_pairs.txt'})" for s, n in chosen.items())
     )
-    return held
+    return HeldOut(identities, pairs, pending, note)
 
 
 def _folds(images: dict, settings: HeldOutSettings, split: str):

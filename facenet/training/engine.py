@@ -110,8 +110,6 @@ class Trainer:
     def __init__(self, step, optimizer: torch.optim.Optimizer, scheduler=None, settings=None):
         self.step, self.optimizer, self.scheduler = step, optimizer, scheduler
         self.settings = settings or TrainerSettings()
-        # Refuse a bad name now, not at the first batch.
-        standardize(torch.zeros(1, 3, 1, 1, dtype=torch.uint8), self.settings.input_normalize)
         self.model, self.scaler = step.model, step.scaler
         self.device = next(self.model.parameters()).device
         # Excluding the model leaves out parameters and BatchNorm's running buffers.
@@ -157,7 +155,14 @@ class Trainer:
         # None: the same answer on every rank (the miner saw the global batch).
         if result is not None and self._finite(result.loss):
             self.nonfinite_in_a_row = 0
-            self._update()
+            if settings.grad_clip > 0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.global_step += 1
+            self._count("trained")
             return result.stats
         self._undo(bn_before)
         self._check_images(images)
@@ -228,16 +233,6 @@ class Trainer:
         index = torch.arange(count, device=self.device)
         candidates = (index, index + count, index + 2 * count)
         return self.train_step(images, labels, candidates=candidates)
-
-    def _update(self) -> None:
-        if self.settings.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
-        self._count("trained")
 
     def train_one_epoch(
         self,

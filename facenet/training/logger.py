@@ -16,9 +16,6 @@ from facenet.memory import MEMORY_KEYS
 
 __all__ = ["RunLogger", "flat_hparams"]
 
-# Epoch-record keys that are memory figures (the rest of the numbers are training figures).
-_MEMORY = MEMORY_KEYS
-
 
 def _numbers(values: dict) -> dict:
     return {
@@ -63,9 +60,9 @@ class RunLogger:
             fh.write(json.dumps(json_safe(record)) + "\n")
         epoch = int(record.get("epoch", 0))
         numbers = {k: v for k, v in _numbers(record).items() if k != "epoch"}
-        self.log_scalars("memory", {k: v for k, v in numbers.items() if k in _MEMORY}, epoch)
+        self.log_scalars("memory", {k: v for k, v in numbers.items() if k in MEMORY_KEYS}, epoch)
         self.log_scalars(
-            "train_epoch", {k: v for k, v in numbers.items() if k not in _MEMORY}, epoch
+            "train_epoch", {k: v for k, v in numbers.items() if k not in MEMORY_KEYS}, epoch
         )
         if self.writer is not None:
             self.writer.flush()

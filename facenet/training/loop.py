@@ -322,37 +322,27 @@ class _CountedBatches:
 
 
 def _agree_on_fetch(error: Exception | None) -> None:
-    """Raise on every rank when any rank's fetch failed (see ``agree_on_error``)."""
-    if isinstance(error, RuntimeError):  # a DataLoader worker's CorruptImageError, re-wrapped
-        error = _worker_image_error(error) or error
-    agree_on_error(error, None if error is None else describe_error(error))
-
-
-def _worker_image_error(err: RuntimeError) -> CorruptImageError | None:
-    """The CorruptImageError a DataLoader worker raised, rebuilt; None for other errors."""
-    text = str(err)
+    """Raise on every rank when any rank's fetch failed (see ``agree_on_error``); a DataLoader
+    worker's CorruptImageError, re-wrapped in a RuntimeError, is rebuilt."""
+    text = str(error) if isinstance(error, RuntimeError) else ""
     match = _WORKER_IMAGE_ERROR.search(text) if text.startswith("Caught ") else None
-    return CorruptImageError(match["path"], match["reason"].strip()) if match else None
-
-
-def _files_of_batch(loader, position: int, rows: list[int]) -> list[str]:
-    """The image files at ``rows`` of the loader's batch ``position`` (PK batches only)."""
-    dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
-    dataset = getattr(dataset, "dataset", dataset)  # under SeededSamples
-    if not hasattr(dataset, "samples") or batch_sampler is None:
-        return []
-    # The order of an epoch is fixed, so iterating the sampler again finds the same batch.
-    items = next(itertools.islice(iter(batch_sampler), position, None), None)
-    if items is None:
-        return []
-    indices = [item[0] if isinstance(item, tuple) else item for item in items]
-    return [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
+    if match:
+        error = CorruptImageError(match["path"], match["reason"].strip())
+    agree_on_error(error, None if error is None else describe_error(error))
 
 
 def _name_files(err: NonFiniteInputError, loader, epoch: int, first_step: int):
     """The error, its message naming the epoch, the step and (PK batches) the files."""
     position = getattr(err, "batch_index", 0)
-    files = _files_of_batch(loader, position, err.rows[:_FILES_IN_MESSAGE])
+    dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
+    dataset = getattr(dataset, "dataset", dataset)  # under SeededSamples
+    items = None
+    if hasattr(dataset, "samples") and batch_sampler is not None:
+        # The order of an epoch is fixed, so iterating the sampler again finds the same batch.
+        items = next(itertools.islice(iter(batch_sampler), position, None), None)
+    indices = [item[0] if isinstance(item, tuple) else item for item in items or ()]
+    rows = err.rows[:_FILES_IN_MESSAGE]
+    files = [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
     named = ""
     if files:
         named = ": " + ", ".join(files) + (" ..." if len(err.rows) > len(files) else "")

@@ -173,7 +173,7 @@ def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> l
         for path in sorted(run_dir.glob(name)):
             # The entry itself (a link, not its target) must lie in the run directory.
             real = Path(os.path.realpath(path.parent)) / path.name
-            if real.parent != base and base not in real.parent.parents:
+            if not _inside(real.parent, base):
                 continue  # a name leading out of the run directory
             if any(_inside(k, Path(os.path.realpath(path))) or _inside(k, real) for k in kept):
                 continue  # the new run reads it (or something inside it)
