@@ -258,7 +258,7 @@ class Trainer:
         total = len(loader) if hasattr(loader, "__len__") else None
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress, leave=False)
         stopped_early = False
-        with self.meter if self.meter is not None else contextlib.nullcontext():
+        with self.meter or contextlib.nullcontext():
             for index, batch in enumerate(totals.timed(prefetch_to_device(loader, self.device))):
                 try:
                     if len(batch) == 5:  # seed-style (a, p, n, label_p, label_n)

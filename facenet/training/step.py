@@ -108,10 +108,8 @@ class _Step:
     def forward(self, images, with_logits=False, grad=True):
         """(embeddings (N, D), logits (N, C) or None), float32 or wider."""
         model = self.model if grad else self.core
-        device_type = images.device.type
-        with torch.autocast(
-            device_type, self.autocast_dtype, enabled=self.autocast_dtype is not None
-        ):
+        dtype = self.autocast_dtype
+        with torch.autocast(images.device.type, dtype, enabled=dtype is not None):
             if with_logits:
                 embeddings, logits = model(images, return_logits=True)
             else:
