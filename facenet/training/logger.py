@@ -14,24 +14,13 @@ from torch.utils.tensorboard import SummaryWriter
 from facenet.files import json_safe
 from facenet.memory import MEMORY_KEYS
 
-__all__ = ["RunLogger", "flat_hparams"]
+__all__ = ["RunLogger"]
 
 
 def _numbers(values: dict) -> dict:
     return {
         k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
-
-
-def flat_hparams(config: dict) -> dict:
-    """``{"section.key": value}`` of ``config_to_dict``'s dict, values TensorBoard accepts
-    (None becomes "none")."""
-    flat = {}
-    for section, values in config.items():
-        for key, value in values.items():
-            ok = isinstance(value, (int, float, str, bool))
-            flat[f"{section}.{key}"] = value if ok else str(value).lower()
-    return flat
 
 
 class RunLogger:
@@ -72,8 +61,18 @@ class RunLogger:
             self.writer.add_figure(tag, figure, step, close=True)
 
     def log_hparams(self, config: dict, metrics: dict) -> None:
-        if self.writer is not None:
-            self.writer.add_hparams(flat_hparams(config), _numbers(metrics), run_name=".")
+        """``config``: ``config_to_dict``'s, flattened to ``section.key`` with values TensorBoard
+        accepts (None becomes "none")."""
+        if self.writer is None:
+            return
+        flat = {
+            f"{section}.{key}": value
+            if isinstance(value, (int, float, str, bool))
+            else str(value).lower()
+            for section, values in config.items()
+            for key, value in values.items()
+        }
+        self.writer.add_hparams(flat, _numbers(metrics), run_name=".")
 
     def close(self) -> None:
         if self.writer is not None:

@@ -94,15 +94,14 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
     ``epoch`` is the last finished epoch; ``partial`` is ``{"epoch", "steps_done"}`` when
     ``progress`` stands inside an epoch, else None.
     """
-    partial = None
-    if progress.steps_done:
-        partial = {"epoch": progress.epoch, "steps_done": progress.steps_done}
     ranks = gather_objects(_rank_state(trainer, sampler))  # every rank calls this
     state = trainer.state_dict()
     state.update(
         format=CHECKPOINT_FORMAT,
         epoch=progress.epoch - 1,
-        partial=partial,
+        partial={"epoch": progress.epoch, "steps_done": progress.steps_done}
+        if progress.steps_done
+        else None,
         config=config_to_dict(cfg),
         **ranks[0],  # rng, miner_rng, sampler: rank 0's at the top level
         world_size=len(ranks),
