@@ -45,10 +45,6 @@ def _frozen_stages(backbone: nn.Module, up_to: str | None) -> set[str]:
     return set(names[: names.index(up_to) + 1])
 
 
-def _finetuning(cfg: OptimConfig) -> bool:
-    return cfg.backbone_lr_scale != 1.0 or cfg.freeze_backbone_epochs > 0
-
-
 def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict] | list[nn.Parameter]:
     """The parameters of an (unwrapped) EmbeddingNet, in named groups when fine-tuning:
     ``backbone_frozen`` (the stages up to ``freeze_up_to``, frozen for the first epochs) and
@@ -56,7 +52,7 @@ def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict] | list[nn
     """
     if cfg.backbone_lr_scale <= 0:  # 0 passes the configuration's range check
         raise ValueError(f"backbone_lr_scale must be > 0, got {cfg.backbone_lr_scale}")
-    if not _finetuning(cfg):
+    if cfg.backbone_lr_scale == 1.0 and cfg.freeze_backbone_epochs == 0:
         return list(model.parameters())
     frozen = _frozen_stages(model.backbone, cfg.freeze_up_to)
     if cfg.freeze_backbone_epochs == 0:
@@ -195,23 +191,19 @@ class StepSchedule:
         return None
 
 
-def _warmup_steps(cfg: OptimConfig, steps_per_epoch: int) -> int:
+def schedule_shape(cfg: OptimConfig, epochs: int, steps_per_epoch: int) -> ScheduleShape:
+    """The per-step factor of ``optim.schedule``, lengths given in epochs converted to steps."""
     if cfg.warmup_steps and cfg.warmup_epochs:
         raise ValueError(
             f"warmup_steps: {cfg.warmup_steps} and warmup_epochs: {cfg.warmup_epochs}: give "
             "the warm-up's length once"
         )
-    return cfg.warmup_steps or cfg.warmup_epochs * steps_per_epoch
-
-
-def schedule_shape(cfg: OptimConfig, epochs: int, steps_per_epoch: int) -> ScheduleShape:
-    """The per-step factor of ``optim.schedule``, lengths given in epochs converted to steps."""
     if steps_per_epoch < 1 or epochs < 1:
         raise ValueError(f"a schedule needs steps: {epochs} epochs of {steps_per_epoch} steps")
     return ScheduleShape(
         kind=cfg.schedule,
         total_steps=epochs * steps_per_epoch,
-        warmup_steps=_warmup_steps(cfg, steps_per_epoch),
+        warmup_steps=cfg.warmup_steps or cfg.warmup_epochs * steps_per_epoch,
         decay_every=cfg.step_size * steps_per_epoch,  # exactly step_size epochs
         gamma=cfg.gamma,
         floor=cfg.min_lr_ratio,
