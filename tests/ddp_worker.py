@@ -23,6 +23,7 @@ from facenet.evaluation.embedding import embed_pair_list
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
 from facenet.training.engine import Trainer
+from facenet.training.step import build_step
 
 STEPS, P, K, LR, MARGIN = 3, 6, 4, 0.5, 0.5
 
@@ -84,15 +85,15 @@ def batches():
 def train(path, miner, ce, chunk):
     """The parameters after STEPS steps; this rank trains on its block of each batch."""
     model = DistributedDataParallel(initial_model(ce), forward_sync_buffers=False)
-    trainer = Trainer(
+    step = build_step(
         model,
         MINERS[miner](),
         TripletMarginLoss(margin=MARGIN),
-        torch.optim.SGD(model.parameters(), lr=LR),
         passes=1 if path == "one-pass" else 2,
         ce_weight=ce,
         chunk_size=chunk,
     )
+    trainer = Trainer(step, torch.optim.SGD(model.parameters(), lr=LR))
     assert trainer.step.name == path
     rank, world = get_rank(), get_world_size()
     for images, labels in batches():
@@ -108,14 +109,10 @@ def nan_on_rank_one(passes, chunk):
     or the ranks would part ways at the next collective)."""
     model = DistributedDataParallel(initial_model(0.0), forward_sync_buffers=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    trainer = Trainer(
-        model,
-        BatchHardMiner(),
-        TripletMarginLoss(MARGIN),
-        optimizer,
-        passes=passes,
-        chunk_size=chunk,
+    step = build_step(
+        model, BatchHardMiner(), TripletMarginLoss(MARGIN), passes=passes, chunk_size=chunk
     )
+    trainer = Trainer(step, optimizer)
     images, labels = make_batch(P, K, seed=7)
     share = images.shape[0] // get_world_size()
     local = images[get_rank() * share : (get_rank() + 1) * share].clone()

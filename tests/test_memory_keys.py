@@ -18,8 +18,9 @@ from facenet.memory import (
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import BatchHardMiner
 from facenet.models.embedding import EmbeddingNet
-from facenet.training.engine import Trainer
+from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.logger import _MEMORY
+from facenet.training.step import build_step
 
 # The names the report and the benchmarks used before they took the trainer's.
 LEGACY = {
@@ -49,7 +50,8 @@ def epoch_record():
     torch.manual_seed(0)
     model = EmbeddingNet("tiny", embedding_dim=16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    trainer = Trainer(model, BatchHardMiner(), TripletMarginLoss(0.2), optimizer, graph_memory=True)
+    step = build_step(model, BatchHardMiner(), TripletMarginLoss(0.2))
+    trainer = Trainer(step, optimizer, settings=TrainerSettings(graph_memory=True))
     labels = torch.arange(4).repeat_interleave(2)  # (8,): P = 4 identities x K = 2
     loader = [(torch.randn(8, 3, 16, 16), labels) for _ in range(2)]  # (8, 3, 16, 16)
     return trainer.train_one_epoch(loader, epoch=0, progress=False)

@@ -1,10 +1,8 @@
 """Train a FaceNet embedding: ``facenet-train --config configs/<name>.yaml``.
 
-The YAML file supplies the run; ``--set section.key=value`` overrides single keys.
-
-Exit codes: 0 done; 2 bad input (configuration, data, pairs file, checkpoint, output folder),
-each reported on one line naming the key or the file; 3 a run of non-finite losses;
-128 + N stopped by signal N (SIGINT 130, SIGTERM 143) after writing ``last.pt``.
+``--set section.key=value`` overrides single keys. Exit codes: 0 done; 2 bad input, on one
+line naming the key or the file; 3 a run of non-finite losses; 128 + N stopped by signal N
+after writing ``last.pt``.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from facenet.training.run import run_training
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``facenet-train``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML run configuration")
     add_override_argument(parser)
@@ -42,7 +39,6 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    """The run configuration: the YAML file, its overrides and ``--out``."""
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     cfg = load_config(args.config, args.overrides)
@@ -52,11 +48,7 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run training; returns the process exit code (2 for a configuration mistake).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Run training; the process exit code."""
     args = get_args_parser().parse_args(argv)
     with one_line_warnings():  # an old configuration key's notice, the run's warnings
         try:

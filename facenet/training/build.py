@@ -1,16 +1,11 @@
 """Turning a configuration into the objects of a run: device, data, loader, pairs, trainer.
 
-``build_data`` reads the ``data`` and ``eval`` sections (writing the synthetic set first when
-asked for), ``build_device`` the ``train.device`` key and ``build_trainer`` the ``model``,
-``mining``, ``loss``, ``optim`` and ``train`` sections. Bad input raises a ``FacenetError``
-whose message names the configuration key to change.
+Bad input raises a ``FacenetError`` whose message names the configuration key to change.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,15 +17,13 @@ from torch.nn.parallel import DistributedDataParallel
 from facenet.config import Config
 from facenet.data import IdentityFolder, PKSampler, TripletListDataset
 from facenet.data.batches import TrainCrops
-from facenet.data.images import CorruptImageError, inspect_image
+from facenet.data.heldout import HeldOutSettings, hold_out
+from facenet.data.images import CorruptImageError
 from facenet.data.loading import make_loader, resolve_loader_settings
 from facenet.data.pairs import (
     MissingImagesError,
     PairsFormatError,
-    generate_pairs,
-    pairs_text,
     read_pairs,
-    scan_identities,
 )
 from facenet.data.synthetic import prepare_synthetic_data
 from facenet.distributed import is_distributed, is_main_process, resolve_device
@@ -39,8 +32,9 @@ from facenet.files import write_text_atomic
 from facenet.metric.losses import build_loss
 from facenet.metric.miners import build_miner
 from facenet.models.embedding import build_model
-from facenet.training.engine import Trainer
+from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.optim import build_optimizer, build_scheduler, parameter_groups
+from facenet.training.step import build_step
 
 __all__ = [
     "TrainingData",
@@ -48,29 +42,15 @@ __all__ = [
     "build_device",
     "build_trainer",
     "check_model",
-    "epoch_length",
 ]
-
-# The held-out identities of a folder run (eval.heldout_identities), in the run directory.
-HELDOUT_RECORD = "heldout.json"
-_OLD_HELDOUT_RECORD = "holdout.json"  # its name before the rename, still read on resume
 
 
 @dataclass
 class TrainingData:
-    """Everything the loop needs from the data side.
-
-    Args:
-        loader: yields the training batches of one epoch.
-        sampler: orders the batches; has ``set_epoch``, ``state_dict`` and ``load_state_dict``.
-        num_classes: identities in the training data.
-        val_pairs: the validation ``PairList`` (model selection, the threshold), or None.
-        test_pairs: the test ``PairList`` (reported once, at the end), or None.
-        image_size: the network's input size (``data.image_size``: S or [H, W]).
-        normalize: the pixel standardisation of training (``data.normalize``).
-        notes: what the run should say at its start about its evaluation sets.
-        steps_per_epoch: batches in one epoch (:func:`epoch_length`): the schedule's unit.
-    """
+    """Everything the loop needs from the data side. ``val_pairs`` choose the model and the
+    threshold, ``test_pairs`` are reported once at the end (PairLists, or None); ``notes``: what
+    the run says at its start; ``steps_per_epoch``: the loader's batches, capped by
+    ``train.steps_per_epoch`` (the schedule's unit)."""
 
     loader: Any
     sampler: Any  # has set_epoch / state_dict / load_state_dict
@@ -81,19 +61,6 @@ class TrainingData:
     normalize: str
     notes: list = field(default_factory=list)
     steps_per_epoch: int = 0
-
-
-@dataclass
-class _EvalSources:
-    """Where the validation and test pairs come from: (file, image root) each, or None."""
-
-    val: tuple[str, str | None] | None = None
-    test: tuple[str, str | None] | None = None
-    held_out: tuple[str, ...] = ()  # identities left out of training
-    notes: list = field(default_factory=list)
-    # Files to write before the held-out pairs are read: (path, text). Written by
-    # ``_write_pending``, the run's first write, once everything else has been checked.
-    pending: list = field(default_factory=list)
 
 
 def build_device(cfg: Config) -> torch.device:
@@ -114,116 +81,45 @@ def _from_section(section: str, build, *args, **kwargs):
         raise ConfigError(f"{section}: {err}") from None
 
 
-def _data_roots(cfg: Config, run_dir: Path, fresh: bool) -> tuple[str, _EvalSources]:
-    """The training image folder and the evaluation sets, generating the synthetic set if
-    needed, or holding out identities of a folder (``eval.heldout_identities``; ``fresh``: a
-    new run in place of an earlier one, whose held-out record is not read)."""
+def _data_roots(cfg: Config, run_dir: Path, fresh: bool):
+    """(training image folder, {split: (pairs file, image root) or None}, HeldOut or None):
+    the synthetic set generated if needed, or identities of a folder held out (``fresh``: do
+    not read a held-out record)."""
     data, ev = cfg.data, cfg.eval
-    given = _EvalSources(
-        val=(ev.val_pairs, ev.val_root) if ev.val_pairs else None,
-        test=(ev.pairs, ev.root) if ev.pairs else None,
-    )
+    given = {
+        "val": (ev.val_pairs, ev.val_root) if ev.val_pairs else None,
+        "test": (ev.pairs, ev.root) if ev.pairs else None,
+    }
     if data.dataset == "synthetic":
         root = Path(data.root) if data.root else run_dir / "data"
         try:
             prepared = prepare_synthetic_data(root, data)
         except OSError as err:
             raise OSError(err.errno, f"data.root: cannot write the synthetic data: {err}") from err
-        given.val = given.val or (prepared["val_pairs"], ev.val_root)
-        given.test = given.test or (prepared["test_pairs"], ev.root)
-        return str(prepared["train_root"]), given
+        given["val"] = given["val"] or (prepared["val_pairs"], ev.val_root)
+        given["test"] = given["test"] or (prepared["test_pairs"], ev.root)
+        return str(prepared["train_root"]), given, None
     if not data.root:
         raise ConfigError(f"data.root: required for data.dataset: {data.dataset}")
-    if ev.heldout_identities > 0:
-        if given.val and given.test:
-            raise ConfigError(
-                f"eval.heldout_identities: {ev.heldout_identities}, but eval.val_pairs and "
-                "eval.pairs are both given: there is nothing to hold out identities for"
-            )
-        splits = [name for name in ("val", "test") if getattr(given, name) is None]
-        held = _hold_out(cfg, Path(data.root), run_dir, splits, fresh)
-        held.val, held.test = given.val or held.val, given.test or held.test
-        return data.root, held
-    return data.root, given
-
-
-def _choose_held_out(cfg: Config, listing: dict, run_dir: Path, splits: list, fresh: bool):
-    """``({split: [identity, ...]}, record text to write or None)``: drawn for a new run, read
-    back from ``heldout.json`` otherwise (a resumed run: the folder may have changed since, the
-    held-out set must not)."""
-    record = run_dir / HELDOUT_RECORD
-    # Runs written before the rename recorded the choice as holdout.json: still read it.
-    if not record.is_file() and (run_dir / _OLD_HELDOUT_RECORD).is_file():
-        record = run_dir / _OLD_HELDOUT_RECORD
-    if record.is_file() and not fresh:
-        chosen = json.loads(record.read_text(encoding="utf-8"))
-        missing = sorted(n for names in chosen.values() for n in names if n not in listing)
-        if missing:
-            raise DataError(
-                f"{record}: held-out identities no longer in the folder (with 2+ images): "
-                f"{', '.join(missing[:5])}; restore them, or start a new run (--overwrite)"
-            )
-        return chosen, None
-    count = cfg.eval.heldout_identities
-    if count < 2 * len(splits) or count > len(listing) - 2:
+    if ev.heldout_identities <= 0:
+        return data.root, given, None
+    if given["val"] and given["test"]:
         raise ConfigError(
-            f"eval.heldout_identities: {count}; between {2 * len(splits)} and "
-            f"{len(listing) - 2} here ({len(listing)} identities with 2+ images; two must "
-            "stay for training)"
+            f"eval.heldout_identities: {ev.heldout_identities}, but eval.val_pairs and "
+            "eval.pairs are both given: there is nothing to hold out identities for"
         )
-    names = sorted(random.Random(cfg.train.seed).sample(sorted(listing), count))
-    cut = len(names) // len(splits)
-    chosen = {split: names[i * cut : (i + 1) * cut or None] for i, split in enumerate(splits)}
-    chosen[splits[-1]] = names[(len(splits) - 1) * cut :]
-    return chosen, json.dumps(chosen, indent=1)
-
-
-def _usable_images(cfg: Config, folder: Path, names: list[str]) -> list[str]:
-    """The images the training index would keep (``data.on_corrupt: skip`` leaves corrupt
-    ones out of the held-out pairs too; with ``error`` the index has already refused them)."""
-    limits = (cfg.data.max_image_pixels, cfg.data.max_aspect_ratio)
-    return [name for name in names if inspect_image(folder / name, *limits) is None]
-
-
-def _hold_out(cfg: Config, root: Path, run_dir: Path, splits: list, fresh: bool):
-    """Leave ``eval.heldout_identities`` identities of the folder out of training, with
-    identity-disjoint pairs for them (the ``splits`` "val" and/or "test") to be written into
-    the run directory. The choice is recorded in ``heldout.json`` and kept on resume."""
-    listing = {k: v for k, v in scan_identities(root).items() if len(v) >= 2}
-    chosen, record = _choose_held_out(cfg, listing, run_dir, splits, fresh)
-    listing = {n: _usable_images(cfg, root / n, listing[n]) for ns in chosen.values() for n in ns}
-    sources = _EvalSources(held_out=tuple(n for names in chosen.values() for n in names))
-    if record is not None:
-        sources.pending.append((run_dir / HELDOUT_RECORD, record))
-    for split, names in chosen.items():
-        path = run_dir / f"{split}_pairs.txt"
-        if fresh or not path.is_file():
-            folds = _heldout_folds({n: listing[n] for n in names}, cfg, split)
-            sources.pending.append((path, pairs_text(folds)))
-        setattr(sources, split, (str(path), str(root)))
-    sources.notes.append(
-        f"held out {len(sources.held_out)} identities of {root} from training "
-        f"(eval.heldout_identities, recorded in {run_dir / HELDOUT_RECORD}): "
-        + ", ".join(f"{len(n)} for {s} ({run_dir / f'{s}_pairs.txt'})" for s, n in chosen.items())
+    settings = HeldOutSettings(
+        ev.heldout_identities,
+        ev.n_folds,
+        ev.heldout_pairs_per_fold,
+        cfg.train.seed,
+        data.max_image_pixels,
+        data.max_aspect_ratio,
     )
-    return sources
-
-
-def _heldout_folds(images: dict, cfg: Config, split: str):
-    """Folds for held-out identities: identity-disjoint when there are enough."""
-    ev = cfg.eval
-    for disjoint in (True, False):
-        try:
-            return generate_pairs(
-                images, ev.n_folds, ev.heldout_pairs_per_fold, cfg.train.seed, disjoint
-            )
-        except DataError as err:
-            problem = err
-    raise ConfigError(
-        f"eval.heldout_identities: {ev.heldout_identities}, eval.heldout_pairs_per_fold: "
-        f"{ev.heldout_pairs_per_fold}, eval.n_folds: {ev.n_folds}: too few {split} images "
-        f"for the pairs ({problem}); hold out more identities or ask for fewer pairs"
-    )
+    splits = [name for name, source in given.items() if source is None]
+    held = hold_out(Path(data.root), run_dir, splits, settings, fresh)
+    given.update({split: (path, str(Path(data.root))) for split, path in held.pairs.items()})
+    return data.root, given, held
 
 
 def _identity_folder(cfg: Config, train_root: str, exclude=()):
@@ -256,7 +152,8 @@ def _identity_folder(cfg: Config, train_root: str, exclude=()):
 def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
     """(loader, sampler): P x K batches, or seed-style triplet batches (data.dataset: triplets)."""
     data, seed = cfg.data, cfg.train.seed
-    workers, pin = resolve_loader_settings(data.num_workers, data.pin_memory, _device_type(cfg))
+    device_type = build_device(cfg).type
+    workers, pin = resolve_loader_settings(data.num_workers, data.pin_memory, device_type)
     if data.dataset == "triplets":
         try:
             sampler = TripletListDataset(
@@ -297,14 +194,6 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
         raise ConfigError(f"data.p={data.p}, data.k={data.k}: {err}") from None
     loader = make_loader(dataset, sampler, workers, pin, seed, rank)
     return loader, sampler
-
-
-def _device_type(cfg: Config) -> str:
-    """ "cuda" or "cpu": where the step will run (the loader's "auto" settings follow it)."""
-    try:
-        return resolve_device(cfg.train.device).type
-    except FacenetError:  # refused with its key by build_device
-        return "cpu"
 
 
 def _read_eval_pairs(cfg: Config, source, keys: tuple[str, str]):
@@ -380,45 +269,27 @@ def _evaluation_notes(cfg: Config, val, test) -> list[str]:
     return []
 
 
-def _write_pending(sources: _EvalSources, outputs) -> None:
-    """Write the held-out record and pairs (rank 0), recording them as the run's outputs."""
-    for path, text in sources.pending if is_main_process() else ():
-        if outputs is not None:
-            outputs.add(path)
-        write_text_atomic(path, text)
-    sources.pending = []
-
-
 def build_data(
     cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, outputs=None
 ) -> TrainingData:
     """Datasets, sampler, loader and evaluation sets from the ``data`` and ``eval`` sections.
 
-    Errors name the configuration key to change (``data.root``, ``data.p``, ``eval.pairs``...).
-
-    Args:
-        cfg: the run configuration.
-        run_dir: the run directory (the synthetic data goes there when ``data.root`` is unset;
-            held-out pairs files are written there).
-        rank: this process's rank (the sampler gives each rank disjoint batches).
-        world_size: number of processes.
-        outputs: the run's ``RunOutputs`` (held-out files are recorded there; with
-            ``clear_previous`` a previous run's held-out choice is not read); None outside a run.
+    ``run_dir`` receives the synthetic data (without ``data.root``) and the held-out pairs,
+    recorded in ``outputs`` (under ``clear_previous``, a previous held-out record is not read).
     """
     fresh = outputs is not None and outputs.clear_previous
-    train_root, sources = _data_roots(cfg, Path(run_dir), fresh)
-    dataset = _identity_folder(cfg, train_root, exclude=sources.held_out)
+    train_root, sources, held = _data_roots(cfg, Path(run_dir), fresh)
+    dataset = _identity_folder(cfg, train_root, exclude=held.identities if held else ())
     loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
-    # Given pairs files are read (checked) before the run's first write: the held-out files.
-    held = {str(path) for path, _ in sources.pending}
     keys = {"val": ("eval.val_pairs", "eval.val_root"), "test": ("eval.pairs", "eval.root")}
-    written = [s for s in keys if getattr(sources, s) and getattr(sources, s)[0] in held]
-    pairs = {}
-    for split in [s for s in keys if s not in written] + written:
-        if split in written:
-            _write_pending(sources, outputs)
-        pairs[split] = _read_eval_pairs(cfg, getattr(sources, split), keys[split])
-    _write_pending(sources, outputs)  # e.g. heldout.json when no pairs are read (eval.every 0)
+    written = held.pairs if held else {}
+    # Given pairs files are read (checked) before the run's first write: the held-out files.
+    pairs = {s: _read_eval_pairs(cfg, sources[s], keys[s]) for s in keys if s not in written}
+    for path, text in held.pending if held and is_main_process() else ():
+        if outputs is not None:
+            outputs.add(path)
+        write_text_atomic(path, text)
+    pairs.update({s: _read_eval_pairs(cfg, sources[s], keys[s]) for s in written})
     val, test = pairs["val"], pairs["test"]
     _check_apart(val, test, dataset)
     return TrainingData(
@@ -429,45 +300,29 @@ def build_data(
         test,
         cfg.data.image_size,
         cfg.data.normalize,
-        notes=sources.notes + _evaluation_notes(cfg, val, test),
-        steps_per_epoch=epoch_length(loader, cfg),
+        notes=([held.note] if held else []) + _evaluation_notes(cfg, val, test),
+        steps_per_epoch=min(len(loader), cfg.train.steps_per_epoch or len(loader)),
     )
-
-
-def epoch_length(loader, cfg: Config) -> int:
-    """Batches in one epoch: the loader's, capped by ``train.steps_per_epoch``.
-
-    Args:
-        loader: the training loader (its length is the sampler's batches per epoch).
-        cfg: the run configuration.
-    """
-    length = len(loader)
-    return min(length, cfg.train.steps_per_epoch) if cfg.train.steps_per_epoch else length
 
 
 def check_model(cfg: Config) -> None:
     """Build the network of the ``model`` section once on the CPU (its weights file read):
     a mistake there is found before a run writes anything."""
-    _from_section("model", build_model, cfg.model, num_classes=None, image_size=cfg.data.image_size)
+    _model(cfg, None)
+
+
+def _model(cfg: Config, num_classes: int | None):
+    return _from_section(
+        "model", build_model, cfg.model, num_classes=num_classes, image_size=cfg.data.image_size
+    )
 
 
 def build_trainer(
     cfg: Config, num_classes: int | None, device: torch.device, steps_per_epoch: int
 ) -> Trainer:
-    """Model, miner, loss, optimizer and schedule from the configuration.
-
-    Args:
-        cfg: the run configuration.
-        num_classes: identities in the training data (for the optional classifier head).
-        device: where the model and the miner's generator live.
-        steps_per_epoch: batches per epoch (``TrainingData.steps_per_epoch``): the schedule
-            is stepped once per batch, and its lengths in epochs become steps.
-    """
-    use_ce = cfg.loss.ce_weight > 0
-    num_classes = num_classes if use_ce else None
-    model = _from_section(
-        "model", build_model, cfg.model, num_classes=num_classes, image_size=cfg.data.image_size
-    ).to(device)
+    """Model, step, optimizer and per-step schedule (``steps_per_epoch`` turns its epochs into
+    steps) on ``device``; ``num_classes`` sizes the classifier head of ``loss.ce_weight``."""
+    model = _model(cfg, num_classes if cfg.loss.ce_weight > 0 else None).to(device)
     # Named groups when fine-tuning (backbone lr scale, frozen stages); read before DDP wraps it.
     params = _from_section("optim", parameter_groups, model, cfg.optim)
     if is_distributed():
@@ -484,21 +339,21 @@ def build_trainer(
     scheduler = _from_section(
         "optim", build_scheduler, optimizer, cfg.optim, cfg.train.epochs, steps_per_epoch
     )
-    return Trainer(
+    step = build_step(
         model,
         miner,
         _from_section("loss", build_loss, cfg.loss),
-        optimizer,
-        scheduler=scheduler,
-        device=device,
-        amp=cfg.train.amp,
-        ce_weight=cfg.loss.ce_weight,
-        input_normalize=cfg.data.normalize,
         passes=cfg.mining.passes,
+        chunk_size=cfg.train.chunk_size,
+        triplet_lists=cfg.data.dataset == "triplets",
+        ce_weight=cfg.loss.ce_weight,
+        amp=cfg.train.amp,
+    )
+    settings = TrainerSettings(
+        input_normalize=cfg.data.normalize,
         grad_clip=cfg.optim.grad_clip,
         max_nonfinite_steps=cfg.train.max_nonfinite_steps,
         channels_last=cfg.model.channels_last,
-        chunk_size=cfg.train.chunk_size,
-        triplet_lists=cfg.data.dataset == "triplets",
         graph_memory=cfg.logging.graph_memory,
     )
+    return Trainer(step, optimizer, scheduler, settings)

@@ -1,8 +1,5 @@
-"""What a training run prints: the epoch's line, interval lines, warnings, the stop message,
-the final figures and every error as one line naming the file or key.
-
-Rank 0 prints (the run redirects other ranks' stdout); nothing here writes files.
-"""
+"""What a training run prints: epoch and interval lines, warnings, the stop message, the final
+figures, and every error as one line naming the file or key (rank 0's console only)."""
 
 from __future__ import annotations
 
@@ -30,7 +27,6 @@ __all__ = [
 
 
 def epoch_line(record: dict, epochs: int) -> str:
-    """The epoch's console line: loss, active fraction, throughput, memory, validation."""
     line = (
         f"epoch {record['epoch']}/{epochs}  loss {record['loss']:.4f}  "
         f"active {record['active_fraction']:.2f}  {record['images_per_second']:.0f} img/s  "
@@ -54,11 +50,8 @@ def epoch_line(record: dict, epochs: int) -> str:
 
 
 def collapse_warning(record: dict, margin: float) -> str | None:
-    """The loss sits at the margin with d(a,p) ~ d(a,n) ~ 0: the embeddings have collapsed.
-
-    Random initial embeddings also give d(a,p) ~ d(a,n), but far apart: a collapse is when
-    every distance has shrunk below the margin.
-    """
+    """The loss sits at the margin with d(a,p) ~ d(a,n) below it: the embeddings collapsed
+    (random initial embeddings also give d(a,p) ~ d(a,n), but far apart)."""
     dan = record.get("mean_dan", math.nan)
     gap = dan - record.get("mean_dap", math.nan)
     if abs(gap) < 0.05 * margin and dan < margin and record.get("triplet_loss", 0.0) > 0.9 * margin:
@@ -70,7 +63,6 @@ def collapse_warning(record: dict, margin: float) -> str | None:
 
 
 def idle_warning(record: dict) -> str | None:
-    """Every step of the epoch was skipped: nothing was trained."""
     skipped = record.get("skipped_no_triplets", 0) + record.get("skipped_nonfinite", 0)
     if record.get("steps", 0) and skipped == record["steps"]:
         return (
@@ -103,7 +95,6 @@ def interval_logger(cfg: Config, logger, epoch: int, skip: int, length: int):
 
 
 def stop_message(signal_name: str, progress: Progress, path: Path) -> str:
-    """Where a signal stopped the run, where its checkpoint is, and what --resume does."""
     if progress.steps_done:
         where = f"after step {progress.steps_done} of epoch {progress.epoch}"
         then = f"step {progress.steps_done + 1} of epoch {progress.epoch}"
@@ -117,7 +108,6 @@ def stop_message(signal_name: str, progress: Progress, path: Path) -> str:
 
 
 def final_lines(summary: dict) -> list[str]:
-    """The run's figures for the console: selection on validation, then the test figures."""
     lines = []
     before = (summary.get("before_training") or {}).get("validation")
     best = summary.get("best_validation")
@@ -143,11 +133,7 @@ def final_lines(summary: dict) -> list[str]:
 
 
 def describe_error(err: BaseException) -> str:
-    """One line for the user: what went wrong, naming the file or configuration key.
-
-    Args:
-        err: an error from setting up or running the training.
-    """
+    """One line for the user: what went wrong, naming the file or configuration key."""
     if isinstance(err, MissingImagesError):
         head = str(err).splitlines()[0].rstrip(":")
         first = err.missing[0]

@@ -1,14 +1,10 @@
 """The epochs of a run: train, validate, log, checkpoint; stop on a signal; test at the end.
 
-``fit`` is the loop a reader follows to ``optimizer.step()``::
-
-    fit -> Trainer.train_one_epoch -> Trainer.train_step -> step(images, labels) + _update
-
-Each epoch's batches are capped once (``train.steps_per_epoch``) by ``_CountedBatches``,
-which also agrees across ranks on every fetch. A signal stops the run after the current step:
-the engine asks ``any_rank(signals.received())`` after each step (a collective under several
-processes). When an epoch ends with an error, ``_checkpoint_at_error`` is the one place that
-says how far the epoch got and writes the checkpoint that ``--resume`` continues from.
+``fit(run)`` is the loop a reader follows to ``optimizer.step()``: ``Run.train_epochs`` ->
+``Trainer.train_one_epoch`` -> ``Trainer.train_step`` -> the step. A signal stops the run after
+the current step, every rank agreeing (``any_rank``). When an epoch ends with an error,
+``Run.checkpoint_at_error`` alone says how far the epoch got and writes the checkpoint that
+``--resume`` continues from.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import json
 import re
 import signal
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +45,10 @@ from facenet.training.state import (
     rewrite_metrics,
     save_for_error,
     save_on_main,
-    with_error_checkpoint,
 )
 from facenet.training.validation import figures_line, test_selected, validate
 
-__all__ = ["StopSignals", "fit"]
+__all__ = ["Run", "StopSignals", "fit"]
 
 _FILES_IN_MESSAGE = 3
 # torch re-raises a worker's exception with its traceback in the message, as a RuntimeError
@@ -65,17 +61,9 @@ _EPOCH_ERRORS = (NonFiniteInputError, CorruptImageError, RankFailure, NonFiniteL
 
 
 class StopSignals:
-    """SIGINT/SIGTERM set a flag: the current step finishes, a checkpoint is written.
-
-    ``received()`` is this rank's flag; every rank stops after the same step by agreeing on it
-    with ``any_rank`` (an all-reduce under several processes), where the loop says so.
-
-    A second signal raises ``KeyboardInterrupt`` at once (the checkpoint on disk is intact:
-    writes are atomic).
-
-    Args:
-        then: what the run does after the first signal (for the console line).
-    """
+    """SIGINT/SIGTERM set a flag (``received()``, this rank's): the current step finishes and a
+    checkpoint is written. A second signal raises ``KeyboardInterrupt`` at once (the checkpoint
+    on disk is intact: writes are atomic). ``then``: what the run does after the first."""
 
     def __init__(self, then: str = "finishing the current step, then writing a checkpoint"):
         self.signal: str | None = None
@@ -83,7 +71,6 @@ class StopSignals:
         self._previous: dict = {}
 
     def received(self) -> bool:
-        """This process received a signal (this rank only: agree with ``any_rank``)."""
         return self.signal is not None
 
     def _handle(self, signum, frame):
@@ -111,152 +98,197 @@ class StopSignals:
         return False
 
 
-def fit(
-    trainer: Trainer,
-    data: TrainingData,
-    cfg: Config,
-    run_dir: Path,
-    resume_state: dict | None = None,
-    outputs: RunOutputs | None = None,
-) -> dict:
-    """Train for ``cfg.train.epochs`` epochs with evaluation, logging and checkpoints.
+@dataclass
+class Run:
+    """What the loop's parts share: the trainer, the data, the configuration, the run
+    directory with the record of its outputs, where the run stands, and its logger."""
 
-    Args:
-        trainer: built by ``facenet.training.build.build_trainer``.
-        data: built by ``facenet.training.build.build_data``.
-        cfg: the run configuration.
-        run_dir: the run directory.
-        resume_state: a ``last.pt`` to continue from (``read_resume_checkpoint``), or None.
-        outputs: the record of what the run writes (``--overwrite`` removes exactly that
-            later); default: a record kept in ``run_dir``.
+    trainer: Trainer
+    data: TrainingData
+    cfg: Config
+    run_dir: Path
+    outputs: RunOutputs
+    progress: Progress = field(default_factory=Progress)
+    logger: RunLogger | None = None
 
-    Returns:
-        The summary written to ``summary.json``; ``stopped_by`` names the signal that stopped
-        the run early (None when all epochs ran).
+    def state(self) -> dict:
+        """The checkpoint of where the run stands (every rank calls it: a collective)."""
+        return checkpoint_state(self.trainer, self.data.sampler, self.cfg, self.progress)
 
-    Raises:
-        CorruptImageError, NonFiniteInputError, NonFiniteLossError: mid-epoch; a checkpoint of
-            the last finished step is written first and the error's ``checkpoint_note`` says
-            where.
-    """
-    run_dir, main = Path(run_dir), is_main_process()
-    outputs = outputs or RunOutputs(run_dir, enabled=main)
-    _record_outputs(outputs, data, cfg, run_dir)
-    progress = _start(trainer, data, cfg, run_dir, resume_state)
-    logger = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
+    def start(self, resume_state: dict | None) -> None:
+        """Record the outputs, restore ``resume_state`` (if any), rewrite metrics.jsonl to
+        match and open the logger."""
+        cfg, main = self.cfg, is_main_process()
+        names = ["metrics.jsonl", "last.pt", "summary.json"]
+        names += ["tensorboard"] if cfg.logging.tensorboard else []
+        evaluated = cfg.eval.every > 0 and (self.data.val_pairs or self.data.test_pairs) is not None
+        names += ["best.pt", "roc_*.png"] if evaluated else []
+        for name in names:  # recorded before they are written
+            self.outputs.add(name)
+        if main:
+            remove_stale_temporary_files(self.run_dir)
+        self.progress = Progress()
+        if resume_state is not None:
+            last = self.run_dir / "last.pt"
+            self.progress = restore(self.trainer, self.data.sampler, cfg, resume_state, last)
+        if main:
+            rewrite_metrics(self.run_dir, self.progress.history)
+        self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
+
+    def validate(self, epoch: int) -> dict:
+        return validate(self.trainer, self.data, self.cfg, epoch, self.run_dir, self.logger)
+
+    def train_epochs(self, signals: StopSignals) -> str | None:
+        """The epochs left; None when every epoch ran, else the name of the stopping signal."""
+        progress, cfg = self.progress, self.cfg
+        saved = False  # last.pt holds the current state
+        # any_rank: a collective, so that every rank leaves the loop at the same epoch.
+        while progress.epoch <= cfg.train.epochs and not any_rank(signals.received()):
+            epoch, skip = progress.epoch, progress.steps_done
+            if hasattr(self.data.sampler, "set_epoch"):
+                self.data.sampler.set_epoch(epoch)
+            loader = remaining_loader(self.data.loader, skip)
+            batches = _CountedBatches(loader, skip, self.data.steps_per_epoch)
+            try:
+                record = self.trainer.train_one_epoch(
+                    batches,
+                    epoch,
+                    log_interval=cfg.train.log_interval,
+                    progress=show_bar(cfg),
+                    should_stop=signals.received,
+                    on_interval=interval_logger(cfg, self.logger, epoch, skip, batches.end),
+                )
+            except _EPOCH_ERRORS as err:
+                raise self.checkpoint_at_error(err, batches) from None
+            if skip + batches.yielded < batches.end:  # a signal stopped the epoch
+                progress.steps_done = skip + batches.yielded
+                break
+            self.finish_epoch(record)
+            saved = True
+        return self.stopped_by(signals, saved)
+
+    def checkpoint_at_error(self, err: Exception, batches: _CountedBatches) -> Exception:
+        """Checkpoint where the epoch stopped; the error to raise. A batch with non-finite
+        inputs was not trained (``--resume`` retries it); a non-finite loss's batch was."""
+        progress = self.progress
+        trained = batches.yielded - (1 if isinstance(err, NonFiniteInputError) else 0)
+        progress.steps_done = batches.start + trained
+        if isinstance(err, RankFailure) and not err.checkpointable:
+            return err  # the failing rank leaves with a traceback; no collective checkpoint
+        if isinstance(err, NonFiniteLossError):
+            self.outputs.add(self.run_dir / "nonfinite.pt")
+            err.checkpoint_note = (
+                f"{save_for_error(self.state(), self.run_dir / 'nonfinite.pt')} for inspection; "
+                f"{self.run_dir / 'last.pt'} still holds epoch {progress.epoch - 1}"
+            )
+            return err
+        if isinstance(err, NonFiniteInputError):
+            err = _name_files(err, batches.loader, progress.epoch, batches.start)
+        saved = save_for_error(self.state(), self.run_dir / "last.pt")
+        err.checkpoint_note = (
+            f"{saved}; after fixing the data, --resume continues with step "
+            f"{progress.steps_done + 1} of epoch {progress.epoch}"
+        )
+        return err
+
+    def stopped_by(self, signals: StopSignals, saved: bool) -> str | None:
+        """None when every epoch ran, else the signal's name, the current state in last.pt
+        (written unless an epoch end in this loop wrote it)."""
+        progress = self.progress
+        # any_rank: the same collective the loop made, on every rank.
+        if not any_rank(signals.received()) or progress.epoch > self.cfg.train.epochs:
+            return None  # every epoch ran (a signal during the last step changes nothing)
+        if not saved or progress.steps_done:  # the state on disk is not the current one
+            save_on_main(self.state(), self.run_dir / "last.pt")
+        signal_name = signals.signal or "SIGTERM"  # another rank received it
+        if is_main_process():
+            print(stop_message(signal_name, progress, self.run_dir / "last.pt"), file=sys.stderr)
+        return signal_name
+
+    def finish_epoch(self, record: dict) -> None:
+        """Validate, log and checkpoint a finished epoch; best.pt follows validation accuracy."""
+        cfg, progress, epoch = self.cfg, self.progress, record["epoch"]
+        every = cfg.eval.every
+        due = every > 0 and (epoch % every == 0 or epoch == cfg.train.epochs)
+        if self.data.val_pairs is not None and due:
+            try:
+                record["validation"] = self.validate(epoch)
+            except FacenetError as err:  # e.g. an unreadable validation image
+                self._checkpoint_unvalidated(record, err)
+        self.logger.log_epoch(record)
+        progress.history.append(record)
+        print(epoch_line(record, cfg.train.epochs), flush=True)
+        for warning in (collapse_warning(record, cfg.loss.margin), idle_warning(record)):
+            if warning:
+                print(warning, file=sys.stderr)
+        accuracy = record.get("validation", {}).get("accuracy_mean", -1.0)
+        is_best = accuracy > progress.best
+        if is_best:
+            progress.best, progress.best_epoch = accuracy, epoch
+        progress.epoch, progress.steps_done = epoch + 1, 0
+        state = self.state()
+        if is_best:  # first: last.pt never names a best epoch whose best.pt is not on disk
+            save_on_main(state, self.run_dir / "best.pt")
+        save_on_main(state, self.run_dir / "last.pt")
+
+    def _checkpoint_unvalidated(self, record: dict, err: Exception) -> None:
+        """An epoch trained but not validated: keep its training in last.pt, then raise."""
+        if isinstance(err, RankFailure) and not err.checkpointable:
+            raise err  # the failing rank leaves with a traceback; no collective checkpoint
+        epoch, progress = record["epoch"], self.progress
+        progress.history.append(record)
+        progress.epoch, progress.steps_done = epoch + 1, 0
+        saved = save_for_error(self.state(), self.run_dir / "last.pt")
+        err.checkpoint_note = (
+            f"{saved}: epoch {epoch} trained, not validated; --resume continues with "
+            f"epoch {epoch + 1}"
+        )
+        raise err
+
+    def test(self) -> dict:
+        """The test pairs, once: best.pt (chosen on validation) and the last model."""
+        progress = self.progress
+        best = _validation_of(progress, progress.best_epoch)
+        threshold = None if best is None else best["threshold"]
+        last_epoch = progress.history[-1]["epoch"]
+        return test_selected(
+            self.trainer,
+            self.data,
+            self.cfg,
+            progress.best_epoch,
+            threshold,
+            last_epoch,
+            self.run_dir,
+            self.logger,
+        )
+
+
+def fit(run: Run, resume_state: dict | None = None) -> dict:
+    """Train the run's epochs, continuing from ``resume_state`` if given; the summary written
+    to ``summary.json`` (``stopped_by``: the signal that stopped the run, or None). An error
+    mid-epoch is raised after a checkpoint whose place its ``checkpoint_note`` says."""
+    run.start(resume_state)
+    cfg, data, progress, main = run.cfg, run.data, run.progress, is_main_process()
     try:
         for note in data.notes if main else ():
             print(note, file=sys.stderr)
         if not progress.resumed and data.val_pairs is not None and cfg.eval.every > 0:
-            progress.before_training = validate(trainer, data, cfg, 0, run_dir, logger)
+            progress.before_training = run.validate(0)
             print(figures_line("before training: validation", progress.before_training))
-        saved = False  # last.pt holds the current state
         with StopSignals() as signals:
-            # any_rank: a collective, so that every rank leaves the loop at the same epoch.
-            while progress.epoch <= cfg.train.epochs and not any_rank(signals.received()):
-                epoch, skip = progress.epoch, progress.steps_done
-                batches = _epoch_batches(data, cfg, epoch, skip)
-                try:
-                    record = trainer.train_one_epoch(
-                        batches,
-                        epoch,
-                        log_interval=cfg.train.log_interval,
-                        progress=show_bar(cfg),
-                        should_stop=signals.received,
-                        on_interval=interval_logger(cfg, logger, epoch, skip, batches.end),
-                    )
-                except _EPOCH_ERRORS as err:
-                    raise _checkpoint_at_error(
-                        err, batches, trainer, data, cfg, progress, run_dir, outputs
-                    ) from None
-                if skip + batches.yielded < batches.end:  # a signal stopped the epoch
-                    progress.steps_done = skip + batches.yielded
-                    break
-                _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger)
-                saved = True
-            stopped_by = _stopped_by(signals, saved, trainer, data, cfg, progress, run_dir)
+            stopped_by = run.train_epochs(signals)
         test = None
         if stopped_by is None and progress.history and data.test_pairs is not None:
-            # A first SIGINT/SIGTERM now lets the test finish (the training is done and on
-            # disk); a second stops at once, and --resume evaluates the test pairs.
+            # A first signal lets the test finish; after a second, --resume runs the test.
             with StopSignals("finishing the test evaluation; the training is saved"):
-                test = _test(trainer, data, cfg, progress, run_dir, logger)
+                test = run.test()
         summary = _summary(progress, stopped_by, test)
-        logger.log_hparams(config_to_dict(cfg), _final_metrics(summary))
+        run.logger.log_hparams(config_to_dict(cfg), _final_metrics(summary))
     finally:
-        logger.close()
+        run.logger.close()
     if main:
-        write_text_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2))
+        write_text_atomic(run.run_dir / "summary.json", json.dumps(json_safe(summary), indent=2))
     return summary
-
-
-def _record_outputs(outputs: RunOutputs, data, cfg, run_dir: Path) -> None:
-    """Record, before writing them, the files every run of this configuration writes."""
-    names = ["metrics.jsonl", "last.pt", "summary.json"]
-    names += ["tensorboard"] if cfg.logging.tensorboard else []
-    evaluated = cfg.eval.every > 0 and (data.val_pairs or data.test_pairs) is not None
-    names += ["best.pt", "roc_*.png"] if evaluated else []
-    for name in names:
-        outputs.add(run_dir / name)
-
-
-def _start(trainer, data, cfg, run_dir: Path, resume_state: dict | None) -> Progress:
-    """The run's progress: restored from ``resume_state``, or a new run's; metrics.jsonl
-    rewritten to match it."""
-    if is_main_process():
-        remove_stale_temporary_files(run_dir)
-    progress = Progress()
-    if resume_state is not None:
-        progress = restore(trainer, data.sampler, cfg, resume_state, run_dir / "last.pt")
-    if is_main_process():
-        rewrite_metrics(run_dir, progress.history)
-    return progress
-
-
-def _epoch_batches(data: TrainingData, cfg: Config, epoch: int, skip: int):
-    """The epoch's batches after the ``skip`` already trained, capped at the epoch's length."""
-    if hasattr(data.sampler, "set_epoch"):
-        data.sampler.set_epoch(epoch)
-    end = data.steps_per_epoch  # the epoch's one cap (build.epoch_length)
-    return _CountedBatches(remaining_loader(data.loader, skip), skip, end)
-
-
-def _checkpoint_at_error(err, batches, trainer, data, cfg, progress, run_dir, outputs):
-    """Where the epoch stopped, the checkpoint written for it, and the error to raise.
-
-    The one place for resume bookkeeping: a batch whose inputs were found non-finite was
-    not trained (``--resume`` retries it); a failed fetch never yielded its batch; the
-    batch of a non-finite loss run was skipped and counts as done.
-    """
-    trained = batches.yielded - (1 if isinstance(err, NonFiniteInputError) else 0)
-    progress.steps_done = batches.start + trained
-    if isinstance(err, RankFailure) and not err.checkpointable:
-        return err  # the failing rank leaves with a traceback; no collective checkpoint
-    if isinstance(err, NonFiniteLossError):
-        outputs.add(run_dir / "nonfinite.pt")
-        state = checkpoint_state(trainer, data.sampler, cfg, progress)
-        err.checkpoint_note = (
-            f"{save_for_error(state, run_dir / 'nonfinite.pt')} for inspection; "
-            f"{run_dir / 'last.pt'} still holds epoch {progress.epoch - 1}"
-        )
-        return err
-    if isinstance(err, NonFiniteInputError):
-        err = _name_files(err, batches.loader, progress.epoch, batches.start)
-    return with_error_checkpoint(err, trainer, data.sampler, cfg, progress, run_dir)
-
-
-def _stopped_by(signals, saved: bool, trainer, data, cfg, progress, run_dir: Path) -> str | None:
-    """After the epoch loop: None when every epoch ran, else the signal's name, with the
-    current state in ``last.pt`` (written unless an epoch end in this loop wrote it)."""
-    # any_rank: the same collective the loop made, on every rank.
-    if not any_rank(signals.received()) or progress.epoch > cfg.train.epochs:
-        return None  # every epoch ran (a signal during the last step changes nothing)
-    if not saved or progress.steps_done:  # the state on disk is not the current one
-        save_on_main(checkpoint_state(trainer, data.sampler, cfg, progress), run_dir / "last.pt")
-    signal_name = signals.signal or "SIGTERM"  # another rank received it
-    if is_main_process():
-        print(stop_message(signal_name, progress, run_dir / "last.pt"), file=sys.stderr)
-    return signal_name
 
 
 class _CountedBatches:
@@ -290,93 +322,33 @@ class _CountedBatches:
 
 
 def _agree_on_fetch(error: Exception | None) -> None:
-    """Raise on every rank when any rank's fetch failed (see ``agree_on_error``)."""
-    if isinstance(error, RuntimeError):  # a DataLoader worker's CorruptImageError, re-wrapped
-        error = _worker_image_error(error) or error
-    agree_on_error(error, None if error is None else describe_error(error))
-
-
-def _worker_image_error(err: RuntimeError) -> CorruptImageError | None:
-    """The CorruptImageError a DataLoader worker raised, rebuilt; None for other errors."""
-    text = str(err)
+    """Raise on every rank when any rank's fetch failed (see ``agree_on_error``); a DataLoader
+    worker's CorruptImageError, re-wrapped in a RuntimeError, is rebuilt."""
+    text = str(error) if isinstance(error, RuntimeError) else ""
     match = _WORKER_IMAGE_ERROR.search(text) if text.startswith("Caught ") else None
-    return CorruptImageError(match["path"], match["reason"].strip()) if match else None
-
-
-def _files_of_batch(loader, position: int, rows: list[int]) -> list[str]:
-    """The image files at ``rows`` of the loader's batch ``position`` (PK batches only)."""
-    dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
-    dataset = getattr(dataset, "dataset", dataset)  # under SeededSamples
-    if not hasattr(dataset, "samples") or batch_sampler is None:
-        return []
-    # The order of an epoch is fixed, so iterating the sampler again finds the same batch.
-    items = next(itertools.islice(iter(batch_sampler), position, None), None)
-    if items is None:
-        return []
-    indices = [item[0] if isinstance(item, tuple) else item for item in items]
-    return [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
+    if match:
+        error = CorruptImageError(match["path"], match["reason"].strip())
+    agree_on_error(error, None if error is None else describe_error(error))
 
 
 def _name_files(err: NonFiniteInputError, loader, epoch: int, first_step: int):
     """The error, its message naming the epoch, the step and (PK batches) the files."""
     position = getattr(err, "batch_index", 0)
-    files = _files_of_batch(loader, position, err.rows[:_FILES_IN_MESSAGE])
+    dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
+    dataset = getattr(dataset, "dataset", dataset)  # under SeededSamples
+    items = None
+    if hasattr(dataset, "samples") and batch_sampler is not None:
+        # The order of an epoch is fixed, so iterating the sampler again finds the same batch.
+        items = next(itertools.islice(iter(batch_sampler), position, None), None)
+    indices = [item[0] if isinstance(item, tuple) else item for item in items or ()]
+    rows = err.rows[:_FILES_IN_MESSAGE]
+    files = [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
     named = ""
     if files:
         named = ": " + ", ".join(files) + (" ..." if len(err.rows) > len(files) else "")
     return NonFiniteInputError(
         f"epoch {epoch}, step {first_step + position + 1}: {err}{named}", rows=err.rows
     )
-
-
-def _validation_due(data: TrainingData, cfg: Config, epoch: int) -> bool:
-    every = cfg.eval.every
-    return (
-        data.val_pairs is not None
-        and every > 0
-        and (epoch % every == 0 or epoch == cfg.train.epochs)
-    )
-
-
-def _checkpoint_unvalidated(trainer, data, cfg, progress, record, run_dir, err) -> None:
-    """An epoch trained but not validated: keep its training in last.pt, then raise ``err``."""
-    if isinstance(err, RankFailure) and not err.checkpointable:
-        raise err  # the failing rank leaves with a traceback; no collective checkpoint
-    epoch = record["epoch"]
-    progress.history.append(record)
-    progress.epoch, progress.steps_done = epoch + 1, 0
-    saved = save_for_error(
-        checkpoint_state(trainer, data.sampler, cfg, progress), run_dir / "last.pt"
-    )
-    err.checkpoint_note = (
-        f"{saved}: epoch {epoch} trained, not validated; --resume continues with epoch {epoch + 1}"
-    )
-    raise err
-
-
-def _finish_epoch(trainer, data, cfg, progress, record, run_dir, logger) -> None:
-    """Validate, log and checkpoint a finished epoch; best.pt follows validation accuracy."""
-    epoch = record["epoch"]
-    if _validation_due(data, cfg, epoch):
-        try:
-            record["validation"] = validate(trainer, data, cfg, epoch, run_dir, logger)
-        except FacenetError as err:  # e.g. an unreadable validation image
-            _checkpoint_unvalidated(trainer, data, cfg, progress, record, run_dir, err)
-    logger.log_epoch(record)
-    progress.history.append(record)
-    print(epoch_line(record, cfg.train.epochs), flush=True)
-    for warning in (collapse_warning(record, cfg.loss.margin), idle_warning(record)):
-        if warning:
-            print(warning, file=sys.stderr)
-    accuracy = record.get("validation", {}).get("accuracy_mean", -1.0)
-    is_best = accuracy > progress.best
-    if is_best:
-        progress.best, progress.best_epoch = accuracy, epoch
-    progress.epoch, progress.steps_done = epoch + 1, 0
-    state = checkpoint_state(trainer, data.sampler, cfg, progress)
-    if is_best:  # first: last.pt never names a best epoch whose best.pt is not on disk
-        save_on_main(state, run_dir / "best.pt")
-    save_on_main(state, run_dir / "last.pt")
 
 
 def _validation_of(progress: Progress, epoch: int | None) -> dict | None:
@@ -387,21 +359,12 @@ def _validation_of(progress: Progress, epoch: int | None) -> dict | None:
     return None
 
 
-def _test(trainer, data, cfg, progress, run_dir, logger) -> dict:
-    """The test pairs, once: best.pt (chosen on validation) and the last model."""
-    best = _validation_of(progress, progress.best_epoch)
-    threshold = None if best is None else best["threshold"]
-    last_epoch = progress.history[-1]["epoch"]
-    return test_selected(
-        trainer, data, cfg, progress.best_epoch, threshold, last_epoch, run_dir, logger
-    )
-
-
 def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> dict:
     """What ``summary.json`` holds: selection, threshold, test figures, time, memory."""
     history = progress.history
     best = _validation_of(progress, progress.best_epoch)
     validated = [r["validation"] for r in history if "validation" in r]
+    rates = [r["images_per_second"] for r in history if r.get("images_per_second") is not None]
     summary: dict[str, Any] = {
         "epochs": len(history),
         "stopped_by": stopped_by,
@@ -422,7 +385,7 @@ def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> d
         "test": test,
         "wall_seconds": progress.elapsed(),
         "train_seconds": sum(r.get("epoch_seconds", 0.0) for r in history),
-        "images_per_second": _mean([r.get("images_per_second") for r in history]),
+        "images_per_second": sum(rates) / len(rates) if rates else None,
         "data_wait_seconds": sum(r.get("data_wait_seconds", 0.0) for r in history),
         "peak_rss_bytes": max((r.get("peak_rss_bytes", 0) for r in history), default=None),
         "memory_per_epoch": [
@@ -433,11 +396,6 @@ def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> d
     if any("cuda_max_allocated" in r for r in history):
         summary["cuda_max_allocated"] = max(r.get("cuda_max_allocated", 0) for r in history)
     return summary
-
-
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def _final_metrics(summary: dict) -> dict:

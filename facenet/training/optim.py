@@ -1,14 +1,8 @@
-"""Optimizers and learning-rate schedules from the run configuration.
+"""Optimizers and per-step learning-rate schedules from the ``optim`` section.
 
-Fine-tuning options (``optim.backbone_lr_scale``, ``optim.freeze_backbone_epochs``,
-``optim.freeze_up_to``) split the parameters into named groups (:func:`parameter_groups`):
-the backbone's learning rate is scaled.
-
-A schedule (:class:`StepSchedule`) is stepped once per training step, and sets every group's
-learning rate to that group's own starting rate times one factor of the step
-(:class:`ScheduleShape`): warm-up, cosine floor and step decays are all relative, so a group
-started at ``lr x backbone_lr_scale`` keeps that ratio to the head throughout. The frozen group
-(``backbone_frozen``) has learning rate 0 for the first ``freeze_backbone_epochs`` epochs.
+A schedule sets every parameter group's rate to that group's own starting rate times one
+factor of the step, so a backbone started at ``lr x backbone_lr_scale`` keeps that ratio to the
+head throughout; the ``backbone_frozen`` group has rate 0 for ``freeze_backbone_epochs``.
 """
 
 from __future__ import annotations
@@ -33,10 +27,13 @@ __all__ = [
 ]
 
 FROZEN_GROUP = "backbone_frozen"
+_PER_EPOCH = (
+    "the checkpoint's learning-rate schedule was stepped per epoch (an earlier version wrote "
+    "it) and cannot continue per step: finish that run with that version"
+)
 
 
 def _frozen_stages(backbone: nn.Module, up_to: str | None) -> set[str]:
-    """Names of the backbone's top-level stages frozen: all, or those up to ``up_to``."""
     names = [name for name, _ in backbone.named_children()]
     if up_to is None:
         return set(names)
@@ -48,27 +45,14 @@ def _frozen_stages(backbone: nn.Module, up_to: str | None) -> set[str]:
     return set(names[: names.index(up_to) + 1])
 
 
-def _finetuning(cfg: OptimConfig) -> bool:
-    return cfg.backbone_lr_scale != 1.0 or cfg.freeze_backbone_epochs > 0
-
-
 def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict] | list[nn.Parameter]:
-    """The model's parameters, split into named groups when fine-tuning options are set.
-
-    Groups: ``backbone_frozen`` (stages frozen for the first epochs), ``backbone`` (the other
-    stages; both at ``lr x backbone_lr_scale``) and ``head`` (embedding head and classifier,
-    at ``lr``). Without fine-tuning options: the plain parameter list.
-
-    Args:
-        model: an EmbeddingNet (its ``backbone`` attribute), not wrapped in DDP.
-        cfg: the ``optim`` section.
+    """The parameters of an (unwrapped) EmbeddingNet, in named groups when fine-tuning:
+    ``backbone_frozen`` (the stages up to ``freeze_up_to``, frozen for the first epochs) and
+    ``backbone`` at ``lr x backbone_lr_scale``, ``head`` (embedding head, classifier) at ``lr``.
     """
-    if cfg.backbone_lr_scale <= 0 or cfg.freeze_backbone_epochs < 0:
-        raise ValueError(
-            "backbone_lr_scale must be > 0 and freeze_backbone_epochs >= 0, got "
-            f"{cfg.backbone_lr_scale} and {cfg.freeze_backbone_epochs}"
-        )
-    if not _finetuning(cfg):
+    if cfg.backbone_lr_scale <= 0:  # 0 passes the configuration's range check
+        raise ValueError(f"backbone_lr_scale must be > 0, got {cfg.backbone_lr_scale}")
+    if cfg.backbone_lr_scale == 1.0 and cfg.freeze_backbone_epochs == 0:
         return list(model.parameters())
     frozen = _frozen_stages(model.backbone, cfg.freeze_up_to)
     if cfg.freeze_backbone_epochs == 0:
@@ -89,59 +73,30 @@ def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict] | list[nn
     ]
 
 
-def _sgd(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-
-
-def _adam(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def _adamw(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def _adagrad(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-# optim.name -> builder: the choices of the configuration's optim.name.
-OPTIMIZERS = {"sgd": _sgd, "adam": _adam, "adamw": _adamw, "adagrad": _adagrad}
+OPTIMIZERS = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "adagrad": torch.optim.Adagrad,
+}
 # optim.schedule: cosine with linear warm-up, step decay, or a constant learning rate.
 SCHEDULES = ("cosine", "step", "none")
 
 
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """SGD (with momentum), Adam, AdamW or Adagrad over ``params`` (``OPTIMIZERS``).
-
-    Args:
-        params: the parameters (or parameter groups) to optimise.
-        cfg: the ``optim`` section.
-    """
-    if cfg.name not in OPTIMIZERS:
-        raise ValueError(
-            f"optim.name: unknown optimizer {cfg.name!r}; valid: " + ", ".join(OPTIMIZERS)
-        )
-    return OPTIMIZERS[cfg.name](params, cfg)
+    """``optim.name`` over ``params`` (parameters or groups); SGD with ``optim.momentum``."""
+    momentum = {"momentum": cfg.momentum} if cfg.name == "sgd" else {}
+    return OPTIMIZERS[cfg.name](params, lr=cfg.lr, weight_decay=cfg.weight_decay, **momentum)
 
 
 @dataclass(frozen=True)
 class ScheduleShape:
-    """The factor every group's starting learning rate is multiplied by, step by step.
+    """The factor every group's starting learning rate is multiplied by at each step.
 
-    ``step`` counts the training steps already taken (0 for the first). Warm-up (cosine and
-    step): ``(step + 1) / (warmup_steps + 1)`` for the first ``warmup_steps`` steps, the old
-    per-epoch ramp measured in steps. Then ``cosine`` falls from 1 to ``floor`` over the
-    remaining ``total_steps - warmup_steps`` steps; ``step`` multiplies by ``gamma`` every
-    ``decay_every`` steps after warm-up; ``none`` stays at 1 (no warm-up).
-
-    Args:
-        kind: "cosine", "step" or "none" (``optim.schedule``).
-        total_steps: steps in the whole run (epochs x steps per epoch).
-        warmup_steps: steps of linear warm-up.
-        decay_every: steps between two decays of ``step``.
-        gamma: the decay of ``step``.
-        floor: the factor cosine ends at (``optim.min_lr_ratio``).
+    Warm-up (cosine and step): ``(step + 1) / (warmup_steps + 1)`` for the first
+    ``warmup_steps`` steps. Then ``cosine`` falls from 1 to ``floor`` over the remaining
+    ``total_steps - warmup_steps`` steps; ``step`` multiplies by ``gamma`` every
+    ``decay_every`` steps; ``none`` stays at 1 (no warm-up).
     """
 
     kind: str
@@ -152,7 +107,6 @@ class ScheduleShape:
     floor: float = 0.01
 
     def factor(self, step: int) -> float:
-        """The multiplier of each group's starting rate at ``step`` (0-based)."""
         if self.kind == "none":
             return 1.0
         if step < self.warmup_steps:
@@ -166,19 +120,10 @@ class ScheduleShape:
 
 
 class StepSchedule:
-    """Per-step learning rates: each group's starting rate x ``shape.factor(position)``.
-
-    ``position`` counts the training steps taken, skipped ones included (the engine steps the
-    schedule for every batch): the schedule follows how far the run is through its data, so
-    decays given in epochs fall on epoch boundaries and a resumed run continues at the very
-    same rates. Each group's starting rate is its ``lr`` when the schedule is built (from the
-    configuration, so a changed ``optim.lr`` applies on resume).
-
-    Args:
-        optimizer: its param groups may carry a "name" (:func:`parameter_groups`).
-        shape: the factor of each step.
-        steps_per_epoch: batches per epoch (recorded: a resume must see the same length).
-        frozen_steps: steps during which the ``backbone_frozen`` group has learning rate 0.
+    """Per-step learning rates: each group's starting rate (its ``lr`` when built, so a
+    changed ``optim.lr`` applies on resume) x ``shape.factor(position)``; ``position`` counts
+    the batches, skipped ones included. ``steps_per_epoch`` is recorded (a resume must see the
+    same); the ``backbone_frozen`` group has rate 0 for ``frozen_steps``.
     """
 
     def __init__(
@@ -204,16 +149,10 @@ class StepSchedule:
             group["lr"] = 0.0 if held else base * factor
 
     def step(self) -> None:
-        """One training step done: the rates of the next one."""
         self.position += 1
         self._apply()
 
-    def get_last_lr(self) -> list[float]:
-        """Each group's current learning rate (as torch's schedulers name it)."""
-        return [group["lr"] for group in self.optimizer.param_groups]
-
     def state_dict(self) -> dict:
-        """The position and the lengths the schedule was built for (plain contents)."""
         return {
             "kind": self.shape.kind,
             "position": self.position,
@@ -223,32 +162,17 @@ class StepSchedule:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue at the saved position (:meth:`resume_problem` says whether it may)."""
         if "position" not in state:
-            raise ValueError(
-                "the checkpoint's learning-rate schedule was stepped per epoch (an earlier "
-                "version); it cannot continue per step"
-            )
+            raise ValueError(_PER_EPOCH)
         self.position = int(state["position"])
         self._apply()
 
     def resume_problem(self, state: dict) -> str | None:
-        """Why a checkpoint's schedule state cannot continue in this one, or None.
-
-        The position counts steps of the epoch length the schedule was built for: another
-        length would move decays, warm-up and freeze off their epochs. Cosine also depends on
-        the run's length (another one makes the rate jump, or climb again); ``step`` and
-        ``none`` do not.
-
-        Args:
-            state: the checkpoint's ``scheduler`` field.
-        """
+        """Why a checkpoint's schedule state cannot continue in this one, or None: another
+        epoch length would move decays, warm-up and freeze off their epochs; a cosine's run
+        length is part of its shape."""
         if not isinstance(state, dict) or "position" not in state:
-            return (
-                "the checkpoint's learning-rate schedule was stepped per epoch (an earlier "
-                "version wrote it) and cannot continue per step: finish that run with that "
-                "version"
-            )
+            return _PER_EPOCH
         old_length = max(1, int(state["steps_per_epoch"]))
         if old_length != self.steps_per_epoch:
             return (
@@ -267,35 +191,19 @@ class StepSchedule:
         return None
 
 
-def _warmup_steps(cfg: OptimConfig, steps_per_epoch: int) -> int:
-    """``optim.warmup_steps``, or ``optim.warmup_epochs`` converted (one of them is 0)."""
+def schedule_shape(cfg: OptimConfig, epochs: int, steps_per_epoch: int) -> ScheduleShape:
+    """The per-step factor of ``optim.schedule``, lengths given in epochs converted to steps."""
     if cfg.warmup_steps and cfg.warmup_epochs:
         raise ValueError(
             f"warmup_steps: {cfg.warmup_steps} and warmup_epochs: {cfg.warmup_epochs}: give "
             "the warm-up's length once"
-        )
-    return cfg.warmup_steps or cfg.warmup_epochs * steps_per_epoch
-
-
-def schedule_shape(cfg: OptimConfig, epochs: int, steps_per_epoch: int) -> ScheduleShape:
-    """The per-step factor of ``optim.schedule``, lengths given in epochs converted to steps.
-
-    Args:
-        cfg: the ``optim`` section (schedule, warmup_steps or warmup_epochs, step_size, gamma,
-            min_lr_ratio).
-        epochs: the run's length in epochs (``train.epochs``).
-        steps_per_epoch: batches per epoch.
-    """
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(
-            f"optim.schedule: unknown {cfg.schedule!r}; valid: " + ", ".join(SCHEDULES)
         )
     if steps_per_epoch < 1 or epochs < 1:
         raise ValueError(f"a schedule needs steps: {epochs} epochs of {steps_per_epoch} steps")
     return ScheduleShape(
         kind=cfg.schedule,
         total_steps=epochs * steps_per_epoch,
-        warmup_steps=_warmup_steps(cfg, steps_per_epoch),
+        warmup_steps=cfg.warmup_steps or cfg.warmup_epochs * steps_per_epoch,
         decay_every=cfg.step_size * steps_per_epoch,  # exactly step_size epochs
         gamma=cfg.gamma,
         floor=cfg.min_lr_ratio,
@@ -305,16 +213,7 @@ def schedule_shape(cfg: OptimConfig, epochs: int, steps_per_epoch: int) -> Sched
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, epochs: int, steps_per_epoch: int
 ) -> StepSchedule | None:
-    """The schedule of ``optim.schedule``, stepped once per training step; None for a
-    constant rate without a freeze.
-
-    Args:
-        optimizer: the optimizer whose groups' rates are scheduled (their ``lr`` now is each
-            group's starting rate).
-        cfg: the ``optim`` section.
-        epochs: the run's length in epochs (the cosine period).
-        steps_per_epoch: batches per epoch (epoch lengths become steps).
-    """
+    """The schedule of ``optim.schedule`` (None for a constant rate without a freeze)."""
     shape = schedule_shape(cfg, epochs, steps_per_epoch)
     if shape.kind == "none" and cfg.freeze_backbone_epochs == 0:
         return None

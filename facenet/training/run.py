@@ -1,27 +1,10 @@
-"""A whole training run from a configuration: data, model, trainer, epochs, checkpoints, logs.
+"""A whole training run from a configuration: what ``facenet-train`` calls.
 
-``run_training(cfg)`` is what ``facenet-train`` calls: it starts the process group, prepares
-and locks the run directory, builds the objects (``facenet.training.build``) and hands them
-to ``facenet.training.loop.fit``; errors become one line and an exit code. The run
-directory receives ``config.yaml``, ``metrics.jsonl`` (one line per epoch), TensorBoard
-events, ``roc_*.png``, ``last.pt`` / ``best.pt`` and ``summary.json``. What a checkpoint holds
-and how a run resumes is ``facenet.training.state``.
-
-Reliability (see ``docs/reliability.md``):
-
-- ``last.pt`` is written atomically after every epoch; ``kill -9`` at any moment leaves the
-  previous or the new one, and ``--resume`` continues from it. It holds everything the next
-  epoch depends on (model, optimizer, schedule, scaler, and every rank's RNG states, miner
-  generator and sampler position), so on the CPU in deterministic mode, with any
-  ``num_workers`` and the same number of processes, a resumed run ends with exactly the
-  parameters of an uninterrupted one.
-- SIGINT / SIGTERM: the current step finishes, ``last.pt`` is written and the run exits with
-  128 + the signal number. If the epoch was not finished, the checkpoint records how many of its
-  batches were trained and ``--resume`` continues with the next batch of the same epoch (the
-  sampler's order is a function of the seed and the epoch, so it skips exactly the trained
-  batches); that continuation is exact as well. A second signal stops at once.
-- Bad input ends the run with one line naming the key or the file (exit code 2); a run of
-  non-finite losses ends it with exit code 3.
+``run_training(cfg)`` starts the process group, prepares and locks the run directory, builds
+the objects (``build``) and hands them to ``loop.fit``; errors become one line and an exit
+code (2: bad input, 3: a run of non-finite losses, 128 + N: stopped by signal N). What a
+checkpoint holds and how a run resumes bit for bit is ``state``; docs/reliability.md gives
+the guarantees.
 """
 
 from __future__ import annotations
@@ -45,15 +28,13 @@ from facenet.distributed import (
 )
 from facenet.errors import FacenetError, NonFiniteLossError
 from facenet.training.build import (
-    TrainingData,
     build_data,
     build_device,
     build_trainer,
     check_model,
 )
 from facenet.training.console import describe_error, final_lines
-from facenet.training.engine import Trainer
-from facenet.training.loop import fit
+from facenet.training.loop import Run, fit
 from facenet.training.run_dir import RunDirLock, RunOutputs
 from facenet.training.state import read_resume_checkpoint
 
@@ -64,20 +45,10 @@ EXIT_NONFINITE_LOSS = 3
 
 
 def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> int:
-    """The whole run for ``facenet-train``; returns an exit code.
-
-    Args:
-        cfg: the run configuration (``logging.out_dir`` is the run directory).
-        resume: continue from ``<out_dir>/last.pt`` (a new run if there is none).
-        overwrite: start a new run even if ``<out_dir>/last.pt`` exists: the previous run's
-            checkpoints, logs, figures and TensorBoard events are removed first.
-
-    Returns:
-        0 when every epoch ran; 2 for bad input (configuration, data, pairs, checkpoint, an
-        unwritable output folder, a run directory another process trains in), 3 for a run of
-        non-finite losses, 128 + the signal number when SIGINT/SIGTERM stopped the run, 130
-        for a second signal or a Ctrl-C outside the training loop.
-    """
+    """The run in ``logging.out_dir``; the exit code (130 also for a second signal or a
+    Ctrl-C outside the training loop). ``resume``: continue from its ``last.pt`` (a new run if
+    there is none); ``overwrite``: start a new run in place of the previous one, whose outputs
+    are removed when the new run first writes."""
     try:
         info = init_distributed(cfg.train.device)
     except FacenetError as err:  # CUDA asked for where there is none
@@ -99,8 +70,8 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
         try:
             state = read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
             outputs = RunOutputs(run_dir, overwrite, _read_paths(cfg), enabled=info.is_main)
-            trainer, data = _build(cfg, run_dir, info, outputs, check_model_first=overwrite)
-            summary = fit(trainer, data, cfg, run_dir, resume_state=state, outputs=outputs)
+            run = _build(cfg, run_dir, info, outputs, check_model_first=overwrite)
+            summary = fit(run, resume_state=state)
         except KeyboardInterrupt as err:
             print(f"error: {_interrupted_message(err, run_dir)}", file=sys.stderr)
             return 128 + signal.SIGINT
@@ -118,11 +89,10 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
 
 def _build(
     cfg: Config, run_dir: Path, info: DistInfo, outputs: RunOutputs, check_model_first: bool
-) -> tuple[Trainer, TrainingData]:
-    """The run's data and trainer (model, step, optimizer, schedule) on this rank's device;
-    then ``config.yaml``. The first file written (a held-out record, or the configuration)
-    removes the previous run under --overwrite: ``check_model_first`` builds the model once
-    before the data, so that a model mistake also leaves the previous run as it was."""
+) -> Run:
+    """The run's data and trainer on this rank's device, then ``config.yaml``. The first file
+    written removes the previous run under --overwrite: ``check_model_first`` builds the model
+    once before the data, so that a model mistake also leaves the previous run as it was."""
     device = info.device if info.world_size > 1 else build_device(cfg)
     if cfg.train.deterministic and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
@@ -141,7 +111,7 @@ def _build(
             f"{', ...' if len(outputs.removed) > 6 else ''})",
             file=sys.stderr,
         )
-    return trainer, data
+    return Run(trainer, data, cfg, run_dir, outputs)
 
 
 def _read_paths(cfg: Config) -> list[str]:
@@ -163,13 +133,11 @@ def _read_paths(cfg: Config) -> list[str]:
 
 @contextlib.contextmanager
 def _seeded(cfg: Config, rank: int):
-    """Seed this rank (augmentation differs per rank); deterministic algorithms on request,
-    restored afterwards."""
+    """Seed this rank (augmentation differs per rank); deterministic algorithms on request."""
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     torch.manual_seed(cfg.train.seed + rank)
     if cfg.train.deterministic:
-        # warn_only: some CUDA backward kernels (adaptive average pooling) have no
-        # deterministic version; they warn instead of stopping the run.
+        # warn_only: CUDA's adaptive average pooling backward has no deterministic version.
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
@@ -180,10 +148,8 @@ def _seeded(cfg: Config, rank: int):
 def _prepare_run_dir(
     run_dir: Path, cfg: Config, resume: bool, overwrite: bool, stack: contextlib.ExitStack
 ) -> str | None:
-    """Create and lock the run directory (nothing of a previous run is removed yet).
-
-    Returns an error message, or None. Rank 0 holds the lock for the life of ``stack``.
-    """
+    """Create and lock the run directory (rank 0, for the life of ``stack``); an error
+    message, or None. Nothing of a previous run is removed yet."""
     if not is_main_process():  # rank 0 decides, and reports, for every rank
         return None
     try:

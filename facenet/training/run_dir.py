@@ -1,18 +1,10 @@
 """The run directory: created, locked by the process that trains in it, cleared on --overwrite.
 
-What a run writes is recorded in ``outputs.json`` (``RunOutputs``) as it writes it, and
-``--overwrite`` removes exactly what that record names: a folder that never held a run loses
-nothing, a user's own files (a ``tensorboard/`` tree, a pairs file named ``test_pairs.txt``)
-stay unless that run wrote them, and a file the new configuration reads is never removed. The
-previous run is removed only when the new one first writes, after its configuration, data and
-model were checked: a typo leaves the previous run as it was.
-
-The lock is an exclusive ``flock`` on ``.lock``, held for the life of the run by the training
-process (rank 0), with its pid and host name written in the file for messages. The kernel
-releases the lock when the process ends in any way (a crash, ``kill -9``), so there is no stale
-lock to detect and nothing to race over: of two runs started at once, one gets the lock, the
-other is refused with a message naming the directory and the holder's pid. (``flock`` is
-local to a machine; on a network file system shared between machines it may not exclude.)
+``--overwrite`` removes exactly what the previous run recorded writing (``outputs.json``), when
+the new run first writes (after its configuration, data and model were checked), and never a
+path the new configuration reads. The lock is an exclusive ``flock`` on ``.lock`` held by rank
+0 for the life of the run: the kernel releases it however the process ends, so there is no
+stale lock (``flock`` is local to a machine: on a network file system it may not exclude).
 """
 
 from __future__ import annotations
@@ -43,8 +35,7 @@ __all__ = [
 LOCK_NAME = ".lock"
 OUTPUTS_RECORD = "outputs.json"
 _RECORD_FORMAT = "facenet-run-outputs"
-# What runs wrote before they kept a record: removed from a directory without a record only
-# when its last.pt is a training checkpoint of this package (it held a run).
+# What runs wrote before they kept a record (removed only where last.pt shows a run).
 LEGACY_RUN_OUTPUTS = (
     "last.pt",
     "best.pt",
@@ -69,9 +60,8 @@ class NotARunOutput(FacenetError):
     """A file the run would write exists, and no run recorded writing it."""
 
 
-# Lock descriptors this process holds. A forked child (a DataLoader worker) inherits them, and
-# an flock lasts while any copy of its descriptor is open: a worker outliving a killed run
-# would keep the directory locked. Children close their copies at once.
+# Lock descriptors this process holds. An flock lasts while any copy is open: a forked child
+# (a DataLoader worker) outliving a killed run would keep it, so children close their copies.
 _HELD_FDS: set[int] = set()
 
 
@@ -86,23 +76,15 @@ os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 class RunDirLock:
-    """An exclusive lock on a run directory for the life of a ``with`` block.
-
-    Args:
-        run_dir: the run directory (must exist).
-    """
+    """An exclusive lock on an existing run directory for the life of a ``with`` block."""
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock.
-
-        Raises:
-            RunDirLocked: another process holds it (the message names the directory and pid).
-            OSError: the lock file cannot be opened (a read-only folder, a directory there).
-        """
+        """Take the lock, or raise RunDirLocked naming the holder's pid (OSError when the lock
+        file cannot be opened)."""
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -115,8 +97,7 @@ class RunDirLock:
                     f"{self.path.parent} is in use by {who} (lock file {self.path}); wait for "
                     "it to end, or choose another --out"
                 ) from None
-            # The holder may have removed the file between our open and our lock: then we
-            # locked a file nobody else will open; try again on the current one.
+            # The holder may have removed the file between our open and lock: try again.
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                     break
@@ -127,7 +108,6 @@ class RunDirLock:
         _HELD_FDS.add(fd)
 
     def release(self) -> None:
-        """Remove the lock file and release the lock, if this process holds it."""
         if self._fd is None:
             return
         with contextlib.suppress(FileNotFoundError):
@@ -146,7 +126,6 @@ class RunDirLock:
 
 
 def _recorded(run_dir: Path) -> list[str] | None:
-    """The names in ``outputs.json`` (None: no record, or not one of ours)."""
     try:
         record = json.loads((run_dir / OUTPUTS_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -174,19 +153,12 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> list[Path]:
-    """Remove what the previous run recorded writing here (``outputs.json``), and the record.
+    """Remove what the previous run recorded writing here, and the record; the removed paths.
 
-    Names that leave the run directory, and any path the new run reads (``keep``: its pairs
-    files, image folders, weights; or a folder holding one), stay. A directory without a
-    record loses nothing, unless its ``last.pt`` is a training checkpoint of a run from before
-    records were kept: then the names such runs wrote (``LEGACY_RUN_OUTPUTS``) are removed.
-
-    Args:
-        run_dir: the run directory.
-        keep: paths the new configuration reads.
-
-    Returns:
-        The removed paths.
+    Names that leave the run directory, and the paths the new run reads (``keep``, or a
+    folder holding one), stay. A directory without a record loses nothing, unless its
+    ``last.pt`` is a training checkpoint from before records were kept: then the names such
+    runs wrote (``LEGACY_RUN_OUTPUTS``) go.
     """
     run_dir = Path(run_dir)
     names = _recorded(run_dir)
@@ -201,7 +173,7 @@ def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> l
         for path in sorted(run_dir.glob(name)):
             # The entry itself (a link, not its target) must lie in the run directory.
             real = Path(os.path.realpath(path.parent)) / path.name
-            if real.parent != base and base not in real.parent.parents:
+            if not _inside(real.parent, base):
                 continue  # a name leading out of the run directory
             if any(_inside(k, Path(os.path.realpath(path))) or _inside(k, real) for k in kept):
                 continue  # the new run reads it (or something inside it)
@@ -218,16 +190,9 @@ def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> l
 class RunOutputs:
     """The record of what a run writes in its directory, kept in ``outputs.json``.
 
-    Every writer calls :meth:`add` with the path it is about to write. The first call
-    ``begins`` the run's writing: with ``clear_previous`` the previous run's recorded outputs
-    are removed then (not before: the configuration, the data and the model have been checked
-    by the time anything is written), except the paths in ``keep``.
-
-    Args:
-        run_dir: the run directory.
-        clear_previous: a new run in place of an earlier one (``--overwrite``).
-        keep: paths the configuration reads (never removed).
-        enabled: False on ranks other than 0 (they write nothing).
+    Every writer calls :meth:`add` with the path it is about to write. The first call begins
+    the run's writing: with ``clear_previous`` (``--overwrite``) the previous run's outputs
+    are removed then, except the paths the configuration reads (``keep``). ``enabled``: rank 0.
     """
 
     def __init__(self, run_dir, clear_previous: bool = False, keep: Iterable = (), enabled=True):
@@ -237,7 +202,6 @@ class RunOutputs:
         self.removed: list[Path] = []
 
     def begin(self) -> None:
-        """Start writing: clear the previous run if asked, then keep the record."""
         if self.names is not None or not self.enabled:
             return
         if self.clear_previous:
@@ -254,7 +218,7 @@ class RunOutputs:
         if not self.enabled:
             return
         self.begin()
-        name = Path(path).name if Path(path).parent != Path(".") else str(path)
+        name = Path(path).name
         if name in self.names:
             return
         target = self.run_dir / name

@@ -1,11 +1,9 @@
-"""What a training checkpoint holds, and how a run continues from one.
+"""What a training checkpoint holds, and how a run continues from one, bit for bit.
 
 ``last.pt`` / ``best.pt`` hold everything the rest of the run depends on: the trainer's state
-(model, optimizer, schedule, scaler), the global RNG states, the miner's generator, the sampler,
-the history and, when a signal or an error stopped an epoch part-way, how many of its batches
-were trained. Resuming reads the checkpoint back (refusing files that are not training
-checkpoints of this package), warns about changed settings, restores every state, rewrites
-``metrics.jsonl`` to the checkpoint's history and skips the batches already trained.
+(model, optimizer, schedule, scaler), every rank's RNG states, miner generator and sampler
+position, the history and, when an epoch stopped part-way, how many of its batches were
+trained (``--resume`` skips exactly those).
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ __all__ = [
     "remaining_loader",
     "save_on_main",
     "save_for_error",
-    "with_error_checkpoint",
     "rewrite_metrics",
 ]
 
@@ -59,18 +56,9 @@ _FREELY_CHANGED = ("logging.", "train.epochs", "train.device", "data.num_workers
 
 @dataclass
 class Progress:
-    """Where a run stands: the next epoch, how many of its batches are trained, the history.
-
-    Args:
-        epoch: the epoch to train next (1-based).
-        steps_done: batches of ``epoch`` already trained (0 at an epoch's start).
-        best: the best validation accuracy so far (-1 before any evaluation).
-        best_epoch: the epoch ``best.pt`` holds (None before any validation).
-        history: one record per finished epoch, as written to ``metrics.jsonl``.
-        before_training: the validation figures before the first step, or None.
-        resumed: True when the run continues from a checkpoint.
-        seconds: training wall time so far (earlier sessions of a resumed run included).
-    """
+    """Where a run stands: ``epoch`` to train next (1-based), ``steps_done`` of its batches,
+    the best validation accuracy (-1 before any) and its epoch, one ``history`` record per
+    finished epoch (as in ``metrics.jsonl``); ``seconds``: wall time of earlier sessions."""
 
     epoch: int = 1
     steps_done: int = 0
@@ -83,19 +71,14 @@ class Progress:
     session_start: float = field(default_factory=time.perf_counter, repr=False)
 
     def elapsed(self) -> float:
-        """Wall time of the run so far, earlier sessions included."""
         return self.seconds + time.perf_counter() - self.session_start
 
 
-# --------------------------------------------------------------------------- contents
-
-
 def _miner_generator(trainer: Trainer) -> torch.Generator | None:
-    return getattr(trainer.miner, "generator", None)
+    return getattr(trainer.step.miner, "generator", None)
 
 
 def _rank_state(trainer: Trainer, sampler) -> dict:
-    """What this rank alone draws from: its random generators and its data position."""
     generator = _miner_generator(trainer)
     return {
         "rng": rng_state(),
@@ -105,28 +88,20 @@ def _rank_state(trainer: Trainer, sampler) -> dict:
 
 
 def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress) -> dict:
-    """Everything the rest of the run depends on, as plain contents.
+    """Everything the rest of the run depends on, as plain contents; every rank calls it
+    (the ranks' own random states and data positions are gathered into ``ranks``).
 
-    ``epoch`` is the last finished epoch; ``partial`` is None, or ``{"epoch", "steps_done"}``
-    when ``progress`` stands inside an epoch (some of its batches trained). ``ranks`` holds
-    every rank's own random states and data position (each rank restores its own); every
-    rank must call this at the same point (the ranks' states are gathered).
-
-    Args:
-        trainer: the run's trainer (model, optimizer, schedule, scaler, miner).
-        sampler: the run's batch order (its ``state_dict`` is saved, if it has one).
-        cfg: the run configuration (saved to compare on resume).
-        progress: where the run stands.
+    ``epoch`` is the last finished epoch; ``partial`` is ``{"epoch", "steps_done"}`` when
+    ``progress`` stands inside an epoch, else None.
     """
-    partial = None
-    if progress.steps_done:
-        partial = {"epoch": progress.epoch, "steps_done": progress.steps_done}
     ranks = gather_objects(_rank_state(trainer, sampler))  # every rank calls this
     state = trainer.state_dict()
     state.update(
         format=CHECKPOINT_FORMAT,
         epoch=progress.epoch - 1,
-        partial=partial,
+        partial={"epoch": progress.epoch, "steps_done": progress.steps_done}
+        if progress.steps_done
+        else None,
         config=config_to_dict(cfg),
         **ranks[0],  # rng, miner_rng, sampler: rank 0's at the top level
         world_size=len(ranks),
@@ -140,18 +115,9 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
     return state
 
 
-# --------------------------------------------------------------------------- resuming
-
-
 def read_resume_checkpoint(run_dir: Path) -> dict | None:
-    """``run_dir/last.pt``, checked to be a training checkpoint; None (with a note) if absent.
-
-    Args:
-        run_dir: the run directory.
-
-    Raises:
-        CheckpointError: the file is unreadable, refused, or not a training checkpoint.
-    """
+    """``run_dir/last.pt``, checked to be a training checkpoint (else CheckpointError);
+    None, with a note, if absent."""
     path = run_dir / "last.pt"
     if not path.exists():
         print(f"--resume: no checkpoint at {path}; starting a new run", file=sys.stderr)
@@ -168,7 +134,6 @@ def read_resume_checkpoint(run_dir: Path) -> dict | None:
 
 
 def _changed_settings(saved: dict, current: dict) -> list[str]:
-    """``section.key: old -> new`` for settings that differ from the checkpoint's."""
     changes = []
     for section, values in current.items():
         for key, value in values.items():
@@ -180,18 +145,8 @@ def _changed_settings(saved: dict, current: dict) -> list[str]:
 
 
 def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> Progress:
-    """Load a checkpoint into the trainer, sampler and RNGs; where the run stands.
-
-    Args:
-        trainer: receives the model, optimizer, schedule and scaler states.
-        sampler: receives the sampler state (if it has ``load_state_dict``).
-        cfg: the current configuration (settings changed since the checkpoint are warned of).
-        state: the checkpoint, from :func:`read_resume_checkpoint`.
-        path: the checkpoint's file (for messages).
-
-    Raises:
-        CheckpointError: the checkpoint does not fit the trainer built from ``cfg``.
-    """
+    """Load ``state`` (read from ``path``) into the trainer, sampler and RNGs, warning of
+    settings changed since; where the run stands. CheckpointError when it does not fit."""
     _check_schedule(trainer, state, path)
     changes = _changed_settings(state["config"], config_to_dict(cfg))
     if changes:
@@ -231,7 +186,6 @@ def _own_rank_state(state: dict, path: Path) -> dict:
 
 
 def _progress_of(state: dict) -> Progress:
-    """Where the checkpointed run stands (fields of the wrong type raise TypeError/ValueError)."""
     partial = state.get("partial")
     history = state["history"]
     if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
@@ -250,14 +204,8 @@ def _progress_of(state: dict) -> Progress:
 
 
 def _check_schedule(trainer: Trainer, state: dict, path: Path) -> None:
-    """A schedule built for other lengths cannot continue exactly: refused.
-
-    The schedule is stepped per batch: another epoch length (other data, another
-    ``train.steps_per_epoch``) moves its epoch boundaries, and a cosine built for another
-    ``train.epochs`` would make the learning rate jump or climb again
-    (``StepSchedule.resume_problem``). A checkpoint whose schedule was stepped per epoch (an
-    earlier version) is refused the same way.
-    """
+    """A schedule built for other lengths cannot continue exactly: refused
+    (``StepSchedule.resume_problem``)."""
     schedule, saved = trainer.scheduler, state.get("scheduler")
     if saved is None or not hasattr(schedule, "resume_problem"):
         return
@@ -274,13 +222,8 @@ def _check_schedule(trainer: Trainer, state: dict, path: Path) -> None:
 
 
 class _SkipBatches:
-    """A batch sampler without its first ``skip`` batches (a resumed, half-trained epoch).
-
-    Args:
-        batch_sampler: yields lists of dataset indices, the same order on every iteration of
-            an epoch (PKSampler and TripletListDataset orders are functions of seed and epoch).
-        skip: batches already trained.
-    """
+    """A batch sampler without its first ``skip`` batches; its order must be the same on
+    every iteration of an epoch (PKSampler's and TripletListDataset's are)."""
 
     def __init__(self, batch_sampler, skip: int):
         self.batch_sampler, self.skip = batch_sampler, skip
@@ -293,12 +236,7 @@ class _SkipBatches:
 
 
 def remaining_loader(loader, skip: int):
-    """``loader`` from its batch ``skip`` on, without loading the skipped batches.
-
-    Args:
-        loader: the epoch's DataLoader (its batch sampler's order is fixed within an epoch).
-        skip: batches of the epoch already trained.
-    """
+    """``loader`` from its batch ``skip`` on, without loading the skipped batches."""
     if skip == 0:
         return loader
     return torch.utils.data.DataLoader(
@@ -309,26 +247,14 @@ def remaining_loader(loader, skip: int):
         collate_fn=loader.collate_fn,
         prefetch_factor=loader.prefetch_factor,
         worker_init_fn=loader.worker_init_fn,
-        # Its own generator: the global one must not advance (the interrupted epoch already
-        # drew its loader seed from it before the checkpoint captured its state).
+        # The global generator must not advance: the epoch drew its loader seed before.
         generator=torch.Generator(),
     )
 
 
-# --------------------------------------------------------------------------- saving
-
-
 def save_on_main(state: dict, path: Path) -> None:
-    """Rank 0 writes the checkpoint; every rank waits until it is on disk, or fails with it.
-
-    Args:
-        state: from :func:`checkpoint_state`.
-        path: the checkpoint file (written atomically).
-
-    Raises:
-        CheckpointError: on every rank, when rank 0 could not write it (a full disk): no rank
-            goes on to wait in a collective that rank 0 will never enter.
-    """
+    """Rank 0 writes the checkpoint atomically; every rank waits until it is on disk, or
+    raises CheckpointError with it (no rank waits in a collective rank 0 never enters)."""
     error = None
     if is_main_process():
         try:
@@ -342,15 +268,8 @@ def save_on_main(state: dict, path: Path) -> None:
 
 
 def save_for_error(state: dict, path: Path) -> str:
-    """Write a checkpoint while an error propagates; a failure to write is reported, not raised.
-
-    Args:
-        state: from :func:`checkpoint_state`.
-        path: the checkpoint file.
-
-    Returns:
-        What happened, for the error's ``checkpoint_note``.
-    """
+    """Write a checkpoint while an error propagates; what happened, for the error's
+    ``checkpoint_note`` (a failure to write is reported, not raised)."""
     if not is_main_process():
         return f"rank 0 writes {path}"
     try:
@@ -360,42 +279,7 @@ def save_for_error(state: dict, path: Path) -> str:
     return f"checkpoint written to {path}"
 
 
-def with_error_checkpoint(
-    err: Exception,
-    trainer: Trainer,
-    sampler,
-    cfg: Config,
-    progress: Progress,
-    run_dir: Path,
-) -> Exception:
-    """Write ``last.pt`` at the last finished step; the error, with a note saying so.
-
-    Args:
-        err: a data error raised mid-epoch (it receives ``checkpoint_note``).
-        trainer: the run's trainer.
-        sampler: the run's batch order.
-        cfg: the run configuration.
-        progress: where the run stands (``steps_done``: the batches trained before the error).
-        run_dir: the run directory.
-    """
-    state = checkpoint_state(trainer, sampler, cfg, progress)
-    saved = save_for_error(state, run_dir / "last.pt")
-    err.checkpoint_note = (
-        f"{saved}; after fixing the data, --resume continues with step "
-        f"{progress.steps_done + 1} of epoch {progress.epoch}"
-    )
-    return err
-
-
-# --------------------------------------------------------------------------- files
-
-
 def rewrite_metrics(run_dir: Path, history: list) -> None:
-    """``metrics.jsonl`` as the checkpoint knows it: epochs after the checkpoint are dropped.
-
-    Args:
-        run_dir: the run directory.
-        history: one record per finished epoch (the checkpoint's, or empty for a new run).
-    """
+    """``metrics.jsonl`` as the checkpoint knows it: epochs after the checkpoint are dropped."""
     lines = "".join(json.dumps(json_safe(record)) + "\n" for record in history)
     write_text_atomic(run_dir / "metrics.jsonl", lines)

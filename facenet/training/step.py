@@ -1,45 +1,19 @@
 """The training step: what each path computes, and exactly its gradient.
 
-A step takes this rank's batch (P x K images, or seed-style a/p/n groups with candidate
-triplets), mines triplets over the global batch (every rank's embeddings, gathered), and leaves
-in ``.grad`` the gradient of the loss it states below. The optimizer update, the scaler, clipping
-and the non-finite policy are the engine's (``facenet.training.engine``). With several
-processes each rank backpropagates ``world_size x`` its share; DDP averages, so the parameters
-receive the sum over ranks, which is the gradient of the stated loss.
-
-"The batch" of a BatchNorm layer is what each path's grad forward sees, and the loss is computed
-on that forward's embeddings, so autograd goes through the batch statistics as it would in the
-plain forward written down for each path. ``tests/step_reference.py`` writes every path's
-stated forward in plain autograd; ``tests/training/test_step.py`` and
-``tests/test_distributed.py`` hold each path against it in float64:
-
-- ``OnePassStep``: ``emb = model(images)`` with grad on the whole (rank's) batch, mining on its
-  detached copy, ``loss(emb[triplets])``. The BatchNorm batch is the rank's batch.
-- ``TwoPassStep``: a no-grad mining pass over the batch (BatchNorm running statistics
-  untouched), then ``emb = model(images[selected])`` with grad on the rank's selected images
-  only: they are their own BatchNorm batch (a rank with one selected image adds the first other
-  image of its batch, unused by the loss: BatchNorm needs two). Mining may see other statistics
-  than the loss; selection is the mining pass's, the loss and its gradient are the grad pass's.
-- ``ChunkedStep`` (gradient caching, ghost BatchNorm): the rank's batch is cut into consecutive
-  chunks of ``chunk_size`` images (a last chunk of one image joins the one before) and each
-  chunk is a BatchNorm batch; the stated forward is
-  ``emb = cat(model(chunk) for chunk in chunks)`` and ``loss(emb[triplets])``. A no-grad pass
-  computes ``emb`` (and updates the running statistics once per chunk, as that forward does);
-  the loss gradient with respect to ``emb`` is cached; each chunk holding a selected image is
-  forwarded again with grad, with its random state replayed (dropout draws the same masks), and
-  backpropagates its rows of the cached gradient. Peak graph memory: one chunk's. The replay
-  covers torch's global generators (CPU and the device's): a layer drawing from its own
-  ``torch.Generator`` or from Python's ``random`` would not recompute the cached rows.
-
-Every path: triplets index the global batch in rank order; cross-entropy (``ce_weight > 0``)
-is the mean over the selected images of the logits from the same grad forward. The path is
-decided in one place, ``choose_step``, and built by ``build_step``.
+A step mines triplets over the global batch (every rank's embeddings, gathered in rank order)
+and leaves in ``.grad`` the gradient of the loss its class docstring states; BatchNorm's batch
+is what that path's grad forward sees, and autograd goes through its statistics.
+``tests/step_reference.py`` writes each stated forward in plain autograd and the tests hold
+every path against it in float64. With W processes each rank backpropagates W x its share and
+DDP averages, so the parameters receive the gradient of the stated loss. Cross-entropy
+(``ce_weight > 0``) is the mean over the selected images of the same grad forward's logits.
+The path is decided in ``choose_step`` alone.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -62,14 +36,11 @@ __all__ = [
     "unique_triplet_images",
 ]
 
+_AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 class StepResult(NamedTuple):
-    """What a step leaves besides the gradients: the loss value and statistics.
-
-    ``loss``: the stated loss (detached scalar, the same on every rank); ``stats``: detached
-    device tensors (``triplet_loss``, ``ce_loss``, the loss's ``last_stats``,
-    ``selected_images``).
-    """
+    """The stated loss (detached, the same on every rank) and detached device statistics."""
 
     loss: torch.Tensor
     stats: dict
@@ -77,15 +48,9 @@ class StepResult(NamedTuple):
 
 @contextlib.contextmanager
 def frozen_bn_running_stats(model: nn.Module) -> Iterator[None]:
-    """BatchNorm layers normalise with batch statistics but leave running statistics alone.
-
-    In training mode a ``_BatchNorm`` with ``track_running_stats=False`` uses the batch's
-    statistics and neither updates ``running_mean``/``running_var`` nor counts the batch: what a
-    mining or replayed pass needs, so the running statistics see each stated forward once.
-
-    Args:
-        model: the network (its training-mode BatchNorm layers are affected).
-    """
+    """Training-mode BatchNorm normalises with the batch's statistics but leaves its running
+    statistics and batch count alone (``track_running_stats=False``): for mining and replayed
+    passes, so the running statistics see each stated forward once."""
     layers = [
         m
         for m in model.modules()
@@ -101,14 +66,8 @@ def frozen_bn_running_stats(model: nn.Module) -> Iterator[None]:
 
 
 def unique_triplet_images(triplets: Triplets) -> tuple[torch.Tensor, Triplets]:
-    """The unique images used by ``triplets`` and the triplets re-indexed into them.
-
-    Args:
-        triplets: ``(anchor, positive, negative)`` index tensors of length T into the batch.
-
-    Returns:
-        ``unique`` (U,) sorted batch indices and ``local`` triplets with values in ``0..U-1``.
-    """
+    """``unique`` (U,) sorted batch indices the triplets use, and the triplets re-indexed into
+    them (values in ``0..U-1``)."""
     flat = torch.cat([triplets.anchor, triplets.positive, triplets.negative])  # (3T,)
     unique, inverse = torch.unique(flat, sorted=True, return_inverse=True)
     anchor, positive, negative = inverse.view(3, -1)  # (T,) each, also for T = 0
@@ -123,7 +82,6 @@ def _at_least_float32(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
-    """The sum over ranks of a tensor (itself for one process)."""
     if get_world_size() > 1:
         value = value.clone()
         torch.distributed.all_reduce(value)
@@ -131,33 +89,27 @@ def _all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
 
 
 class _Step:
-    """What every path shares: the forward, global mining, the loss and its statistics.
-
-    Args:
-        model: the network, possibly wrapped in DistributedDataParallel (grad forwards go
-            through the wrapper, no-grad forwards through the module itself).
-        miner: ``miner(embeddings, labels, candidates=None) -> Triplets``.
-        loss_fn: ``loss_fn(embeddings, triplets) -> scalar`` with ``last_stats`` after a call.
-        ce_weight: weight of the cross-entropy term (0: off).
-        autocast_dtype: None, ``torch.bfloat16`` or ``torch.float16``.
-        scale: the GradScaler's ``scale`` (identity without fp16).
-    """
+    """What every path shares. ``model`` sits on its device, possibly DDP-wrapped (no-grad
+    forwards skip the wrapper); ``amp``: "none", "bf16" (autocast) or "fp16" (autocast and
+    ``scaler``, a GradScaler whose ``scale`` multiplies every backward)."""
 
     name = ""
 
-    def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, autocast_dtype=None, scale=None):
+    def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none"):
         self.model, self.core = model, getattr(model, "module", model)
+        if ce_weight > 0 and getattr(self.core, "classifier", None) is None:
+            raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
         self.miner, self.loss_fn, self.ce_weight = miner, loss_fn, float(ce_weight)
-        self.autocast_dtype = autocast_dtype
-        self.scale: Callable = scale if scale is not None else (lambda loss: loss)
+        self.autocast_dtype = _AUTOCAST[amp]
+        device = next(self.core.parameters()).device
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+        self.scale = self.scaler.scale  # the identity without fp16
 
     def forward(self, images, with_logits=False, grad=True):
         """(embeddings (N, D), logits (N, C) or None), float32 or wider."""
         model = self.model if grad else self.core
-        device_type = images.device.type
-        with torch.autocast(
-            device_type, self.autocast_dtype, enabled=self.autocast_dtype is not None
-        ):
+        dtype = self.autocast_dtype
+        with torch.autocast(images.device.type, dtype, enabled=dtype is not None):
             if with_logits:
                 embeddings, logits = model(images, return_logits=True)
             else:
@@ -181,33 +133,32 @@ class _Step:
         return mine, global_rows[mine] - start
 
     def loss_and_backward(self, embeddings, triplets, selected, logits, ce_labels) -> StepResult:
-        """The stated loss on ``embeddings`` (this rank's rows carry the graph); backward.
-
-        Args:
-            embeddings: (N, D) the global batch or its selected images, in triplet index order.
-            triplets: index tensors into ``embeddings``.
-            selected: U, the number of selected images (cross-entropy is their mean).
-            logits: (u, C) logits of this rank's selected images, or None.
-            ce_labels: (u,) their labels.
-        """
-        triplet_loss = self.loss_fn(embeddings, triplets)
-        stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
-        stats["triplet_loss"] = triplet_loss.detach()
-        loss, value = triplet_loss, triplet_loss.detach()
+        """The stated loss on ``embeddings`` (N, D), in triplet index order, this rank's rows
+        carrying the graph; backward. ``selected``: U, every rank's selected images (the
+        cross-entropy is their mean); ``logits`` (u, C) of this rank's, or None."""
+        triplet_loss = loss = self.loss_fn(embeddings, triplets)
+        ce_sum = None
         if logits is not None:
             ce_sum = F.cross_entropy(logits, ce_labels, reduction="sum")
             loss = loss + self.ce_weight * ce_sum / selected
-            stats["ce_loss"] = _all_reduce_sum(ce_sum.detach()) / selected
-            value = value + self.ce_weight * stats["ce_loss"]
         # DDP averages the ranks' gradients; each rank's share is 1/W of the sum.
         self.scale(loss * get_world_size()).backward()  # frees every tensor saved for backward
-        stats["loss"] = value
-        stats["selected_images"] = torch.tensor(float(selected))
+        return self.result(triplet_loss, ce_sum, selected)
+
+    def result(self, triplet_loss, ce_sum, selected: int) -> StepResult:
+        """The stated loss and statistics; ``ce_sum``: this rank's cross-entropy sum, or None."""
+        stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
+        stats["triplet_loss"] = value = triplet_loss.detach()
+        if ce_sum is not None:
+            stats["ce_loss"] = _all_reduce_sum(ce_sum.detach()) / selected
+            value = value + self.ce_weight * stats["ce_loss"]
+        stats["loss"], stats["selected_images"] = value, torch.tensor(float(selected))
         return StepResult(value, stats)
 
 
 class OnePassStep(_Step):
-    """One forward with grad on the rank's whole batch; mining on its detached embeddings."""
+    """``emb = model(images)`` with grad on the rank's whole batch (its BatchNorm batch),
+    mining on its detached copy, ``loss(emb[triplets])``."""
 
     name = "one-pass"
 
@@ -228,7 +179,15 @@ class OnePassStep(_Step):
 
 
 class TwoPassStep(_Step):
-    """A no-grad mining pass, then one grad forward on the rank's selected images only."""
+    """A no-grad mining pass over the batch (running statistics untouched), then
+    ``emb = model(images[selected])`` with grad on the rank's selected images only, their own
+    BatchNorm batch, and ``loss(emb[triplets])``: selection is the mining pass's, the loss and
+    its gradient the grad pass's.
+
+    BatchNorm needs two images: a rank with one selected image adds the first other image of
+    its batch, unused by the loss. A rank with none still joins DDP's all-reduce through a
+    zero-length slice of a forward that updates nothing.
+    """
 
     name = "two-pass"
 
@@ -249,12 +208,6 @@ class TwoPassStep(_Step):
         return self.loss_and_backward(embeddings, local, unique.numel(), logits, labels[rows])
 
     def _grad_forward(self, images, rows):
-        """The grad forward on ``images[rows]``, their own BatchNorm batch.
-
-        BatchNorm needs two images: a rank with one selected image adds the first other image
-        of its batch, whose embedding the loss does not use. A rank with none still joins
-        DDP's all-reduce through a zero-length slice of a forward that updates nothing.
-        """
         with_logits = self.ce_weight > 0
         if rows.numel() == 0:
             with frozen_bn_running_stats(self.core):
@@ -283,14 +236,8 @@ def _replayed_rng(state: tuple, device: torch.device) -> Iterator[None]:
 
 
 def batch_chunks(count: int, chunk_size: int, device=None) -> list[torch.Tensor]:
-    """Consecutive chunks of ``chunk_size`` rows; a last chunk of one row joins the one before
-    (a single image is not a BatchNorm batch).
-
-    Args:
-        count: rows in the batch.
-        chunk_size: rows per chunk.
-        device: where the index tensors live.
-    """
+    """Consecutive index chunks of ``chunk_size`` rows; a last chunk of one row joins the one
+    before (a single image is not a BatchNorm batch)."""
     chunks = list(torch.arange(count, device=device).split(chunk_size))
     if len(chunks) > 1 and chunks[-1].numel() == 1:
         chunks[-2:] = [torch.cat(chunks[-2:])]
@@ -298,11 +245,14 @@ def batch_chunks(count: int, chunk_size: int, device=None) -> list[torch.Tensor]
 
 
 class ChunkedStep(_Step):
-    """Gradient caching over chunks that are their own BatchNorm batches (ghost BatchNorm).
+    """Gradient caching with ghost BatchNorm: ``emb = cat(model(chunk) for chunk in
+    batch_chunks(b, chunk_size))``, each chunk a BatchNorm batch, and ``loss(emb[triplets])``.
 
-    Args:
-        chunk_size: images per chunk (the last chunk may be smaller).
-        (the rest as for the other steps)
+    A no-grad pass computes ``emb`` (updating the running statistics once per chunk, as that
+    forward does); the loss gradient with respect to ``emb`` is cached; each chunk holding a
+    selected image is forwarded again with grad, its random state replayed (dropout draws the
+    same masks), and backpropagates its rows of the cached gradient. Peak graph memory: one
+    chunk's. The replay covers torch's global generators only, not a layer's own generator.
     """
 
     name = "chunked"
@@ -321,7 +271,6 @@ class ChunkedStep(_Step):
         unique, local = unique_triplet_images(triplets)
         cached = everyone[unique].requires_grad_(True)  # (U, D) leaf
         triplet_loss = self.loss_fn(cached, local)
-        stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
         scaled = self.scale(triplet_loss) * get_world_size()  # DDP averages the ranks
         (grad,) = torch.autograd.grad(scaled, cached)  # (U, D)
         mine, rows = self.own_rows(unique, count)
@@ -332,16 +281,10 @@ class ChunkedStep(_Step):
         ce_sum = self._backward_chunks(
             images, labels, chunks, states, row_grads, selected, unique.numel()
         )
-        stats["triplet_loss"] = value = triplet_loss.detach()
-        if self.ce_weight > 0:
-            stats["ce_loss"] = _all_reduce_sum(ce_sum) / unique.numel()
-            value = value + self.ce_weight * stats["ce_loss"]
-        stats["loss"], stats["selected_images"] = value, torch.tensor(float(unique.numel()))
-        return StepResult(value, stats)
+        return self.result(triplet_loss, ce_sum if self.ce_weight > 0 else None, unique.numel())
 
     def _no_grad_pass(self, images, chunks):
-        """The stated forward without a graph, chunk by chunk: each chunk its own BatchNorm
-        batch, running statistics updated once per chunk; the random state before each."""
+        """The stated forward without a graph; the random state before each chunk."""
         pieces, states = [], []
         with torch.no_grad():
             for chunk in chunks:
@@ -350,12 +293,9 @@ class ChunkedStep(_Step):
         return torch.cat(pieces), states
 
     def _backward_chunks(self, images, labels, chunks, states, row_grads, selected, total):
-        """Re-forward with grad the chunks holding a selected image; backpropagate their rows.
-
-        A rank with no selected image runs its last chunk with zero gradients, so that it
-        joins DDP's all-reduce, which happens on the last backward only. Returns this rank's
-        cross-entropy sum over its selected images (``total``: U, of every rank).
-        """
+        """Re-forward with grad the chunks holding a selected image, backpropagate their rows;
+        this rank's cross-entropy sum (``total``: U). A rank with none runs its last chunk with
+        zero gradients: DDP's all-reduce, on the last backward, needs every rank."""
         with_logits, ce_sum = self.ce_weight > 0, row_grads.new_zeros(())
         ce_scale = self.ce_weight * get_world_size() / total
         has_selected = torch.stack([selected[chunk].any() for chunk in chunks]).tolist()
@@ -382,23 +322,9 @@ class ChunkedStep(_Step):
 def choose_step(
     passes: int | str, chunk_size: int, selects_every_image: bool, triplet_lists: bool = False
 ) -> str:
-    """The step path for the settings: "one-pass", "two-pass" or "chunked". The one place
-    where the path is decided (``build_step`` asks it).
-
-    ``auto``: chunked when ``chunk_size > 0``; one pass when the miner selects every image (a
-    second, selection-only pass would forward the same images again); two passes otherwise,
-    and always for seed-style triplet lists (the miner filters given triplets: sparse).
-
-    Args:
-        passes: "auto", 1 or 2.
-        chunk_size: gradient-caching chunk (0: off).
-        selects_every_image: the miner's ``selects_every_image``.
-        triplet_lists: the batches are seed-style (a, p, n) triplet lists.
-
-    Raises:
-        ConfigError: ``passes=1`` with ``chunk_size > 0`` (a chunked step is a two-pass step),
-            or an unknown value.
-    """
+    """The path: "one-pass", "two-pass" or "chunked". ``passes="auto"``: chunked when
+    ``chunk_size > 0``; one pass when the miner selects every image (a selection-only pass
+    would forward the same images again); else two, always for seed-style triplet lists."""
     if isinstance(passes, bool) or passes not in ("auto", 1, 2):
         raise ConfigError(f"passes must be 'auto', 1 or 2, got {passes!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 0:
@@ -423,18 +349,13 @@ def build_step(
     passes: int | str = "auto",
     chunk_size: int = 0,
     triplet_lists: bool = False,
-    **kwargs,
+    ce_weight: float = 0.0,
+    amp: str = "none",
 ) -> _Step:
-    """The step object for the settings: the path from :func:`choose_step`, built.
-
-    Args:
-        model, miner, loss_fn: as for the steps.
-        passes, chunk_size, triplet_lists: as for :func:`choose_step` (``chunk_size``: images
-            per chunk of the chunked path).
-        kwargs: ``ce_weight``, ``autocast_dtype``, ``scale``.
-    """
+    """The step of :func:`choose_step`'s path, built (``ce_weight`` and ``amp`` as for
+    ``_Step``; ``chunk_size``: images per chunk of the chunked path)."""
     every = getattr(miner, "selects_every_image", False)
     name = choose_step(passes, chunk_size, every, triplet_lists)
-    if name == "chunked":
-        return ChunkedStep(model, miner, loss_fn, chunk_size=chunk_size, **kwargs)
-    return {"one-pass": OnePassStep, "two-pass": TwoPassStep}[name](model, miner, loss_fn, **kwargs)
+    chunked = {"chunk_size": chunk_size} if name == "chunked" else {}
+    path = {"one-pass": OnePassStep, "two-pass": TwoPassStep, "chunked": ChunkedStep}[name]
+    return path(model, miner, loss_fn, ce_weight=ce_weight, amp=amp, **chunked)

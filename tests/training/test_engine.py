@@ -12,8 +12,8 @@ from facenet.memory import GraphMemoryMeter
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
 from facenet.models.embedding import EmbeddingNet
-from facenet.training.engine import Trainer
-from facenet.training.step import unique_triplet_images
+from facenet.training.engine import Trainer, TrainerSettings
+from facenet.training.step import build_step, unique_triplet_images
 
 
 def make_batch(p=4, k=4, size=32, seed=0):
@@ -27,16 +27,16 @@ def make_trainer(passes=2, ce_weight=0.0, miner=None, margin=0.2, lr=0.01, seed=
     torch.manual_seed(seed)
     model = EmbeddingNet("tiny", embedding_dim=16, num_classes=4 if ce_weight else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    return Trainer(
+    settings = TrainerSettings(graph_memory=True, **kwargs.pop("settings", {}))
+    step = build_step(
         model,
         miner or BatchHardMiner(distance="squared"),
         TripletMarginLoss(margin=margin),
-        optimizer,
         passes=passes,
         ce_weight=ce_weight,
-        graph_memory=True,
         **kwargs,
     )
+    return Trainer(step, optimizer, settings=settings)
 
 
 def step_under_meter(trainer, *batch, triplet_mode=False):
@@ -172,7 +172,7 @@ def test_triplet_term_changes_the_update_beyond_cross_entropy():
     images, labels = make_batch()
     with_triplet = make_trainer(ce_weight=1.0, lr=0.1)
     ce_only = make_trainer(ce_weight=1.0, lr=0.1)
-    ce_only.loss_fn = TripletTermOff(margin=0.2)
+    ce_only.step.loss_fn = TripletTermOff(margin=0.2)
     assert with_triplet.train_step(images, labels)["triplet_loss"].item() > 0
     ce_only.train_step(images, labels)
     backbone_a = [p for p in with_triplet.model.backbone.parameters()]
@@ -185,7 +185,7 @@ def test_batchnorm_running_stats_change_exactly_once_per_step():
     images, labels = make_batch(p=8, k=4)
     reference = copy.deepcopy(trainer.model)
     with torch.no_grad():
-        triplets = trainer.miner(copy.deepcopy(reference)(images), labels)
+        triplets = trainer.step.miner(copy.deepcopy(reference)(images), labels)
     unique, _ = unique_triplet_images(triplets)
     reference.train()
     with torch.no_grad():
@@ -233,8 +233,8 @@ class NanAfter(TripletMarginLoss):
 
 
 def test_nonfinite_loss_is_skipped_then_stops_the_run():
-    trainer = make_trainer(max_nonfinite_steps=3)
-    trainer.loss_fn = NanAfter(good=0)
+    trainer = make_trainer(settings={"max_nonfinite_steps": 3})
+    trainer.step.loss_fn = NanAfter(good=0)
     images, labels = make_batch()
     before = [p.detach().clone() for p in trainer.model.parameters()]
     assert trainer.train_step(images, labels)["skipped"] == "nonfinite"
@@ -267,7 +267,7 @@ def test_bf16_autocast_step_runs_and_frees_the_graph():
 @pytest.mark.parametrize("passes, chunk_size", [(1, 0), (2, 0), (2, 4)])
 def test_a_skipped_nonfinite_step_leaves_batchnorm_statistics_untouched(passes, chunk_size):
     trainer = make_trainer(passes=passes, chunk_size=chunk_size)
-    trainer.loss_fn = NanAfter(good=1)
+    trainer.step.loss_fn = NanAfter(good=1)
     images, labels = make_batch()
     trainer.train_step(images, labels)  # one good step: statistics are not the initial ones
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
@@ -318,14 +318,8 @@ def test_a_nan_image_the_miner_leaves_out_is_still_refused(passes, chunk_size, b
     torch.manual_seed(0)
     model = EmbeddingNet("tiny", embedding_dim=16) if batchnorm else NoNormNet()
     miner = TripletMarginMiner(margin=0.5, type_of_triplets="all")
-    trainer = Trainer(
-        model,
-        miner,
-        TripletMarginLoss(0.2),
-        torch.optim.SGD(model.parameters(), 0.1),
-        passes=passes,
-        chunk_size=chunk_size,
-    )
+    step = build_step(model, miner, TripletMarginLoss(0.2), passes=passes, chunk_size=chunk_size)
+    trainer = Trainer(step, torch.optim.SGD(model.parameters(), 0.1))
     images, labels = make_batch(p=8, k=4)
     images[30, 0, 0, 0] = float("nan")
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -361,7 +355,7 @@ def scheduled_trainer(**kwargs):
 
 
 def test_the_schedule_advances_once_per_step_skipped_ones_included():
-    trainer = scheduled_trainer(max_nonfinite_steps=3)
+    trainer = scheduled_trainer(settings={"max_nonfinite_steps": 3})
     shape, schedule = trainer.scheduler.shape, trainer.scheduler
     rates = []
 
@@ -375,7 +369,7 @@ def test_the_schedule_advances_once_per_step_skipped_ones_included():
     assert "skipped" not in step_and_check(*make_batch())
     # A batch without triplets trains nothing, and still moves the schedule on.
     assert step_and_check(*make_batch(p=16, k=1))["skipped"] == "no_triplets"
-    trainer.loss_fn = NanAfter(good=0)
+    trainer.step.loss_fn = NanAfter(good=0)
     assert step_and_check(*make_batch())["skipped"] == "nonfinite"
     assert schedule.position == 3 and trainer.global_step == 1
     assert rates == [0.1 * shape.factor(s) for s in range(3)]

@@ -13,8 +13,8 @@ from facenet.errors import ConfigError
 from facenet.memory import GraphMemoryMeter
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
-from facenet.training.engine import Trainer
-from facenet.training.step import ChunkedStep, OnePassStep, TwoPassStep, choose_step
+from facenet.training.engine import Trainer, TrainerSettings
+from facenet.training.step import ChunkedStep, OnePassStep, TwoPassStep, build_step, choose_step
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -52,15 +52,15 @@ def compare_one_step(path, miner, ce, chunk=0, dropout=0.0, passes=None):
     reference = copy.deepcopy(model)
     images, labels = make_batch()
     optimizer = RecordingSGD(model.parameters(), lr=0.1)
-    trainer = Trainer(
+    step = build_step(
         model,
         MINERS[miner](),
         TripletMarginLoss(margin=0.5),
-        optimizer,
         ce_weight=ce,
         passes=passes or (1 if path == "one-pass" else 2),
         chunk_size=chunk,
     )
+    trainer = Trainer(step, optimizer)
     assert trainer.step.name == path
     torch.manual_seed(1)
     stats = trainer.train_step(images, labels)
@@ -117,7 +117,7 @@ def test_chunked_skips_chunks_without_selected_images():
     images, labels = make_batch(p=4, k=4)
     miner = TripletMarginMiner(margin=10.0, type_of_triplets="all")  # keeps every candidate
     optimizer = torch.optim.SGD(model.parameters(), 0.1)
-    trainer = Trainer(model, miner, TripletMarginLoss(0.5), optimizer, chunk_size=4)
+    trainer = Trainer(build_step(model, miner, TripletMarginLoss(0.5), chunk_size=4), optimizer)
     forwards = []
     model.backbone[0].register_forward_hook(
         lambda m, i, o: forwards.append(torch.is_grad_enabled())
@@ -173,22 +173,13 @@ def test_one_pass_with_chunks_is_refused_naming_both():
 )
 def test_auto_follows_the_miners_selection(miner, expected):
     model = BNNet(num_classes=None)
-    trainer = Trainer(
-        model, miner, TripletMarginLoss(0.2), torch.optim.SGD(model.parameters(), 0.1)
-    )
-    assert type(trainer.step) is expected
+    assert type(build_step(model, miner, TripletMarginLoss(0.2))) is expected
 
 
 def test_auto_with_chunk_size_is_chunked():
     model = BNNet(num_classes=None)
-    trainer = Trainer(
-        model,
-        BatchHardMiner(),
-        TripletMarginLoss(0.2),
-        torch.optim.SGD(model.parameters(), 0.1),
-        chunk_size=8,
-    )
-    assert type(trainer.step) is ChunkedStep
+    step = build_step(model, BatchHardMiner(), TripletMarginLoss(0.2), chunk_size=8)
+    assert type(step) is ChunkedStep
 
 
 @pytest.mark.parametrize("passes, chunk", [(1, 0), (2, 0), (2, 6)])
@@ -196,15 +187,16 @@ def test_no_graph_outlives_a_step(passes, chunk):
     torch.manual_seed(0)
     model = BNNet(num_classes=6)
     images, labels = make_batch(dtype=torch.float32)
-    trainer = Trainer(
+    step = build_step(
         model,
         BatchHardMiner(),
         TripletMarginLoss(0.5),
-        torch.optim.SGD(model.parameters(), 0.1),
         ce_weight=0.5,
         passes=passes,
         chunk_size=chunk,
-        meter=GraphMemoryMeter(exclude=model),
+    )
+    trainer = Trainer(
+        step, torch.optim.SGD(model.parameters(), 0.1), settings=TrainerSettings(graph_memory=True)
     )
     with trainer.meter:
         trainer.train_step(images, labels)
@@ -249,15 +241,15 @@ def test_without_batch_dependence_chunked_equals_unchunked(chunk, ce):
     for chunk_size, passes in ((0, 1), (chunk, 2)):
         copy_ = copy.deepcopy(model)
         optimizer = RecordingSGD(copy_.parameters(), lr=0.1)
-        trainer = Trainer(
+        step = build_step(
             copy_,
             BatchHardMiner(),
             TripletMarginLoss(0.5),
-            optimizer,
             ce_weight=ce,
             passes=passes,
             chunk_size=chunk_size,
         )
+        trainer = Trainer(step, optimizer)
         stats = trainer.train_step(images, labels)
         recorded.append((stats["loss"], optimizer.recorded))
     (want_loss, want), (got_loss, got) = recorded
@@ -286,14 +278,13 @@ def test_chunked_peak_is_one_chunks_worth(chunk):
     peaks = {}
     for name, chunk_size, passes in (("whole", 0, 1), ("chunked", chunk, 2)):
         copy_ = copy.deepcopy(model)
+        step = build_step(
+            copy_, BatchHardMiner(), TripletMarginLoss(0.5), passes=passes, chunk_size=chunk_size
+        )
         trainer = Trainer(
-            copy_,
-            BatchHardMiner(),
-            TripletMarginLoss(0.5),
+            step,
             torch.optim.SGD(copy_.parameters(), 0.1),
-            passes=passes,
-            chunk_size=chunk_size,
-            graph_memory=True,
+            settings=TrainerSettings(graph_memory=True),
         )
         with trainer.meter:
             trainer.train_step(images, labels)
