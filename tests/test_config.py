@@ -296,7 +296,7 @@ def _registries() -> dict:
     from facenet.metric.losses import REDUCTIONS
     from facenet.metric.miners import FALLBACKS, MINERS, TRIPLET_TYPES
     from facenet.models.embedding import BACKBONES
-    from facenet.training import engine
+    from facenet.training import step
     from facenet.training.optim import OPTIMIZERS, SCHEDULES
 
     return {
@@ -309,7 +309,7 @@ def _registries() -> dict:
         "loss.reduction": REDUCTIONS,
         "optim.name": tuple(OPTIMIZERS),
         "optim.schedule": SCHEDULES,
-        "train.amp": tuple(engine._AUTOCAST),  # the trainer's autocast table
+        "train.amp": tuple(step._AUTOCAST),  # the step's autocast table
         "eval.distance": DISTANCES,
         "eval.preprocess": EVAL_PREPROCESS,
         "eval.features": FEATURES,
@@ -391,13 +391,14 @@ def test_old_and_new_spelling_of_one_key_in_a_file_are_refused(tmp_path):
 
 
 def test_a_run_written_before_the_rename_keeps_its_heldout_identities(tmp_path):
-    from facenet.training.build import _choose_held_out
+    from facenet.data.heldout import HeldOutSettings, choose_held_out
 
     chosen = {"val": ["a", "b"], "test": ["c", "d"]}
     (tmp_path / "holdout.json").write_text(json.dumps(chosen))  # the old record's name
     listing = {name: ["1.png", "2.png"] for name in "abcdefgh"}
     cfg = load_config(None, ["eval.heldout_identities=6"])  # a new draw would pick 6
-    assert _choose_held_out(cfg, listing, tmp_path, ["val", "test"], False) == (chosen, None)
+    settings = HeldOutSettings(cfg.eval.heldout_identities, seed=cfg.train.seed)
+    assert choose_held_out(listing, tmp_path, ["val", "test"], settings, False) == (chosen, None)
     assert not (tmp_path / "heldout.json").exists()
 
 
