@@ -20,6 +20,7 @@ from facenet.distributed import (
 )
 from facenet.errors import NonFiniteInputError
 from facenet.evaluation.embedding import embed_pair_list
+from facenet.evaluation.presets import VerifySettings
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
 from facenet.training.engine import Trainer
@@ -134,7 +135,7 @@ def embed_pairs(pairs_path):
 
     torch.manual_seed(0)
     model = BNNet(num_classes=None).eval()
-    return embed_pair_list(model, read_pairs(pairs_path), image_size=8, batch_size=2)
+    return embed_pair_list(model, read_pairs(pairs_path), 8, VerifySettings(batch_size=2))
 
 
 def main(out, pairs_path=None):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from facenet.data.pairs import MissingImagesError, PairsFormatError, read_pairs
+from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import (
     default_thresholds,
     evaluate_embeddings,
@@ -217,9 +218,8 @@ def test_verification_metrics_are_in_range_and_match_a_brute_force_fold_accuracy
     case, distance, far_target
 ):
     dist, issame, folds, n_folds = case
-    result = evaluate_verification(
-        dist, issame, n_folds=n_folds, far_target=far_target, distance=distance, folds=folds
-    )
+    protocol = VerifySettings(n_folds=n_folds, far_target=far_target, distance=distance)
+    result = evaluate_verification(dist, issame, protocol, folds)
     assert_metrics_in_range(result)
     grid = default_thresholds(distance)
     for fold in range(n_folds):
@@ -251,7 +251,9 @@ def test_verification_on_arbitrary_input_gives_metrics_in_range_or_a_value_error
     if data.draw(st.integers(0, 9)) == 0:
         issame = issame[: data.draw(st.integers(0, size))]
     try:
-        result = evaluate_verification(np.array(distances), np.array(issame), n_folds=n_folds)
+        result = evaluate_verification(
+            np.array(distances), np.array(issame), VerifySettings(n_folds=n_folds)
+        )
     except ValueError as err:
         assert str(err)  # a message, not a bare error
         event("value error")
@@ -273,9 +275,8 @@ def test_embedding_evaluation_on_random_embeddings(size, dim, metric, subtract_m
     emb2 = data.draw(arrays(np.float32, (size, dim), elements=coordinates))
     issame = np.arange(size) % 2 == 0  # alternating: both classes in every contiguous fold
     try:
-        result = evaluate_embeddings(
-            emb1, emb2, issame, metric=metric, subtract_mean=subtract_mean, n_folds=2
-        )
+        protocol = VerifySettings(distance=metric, subtract_mean=subtract_mean, n_folds=2)
+        result = evaluate_embeddings(emb1, emb2, issame, protocol)
     except ValueError as err:
         # A zero-length embedding has no cosine distance; nothing else may fail.
         assert metric == "cosine" and "zero-length" in str(err)

@@ -26,6 +26,7 @@ from facenet.data.images import (
 from facenet.data.insightface_bin import BinFormatError, BinImages, BinPairs
 from facenet.data.pairs import PairList
 from facenet.evaluation.embedding import embed_pair_list
+from facenet.evaluation.presets import VerifySettings
 from facenet.inference.embed import embed_folder
 
 # torchvision 0.29 announces the move of its decoders to TorchCodec on every call.
@@ -376,7 +377,7 @@ def decoded_by_pairs(paths, tmp_path):
     """Through embed_pair_list (evaluate.py's image path), preprocess "crop": no resize."""
     names = [str(p) for p in paths]
     pairs = PairList(names, names, np.ones(len(names), bool), 1, 1, np.zeros(len(names)), None)
-    emb, _ = embed_pair_list(flat_model(), pairs, SIDE, preprocess="crop")
+    emb, _ = embed_pair_list(flat_model(), pairs, SIDE, VerifySettings(preprocess="crop"))
     return [(row.reshape(3, SIDE, SIDE) * 128 + 127.5).round().to(torch.uint8) for row in emb]
 
 

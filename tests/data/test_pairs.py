@@ -21,6 +21,7 @@ from facenet.data.pairs import (
     scan_identities,
     write_pairs,
 )
+from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import evaluate_verification
 
 
@@ -345,7 +346,7 @@ def test_a_one_fold_file_is_evaluated_in_folds_that_each_hold_both_kinds(tmp_pat
     folds = pairs.folds_for(3)
     assert folds.tolist() == [0, 0, 1, 1, 2, 2] * 2  # each kind cut into 3 runs, in file order
     distances = [0.1] * 6 + [0.9] * 6
-    result = evaluate_verification(distances, pairs.issame, n_folds=3, folds=folds)
+    result = evaluate_verification(distances, pairs.issame, VerifySettings(n_folds=3), folds)
     assert result.accuracy.tolist() == [1.0, 1.0, 1.0]
     assert pairs.folds_for(1) is pairs.fold_ids  # the file's own folds
     assert pairs.folds_for(7) is None  # fewer same pairs than folds: the protocol says so

@@ -25,7 +25,7 @@ from image_cases import BAD, GOOD  # noqa: E402  (tests/ is on the path: pyproje
 from facenet.cli import align as align_script  # noqa: E402
 from facenet.data.pairs import read_pairs  # noqa: E402
 from facenet.evaluation.embedding import embed_pair_list  # noqa: E402
-from facenet.evaluation.presets import TEMPLATES  # noqa: E402
+from facenet.evaluation.presets import TEMPLATES, VerifySettings  # noqa: E402
 from facenet.inference import align as align_module  # noqa: E402
 from facenet.inference.align import (  # noqa: E402
     SETTINGS_FILE,
@@ -204,9 +204,9 @@ def _ours(model_path: Path, root: Path, tmp_path: Path, preprocess: str) -> torc
     pairs = tmp_path / "pairs.txt"
     pairs.write_text("1\t1\nAstronaut\t1\t1\nAstronaut\t1\tMirror\t1\n")
     trained = load_model(model_path)
-    emb1, _ = embed_pair_list(
-        trained.model, read_pairs(pairs, root=root), trained.image_size, preprocess=preprocess
-    )
+    pair_list = read_pairs(pairs, root=root)
+    settings = VerifySettings(preprocess=preprocess)
+    emb1, _ = embed_pair_list(trained.model, pair_list, trained.image_size, settings)
     return emb1[0]
 
 
