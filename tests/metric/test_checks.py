@@ -15,6 +15,7 @@ from facenet.metric.miners import (
 )
 from facenet.models.embedding import EmbeddingNet
 from facenet.training.engine import Trainer
+from facenet.training.step import build_step
 
 MINERS = {
     "triplet_margin": lambda **kw: TripletMarginMiner(0.5, "all", **kw),
@@ -198,13 +199,9 @@ def one_step_reads(monkeypatch, miner_name, checks_on, candidates=False):
             monkeypatch.setattr(f"{module}.all_finite", lambda *t: torch.tensor(True))
     torch.manual_seed(0)
     model = EmbeddingNet("tiny", embedding_dim=16)
-    trainer = Trainer(
-        model,
-        build_miner(MiningConfig(miner=miner_name), generator=torch.Generator().manual_seed(0)),
-        build_loss(LossConfig()),
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        passes=2,
-    )
+    miner = build_miner(MiningConfig(miner=miner_name), generator=torch.Generator().manual_seed(0))
+    step = build_step(model, miner, build_loss(LossConfig()), passes=2)
+    trainer = Trainer(step, torch.optim.SGD(model.parameters(), lr=0.01))
     generator = torch.Generator().manual_seed(1)
     images = torch.randn(16, 3, 32, 32, generator=generator)
     labels = torch.arange(4).repeat_interleave(4)
