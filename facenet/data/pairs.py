@@ -313,7 +313,7 @@ def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image root {root} is not a folder")
-    return {name: [file[0] for file in files] for name, files in list_identities(root).items()}
+    return list_identities(root)
 
 
 def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:

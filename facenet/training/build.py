@@ -137,8 +137,7 @@ def _identity_folder(cfg: Config, train_root: str, exclude=()):
             on_corrupt=data.on_corrupt,
             cache_dir=data.cache_dir,
             exclude=exclude,
-            max_pixels=data.max_image_pixels,
-            max_aspect_ratio=data.max_aspect_ratio,
+            limits=(data.max_image_pixels, data.max_aspect_ratio),
             cache_bytes=data.decoded_cache_mib * 2**20,
         )
     except CorruptImageError as err:
@@ -157,7 +156,7 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
     if data.dataset == "triplets":
         try:
             sampler = TripletListDataset(
-                dataset.targets, data.triplets_per_epoch, seed=seed, paths_or_dataset=dataset
+                dataset.targets, data.triplets_per_epoch, seed=seed, dataset=dataset
             )
         except ValueError as err:
             raise ConfigError(f"data.triplets_per_epoch: {err}") from None
