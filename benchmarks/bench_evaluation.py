@@ -20,6 +20,7 @@ import numpy as np
 
 from benchmarks import reference_evaluation as ref
 from benchmarks.measure import describe_machine, run_benchmark, show, timed
+from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import evaluate_verification
 
 TARGET_SPEEDUP = 100.0
@@ -62,7 +63,8 @@ def median_seconds(fn, repeats: int) -> tuple[float, object]:
 def bench_size(n_pairs: int, repeats: int, reference_repeats: int) -> dict:
     """Time both implementations on one size and compare their numbers."""
     distances, issame = lfw_like_pairs(n_pairs)
-    ours = partial(evaluate_verification, distances, issame, N_FOLDS, FAR_TARGET)
+    settings = VerifySettings(n_folds=N_FOLDS, far_target=FAR_TARGET)
+    ours = partial(evaluate_verification, distances, issame, settings)
     ours()  # warm-up: imports, first-call allocations
     ours_s, result = median_seconds(ours, repeats)
     reference_s, expected = median_seconds(

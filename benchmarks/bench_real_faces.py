@@ -42,7 +42,7 @@ from facenet.metric.miners import build_miner
 from facenet.models.embedding import build_model
 from facenet.training.build import TrainingData, build_data, build_trainer
 from facenet.training.optim import ScheduleShape, build_optimizer
-from facenet.training.validation import verify_options
+from facenet.training.validation import verify_settings
 
 SCRATCH_CONFIG = "configs/real_faces.yaml"
 FINETUNE_CONFIG = "configs/finetune_mobilefacenet.yaml"
@@ -271,9 +271,8 @@ def evaluate(model, pairs, eval_cfg: Config, image_size) -> dict:
     """The verification figures of ``model`` on ``pairs`` with ``eval_cfg``'s evaluation
     settings, and the CPU and wall seconds the evaluation took."""
     cpu, wall = time.process_time(), time.perf_counter()
-    options = verify_options(eval_cfg)
-    normalize = eval_cfg.data.normalize
-    result = verify(model, pairs, image_size, normalize=normalize, device="cpu", **options)
+    settings, normalize = verify_settings(eval_cfg), eval_cfg.data.normalize
+    result = verify(model, pairs, image_size, settings, normalize=normalize, device="cpu")
     return figures(result) | {
         "pairs": len(pairs),
         "eval_cpu_seconds": time.process_time() - cpu,
@@ -299,7 +298,7 @@ def evaluate_sets(model, data: TrainingData, cfg: Config, name: str, publisher=N
 
 def evaluation_of(cfg: Config) -> tuple:
     """What decides how a configuration evaluates: verify's settings and the standardisation."""
-    return verify_options(cfg), cfg.data.normalize
+    return verify_settings(cfg), cfg.data.normalize
 
 
 def describe(cfg: Config, data: TrainingData) -> dict:

@@ -333,7 +333,7 @@ def floor_parts(trainer: Trainer, case: Case, batch: tuple, selected: torch.Tens
         "nograd_forward_s": nograd_forward,
         "selected_forward_backward_s": lambda: forward_backward(selected),
         "optimizer_step_s": make_optimizer(update_model).step,
-        "miner_s": lambda: trainer.miner(embeddings, labels, candidates=candidates),
+        "miner_s": lambda: trainer.step.miner(embeddings, labels, candidates=candidates),
         "grad_forward_s": grad_forward,
     }
     if "seed" in case.variants:
@@ -395,11 +395,11 @@ def loss_graph_bytes(trainer: Trainer, case: Case, batch: tuple) -> int:
     images, labels, candidates = batch_tensors(case, batch)
     with torch.no_grad(), frozen_bn_running_stats(trainer.model), autocast(case):
         embeddings = trainer.model(images).float()  # (B, D)
-    unique, local = unique_triplet_images(trainer.miner(embeddings, labels, candidates=candidates))
+    unique, local = unique_triplet_images(trainer.step.miner(embeddings, labels, candidates=candidates))
     cached = embeddings[unique].clone().requires_grad_(True)  # (U, D)
     meter = GraphMemoryMeter()
     with meter:
-        loss = trainer.loss_fn(cached, local)  # noqa: F841 (held while the peak is read)
+        loss = trainer.step.loss_fn(cached, local)  # noqa: F841 (held while the peak is read)
         return int(meter.peak_bytes)
 
 

@@ -51,7 +51,8 @@ from facenet.memory import (
 )
 from facenet.models.embedding import BACKBONES, EmbeddingNet
 from facenet.sizes import ImageSize, image_hw, plain_size
-from facenet.training.engine import Trainer
+from facenet.training.engine import Trainer, TrainerSettings
+from facenet.training.step import build_step
 
 # Every variant has these keys; CUDA_KEYS too on a CUDA device.
 REQUIRED_KEYS = (
@@ -168,11 +169,10 @@ def build_seed_model(args, classes: int) -> seed_loop.SeedModel:
 
 def build_trainer(args, network: EmbeddingNet, optimizer, pk: bool, **settings) -> Trainer:
     """A Trainer with a graph meter: the seed's selection rule and loss or, ``pk``, semi-hard
-    mining (``settings``: the Trainer's other keywords)."""
+    mining (``settings``: ``build_step``'s keywords)."""
     miner, loss_fn = semihard_parts(args.margin, args.seed) if pk else seed_rule_parts(args.margin)
-    return Trainer(
-        network, miner, loss_fn, optimizer, device=args.device, graph_memory=True, **settings
-    )
+    step = build_step(network.to(args.device), miner, loss_fn, **settings)
+    return Trainer(step, optimizer, settings=TrainerSettings(graph_memory=True))
 
 
 def selection(result: dict) -> tuple[int, int]:
