@@ -395,7 +395,8 @@ def loss_graph_bytes(trainer: Trainer, case: Case, batch: tuple) -> int:
     images, labels, candidates = batch_tensors(case, batch)
     with torch.no_grad(), frozen_bn_running_stats(trainer.model), autocast(case):
         embeddings = trainer.model(images).float()  # (B, D)
-    unique, local = unique_triplet_images(trainer.step.miner(embeddings, labels, candidates=candidates))
+    triplets = trainer.step.miner(embeddings, labels, candidates=candidates)
+    unique, local = unique_triplet_images(triplets)
     cached = embeddings[unique].clone().requires_grad_(True)  # (U, D)
     meter = GraphMemoryMeter()
     with meter:
