@@ -31,13 +31,13 @@ from facenet.data.pairs import read_pairs
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import FEATURES
+from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import EVAL_PRESETS
 from facenet.evaluation.protocol import (
     DISTANCES,
     SCORINGS,
     THRESHOLD_RULES,
     VerificationResult,
-    plot_roc,
 )
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.verify import GRIDS, verify, verify_distances

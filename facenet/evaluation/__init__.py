@@ -8,6 +8,7 @@ give the function).
 """
 
 from facenet.evaluation.embedding import embed_dataset, embed_pair_list
+from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import ALIGN_PRESETS, EVAL_PRESETS, PRESET_NAMES
 from facenet.evaluation.protocol import (
     VerificationResult,
@@ -15,7 +16,6 @@ from facenet.evaluation.protocol import (
     evaluate_embeddings,
     evaluate_verification,
     pair_distances,
-    plot_roc,
 )
 from facenet.evaluation.report import figures, figures_line, val_at_far_label
 

@@ -20,7 +20,7 @@ from facenet.config import Config
 from facenet.data.loading import resolve_loader_settings
 from facenet.distributed import broadcast_buffers, is_main_process
 from facenet.errors import CheckpointError
-from facenet.evaluation.protocol import plot_roc
+from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.report import FIGURE_KEYS, figures, figures_line
 from facenet.evaluation.verify import verify
 from facenet.inference.loading import weights_digest

@@ -14,13 +14,13 @@ from sklearn.metrics import roc_auc_score
 from benchmarks import reference_evaluation as ref
 from facenet.cli import evaluate as evaluate_script
 from facenet.errors import FacenetError
+from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.protocol import (
     VerificationResult,
     default_thresholds,
     evaluate_embeddings,
     evaluate_verification,
     pair_distances,
-    plot_roc,
 )
 
 # --------------------------------------------------------------------------- helpers
