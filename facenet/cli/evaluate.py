@@ -1,19 +1,11 @@
 """Verification with the LFW protocol: accuracy, VAL@FAR, AUC, EER and the ROC curve.
 
-Two sources of pair distances:
-
-- ``--distances FILE``: an ``.npz`` with arrays ``distances`` and ``issame``, or a ``.csv`` with
-  rows ``distance,issame`` (issame 0/1 or true/false; an optional header row).
-- ``--checkpoint PATH --pairs FILE``: a trained model (training checkpoint, ``model.pt`` weights
-  export or facenet-pytorch file) embeds the images a pairs.txt names.
-- ``--checkpoint PATH --bin FILE.bin [--bin ...]``: insightface verification sets (lfw, cfp_fp,
-  agedb_30, calfw, cplfw), read without running anything in the pickle; one table row each.
-
-Prints a table and writes ``metrics.json`` (with the verification threshold: the mean over
-folds, the distance it applies to, and ``threshold_for``: the weights' content hash, epoch,
-flip, mean subtraction and preprocessing it was chosen for) and ``roc.png``
-(``roc_<name>.png`` per ``--bin``) into ``--out``. Distances above the threshold grid (which
-no threshold can accept) are warned about.
+Pair distances come from ``--distances FILE`` (an ``.npz`` with arrays ``distances`` and
+``issame``, or a ``.csv`` of ``distance,issame`` rows), or from a model (``--checkpoint``)
+embedding a pairs.txt (``--pairs``) or insightface ``.bin`` sets (``--bin``, one table row
+each). Prints a table and writes into ``--out`` ``metrics.json`` (with the threshold, its
+distance and ``threshold_for``: the weights and preparation it was chosen for) and ``roc.png``
+(``roc_<name>.png`` per ``--bin``).
 """
 
 from __future__ import annotations
@@ -32,15 +24,16 @@ from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import FEATURES
 from facenet.evaluation.plots import plot_roc
-from facenet.evaluation.presets import EVAL_PRESETS
+from facenet.evaluation.presets import EVAL_PRESETS, PUBLISHER_FIELDS, VerifySettings
 from facenet.evaluation.protocol import (
     DISTANCES,
+    GRIDS,
     SCORINGS,
     THRESHOLD_RULES,
     VerificationResult,
 )
 from facenet.evaluation.report import result_table, sets_table
-from facenet.evaluation.verify import GRIDS, verify, verify_distances
+from facenet.evaluation.verify import verify, verify_distances
 from facenet.files import write_text_atomic
 from facenet.inference.loading import load_model
 
@@ -69,7 +62,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
     parser.add_argument("--out", default="runs/evaluate", help="where metrics.json and roc.png go")
-    parser.add_argument("--folds", type=int, default=10, help="number of folds (default 10)")
+    parser.add_argument(
+        "--folds", dest="n_folds", type=int, default=10, help="number of folds (default 10)"
+    )
     parser.add_argument("--far-target", type=float, default=1e-3, help="FAR for VAL (1e-3)")
     parser.add_argument(
         "--distance",
@@ -140,48 +135,26 @@ def _add_embedding_arguments(embed) -> None:
 
 
 def config_defaults(path: str) -> dict:
-    """Defaults for the command line from a run configuration's ``eval`` section.
-
-    Args:
-        path: the run configuration (YAML).
-    """
+    """The command line's defaults from a run configuration's ``eval`` section."""
     cfg = load_config(path)
     e = cfg.eval
-    return {
-        "pairs": e.pairs,
-        "root": e.root,
-        "folds": e.n_folds,
-        "far_target": e.far_target,
-        "distance": e.distance,
-        "flip": e.flip,
-        "subtract_mean": e.subtract_mean,
-        "preprocess": e.preprocess,
-        "grid": e.grid,
-        "features": e.features,
-        "threshold_rule": e.threshold_rule,
-        "scoring": e.scoring,
-        "batch_size": e.batch_size,
-        "skip_missing": e.skip_missing,
-        "log_scale": e.log_scale_roc,
-        "out": cfg.logging.out_dir,
-    }
+    defaults = vars(VerifySettings.of(e))
+    del defaults["num_workers"]  # a run's loader setting; checkpoint mode decodes in-process
+    out = {"pairs": e.pairs, "root": e.root, "log_scale": e.log_scale_roc}
+    return {**out, **defaults, "out": cfg.logging.out_dir}
 
 
 def _check_options(args: argparse.Namespace) -> None:
     """Reject fold counts and FAR targets the protocol cannot use (from flags or --config)."""
-    if args.folds < 2:
-        raise InputError(f"--folds {args.folds} (eval.n_folds): expected an integer >= 2")
+    if args.n_folds < 2:
+        raise InputError(f"--folds {args.n_folds} (eval.n_folds): expected an integer >= 2")
     if not 0.0 < args.far_target <= 1.0:
         raise InputError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
 def check_out(out: Path) -> None:
-    """Check, before any evaluation, that ``--out`` can be created or written (nothing is
-    created here: a failing evaluation leaves no empty folder).
-
-    Raises:
-        InputError: ``--out`` or its nearest existing parent is not a writable folder.
-    """
+    """Refuse, before any work and creating nothing, an ``--out`` whose nearest existing
+    parent is not a writable folder."""
     existing = out
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -191,51 +164,18 @@ def check_out(out: Path) -> None:
         raise InputError(f"--out {out}: {existing} cannot be written")
 
 
-def _protocol_options(args: argparse.Namespace) -> dict:
-    """The protocol's options of the command line, as ``verify``'s arguments."""
-    return {
-        "distance": args.distance,
-        "grid": args.grid,
-        "threshold_rule": args.threshold_rule,
-        "n_folds": args.folds,
-        "far_target": args.far_target,
-    }
-
-
-def _embedding_options(args: argparse.Namespace) -> dict:
-    """How checkpoint mode embeds, as ``verify``'s arguments (with the protocol's)."""
-    return {
-        "preprocess": args.preprocess,
-        "flip": args.flip,
-        "subtract_mean": args.subtract_mean,
-        "features": args.features,
-        "scoring": args.scoring,
-        "batch_size": args.batch_size,
-        **_protocol_options(args),
-    }
-
-
 def _embedding_setup(args: argparse.Namespace) -> tuple:
-    """(model on its device, its input side, ``verify``'s options, ``threshold_for``) of
-    ``--checkpoint``."""
+    """(model on its device, its input size, ``verify``'s keywords, ``threshold_for``)."""
     trained, device = load_model(args.checkpoint), parse_device(args.device)
-    options = {"normalize": trained.normalize, "device": device, **_embedding_options(args)}
-    return trained.model.to(device), trained.image_size, options, _threshold_for(trained, args)
-
-
-def _threshold_for(trained, args: argparse.Namespace) -> dict:
-    """What the thresholds measured here are chosen for: the weights (content hash, and the
-    epoch when the file says) and how images became distances. facenet-embed, -export and
-    -identify use a stored threshold only where all of these match."""
-    return {
+    settings = VerifySettings.of(args)
+    threshold_for = {
         "checkpoint": str(args.checkpoint),
         "weights_sha256": trained.weights_sha256(),
         "epoch": trained.epoch,
-        "flip": bool(args.flip),
-        "subtract_mean": bool(args.subtract_mean),
-        "preprocess": args.preprocess,
-        "features": args.features,
+        **settings.provenance(),
     }
+    options = {"settings": settings, "normalize": trained.normalize, "device": device}
+    return trained.model.to(device), trained.image_size, options, threshold_for
 
 
 def _bin_names(paths: list[str]) -> dict[str, str]:
@@ -276,8 +216,8 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
     if args.distances:
         distances, issame = read_distances(args.distances)
         source = str(args.distances)
-        result = verify_distances(distances, issame, source=source, **_protocol_options(args))
-        # Distances measured elsewhere: the weights and preparation are not known here.
+        result = verify_distances(distances, issame, VerifySettings.of(args), source)
+        # measured elsewhere: the weights and preparation are not known
         fields = {"source": source, "threshold_for": {"distances": source}}
         return Path(args.distances).name, fields, result
 
@@ -304,17 +244,14 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    """The arguments, with defaults from ``--config`` and then ``--preset``.
-
-    Raises:
-        FacenetError: a configuration file that cannot be used.
-    """
+    """The arguments, with defaults from ``--config`` and then ``--preset``."""
     parser = get_args_parser()
     known, _ = parser.parse_known_args(argv)
     if known.config:  # the file gives defaults; flags on the command line still win
         parser.set_defaults(**config_defaults(known.config))
     if known.preset:  # after --config: the preset names the publisher's whole evaluation
-        parser.set_defaults(**vars(EVAL_PRESETS[known.preset]))
+        preset = EVAL_PRESETS[known.preset]
+        parser.set_defaults(**{key: getattr(preset, key) for key in PUBLISHER_FIELDS})
     args = parser.parse_args(argv)
     if args.bin and not args.checkpoint:
         parser.error("--bin needs --checkpoint")
@@ -324,11 +261,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Evaluate; returns the exit code (2: bad input).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Evaluate; returns the exit code (2: bad input)."""
     return run_command(lambda: _evaluate(_parse(argv)))
 
 
