@@ -62,6 +62,20 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
     parser.add_argument("--out", default="runs/evaluate", help="where metrics.json and roc.png go")
+    _add_protocol_arguments(parser)
+    parser.add_argument(
+        "--linear-far",
+        dest="log_scale",
+        action="store_false",
+        help="linear FAR axis in the ROC (default: logarithmic, where VAL is read)",
+    )
+    parser.add_argument("--title", default=None, help="ROC plot title")
+    _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
+    return parser
+
+
+def _add_protocol_arguments(parser) -> None:
+    """The protocol's options, in both modes."""
     parser.add_argument(
         "--folds", dest="n_folds", type=int, default=10, help="number of folds (default 10)"
     )
@@ -96,15 +110,6 @@ def get_args_parser() -> argparse.ArgumentParser:
             "of every best one (MobileFaceNet_Pytorch's lfw_eval.py)"
         ),
     )
-    parser.add_argument(
-        "--linear-far",
-        dest="log_scale",
-        action="store_false",
-        help="linear FAR axis in the ROC (default: logarithmic, where VAL is read)",
-    )
-    parser.add_argument("--title", default=None, help="ROC plot title")
-    _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
-    return parser
 
 
 def _add_embedding_arguments(embed) -> None:

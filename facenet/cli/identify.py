@@ -1,17 +1,11 @@
 """Identify probe faces against a gallery: ``--gallery G.npz --probes P.npz``.
 
-Both files come from ``facenet-embed`` (the gallery from identity folders: one or more
-images per identity). Each probe gets the identity of its nearest gallery embedding, or
-"unknown" when that distance is not below the threshold. The threshold is, in order:
-``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
-metrics.json or a run's summary.json), or the one facenet-embed recorded in the gallery file.
-A stored threshold is used only when it was chosen for the weights that embedded the gallery
-(their content hash), its ``--flip`` setting and preprocessing, without mean subtraction;
-otherwise the command stops saying what differs. Gallery and probes must come from the same
-weights and ``--flip`` setting; NaN or infinite embeddings are refused, naming the rows.
-Writes ``matches.csv`` and ``identification.json`` into ``--out``; when the probes are labelled
-it prints rank-1 accuracy, the detection-and-identification rate at the threshold and the
-open-set rejection rate (probes whose identity is not in the gallery, answered "unknown").
+Both files come from ``facenet-embed`` (the gallery from identity folders). The threshold is,
+in order: ``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
+metrics.json or a run's summary.json), or the one recorded in the gallery file; a stored one
+is used only when chosen for the gallery's weights, flip setting and preprocessing, without
+mean subtraction. Writes ``matches.csv`` and ``identification.json`` into ``--out``; prints
+rank-1, detection-and-identification and open-set rejection rates for labelled probes.
 """
 
 from __future__ import annotations
@@ -21,13 +15,13 @@ import csv
 import io
 import json
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from facenet.cli.common import run_command
 from facenet.errors import DataError
+from facenet.evaluation.distances_file import read_npz
 from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
 from facenet.files import json_safe, write_text_atomic
@@ -41,9 +35,8 @@ from facenet.inference.identify import (
 )
 
 UNKNOWN = "unknown"
-# The string arrays of a facenet-embed file, each (N,) (labels: (N,) or (0,) when flat).
-_STRING_ARRAYS = ("paths", "labels")
-# Its one-value arrays: how the embeddings were made, and the threshold recorded for them.
+_STRING_ARRAYS = ("paths", "labels")  # each (N,); labels (0,) for a flat folder
+# one-value arrays: how the embeddings were made, the threshold recorded for them
 _SCALARS = {
     "flip": "b",
     "preprocess": "U",
@@ -67,25 +60,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def load_embeddings(path: str) -> dict:
-    """The arrays of a facenet-embed file (no pickle allowed), each checked.
-
-    Raises:
-        DataError: not an .npz, no ``embeddings``, an array of the wrong dtype or shape,
-            ``paths`` or ``labels`` whose length differs from the embeddings', NaN or
-            infinite embeddings; one line naming the file and the array.
-    """
-    damaged = (zipfile.BadZipFile, EOFError, ValueError)
-    try:
-        data = np.load(path, allow_pickle=False)
-    except damaged as err:
-        raise DataError(f"{path}: not an .npz file of facenet-embed ({err})") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):  # a plain .npy array
-        raise DataError(f"{path}: not an .npz file of facenet-embed (a single .npy array)")
-    try:
-        with data:
-            arrays = {key: data[key] for key in data.files}
-    except damaged as err:
-        raise DataError(f"{path}: not an .npz file of facenet-embed ({err})") from None
+    """The arrays of a facenet-embed file (no pickles), each checked: a DataError naming the
+    file and the array otherwise (NaN or infinite embeddings included)."""
+    arrays = read_npz(path, "an .npz file of facenet-embed")
     if "embeddings" not in arrays:
         raise DataError(f"{path}: no 'embeddings' array (write it with facenet-embed)")
     embeddings = arrays["embeddings"]
@@ -115,7 +92,7 @@ def _check_strings(arrays: dict, key: str, n: int, path) -> None:
     if values.dtype.kind != "U" or values.ndim != 1:
         raise DataError(f"{path}: '{key}' must be a (N,) array of strings, got {values.dtype}")
     if len(values) != n and not (key == "labels" and len(values) == 0):
-        # A shorter list would cut matches.csv short, a longer one misname the probes.
+        # shorter would cut matches.csv short, longer misname the probes
         raise DataError(f"{path}: {len(values)} {key} for {n} embeddings")
 
 
@@ -161,13 +138,8 @@ def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
 
 
 def choose_threshold(args, gallery: dict) -> tuple[float, str, str, str]:
-    """(threshold, distance, where it came from, a line saying which), by the order the
-    module docstring gives.
-
-    Raises:
-        DataError: no threshold, or a stored one chosen for other embeddings (saying what
-            differs).
-    """
+    """(threshold, distance, where it came from, a line saying which), in the module's order;
+    a DataError for none, or for a stored one chosen for other embeddings."""
     if args.threshold is not None:
         distance = args.distance or "squared"
         return (
@@ -250,11 +222,7 @@ def _identify(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Identify; returns the exit code (2: bad input).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Identify; returns the exit code (2: bad input)."""
     args = get_args_parser().parse_args(argv)
     return run_command(lambda: _identify(args))
 
