@@ -5,7 +5,7 @@ embedding pairs in eval mode, and the way its figures are written.
 a package attribute of the submodule's name would hide the module.
 """
 
-from facenet.evaluation.embedding import embed_dataset, embed_pair_list
+from facenet.evaluation.embedding import embed_pair_list
 from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import ALIGN_PRESETS, EVAL_PRESETS, PRESET_NAMES, VerifySettings
 from facenet.evaluation.protocol import (
@@ -24,7 +24,6 @@ __all__ = [
     "VerificationResult",
     "VerifySettings",
     "default_thresholds",
-    "embed_dataset",
     "embed_pair_list",
     "evaluate_embeddings",
     "evaluate_verification",

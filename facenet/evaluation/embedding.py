@@ -1,18 +1,17 @@
 """Embedding images in eval mode without autograd: a pairs list (sharded over ranks, each
-unique image once), a dataset of image tensors, or any iterable of batches."""
+unique image once) or any iterable of image batches."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from facenet.data.images import build_transform, read_image
 from facenet.distributed import agree_on_error, gather_variable_rows, get_rank, get_world_size
 from facenet.evaluation.presets import CLASSIC, VerifySettings
 from facenet.sizes import ImageSize
 
-__all__ = ["FEATURES", "embed_batches", "embed_dataset", "embed_pair_list"]
+__all__ = ["FEATURES", "embed_batches", "embed_pair_list"]
 
 # "unit": the network's L2-normalised embedding; "raw": the embedding layer before it.
 FEATURES = ("unit", "raw")
@@ -79,23 +78,6 @@ def embed_batches(
     finally:
         model.train(was_training)
     return chunks
-
-
-def embed_dataset(
-    model: nn.Module,
-    dataset,
-    batch_size: int = 128,
-    device: str | torch.device = "cpu",
-    flip: bool = False,
-    progress: bool = False,
-    features: str = "unit",
-) -> torch.Tensor:
-    """(N, D) float32 on the CPU ((N, 2D) with flip) of a dataset of transformed images, in
-    order, in one process."""
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
-    batches = tqdm(loader, desc="embedding", unit="batch", disable=not progress, leave=False)
-    chunks = embed_batches(model, batches, device, flip, features)
-    return torch.cat(chunks) if chunks else torch.zeros(0, 0)
 
 
 def embed_pair_list(

@@ -107,12 +107,22 @@ def mobilefacenet_thresholds() -> np.ndarray:
     return 1.0 - similarities[::-1]
 
 
-# (accuracy grid, VAL grid) of each publisher's grid name; the publisher has no VAL of its own
-# in mobilefacenet's case, so its one grid serves both.
+def mobilefacenet_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(N,) 1 - lfw_eval.py's ``evaluation_10_fold`` score of (N, D) mean-subtracted features:
+    its operations in its order, in the features' own dtype, so the scores are its scores bit
+    for bit (1 - s is exact in float64 for a float32 s: "1 - s < 1 - t" decides as "s > t")."""
+    a = a / np.expand_dims(np.sqrt(np.sum(np.power(a, 2), 1)), 1)
+    b = b / np.expand_dims(np.sqrt(np.sum(np.power(b, 2), 1)), 1)
+    return 1.0 - np.sum(np.multiply(a, b), 1).astype(np.float64)
+
+
+# Grid name: () -> (accuracy grid, VAL grid); mobilefacenet has no VAL: its one grid serves both.
 PUBLISHER_GRIDS = {
     "classic": lambda: (classic_thresholds(), classic_thresholds(fine=True)),
     "mobilefacenet": lambda: (mobilefacenet_thresholds(), mobilefacenet_thresholds()),
 }
+# Scoring name: (the distance it measures, (a, b) -> (N,) distances in the features' dtype).
+PUBLISHER_SCORINGS = {"mobilefacenet": ("cosine", mobilefacenet_distances)}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sklearn.metrics import auc as area_under_curve
 from sklearn.metrics import roc_curve
 from sklearn.model_selection import KFold
 
-from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, VerifySettings
+from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, PUBLISHER_SCORINGS, VerifySettings
 from facenet.evaluation.report import figures, figures_line
 from facenet.metric.distances import DISTANCE_NAMES, paired_distance
 
@@ -39,7 +39,7 @@ __all__ = [
 
 DISTANCES = DISTANCE_NAMES  # training's distances are the ones evaluation measures
 THRESHOLD_RULES = ("first", "mean")
-SCORINGS = ("float64", "mobilefacenet")
+SCORINGS = ("float64", *PUBLISHER_SCORINGS)
 GRIDS = ("default", *PUBLISHER_GRIDS)
 
 # (upper end, accuracy step, VAL step): the classic arange(0, 4, 0.01) / (0, 4, 0.001) for
@@ -162,8 +162,9 @@ def _check_settings(s: VerifySettings) -> None:
     ):
         if value not in valid:
             raise ValueError(f"{name}={value!r}: valid options: {', '.join(valid)}")
-    if s.scoring == "mobilefacenet" and s.distance != "cosine":
-        raise ValueError(f"scoring='mobilefacenet' measures cosine distances, not {s.distance!r}")
+    measured = PUBLISHER_SCORINGS.get(s.scoring, (s.distance,))[0]
+    if measured != s.distance:
+        raise ValueError(f"scoring={s.scoring!r} measures {measured} distances, not {s.distance!r}")
     if not 0.0 < s.far_target <= 1.0:
         raise ValueError(f"far_target={s.far_target!r} must lie in (0, 1]")
 
@@ -177,38 +178,37 @@ def _check_grid(thresholds: Any, name: str) -> np.ndarray:
     return grid
 
 
-def _fold_ids(n_pairs: int, n_folds: int, folds: Any = None) -> np.ndarray:
+def _fold_ids(n_pairs: int, n_folds: int, folds=None) -> np.ndarray:
     """(N,) fold of every pair: contiguous ``KFold(shuffle=False)`` unless ``folds`` gives them."""
     if isinstance(n_folds, bool) or not isinstance(n_folds, (int, np.integer)) or n_folds < 2:
         raise ValueError(f"n_folds={n_folds!r} must be an integer >= 2")
     if n_pairs < n_folds:
         raise ValueError(f"fewer pairs ({n_pairs}) than folds ({n_folds})")
     if folds is None:
-        ids = np.empty(n_pairs, dtype=np.int64)
-        splits = KFold(n_splits=int(n_folds), shuffle=False).split(np.empty((n_pairs, 1)))
-        for fold, (_, test) in enumerate(splits):
-            ids[test] = fold
-        return ids
+        splits = KFold(n_splits=int(n_folds)).split(np.empty((n_pairs, 1)))
+        return np.concatenate([np.full(len(test), f) for f, (_, test) in enumerate(splits)])
     ids = _to_numpy(folds)
     if ids.shape != (n_pairs,) or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"folds must be ({n_pairs},) integers, got {ids.dtype} {ids.shape}")
-    used = np.bincount(ids.clip(0, n_folds), minlength=n_folds + 1)
-    if ids.min() < 0 or ids.max() >= n_folds or (used[:n_folds] == 0).any():
+    if not np.array_equal(np.unique(ids), np.arange(n_folds)):
         raise ValueError(f"folds must use every fold index 0..{n_folds - 1} and no other")
     return ids.astype(np.int64)
 
 
-def _check_fold_classes(issame: np.ndarray, fold_ids: np.ndarray, n_folds: int) -> None:
-    """Every fold needs a positive and a negative pair, or its VAL or FAR is 0 / 0."""
-    for fold in range(n_folds):
-        members = np.flatnonzero(fold_ids == fold)
+def _folds(issame, n_pairs: int, settings: VerifySettings, folds=None):
+    """(issame as (N,) bool, (N,) fold ids), every fold holding both kinds of pair."""
+    same, n_folds = _labels(issame, n_pairs), settings.n_folds
+    ids = _fold_ids(n_pairs, n_folds, folds)
+    for fold in range(n_folds):  # else its VAL or FAR is 0 / 0
+        members = np.flatnonzero(ids == fold)
         for positive, kind in ((True, "positive (same)"), (False, "negative (diff.)")):
-            if not (issame[members] == positive).any():
+            if not (same[members] == positive).any():
                 raise ValueError(
                     f"fold {fold} of {n_folds} (pairs {members[0]}-{members[-1]}) has no {kind} "
                     "pair, so its VAL or FAR is undefined; the folds are contiguous in input "
                     "order, so keep the pairs in pairs.txt order (same and different per fold)"
                 )
+    return same, ids
 
 
 # --------------------------------------------------------------------------- grids
@@ -321,10 +321,8 @@ def _roc_auc_eer(distances: np.ndarray, issame: np.ndarray):
 def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> VerificationResult:
     """The protocol on checked inputs; ``distances`` (N,) or (F, N) (see :func:`_counts`)."""
     grid, val_grid = _check_grid(grids[0], "thresholds"), _check_grid(grids[1], "val_thresholds")
-    n_folds = s.n_folds
-    test_distances = (
-        distances if distances.ndim == 1 else distances[fold_ids, np.arange(len(issame))]
-    )
+    n_folds, pairs = s.n_folds, np.arange(len(issame))
+    test_distances = distances if distances.ndim == 1 else distances[fold_ids, pairs]  # (N,)
     n = np.stack([np.bincount(fold_ids[issame == k], minlength=n_folds) for k in (0, 1)], 1)
     n_train = n.sum(axis=0) - n  # (F, 2) [negative, positive]
     train, test = _counts(distances, issame, fold_ids, n_folds, grid)
@@ -383,17 +381,6 @@ def _metric_distance(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> np.ndar
     return paired_distance(torch.from_numpy(emb1), torch.from_numpy(emb2), metric).numpy()
 
 
-def _mobilefacenet_distance(emb1: np.ndarray, emb2: np.ndarray, mean) -> np.ndarray:
-    """(N,) 1 - lfw_eval.py's ``evaluation_10_fold`` score: its operations in its order, in
-    the features' own dtype, so the scores are its scores bit for bit (1 - s is exact in
-    float64 for a float32 s, so "1 - s < 1 - t" decides as its "s > t")."""
-    a, b = emb1 - mean, emb2 - mean
-    _check_nonzero(a, b, "cosine")  # its division would give NaN scores
-    a = a / np.expand_dims(np.sqrt(np.sum(np.power(a, 2), 1)), 1)
-    b = b / np.expand_dims(np.sqrt(np.sum(np.power(b, 2), 1)), 1)
-    return 1.0 - np.sum(np.multiply(a, b), 1).astype(np.float64)
-
-
 def _embeddings(emb1: Any, emb2: Any, keep_float: bool = False):
     a = _finite(emb1, "emb1", ndim=2, keep_float=keep_float)
     b = _finite(emb2, "emb2", ndim=2, keep_float=keep_float)
@@ -407,9 +394,11 @@ def _fold_distances(a, b, train, s: VerifySettings) -> np.ndarray:
     """(N,) distances while the fold with training pairs ``train`` is tested: the classic
     ``subtract_mean`` subtracts the mean of both sides of those pairs."""
     mean = np.mean(np.concatenate([a[train], b[train]]), axis=0) if s.subtract_mean else 0.0
-    if s.scoring == "mobilefacenet":
-        return _mobilefacenet_distance(a, b, mean)
-    return _metric_distance(a - mean, b - mean, s.distance)
+    a, b = a - mean, b - mean
+    if s.scoring in PUBLISHER_SCORINGS:  # in the features' own dtype
+        _check_nonzero(a, b, s.distance)  # its division would give NaN scores
+        return PUBLISHER_SCORINGS[s.scoring][1](a, b)
+    return _metric_distance(a, b, s.distance)
 
 
 def pair_distances(emb1, emb2, metric="squared", subtract_mean=False, n_folds=10, folds=None):
@@ -448,9 +437,7 @@ def evaluate_verification(distances, issame, settings=CLASSIC, folds=None, grids
     """
     _check_settings(settings)
     dist = _finite(distances, "distances", ndim=1)
-    same = _labels(issame, len(dist))
-    fold_ids = _fold_ids(len(dist), settings.n_folds, folds)
-    _check_fold_classes(same, fold_ids, settings.n_folds)
+    same, fold_ids = _folds(issame, len(dist), settings, folds)
     return _protocol(dist, same, fold_ids, settings, grids or threshold_grids(settings))
 
 
@@ -463,14 +450,12 @@ def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=
     training pairs; AUC and EER use each pair's distance under its own test fold's mean.
     """
     _check_settings(settings)
+    a, b = _embeddings(emb1, emb2, keep_float=settings.scoring != "float64")
     if not settings.subtract_mean and settings.scoring == "float64":
-        distances = pair_distances(emb1, emb2, settings.distance)
+        distances = _metric_distance(a, b, settings.distance)
         return evaluate_verification(distances, issame, settings, folds, grids)
-    a, b = _embeddings(emb1, emb2, keep_float=settings.scoring == "mobilefacenet")
-    same = _labels(issame, len(a))
-    fold_ids = _fold_ids(len(a), settings.n_folds, folds)
-    _check_fold_classes(same, fold_ids, settings.n_folds)
-    by_fold = np.stack(
-        [_fold_distances(a, b, fold_ids != f, settings) for f in range(settings.n_folds)]
+    same, fold_ids = _folds(issame, len(a), settings, folds)
+    by_fold = [_fold_distances(a, b, fold_ids != f, settings) for f in range(settings.n_folds)]
+    return _protocol(
+        np.stack(by_fold), same, fold_ids, settings, grids or threshold_grids(settings)
     )
-    return _protocol(by_fold, same, fold_ids, settings, grids or threshold_grids(settings))

@@ -138,18 +138,9 @@ class ThresholdRecord:
         distance = record.get("distance", record.get("threshold_distance", "squared"))
         fields = dict(record)
         fields.update(record.get("threshold_for") or {})  # metrics.json keeps them apart
-        return cls(
-            value=float(value),
-            distance=str(distance),
-            weights_sha256=_typed(fields.get("weights_sha256"), str),
-            epoch=_typed(fields.get("epoch"), int),
-            flip=_typed(fields.get("flip"), bool),
-            subtract_mean=_typed(fields.get("subtract_mean"), bool),
-            preprocess=_typed(fields.get("preprocess"), str),
-            chosen_on=_typed(fields.get("chosen_on"), str),
-            source=source,
-            features=_typed(fields.get("features"), str) or _IMPLIED["features"],
-        )
+        typed = {key: _typed(fields.get(key), kind) for key, kind in _KINDS.items()}
+        typed["features"] = typed["features"] or _IMPLIED["features"]
+        return cls(float(value), str(distance), source=source, **typed)
 
     def differences(self, at_hand: Mapping) -> list[str]:
         """What differs, in words, from ``at_hand`` (the :data:`PROVENANCE` keys, ``epoch``
@@ -189,6 +180,15 @@ class ThresholdRecord:
         return f"{self.value:.4f} ({'; '.join(parts)}){where}"
 
 
+_KINDS = {
+    "weights_sha256": str,
+    "epoch": int,
+    "flip": bool,
+    "subtract_mean": bool,
+    "preprocess": str,
+    "chosen_on": str,
+    "features": str,
+}
 _NOUNS = {
     "weights_sha256": "weights",
     "flip": "flip setting",

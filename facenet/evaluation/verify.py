@@ -14,7 +14,7 @@ from torch import nn
 
 from facenet.data.insightface_bin import BinImages, BinPairs
 from facenet.errors import DataError
-from facenet.evaluation.embedding import embed_dataset, embed_pair_list
+from facenet.evaluation.embedding import embed_batches, embed_pair_list
 from facenet.evaluation.presets import CLASSIC, VerifySettings
 from facenet.evaluation.protocol import (
     VerificationResult,
@@ -40,10 +40,9 @@ def embed_pairs(
     ranks) or a ``BinPairs`` (in this process, faces resized whole: no ``preprocess``)."""
     if isinstance(pairs, BinPairs):  # images 2i and 2i + 1 are pair i
         images = BinImages(pairs, image_size, normalize)
-        s = settings
-        embeddings = embed_dataset(
-            model, images, s.batch_size, device, s.flip, features=s.features
-        ).numpy()
+        loader = torch.utils.data.DataLoader(images, batch_size=settings.batch_size)
+        chunks = embed_batches(model, loader, device, settings.flip, settings.features)
+        embeddings = (torch.cat(chunks) if chunks else torch.zeros(0, 0)).numpy()
         return embeddings[0::2], embeddings[1::2]
     emb1, emb2 = embed_pair_list(model, pairs, image_size, settings, normalize, device)
     return emb1.numpy(), emb2.numpy()

@@ -108,16 +108,14 @@ def match(gallery: Gallery, probes, threshold: float, distance: str = "squared")
         )
     non_finite_rows(probes.numpy(), "probes")
     enrolled = torch.as_tensor(gallery.embeddings, dtype=torch.float64)  # (G, D)
-    best_d, best_i = [], []
     # angular = arccos(1 - cosine) / pi rises with cosine: the same nearest, converted below
     measured = "cosine" if distance == "angular" else distance
-    for start in range(0, len(probes), _PROBE_BLOCK):
-        block = pairwise_distance(probes[start : start + _PROBE_BLOCK], enrolled, measured)
-        d, i = block.min(dim=1)  # (b,), (b,): the first nearest on ties
-        best_d.append(d)
-        best_i.append(i)
-    dist = torch.cat(best_d).numpy() if best_d else np.zeros(0)
-    index = torch.cat(best_i).numpy() if best_i else np.zeros(0, dtype=np.int64)
+    # (b,) nearest distance and index per block (the first on ties)
+    blocks = [
+        pairwise_distance(p, enrolled, measured).min(dim=1) for p in probes.split(_PROBE_BLOCK)
+    ]
+    dist = torch.cat([d for d, _ in blocks]).numpy()
+    index = torch.cat([i for _, i in blocks]).numpy()
     if distance == "angular":
         dist = np.arccos(np.clip(1.0 - dist, -1.0, 1.0)) / np.pi
     nearest = gallery.labels[index].tolist()

@@ -80,11 +80,11 @@ def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> d
     return values
 
 
-def _selected_model(trainer, run_dir: Path, best_epoch: int | None, last_epoch: int):
-    """The model of ``best.pt`` (a copy), or None when it is the last model or absent."""
+def _selected_model(trainer, run_dir: Path, best_epoch: int):
+    """A copy of the model with ``best.pt``'s weights."""
     path = run_dir / "best.pt"
-    if best_epoch is None or best_epoch == last_epoch or not path.is_file():
-        return None
+    if not path.is_file():
+        raise CheckpointError(f"{path} (epoch {best_epoch}) is missing")
     state = load_checkpoint(path, map_location=trainer.device)
     if int(state["epoch"]) != best_epoch:  # never report one epoch's file as another's
         raise CheckpointError(
@@ -117,10 +117,8 @@ def test_selected(trainer, data, cfg, best_epoch, threshold, last_epoch, run_dir
         result, last = _test_one(trainer.core_model, trainer, data, cfg, threshold)
     last = {"epoch": last_epoch, **last}
     out = {}
-    best_model = _selected_model(trainer, run_dir, best_epoch, last_epoch)
-    if best_epoch is not None and best_epoch != last_epoch and best_model is None:
-        raise CheckpointError(f"{run_dir / 'best.pt'} (epoch {best_epoch}) is missing")
-    if best_model is not None:
+    if best_epoch is not None and best_epoch != last_epoch:
+        best_model = _selected_model(trainer, run_dir, best_epoch)
         result, best = _test_one(best_model, trainer, data, cfg, threshold)
         out["best"] = {"epoch": best_epoch, **best}
     elif best_epoch is not None:
