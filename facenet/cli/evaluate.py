@@ -24,7 +24,7 @@ from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import FEATURES
 from facenet.evaluation.plots import plot_roc
-from facenet.evaluation.presets import EVAL_PRESETS, PUBLISHER_FIELDS, VerifySettings
+from facenet.evaluation.presets import CLASSIC, EVAL_PRESETS, PUBLISHER_FIELDS, VerifySettings
 from facenet.evaluation.protocol import (
     DISTANCES,
     GRIDS,
@@ -71,19 +71,17 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--title", default=None, help="ROC plot title")
     _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
+    parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
     return parser
 
 
 def _add_protocol_arguments(parser) -> None:
     """The protocol's options, in both modes."""
-    parser.add_argument(
-        "--folds", dest="n_folds", type=int, default=10, help="number of folds (default 10)"
-    )
-    parser.add_argument("--far-target", type=float, default=1e-3, help="FAR for VAL (1e-3)")
+    parser.add_argument("--folds", dest="n_folds", type=int, help="number of folds (default 10)")
+    parser.add_argument("--far-target", type=float, help="FAR for VAL (1e-3)")
     parser.add_argument(
         "--distance",
         choices=DISTANCES,
-        default="squared",
         help="metric of the distances (chooses the threshold grids) or to measure embeddings",
     )
     parser.add_argument(
@@ -95,7 +93,6 @@ def _add_protocol_arguments(parser) -> None:
     parser.add_argument(
         "--grid",
         choices=GRIDS,
-        default="default",
         help=(
             "threshold grids: from the distance, the publishers' [0, 4) for any distance, or "
             "MobileFaceNet_Pytorch's cosine similarities in steps of 1e-4"
@@ -104,7 +101,6 @@ def _add_protocol_arguments(parser) -> None:
     parser.add_argument(
         "--threshold-rule",
         choices=THRESHOLD_RULES,
-        default="first",
         help=(
             "each fold's threshold: the first best on the training folds (classic) or the mean "
             "of every best one (MobileFaceNet_Pytorch's lfw_eval.py)"
@@ -118,23 +114,20 @@ def _add_embedding_arguments(embed) -> None:
     embed.add_argument(
         "--preprocess",
         choices=EVAL_PREPROCESS,
-        default="resize",
         help="resize: 1.125 S then the centre S; crop: no resize, the centre S of aligned crops",
     )
     embed.add_argument("--subtract-mean", action="store_true", help="classic mean subtraction")
     embed.add_argument(
         "--features",
         choices=FEATURES,
-        default="unit",
         help="the network's unit embeddings or its raw outputs before L2 normalisation",
     )
     embed.add_argument(
         "--scoring",
         choices=SCORINGS,
-        default="float64",
         help="the distance in float64, or lfw_eval.py's cosine in float32 (MobileFaceNet_Pytorch)",
     )
-    embed.add_argument("--batch-size", type=positive_int, default=128, help="images per forward")
+    embed.add_argument("--batch-size", type=positive_int, help="images per forward")
     add_device_argument(embed, "cpu")
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
 
@@ -143,10 +136,8 @@ def config_defaults(path: str) -> dict:
     """The command line's defaults from a run configuration's ``eval`` section."""
     cfg = load_config(path)
     e = cfg.eval
-    defaults = vars(VerifySettings.of(e))
-    del defaults["num_workers"]  # a run's loader setting; checkpoint mode decodes in-process
     out = {"pairs": e.pairs, "root": e.root, "log_scale": e.log_scale_roc}
-    return {**out, **defaults, "out": cfg.logging.out_dir}
+    return {**out, **vars(VerifySettings.of(e)), "out": cfg.logging.out_dir}
 
 
 def _check_options(args: argparse.Namespace) -> None:
