@@ -161,7 +161,7 @@ def check_out(out: Path) -> None:
 
 
 def _embedding_setup(args: argparse.Namespace) -> tuple:
-    """(model on its device, its input size, ``verify``'s keywords, ``threshold_for``)."""
+    """(pairs -> ``VerificationResult`` of the checkpoint's model, ``threshold_for``)."""
     trained, device = load_model(args.checkpoint), parse_device(args.device)
     settings = VerifySettings.of(args)
     threshold_for = {
@@ -170,40 +170,26 @@ def _embedding_setup(args: argparse.Namespace) -> tuple:
         "epoch": trained.epoch,
         **settings.provenance(),
     }
-    options = {"settings": settings, "normalize": trained.normalize, "device": device}
-    return trained.model.to(device), trained.image_size, options, threshold_for
+    model, size = trained.model.to(device), trained.image_size
+    measure = lambda pairs: verify(
+        model, pairs, size, settings, normalize=trained.normalize, device=device
+    )
+    return measure, threshold_for
 
 
-def _bin_names(paths: list[str]) -> dict[str, str]:
-    """``{set name: path}`` of the ``--bin`` files; two sets of one name are refused."""
-    names = {}
-    for path in paths:
+def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
+    """(metrics.json, ``{set name: result}``) of every ``--bin`` set; two sets of one name are
+    refused."""
+    paths = {}
+    for path in args.bin:
         name = Path(path).stem
-        if name in names:
+        if name in paths:
             raise InputError(f"--bin {path}: a second set named {name!r}")
-        names[name] = path
-    return names
-
-
-def _write_json(path: Path, metrics: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(metrics, indent=1) + "\n")
-
-
-def _bin_mode(args: argparse.Namespace) -> None:
-    """Every ``--bin`` set: a table row each, metrics.json and a ROC per set."""
-    paths = _bin_names(args.bin)
-    model, image_size, options, threshold_for = _embedding_setup(args)
-    results = {n: verify(model, read_bin(p), image_size, **options) for n, p in paths.items()}
-    print(sets_table(results))
-    out = Path(args.out)
+        paths[name] = path
+    measure, threshold_for = _embedding_setup(args)
+    results = {name: measure(read_bin(path)) for name, path in paths.items()}
     sets = {name: r.to_dict(curves=False) for name, r in results.items()}
-    record = {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}
-    _write_json(out / "metrics.json", record)
-    for name, result in results.items():
-        title = args.title or f"{name} ({result.n_pairs} pairs)"
-        plot_roc(result, out / f"roc_{name}.png", log_scale=args.log_scale, title=title)
-    print(f"wrote {out / 'metrics.json'} and a roc_<set>.png for each set")
+    return {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}, results
 
 
 def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
@@ -217,9 +203,8 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
         fields = {"source": source, "threshold_for": {"distances": source}}
         return Path(args.distances).name, fields, result
 
-    model, image_size, options, threshold_for = _embedding_setup(args)
-    pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
-    result = verify(model, pairs, image_size, **options)
+    measure, threshold_for = _embedding_setup(args)
+    result = measure(read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing))
     fields = {"source": f"{args.checkpoint} on {args.pairs}", "threshold_for": threshold_for}
     return Path(args.pairs).name, fields, result
 
@@ -230,13 +215,21 @@ def _evaluate(args: argparse.Namespace) -> None:
     out = Path(args.out)
     check_out(out)  # before the work, not after it
     if args.bin:
-        _bin_mode(args)
-        return
-    name, fields, result = _single(args)
-    print(result_table(name, result))
-    _write_json(out / "metrics.json", {**fields, **result.to_dict()})
-    plot_roc(result, out / "roc.png", log_scale=args.log_scale, title=args.title)
-    print(f"wrote {out / 'metrics.json'} and {out / 'roc.png'}")
+        record, results = _bin_sets(args)
+        print(sets_table(results))
+        wrote = "a roc_<set>.png for each set"
+    else:
+        name, fields, result = _single(args)
+        print(result_table(name, result))
+        record, results, wrote = {**fields, **result.to_dict()}, {"": result}, out / "roc.png"
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
+    for name, result in results.items():  # name "": the one result of --pairs or --distances
+        file, title = (
+            (f"roc_{name}.png", f"{name} ({result.n_pairs} pairs)") if name else ("roc.png", None)
+        )
+        plot_roc(result, out / file, log_scale=args.log_scale, title=args.title or title)
+    print(f"wrote {out / 'metrics.json'} and {wrote}")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

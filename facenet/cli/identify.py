@@ -137,17 +137,11 @@ def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
     return None
 
 
-def choose_threshold(args, gallery: dict) -> tuple[float, str, str, str]:
-    """(threshold, distance, where it came from, a line saying which), in the module's order;
-    a DataError for none, or for a stored one chosen for other embeddings."""
+def choose_threshold(args, gallery: dict) -> ThresholdRecord:
+    """The threshold, in the module's order; a DataError for none, or for a stored one chosen
+    for other embeddings."""
     if args.threshold is not None:
-        distance = args.distance or "squared"
-        return (
-            args.threshold,
-            distance,
-            "--threshold",
-            f"threshold: {args.threshold:.4f} ({distance} distance; --threshold)",
-        )
+        return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
     if args.distance:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
     if args.metrics:
@@ -162,8 +156,7 @@ def choose_threshold(args, gallery: dict) -> tuple[float, str, str, str]:
             "or a run's summary.json (the gallery file records none)"
         )
     what = f"the embeddings of --gallery {args.gallery}"
-    record = checked_threshold(record, provenance(gallery), what)
-    return record.value, record.distance, record.source, f"threshold: {record.describe()}"
+    return checked_threshold(record, provenance(gallery), what)
 
 
 def matches_csv(probes: dict, matches) -> str:
@@ -205,15 +198,16 @@ def _identify(args: argparse.Namespace) -> int:
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
     check_same_making(gallery_arrays, probes, args)
     gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))
-    threshold, distance, source, line = choose_threshold(args, gallery_arrays)
-    print(line)
-    matches = match(gallery, probes["embeddings"], threshold, distance)
+    chosen = choose_threshold(args, gallery_arrays)
+    print(f"threshold: {chosen.describe()}")
+    source = chosen.source or chosen.chosen_on
+    matches = match(gallery, probes["embeddings"], chosen.value, chosen.distance)
     labelled = len(probes.get("labels", [])) == len(matches.identity)
     rates = identification_rates(matches, probes["labels"], gallery) if labelled else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "matches.csv", matches_csv(probes, matches))
-    record = {"threshold": threshold, "threshold_distance": distance, "source": source}
+    record = {"threshold": chosen.value, "threshold_distance": chosen.distance, "source": source}
     record.update(rates or {})
     write_text_atomic(out / "identification.json", json.dumps(json_safe(record), indent=1))
     print(report(matches, rates, source))

@@ -42,15 +42,9 @@ THRESHOLD_RULES = ("first", "mean")
 SCORINGS = ("float64", *PUBLISHER_SCORINGS)
 GRIDS = ("default", *PUBLISHER_GRIDS)
 
-# (upper end, accuracy step, VAL step): the classic arange(0, 4, 0.01) / (0, 4, 0.001) for
-# squared distances of unit vectors; the others span their own range in as many steps.
-_GRIDS = {
-    "squared": (4.0, 0.01, 0.001),
-    "euclidean": (2.0, 0.005, 0.0005),
-    "cosine": (2.0, 0.005, 0.0005),
-    "angular": (1.0, 0.0025, 0.00025),
-    "seed_l2": (2.0, 0.005, 0.0005),
-}
+# Each grid's upper end: the classic arange(0, 4, 0.01) / (0, 4, 0.001) for squared distances
+# of unit vectors; the others span their own range in as many steps.
+_GRID_TOPS = {"squared": 4.0, "euclidean": 2.0, "cosine": 2.0, "angular": 1.0, "seed_l2": 2.0}
 # How a distance scales with the embeddings' norm: squared with r**2, euclidean with r.
 _NORM_POWER = {"squared": 2, "euclidean": 1, "seed_l2": 1}
 
@@ -219,8 +213,8 @@ def default_thresholds(distance: str = "squared", fine: bool = False) -> np.ndar
     the classic ``arange(0, 4, 0.01)``, the others their range in as many steps."""
     if distance not in DISTANCES:
         raise ValueError(f"distance={distance!r}: valid options: {', '.join(DISTANCES)}")
-    top, coarse, fine_step = _GRIDS[distance]
-    return np.arange(0, top, fine_step if fine else coarse)
+    top = _GRID_TOPS[distance]
+    return np.arange(0, top, top / (4000 if fine else 400))
 
 
 def threshold_grids(settings: VerifySettings) -> tuple[np.ndarray, np.ndarray]:
@@ -401,6 +395,11 @@ def _fold_distances(a, b, train, s: VerifySettings) -> np.ndarray:
     return _metric_distance(a, b, s.distance)
 
 
+def _by_fold(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
+    """(F, N): row f measured while fold f is tested."""
+    return np.stack([_fold_distances(a, b, fold_ids != f, s) for f in range(s.n_folds)])
+
+
 def pair_distances(emb1, emb2, metric="squared", subtract_mean=False, n_folds=10, folds=None):
     """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip).
 
@@ -414,11 +413,7 @@ def pair_distances(emb1, emb2, metric="squared", subtract_mean=False, n_folds=10
     if not subtract_mean:
         return _metric_distance(a, b, metric)
     fold_ids = _fold_ids(len(a), n_folds, folds)
-    out = np.empty(len(a))
-    for fold in range(n_folds):
-        test = fold_ids == fold
-        out[test] = _fold_distances(a, b, ~test, s)[test]
-    return out
+    return _by_fold(a, b, fold_ids, s)[fold_ids, np.arange(len(a))]
 
 
 # --------------------------------------------------------------------------- public API
@@ -455,7 +450,5 @@ def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=
         distances = _metric_distance(a, b, settings.distance)
         return evaluate_verification(distances, issame, settings, folds, grids)
     same, fold_ids = _folds(issame, len(a), settings, folds)
-    by_fold = [_fold_distances(a, b, fold_ids != f, settings) for f in range(settings.n_folds)]
-    return _protocol(
-        np.stack(by_fold), same, fold_ids, settings, grids or threshold_grids(settings)
-    )
+    by_fold = _by_fold(a, b, fold_ids, settings)
+    return _protocol(by_fold, same, fold_ids, settings, grids or threshold_grids(settings))

@@ -65,7 +65,9 @@ class Gallery:
         self.embeddings = np.asarray(self.embeddings, dtype=np.float32)
         self.labels = np.asarray(self.labels).astype(str)
         if self.embeddings.ndim != 2 or len(self.embeddings) == 0:
-            raise DataError(f"gallery embeddings must be (G, D) with G >= 1, got {self.shape}")
+            raise DataError(
+                f"gallery embeddings must be (G, D) with G >= 1, got {self.embeddings.shape}"
+            )
         if self.labels.shape != (len(self.embeddings),):
             raise DataError(
                 f"gallery: {len(self.embeddings)} embeddings but {self.labels.shape[0]} labels "
@@ -74,10 +76,6 @@ class Gallery:
         if (self.labels == "").any():
             raise DataError("gallery: every embedding needs an identity (a folder name)")
         non_finite_rows(self.embeddings, "gallery")
-
-    @property
-    def shape(self) -> tuple:
-        return tuple(np.shape(self.embeddings))
 
 
 @dataclass
@@ -103,7 +101,7 @@ def match(gallery: Gallery, probes, threshold: float, distance: str = "squared")
     probes = torch.as_tensor(np.asarray(probes, dtype=np.float64))  # (P, D)
     if probes.ndim != 2 or probes.shape[1] != gallery.embeddings.shape[1]:
         raise DataError(
-            f"probe embeddings {tuple(probes.shape)} do not fit the gallery's {gallery.shape} "
+            f"probe embeddings {tuple(probes.shape)} do not fit the gallery's {gallery.embeddings.shape} "
             "(embed both with the same model and --flip setting)"
         )
     non_finite_rows(probes.numpy(), "probes")
@@ -156,10 +154,8 @@ def read_threshold(path: str | os.PathLike) -> ThresholdRecord | None:
         raise DataError(f"{path}: not a JSON file ({err})") from None
     if not isinstance(record, dict):
         return None
-    found = record.get("threshold")
-    if isinstance(found, dict):  # summary.json
-        return ThresholdRecord.from_dict(found, str(path))
-    return ThresholdRecord.from_dict(record, str(path))
+    found = record.get("threshold")  # a dict in summary.json
+    return ThresholdRecord.from_dict(found if isinstance(found, dict) else record, str(path))
 
 
 def checked_threshold(
