@@ -17,8 +17,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from facenet.cli.common import run_command
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_npz
@@ -161,15 +159,20 @@ def choose_threshold(args, gallery: dict) -> ThresholdRecord:
 
 def matches_csv(probes: dict, matches) -> str:
     """One row per probe: path, label, answer, nearest identity, distance."""
-    labels = probes.get("labels", np.array([]))
+    n = len(matches.nearest)
+    labels = probes.get("labels", [])
+    rows = zip(
+        probes.get("paths", [""] * n),  # as long as the embeddings
+        labels if len(labels) else [""] * n,
+        matches.identity,
+        matches.nearest,
+        matches.distance,
+    )
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["path", "label", "identity", "nearest", "distance"])
-    paths = probes.get("paths", [""] * len(matches.nearest))  # as long as the embeddings
-    for i, path in enumerate(paths):
-        label = labels[i] if len(labels) else ""
-        answer = matches.identity[i] if matches.identity[i] is not None else UNKNOWN
-        writer.writerow([path, label, answer, matches.nearest[i], f"{matches.distance[i]:.6f}"])
+    for path, label, answer, nearest, d in rows:
+        writer.writerow([path, label, answer or UNKNOWN, nearest, f"{d:.6f}"])
     return out.getvalue()
 
 

@@ -40,11 +40,6 @@ class _PathDataset(torch.utils.data.Dataset):
         return self.transform(read_image(self.paths[index]))
 
 
-def _check_features(features: str) -> None:
-    if features not in FEATURES:
-        raise ValueError(f"features={features!r}: expected one of {FEATURES}")
-
-
 def _forward(model: nn.Module, images: torch.Tensor, features: str) -> torch.Tensor:
     """(b, D) unit embeddings, or with ``features="raw"`` the same layer before normalising."""
     if features == "unit":
@@ -62,7 +57,8 @@ def embed_batches(
 ) -> list[torch.Tensor]:
     """(b, D) embeddings, (b, 2D) with ``flip`` (each image's, then its mirror's), of every
     (b, C, H, W) batch, in eval mode."""
-    _check_features(features)
+    if features not in FEATURES:
+        raise ValueError(f"features={features!r}: expected one of {FEATURES}")
     was_training = model.training
     model.eval()
     chunks = []
@@ -90,7 +86,7 @@ def embed_pair_list(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(emb1, emb2)``, (N, D) float32 on the CPU ((N, 2D) with ``settings.flip``), of both
     sides of a ``PairList``, each unique image embedded once; image size S or (H, W)."""
-    paths, index1, index2 = pair_list.unique_paths()
+    paths, index1, index2 = pair_list.unique_paths()  # index: (N,) int64 into paths
     s = settings
     transform = build_transform(image_size, False, normalize, preprocess=s.preprocess)
     # rank r embeds images r, r + W, ...; the shards are gathered unpadded and interleaved back
@@ -106,6 +102,4 @@ def embed_pair_list(
         chunks, error = [], err
     agree_on_error(error)  # a rank that failed does not leave the others in the gather
     embeddings = _gather_shards(chunks, len(paths), world)  # (U, D)
-    index1 = torch.as_tensor(index1, dtype=torch.long)
-    index2 = torch.as_tensor(index2, dtype=torch.long)
-    return embeddings[index1], embeddings[index2]
+    return embeddings[torch.as_tensor(index1)], embeddings[torch.as_tensor(index2)]

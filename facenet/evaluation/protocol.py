@@ -84,15 +84,13 @@ class VerificationResult:
 
     def to_dict(self, curves: bool = True) -> dict[str, Any]:
         """JSON-safe values; without ``curves``, no per-threshold or ROC arrays."""
-        out: dict[str, Any] = {}
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if not curves and field.name in ("tpr", "fpr", "thresholds", "roc_fpr", "roc_tpr"):
-                continue
+        skipped = () if curves else ("tpr", "fpr", "thresholds", "roc_fpr", "roc_tpr")
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skipped}
+        for key, value in out.items():
             if isinstance(value, np.ndarray):
-                out[field.name] = [float(v) for v in value]
-            else:
-                out[field.name] = value if isinstance(value, (str, int)) else float(value)
+                out[key] = value.astype(np.float64).tolist()
+            elif not isinstance(value, (str, int)):
+                out[key] = float(value)
         return out
 
     def summary(self) -> str:
@@ -105,7 +103,7 @@ class VerificationResult:
 
 
 def _to_numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach") and hasattr(x, "cpu"):
+    if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     return np.asarray(x)
 
@@ -263,23 +261,19 @@ def _counts(distances, issame, fold_ids, n_folds, grid, inclusive=False):
     return both[0], both[1]
 
 
-def _first_rule(train, test, n, grid):
-    """(accuracy, threshold) per fold: the classic first best training threshold."""
-    correct = train[:, 1] + (n.sum(axis=0) - n)[:, :1] - train[:, 0]  # (F, T) integer counts
-    best = np.argmax(correct, axis=1)  # the first maximum, as the classic np.argmax
-    rows = np.arange(len(n))
-    right = test[rows, 1, best] + (n[:, 0] - test[rows, 0, best])
-    return right / n.sum(axis=1), grid[best]
-
-
-def _mean_rule(correct, grid, test_distances, issame, fold_ids, n):
-    """(accuracy, threshold) per fold as Xiaoccer/MobileFaceNet_Pytorch's getThreshold and
-    getAccuracy: the mean of every best grid threshold (``correct``: (F, T) right training
-    pairs), a pair exactly at it wrong for either kind."""
-    best = correct == correct.max(axis=1, keepdims=True)
-    chosen = np.array([np.mean(grid[row]) for row in best])  # (F,), its np.mean
+def _fold_accuracy(correct, grid, test_distances, issame, fold_ids, n, rule: str):
+    """(accuracy, threshold) per fold from ``correct``, the (F, T) right training pairs per
+    threshold. "first": the classic first best threshold; "mean": Xiaoccer/MobileFaceNet_Pytorch's
+    getThreshold and getAccuracy, the mean of every best one, a pair exactly at it wrong for
+    either kind."""
+    if rule == "first":
+        chosen = grid[np.argmax(correct, axis=1)]  # the first maximum, as the classic np.argmax
+    else:
+        best = correct == correct.max(axis=1, keepdims=True)
+        chosen = np.array([np.mean(grid[row]) for row in best])  # (F,), its np.mean
     threshold = chosen[fold_ids]  # (N,) each pair against its own fold's
-    right = np.where(issame, test_distances < threshold, test_distances > threshold)
+    rejected = test_distances >= threshold if rule == "first" else test_distances > threshold
+    right = np.where(issame, test_distances < threshold, rejected)
     return np.bincount(fold_ids[right], minlength=len(n)) / n.sum(axis=1), chosen
 
 
@@ -320,12 +314,17 @@ def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> Verifica
     n = np.stack([np.bincount(fold_ids[issame == k], minlength=n_folds) for k in (0, 1)], 1)
     n_train = n.sum(axis=0) - n  # (F, 2) [negative, positive]
     train, test = _counts(distances, issame, fold_ids, n_folds, grid)
-    if s.threshold_rule == "first":
-        accuracy, best = _first_rule(train, test, n, grid)
-    else:
-        at_or_below, _ = _counts(distances, issame, fold_ids, n_folds, grid, inclusive=True)
-        correct = train[:, 1] + (n_train[:, :1] - at_or_below[:, 0])
-        accuracy, best = _mean_rule(correct, grid, test_distances, issame, fold_ids, n)
+    # the mean rule counts a negative pair at a threshold as wrong
+    mean_rule = s.threshold_rule == "mean"
+    below = (
+        _counts(distances, issame, fold_ids, n_folds, grid, inclusive=True)[0]
+        if mean_rule
+        else train
+    )
+    correct = train[:, 1] + n_train[:, :1] - below[:, 0]  # (F, T) right training pairs
+    accuracy, best = _fold_accuracy(
+        correct, grid, test_distances, issame, fold_ids, n, s.threshold_rule
+    )
     val_train, _ = _counts(distances, issame, fold_ids, n_folds, val_grid)
     chosen = _far_thresholds(val_train[:, 0] / n_train[:, :1], val_grid, s.far_target)
     accepted = test_distances < chosen[fold_ids]

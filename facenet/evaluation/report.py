@@ -36,11 +36,8 @@ def val_at_far_label(val: float, far_target: float, far: float) -> str:
 
 def figures(result) -> dict:
     """The reported figures of a ``VerificationResult``, with its threshold and distance."""
-    out = {key: float(getattr(result, key)) for key in FIGURE_KEYS}
-    out["far_target"] = float(result.far_target)
-    out["threshold"] = float(result.threshold)
-    out["distance"] = result.threshold_distance
-    return out
+    out = {key: float(getattr(result, key)) for key in (*FIGURE_KEYS, "far_target", "threshold")}
+    return {**out, "distance": result.threshold_distance}
 
 
 def figure_cells(values: Mapping) -> dict[str, str]:
@@ -136,8 +133,7 @@ class ThresholdRecord:
         if not _is_number(value):
             return None
         distance = record.get("distance", record.get("threshold_distance", "squared"))
-        fields = dict(record)
-        fields.update(record.get("threshold_for") or {})  # metrics.json keeps them apart
+        fields = {**record, **(record.get("threshold_for") or {})}  # metrics.json keeps them apart
         typed = {key: _typed(fields.get(key), kind) for key, kind in _KINDS.items()}
         typed["features"] = typed["features"] or _IMPLIED["features"]
         return cls(float(value), str(distance), source=source, **typed)

@@ -101,8 +101,8 @@ def match(gallery: Gallery, probes, threshold: float, distance: str = "squared")
     probes = torch.as_tensor(np.asarray(probes, dtype=np.float64))  # (P, D)
     if probes.ndim != 2 or probes.shape[1] != gallery.embeddings.shape[1]:
         raise DataError(
-            f"probe embeddings {tuple(probes.shape)} do not fit the gallery's {gallery.embeddings.shape} "
-            "(embed both with the same model and --flip setting)"
+            f"probe embeddings {tuple(probes.shape)} do not fit the gallery's "
+            f"{gallery.embeddings.shape} (embed both with the same model and --flip setting)"
         )
     non_finite_rows(probes.numpy(), "probes")
     enrolled = torch.as_tensor(gallery.embeddings, dtype=torch.float64)  # (G, D)
@@ -129,8 +129,7 @@ def identification_rates(matches: Matches, probe_labels, gallery: Gallery) -> di
     labels = np.asarray(probe_labels).astype(str)
     if labels.shape != (len(matches.nearest),):
         raise DataError(f"{len(labels)} probe labels for {len(matches.nearest)} probes")
-    enrolled = set(gallery.labels.tolist())
-    known = np.array([name in enrolled for name in labels], dtype=bool)
+    known = np.isin(labels, gallery.labels)
     nearest = np.asarray(matches.nearest, dtype=str)
     accepted = np.array([name is not None for name in matches.identity], dtype=bool)
     correct = nearest == labels

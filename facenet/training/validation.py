@@ -21,11 +21,11 @@ from facenet.distributed import broadcast_buffers, is_main_process
 from facenet.errors import CheckpointError
 from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import VerifySettings
-from facenet.evaluation.report import FIGURE_KEYS, figures, figures_line
+from facenet.evaluation.report import figures, figures_line
 from facenet.evaluation.verify import verify
 from facenet.inference.loading import weights_digest
 
-__all__ = ["FIGURE_KEYS", "figures", "validate", "test_selected", "figures_line"]
+__all__ = ["figures", "figures_line", "test_selected", "validate"]
 
 
 def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:
