@@ -112,8 +112,7 @@ def match(gallery: Gallery, probes, threshold: float, distance: str = "squared")
     blocks = [
         pairwise_distance(p, enrolled, measured).min(dim=1) for p in probes.split(_PROBE_BLOCK)
     ]
-    dist = torch.cat([d for d, _ in blocks]).numpy()
-    index = torch.cat([i for _, i in blocks]).numpy()
+    dist, index = (torch.cat(column).numpy() for column in zip(*blocks))
     if distance == "angular":
         dist = np.arccos(np.clip(1.0 - dist, -1.0, 1.0)) / np.pi
     nearest = gallery.labels[index].tolist()
@@ -200,13 +199,12 @@ def model_threshold(
             epoch=at_hand.get("epoch"),
             chosen_on="--threshold",
         )
-        return record, f"threshold: {record.describe()}"
-    if none:
+    elif none:
         return None, "threshold: none recorded (--no-threshold)"
-    stored = trained.threshold_record()
-    if stored is None:
+    elif (stored := trained.threshold_record()) is None:
         return None, f"threshold: none saved with {trained.path} (identify will need --threshold)"
-    what = f"the embeddings of {trained.path} made here"
-    remedy = "give --threshold (and --distance) chosen for them, or --no-threshold"
-    record = checked_threshold(stored, at_hand, what, remedy)
+    else:
+        what = f"the embeddings of {trained.path} made here"
+        remedy = "give --threshold (and --distance) chosen for them, or --no-threshold"
+        record = checked_threshold(stored, at_hand, what, remedy)
     return record, f"threshold: {record.describe()}"
