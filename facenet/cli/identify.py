@@ -97,13 +97,8 @@ def _check_strings(arrays: dict, key: str, n: int, path) -> None:
 def provenance(arrays: dict) -> dict:
     """How a facenet-embed file's embeddings were made; None where it does not say (files
     written before it recorded this). Nothing in it subtracts a mean embedding."""
-    value = lambda key: arrays[key].item() if key in arrays else None
-    return {
-        "weights_sha256": value("weights_sha256"),
-        "flip": None if value("flip") is None else bool(value("flip")),
-        "subtract_mean": False,
-        "preprocess": value("preprocess"),
-    }
+    keys = ("weights_sha256", "flip", "preprocess")  # load_embeddings checked their kinds
+    return {**{k: arrays[k].item() if k in arrays else None for k in keys}, "subtract_mean": False}
 
 
 def check_same_making(gallery: dict, probes: dict, args) -> None:
