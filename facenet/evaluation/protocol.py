@@ -314,13 +314,9 @@ def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> Verifica
     n = np.stack([np.bincount(fold_ids[issame == k], minlength=n_folds) for k in (0, 1)], 1)
     n_train = n.sum(axis=0) - n  # (F, 2) [negative, positive]
     train, test = _counts(distances, issame, fold_ids, n_folds, grid)
-    # the mean rule counts a negative pair at a threshold as wrong
-    mean_rule = s.threshold_rule == "mean"
-    below = (
-        _counts(distances, issame, fold_ids, n_folds, grid, inclusive=True)[0]
-        if mean_rule
-        else train
-    )
+    # the mean rule counts a negative pair at a threshold as wrong: those at or below it
+    inclusive = s.threshold_rule == "mean"
+    below = _counts(distances, issame, fold_ids, n_folds, grid, True)[0] if inclusive else train
     correct = train[:, 1] + n_train[:, :1] - below[:, 0]  # (F, T) right training pairs
     accuracy, best = _fold_accuracy(
         correct, grid, test_distances, issame, fold_ids, n, s.threshold_rule
