@@ -1,15 +1,11 @@
 """Embed every image under a folder with a trained model: ``--checkpoint CKPT --images DIR``.
 
-DIR holds identity folders (``DIR/<identity>/<image>``; the folder name is the label) or images
-directly. Each image is prepared as the evaluation does (resize, centre crop, the model's
-standardisation). Unreadable files are named on stderr and left out. ``--out FILE.npz`` holds
-``embeddings`` (N, D) float32, ``paths`` (N,) and ``labels`` (N,) or (0,) for a flat folder;
-how they were made: ``flip``, ``preprocess``, ``weights_sha256`` (the weights' content hash);
-and the threshold recorded for them (``threshold``, ``threshold_distance``,
-``threshold_record``: JSON of what it was chosen for): ``--threshold``, or the one saved with
-the model when it was chosen for these weights, this ``--flip`` setting, no mean subtraction
-and this preprocessing. A saved threshold chosen for anything else is an error saying what
-differs (give ``--threshold`` or ``--no-threshold``).
+DIR holds identity folders (the folder name is the label) or images directly; unreadable files
+are named on stderr and left out. ``--out FILE.npz`` holds ``embeddings`` (N, D) float32,
+``paths``, ``labels`` ((0,) for a flat folder), how they were made (``flip``, ``preprocess``,
+``weights_sha256``) and the threshold recorded for them (``--threshold``, or the one saved
+with the model when chosen for these weights and this preparation; otherwise an error saying
+what differs: give ``--threshold`` or ``--no-threshold``).
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ import numpy as np
 
 from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
 from facenet.errors import FacenetError
+from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
 from facenet.files import write_atomic
@@ -55,13 +52,8 @@ def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdRecord | None) -> dict:
-    """The arrays of the output file (strings as numpy unicode: no pickle needed to read).
-
-    Args:
-        result: the folder's embeddings.
-        at_hand: how they were made (``TrainedModel.preparation``).
-        threshold: the threshold recorded for them, or None.
-    """
+    """The output file's arrays (strings as numpy unicode: read without pickles); ``at_hand``:
+    ``TrainedModel.preparation``."""
     labelled = any(result.labels)
     arrays = {
         "embeddings": result.embeddings.numpy().astype(np.float32),
@@ -83,19 +75,20 @@ def _embed(args: argparse.Namespace) -> int:
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
     at_hand = trained.preparation(flip=args.flip)
-    # Chosen before the work: a saved threshold that does not fit stops here, not after it.
+    # before the work: a saved threshold that does not fit stops here
     threshold, line = model_threshold(
         trained, at_hand, args.threshold, args.distance, args.no_threshold
     )
+    settings = VerifySettings(flip=args.flip, batch_size=args.batch_size)
+    model = trained.model.to(device)
     result = embed_folder(
-        trained.model.to(device),
+        model,
         args.images,
         trained.image_size,
+        settings,
         trained.normalize,
-        args.batch_size,
         device,
-        args.flip,
-        progress=not args.no_progress,
+        not args.no_progress,
     )
     for path, reason in result.unreadable:
         print(f"warning: unreadable image left out: {path}: {reason}", file=sys.stderr)
@@ -114,11 +107,7 @@ def _embed(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Embed a folder; returns the exit code (2: bad input).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Embed a folder; returns the exit code (2: bad input)."""
     args = get_args_parser().parse_args(argv)
     return run_command(lambda: _embed(args))
 

@@ -1,19 +1,11 @@
 """Verification with the LFW protocol: accuracy, VAL@FAR, AUC, EER and the ROC curve.
 
-Two sources of pair distances:
-
-- ``--distances FILE``: an ``.npz`` with arrays ``distances`` and ``issame``, or a ``.csv`` with
-  rows ``distance,issame`` (issame 0/1 or true/false; an optional header row).
-- ``--checkpoint PATH --pairs FILE``: a trained model (training checkpoint, ``model.pt`` weights
-  export or facenet-pytorch file) embeds the images a pairs.txt names.
-- ``--checkpoint PATH --bin FILE.bin [--bin ...]``: insightface verification sets (lfw, cfp_fp,
-  agedb_30, calfw, cplfw), read without running anything in the pickle; one table row each.
-
-Prints a table and writes ``metrics.json`` (with the verification threshold: the mean over
-folds, the distance it applies to, and ``threshold_for``: the weights' content hash, epoch,
-flip, mean subtraction and preprocessing it was chosen for) and ``roc.png``
-(``roc_<name>.png`` per ``--bin``) into ``--out``. Distances above the threshold grid (which
-no threshold can accept) are warned about.
+Pair distances come from ``--distances FILE`` (an ``.npz`` with arrays ``distances`` and
+``issame``, or a ``.csv`` of ``distance,issame`` rows), or from a model (``--checkpoint``)
+embedding a pairs.txt (``--pairs``) or insightface ``.bin`` sets (``--bin``, one table row
+each). Prints a table and writes into ``--out`` ``metrics.json`` (with the threshold, its
+distance and ``threshold_for``: the weights and preparation it was chosen for) and ``roc.png``
+(``roc_<name>.png`` per ``--bin``).
 """
 
 from __future__ import annotations
@@ -31,16 +23,17 @@ from facenet.data.pairs import read_pairs
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import FEATURES
-from facenet.evaluation.presets import EVAL_PRESETS
+from facenet.evaluation.plots import plot_roc
+from facenet.evaluation.presets import CLASSIC, EVAL_PRESETS, PUBLISHER_FIELDS, VerifySettings
 from facenet.evaluation.protocol import (
     DISTANCES,
+    GRIDS,
     SCORINGS,
     THRESHOLD_RULES,
     VerificationResult,
-    plot_roc,
 )
 from facenet.evaluation.report import result_table, sets_table
-from facenet.evaluation.verify import GRIDS, verify, verify_distances
+from facenet.evaluation.verify import verify, verify_distances
 from facenet.files import write_text_atomic
 from facenet.inference.loading import load_model
 
@@ -69,12 +62,26 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
     parser.add_argument("--out", default="runs/evaluate", help="where metrics.json and roc.png go")
-    parser.add_argument("--folds", type=int, default=10, help="number of folds (default 10)")
-    parser.add_argument("--far-target", type=float, default=1e-3, help="FAR for VAL (1e-3)")
+    _add_protocol_arguments(parser)
+    parser.add_argument(
+        "--linear-far",
+        dest="log_scale",
+        action="store_false",
+        help="linear FAR axis in the ROC (default: logarithmic, where VAL is read)",
+    )
+    parser.add_argument("--title", default=None, help="ROC plot title")
+    _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
+    parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
+    return parser
+
+
+def _add_protocol_arguments(parser) -> None:
+    """The protocol's options, in both modes."""
+    parser.add_argument("--folds", dest="n_folds", type=int, help="number of folds (default 10)")
+    parser.add_argument("--far-target", type=float, help="FAR for VAL (1e-3)")
     parser.add_argument(
         "--distance",
         choices=DISTANCES,
-        default="squared",
         help="metric of the distances (chooses the threshold grids) or to measure embeddings",
     )
     parser.add_argument(
@@ -86,7 +93,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--grid",
         choices=GRIDS,
-        default="default",
         help=(
             "threshold grids: from the distance, the publishers' [0, 4) for any distance, or "
             "MobileFaceNet_Pytorch's cosine similarities in steps of 1e-4"
@@ -95,21 +101,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--threshold-rule",
         choices=THRESHOLD_RULES,
-        default="first",
         help=(
             "each fold's threshold: the first best on the training folds (classic) or the mean "
             "of every best one (MobileFaceNet_Pytorch's lfw_eval.py)"
         ),
     )
-    parser.add_argument(
-        "--linear-far",
-        dest="log_scale",
-        action="store_false",
-        help="linear FAR axis in the ROC (default: logarithmic, where VAL is read)",
-    )
-    parser.add_argument("--title", default=None, help="ROC plot title")
-    _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
-    return parser
 
 
 def _add_embedding_arguments(embed) -> None:
@@ -118,70 +114,43 @@ def _add_embedding_arguments(embed) -> None:
     embed.add_argument(
         "--preprocess",
         choices=EVAL_PREPROCESS,
-        default="resize",
         help="resize: 1.125 S then the centre S; crop: no resize, the centre S of aligned crops",
     )
     embed.add_argument("--subtract-mean", action="store_true", help="classic mean subtraction")
     embed.add_argument(
         "--features",
         choices=FEATURES,
-        default="unit",
         help="the network's unit embeddings or its raw outputs before L2 normalisation",
     )
     embed.add_argument(
         "--scoring",
         choices=SCORINGS,
-        default="float64",
         help="the distance in float64, or lfw_eval.py's cosine in float32 (MobileFaceNet_Pytorch)",
     )
-    embed.add_argument("--batch-size", type=positive_int, default=128, help="images per forward")
+    embed.add_argument("--batch-size", type=positive_int, help="images per forward")
     add_device_argument(embed, "cpu")
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
 
 
 def config_defaults(path: str) -> dict:
-    """Defaults for the command line from a run configuration's ``eval`` section.
-
-    Args:
-        path: the run configuration (YAML).
-    """
+    """The command line's defaults from a run configuration's ``eval`` section."""
     cfg = load_config(path)
     e = cfg.eval
-    return {
-        "pairs": e.pairs,
-        "root": e.root,
-        "folds": e.n_folds,
-        "far_target": e.far_target,
-        "distance": e.distance,
-        "flip": e.flip,
-        "subtract_mean": e.subtract_mean,
-        "preprocess": e.preprocess,
-        "grid": e.grid,
-        "features": e.features,
-        "threshold_rule": e.threshold_rule,
-        "scoring": e.scoring,
-        "batch_size": e.batch_size,
-        "skip_missing": e.skip_missing,
-        "log_scale": e.log_scale_roc,
-        "out": cfg.logging.out_dir,
-    }
+    out = {"pairs": e.pairs, "root": e.root, "log_scale": e.log_scale_roc}
+    return {**out, **vars(VerifySettings.of(e)), "out": cfg.logging.out_dir}
 
 
 def _check_options(args: argparse.Namespace) -> None:
     """Reject fold counts and FAR targets the protocol cannot use (from flags or --config)."""
-    if args.folds < 2:
-        raise InputError(f"--folds {args.folds} (eval.n_folds): expected an integer >= 2")
+    if args.n_folds < 2:
+        raise InputError(f"--folds {args.n_folds} (eval.n_folds): expected an integer >= 2")
     if not 0.0 < args.far_target <= 1.0:
         raise InputError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
 def check_out(out: Path) -> None:
-    """Check, before any evaluation, that ``--out`` can be created or written (nothing is
-    created here: a failing evaluation leaves no empty folder).
-
-    Raises:
-        InputError: ``--out`` or its nearest existing parent is not a writable folder.
-    """
+    """Refuse, before any work and creating nothing, an ``--out`` whose nearest existing
+    parent is not a writable folder."""
     existing = out
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -191,83 +160,36 @@ def check_out(out: Path) -> None:
         raise InputError(f"--out {out}: {existing} cannot be written")
 
 
-def _protocol_options(args: argparse.Namespace) -> dict:
-    """The protocol's options of the command line, as ``verify``'s arguments."""
-    return {
-        "distance": args.distance,
-        "grid": args.grid,
-        "threshold_rule": args.threshold_rule,
-        "n_folds": args.folds,
-        "far_target": args.far_target,
-    }
-
-
-def _embedding_options(args: argparse.Namespace) -> dict:
-    """How checkpoint mode embeds, as ``verify``'s arguments (with the protocol's)."""
-    return {
-        "preprocess": args.preprocess,
-        "flip": args.flip,
-        "subtract_mean": args.subtract_mean,
-        "features": args.features,
-        "scoring": args.scoring,
-        "batch_size": args.batch_size,
-        **_protocol_options(args),
-    }
-
-
 def _embedding_setup(args: argparse.Namespace) -> tuple:
-    """(model on its device, its input side, ``verify``'s options, ``threshold_for``) of
-    ``--checkpoint``."""
+    """(pairs -> ``VerificationResult`` of the checkpoint's model, ``threshold_for``)."""
     trained, device = load_model(args.checkpoint), parse_device(args.device)
-    options = {"normalize": trained.normalize, "device": device, **_embedding_options(args)}
-    return trained.model.to(device), trained.image_size, options, _threshold_for(trained, args)
-
-
-def _threshold_for(trained, args: argparse.Namespace) -> dict:
-    """What the thresholds measured here are chosen for: the weights (content hash, and the
-    epoch when the file says) and how images became distances. facenet-embed, -export and
-    -identify use a stored threshold only where all of these match."""
-    return {
+    settings = VerifySettings.of(args)
+    threshold_for = {
         "checkpoint": str(args.checkpoint),
         "weights_sha256": trained.weights_sha256(),
         "epoch": trained.epoch,
-        "flip": bool(args.flip),
-        "subtract_mean": bool(args.subtract_mean),
-        "preprocess": args.preprocess,
-        "features": args.features,
+        **settings.provenance(),
     }
+    model, size = trained.model.to(device), trained.image_size
+    measure = lambda pairs: verify(
+        model, pairs, size, settings, normalize=trained.normalize, device=device
+    )
+    return measure, threshold_for
 
 
-def _bin_names(paths: list[str]) -> dict[str, str]:
-    """``{set name: path}`` of the ``--bin`` files; two sets of one name are refused."""
-    names = {}
-    for path in paths:
+def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
+    """(metrics.json, ``{set name: result}``) of every ``--bin`` set; two sets of one name are
+    refused."""
+    paths = {}
+    for path in args.bin:
         name = Path(path).stem
-        if name in names:
+        if name in paths:
             raise InputError(f"--bin {path}: a second set named {name!r}")
-        names[name] = path
-    return names
-
-
-def _write_json(path: Path, metrics: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(metrics, indent=1) + "\n")
-
-
-def _bin_mode(args: argparse.Namespace) -> None:
-    """Every ``--bin`` set: a table row each, metrics.json and a ROC per set."""
-    paths = _bin_names(args.bin)
-    model, image_size, options, threshold_for = _embedding_setup(args)
-    results = {n: verify(model, read_bin(p), image_size, **options) for n, p in paths.items()}
-    print(sets_table(results))
-    out = Path(args.out)
+        paths[name] = path
+    measure, threshold_for = _embedding_setup(args)
+    results = {name: measure(read_bin(path)) for name, path in paths.items()}
     sets = {name: r.to_dict(curves=False) for name, r in results.items()}
-    record = {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}
-    _write_json(out / "metrics.json", record)
-    for name, result in results.items():
-        title = args.title or f"{name} ({result.n_pairs} pairs)"
-        plot_roc(result, out / f"roc_{name}.png", log_scale=args.log_scale, title=title)
-    print(f"wrote {out / 'metrics.json'} and a roc_<set>.png for each set")
+    return {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}, results
 
 
 def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
@@ -276,14 +198,13 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
     if args.distances:
         distances, issame = read_distances(args.distances)
         source = str(args.distances)
-        result = verify_distances(distances, issame, source=source, **_protocol_options(args))
-        # Distances measured elsewhere: the weights and preparation are not known here.
+        result = verify_distances(distances, issame, VerifySettings.of(args), source)
+        # measured elsewhere: the weights and preparation are not known
         fields = {"source": source, "threshold_for": {"distances": source}}
         return Path(args.distances).name, fields, result
 
-    model, image_size, options, threshold_for = _embedding_setup(args)
-    pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
-    result = verify(model, pairs, image_size, **options)
+    measure, threshold_for = _embedding_setup(args)
+    result = measure(read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing))
     fields = {"source": f"{args.checkpoint} on {args.pairs}", "threshold_for": threshold_for}
     return Path(args.pairs).name, fields, result
 
@@ -294,27 +215,32 @@ def _evaluate(args: argparse.Namespace) -> None:
     out = Path(args.out)
     check_out(out)  # before the work, not after it
     if args.bin:
-        _bin_mode(args)
-        return
-    name, fields, result = _single(args)
-    print(result_table(name, result))
-    _write_json(out / "metrics.json", {**fields, **result.to_dict()})
-    plot_roc(result, out / "roc.png", log_scale=args.log_scale, title=args.title)
-    print(f"wrote {out / 'metrics.json'} and {out / 'roc.png'}")
+        record, results = _bin_sets(args)
+        print(sets_table(results))
+        wrote = "a roc_<set>.png for each set"
+    else:
+        name, fields, result = _single(args)
+        print(result_table(name, result))
+        record, results, wrote = {**fields, **result.to_dict()}, {"": result}, out / "roc.png"
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
+    for name, result in results.items():  # name "": the one result of --pairs or --distances
+        file, title = (
+            (f"roc_{name}.png", f"{name} ({result.n_pairs} pairs)") if name else ("roc.png", None)
+        )
+        plot_roc(result, out / file, log_scale=args.log_scale, title=args.title or title)
+    print(f"wrote {out / 'metrics.json'} and {wrote}")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    """The arguments, with defaults from ``--config`` and then ``--preset``.
-
-    Raises:
-        FacenetError: a configuration file that cannot be used.
-    """
+    """The arguments, with defaults from ``--config`` and then ``--preset``."""
     parser = get_args_parser()
     known, _ = parser.parse_known_args(argv)
     if known.config:  # the file gives defaults; flags on the command line still win
         parser.set_defaults(**config_defaults(known.config))
     if known.preset:  # after --config: the preset names the publisher's whole evaluation
-        parser.set_defaults(**vars(EVAL_PRESETS[known.preset]))
+        preset = EVAL_PRESETS[known.preset]
+        parser.set_defaults(**{key: getattr(preset, key) for key in PUBLISHER_FIELDS})
     args = parser.parse_args(argv)
     if args.bin and not args.checkpoint:
         parser.error("--bin needs --checkpoint")
@@ -324,11 +250,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Evaluate; returns the exit code (2: bad input).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Evaluate; returns the exit code (2: bad input)."""
     return run_command(lambda: _evaluate(_parse(argv)))
 
 

@@ -1,17 +1,11 @@
 """Identify probe faces against a gallery: ``--gallery G.npz --probes P.npz``.
 
-Both files come from ``facenet-embed`` (the gallery from identity folders: one or more
-images per identity). Each probe gets the identity of its nearest gallery embedding, or
-"unknown" when that distance is not below the threshold. The threshold is, in order:
-``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
-metrics.json or a run's summary.json), or the one facenet-embed recorded in the gallery file.
-A stored threshold is used only when it was chosen for the weights that embedded the gallery
-(their content hash), its ``--flip`` setting and preprocessing, without mean subtraction;
-otherwise the command stops saying what differs. Gallery and probes must come from the same
-weights and ``--flip`` setting; NaN or infinite embeddings are refused, naming the rows.
-Writes ``matches.csv`` and ``identification.json`` into ``--out``; when the probes are labelled
-it prints rank-1 accuracy, the detection-and-identification rate at the threshold and the
-open-set rejection rate (probes whose identity is not in the gallery, answered "unknown").
+Both files come from ``facenet-embed`` (the gallery from identity folders). The threshold is,
+in order: ``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
+metrics.json or a run's summary.json), or the one recorded in the gallery file; a stored one
+is used only when chosen for the gallery's weights, flip setting and preprocessing, without
+mean subtraction. Writes ``matches.csv`` and ``identification.json`` into ``--out``; prints
+rank-1, detection-and-identification and open-set rejection rates for labelled probes.
 """
 
 from __future__ import annotations
@@ -21,13 +15,11 @@ import csv
 import io
 import json
 import sys
-import zipfile
 from pathlib import Path
-
-import numpy as np
 
 from facenet.cli.common import run_command
 from facenet.errors import DataError
+from facenet.evaluation.distances_file import read_npz
 from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
 from facenet.files import json_safe, write_text_atomic
@@ -41,9 +33,8 @@ from facenet.inference.identify import (
 )
 
 UNKNOWN = "unknown"
-# The string arrays of a facenet-embed file, each (N,) (labels: (N,) or (0,) when flat).
-_STRING_ARRAYS = ("paths", "labels")
-# Its one-value arrays: how the embeddings were made, and the threshold recorded for them.
+_STRING_ARRAYS = ("paths", "labels")  # each (N,); labels (0,) for a flat folder
+# one-value arrays: how the embeddings were made, the threshold recorded for them
 _SCALARS = {
     "flip": "b",
     "preprocess": "U",
@@ -67,25 +58,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def load_embeddings(path: str) -> dict:
-    """The arrays of a facenet-embed file (no pickle allowed), each checked.
-
-    Raises:
-        DataError: not an .npz, no ``embeddings``, an array of the wrong dtype or shape,
-            ``paths`` or ``labels`` whose length differs from the embeddings', NaN or
-            infinite embeddings; one line naming the file and the array.
-    """
-    damaged = (zipfile.BadZipFile, EOFError, ValueError)
-    try:
-        data = np.load(path, allow_pickle=False)
-    except damaged as err:
-        raise DataError(f"{path}: not an .npz file of facenet-embed ({err})") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):  # a plain .npy array
-        raise DataError(f"{path}: not an .npz file of facenet-embed (a single .npy array)")
-    try:
-        with data:
-            arrays = {key: data[key] for key in data.files}
-    except damaged as err:
-        raise DataError(f"{path}: not an .npz file of facenet-embed ({err})") from None
+    """The arrays of a facenet-embed file (no pickles), each checked: a DataError naming the
+    file and the array otherwise (NaN or infinite embeddings included)."""
+    arrays = read_npz(path, "an .npz file of facenet-embed")
     if "embeddings" not in arrays:
         raise DataError(f"{path}: no 'embeddings' array (write it with facenet-embed)")
     embeddings = arrays["embeddings"]
@@ -115,20 +90,15 @@ def _check_strings(arrays: dict, key: str, n: int, path) -> None:
     if values.dtype.kind != "U" or values.ndim != 1:
         raise DataError(f"{path}: '{key}' must be a (N,) array of strings, got {values.dtype}")
     if len(values) != n and not (key == "labels" and len(values) == 0):
-        # A shorter list would cut matches.csv short, a longer one misname the probes.
+        # shorter would cut matches.csv short, longer misname the probes
         raise DataError(f"{path}: {len(values)} {key} for {n} embeddings")
 
 
 def provenance(arrays: dict) -> dict:
     """How a facenet-embed file's embeddings were made; None where it does not say (files
     written before it recorded this). Nothing in it subtracts a mean embedding."""
-    value = lambda key: arrays[key].item() if key in arrays else None
-    return {
-        "weights_sha256": value("weights_sha256"),
-        "flip": None if value("flip") is None else bool(value("flip")),
-        "subtract_mean": False,
-        "preprocess": value("preprocess"),
-    }
+    keys = ("weights_sha256", "flip", "preprocess")  # load_embeddings checked their kinds
+    return {**{k: arrays[k].item() if k in arrays else None for k in keys}, "subtract_mean": False}
 
 
 def check_same_making(gallery: dict, probes: dict, args) -> None:
@@ -160,22 +130,11 @@ def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
     return None
 
 
-def choose_threshold(args, gallery: dict) -> tuple[float, str, str, str]:
-    """(threshold, distance, where it came from, a line saying which), by the order the
-    module docstring gives.
-
-    Raises:
-        DataError: no threshold, or a stored one chosen for other embeddings (saying what
-            differs).
-    """
+def choose_threshold(args, gallery: dict) -> ThresholdRecord:
+    """The threshold, in the module's order; a DataError for none, or for a stored one chosen
+    for other embeddings."""
     if args.threshold is not None:
-        distance = args.distance or "squared"
-        return (
-            args.threshold,
-            distance,
-            "--threshold",
-            f"threshold: {args.threshold:.4f} ({distance} distance; --threshold)",
-        )
+        return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
     if args.distance:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
     if args.metrics:
@@ -190,21 +149,25 @@ def choose_threshold(args, gallery: dict) -> tuple[float, str, str, str]:
             "or a run's summary.json (the gallery file records none)"
         )
     what = f"the embeddings of --gallery {args.gallery}"
-    record = checked_threshold(record, provenance(gallery), what)
-    return record.value, record.distance, record.source, f"threshold: {record.describe()}"
+    return checked_threshold(record, provenance(gallery), what)
 
 
 def matches_csv(probes: dict, matches) -> str:
     """One row per probe: path, label, answer, nearest identity, distance."""
-    labels = probes.get("labels", np.array([]))
+    n = len(matches.nearest)
+    labels = probes.get("labels", [])
+    rows = zip(
+        probes.get("paths", [""] * n),  # as long as the embeddings
+        labels if len(labels) else [""] * n,
+        matches.identity,
+        matches.nearest,
+        matches.distance,
+    )
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["path", "label", "identity", "nearest", "distance"])
-    paths = probes.get("paths", [""] * len(matches.nearest))  # as long as the embeddings
-    for i, path in enumerate(paths):
-        label = labels[i] if len(labels) else ""
-        answer = matches.identity[i] if matches.identity[i] is not None else UNKNOWN
-        writer.writerow([path, label, answer, matches.nearest[i], f"{matches.distance[i]:.6f}"])
+    for path, label, answer, nearest, d in rows:
+        writer.writerow([path, label, answer or UNKNOWN, nearest, f"{d:.6f}"])
     return out.getvalue()
 
 
@@ -233,15 +196,16 @@ def _identify(args: argparse.Namespace) -> int:
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
     check_same_making(gallery_arrays, probes, args)
     gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))
-    threshold, distance, source, line = choose_threshold(args, gallery_arrays)
-    print(line)
-    matches = match(gallery, probes["embeddings"], threshold, distance)
+    chosen = choose_threshold(args, gallery_arrays)
+    print(f"threshold: {chosen.describe()}")
+    source = chosen.source or chosen.chosen_on
+    matches = match(gallery, probes["embeddings"], chosen.value, chosen.distance)
     labelled = len(probes.get("labels", [])) == len(matches.identity)
     rates = identification_rates(matches, probes["labels"], gallery) if labelled else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "matches.csv", matches_csv(probes, matches))
-    record = {"threshold": threshold, "threshold_distance": distance, "source": source}
+    record = {"threshold": chosen.value, "threshold_distance": chosen.distance, "source": source}
     record.update(rates or {})
     write_text_atomic(out / "identification.json", json.dumps(json_safe(record), indent=1))
     print(report(matches, rates, source))
@@ -250,11 +214,7 @@ def _identify(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Identify; returns the exit code (2: bad input).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-    """
+    """Identify; returns the exit code (2: bad input)."""
     args = get_args_parser().parse_args(argv)
     return run_command(lambda: _identify(args))
 

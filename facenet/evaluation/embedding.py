@@ -1,30 +1,24 @@
-"""Embedding images in eval mode without autograd, outside the training step.
-
-``embed_pair_list`` embeds both sides of a verification pairs list, each unique image once;
-under several processes each rank embeds a shard and the shards are gathered back into input
-order. ``embed_dataset`` embeds any dataset of image tensors; ``embed_batches`` is the loop
-both use (and ``facenet.inference.embed`` for folders).
-"""
+"""Embedding images in eval mode without autograd: a pairs list (sharded over ranks, each
+unique image once) or any iterable of image batches."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from facenet.data.images import build_transform, read_image
 from facenet.distributed import agree_on_error, gather_variable_rows, get_rank, get_world_size
+from facenet.evaluation.presets import CLASSIC, VerifySettings
 from facenet.sizes import ImageSize
 
-__all__ = ["FEATURES", "embed_batches", "embed_dataset", "embed_pair_list"]
+__all__ = ["FEATURES", "embed_batches", "embed_pair_list"]
 
-# What is taken of the network: "unit" (its L2-normalised embedding) or "raw" (the embedding
-# layer's output before normalisation, what Xiaoccer/MobileFaceNet_Pytorch's network returns).
+# "unit": the network's L2-normalised embedding; "raw": the embedding layer before it.
 FEATURES = ("unit", "raw")
 
 
 def _gather_shards(chunks: list[torch.Tensor], total: int, world: int) -> torch.Tensor:
-    """Reassemble embeddings sharded round-robin over ranks into input order (U, D)."""
+    """Embeddings sharded round-robin over ranks, back in input order: (U, D)."""
     local = torch.cat(chunks) if chunks else torch.zeros(0)
     if world == 1:
         return local.cpu()
@@ -36,8 +30,6 @@ def _gather_shards(chunks: list[torch.Tensor], total: int, world: int) -> torch.
 
 
 class _PathDataset(torch.utils.data.Dataset):
-    """Images by path, decoded and transformed for evaluation."""
-
     def __init__(self, paths, transform):
         self.paths, self.transform = list(paths), transform
 
@@ -46,11 +38,6 @@ class _PathDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return self.transform(read_image(self.paths[index]))
-
-
-def _check_features(features: str) -> None:
-    if features not in FEATURES:
-        raise ValueError(f"features={features!r}: expected one of {FEATURES}")
 
 
 def _forward(model: nn.Module, images: torch.Tensor, features: str) -> torch.Tensor:
@@ -68,16 +55,10 @@ def _forward(model: nn.Module, images: torch.Tensor, features: str) -> torch.Ten
 def embed_batches(
     model: nn.Module, batches, device, flip: bool, features: str = "unit"
 ) -> list[torch.Tensor]:
-    """Embeddings (b, D), or (b, 2D) with ``flip``, of every image batch, in eval mode.
-
-    Args:
-        model: the embedding network.
-        batches: an iterable of image batches (b, C, H, W).
-        device: where the network runs.
-        flip: concatenate each embedding with that of the horizontally flipped image.
-        features: "unit" (the network's output) or "raw" (before L2 normalisation).
-    """
-    _check_features(features)
+    """(b, D) embeddings, (b, 2D) with ``flip`` (each image's, then its mirror's), of every
+    (b, C, H, W) batch, in eval mode."""
+    if features not in FEATURES:
+        raise ValueError(f"features={features!r}: expected one of {FEATURES}")
     was_training = model.training
     model.eval()
     chunks = []
@@ -86,7 +67,7 @@ def embed_batches(
             for images in batches:
                 images = images.to(device)
                 embeddings = _forward(model, images, features)  # (b, D)
-                if flip:  # the classic option: [emb(x), emb(flipped x)] -> (b, 2D)
+                if flip:  # (b, 2D)
                     flipped = _forward(model, images.flip(-1), features)
                     embeddings = torch.cat([embeddings, flipped], dim=1)
                 chunks.append(embeddings.float().cpu())
@@ -95,82 +76,30 @@ def embed_batches(
     return chunks
 
 
-def embed_dataset(
-    model: nn.Module,
-    dataset,
-    batch_size: int = 128,
-    device: str | torch.device = "cpu",
-    flip: bool = False,
-    progress: bool = False,
-    features: str = "unit",
-) -> torch.Tensor:
-    """Embed every image of a dataset of (3, S, S) tensors, in order, in one process.
-
-    Args:
-        model: the embedding network.
-        dataset: ``dataset[i]`` is image i, already transformed.
-        batch_size: images per forward.
-        device: where the network runs.
-        flip: concatenate each embedding with that of the horizontally flipped image.
-        progress: show a progress bar (on stderr).
-        features: "unit" or "raw" (:data:`FEATURES`).
-
-    Returns:
-        (N, D) or (N, 2D) float32 on the CPU.
-    """
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
-    batches = tqdm(loader, desc="embedding", unit="batch", disable=not progress, leave=False)
-    chunks = embed_batches(model, batches, device, flip, features)
-    return torch.cat(chunks) if chunks else torch.zeros(0, 0)
-
-
 def embed_pair_list(
     model: nn.Module,
     pair_list,
     image_size: ImageSize,
-    batch_size: int = 128,
-    device: str | torch.device = "cpu",
-    flip: bool = False,
+    settings: VerifySettings = CLASSIC,
     normalize: str = "fixed",
-    num_workers: int = 0,
-    preprocess: str = "resize",
-    features: str = "unit",
+    device: str | torch.device = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Embed both sides of every pair, each unique image once, in eval mode without autograd.
-
-    Args:
-        model: the embedding network.
-        pair_list: a ``PairList`` (``unique_paths()`` gives the images and the index of each side).
-        image_size: the network's input: S or (H, W) (``facenet.sizes.image_hw``).
-        batch_size: images per forward.
-        device: where the network runs.
-        flip: concatenate the embedding of each image with that of its horizontal flip
-            (the classic option: the result is (N, 2D)).
-        normalize: the pixel standardisation.
-        num_workers: DataLoader workers decoding images.
-        preprocess: "resize" (1.125 S, centre S) or "crop" (no resize, the centre S x S of an
-            aligned crop, as the publishers evaluate); see ``build_transform``.
-        features: "unit" (the network's unit embeddings) or "raw" (before L2 normalisation:
-            Xiaoccer/MobileFaceNet_Pytorch concatenates an image's and its flip's raw outputs).
-
-    Returns:
-        ``(emb1, emb2)``, each (N, D) or (N, 2D) float32 on the CPU.
-    """
-    paths, index1, index2 = pair_list.unique_paths()
-    transform = build_transform(image_size, False, normalize, preprocess=preprocess)
-    # Several ranks: rank r embeds images r, r + W, r + 2W, ...; the shards are gathered
-    # without padding and interleaved back, so every image counts once.
+    """``(emb1, emb2)``, (N, D) float32 on the CPU ((N, 2D) with ``settings.flip``), of both
+    sides of a ``PairList``, each unique image embedded once; image size S or (H, W)."""
+    paths, index1, index2 = pair_list.unique_paths()  # index: (N,) int64 into paths
+    s = settings
+    transform = build_transform(image_size, False, normalize, preprocess=s.preprocess)
+    # rank r embeds images r, r + W, ...; the shards are gathered unpadded and interleaved back
     rank, world = get_rank(), get_world_size()
     loader = torch.utils.data.DataLoader(
-        _PathDataset(paths[rank::world], transform), batch_size=batch_size, num_workers=num_workers
+        _PathDataset(paths[rank::world], transform),
+        batch_size=s.batch_size,
+        num_workers=s.num_workers,
     )
     try:
-        chunks, error = embed_batches(model, loader, device, flip, features), None
+        chunks, error = embed_batches(model, loader, device, s.flip, s.features), None
     except Exception as err:  # e.g. an unreadable image in this rank's shard
         chunks, error = [], err
-    # Every rank agrees before the gather: a rank that failed does not leave the others in it.
-    agree_on_error(error)
-    embeddings = _gather_shards(chunks, len(paths), world)  # (U, D) on the CPU
-    index1 = torch.as_tensor(index1, dtype=torch.long)
-    index2 = torch.as_tensor(index2, dtype=torch.long)
-    return embeddings[index1], embeddings[index2]
+    agree_on_error(error)  # a rank that failed does not leave the others in the gather
+    embeddings = _gather_shards(chunks, len(paths), world)  # (U, D)
+    return embeddings[torch.as_tensor(index1)], embeddings[torch.as_tensor(index2)]

@@ -1,79 +1,139 @@
-"""The publishers' conventions: how their published LFW figures were aligned and evaluated.
+"""Verification settings and the publishers' conventions, as data.
 
-Each preset states what the publisher's own code does, so that a model converted from it is
-fed what it was trained on and measured the way its figure was:
-
-- ``facenet-pytorch`` (its LFW notebook, ``examples/lfw_evaluate.ipynb``): MTCNN with
-  ``image_size=160, margin=14, selection_method="center_weighted_size"``, the margin counted in
-  output pixels (its ``extract_face``), each crop saved under the input's own path (a JPEG
-  stays a JPEG); the crop is embedded as it is, with ``fixed_image_standardization``; squared
-  L2 distance, no flipped images, no mean subtraction; the threshold grids
-  ``arange(0, 4, 0.01)`` (accuracy) and ``arange(0, 4, 0.001)`` (VAL).
-- ``sandberg`` (davidsandberg/facenet: ``src/align/align_dataset_mtcnn.py`` with its defaults,
-  ``src/validate_on_lfw.py`` with the options its published figures name): 182 px crops, the
-  margin (44 px) added in input pixels before a bilinear resize, the largest box weighted
-  towards the image centre, PNG files; evaluation takes the centre 160 x 160 without
-  resizing (TensorFlow's ``resize_image_with_crop_or_pad``), the fixed standardisation,
-  embeddings of each image and its flip concatenated, the training folds' mean subtracted, the
-  angular distance ``arccos(cos) / pi`` (its ``distance_metric=1``), and the same two grids.
-- ``mobilefacenet`` (Xiaoccer/MobileFaceNet_Pytorch, ``lfw_eval.py``): 112 x 96 SphereFace
-  crops (``align.py --preset sphereface``) fed whole, ``(x - 127.5) / 128``; the RAW network
-  outputs of each image and of its flip concatenated (``features="raw"``); per fold, the
-  training folds' mean subtracted from those, each side divided by its norm and the pair
-  scored by the dot product, in float32 with its numpy operations (``scoring="mobilefacenet"``;
-  ``cosine`` here: 1 - that score); its grid, similarities ``arange(-10000, 10001) / 10000``
-  (:func:`mobilefacenet_thresholds`, as cosine distances); the threshold the mean of every
-  grid threshold of best training accuracy, a pair exactly at it wrong for either kind
-  (``threshold_rule="mean"``). Nothing of its computation differs (docs/models.md).
-
-Neither publisher wrote anything for an image without a detected face: its pairs were skipped
-at evaluation (``evaluate.py --skip-missing``).
-
-Two alignment presets warp the face onto a five-point template instead of cropping a box: a
-similarity transform (rotation, uniform scale, translation) fitted by least squares from MTCNN's
-five landmarks (eyes, nose tip, mouth corners) to the template's points, then a bilinear warp
-(:data:`TEMPLATES`):
-
-- ``arcface``: 112 x 112, insightface's template (ArcFace and the models trained with its
-  code: most ArcFace-family and MobileFaceNet weights downloaded today).
-- ``sphereface``: 112 x 96 (height x width), SphereFace's template (CASIA-WebFace models aligned
-  as SphereFace did, e.g. Xiaoccer/MobileFaceNet_Pytorch). insightface's template is this one
-  moved 8 px to the right, to centre it in a 112 px wide crop.
+``VerifySettings`` holds how pairs are embedded and measured; ``EVAL_PRESETS`` holds, per
+publisher, the settings its published LFW figure was computed with, and ``ALIGN_PRESETS`` how
+its crops were made (docs/reproduce.md and docs/models.md cite the publishers' code for each
+value). A publisher's variant of the protocol is a row here, never a branch elsewhere.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 __all__ = [
     "ALIGN_PRESETS",
+    "CLASSIC",
     "EVAL_PRESETS",
     "PRESET_NAMES",
+    "PUBLISHER_FIELDS",
     "TEMPLATES",
     "AlignPreset",
-    "EvalPreset",
     "LandmarkTemplate",
+    "VerifySettings",
     "classic_thresholds",
     "mobilefacenet_thresholds",
 ]
 
 
 @dataclass(frozen=True)
+class VerifySettings:
+    """How pairs are embedded and measured (the config's ``eval`` keys of the same names).
+
+    ``grid``: "default" (from the distance), "classic" ([0, 4) whatever the distance) or
+    "mobilefacenet" (its similarity grid); ``features``: "unit" or "raw" (before L2
+    normalisation); ``threshold_rule``: "first" (classic) or "mean"; ``scoring``: "float64" or
+    "mobilefacenet" (lfw_eval.py's float32 cosine, operation for operation).
+    """
+
+    distance: str = "squared"
+    flip: bool = False
+    subtract_mean: bool = False
+    preprocess: str = "resize"
+    grid: str = "default"
+    features: str = "unit"
+    threshold_rule: str = "first"
+    scoring: str = "float64"
+    n_folds: int = 10
+    far_target: float = 1e-3
+    batch_size: int = 128
+    num_workers: int = 0
+    skip_missing: bool = False
+
+    @classmethod
+    def of(cls, source) -> VerifySettings:
+        """The settings read by attribute from ``source`` (a config's ``eval`` section, parsed
+        arguments); attributes it lacks keep their defaults."""
+        names = [f.name for f in fields(cls) if hasattr(source, f.name)]
+        return cls(**{name: getattr(source, name) for name in names})
+
+    def provenance(self) -> dict:
+        """What a threshold chosen under these settings applies to, besides the weights."""
+        return {
+            "flip": bool(self.flip),
+            "subtract_mean": bool(self.subtract_mean),
+            "preprocess": self.preprocess,
+            "features": self.features,
+        }
+
+
+CLASSIC = VerifySettings()  # the classic protocol: squared L2 on unit embeddings, 10 folds
+
+# The settings a publisher's preset fixes; the others (folds, FAR target, batch) stay the user's.
+PUBLISHER_FIELDS = (
+    "distance",
+    "flip",
+    "subtract_mean",
+    "preprocess",
+    "grid",
+    "features",
+    "threshold_rule",
+    "scoring",
+)
+
+EVAL_PRESETS = {
+    # facenet-pytorch's examples/lfw_evaluate.ipynb
+    "facenet-pytorch": VerifySettings("squared", False, False, "crop", "classic"),
+    # davidsandberg/facenet's validate_on_lfw.py with its published options (distance_metric=1)
+    "sandberg": VerifySettings("angular", True, True, "crop", "classic"),
+    # Xiaoccer/MobileFaceNet_Pytorch's lfw_eval.py
+    "mobilefacenet": VerifySettings(
+        "cosine", True, True, "crop", "mobilefacenet", "raw", "mean", "mobilefacenet"
+    ),
+}
+
+
+def classic_thresholds(fine: bool = False) -> np.ndarray:
+    """Both publishers' grids whatever the distance: ``arange(0, 4, 0.01)``, or the VAL grid
+    ``arange(0, 4, 0.001)`` with ``fine`` (angular distances use only their first quarter)."""
+    return np.arange(0, 4, 0.001 if fine else 0.01)
+
+
+def mobilefacenet_thresholds() -> np.ndarray:
+    """Xiaoccer/MobileFaceNet_Pytorch's similarity grid ``arange(-10000, 10001) / 10000`` as
+    increasing cosine distances ``1 - t``: its "similarity > t" is "distance < 1 - t"."""
+    similarities = np.arange(-10000, 10001) / 10000  # its getThreshold's grid
+    return 1.0 - similarities[::-1]
+
+
+def mobilefacenet_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(N,) 1 - lfw_eval.py's ``evaluation_10_fold`` score of (N, D) mean-subtracted features:
+    its operations in its order, in the features' own dtype, so the scores are its scores bit
+    for bit (1 - s is exact in float64 for a float32 s: "1 - s < 1 - t" decides as "s > t")."""
+    a = a / np.expand_dims(np.sqrt(np.sum(np.power(a, 2), 1)), 1)
+    b = b / np.expand_dims(np.sqrt(np.sum(np.power(b, 2), 1)), 1)
+    return 1.0 - np.sum(np.multiply(a, b), 1).astype(np.float64)
+
+
+# Grid name: () -> (accuracy grid, VAL grid); mobilefacenet has no VAL: its one grid serves both.
+PUBLISHER_GRIDS = {
+    "classic": lambda: (classic_thresholds(), classic_thresholds(fine=True)),
+    "mobilefacenet": lambda: (mobilefacenet_thresholds(), mobilefacenet_thresholds()),
+}
+# Scoring name: (the distance it measures, (a, b) -> (N,) distances in the features' dtype).
+PUBLISHER_SCORINGS = {"mobilefacenet": ("cosine", mobilefacenet_distances)}
+
+
+@dataclass(frozen=True)
 class AlignPreset:
     """How faces are cropped.
 
-    Args:
-        image_size: side of the square crop written.
-        margin: pixels added around the detected box (half on each side).
-        margin_in: "output": ``margin`` is in crop pixels (facenet-pytorch's ``extract_face``);
-            "input": in the input image's pixels, before resizing (davidsandberg/facenet).
-        select: which face of several: "center_weighted_size" (box area minus twice the
-            squared distance of its centre from the image centre), "probability" or "largest".
-        extension: the file type written (".png"), or None to keep the input's.
-        template: the name of a five-point template in :data:`TEMPLATES` (the crop is warped
-            onto it, and ``image_size`` is its height), or None for a box crop.
+    ``margin_in``: "output" (crop pixels, facenet-pytorch's ``extract_face``) or "input"
+    (input pixels before resizing, davidsandberg/facenet); ``select``: "center_weighted_size"
+    (box area minus twice the squared distance of its centre from the image centre),
+    "probability" or "largest"; ``extension``: None keeps the input's; ``template``: a name in
+    :data:`TEMPLATES` to warp onto (``image_size`` is then its height), None for a box crop.
     """
 
     image_size: int
@@ -88,16 +148,10 @@ class AlignPreset:
 class LandmarkTemplate:
     """Where a similarity alignment puts the five landmarks in the crop.
 
-    Args:
-        height: the crop's height in pixels.
-        width: the crop's width in pixels.
-        points: (x, y) of the left eye, right eye, nose tip, left and right mouth corners (left
-            and right as seen in the image), in the crop's pixel coordinates as the publisher
-            wrote them.
-        source: where the numbers come from.
-        origin: the coordinate of the top-left pixel's centre in the publisher's code: 0 for
-            insightface (OpenCV's ``warpAffine``), 1 for SphereFace (MATLAB's ``imtransform``
-            with ``'XData', [1 96]``).
+    ``points``: (x, y) of the left eye, right eye, nose tip, left and right mouth corners (as
+    seen in the image), as the publisher wrote them; ``origin``: the coordinate of the top-left
+    pixel's centre in the publisher's code (0: OpenCV's ``warpAffine``; 1: MATLAB's
+    ``imtransform`` with ``'XData', [1 96]``).
     """
 
     height: int
@@ -152,33 +206,6 @@ TEMPLATES = {
 }
 
 
-@dataclass(frozen=True)
-class EvalPreset:
-    """How aligned crops are embedded and the pairs measured.
-
-    Args:
-        distance: the pair distance (a name in ``facenet.evaluation.protocol.DISTANCES``).
-        flip: concatenate the embedding of each image with that of its horizontal flip.
-        subtract_mean: subtract the training folds' mean embedding before measuring.
-        preprocess: the evaluation transform (``facenet.data.images.EVAL_PREPROCESS``).
-        grid: "classic" (:func:`classic_thresholds` for every distance), "mobilefacenet"
-            (:func:`mobilefacenet_thresholds`) or "default".
-        features: "unit" (the network's unit embeddings) or "raw" (before L2 normalisation).
-        threshold_rule: "first" (the classic code's first best threshold) or "mean"
-            (``facenet.evaluation.protocol.THRESHOLD_RULES``).
-        scoring: "float64" or "mobilefacenet" (``facenet.evaluation.protocol.SCORINGS``).
-    """
-
-    distance: str
-    flip: bool
-    subtract_mean: bool
-    preprocess: str
-    grid: str
-    features: str = "unit"
-    threshold_rule: str = "first"
-    scoring: str = "float64"
-
-
 ALIGN_PRESETS = {
     "facenet-pytorch": AlignPreset(160, 14, "output", "center_weighted_size", None),
     "sandberg": AlignPreset(182, 44, "input", "center_weighted_size", ".png"),
@@ -189,37 +216,4 @@ ALIGN_PRESETS = {
     "sphereface": AlignPreset(112, 0, "output", "center_weighted_size", None, "sphereface"),
 }
 
-EVAL_PRESETS = {
-    "facenet-pytorch": EvalPreset("squared", False, False, "crop", "classic"),
-    "sandberg": EvalPreset("angular", True, True, "crop", "classic"),
-    "mobilefacenet": EvalPreset(
-        "cosine", True, True, "crop", "mobilefacenet", "raw", "mean", "mobilefacenet"
-    ),
-}
-
 PRESET_NAMES = tuple(ALIGN_PRESETS)
-
-
-def classic_thresholds(fine: bool = False) -> np.ndarray:
-    """Both publishers' grids, whatever the distance: ``arange(0, 4, 0.01)``, or with ``fine``
-    the VAL grid ``arange(0, 4, 0.001)``.
-
-    Angular distances lie in [0, 1], so only the first quarter of these grids falls among them:
-    where those thresholds fall is part of the published figure.
-
-    Args:
-        fine: the VAL grid.
-    """
-    return np.arange(0, 4, 0.001 if fine else 0.01)
-
-
-def mobilefacenet_thresholds() -> np.ndarray:
-    """Xiaoccer/MobileFaceNet_Pytorch's grid as cosine distances, increasing: its similarity
-    thresholds ``arange(-10000, 10001) / 10000`` mapped by ``1 - t`` (20,001 values in [0, 2],
-    steps of 1e-4).
-
-    Its code counts a pair as "same" when the similarity is above the threshold, which is the
-    protocol's ``distance < 1 - threshold``.
-    """
-    similarities = np.arange(-10000, 10001) / 10000  # its getThreshold's grid
-    return 1.0 - similarities[::-1]

@@ -1,36 +1,17 @@
-"""Face verification: the classic LFW protocol, computed exactly and without threshold loops.
+"""The LFW verification protocol: 10-fold accuracy, VAL@FAR, AUC, EER and ROC on distances.
 
-The protocol is the one the published FaceNet numbers were computed with (``calculate_roc`` and
-``calculate_val`` of the classic implementation), with its numbers reproduced exactly:
-
-- The N pairs are split into ``n_folds`` contiguous folds in input order (scikit-learn's
-  ``KFold(shuffle=False)``), so a standard ``pairs.txt`` gives the official ten folds of 600.
-- A pair is predicted "same" when ``distance < threshold``.
-- Accuracy: for each test fold, the threshold is the FIRST maximum of the accuracy on the other
-  folds over the grid ``thresholds``; the fold's accuracy is measured at it. ``tpr`` and ``fpr``
-  are the test-fold rates at every grid threshold, averaged over folds (0 where a denominator is 0).
-- VAL at FAR: on the training folds, FAR as a function of the grid threshold is non-decreasing.
-  The threshold is interpolated linearly between the two neighbouring grid thresholds where FAR
-  first reaches ``far_target`` (the first grid threshold itself if FAR is already at or above the
-  target there, 0.0 if it never reaches it); VAL and FAR are then measured on the test fold.
-  This replaces the classic ``interp1d(far_train, thresholds)``, which raises on current SciPy
-  as soon as two training FAR values repeat (they almost always do).
-- AUC and EER come from the full ROC of all pairs (scikit-learn ``roc_curve`` on negated
-  distances); the EER is the point where FPR = 1 - TPR on the linearly interpolated curve.
-
-Speed: each distance is placed once among the sorted grid thresholds (``searchsorted``) and the
-counts "distance < threshold" for every fold and threshold follow from one ``bincount`` and a
-cumulative sum, so the cost is O(N log T + F T) instead of the classic O(F T N) Python loop.
-
-Flip-concatenation (the classic "use flipped images" option) happens when embedding: the caller
-concatenates the embedding of each image with that of its horizontal flip and passes the (N, 2D)
-result here. Note that the squared distance of such concatenations ranges over [0, 8] for unit
-halves, while the default grid stays the classic [0, 4), as in the classic code.
+The numbers are those of the classic ``calculate_roc`` / ``calculate_val`` (davidsandberg/
+facenet's lfw.py), reproduced exactly: contiguous folds (``KFold(shuffle=False)``), "same" when
+``distance < threshold``, each fold's threshold the first best on the other folds. One change:
+the VAL threshold is interpolated between the two grid points where the training FAR first
+reaches the target (the classic ``interp1d`` raises on repeated FAR values). Counts come from
+one ``searchsorted`` and ``bincount`` per fold instead of a loop over thresholds. A publisher's
+variant (grid, threshold rule, scoring) is a row of ``facenet.evaluation.presets``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -39,83 +20,43 @@ from sklearn.metrics import auc as area_under_curve
 from sklearn.metrics import roc_curve
 from sklearn.model_selection import KFold
 
-# How results are written lives in report (the one formatting); re-exported here.
-from facenet.evaluation.report import figures, figures_line, val_at_far_label
-
-# The one distance implementation, shared with training (float64 in, float64 out).
+from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, PUBLISHER_SCORINGS, VerifySettings
+from facenet.evaluation.report import figures, figures_line
 from facenet.metric.distances import DISTANCE_NAMES, paired_distance
 
 __all__ = [
     "DISTANCES",
+    "GRIDS",
     "SCORINGS",
     "THRESHOLD_RULES",
     "VerificationResult",
     "default_thresholds",
+    "evaluate_embeddings",
     "evaluate_verification",
     "pair_distances",
-    "evaluate_embeddings",
-    "plot_roc",
+    "threshold_grids",
 ]
 
-# The distances training uses are the ones evaluation measures: one name list.
-DISTANCES = DISTANCE_NAMES
-
-# How the accuracy threshold of a fold is chosen on its training folds: "first" (the classic
-# code's np.argmax) or "mean" (Xiaoccer/MobileFaceNet_Pytorch's getThreshold and getAccuracy).
+DISTANCES = DISTANCE_NAMES  # training's distances are the ones evaluation measures
 THRESHOLD_RULES = ("first", "mean")
-# How embeddings become distances: "float64" (the metric, in float64) or "mobilefacenet"
-# (lfw_eval.py's cosine, operation for operation in the features' own dtype).
-SCORINGS = ("float64", "mobilefacenet")
+SCORINGS = ("float64", *PUBLISHER_SCORINGS)
+GRIDS = ("default", *PUBLISHER_GRIDS)
 
-# (upper end, accuracy-grid step, VAL-grid step). The squared row is the classic
-# arange(0, 4, 0.01) / arange(0, 4, 0.001) for unit vectors; euclidean (|a - b|), seed_l2
-# (|a - b| plus a 1e-4 / D under the root) and cosine (1 - cos) range over [0, 2] for unit
-# vectors, angular (arccos(cos) / pi) over [0, 1], so they get the same number of steps.
-# The publishers' presets (facenet.evaluation.presets) keep the classic [0, 4) grids for
-# every metric instead, as their code did.
-_GRIDS = {
-    "squared": (4.0, 0.01, 0.001),
-    "euclidean": (2.0, 0.005, 0.0005),
-    "cosine": (2.0, 0.005, 0.0005),
-    "angular": (1.0, 0.0025, 0.00025),
-    "seed_l2": (2.0, 0.005, 0.0005),
-}
-
-
-# --------------------------------------------------------------------------- result
+# Each grid's upper end: the classic arange(0, 4, 0.01) / (0, 4, 0.001) for squared distances
+# of unit vectors; the others span their own range in as many steps.
+_GRID_TOPS = {"squared": 4.0, "euclidean": 2.0, "cosine": 2.0, "angular": 1.0, "seed_l2": 2.0}
+# How a distance scales with the embeddings' norm: squared with r**2, euclidean with r.
+_NORM_POWER = {"squared": 2, "euclidean": 1, "seed_l2": 1}
 
 
 @dataclass
 class VerificationResult:
-    """The outcome of the verification protocol.
-
-    Args:
-        accuracy: (F,) test-fold accuracy at each fold's best threshold.
-        accuracy_mean: mean of ``accuracy``.
-        accuracy_std: population standard deviation of ``accuracy`` (as published).
-        best_thresholds: (F,) the threshold chosen on the training folds of each fold.
-        val: mean over folds of the test-fold VAL (true accept rate) at the FAR-target threshold.
-        val_std: its population standard deviation.
-        far: mean over folds of the test-fold FAR at the same thresholds.
-        tpr: (T,) test-fold true positive rate at every grid threshold, mean over folds.
-        fpr: (T,) test-fold false positive rate at every grid threshold, mean over folds.
-        thresholds: (T,) the accuracy grid.
-        auc: area under the full ROC of all pairs.
-        eer: equal error rate (FPR = 1 - TPR) of the full ROC.
-        val_per_fold: (F,) test-fold VAL.
-        far_per_fold: (F,) test-fold FAR.
-        val_fold_thresholds: (F,) the interpolated VAL threshold of each fold.
-        roc_fpr: the full ROC's false positive rates (scikit-learn ``roc_curve``).
-        roc_tpr: the full ROC's true positive rates.
-        far_target: the FAR the VAL thresholds aim at.
-        n_pairs: number of pairs evaluated.
-        n_folds: number of folds.
-        distance: the distance the grids were chosen for.
-        threshold: the verification threshold: the mean over folds of ``best_thresholds``
-            ("same" when ``distance < threshold``); the default of identification.
-        threshold_distance: the distance ``threshold`` applies to (``distance``; on
-            flip-concatenated or mean-subtracted embeddings when those options were used).
-    """
+    """The protocol's outcome. Per fold (F,): ``accuracy``, ``best_thresholds``,
+    ``val_per_fold``, ``far_per_fold``, ``val_fold_thresholds``; per accuracy-grid threshold
+    (T,): ``tpr``, ``fpr`` (test folds, mean over folds); ``roc_fpr``/``roc_tpr``: the full ROC
+    of all pairs, whence ``auc`` and ``eer``. Standard deviations are population ones (as
+    published). ``threshold``: the mean of ``best_thresholds`` ("same" below it), identify's
+    default, in ``threshold_distance``."""
 
     accuracy: np.ndarray
     accuracy_mean: float
@@ -142,52 +83,33 @@ class VerificationResult:
     threshold_distance: str
 
     def to_dict(self, curves: bool = True) -> dict[str, Any]:
-        """The result as JSON-safe Python floats, ints, strings and lists.
-
-        Args:
-            curves: include the per-threshold and full ROC curves (``tpr``, ``fpr``,
-                ``thresholds``, ``roc_fpr``, ``roc_tpr``); False keeps only the summary numbers
-                and per-fold values.
-        """
-        out: dict[str, Any] = {}
-        curve_names = {"tpr", "fpr", "thresholds", "roc_fpr", "roc_tpr"}
-        for name in self.__dataclass_fields__:
-            if name in curve_names and not curves:
-                continue
-            value = getattr(self, name)
+        """JSON-safe values; without ``curves``, no per-threshold or ROC arrays."""
+        skipped = () if curves else ("tpr", "fpr", "thresholds", "roc_fpr", "roc_tpr")
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skipped}
+        for key, value in out.items():
             if isinstance(value, np.ndarray):
-                out[name] = [float(v) for v in value]
-            elif isinstance(value, (str, int)) and not isinstance(value, bool):
-                out[name] = value
-            else:
-                out[name] = float(value)
+                out[key] = value.astype(np.float64).tolist()
+            elif not isinstance(value, (str, int)):
+                out[key] = float(value)
         return out
 
     def summary(self) -> str:
-        """One line: the figures as every command prints them (``report.figures_line``), then
-        the threshold."""
+        """The figures line every command prints, then the threshold."""
         line = figures_line("", figures(self))
         return f"{line} threshold {self.threshold:.4f} ({self.threshold_distance})"
 
 
-# --------------------------------------------------------------------------- input checks
+# --------------------------------------------------------------------------- checks
 
 
 def _to_numpy(x: Any) -> np.ndarray:
-    """A numpy view of a numpy array, a torch tensor (any device) or a sequence."""
-    if hasattr(x, "detach") and hasattr(x, "cpu"):
+    if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     return np.asarray(x)
 
 
-def _check_distance_name(distance: str) -> None:
-    if distance not in DISTANCES:
-        raise ValueError(f"distance={distance!r}: valid options: {', '.join(DISTANCES)}")
-
-
-def _finite_float_array(x: Any, name: str, ndim: int, keep_float: bool = False) -> np.ndarray:
-    """``x`` as a float64 array of ``ndim`` dimensions, every value finite (with
-    ``keep_float``, a floating array keeps its own dtype)."""
+def _finite(x: Any, name: str, ndim: int, keep_float: bool = False) -> np.ndarray:
+    """``x`` as float64 (or its own float dtype with ``keep_float``), ``ndim``-D and finite."""
     arr = _to_numpy(x)
     if arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s), got shape {arr.shape}")
@@ -204,8 +126,8 @@ def _finite_float_array(x: Any, name: str, ndim: int, keep_float: bool = False) 
     return arr
 
 
-def _check_issame(issame: Any, n_pairs: int) -> np.ndarray:
-    """``issame`` as a (N,) bool array; only True/False or 0/1 are accepted."""
+def _labels(issame: Any, n_pairs: int) -> np.ndarray:
+    """(N,) bool from True/False or 0/1 only."""
     arr = _to_numpy(issame)
     if arr.ndim != 1:
         raise ValueError(f"issame must be 1-D, got shape {arr.shape}")
@@ -215,18 +137,32 @@ def _check_issame(issame: Any, n_pairs: int) -> np.ndarray:
         return arr
     if not np.issubdtype(arr.dtype, np.number):
         raise ValueError(f"issame must be bool or 0/1, got dtype {arr.dtype}")
-    bad = (arr != 0) & (arr != 1)
-    if bad.any():
-        index = int(np.flatnonzero(bad)[0])
+    bad = np.flatnonzero((arr != 0) & (arr != 1))
+    if len(bad):
         raise ValueError(
-            f"issame must hold only 0/1 or True/False; found {arr[index].item()!r} at index {index}"
+            f"issame must hold only 0/1 or True/False; found {arr[bad[0]].item()!r} at index "
+            f"{bad[0]}"
         )
     return arr == 1
 
 
+def _check_settings(s: VerifySettings) -> None:
+    for name, value, valid in (
+        ("distance", s.distance, DISTANCES),
+        ("threshold_rule", s.threshold_rule, THRESHOLD_RULES),
+        ("scoring", s.scoring, SCORINGS),
+    ):
+        if value not in valid:
+            raise ValueError(f"{name}={value!r}: valid options: {', '.join(valid)}")
+    measured = PUBLISHER_SCORINGS.get(s.scoring, (s.distance,))[0]
+    if measured != s.distance:
+        raise ValueError(f"scoring={s.scoring!r} measures {measured} distances, not {s.distance!r}")
+    if not 0.0 < s.far_target <= 1.0:
+        raise ValueError(f"far_target={s.far_target!r} must lie in (0, 1]")
+
+
 def _check_grid(thresholds: Any, name: str) -> np.ndarray:
-    """A (T,) strictly increasing, finite threshold grid."""
-    grid = _finite_float_array(thresholds, name, ndim=1)
+    grid = _finite(thresholds, name, ndim=1)
     if len(grid) == 0:
         raise ValueError(f"{name} is empty")
     if np.any(np.diff(grid) <= 0):
@@ -234,659 +170,280 @@ def _check_grid(thresholds: Any, name: str) -> np.ndarray:
     return grid
 
 
-def _check_threshold_rule(rule: str) -> None:
-    if rule not in THRESHOLD_RULES:
-        raise ValueError(f"threshold_rule={rule!r}: valid options: {', '.join(THRESHOLD_RULES)}")
-
-
-def _check_scoring(scoring: str, metric: str) -> None:
-    if scoring not in SCORINGS:
-        raise ValueError(f"scoring={scoring!r}: valid options: {', '.join(SCORINGS)}")
-    if scoring == "mobilefacenet" and metric != "cosine":
-        raise ValueError(f"scoring='mobilefacenet' measures cosine distances, not {metric!r}")
-
-
-def _check_far_target(far_target: float) -> float:
-    if not 0.0 < far_target <= 1.0:
-        raise ValueError(f"far_target={far_target!r} must lie in (0, 1]")
-    return float(far_target)
-
-
-def _fold_ids(n_pairs: int, n_folds: int, folds: Any = None) -> np.ndarray:
-    """(N,) fold index of every pair: contiguous ``KFold(shuffle=False)`` unless given.
-
-    Args:
-        n_pairs: N.
-        n_folds: F, at least 2 and at most N.
-        folds: optional (N,) integer fold index per pair, each of 0..F-1 used at least once.
-    """
+def _fold_ids(n_pairs: int, n_folds: int, folds=None) -> np.ndarray:
+    """(N,) fold of every pair: contiguous ``KFold(shuffle=False)`` unless ``folds`` gives them."""
     if isinstance(n_folds, bool) or not isinstance(n_folds, (int, np.integer)) or n_folds < 2:
         raise ValueError(f"n_folds={n_folds!r} must be an integer >= 2")
     if n_pairs < n_folds:
         raise ValueError(f"fewer pairs ({n_pairs}) than folds ({n_folds})")
     if folds is None:
-        ids = np.empty(n_pairs, dtype=np.int64)
-        splits = KFold(n_splits=int(n_folds), shuffle=False).split(np.empty((n_pairs, 1)))
-        for fold, (_, test) in enumerate(splits):
-            ids[test] = fold
-        return ids
+        splits = KFold(n_splits=int(n_folds)).split(np.empty((n_pairs, 1)))
+        return np.concatenate([np.full(len(test), f) for f, (_, test) in enumerate(splits)])
     ids = _to_numpy(folds)
     if ids.shape != (n_pairs,) or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"folds must be ({n_pairs},) integers, got {ids.dtype} {ids.shape}")
-    used = np.bincount(ids.clip(0, n_folds), minlength=n_folds + 1)
-    if ids.min() < 0 or ids.max() >= n_folds or (used[:n_folds] == 0).any():
+    if not np.array_equal(np.unique(ids), np.arange(n_folds)):
         raise ValueError(f"folds must use every fold index 0..{n_folds - 1} and no other")
     return ids.astype(np.int64)
 
 
-def _fold_span(fold_ids: np.ndarray, fold: int) -> str:
-    members = np.flatnonzero(fold_ids == fold)
-    return f"pairs {members[0]}-{members[-1]}" if len(members) else "no pairs"
-
-
-def _check_fold_classes(issame: np.ndarray, fold_ids: np.ndarray, n_folds: int) -> None:
-    """Every fold needs a positive and a negative pair, or VAL / FAR would be 0 / 0."""
-    n_pos = np.bincount(fold_ids[issame], minlength=n_folds)
-    n_neg = np.bincount(fold_ids[~issame], minlength=n_folds)
-    for fold in range(n_folds):
-        for count, kind in ((n_pos[fold], "positive (same)"), (n_neg[fold], "negative (diff.)")):
-            if count == 0:
+def _folds(issame, n_pairs: int, settings: VerifySettings, folds=None):
+    """(issame as (N,) bool, (N,) fold ids), every fold holding both kinds of pair."""
+    same, n_folds = _labels(issame, n_pairs), settings.n_folds
+    ids = _fold_ids(n_pairs, n_folds, folds)
+    for fold in range(n_folds):  # else its VAL or FAR is 0 / 0
+        members = np.flatnonzero(ids == fold)
+        for positive, kind in ((True, "positive (same)"), (False, "negative (diff.)")):
+            if not (same[members] == positive).any():
                 raise ValueError(
-                    f"fold {fold} of {n_folds} ({_fold_span(fold_ids, fold)}) has no {kind} "
+                    f"fold {fold} of {n_folds} (pairs {members[0]}-{members[-1]}) has no {kind} "
                     "pair, so its VAL or FAR is undefined; the folds are contiguous in input "
                     "order, so keep the pairs in pairs.txt order (same and different per fold)"
                 )
+    return same, ids
+
+
+# --------------------------------------------------------------------------- grids
+
+
+def default_thresholds(distance: str = "squared", fine: bool = False) -> np.ndarray:
+    """The distance's own grid (``fine``: the VAL grid, ten times finer); squared distances get
+    the classic ``arange(0, 4, 0.01)``, the others their range in as many steps."""
+    if distance not in DISTANCES:
+        raise ValueError(f"distance={distance!r}: valid options: {', '.join(DISTANCES)}")
+    top = _GRID_TOPS[distance]
+    return np.arange(0, top, top / (4000 if fine else 400))
+
+
+def threshold_grids(settings: VerifySettings) -> tuple[np.ndarray, np.ndarray]:
+    """(accuracy grid, VAL grid) of ``settings.grid``.
+
+    With ``flip`` on unit features the embeddings have norm sqrt 2: a "default" grid of a
+    norm-dependent distance then runs on, in the same steps, over the doubled range (squared
+    distances up to 8). The publishers' grids stay as their code had them.
+    """
+    if settings.grid not in GRIDS:
+        raise ValueError(f"unknown threshold grid {settings.grid!r}; expected one of {GRIDS}")
+    if settings.grid in PUBLISHER_GRIDS:
+        return PUBLISHER_GRIDS[settings.grid]()
+    unit = default_thresholds(settings.distance), default_thresholds(settings.distance, True)
+    power = _NORM_POWER.get(settings.distance)
+    if not (settings.flip and settings.features == "unit" and power):
+        return unit
+    stretch = 2.0 ** (power / 2)
+    # (T',) through the doubled range's top; it starts with the unit grid, exactly
+    return tuple(np.arange(int(np.ceil(len(g) * stretch)) + 1) * (g[1] - g[0]) for g in unit)
 
 
 # --------------------------------------------------------------------------- counting
 
 
-def default_thresholds(distance: str = "squared", fine: bool = False) -> np.ndarray:
-    """The default threshold grid for a distance.
-
-    Args:
-        distance: ``"squared"`` (classic ``arange(0, 4, 0.01)``), ``"euclidean"``,
-            ``"cosine"`` (``1 - cos``; both over [0, 2) with the same number of steps) or
-            ``"angular"`` (``arccos(cos) / pi``; over [0, 1) with the same number of steps).
-        fine: the VAL grid (ten times finer: classic ``arange(0, 4, 0.001)``).
-    """
-    _check_distance_name(distance)
-    top, coarse_step, fine_step = _GRIDS[distance]
-    return np.arange(0, top, fine_step if fine else coarse_step)
-
-
-def _counts_below(
-    distances: np.ndarray,
-    groups: np.ndarray,
-    n_groups: int,
-    thresholds: np.ndarray,
-    inclusive: bool = False,
-) -> np.ndarray:
-    """(G, T) number of distances of each group strictly below each threshold.
-
-    Args:
-        distances: (N,) float64.
-        groups: (N,) group index in 0..G-1.
-        n_groups: G.
-        thresholds: (T,) strictly increasing.
-        inclusive: count the distances at or below each threshold instead.
-    """
-    n_thresholds = len(thresholds)
-    # d < t_j  <=>  j >= (number of grid values <= d): the first threshold index counting d;
-    # d <= t_j <=>  j >= (number of grid values < d).
-    side = "left" if inclusive else "right"
-    first = np.searchsorted(thresholds, distances, side=side)  # (N,) in 0..T
-    hist = np.bincount(groups * (n_thresholds + 1) + first, minlength=n_groups * (n_thresholds + 1))
-    return np.cumsum(hist.reshape(n_groups, n_thresholds + 1), axis=1)[:, :n_thresholds]
-
-
-@dataclass
-class _FoldCounts:
-    """Per-fold counts of "distance < threshold" on the training and the test pairs.
-
-    All (F, T) arrays: ``pos_train[f, j]`` is the number of positive pairs outside fold f whose
-    distance (as seen when fold f is tested) is below threshold j. ``n_*`` are (F,) totals.
-    """
-
-    pos_train: np.ndarray
-    neg_train: np.ndarray
-    pos_test: np.ndarray
-    neg_test: np.ndarray
-    n_pos_train: np.ndarray
-    n_neg_train: np.ndarray
-    n_pos_test: np.ndarray
-    n_neg_test: np.ndarray
-
-
-def _fold_counts(
-    distances: np.ndarray,
-    issame: np.ndarray,
-    fold_ids: np.ndarray,
-    n_folds: int,
-    thresholds: np.ndarray,
-    inclusive: bool = False,
-) -> _FoldCounts:
-    """Counts for every fold and threshold ("distance <= threshold" with ``inclusive``).
-
-    Args:
-        distances: (N,) the same distances for every fold, or (F, N) where row f holds the
-            distances used while fold f is the test fold (mean subtraction).
-        issame: (N,) bool.
-        fold_ids: (N,) fold of each pair.
-        n_folds: F.
-        thresholds: (T,) strictly increasing grid.
-        inclusive: count "distance <= threshold" instead of "distance < threshold".
-    """
+def _counts(distances, issame, fold_ids, n_folds, grid, inclusive=False):
+    """(train, test): (F, 2, T) counts of [negative, positive] pairs below each threshold
+    (at or below with ``inclusive``) while fold f is tested. ``distances``: (N,), or (F, N)
+    with row f measured while fold f is tested (mean subtraction)."""
+    n_grid = len(grid) + 1
+    # d < t_j  <=>  j >= (grid values <= d); with inclusive, d <= t_j <=> j >= (values < d)
+    first = np.searchsorted(grid, distances, side="left" if inclusive else "right")
     positive = issame.astype(np.int64)
-    n_pos_test = np.bincount(fold_ids[issame], minlength=n_folds)
-    n_test = np.bincount(fold_ids, minlength=n_folds)
-    n_neg_test = n_test - n_pos_test
-    if distances.ndim == 1:
-        # one pass: group = 2 * fold + issame -> (F, 2, T); training = all folds - test fold
-        groups = 2 * fold_ids + positive
-        per_fold = _counts_below(distances, groups, 2 * n_folds, thresholds, inclusive)
-        per_fold = per_fold.reshape(n_folds, 2, -1)
-        neg_test, pos_test = per_fold[:, 0], per_fold[:, 1]
-        neg_train = neg_test.sum(axis=0) - neg_test
-        pos_train = pos_test.sum(axis=0) - pos_test
+    if distances.ndim == 1:  # groups 2 * fold + issame; training = all folds - the test fold
+        hist = np.bincount(
+            (2 * fold_ids + positive) * n_grid + first, minlength=2 * n_folds * n_grid
+        )
+        test = np.cumsum(hist.reshape(n_folds, 2, n_grid), axis=2)[..., :-1]
+        return test.sum(axis=0) - test, test
+    rows = []
+    for f in range(n_folds):  # groups 2 * (in fold f) + issame
+        groups = 2 * (fold_ids == f) + positive
+        hist = np.bincount(groups * n_grid + first[f], minlength=4 * n_grid)
+        rows.append(np.cumsum(hist.reshape(2, 2, n_grid), axis=2)[..., :-1])
+    both = np.stack(rows, axis=1)  # (2, F, 2, T)
+    return both[0], both[1]
+
+
+def _fold_accuracy(correct, grid, test_distances, issame, fold_ids, n, rule: str):
+    """(accuracy, threshold) per fold from ``correct``, the (F, T) right training pairs per
+    threshold. "first": the classic first best threshold; "mean": Xiaoccer/MobileFaceNet_Pytorch's
+    getThreshold and getAccuracy, the mean of every best one, a pair exactly at it wrong for
+    either kind."""
+    if rule == "first":
+        chosen = grid[np.argmax(correct, axis=1)]  # the first maximum, as the classic np.argmax
     else:
-        # one pass per fold: group = 2 * (in test fold) + issame -> (4, T)
-        rows = [
-            _counts_below(distances[f], 2 * (fold_ids == f) + positive, 4, thresholds, inclusive)
-            for f in range(n_folds)
-        ]
-        neg_train, pos_train, neg_test, pos_test = np.stack(rows, axis=1)
-    return _FoldCounts(
-        pos_train=pos_train,
-        neg_train=neg_train,
-        pos_test=pos_test,
-        neg_test=neg_test,
-        n_pos_train=n_pos_test.sum() - n_pos_test,
-        n_neg_train=n_neg_test.sum() - n_neg_test,
-        n_pos_test=n_pos_test,
-        n_neg_test=n_neg_test,
-    )
+        best = correct == correct.max(axis=1, keepdims=True)
+        chosen = np.array([np.mean(grid[row]) for row in best])  # (F,), its np.mean
+    threshold = chosen[fold_ids]  # (N,) each pair against its own fold's
+    rejected = test_distances >= threshold if rule == "first" else test_distances > threshold
+    right = np.where(issame, test_distances < threshold, rejected)
+    return np.bincount(fold_ids[right], minlength=len(n)) / n.sum(axis=1), chosen
 
 
-def _rate(count: np.ndarray, total: np.ndarray) -> np.ndarray:
-    """count / total per fold row, 0 where the total is 0 (the classic convention)."""
-    total = np.broadcast_to(total.reshape(-1, *([1] * (count.ndim - 1))), count.shape)
-    out = np.zeros(count.shape, dtype=np.float64)
-    np.divide(count, total, out=out, where=total > 0)
-    return out
-
-
-# --------------------------------------------------------------------------- protocol parts
-
-
-def _accuracy_protocol(c: _FoldCounts, thresholds: np.ndarray) -> dict[str, np.ndarray]:
-    """Best training-fold threshold per fold, test accuracy there, mean test tpr/fpr."""
-    n_train = (c.n_pos_train + c.n_neg_train)[:, None]
-    acc_train = (c.pos_train + (c.n_neg_train[:, None] - c.neg_train)) / n_train  # (F, T)
-    best = np.argmax(acc_train, axis=1)  # (F,) first maximum, as np.argmax in the classic loop
-    rows = np.arange(len(best))
-    correct = c.pos_test[rows, best] + (c.n_neg_test - c.neg_test[rows, best])
-    return {
-        "accuracy": correct / (c.n_pos_test + c.n_neg_test),
-        "best_thresholds": thresholds[best],
-        "tpr": np.mean(_rate(c.pos_test, c.n_pos_test), 0),
-        "fpr": np.mean(_rate(c.neg_test, c.n_neg_test), 0),
-    }
-
-
-def _mean_rule_accuracy(
-    c: _FoldCounts,
-    at_or_below: _FoldCounts,
-    thresholds: np.ndarray,
-    test_distances: np.ndarray,
-    issame: np.ndarray,
-    fold_ids: np.ndarray,
-) -> dict[str, np.ndarray]:
-    """Xiaoccer/MobileFaceNet_Pytorch's rule: the mean of EVERY grid threshold of best training
-    accuracy, and accuracy counted as its ``getAccuracy`` does.
-
-    Its getAccuracy counts a positive right when its score is above the threshold and a
-    negative right when below it, so a pair exactly at the threshold is wrong either way (the
-    classic count calls it "different"). As distances: right when ``d < t`` (positive) or
-    ``d > t`` (negative).
-
-    Args:
-        c: strict counts ("distance < threshold") on the grid.
-        at_or_below: the same counts with "distance <= threshold".
-        thresholds: (T,) the grid.
-        test_distances: (N,) each pair's distance as seen when its own fold is tested.
-        issame: (N,) bool.
-        fold_ids: (N,) fold of each pair.
-    """
-    # integer counts: equal accuracies are equal counts over the same training pairs
-    correct_train = c.pos_train + (c.n_neg_train[:, None] - at_or_below.neg_train)  # (F, T)
-    best = correct_train == correct_train.max(axis=1, keepdims=True)  # (F, T) every maximum
-    chosen = np.array([np.mean(thresholds[row]) for row in best])  # (F,), its np.mean
-    threshold = chosen[fold_ids]  # (N,) each pair against its own fold's threshold
-    right = np.where(issame, test_distances < threshold, test_distances > threshold)
-    n_folds = len(chosen)
-    n_test = np.bincount(fold_ids, minlength=n_folds)
-    return {
-        "accuracy": np.bincount(fold_ids[right], minlength=n_folds) / n_test,
-        "best_thresholds": chosen,
-        "tpr": np.mean(_rate(c.pos_test, c.n_pos_test), 0),
-        "fpr": np.mean(_rate(c.neg_test, c.n_neg_test), 0),
-    }
-
-
-def _accuracy_part(
-    distances: np.ndarray,
-    test_distances: np.ndarray,
-    issame: np.ndarray,
-    fold_ids: np.ndarray,
-    n_folds: int,
-    thresholds: np.ndarray,
-    threshold_rule: str,
-) -> dict[str, np.ndarray]:
-    """The accuracy protocol under ``threshold_rule`` (see :data:`THRESHOLD_RULES`)."""
-    counts = _fold_counts(distances, issame, fold_ids, n_folds, thresholds)
-    if threshold_rule == "first":
-        return _accuracy_protocol(counts, thresholds)
-    # only the negatives' inclusive counts are read: a tie at the threshold is wrong for them
-    at_or_below = _fold_counts(distances, issame, fold_ids, n_folds, thresholds, inclusive=True)
-    return _mean_rule_accuracy(counts, at_or_below, thresholds, test_distances, issame, fold_ids)
-
-
-def _far_thresholds(far_train: np.ndarray, thresholds: np.ndarray, far_target: float):
-    """(F,) threshold per fold where the training FAR first reaches ``far_target``.
-
-    Args:
-        far_train: (F, T) training-fold FAR at each grid threshold (non-decreasing in T).
-        thresholds: (T,) the grid.
-        far_target: the FAR aimed at.
-    """
-    reached = far_train >= far_target  # (F, T)
-    first = np.argmax(reached, axis=1)  # (F,) first grid index at or above the target
-    chosen = np.zeros(len(far_train), dtype=np.float64)  # 0.0 where FAR never reaches it
-    for f in np.flatnonzero(reached.any(axis=1)):  # a loop over folds, not thresholds
+def _far_thresholds(far_train: np.ndarray, grid: np.ndarray, far_target: float) -> np.ndarray:
+    """(F,) threshold where the (F, T) non-decreasing training FAR first reaches the target,
+    linear between the neighbouring grid points; the first grid point if FAR starts at or above
+    it, 0.0 if it never reaches it."""
+    reached = far_train >= far_target
+    first = np.argmax(reached, axis=1)
+    chosen = np.zeros(len(far_train))
+    for f in np.flatnonzero(reached.any(axis=1)):
         j = first[f]
         if j == 0:
-            chosen[f] = thresholds[0]
+            chosen[f] = grid[0]
         else:
-            # linear between the two neighbouring grid points around the crossing
-            neighbours = slice(j - 1, j + 1)
-            chosen[f] = np.interp(far_target, far_train[f, neighbours], thresholds[neighbours])
+            chosen[f] = np.interp(far_target, far_train[f, j - 1 : j + 1], grid[j - 1 : j + 1])
     return chosen
 
 
-def _val_protocol(
-    c: _FoldCounts,
-    val_grid: np.ndarray,
-    test_distances: np.ndarray,
-    issame: np.ndarray,
-    fold_ids: np.ndarray,
-    far_target: float,
-) -> dict[str, np.ndarray]:
-    """VAL and FAR on each test fold at the threshold chosen for ``far_target``."""
-    n_folds = len(c.n_pos_test)
-    chosen = _far_thresholds(c.neg_train / c.n_neg_train[:, None], val_grid, far_target)
-    accepted = test_distances < chosen[fold_ids]  # (N,) each pair against its own fold's threshold
-    true_accepts = np.bincount(fold_ids[accepted & issame], minlength=n_folds)
-    false_accepts = np.bincount(fold_ids[accepted & ~issame], minlength=n_folds)
-    return {
-        "val_per_fold": true_accepts / c.n_pos_test,
-        "far_per_fold": false_accepts / c.n_neg_test,
-        "val_fold_thresholds": chosen,
-    }
-
-
 def _roc_auc_eer(distances: np.ndarray, issame: np.ndarray):
-    """Full ROC (smaller distance = more likely same), its AUC and its equal error rate."""
+    """Full ROC (smaller distance: more likely same), its AUC and its equal error rate."""
     fpr, tpr, _ = roc_curve(issame, -distances)
-    gap = fpr + tpr - 1.0  # FPR - FNR: non-decreasing along the curve, -1 at the start, 1 at end
+    gap = fpr + tpr - 1.0  # FPR - FNR: non-decreasing along the curve, from -1 to 1
     i = int(np.argmax(gap >= 0))
     if gap[i] == 0 or i == 0:
         eer = float(fpr[i])
-    else:
-        w = -gap[i - 1] / (gap[i] - gap[i - 1])  # where the segment crosses FPR = FNR
+    else:  # where the segment crosses FPR = FNR
+        w = -gap[i - 1] / (gap[i] - gap[i - 1])
         eer = float(fpr[i - 1] + w * (fpr[i] - fpr[i - 1]))
     return fpr, tpr, float(area_under_curve(fpr, tpr)), eer
 
 
-def _run_protocol(
-    distances: np.ndarray,
-    issame: np.ndarray,
-    fold_ids: np.ndarray,
-    n_folds: int,
-    far_target: float,
-    thresholds: np.ndarray,
-    val_thresholds: np.ndarray,
-    distance: str,
-    threshold_rule: str = "first",
-) -> VerificationResult:
-    """The whole protocol on checked inputs; ``distances`` is (N,) or (F, N) (see _fold_counts)."""
-    if distances.ndim == 1:
-        test_distances = distances
-    else:
-        test_distances = distances[fold_ids, np.arange(len(fold_ids))]  # (N,) own test fold's
-    acc = _accuracy_part(
-        distances, test_distances, issame, fold_ids, n_folds, thresholds, threshold_rule
+def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> VerificationResult:
+    """The protocol on checked inputs; ``distances`` (N,) or (F, N) (see :func:`_counts`)."""
+    grid, val_grid = _check_grid(grids[0], "thresholds"), _check_grid(grids[1], "val_thresholds")
+    n_folds, pairs = s.n_folds, np.arange(len(issame))
+    test_distances = distances if distances.ndim == 1 else distances[fold_ids, pairs]  # (N,)
+    n = np.stack([np.bincount(fold_ids[issame == k], minlength=n_folds) for k in (0, 1)], 1)
+    n_train = n.sum(axis=0) - n  # (F, 2) [negative, positive]
+    train, test = _counts(distances, issame, fold_ids, n_folds, grid)
+    # the mean rule counts a negative pair at a threshold as wrong: those at or below it
+    inclusive = s.threshold_rule == "mean"
+    below = _counts(distances, issame, fold_ids, n_folds, grid, True)[0] if inclusive else train
+    correct = train[:, 1] + n_train[:, :1] - below[:, 0]  # (F, T) right training pairs
+    accuracy, best = _fold_accuracy(
+        correct, grid, test_distances, issame, fold_ids, n, s.threshold_rule
     )
-    val_counts = _fold_counts(distances, issame, fold_ids, n_folds, val_thresholds)
-    val = _val_protocol(val_counts, val_thresholds, test_distances, issame, fold_ids, far_target)
+    val_train, _ = _counts(distances, issame, fold_ids, n_folds, val_grid)
+    chosen = _far_thresholds(val_train[:, 0] / n_train[:, :1], val_grid, s.far_target)
+    accepted = test_distances < chosen[fold_ids]
+    val = np.bincount(fold_ids[accepted & issame], minlength=n_folds) / n[:, 1]
+    far = np.bincount(fold_ids[accepted & ~issame], minlength=n_folds) / n[:, 0]
     roc_fpr, roc_tpr, auc, eer = _roc_auc_eer(test_distances, issame)
     return VerificationResult(
-        accuracy=acc["accuracy"],
-        accuracy_mean=float(np.mean(acc["accuracy"])),
-        accuracy_std=float(np.std(acc["accuracy"])),
-        best_thresholds=acc["best_thresholds"],
-        val=float(np.mean(val["val_per_fold"])),
-        val_std=float(np.std(val["val_per_fold"])),
-        far=float(np.mean(val["far_per_fold"])),
-        tpr=acc["tpr"],
-        fpr=acc["fpr"],
-        thresholds=thresholds,
+        accuracy=accuracy,
+        accuracy_mean=float(np.mean(accuracy)),
+        accuracy_std=float(np.std(accuracy)),
+        best_thresholds=best,
+        val=float(np.mean(val)),
+        val_std=float(np.std(val)),
+        far=float(np.mean(far)),
+        tpr=np.mean(test[:, 1] / n[:, 1:], 0),
+        fpr=np.mean(test[:, 0] / n[:, :1], 0),
+        thresholds=grid,
         auc=auc,
         eer=eer,
-        val_per_fold=val["val_per_fold"],
-        far_per_fold=val["far_per_fold"],
-        val_fold_thresholds=val["val_fold_thresholds"],
+        val_per_fold=val,
+        far_per_fold=far,
+        val_fold_thresholds=chosen,
         roc_fpr=roc_fpr,
         roc_tpr=roc_tpr,
-        far_target=far_target,
+        far_target=float(s.far_target),
         n_pairs=len(issame),
         n_folds=int(n_folds),
-        distance=distance,
-        threshold=float(np.mean(acc["best_thresholds"])),
-        threshold_distance=distance,
+        distance=s.distance,
+        threshold=float(np.mean(best)),
+        threshold_distance=s.distance,
     )
 
 
-def _grids(thresholds: Any, val_thresholds: Any, distance: str):
-    _check_distance_name(distance)
-    grid = default_thresholds(distance) if thresholds is None else thresholds
-    val_grid = default_thresholds(distance, fine=True) if val_thresholds is None else val_thresholds
-    return _check_grid(grid, "thresholds"), _check_grid(val_grid, "val_thresholds")
+# --------------------------------------------------------------------------- distances
+
+
+def _check_nonzero(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> None:
+    """The angle of a zero-length embedding is undefined: refused rather than measured as 1."""
+    if np.any(np.linalg.norm(emb1, axis=1) * np.linalg.norm(emb2, axis=1) == 0):
+        raise ValueError(f"{metric} distance of a zero-length embedding is undefined")
+
+
+def _metric_distance(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> np.ndarray:
+    """(N,) float64: training's ``paired_distance`` on (N, D) float64 rows."""
+    if metric in ("cosine", "angular"):
+        _check_nonzero(emb1, emb2, metric)
+    return paired_distance(torch.from_numpy(emb1), torch.from_numpy(emb2), metric).numpy()
+
+
+def _embeddings(emb1: Any, emb2: Any, keep_float: bool = False):
+    a = _finite(emb1, "emb1", ndim=2, keep_float=keep_float)
+    b = _finite(emb2, "emb2", ndim=2, keep_float=keep_float)
+    if a.shape != b.shape:
+        raise ValueError(f"emb1 and emb2 shapes differ: {a.shape} vs {b.shape}")
+    common = np.result_type(a, b)
+    return a.astype(common, copy=False), b.astype(common, copy=False)
+
+
+def _fold_distances(a, b, train, s: VerifySettings) -> np.ndarray:
+    """(N,) distances while the fold with training pairs ``train`` is tested: the classic
+    ``subtract_mean`` subtracts the mean of both sides of those pairs."""
+    mean = np.mean(np.concatenate([a[train], b[train]]), axis=0) if s.subtract_mean else 0.0
+    a, b = a - mean, b - mean
+    if s.scoring in PUBLISHER_SCORINGS:  # in the features' own dtype
+        _check_nonzero(a, b, s.distance)  # its division would give NaN scores
+        return PUBLISHER_SCORINGS[s.scoring][1](a, b)
+    return _metric_distance(a, b, s.distance)
+
+
+def _by_fold(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
+    """(F, N): row f measured while fold f is tested."""
+    return np.stack([_fold_distances(a, b, fold_ids != f, s) for f in range(s.n_folds)])
+
+
+def pair_distances(emb1, emb2, metric="squared", subtract_mean=False, n_folds=10, folds=None):
+    """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip).
+
+    ``metric``: a name in ``DISTANCES``; with ``subtract_mean`` each pair is measured under its
+    own test fold's training mean (the protocol itself needs every fold's: use
+    :func:`evaluate_embeddings`).
+    """
+    s = VerifySettings(distance=metric, subtract_mean=subtract_mean, n_folds=n_folds)
+    _check_settings(s)
+    a, b = _embeddings(emb1, emb2)
+    if not subtract_mean:
+        return _metric_distance(a, b, metric)
+    fold_ids = _fold_ids(len(a), n_folds, folds)
+    return _by_fold(a, b, fold_ids, s)[fold_ids, np.arange(len(a))]
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def evaluate_verification(
-    distances: Any,
-    issame: Any,
-    n_folds: int = 10,
-    far_target: float = 1e-3,
-    thresholds: Any = None,
-    val_thresholds: Any = None,
-    distance: str = "squared",
-    folds: Any = None,
-    threshold_rule: str = "first",
-) -> VerificationResult:
-    """Run the LFW verification protocol on the distances of N pairs.
+def evaluate_verification(distances, issame, settings=CLASSIC, folds=None, grids=None):
+    """The protocol on the (N,) finite distances of N pairs (numpy or torch).
 
-    Args:
-        distances: (N,) distance of each pair (numpy array or torch tensor), finite.
-        issame: (N,) True/1 where both images show the same identity.
-        n_folds: number of contiguous folds (10 for LFW).
-        far_target: the FAR at which VAL is reported.
-        thresholds: accuracy grid, strictly increasing; default from ``distance``.
-        val_thresholds: VAL grid, strictly increasing; default from ``distance`` (10x finer).
-        distance: which metric the distances are in (one of ``DISTANCES``); it only
-            chooses the default grids.
-        folds: optional (N,) fold index per pair, e.g. ``PairList.fold_ids`` to keep the file's
-            folds after skipping pairs; default contiguous folds in input order.
-        threshold_rule: "first" (the classic: the first grid threshold of best training
-            accuracy; a distance equal to the threshold counts as "different") or "mean"
-            (Xiaoccer/MobileFaceNet_Pytorch's: the mean of every grid threshold of best
-            training accuracy; a distance equal to the threshold is wrong for either kind).
+    ``settings`` gives the distance, folds, FAR target and threshold rule; ``folds``: (N,) fold
+    index per pair (e.g. ``PairList.fold_ids``), default contiguous; ``grids``: (accuracy grid,
+    VAL grid), strictly increasing, default :func:`threshold_grids`.
 
     Raises:
-        ValueError: NaN or infinite distances, lengths that differ, fewer pairs than folds, a
-            fold without a positive or a negative pair, a bad grid or option.
+        ValueError: non-finite distances, lengths that differ, fewer pairs than folds, a fold
+            without a positive or a negative pair, a bad grid or option.
     """
-    _check_threshold_rule(threshold_rule)
-    dist = _finite_float_array(distances, "distances", ndim=1)
-    same = _check_issame(issame, len(dist))
-    fold_ids = _fold_ids(len(dist), n_folds, folds)
-    _check_fold_classes(same, fold_ids, n_folds)
-    grid, val_grid = _grids(thresholds, val_thresholds, distance)
-    far_target = _check_far_target(far_target)
-    return _run_protocol(
-        dist, same, fold_ids, n_folds, far_target, grid, val_grid, distance, threshold_rule
-    )
+    _check_settings(settings)
+    dist = _finite(distances, "distances", ndim=1)
+    same, fold_ids = _folds(issame, len(dist), settings, folds)
+    return _protocol(dist, same, fold_ids, settings, grids or threshold_grids(settings))
 
 
-def _check_nonzero(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> None:
-    """The angle of a zero-length embedding is undefined: refuse it rather than measure 1."""
-    norms = np.linalg.norm(emb1, axis=1) * np.linalg.norm(emb2, axis=1)  # (N,)
-    if np.any(norms == 0):
-        raise ValueError(f"{metric} distance of a zero-length embedding is undefined")
+def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=None):
+    """The protocol on the (N, D) embeddings of both sides of N pairs, as
+    :func:`evaluate_verification`.
 
-
-def _metric_distance(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> np.ndarray:
-    """(N,) float64 distance between matching rows of two (N, D) float64 arrays.
-
-    The training distance (:func:`facenet.metric.distances.paired_distance`), which keeps
-    float64 inputs in float64; numpy in, numpy out.
+    With ``subtract_mean`` (the classic ``calculate_roc(..., subtract_mean=True)``) every pair
+    is measured, while fold f is tested, after subtracting the mean embedding of fold f's
+    training pairs; AUC and EER use each pair's distance under its own test fold's mean.
     """
-    if metric in ("cosine", "angular"):
-        _check_nonzero(emb1, emb2, metric)
-    a, b = torch.from_numpy(emb1), torch.from_numpy(emb2)  # (N, D) float64, shared memory
-    return paired_distance(a, b, metric).numpy()  # (N,)
-
-
-def _check_embeddings(
-    emb1: Any, emb2: Any, keep_float: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    a = _finite_float_array(emb1, "emb1", ndim=2, keep_float=keep_float)
-    b = _finite_float_array(emb2, "emb2", ndim=2, keep_float=keep_float)
-    if a.shape != b.shape:
-        raise ValueError(f"emb1 and emb2 shapes differ: {a.shape} vs {b.shape}")
-    common = np.result_type(a, b)  # both sides in one dtype (float64 unless both are narrower)
-    return a.astype(common, copy=False), b.astype(common, copy=False)
-
-
-def _training_mean(emb1: np.ndarray, emb2: np.ndarray, train: np.ndarray) -> np.ndarray:
-    """(D,) mean embedding of both sides of the training pairs (classic ``subtract_mean``)."""
-    return np.mean(np.concatenate([emb1[train], emb2[train]]), axis=0)
-
-
-def _mobilefacenet_distance(emb1: np.ndarray, emb2: np.ndarray, mean) -> np.ndarray:
-    """(N,) float64 1 - the score of lfw_eval.py's ``evaluation_10_fold``.
-
-    Its operations in its order, in the features' own dtype (float32 as its network and its
-    .mat file give them), so the scores are its scores bit for bit: subtract the mean,
-    divide each row by its norm, sum the products. 1 - s is exact in float64 for a float32
-    s (of magnitude above 2^-29), so "1 - s < 1 - t" decides as its "s > t" does.
-
-    Args:
-        emb1: (N, D) features of the first images.
-        emb2: (N, D) features of the second images.
-        mean: (D,) the training folds' mean, or 0.0.
-    """
-    a, b = emb1 - mean, emb2 - mean
-    _check_nonzero(a, b, "cosine")  # its division would give NaN scores
-    a = a / np.expand_dims(np.sqrt(np.sum(np.power(a, 2), 1)), 1)
-    b = b / np.expand_dims(np.sqrt(np.sum(np.power(b, 2), 1)), 1)
-    return 1.0 - np.sum(np.multiply(a, b), 1).astype(np.float64)
-
-
-def _fold_distances(
-    emb1: np.ndarray,
-    emb2: np.ndarray,
-    train: np.ndarray,
-    metric: str,
-    subtract_mean: bool,
-    scoring: str,
-) -> np.ndarray:
-    """(N,) distance of every pair while the fold whose training pairs are ``train`` is tested."""
-    mean = _training_mean(emb1, emb2, train) if subtract_mean else 0.0
-    if scoring == "mobilefacenet":  # every pair at once, as its loop scores them
-        return _mobilefacenet_distance(emb1, emb2, mean)
-    return _metric_distance(emb1 - mean, emb2 - mean, metric)
-
-
-def pair_distances(
-    emb1: Any,
-    emb2: Any,
-    metric: str = "squared",
-    subtract_mean: bool = False,
-    n_folds: int = 10,
-    folds: Any = None,
-) -> np.ndarray:
-    """(N,) distance of each pair from the embeddings of its two sides.
-
-    With ``subtract_mean`` each pair's distance uses the mean embedding of the training folds
-    of the fold it belongs to. The protocol also needs the training pairs' distances under each
-    test fold's mean, so evaluate such embeddings with :func:`evaluate_embeddings`.
-
-    Args:
-        emb1: (N, D) embeddings of the first images (numpy or torch); with flip-concatenation
-            already applied by the caller, (N, 2D).
-        emb2: (N, D) embeddings of the second images.
-        metric: a name in ``DISTANCES`` (``facenet.metric.DISTANCE_NAMES``): "squared"
-            (|a-b|^2), "euclidean" (|a-b|), "cosine" (1 - cos(a, b)), "angular"
-            (arccos(cos(a, b)) / pi, davidsandberg/facenet's distance_metric=1) or "seed_l2".
-        subtract_mean: subtract the training folds' mean embedding before measuring.
-        n_folds: folds for the mean (contiguous in input order).
-        folds: optional (N,) fold index per pair instead of contiguous folds.
-    """
-    _check_distance_name(metric)
-    a, b = _check_embeddings(emb1, emb2)
-    if not subtract_mean:
-        return _metric_distance(a, b, metric)
-    fold_ids = _fold_ids(len(a), n_folds, folds)
-    out = np.empty(len(a), dtype=np.float64)
-    for fold in range(n_folds):
-        test = fold_ids == fold
-        mean = _training_mean(a, b, ~test)
-        out[test] = _metric_distance(a[test] - mean, b[test] - mean, metric)
-    return out
-
-
-def evaluate_embeddings(
-    emb1: Any,
-    emb2: Any,
-    issame: Any,
-    metric: str = "squared",
-    subtract_mean: bool = False,
-    n_folds: int = 10,
-    far_target: float = 1e-3,
-    thresholds: Any = None,
-    val_thresholds: Any = None,
-    folds: Any = None,
-    threshold_rule: str = "first",
-    scoring: str = "float64",
-) -> VerificationResult:
-    """Run the verification protocol on the embeddings of both sides of N pairs.
-
-    With ``subtract_mean`` this is the classic ``calculate_roc(..., subtract_mean=True)``: while
-    fold f is tested, every pair (training ones included, for choosing the thresholds) is
-    measured after subtracting the mean embedding of fold f's training pairs. AUC and EER then
-    use each pair's distance under its own test fold's mean.
-
-    Args:
-        emb1: (N, D) embeddings of the first images (numpy or torch); flip-concatenation, if
-            wanted, is done by the caller when embedding ((N, 2D) then).
-        emb2: (N, D) embeddings of the second images.
-        issame: (N,) True/1 for same-identity pairs.
-        metric: a name in ``DISTANCES``: "squared", "euclidean", "cosine" (1 - cos),
-            "angular" (arccos(cos) / pi) or "seed_l2"; also picks the default grids.
-        subtract_mean: the classic mean subtraction (off by default).
-        n_folds: number of contiguous folds.
-        far_target: the FAR at which VAL is reported.
-        thresholds: accuracy grid; default from ``metric``.
-        val_thresholds: VAL grid; default from ``metric``.
-        folds: optional (N,) fold index per pair instead of contiguous folds.
-        threshold_rule: "first" or "mean" (see :func:`evaluate_verification`).
-        scoring: "float64" (``metric`` in float64, the default) or "mobilefacenet"
-            (Xiaoccer/MobileFaceNet_Pytorch's lfw_eval.py: 1 - its cosine score, computed with
-            its numpy operations in the features' own dtype; ``metric`` must be "cosine").
-
-    Raises:
-        ValueError: as :func:`evaluate_verification`, plus embedding shapes that differ.
-    """
-    _check_distance_name(metric)
-    _check_scoring(scoring, metric)
-    if not subtract_mean and scoring == "float64":
-        dist = pair_distances(emb1, emb2, metric=metric)
-        return evaluate_verification(
-            dist,
-            issame,
-            n_folds,
-            far_target,
-            thresholds,
-            val_thresholds,
-            metric,
-            folds,
-            threshold_rule,
-        )
-    _check_threshold_rule(threshold_rule)
-    a, b = _check_embeddings(emb1, emb2, keep_float=scoring == "mobilefacenet")
-    same = _check_issame(issame, len(a))
-    fold_ids = _fold_ids(len(a), n_folds, folds)
-    _check_fold_classes(same, fold_ids, n_folds)
-    grid, val_grid = _grids(thresholds, val_thresholds, metric)
-    by_fold = np.empty((n_folds, len(a)), dtype=np.float64)  # (F, N)
-    for fold in range(n_folds):
-        train = fold_ids != fold
-        by_fold[fold] = _fold_distances(a, b, train, metric, subtract_mean, scoring)
-    far_target = _check_far_target(far_target)
-    return _run_protocol(
-        by_fold, same, fold_ids, n_folds, far_target, grid, val_grid, metric, threshold_rule
-    )
-
-
-def plot_roc(
-    result: VerificationResult,
-    path: Any = None,
-    log_scale: bool = False,
-    title: str | None = None,
-):
-    """Plot the full ROC with its AUC, the EER point and the VAL @ FAR point.
-
-    The figure is built with matplotlib's object API on the Agg canvas: it is never registered
-    with pyplot, so no window opens and nothing stays open after saving.
-
-    Args:
-        result: a :class:`VerificationResult`.
-        path: where to save a PNG; the figure is then released and None returned.
-        log_scale: logarithmic FAR (x) axis, to read the low-FAR end.
-        title: the plot title; default "ROC (N pairs, F folds)".
-
-    Returns:
-        The ``matplotlib.figure.Figure`` when ``path`` is None (e.g. for TensorBoard's
-        ``add_figure``), else None.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.5, 5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.plot(result.roc_fpr, result.roc_tpr, lw=1.5, label=f"ROC (AUC = {result.auc:.4f})")
-    ax.plot([result.eer], [1 - result.eer], "o", label=f"EER = {result.eer:.4f}")
-    ax.plot(
-        [max(result.far, 1e-12) if log_scale else result.far],
-        [result.val],
-        "s",
-        label=val_at_far_label(result.val, result.far_target, result.far),
-    )
-    _style_roc_axes(ax, result, log_scale)
-    ax.set_title(title or f"ROC ({result.n_pairs} pairs, {result.n_folds} folds)")
-    if path is None:
-        return fig
-    fig.savefig(path, format="png")
-    return None
-
-
-def _style_roc_axes(ax, result: VerificationResult, log_scale: bool) -> None:
-    """Axis labels, limits, grid and legend of the ROC plot."""
-    if log_scale:
-        positive = result.roc_fpr[result.roc_fpr > 0]
-        ax.set_xscale("log")
-        ax.set_xlim(min(positive.min() if len(positive) else 1e-4, result.far_target), 1.0)
-    else:
-        ax.plot([0, 1], [0, 1], ":", color="grey", lw=1)
-        ax.set_xlim(0.0, 1.0)
-    ax.set_ylim(0.0, 1.01)
-    ax.set_xlabel("false accept rate (FAR)")
-    ax.set_ylabel("true accept rate (VAL)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+    _check_settings(settings)
+    a, b = _embeddings(emb1, emb2, keep_float=settings.scoring != "float64")
+    if not settings.subtract_mean and settings.scoring == "float64":
+        distances = _metric_distance(a, b, settings.distance)
+        return evaluate_verification(distances, issame, settings, folds, grids)
+    same, fold_ids = _folds(issame, len(a), settings, folds)
+    by_fold = _by_fold(a, b, fold_ids, settings)
+    return _protocol(by_fold, same, fold_ids, settings, grids or threshold_grids(settings))

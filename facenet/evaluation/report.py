@@ -1,12 +1,9 @@
-"""The one way verification figures are written, wherever they are printed.
-
-Training's console lines, the evaluate command's tables and ``VerificationResult.summary`` all
-write a result through these functions, so a figure reads the same everywhere::
+"""How verification figures are written, wherever they are printed, and what a threshold was
+chosen for (``ThresholdRecord``), so that a figure reads the same everywhere::
 
     test acc 0.9655±0.0147 VAL 0.5510 @ FAR 0.001 (achieved 0.0010) AUC 0.9960 EER 0.0400
 
-The functions read a result by attribute (any ``VerificationResult``) and never import the
-protocol module: the protocol imports this one (for ``summary`` and the ROC legend).
+Results are read by attribute: the protocol imports this module, not the reverse.
 """
 
 from __future__ import annotations
@@ -32,39 +29,19 @@ FIGURE_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", 
 
 
 def val_at_far_label(val: float, far_target: float, far: float) -> str:
-    """The one way VAL at FAR is written: ``VAL 0.4680 @ FAR 0.001 (achieved 0.0030)``.
-
-    Args:
-        val: the VAL (true accept rate) measured.
-        far_target: the FAR the thresholds aimed at.
-        far: the FAR achieved on the test folds at those thresholds.
-    """
+    """``VAL 0.4680 @ FAR 0.001 (achieved 0.0030)``: the VAL, the FAR aimed at, the FAR
+    achieved on the test folds."""
     return f"VAL {val:.4f} @ FAR {far_target:g} (achieved {far:.4f})"
 
 
 def figures(result) -> dict:
-    """The reported figures of a VerificationResult, the threshold and its distance included.
-
-    ``threshold`` is the mean over folds of the accuracy threshold each fold chose; a pair is
-    called "same" when its ``distance`` is below it.
-
-    Args:
-        result: a ``VerificationResult``.
-    """
-    out = {key: float(getattr(result, key)) for key in FIGURE_KEYS}
-    out["far_target"] = float(result.far_target)
-    out["threshold"] = float(result.threshold)
-    out["distance"] = result.threshold_distance
-    return out
+    """The reported figures of a ``VerificationResult``, with its threshold and distance."""
+    out = {key: float(getattr(result, key)) for key in (*FIGURE_KEYS, "far_target", "threshold")}
+    return {**out, "distance": result.threshold_distance}
 
 
 def figure_cells(values: Mapping) -> dict[str, str]:
-    """Each reported figure as text: ``accuracy`` (mean±std), ``val`` (the VAL@FAR label),
-    ``auc`` and ``eer``; the line and the table rows are built from these cells.
-
-    Args:
-        values: :func:`figures` of a result (or a record of them, e.g. a run's summary).
-    """
+    """:func:`figures` (or a run's record of them) as the text cells of lines and tables."""
     return {
         "accuracy": f"{values['accuracy_mean']:.4f}±{values['accuracy_std']:.4f}",
         "val": val_at_far_label(values["val"], values["far_target"], values["far"]),
@@ -74,23 +51,14 @@ def figure_cells(values: Mapping) -> dict[str, str]:
 
 
 def figures_line(name: str, values: Mapping) -> str:
-    """``name acc 0.9685±0.0123 VAL 0.4680 @ FAR 0.001 (achieved 0.0030) AUC 0.9947 EER 0.0400``.
-
-    Args:
-        name: what was evaluated (may be empty: the line then starts with ``acc``).
-        values: :func:`figures` of a result.
-    """
+    """``name acc 0.9685±0.0123 VAL ... AUC 0.9947 EER 0.0400`` (an empty name: ``acc ...``)."""
     cells = figure_cells(values)
     words = ["acc", cells["accuracy"], cells["val"], "AUC", cells["auc"], "EER", cells["eer"]]
     return " ".join([name, *words] if name else words)
 
 
 def fold_table(result) -> str:
-    """One row per fold: accuracy, the threshold chosen on the other folds, VAL and FAR.
-
-    Args:
-        result: a ``VerificationResult``.
-    """
+    """One row per fold: accuracy, the threshold chosen on the other folds, VAL and FAR."""
     lines = [f"{'fold':>4}  {'accuracy':>8}  {'threshold':>9}  {'VAL':>6}  {'FAR':>7}"]
     for f in range(result.n_folds):
         lines.append(
@@ -101,12 +69,7 @@ def fold_table(result) -> str:
 
 
 def result_table(name: str, result) -> str:
-    """The fold table, the figures line, the verification threshold and the pair count.
-
-    Args:
-        name: what was evaluated (starts the figures line).
-        result: a ``VerificationResult``.
-    """
+    """The fold table, the figures line, the verification threshold and the pair count."""
     return "\n".join(
         [
             fold_table(result),
@@ -119,11 +82,7 @@ def result_table(name: str, result) -> str:
 
 
 def sets_table(results: Mapping) -> str:
-    """One row per verification set: the figure cells, the threshold and the pair count.
-
-    Args:
-        results: ``{set name: VerificationResult}``, in the order to print.
-    """
+    """One row per ``{set name: VerificationResult}``: figures, threshold, pair count."""
     lines = [
         f"{'set':<12} {'accuracy':>13}  {'VAL @ FAR target (achieved)':>36}  {'AUC':>6}  "
         f"{'EER':>6}  {'threshold':>9}  {'pairs':>6}"
@@ -137,32 +96,16 @@ def sets_table(results: Mapping) -> str:
     return "\n".join(lines)
 
 
-# What a threshold was chosen for, besides its distance: the weights (a content hash of the
-# embedding network's state dict) and how the images became distances. A threshold applies
-# only where all of these are the same; epoch and chosen_on are for the messages.
+# A threshold applies only where all of these match (epoch and chosen_on are for messages).
 PROVENANCE = ("weights_sha256", "flip", "subtract_mean", "preprocess", "features")
-# Records from before ``features`` existed were all chosen on unit embeddings.
-_IMPLIED = {"features": "unit"}
+_IMPLIED = {"features": "unit"}  # records from before ``features`` were all on unit embeddings
 
 
 @dataclass(frozen=True)
 class ThresholdRecord:
-    """A verification threshold and what it was chosen for.
-
-    Args:
-        value: the threshold ("same" when the distance is below it).
-        distance: the distance it applies to.
-        weights_sha256: content hash of the network's weights
-            (:func:`facenet.inference.loading.weights_digest`), None when unknown.
-        epoch: the training epoch of those weights, when known (messages only).
-        flip: whether the embeddings concatenated the flipped image's, None when unknown.
-        subtract_mean: whether the mean embedding was subtracted, None when unknown.
-        preprocess: the evaluation preprocessing ("resize" or "crop"), None when unknown.
-        features: "unit" (the network's unit embeddings; also what a record that does not
-            say means) or "raw" (before L2 normalisation: ``eval.features``).
-        chosen_on: what chose it (e.g. "validation pairs"), for messages.
-        source: the file it was read from, for messages.
-    """
+    """A verification threshold ("same" below ``value``, in ``distance``) and what it was
+    chosen for: the weights' content hash (``facenet.inference.loading.weights_digest``) and
+    the preparation (``VerifySettings.provenance``); None where a record does not say."""
 
     value: float
     distance: str
@@ -176,55 +119,29 @@ class ThresholdRecord:
     features: str = "unit"
 
     def to_dict(self) -> dict:
-        """The record as plain values (JSON, ``weights_only`` pickles): ``threshold``,
-        ``threshold_distance`` and the provenance keys."""
+        """Plain values (JSON, ``weights_only`` pickles)."""
         out = {"threshold": float(self.value), "threshold_distance": self.distance}
         out.update({key: getattr(self, key) for key in (*PROVENANCE, "epoch", "chosen_on")})
         return out
 
     @classmethod
     def from_dict(cls, record: Mapping, source: str = "") -> ThresholdRecord | None:
-        """The record in ``record``, or None when it holds no threshold.
-
-        Reads the form of :meth:`to_dict` (``metrics.json``, weights exports, a run's
-        ``summary.json`` ``threshold`` entry written as ``{"value", "distance", ...}``), and
-        older records without provenance (then the provenance fields are None).
-
-        Args:
-            record: a mapping holding ``threshold``/``threshold_distance`` or
-                ``value``/``distance``, optionally with ``threshold_for`` (``metrics.json``).
-            source: the file it came from, for messages.
-        """
+        """The record of :meth:`to_dict`'s form (``metrics.json`` keeps the provenance under
+        ``threshold_for``) or of a ``summary.json`` entry (``value``, ``distance``, ...); None
+        when it holds no threshold."""
         value = record.get("value", record.get("threshold"))
         if not _is_number(value):
             return None
         distance = record.get("distance", record.get("threshold_distance", "squared"))
-        fields = dict(record)
-        fields.update(record.get("threshold_for") or {})  # metrics.json keeps them apart
-        return cls(
-            value=float(value),
-            distance=str(distance),
-            weights_sha256=_typed(fields.get("weights_sha256"), str),
-            epoch=_typed(fields.get("epoch"), int),
-            flip=_typed(fields.get("flip"), bool),
-            subtract_mean=_typed(fields.get("subtract_mean"), bool),
-            preprocess=_typed(fields.get("preprocess"), str),
-            chosen_on=_typed(fields.get("chosen_on"), str),
-            source=source,
-            features=_typed(fields.get("features"), str) or _IMPLIED["features"],
-        )
+        fields = {**record, **(record.get("threshold_for") or {})}  # metrics.json keeps them apart
+        typed = {key: _typed(fields.get(key), kind) for key, kind in _KINDS.items()}
+        typed["features"] = typed["features"] or _IMPLIED["features"]
+        return cls(float(value), str(distance), source=source, **typed)
 
     def differences(self, at_hand: Mapping) -> list[str]:
-        """What differs between what this threshold was chosen for and ``at_hand``.
-
-        A field missing on either side counts as differing (an older record, or a file that
-        does not say how it was made): a threshold is used only where it is known to fit.
-
-        Args:
-            at_hand: ``{"weights_sha256", "flip", "subtract_mean", "preprocess"}`` of the
-                model and the preparation the threshold would be applied to (``epoch``
-                optional, for the message).
-        """
+        """What differs, in words, from ``at_hand`` (the :data:`PROVENANCE` keys, ``epoch``
+        optional); a field unknown on either side differs: a threshold is used only where it
+        is known to fit."""
         found = []
         for key in PROVENANCE:
             ours, theirs = getattr(self, key), at_hand.get(key, _IMPLIED.get(key))
@@ -259,6 +176,15 @@ class ThresholdRecord:
         return f"{self.value:.4f} ({'; '.join(parts)}){where}"
 
 
+_KINDS = {
+    "weights_sha256": str,
+    "epoch": int,
+    "flip": bool,
+    "subtract_mean": bool,
+    "preprocess": str,
+    "chosen_on": str,
+    "features": str,
+}
 _NOUNS = {
     "weights_sha256": "weights",
     "flip": "flip setting",
@@ -269,7 +195,7 @@ _NOUNS = {
 
 
 def _difference(key: str, ours, theirs, our_epoch, their_epoch) -> str:
-    """One difference, in words: ``flip: chosen with flip, here without``."""
+    """``flip: chosen with flip, here without``."""
     if key == "weights_sha256":
         at = lambda digest, epoch: digest[:8] + ("" if epoch is None else f", epoch {epoch}")
         return f"weights: chosen for {at(ours, our_epoch)}, here {at(theirs, their_epoch)}"

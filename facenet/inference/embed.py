@@ -1,6 +1,5 @@
-"""Embedding every image under a folder (identity folders or a flat folder) with the
-evaluation transform, leaving out the files that cannot be decoded.
-"""
+"""Embedding every image under a folder with the evaluation transform, leaving out the files
+that cannot be decoded."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from tqdm import tqdm
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, build_transform, read_image
 from facenet.evaluation.embedding import embed_batches
+from facenet.evaluation.presets import CLASSIC, VerifySettings
 from facenet.inference.identify import non_finite_rows
 from facenet.sizes import ImageSize
 
@@ -46,14 +46,9 @@ def _collate_readable(items):
 
 @dataclass
 class FolderEmbeddings:
-    """The embeddings of a folder's readable images.
-
-    Args:
-        embeddings: (N, D) float32, one row per readable image.
-        paths: the N image files.
-        labels: their identities (folder names; "" for images directly in the folder).
-        unreadable: ``(path, reason)`` for every file left out.
-    """
+    """(N, D) float32 ``embeddings`` of a folder's readable images, their ``paths`` and
+    ``labels`` (folder names; "" directly in the folder), and ``(path, reason)`` per file left
+    out."""
 
     embeddings: torch.Tensor
     paths: list
@@ -65,31 +60,20 @@ def embed_folder(
     model: nn.Module,
     root: str | os.PathLike,
     image_size: ImageSize,
+    settings: VerifySettings = CLASSIC,
     normalize: str = "fixed",
-    batch_size: int = 128,
     device: str | torch.device = "cpu",
-    flip: bool = False,
     progress: bool = False,
 ) -> FolderEmbeddings:
-    """Embed every image under ``root`` with the evaluation transform, in one process.
-
-    Args:
-        model: the embedding network.
-        root: identity folders or a flat folder of images (see :func:`list_images`).
-        image_size: the network's input: S or (H, W) (``facenet.sizes.image_hw``).
-        normalize: the pixel standardisation the network was trained with.
-        batch_size: images per forward.
-        device: where the network runs.
-        flip: concatenate each embedding with that of the flipped image ((N, 2D)).
-        progress: show a progress bar (on stderr).
-
-    Raises:
-        DataError: an image whose embedding is NaN or infinite, named.
-    """
+    """Every image under ``root`` (identity folders or a flat folder: ``list_images``) embedded
+    in one process as ``settings`` say (flip, preprocessing, features, batch size); a DataError
+    names an image whose embedding is NaN or infinite."""
     paths, labels = list_images(root)
-    dataset = _ReadableImages(paths, build_transform(image_size, train=False, normalize=normalize))
+    transform = build_transform(image_size, False, normalize, preprocess=settings.preprocess)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, collate_fn=_collate_readable
+        _ReadableImages(paths, transform),
+        batch_size=settings.batch_size,
+        collate_fn=_collate_readable,
     )
     kept, unreadable, chunks = [], [], []
     for indices, images, bad in tqdm(
@@ -98,9 +82,9 @@ def embed_folder(
         unreadable += [(paths[i], reason) for i, reason in bad]
         if images is not None:
             kept += indices
-            chunks += embed_batches(model, [images], device, flip)
+            chunks += embed_batches(model, [images], device, settings.flip, settings.features)
     embeddings = torch.cat(chunks) if chunks else torch.zeros(0, 0)
     kept_paths = [paths[i] for i in kept]
-    # A NaN row would be written and then silently never match (or match nothing) later.
+    # a NaN row would be written, then silently never match (or match nothing) later
     non_finite_rows(embeddings.numpy(), f"embeddings of {root}", kept_paths)
     return FolderEmbeddings(embeddings, kept_paths, [labels[i] for i in kept], unreadable)

@@ -1,15 +1,14 @@
 """Evaluating a run: validation pairs choose, test pairs report.
 
-The validation pairs are evaluated before training and every ``eval.every`` epochs: their
-accuracy chooses ``best.pt``, and the threshold of the selected epoch (mean over the protocol's
-folds) is the one the run hands on. The test pairs, identity-disjoint from the validation
-pairs, are evaluated once, at the end, for the selected checkpoint and for the last model; they
-choose nothing. Every evaluation embeds the images with every rank taking a shard.
+Validation (before training and every ``eval.every`` epochs) chooses ``best.pt`` and the
+threshold the run hands on; the test pairs, identity-disjoint, are evaluated once at the end,
+for the selected and the last model, and choose nothing.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,56 +19,39 @@ from facenet.config import Config
 from facenet.data.loading import resolve_loader_settings
 from facenet.distributed import broadcast_buffers, is_main_process
 from facenet.errors import CheckpointError
-from facenet.evaluation.protocol import plot_roc
-from facenet.evaluation.report import FIGURE_KEYS, figures, figures_line
+from facenet.evaluation.plots import plot_roc
+from facenet.evaluation.presets import VerifySettings
+from facenet.evaluation.report import figures, figures_line
 from facenet.evaluation.verify import verify
 from facenet.inference.loading import weights_digest
 
-# figures and figures_line are the evaluation package's; the training modules import them here.
-__all__ = ["FIGURE_KEYS", "figures", "validate", "test_selected", "figures_line"]
+__all__ = ["figures", "figures_line", "test_selected", "validate"]
 
 
-def verify_options(cfg: Config, device_type: str = "cpu") -> dict:
-    """The run configuration's evaluation settings as ``verify``'s plain arguments.
-
-    Args:
-        cfg: the run configuration.
-        device_type: where the model runs ("auto" loader settings depend on it).
-    """
-    e = cfg.eval
+def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:
+    """The run's ``eval`` section as verification settings; "auto" loader workers depend on
+    where the model runs."""
     workers, _ = resolve_loader_settings(cfg.data.num_workers, False, device_type)
-    return {
-        "preprocess": e.preprocess,
-        "flip": e.flip,
-        "subtract_mean": e.subtract_mean,
-        "distance": e.distance,
-        "grid": e.grid,
-        "features": e.features,
-        "threshold_rule": e.threshold_rule,
-        "scoring": e.scoring,
-        "n_folds": e.n_folds,
-        "far_target": e.far_target,
-        "batch_size": e.batch_size,
-        "num_workers": workers,
-    }
+    return replace(VerifySettings.of(cfg.eval), num_workers=workers)
 
 
 def _verify(model, pairs, image_size, normalize: str, cfg: Config, device):
-    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` (LFW protocol)."""
+    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs``."""
+    settings = verify_settings(cfg, torch.device(device).type)
     return verify(
         model,
         pairs,
         image_size,
+        settings,
         normalize=normalize,
         device=device,
         return_distances=True,
-        **verify_options(cfg, torch.device(device).type),
     )
 
 
 def _plot(result, run_dir: Path, name: str, title: str, cfg: Config, logger, step: int) -> None:
     """The ROC figure, drawn once by rank 0: saved as a PNG and logged to TensorBoard."""
-    if not is_main_process():  # only rank 0 writes figures (its logger is the enabled one)
+    if not is_main_process():  # rank 0's logger is the enabled one
         return
     figure = plot_roc(result, log_scale=cfg.eval.log_scale_roc, title=title)
     figure.savefig(run_dir / f"roc_{name}.png", format="png")
@@ -77,40 +59,15 @@ def _plot(result, run_dir: Path, name: str, title: str, cfg: Config, logger, ste
 
 
 def threshold_for(model, cfg: Config) -> dict:
-    """What a validation threshold is chosen for: the weights (content hash) and the
-    preparation (flip, mean subtraction, preprocessing, unit or raw features), as a run
-    records it.
-
-    The epoch's checkpoint is written right after its validation, from these same weights:
-    ``load_model`` on that checkpoint computes the same digest.
-
-    Args:
-        model: the network validated (the classifier head is left out of the digest).
-        cfg: the run configuration (its ``eval`` section).
-    """
-    return {
-        "weights_sha256": weights_digest(model),
-        "flip": bool(cfg.eval.flip),
-        "subtract_mean": bool(cfg.eval.subtract_mean),
-        "preprocess": cfg.eval.preprocess,
-        "features": cfg.eval.features,
-    }
+    """What a validation threshold is chosen for: the weights' content hash (the epoch's
+    checkpoint, written right after from these weights, gives the same digest) and the
+    preparation."""
+    return {"weights_sha256": weights_digest(model), **VerifySettings.of(cfg.eval).provenance()}
 
 
 def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> dict:
-    """Validation figures of the model as it is (epoch 0: before training); ROC and TensorBoard.
-
-    The figures include ``threshold``, its ``distance`` and ``threshold_for``
-    (:func:`threshold_for`): a threshold travels with what it was chosen for.
-
-    Args:
-        trainer: the run's trainer.
-        data: the run's ``TrainingData`` (``val_pairs`` is not None).
-        cfg: the run configuration.
-        epoch: the epoch just finished (0 before training).
-        run_dir: the run directory (``roc_val_epoch_<epoch>.png``).
-        logger: the run's ``RunLogger``.
-    """
+    """Validation figures of the model as it is (epoch 0: before training), with the
+    threshold, its distance and ``threshold_for``; ``roc_val_epoch_<epoch>.png``."""
     broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
     result, _ = _verify(
         trainer.core_model, data.val_pairs, data.image_size, data.normalize, cfg, trainer.device
@@ -123,11 +80,11 @@ def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> d
     return values
 
 
-def _selected_model(trainer, run_dir: Path, best_epoch: int | None, last_epoch: int):
-    """The model of ``best.pt`` (a copy), or None when it is the last model or absent."""
+def _selected_model(trainer, run_dir: Path, best_epoch: int):
+    """A copy of the model with ``best.pt``'s weights."""
     path = run_dir / "best.pt"
-    if best_epoch is None or best_epoch == last_epoch or not path.is_file():
-        return None
+    if not path.is_file():
+        raise CheckpointError(f"{path} (epoch {best_epoch}) is missing")
     state = load_checkpoint(path, map_location=trainer.device)
     if int(state["epoch"]) != best_epoch:  # never report one epoch's file as another's
         raise CheckpointError(
@@ -143,42 +100,25 @@ def _test_one(model, trainer, data, cfg, threshold: float | None):
         model, data.test_pairs, data.image_size, data.normalize, cfg, trainer.device
     )
     values = figures(result)
-    # The protocol's own per-fold thresholds on the test pairs are not handed on: the run's
-    # threshold is the validation one.
+    # the run's threshold is the validation one, not the test pairs' own
     del values["threshold"], values["distance"]
     if threshold is not None and not cfg.eval.subtract_mean:
-        # The validation threshold applied to every test pair: no choice made on the test set.
         same = np.asarray(data.test_pairs.issame, dtype=bool)
         values["accuracy_at_validation_threshold"] = float(np.mean((distances < threshold) == same))
     return result, values
 
 
 def test_selected(trainer, data, cfg, best_epoch, threshold, last_epoch, run_dir, logger) -> dict:
-    """Test figures of the selected checkpoint and of the last model, once, at the end.
-
-    Args:
-        trainer: the run's trainer (holds the last model).
-        data: the run's ``TrainingData`` (``test_pairs`` is not None).
-        cfg: the run configuration.
-        best_epoch: the epoch ``best.pt`` holds (chosen on validation), or None.
-        threshold: the validation threshold of ``best_epoch``, or None.
-        last_epoch: the last epoch trained.
-        run_dir: the run directory (``roc_test.png``).
-        logger: the run's ``RunLogger``.
-
-    Returns:
-        ``{"last": figures, "best": figures}`` (``best`` is ``last`` when they are one model;
-        absent without a selection).
-    """
+    """``{"last": figures, "best": figures}`` on the test pairs, once, at the end (``best``:
+    ``best.pt``'s epoch ``best_epoch``, chosen on validation; it is ``last`` when they are one
+    model, absent without a selection); ``threshold``: the validation one, or None."""
     broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
     with torch.no_grad():
         result, last = _test_one(trainer.core_model, trainer, data, cfg, threshold)
     last = {"epoch": last_epoch, **last}
     out = {}
-    best_model = _selected_model(trainer, run_dir, best_epoch, last_epoch)
-    if best_epoch is not None and best_epoch != last_epoch and best_model is None:
-        raise CheckpointError(f"{run_dir / 'best.pt'} (epoch {best_epoch}) is missing")
-    if best_model is not None:
+    if best_epoch is not None and best_epoch != last_epoch:
+        best_model = _selected_model(trainer, run_dir, best_epoch)
         result, best = _test_one(best_model, trainer, data, cfg, threshold)
         out["best"] = {"epoch": best_epoch, **best}
     elif best_epoch is not None:

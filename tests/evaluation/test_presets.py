@@ -12,16 +12,17 @@ from facenet.cli import evaluate as evaluate_script
 from facenet.evaluation.presets import (
     ALIGN_PRESETS,
     EVAL_PRESETS,
+    PUBLISHER_FIELDS,
     classic_thresholds,
     mobilefacenet_thresholds,
 )
+from facenet.evaluation.presets import VerifySettings as S
 from facenet.evaluation.protocol import (
     default_thresholds,
     evaluate_embeddings,
     evaluate_verification,
     pair_distances,
 )
-from facenet.evaluation.verify import threshold_grids
 from facenet.inference.identify import Gallery, match
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,15 +80,9 @@ def test_sandberg_preset_equals_the_publishers_computation(flip, subtract_mean):
         interleaved, same, distance_metric="angular", subtract_mean=subtract_mean
     )
     preset = EVAL_PRESETS["sandberg"]
-    ours = evaluate_embeddings(
-        e1,
-        e2,
-        same,
-        metric=preset.distance,
-        subtract_mean=subtract_mean,
-        thresholds=classic_thresholds(),
-        val_thresholds=classic_thresholds(fine=True),
-    )
+    settings = S(distance=preset.distance, subtract_mean=subtract_mean, grid=preset.grid)
+    ours = evaluate_embeddings(e1, e2, same, settings)
+    assert np.array_equal(ours.thresholds, classic_thresholds())
     assert np.array_equal(ours.accuracy, acc)
     assert np.allclose(ours.tpr, tpr, atol=1e-12) and np.allclose(ours.fpr, fpr, atol=1e-12)
     assert ours.val == pytest.approx(val, abs=1e-12)
@@ -101,9 +96,9 @@ def test_cosine_on_our_grid_differs_from_the_publishers_angular_figure():
     interleaved = np.empty((2 * len(e1), e1.shape[1]))
     interleaved[0::2], interleaved[1::2] = e1, e2
     _, _, acc, *_ = ref.publisher_evaluate(interleaved, same, distance_metric="angular")
-    grids = {"thresholds": classic_thresholds(), "val_thresholds": classic_thresholds(True)}
-    angular = evaluate_embeddings(e1, e2, same, metric="angular", **grids)
-    cosine = evaluate_embeddings(e1, e2, same, metric="cosine")
+    grids = (classic_thresholds(), classic_thresholds(True))
+    angular = evaluate_embeddings(e1, e2, same, S(distance="angular"), None, grids)
+    cosine = evaluate_embeddings(e1, e2, same, S(distance="cosine"))
     assert angular.accuracy_mean == pytest.approx(0.97200, abs=1e-9) == np.mean(acc)
     assert cosine.accuracy_mean == pytest.approx(0.97417, abs=1e-5)
 
@@ -177,8 +172,10 @@ def test_identify_matches_with_the_angular_threshold_a_sandberg_evaluation_write
 )
 def test_lfw_configs_hold_the_publishers_presets(name, config):
     defaults = evaluate_script.config_defaults(str(ROOT / "configs" / config))
-    preset = vars(EVAL_PRESETS[name])
-    assert {key: defaults[key] for key in preset} == preset
+    preset = EVAL_PRESETS[name]
+    assert {key: defaults[key] for key in PUBLISHER_FIELDS} == {
+        key: getattr(preset, key) for key in PUBLISHER_FIELDS
+    }
 
 
 # --------------------------------------------------------------------------- MobileFaceNet's
@@ -215,20 +212,7 @@ def test_mobilefacenet_preset_measures_the_publishers_scores():
 
 def mobilefacenet_preset_evaluation(fl, fr, same, folds=None):
     """``evaluate_embeddings`` with every option of the mobilefacenet preset."""
-    preset = EVAL_PRESETS["mobilefacenet"]
-    accuracy_grid, val_grid = threshold_grids(preset.grid)
-    return evaluate_embeddings(
-        fl,
-        fr,
-        same,
-        metric=preset.distance,
-        subtract_mean=preset.subtract_mean,
-        thresholds=accuracy_grid,
-        val_thresholds=val_grid,
-        folds=folds,
-        threshold_rule=preset.threshold_rule,
-        scoring=preset.scoring,
-    )
+    return evaluate_embeddings(fl, fr, same, EVAL_PRESETS["mobilefacenet"], folds)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -250,7 +234,7 @@ def test_the_first_rule_equals_the_loop_taking_the_first_best_threshold():
     fl, fr, same = raw_flip_features()
     fold = np.arange(len(same)) // (len(same) // 10)
     grid = mobilefacenet_thresholds()
-    ours = evaluate_embeddings(fl, fr, same, "cosine", True, thresholds=grid, val_thresholds=grid)
+    ours = evaluate_embeddings(fl, fr, same, S("cosine", subtract_mean=True), None, (grid, grid))
     acc, thresholds = ref.mobilefacenet_evaluate(fl, fr, fold, np.where(same, 1, -1), rule="first")
     assert np.array_equal(ours.accuracy, acc)
     np.testing.assert_allclose(ours.best_thresholds, 1.0 - thresholds, atol=1e-12, rtol=0)
@@ -264,12 +248,7 @@ def test_the_mean_rule_counts_a_pair_at_the_threshold_wrong_for_either_kind():
     fold = np.repeat(np.arange(10), 4)
     grid = mobilefacenet_thresholds()
     ours = evaluate_verification(
-        1.0 - scores,
-        same,
-        thresholds=grid,
-        val_thresholds=grid,
-        distance="cosine",
-        threshold_rule="mean",
+        1.0 - scores, same, S("cosine", threshold_rule="mean"), None, (grid, grid)
     )
     flags = np.where(same, 1, -1)
     expected = [
@@ -279,9 +258,7 @@ def test_the_mean_rule_counts_a_pair_at_the_threshold_wrong_for_either_kind():
     # its best thresholds: (0.25, 0.5) and (0.5, 0.75) open intervals tie (3 of 4 right), so
     # the mean lands on 0.5 exactly, where both pairs at 0.5 are wrong: 2 of 4 right.
     assert np.allclose(expected, 0.5) and np.array_equal(ours.accuracy, np.full(10, 0.5))
-    classic = evaluate_verification(
-        1.0 - scores, same, thresholds=grid, val_thresholds=grid, distance="cosine"
-    )
+    classic = evaluate_verification(1.0 - scores, same, S("cosine"), None, (grid, grid))
     assert np.all(classic.accuracy == 0.75)  # the first best threshold: 0.5 counts "different"
 
 

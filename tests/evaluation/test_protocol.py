@@ -14,13 +14,14 @@ from sklearn.metrics import roc_auc_score
 from benchmarks import reference_evaluation as ref
 from facenet.cli import evaluate as evaluate_script
 from facenet.errors import FacenetError
+from facenet.evaluation.plots import plot_roc
+from facenet.evaluation.presets import VerifySettings as S
 from facenet.evaluation.protocol import (
     VerificationResult,
     default_thresholds,
     evaluate_embeddings,
     evaluate_verification,
     pair_distances,
-    plot_roc,
 )
 
 # --------------------------------------------------------------------------- helpers
@@ -74,7 +75,7 @@ def hand_case():
 def test_hand_computed_case():
     distances, issame, grid = hand_case()
     result = evaluate_verification(
-        distances, issame, n_folds=2, far_target=0.25, thresholds=grid, val_thresholds=grid
+        distances, issame, S(n_folds=2, far_target=0.25), None, (grid, grid)
     )
     # Fold 0 tested, trained on fold 1 (0.4 s, 1.6 s, 1.8 d, 0.6 d): accuracy 3/4 at 0.5, then
     # 2/4, 2/4, 2/4, so 0.5; on fold 0 at 0.5 only 0.2 is accepted: 3/4 correct.
@@ -102,17 +103,19 @@ def test_val_threshold_rule_edges():
     # 0.7, which is taken as is. Fold 1's (1.2, 0.9) reach 1/2 at 1.0: exactly that value.
     shifted = np.array([0.7, 1.0, 1.5, 2.0])
     result = evaluate_verification(
-        distances, issame, 2, far_target=0.5, thresholds=grid, val_thresholds=shifted
+        distances, issame, S(n_folds=2, far_target=0.5), None, (grid, shifted)
     )
     np.testing.assert_array_equal(result.val_fold_thresholds, [0.7, 1.0])
     # never reached: threshold 0.0, nothing accepted
     result = evaluate_verification(
-        distances, issame, 2, far_target=0.5, thresholds=grid, val_thresholds=[0.1, 0.3, 0.5]
+        distances, issame, S(n_folds=2, far_target=0.5), None, (grid, [0.1, 0.3, 0.5])
     )
     np.testing.assert_array_equal(result.val_fold_thresholds, [0.0, 0.0])
     assert result.val == 0.0 and result.far == 0.0
     # FAR exactly at the target at a grid point: that grid point, not an interpolation
-    result = evaluate_verification(distances, issame, 2, 0.5, grid, grid)
+    result = evaluate_verification(
+        distances, issame, S(n_folds=2, far_target=0.5), None, (grid, grid)
+    )
     np.testing.assert_array_equal(result.val_fold_thresholds, [1.0, 1.0])
 
 
@@ -142,7 +145,9 @@ def test_random_inputs_match_the_loops(seed):
     grid = np.sort(rng.uniform(0, 3, 150))
     val_grid = np.linspace(0, 3, 700)
     far_target = float(rng.choice([1e-3, 0.01, 0.05, 0.2]))
-    result = evaluate_verification(distances, issame, n_folds, far_target, grid, val_grid)
+    result = evaluate_verification(
+        distances, issame, S(n_folds=n_folds, far_target=far_target), None, (grid, val_grid)
+    )
     reference = reference_numbers(distances, issame, n_folds, far_target, grid, val_grid)
     assert_same_as_reference(result, reference)
 
@@ -159,7 +164,9 @@ def test_repeating_training_far_matches_the_loops_where_interp1d_raises():
     assert all(len(np.unique(row)) < len(row) for row in far_train)  # and repeating
     with pytest.raises(ValueError):  # what the classic code ran into
         interpolate.interp1d(far_train[0], val_grid, kind="slinear")(far_target)
-    result = evaluate_verification(distances, issame, 10, far_target, grid, val_grid)
+    result = evaluate_verification(
+        distances, issame, S(far_target=far_target), None, (grid, val_grid)
+    )
     assert_same_as_reference(
         result, reference_numbers(distances, issame, 10, far_target, grid, val_grid)
     )
@@ -172,7 +179,7 @@ def test_far_exactly_at_target_matches_the_loops():
     distances = separated_distances(issame, rng, gap=0.3)
     grid = np.linspace(0, 3, 120)
     far_target = 20 / (9 * 50)  # an attainable training FAR: 20 false accepts of 450
-    result = evaluate_verification(distances, issame, 10, far_target, grid, grid)
+    result = evaluate_verification(distances, issame, S(far_target=far_target), None, (grid, grid))
     far_train = ref.training_far_curves(grid, distances, issame, 10)
     assert np.any(far_train == far_target)
     assert_same_as_reference(
@@ -199,9 +206,8 @@ def test_embeddings_match_the_loops(metric, subtract_mean):
     emb = unit_embeddings(issame, rng)
     grid = default_thresholds(metric)[::4]
     val_grid = default_thresholds(metric, fine=True)[::8]
-    result = evaluate_embeddings(
-        *emb, issame, metric, subtract_mean, 5, 0.05, thresholds=grid, val_thresholds=val_grid
-    )
+    settings = S(distance=metric, subtract_mean=subtract_mean, n_folds=5, far_target=0.05)
+    result = evaluate_embeddings(*emb, issame, settings, None, (grid, val_grid))
     reference = reference_numbers(
         None,
         issame,
@@ -257,12 +263,12 @@ def test_torch_tensors_give_the_same_result():
     rng = np.random.default_rng(9)
     issame = lfw_like_issame(4, 10)
     distances = separated_distances(issame, rng)
-    from_numpy = evaluate_verification(distances, issame, 4)
-    from_torch = evaluate_verification(torch.tensor(distances), torch.tensor(issame), 4)
+    from_numpy = evaluate_verification(distances, issame, S(n_folds=4))
+    from_torch = evaluate_verification(torch.tensor(distances), torch.tensor(issame), S(n_folds=4))
     assert from_numpy.to_dict() == from_torch.to_dict()
     e1, e2 = unit_embeddings(issame, rng)
-    a = evaluate_embeddings(torch.tensor(e1), torch.tensor(e2), torch.tensor(issame), n_folds=4)
-    b = evaluate_embeddings(e1, e2, issame, n_folds=4)
+    a = evaluate_embeddings(torch.tensor(e1), torch.tensor(e2), torch.tensor(issame), S(n_folds=4))
+    b = evaluate_embeddings(e1, e2, issame, S(n_folds=4))
     assert a.to_dict() == b.to_dict()
 
 
@@ -270,10 +276,12 @@ def test_given_folds_reproduce_contiguous_folds_in_any_order():
     rng = np.random.default_rng(10)
     issame = lfw_like_issame(5, 12)
     distances = separated_distances(issame, rng)
-    contiguous = evaluate_verification(distances, issame, 5, far_target=0.05)
+    contiguous = evaluate_verification(distances, issame, S(n_folds=5, far_target=0.05))
     order = rng.permutation(len(issame))
     folds = (np.arange(len(issame)) // 24)[order]
-    shuffled = evaluate_verification(distances[order], issame[order], 5, 0.05, folds=folds)
+    shuffled = evaluate_verification(
+        distances[order], issame[order], S(n_folds=5, far_target=0.05), folds
+    )
     assert contiguous.to_dict() == shuffled.to_dict()
 
 
@@ -327,21 +335,21 @@ def test_eer_lies_where_fpr_meets_fnr(seed):
 )
 def test_bad_input_is_a_clear_error(distances, issame, n_folds, message):
     with pytest.raises(ValueError, match=message):
-        evaluate_verification(np.array(distances), np.array(issame), n_folds)
+        evaluate_verification(np.array(distances), np.array(issame), S(n_folds=n_folds))
 
 
 def test_bad_options_are_clear_errors():
     distances, issame, grid = hand_case()
     with pytest.raises(ValueError, match="strictly increasing"):
-        evaluate_verification(distances, issame, 2, thresholds=[0.5, 0.4])
+        evaluate_verification(distances, issame, S(n_folds=2), None, ([0.5, 0.4], [0.5]))
     with pytest.raises(ValueError, match="far_target"):
-        evaluate_verification(distances, issame, 2, far_target=0.0)
+        evaluate_verification(distances, issame, S(n_folds=2, far_target=0.0))
     with pytest.raises(ValueError, match="distance='hamming'"):
-        evaluate_verification(distances, issame, 2, distance="hamming")
+        evaluate_verification(distances, issame, S(n_folds=2, distance="hamming"))
     with pytest.raises(ValueError, match="shapes differ"):
-        evaluate_embeddings(np.ones((8, 3)), np.ones((8, 4)), issame, n_folds=2)
+        evaluate_embeddings(np.ones((8, 3)), np.ones((8, 4)), issame, S(n_folds=2))
     with pytest.raises(ValueError, match="folds must use every fold"):
-        evaluate_verification(distances, issame, 2, folds=np.zeros(8, dtype=int))
+        evaluate_verification(distances, issame, S(n_folds=2), np.zeros(8, dtype=int))
 
 
 # --------------------------------------------------------------------------- output
@@ -349,7 +357,9 @@ def test_bad_options_are_clear_errors():
 
 def test_to_dict_is_json_safe_and_complete():
     distances, issame, grid = hand_case()
-    result = evaluate_verification(distances, issame, 2, 0.25, grid, grid)
+    result = evaluate_verification(
+        distances, issame, S(n_folds=2, far_target=0.25), None, (grid, grid)
+    )
     as_dict = json.loads(json.dumps(result.to_dict()))
     assert as_dict["accuracy"] == [0.75, 0.75] and as_dict["n_folds"] == 2
     assert as_dict["tpr"] == result.tpr.tolist()
@@ -359,7 +369,9 @@ def test_to_dict_is_json_safe_and_complete():
 
 def test_plot_roc_returns_a_figure_or_writes_a_png(tmp_path):
     distances, issame, grid = hand_case()
-    result = evaluate_verification(distances, issame, 2, 0.25, grid, grid)
+    result = evaluate_verification(
+        distances, issame, S(n_folds=2, far_target=0.25), None, (grid, grid)
+    )
     fig = plot_roc(result, log_scale=True, title="t")
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_title() == "t"

@@ -15,14 +15,16 @@ from facenet.data.pairs import read_pairs
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import embed_pair_list
+from facenet.evaluation.presets import VerifySettings as S
 from facenet.evaluation.protocol import (
     default_thresholds,
     evaluate_embeddings,
     evaluate_verification,
     pair_distances,
+    threshold_grids,
 )
 from facenet.evaluation.report import ThresholdRecord, figures, figures_line, sets_table
-from facenet.evaluation.verify import threshold_grids, verify, verify_distances
+from facenet.evaluation.verify import verify, verify_distances
 from facenet.inference.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -38,32 +40,28 @@ def tiny(tiny_run):
 @pytest.mark.parametrize("subtract_mean", [False, True])
 def test_verify_is_the_protocol_on_the_embedded_pairs(tiny, flip, subtract_mean):
     trained, pairs = tiny
+    settings = S(flip=flip, subtract_mean=subtract_mean, n_folds=pairs.n_folds)
     result, distances = verify(
         trained.model,
         pairs,
         trained.image_size,
+        settings,
         normalize=trained.normalize,
-        flip=flip,
-        subtract_mean=subtract_mean,
-        n_folds=pairs.n_folds,
         return_distances=True,
     )
     emb1, emb2 = embed_pair_list(
-        trained.model, pairs, trained.image_size, flip=flip, normalize=trained.normalize
+        trained.model, pairs, trained.image_size, S(flip=flip), normalize=trained.normalize
     )
     e1, e2, same = emb1.numpy(), emb2.numpy(), np.asarray(pairs.issame)
     assert np.array_equal(distances, pair_distances(e1, e2))
     # With flip the default grids run over the concatenation's whole range (squared up to 8).
-    grid, fine = threshold_grids("default", "squared", flip)
-    if grid is None:
-        grid, fine = default_thresholds(), default_thresholds(fine=True)
-    grids = {"thresholds": grid, "val_thresholds": fine, "folds": pairs.fold_ids}
+    grid, fine = threshold_grids(S(flip=flip))
+    by_hand_settings = S(subtract_mean=subtract_mean, n_folds=pairs.n_folds)
+    grids = (grid, fine)
     if subtract_mean:
-        by_hand = evaluate_embeddings(
-            e1, e2, same, subtract_mean=True, n_folds=pairs.n_folds, **grids
-        )
+        by_hand = evaluate_embeddings(e1, e2, same, by_hand_settings, pairs.fold_ids, grids)
     else:
-        by_hand = evaluate_verification(distances, same, pairs.n_folds, **grids)
+        by_hand = evaluate_verification(distances, same, by_hand_settings, pairs.fold_ids, grids)
     assert result.to_dict() == by_hand.to_dict()
     # The classic loops (contiguous folds: the file's folds are contiguous blocks here).
     options = {"nrof_folds": pairs.n_folds, "subtract_mean": subtract_mean}
@@ -76,43 +74,45 @@ def test_verify_is_the_protocol_on_the_embedded_pairs(tiny, flip, subtract_mean)
 
 def test_verify_takes_the_classic_grids_by_name(tiny):
     trained, pairs = tiny
-    result = verify(trained.model, pairs, trained.image_size, grid="classic", n_folds=3)
+    result = verify(trained.model, pairs, trained.image_size, S(grid="classic", n_folds=3))
     assert np.array_equal(result.thresholds, np.arange(0, 4, 0.01))
-    assert threshold_grids("default") == (None, None)
+    assert np.array_equal(threshold_grids(S())[1], default_thresholds(fine=True))
     with pytest.raises(ValueError, match="unknown threshold grid"):
-        threshold_grids("fine")
+        threshold_grids(S(grid="fine"))
 
 
 @pytest.mark.parametrize("distance, top", [("squared", 8.0), ("euclidean", 2 * 2**0.5)])
 def test_flipped_unit_embeddings_get_a_default_grid_over_their_whole_range(tiny, distance, top):
     trained, pairs = tiny
     unit = default_thresholds(distance)
-    flipped = verify(trained.model, pairs, trained.image_size, flip=True, distance=distance)
+    flipped = verify(trained.model, pairs, trained.image_size, S(flip=True, distance=distance))
     # The concatenation of two unit vectors: distances reach `top`; the unit grid comes first.
     assert flipped.thresholds[-1] >= top - 1e-9 > unit[-1]
     assert np.array_equal(flipped.thresholds[: len(unit)], unit)
-    plain = verify(trained.model, pairs, trained.image_size, distance=distance)
+    plain = verify(trained.model, pairs, trained.image_size, S(distance=distance))
     assert np.array_equal(plain.thresholds, unit)
     for grid in ("classic", "mobilefacenet"):  # the publishers' grids stay theirs
-        assert np.array_equal(
-            threshold_grids(grid, distance, flip=True)[0], threshold_grids(grid)[0]
-        )
-    assert threshold_grids("default", "cosine", flip=True) == (None, None)  # scale-free
+        flipped = S(grid=grid, distance=distance, flip=True)
+        assert np.array_equal(threshold_grids(flipped)[0], threshold_grids(S(grid=grid))[0])
+    cosine = threshold_grids(S(distance="cosine", flip=True))[0]  # scale-free
+    assert np.array_equal(cosine, default_thresholds("cosine"))
+    raw = threshold_grids(S(flip=True, features="raw"))[0]  # norm unknown: the unit grid
+    assert np.array_equal(raw, default_thresholds())
 
 
 def test_verify_distances_names_its_source_when_the_data_do_not_fit():
     issame = np.tile([True, False], 20)
     distances = np.where(issame, 0.5, 1.5) + np.linspace(0, 0.1, 40)
-    result = verify_distances(distances, issame, n_folds=4)
-    assert result.to_dict() == evaluate_verification(distances, issame, 4).to_dict()
+    result = verify_distances(distances, issame, S(n_folds=4))
+    assert result.to_dict() == evaluate_verification(distances, issame, S(n_folds=4)).to_dict()
     with pytest.raises(DataError, match="^scores.csv: "):
-        verify_distances(distances[:3], issame[:3], n_folds=4, source="scores.csv")
+        verify_distances(distances[:3], issame[:3], S(n_folds=4), source="scores.csv")
 
 
 def test_one_formatting_of_the_figures():
     issame = np.tile([True, False], 20)
     distances = np.where(issame, 0.5, 1.5) + np.random.default_rng(0).uniform(-0.6, 0.6, 40)
-    result = verify_distances(distances, issame, n_folds=4)
+    result = verify_distances(distances, issame, S(n_folds=4))
     r = result
     line = figures_line("lfw", figures(result))
     assert line == (
@@ -130,16 +130,16 @@ def test_one_formatting_of_the_figures():
 )
 def test_distances_above_the_threshold_grid_are_warned_about(distance, grid):
     issame = np.tile([True, False], 20)
-    top = threshold_grids(grid)[0]
-    top = default_thresholds(distance)[-1] if top is None else top[-1]
+    settings = S(distance=distance, grid=grid, n_folds=4)
+    top = threshold_grids(settings)[0][-1]
     distances = top + 1.0 + np.where(issame, 0.0, 1.0)  # every one above the grid
     with pytest.warns(UserWarning, match=f"40 of 40 distances .* {distance} grid"):
-        result = verify_distances(distances, issame, distance=distance, grid=grid, n_folds=4)
+        result = verify_distances(distances, issame, settings)
     assert result.accuracy_mean == 0.5  # what the warning is there for
     inside = np.where(issame, 0.1, 0.2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # none inside the grid
-        verify_distances(inside, issame, distance=distance, grid=grid, n_folds=4)
+        verify_distances(inside, issame, settings)
 
 
 def test_evaluate_warns_in_one_line_and_writes_the_record(tmp_path, capsys):
@@ -226,7 +226,7 @@ def test_verify_embeds_height_by_width_inputs(tiny_run, preprocess):
             return self.net(x)
 
     pairs = read_pairs(tiny_run["pairs"], tiny_run["heldout"])
-    result = verify(Shape(), pairs, [24, 20], preprocess=preprocess, batch_size=16)
+    result = verify(Shape(), pairs, [24, 20], S(preprocess=preprocess, batch_size=16))
     assert len(result.accuracy) == 10
 
 
@@ -234,7 +234,7 @@ def test_the_mobilefacenet_grid_is_the_publishers_similarity_grid():
     from facenet.config import load_config
     from facenet.evaluation.presets import mobilefacenet_thresholds
 
-    accuracy_grid, val_grid = threshold_grids("mobilefacenet")
+    accuracy_grid, val_grid = threshold_grids(S(grid="mobilefacenet"))
     assert np.array_equal(accuracy_grid, mobilefacenet_thresholds())
     assert np.array_equal(val_grid, mobilefacenet_thresholds())
     cfg = load_config("configs/lfw_mobilefacenet.yaml")

@@ -15,6 +15,7 @@ from facenet.cli import embed as embed_script
 from facenet.data.folder import list_images
 from facenet.data.images import read_image
 from facenet.errors import DataError
+from facenet.evaluation.presets import VerifySettings as S
 from facenet.inference.embed import embed_folder
 from facenet.inference.loading import load_model
 
@@ -43,14 +44,14 @@ def identity_folder_with_a_corrupt_file(tiny_run, tmp_path) -> tuple[Path, Path]
 def test_embed_folder_equals_one_image_at_a_time(tiny_run, tmp_path):
     root, bad = identity_folder_with_a_corrupt_file(tiny_run, tmp_path)
     trained = load_model(tiny_run["checkpoint"])
-    result = embed_folder(trained.model, root, 32, batch_size=4)
+    result = embed_folder(trained.model, root, 32, S(batch_size=4))
     assert [p for p, _ in result.unreadable] == [str(bad)]
     assert str(bad) not in result.paths and len(result.paths) == 18
     transform = trained.transform()
     with torch.no_grad():
         brute = torch.cat([trained.model(transform(read_image(p))[None]) for p in result.paths])
     assert torch.allclose(result.embeddings, brute, atol=1e-6)
-    flipped = embed_folder(trained.model, root, 32, batch_size=5, flip=True)
+    flipped = embed_folder(trained.model, root, 32, S(flip=True, batch_size=5))
     assert flipped.embeddings.shape == (18, 256)
     assert torch.allclose(flipped.embeddings[:, :128], brute, atol=1e-6)
 
@@ -170,7 +171,7 @@ def test_non_finite_weights_and_embeddings_are_refused_by_name(tiny_run, tmp_pat
             return out
 
     with pytest.raises(DataError, match="1 embedding row") as caught:
-        embed_folder(NanSecondRow(), root, 32, batch_size=100)
+        embed_folder(NanSecondRow(), root, 32, S(batch_size=100))
     paths, _ = list_images(root)
     assert f"rows 1 ({paths[1]})" in str(caught.value)
 

@@ -16,8 +16,9 @@ from facenet.cli import train as train_script
 from facenet.config import load_config
 from facenet.errors import ConfigError
 from facenet.evaluation.embedding import embed_pair_list
-from facenet.evaluation.protocol import evaluate_embeddings, val_at_far_label
-from facenet.evaluation.report import ThresholdRecord
+from facenet.evaluation.presets import VerifySettings
+from facenet.evaluation.protocol import evaluate_embeddings
+from facenet.evaluation.report import ThresholdRecord, val_at_far_label
 from facenet.inference.loading import load_model
 from facenet.models.embedding import build_model
 from facenet.training.build import build_data
@@ -105,7 +106,7 @@ def test_the_reported_test_figure_is_best_pt_on_the_test_pairs(run):
     from facenet.data.pairs import read_pairs
 
     pairs = read_pairs(run["data"] / "heldout" / "test_pairs.txt")
-    emb1, emb2 = embed_pair_list(model, pairs, image_size=16, batch_size=64)
+    emb1, emb2 = embed_pair_list(model, pairs, 16, VerifySettings(batch_size=64))
     result = evaluate_embeddings(emb1.numpy(), emb2.numpy(), pairs.issame, folds=pairs.fold_ids)
     best = run["summary"]["test"]["best"]
     assert best["accuracy_mean"] == pytest.approx(result.accuracy_mean, abs=1e-12)
@@ -227,15 +228,16 @@ def test_the_run_evaluates_with_the_publishers_preprocessing_and_grids(run, monk
 
     import facenet.evaluation.verify as verify_module
     from facenet.evaluation.presets import classic_thresholds
+    from facenet.evaluation.protocol import threshold_grids
 
     seen = {}
 
-    def embed(*args, **kwargs):
-        seen["preprocess"] = kwargs["preprocess"]
+    def embed(model, pairs, image_size, settings, *args):
+        seen["preprocess"] = settings.preprocess
         return torch.zeros(2, 1), torch.zeros(2, 1)
 
-    def protocol(*args, **kwargs):
-        seen.update(kwargs)
+    def protocol(emb1, emb2, issame, settings, *args):
+        seen["thresholds"], seen["val_thresholds"] = threshold_grids(settings)
         raise StopIteration
 
     cfg = load_config(run["dir"] / "config.yaml", ["eval.preprocess=crop", "eval.grid=classic"])
