@@ -28,6 +28,7 @@ from facenet.metric.checks import (
     check_labels,
 )
 from facenet.metric.distances import Distance, DistanceLike, compute_dtype, get_distance
+from facenet.metric.miners import identity_masks
 
 if TYPE_CHECKING:
     from facenet.config import LossConfig
@@ -153,10 +154,9 @@ class _BatchAllTripletHinge(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, dist, same, margin, reduction, soft_margin, chunk_size):
+    def forward(ctx, dist, labels, margin, reduction, soft_margin, chunk_size):
         batch_size = dist.shape[0]
-        positive = same.clone()
-        positive.fill_diagonal_(False)
+        same, positive = identity_masks(labels)  # (B, B) each
         grad = torch.zeros_like(dist)  # (B, B) d(sum of losses)/dD
         total = dist.new_zeros(())
         num_active = dist.new_zeros((), dtype=torch.int64)
@@ -218,9 +218,8 @@ def batch_all_triplet_loss(
         return _connected_zero(embeddings)
     finite = _check_inputs(on_nonfinite, who, embeddings)  # 0-dim bool
     dist = get_distance(distance)(embeddings)  # (B, B)
-    same = labels[:, None] == labels[None, :]  # (B, B)
     loss = _BatchAllTripletHinge.apply(
-        dist, same, float(margin), reduction, bool(soft_margin), chunk_size
+        dist, labels, float(margin), reduction, bool(soft_margin), chunk_size
     )
     return _nan_unless(finite, loss)
 

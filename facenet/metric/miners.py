@@ -86,7 +86,7 @@ class _SortedNegatives(NamedTuple):
     count: torch.Tensor
 
 
-def _same_and_positive(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def identity_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, B) masks: same identity, and same identity off the diagonal."""
     same = labels[:, None] == labels[None, :]
     positive = same.clone()
@@ -97,7 +97,7 @@ def _same_and_positive(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: torch.Tensor):
     """Every anchor-positive pair (sorted by anchor, positive), its d(a,p), sorted negatives,
     and their :func:`_searcher`."""
-    same, positive = _same_and_positive(labels)
+    same, positive = identity_masks(labels)
     pair_a, pair_p = positive.nonzero(as_tuple=True)  # (P,), (P,)
     dist = distance(embeddings)  # (B, B)
     # NaN sorts last: it marks the same-identity columns (and any NaN distance).
@@ -311,7 +311,7 @@ class BatchHardMiner(_Miner):
         return self.max_triplets == 0
 
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
-        same, positive = _same_and_positive(labels)
+        same, positive = identity_masks(labels)
         dist = self.distance(embeddings)  # (B, B)
         hardest_positive = dist.masked_fill(~positive, float("-inf")).max(1).indices  # (B,)
         hardest_negative = dist.masked_fill(same, float("inf")).min(1).indices  # (B,)
