@@ -22,13 +22,12 @@ import torch
 
 from facenet.metric.checks import (
     ON_NONFINITE,
-    all_finite,
     check_choice,
     check_count,
     check_embeddings,
-    check_finite,
     check_index_triplets,
     check_labels,
+    finite_flag,
 )
 from facenet.metric.distances import Distance, DistanceLike, get_distance
 
@@ -213,20 +212,15 @@ class _Miner:
                 checked = check_index_triplets(
                     candidates, embeddings.device, who, "candidate", rows=rows
                 )
-                finite = self._finite(embeddings, who)
+                finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._filter_candidates(embeddings, Triplets(*checked), finite)
             else:
                 labels = check_labels(labels, embeddings, who, " unless candidates are given")
                 if embeddings.shape[0] == 0:
                     return Triplets(*labels.new_zeros(3, 0, dtype=torch.int64))
-                triplets = self._mine(embeddings, labels, self._finite(embeddings, who))
+                finite = finite_flag(self.on_nonfinite, who, embeddings)
+                triplets = self._mine(embeddings, labels, finite)
         return _cap(triplets, self.max_triplets, self.generator)
-
-    def _finite(self, embeddings: torch.Tensor, who: str) -> torch.Tensor:
-        """The 0-dim "all finite" flag the selection masks with; "raise" raises here instead."""
-        if self.on_nonfinite == "raise":
-            check_finite(embeddings, who)  # one host read (free on the CPU)
-        return all_finite(embeddings)
 
     @property
     def selects_every_image(self) -> bool:
