@@ -166,7 +166,7 @@ def _candidate_distances(embeddings, candidates: Triplets, distance: Distance):
     """d(a,p) and d(a,n) of each candidate, each (T,): row by row for a named distance (the
     seed's own arithmetic), through the (B, B) matrix for a custom one."""
     a, p, n = candidates
-    if not distance.has_paired:
+    if distance.paired_fn is None:
         dist = distance(embeddings)  # (B, B)
         return dist[a, p], dist[a, n]
     d_ap, d_an = [], []
