@@ -68,15 +68,14 @@ def init_distributed(device: str = "auto", timeout_minutes: int = 30) -> DistInf
     """Initialise the process group from torchrun's environment, if there is one; CUDA
     ranks use ``cuda:LOCAL_RANK``."""
     use_cuda = resolve_device(device).type == "cuda"
+    target = torch.device("cuda" if use_cuda else "cpu")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return DistInfo(device=torch.device("cuda" if use_cuda else "cpu"))
+        return DistInfo(device=target)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if use_cuda:
         torch.cuda.set_device(local_rank)
         target = torch.device("cuda", local_rank)
-    else:
-        target = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
@@ -116,16 +115,11 @@ def any_rank(flag: bool) -> bool:
     """True when ``flag`` is true on any rank; every rank must call it at the same point."""
     if not is_distributed():
         return flag
-    value = torch.tensor([int(flag)], device=_collective_device())
+    # NCCL collectives need CUDA tensors; gloo takes CPU tensors.
+    device = torch.cuda.current_device() if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([int(flag)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
-
-
-def _collective_device() -> torch.device:
-    """NCCL collectives need CUDA tensors; gloo takes CPU tensors."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def all_gather_tensor(tensor: torch.Tensor) -> torch.Tensor:

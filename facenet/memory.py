@@ -264,11 +264,10 @@ def reset_cuda_peaks(device: torch.device | str | int | None = None) -> None:
 
 
 def _is_cuda_device(device: torch.device | str | int | None) -> bool:
-    if not torch.cuda.is_available():
-        return False
-    if device is None or isinstance(device, int):
-        return True
-    return torch.device(device).type == "cuda"
+    # None and ints name CUDA devices (the current one, an index).
+    return torch.cuda.is_available() and (
+        device is None or isinstance(device, int) or torch.device(device).type == "cuda"
+    )
 
 
 def _tensor_bytes(tensors: Iterable[Any]) -> int:

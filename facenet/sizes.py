@@ -23,12 +23,6 @@ def image_hw(size: ImageSize) -> tuple[int, int]:
     return tuple(sides)
 
 
-def size_text(size: ImageSize) -> str:
-    """``"64"`` for a square size, ``"112 x 96"`` (H x W) otherwise."""
-    height, width = image_hw(size)
-    return str(height) if height == width else f"{height} x {width}"
-
-
 def plain_size(size: ImageSize) -> int | list[int]:
     """S when square, else ``[H, W]``: as a configuration or a file stores a size."""
     height, width = image_hw(size)

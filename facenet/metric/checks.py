@@ -66,10 +66,13 @@ def check_count(value: int, minimum: int, who: str, name: str, note: str = "") -
     return value
 
 
-def all_finite(*tensors: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool tensor on the device (no host read): every value is finite."""
-    flags = [torch.isfinite(t).all() for t in tensors]
-    return torch.stack(flags).all() if len(flags) > 1 else flags[0]
+def finite_flag(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor on the device (no host read): every value of the (B, D)
+    ``embeddings`` (and ``ref_embeddings``) is finite; under "raise", a non-finite row raises."""
+    if on_nonfinite == "raise":
+        for name, t in zip(("embeddings", "ref_embeddings"), tensors):
+            check_finite(t, who, name)
+    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
 
 
 def _quote(values: list, total: int) -> str:

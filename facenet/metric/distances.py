@@ -126,10 +126,6 @@ class Distance:
             out.fill_diagonal_(0)
         return out.to(torch.promote_types(out.dtype, torch.float32))
 
-    @property
-    def has_paired(self) -> bool:
-        return self.paired_fn is not None
-
     def paired(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``d(x[i], y[i])`` of (T, D) rows, shape (T,)."""
         x, y = self._widened(x, y)

@@ -19,15 +19,15 @@ from torch import nn
 
 from facenet.metric.checks import (
     ON_NONFINITE,
-    all_finite,
     check_choice,
     check_count,
     check_embeddings,
-    check_finite,
     check_index_triplets,
     check_labels,
+    finite_flag,
 )
 from facenet.metric.distances import Distance, DistanceLike, compute_dtype, get_distance
+from facenet.metric.miners import identity_masks
 
 if TYPE_CHECKING:
     from facenet.config import LossConfig
@@ -39,15 +39,6 @@ def _connected_zero(*tensors: torch.Tensor) -> torch.Tensor:
     """A scalar 0 in the graph of ``tensors``, even NaN ones (``x.sum() * 0`` would be NaN)."""
     dtype = compute_dtype(*tensors)
     return sum(t[:0].to(dtype).sum() for t in tensors)
-
-
-def _check_inputs(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
-    """The 0-dim "all finite" flag of the (B, D) inputs; under "raise", a non-finite row raises."""
-    if on_nonfinite == "raise":
-        names = ("embeddings", "ref_embeddings")
-        for name, t in zip(names, tensors):
-            check_finite(t, who, name)
-    return all_finite(*tensors)
 
 
 def _nan_unless(finite: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -119,7 +110,7 @@ class TripletMarginLoss(nn.Module):
         rows = (embeddings.shape[0], inputs[-1].shape[0])
         of = ("embeddings", names[-1])
         a, p, n = check_index_triplets(triplets, embeddings.device, who, rows=rows, of=of)
-        finite = _check_inputs(self.on_nonfinite, who, *inputs)  # 0-dim bool
+        finite = finite_flag(self.on_nonfinite, who, *inputs)  # 0-dim bool
         # With no triplets the sums below are zeros still connected to the graph.
         dist = self.distance(embeddings, ref_embeddings)  # (B, M)
         d_ap, d_an = dist[a, p], dist[a, n]  # (T,), (T,)
@@ -153,10 +144,9 @@ class _BatchAllTripletHinge(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, dist, same, margin, reduction, soft_margin, chunk_size):
+    def forward(ctx, dist, labels, margin, reduction, soft_margin, chunk_size):
         batch_size = dist.shape[0]
-        positive = same.clone()
-        positive.fill_diagonal_(False)
+        same, positive = identity_masks(labels)  # (B, B) each
         grad = torch.zeros_like(dist)  # (B, B) d(sum of losses)/dD
         total = dist.new_zeros(())
         num_active = dist.new_zeros((), dtype=torch.int64)
@@ -216,11 +206,10 @@ def batch_all_triplet_loss(
     labels = check_labels(labels, embeddings, who)  # (B,)
     if embeddings.shape[0] == 0:
         return _connected_zero(embeddings)
-    finite = _check_inputs(on_nonfinite, who, embeddings)  # 0-dim bool
+    finite = finite_flag(on_nonfinite, who, embeddings)  # 0-dim bool
     dist = get_distance(distance)(embeddings)  # (B, B)
-    same = labels[:, None] == labels[None, :]  # (B, B)
     loss = _BatchAllTripletHinge.apply(
-        dist, same, float(margin), reduction, bool(soft_margin), chunk_size
+        dist, labels, float(margin), reduction, bool(soft_margin), chunk_size
     )
     return _nan_unless(finite, loss)
 

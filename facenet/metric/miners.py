@@ -22,13 +22,12 @@ import torch
 
 from facenet.metric.checks import (
     ON_NONFINITE,
-    all_finite,
     check_choice,
     check_count,
     check_embeddings,
-    check_finite,
     check_index_triplets,
     check_labels,
+    finite_flag,
 )
 from facenet.metric.distances import Distance, DistanceLike, get_distance
 
@@ -86,7 +85,7 @@ class _SortedNegatives(NamedTuple):
     count: torch.Tensor
 
 
-def _same_and_positive(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def identity_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, B) masks: same identity, and same identity off the diagonal."""
     same = labels[:, None] == labels[None, :]
     positive = same.clone()
@@ -97,7 +96,7 @@ def _same_and_positive(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: torch.Tensor):
     """Every anchor-positive pair (sorted by anchor, positive), its d(a,p), sorted negatives,
     and their :func:`_searcher`."""
-    same, positive = _same_and_positive(labels)
+    same, positive = identity_masks(labels)
     pair_a, pair_p = positive.nonzero(as_tuple=True)  # (P,), (P,)
     dist = distance(embeddings)  # (B, B)
     # NaN sorts last: it marks the same-identity columns (and any NaN distance).
@@ -167,7 +166,7 @@ def _candidate_distances(embeddings, candidates: Triplets, distance: Distance):
     """d(a,p) and d(a,n) of each candidate, each (T,): row by row for a named distance (the
     seed's own arithmetic), through the (B, B) matrix for a custom one."""
     a, p, n = candidates
-    if not distance.has_paired:
+    if distance.paired_fn is None:
         dist = distance(embeddings)  # (B, B)
         return dist[a, p], dist[a, n]
     d_ap, d_an = [], []
@@ -213,20 +212,15 @@ class _Miner:
                 checked = check_index_triplets(
                     candidates, embeddings.device, who, "candidate", rows=rows
                 )
-                finite = self._finite(embeddings, who)
+                finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._filter_candidates(embeddings, Triplets(*checked), finite)
             else:
                 labels = check_labels(labels, embeddings, who, " unless candidates are given")
                 if embeddings.shape[0] == 0:
                     return Triplets(*labels.new_zeros(3, 0, dtype=torch.int64))
-                triplets = self._mine(embeddings, labels, self._finite(embeddings, who))
+                finite = finite_flag(self.on_nonfinite, who, embeddings)
+                triplets = self._mine(embeddings, labels, finite)
         return _cap(triplets, self.max_triplets, self.generator)
-
-    def _finite(self, embeddings: torch.Tensor, who: str) -> torch.Tensor:
-        """The 0-dim "all finite" flag the selection masks with; "raise" raises here instead."""
-        if self.on_nonfinite == "raise":
-            check_finite(embeddings, who)  # one host read (free on the CPU)
-        return all_finite(embeddings)
 
     @property
     def selects_every_image(self) -> bool:
@@ -311,7 +305,7 @@ class BatchHardMiner(_Miner):
         return self.max_triplets == 0
 
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
-        same, positive = _same_and_positive(labels)
+        same, positive = identity_masks(labels)
         dist = self.distance(embeddings)  # (B, B)
         hardest_positive = dist.masked_fill(~positive, float("-inf")).max(1).indices  # (B,)
         hardest_negative = dist.masked_fill(same, float("inf")).min(1).indices  # (B,)

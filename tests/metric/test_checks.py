@@ -196,7 +196,7 @@ def one_step_reads(monkeypatch, miner_name, checks_on, candidates=False):
     if not checks_on:  # the baseline: range checks and the finiteness flag as no-ops
         monkeypatch.setattr(checks, "check_index_range", lambda *a, **k: None)
         for module in ("facenet.metric.miners", "facenet.metric.losses"):
-            monkeypatch.setattr(f"{module}.all_finite", lambda *t: torch.tensor(True))
+            monkeypatch.setattr(f"{module}.finite_flag", lambda *a: torch.tensor(True))
     torch.manual_seed(0)
     model = EmbeddingNet("tiny", embedding_dim=16)
     miner = build_miner(MiningConfig(miner=miner_name), generator=torch.Generator().manual_seed(0))

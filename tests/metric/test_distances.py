@@ -147,7 +147,7 @@ def test_callable_metric_is_wrapped_and_upcast():
     assert seen == [torch.float32] and d.dtype == torch.float32
     assert torch.allclose(d, (x.float()[:, None] - x.float()[None]).abs().sum(-1))
     dist = get_distance(manhattan)
-    assert isinstance(dist, Distance) and not dist.has_paired
+    assert isinstance(dist, Distance) and dist.paired_fn is None
     # Row-wise form of a matrix-only distance: the diagonal of the block matrices.
     y = torch.randn(300, 3)
     z = torch.randn(300, 3)
