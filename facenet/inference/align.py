@@ -13,6 +13,7 @@ bounded number of pixels at once.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 from collections import defaultdict
@@ -180,15 +181,20 @@ def to_full_image(points, factors, origin: float = 0.0) -> np.ndarray:
 # --------------------------------------------------------------------------- templates
 
 
-def _skimage_transform():
+def _optional(module: str, needs: str, install: str):
+    """An optional dependency, imported when first used."""
     try:
-        from skimage import transform
+        return importlib.import_module(module)
     except ImportError as err:
-        raise AlignError(
-            f"template alignment needs scikit-image ({err}); install it with "
-            "`pip install -e '.[align]'`"
-        ) from None
-    return transform
+        raise AlignError(f"{needs} ({err}); install it with {install}") from None
+
+
+def _skimage_transform():
+    return _optional(
+        "skimage.transform",
+        "template alignment needs scikit-image",
+        "`pip install -e '.[align]'`",
+    )
 
 
 def similarity_matrix(landmarks, points) -> np.ndarray:
@@ -277,17 +283,6 @@ def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -
 # --------------------------------------------------------------------------- the aligner
 
 
-def _load_mtcnn(device: str | torch.device):
-    try:
-        from facenet_pytorch import MTCNN  # optional, imported only when alignment runs
-    except ImportError as err:
-        raise AlignError(
-            f"alignment needs facenet-pytorch ({err}); install it with "
-            "`pip install --no-deps facenet-pytorch==2.6.0 requests` (make install does)"
-        ) from None
-    return MTCNN(device=torch.device(device))
-
-
 def _glibc(name: str, *args) -> None:
     """Call a glibc memory function; nothing where there is no glibc."""
     try:
@@ -303,7 +298,11 @@ class Aligner:
         if settings.select not in SELECTIONS:
             raise ValueError(f"select={settings.select!r}: expected one of {SELECTIONS}")
         self.settings = settings
-        self.mtcnn = _load_mtcnn(device)
+        self.mtcnn = _optional(
+            "facenet_pytorch",
+            "alignment needs facenet-pytorch",
+            "`pip install --no-deps facenet-pytorch==2.6.0 requests` (make install does)",
+        ).MTCNN(device=torch.device(device))
         self.smallest = int(self.mtcnn.min_face_size)  # MTCNN's smallest face, in pixels
         # Blocks of 1 MiB and more in their own mappings, returned when freed: glibc's raised
         # threshold otherwise lets images of ever other sizes fragment the heap (measured:
@@ -417,25 +416,6 @@ def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
     return _WORKER.align(jobs)
 
 
-def _target(path: str, src: Path, dst: Path, settings: AlignSettings) -> Path:
-    target = dst / Path(path).relative_to(src)
-    return target.with_suffix(settings.extension or target.suffix)
-
-
-def _refuse_collisions(pairs: list[tuple[str, Path]]) -> None:
-    """Refuse two sources with one crop name, compared case-insensitively (as a copy to a
-    case-insensitive file system would)."""
-    first: dict[str, str] = {}
-    for source, target in pairs:
-        key = str(target).casefold()
-        if key in first:
-            raise AlignError(
-                f"{first[key]} and {source} would both be written to {target}: rename one of "
-                "them (or keep the input's file type: the preset writes one type for all)"
-            )
-        first[key] = source
-
-
 def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int]:
     """``(source, target)`` of every image under ``src`` not yet aligned (images reached
     through a link into ``dst`` left out), and the number already aligned."""
@@ -447,20 +427,20 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int
         raise AlignError(f"{dst} lies inside {src}: the crops would be aligned again")
     paths, _ = list_images(src)
     paths = [p for p in paths if dst_real not in Path(os.path.realpath(p)).parents]
-    pairs = [(path, _target(path, src, dst, settings)) for path in paths]
-    _refuse_collisions(pairs)
+    targets = [dst / Path(path).relative_to(src) for path in paths]
+    pairs = [(p, t.with_suffix(settings.extension or t.suffix)) for p, t in zip(paths, targets)]
+    # Crop names compared case-insensitively, as a copy to such a file system would
+    first: dict[str, str] = {}
+    for source, target in pairs:
+        key = str(target).casefold()
+        if key in first:
+            raise AlignError(
+                f"{first[key]} and {source} would both be written to {target}: rename one of "
+                "them (or keep the input's file type: the preset writes one type for all)"
+            )
+        first[key] = source
     jobs = [(path, str(target)) for path, target in pairs if not target.is_file()]
     return jobs, len(pairs) - len(jobs)
-
-
-def _recorded(path: Path) -> dict:
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise AlignError(f"cannot read the alignment settings {path}: {err}") from None
-    if not isinstance(recorded, dict):
-        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
-    return recorded
 
 
 def _check_settings(dst, settings: AlignSettings, already: int) -> None:
@@ -477,7 +457,12 @@ def _check_settings(dst, settings: AlignSettings, already: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
         return
-    recorded = _recorded(path)
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise AlignError(f"cannot read the alignment settings {path}: {err}") from None
+    if not isinstance(recorded, dict):
+        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
     for name, want in wanted.items():
         value = recorded.get(name, _RECORD_DEFAULTS.get(name))
         if value != want:
