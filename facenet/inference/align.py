@@ -143,13 +143,6 @@ def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int
     )
 
 
-def _centre_box(width: int, height: int, aspect: float) -> tuple[float, float, float, float]:
-    """The face box a centre crop assumes, ``aspect`` (width / height) the crop's."""
-    half = min(width, height) * _FALLBACK_FRACTION / 2
-    half_x = half * aspect
-    return (width / 2 - half_x, height / 2 - half, width / 2 + half_x, height / 2 + half)
-
-
 def detection_scale(width: int, height: int, detect_size: int, smallest: int = 20) -> float:
     """The factor (at most 1) of the copy MTCNN searches; its shorter side stays at least
     ``smallest`` (MTCNN's smallest face), so that a long strip still has a scale to search."""
@@ -387,8 +380,10 @@ class Aligner:
         if face is None and not self.settings.fallback:
             return AlignOutcome(source, target, "no_face", reason=reason)
         if face is None:
-            height, width = self.settings.crop_size
-            box = _centre_box(image.width, image.height, width / height)
+            height, width = self.settings.crop_size  # the box has the crop's aspect
+            half = min(image.size) * _FALLBACK_FRACTION / 2
+            half_x, x, y = half * (width / height), image.width / 2, image.height / 2
+            box = (x - half_x, y - half, x + half_x, y + half)
             status, prob, crop = "centre_crop", None, self.crop(image, box)
         else:
             status, box, prob = "aligned", face.box, face.probability
