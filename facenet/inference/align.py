@@ -219,9 +219,7 @@ def _source_region(matrix: np.ndarray, height: int, width: int, shape) -> tuple[
     """(x0, y0, x1, y1) of an image of ``shape`` that a warp to ``height`` x ``width`` reads
     (with the bilinear neighbours), clipped; empty (x1 <= x0) when it reads none of it."""
     inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))
-    corners = np.array(
-        [[0, 0, 1], [width - 1, 0, 1], [0, height - 1, 1], [width - 1, height - 1, 1]]
-    )
+    corners = np.array([[x, y, 1] for y in (0, height - 1) for x in (0, width - 1)])
     xy = corners @ inverse[:2].T  # (4, 2) input coordinates
     # (x0, y0, x1, y1); x1 and y1 exclusive, + 1 for the bilinear neighbour
     region = np.floor([*xy.min(axis=0) - 1, *xy.max(axis=0) + 2])

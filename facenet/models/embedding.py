@@ -104,7 +104,7 @@ def _read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def _submodule_keys(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
 
 
 def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: str) -> None:
