@@ -15,9 +15,9 @@ from torch import nn
 
 BN_EPS = 1e-3  # the TensorFlow original's, so converted weights give the same outputs
 _PORT_HEAD_TO_EMBEDDING_NET = {
-    "last_linear.": "embedding.linear.",
-    "last_bn.": "embedding.bn.",
-    "logits.": "classifier.",
+    "last_linear": "embedding.linear",
+    "last_bn": "embedding.bn",
+    "logits": "classifier",
 }
 
 
@@ -160,11 +160,9 @@ class InceptionResnetV1(nn.Sequential):
 def convert_facenet_pytorch_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict:
     """A facenet-pytorch state dict on the keys of ``EmbeddingNet("inception_resnet_v1", 512,
     num_classes=N)`` (N: its ``logits`` rows; no classifier without them), tensors shared."""
-    return {_embedding_net_key(key): value for key, value in state_dict.items()}
-
-
-def _embedding_net_key(key: str) -> str:
-    for port_prefix, ours in _PORT_HEAD_TO_EMBEDDING_NET.items():
-        if key.startswith(port_prefix):
-            return ours + key[len(port_prefix) :]
-    return "backbone." + key
+    converted = {}
+    for key, value in state_dict.items():
+        layer, _, param = key.partition(".")
+        ours = _PORT_HEAD_TO_EMBEDDING_NET.get(layer)
+        converted[f"{ours}.{param}" if ours else f"backbone.{key}"] = value
+    return converted
