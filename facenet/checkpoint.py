@@ -55,10 +55,7 @@ def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
     """Remove (and return) the ``.<name>.<pid>.tmp`` files that writers killed mid-write left
     in ``folder``; those of this process and of live processes are kept."""
     removed = []
-    folder = Path(folder)
-    if not folder.is_dir():
-        return removed
-    for entry in folder.iterdir():
+    for entry in Path(folder).iterdir() if Path(folder).is_dir() else ():
         match = TEMPORARY_NAME.match(entry.name)
         if not match or not entry.is_file():
             continue
@@ -82,20 +79,9 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _pickle_globals(fh: BinaryIO) -> set[str]:
-    """The globals (``module.name``) the leading pickles of a non-zip torch file reference,
-    read statically (nothing runs); ValueError when the bytes are no pickle stream."""
-    names: set[str] = set()
-    for index in range(_LEGACY_PICKLES):
-        if index and not fh.peek(1):  # a plain pickle ends here; the legacy format goes on
-            break
-        names |= _globals_of_one_pickle(fh)
-    return names
-
-
-def _globals_of_one_pickle(fh: BinaryIO) -> set[str]:
-    """Globals of the pickle at ``fh``'s position (GLOBAL, protocol 4's STACK_GLOBAL)."""
-    names: set[str] = set()
+def _pickle_globals(fh: BinaryIO, names: set[str]) -> None:
+    """Add the globals (``module.name``: GLOBAL, protocol 4's STACK_GLOBAL) of the pickle at
+    ``fh``'s position to ``names``, read statically (nothing runs); ValueError for no pickle."""
     last_two: list[str | None] = [None, None]  # the two latest stack pushes, strings or None
     memo: dict[int, str | None] = {}
     for opcode, arg, _ in pickletools.genops(fh):
@@ -112,12 +98,6 @@ def _globals_of_one_pickle(fh: BinaryIO) -> set[str]:
             last_two = [last_two[-1], memo.get(int(arg))]
         else:
             last_two = [last_two[-1], arg if "UNICODE" in name else None]
-    return names
-
-
-def _is_zip(path: Path) -> bool:
-    with path.open("rb") as fh:
-        return fh.read(4) == b"PK\x03\x04"
 
 
 def _refusal(path: Path, what: str, detail: str) -> str:
@@ -134,22 +114,16 @@ def some_names(names: list[str], shown: int = 8) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _check_zip_globals(path: Path, what: str, error: type[Exception]) -> None:
-    """Refuse a zip-format file whose pickle names globals weights_only does not allow."""
-    try:
-        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except (RuntimeError, ValueError, OSError) as err:  # a torn archive, a TorchScript file
-        raise error(f"cannot read {what} {path}: {_first_line(err)}") from None
-    if unsafe:
-        raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
-
-
 def _legacy_refusal(path: Path, what: str, error: type[Exception]) -> Exception:
     """The error for a non-zip file that weights_only refused (torch names unsafe globals for
     zip files only): the globals its pickles reference, or a damaged or foreign file."""
+    names: set[str] = set()
     with path.open("rb") as fh:  # buffered: peek() tells where the pickles end
         try:
-            names = _pickle_globals(fh)
+            for index in range(_LEGACY_PICKLES):
+                if index and not fh.peek(1):  # a plain pickle ends here, a legacy file not
+                    break
+                _pickle_globals(fh, names)
         except ValueError:
             return error(f"cannot read {what} {path}: not a torch.save file, or a damaged one")
     # Which of them torch refused is only in its error text: name all the file references.
@@ -169,9 +143,14 @@ def load_weights_only(
     path = Path(path)
     if not path.is_file():
         raise error(f"{what} not found: {path}")
-    zipped = _is_zip(path)
-    if zipped:
-        _check_zip_globals(path, what, error)
+    with path.open("rb") as fh:
+        zipped = fh.read(4) == b"PK\x03\x04"
+    try:
+        unsafe = zipped and torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, OSError) as err:  # a torn archive, a TorchScript file
+        raise error(f"cannot read {what} {path}: {_first_line(err)}") from None
+    if unsafe:
+        raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:

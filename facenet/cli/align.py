@@ -28,64 +28,44 @@ from facenet.inference.align import (
 )
 
 
-def _int_at_least(lowest: int):
+def _int_at_least(lowest: int, zero: bool = False):
+    """An argparse ``type``: an integer >= ``lowest`` (or 0, with ``zero``)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: >= {lowest}")
+        if value < lowest and not (zero and value == 0):
+            allowed = f"0 or >= {lowest}" if zero else f">= {lowest}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: {allowed}")
         return value
 
     return parse
 
 
-def _detect_size(text: str) -> int:
-    """0 (the full image) or at least MTCNN's smallest face, 20 px."""
-    value = _int_at_least(0)(text)
-    if 0 < value < 20:
-        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 0 or >= 20")
-    return value
-
-
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``facenet-align``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("src", help="folder of images (e.g. lfw/ with Name/Name_0001.jpg)")
-    parser.add_argument("dst", help="folder for the crops (created; existing crops are kept)")
-    parser.add_argument(
-        "--preset", choices=PRESET_NAMES, default="facenet-pytorch", help="publisher convention"
-    )
-    parser.add_argument(
-        "--image-size",
-        type=_int_at_least(8),
-        help="crop side of the box presets (160 or 182; a template fixes its own)",
-    )
+    parser.add_argument("src", help="folder of images")
+    parser.add_argument("dst", help="folder for the crops")
+    parser.add_argument("--preset", choices=PRESET_NAMES, default="facenet-pytorch")
+    parser.add_argument("--image-size", type=_int_at_least(8), help="crop side (box presets)")
     parser.add_argument(
         "--detect-size",
-        type=_detect_size,
+        type=_int_at_least(20, zero=True),  # MTCNN's smallest face is 20 px
         default=DEFAULT_DETECT_SIZE,
-        help="longer side of the reduced copy MTCNN searches; 0: the full image "
-        f"(default {DEFAULT_DETECT_SIZE})",
+        help="longer side MTCNN searches; 0: the full image (default %(default)s)",
     )
-    parser.add_argument(
-        "--margin", type=_int_at_least(0), help="margin around the box (box presets: 14 or 44)"
-    )
+    parser.add_argument("--margin", type=_int_at_least(0), help="margin (box presets)")
     parser.add_argument("--select", choices=SELECTIONS, help="which face of several")
     parser.add_argument(
-        "--centre-crop",
-        dest="fallback",
-        action="store_true",
-        help="write a centre crop for an image without a face (the publishers wrote none)",
+        "--centre-crop", dest="fallback", action="store_true", help="crop where no face is found"
     )
     add_device_argument(parser, "cpu")  # where MTCNN runs
     parser.add_argument("--batch-size", type=positive_int, default=32, help="images per MTCNN call")
-    parser.add_argument(
-        "--workers", type=positive_int, default=1, help="processes (one MTCNN each)"
-    )
-    parser.add_argument("--report", help="report file (default DST/align_report.tsv)")
+    parser.add_argument("--workers", type=positive_int, default=1, help="processes")
+    parser.add_argument("--report", help="default DST/align_report.tsv")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     return parser
 
@@ -115,7 +95,7 @@ def _settings(args: argparse.Namespace) -> AlignSettings:
 
 
 def _align(args: argparse.Namespace) -> int:
-    report = Path(args.report) if args.report else Path(args.dst) / "align_report.tsv"
+    report = Path(args.report or Path(args.dst) / "align_report.tsv")
     start = time.perf_counter()
     settings, device = _settings(args), parse_device(args.device)
     outcomes, already = align_folder(

@@ -13,6 +13,7 @@ bounded number of pixels at once.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 from collections import defaultdict
@@ -142,13 +143,6 @@ def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int
     )
 
 
-def _centre_box(width: int, height: int, aspect: float) -> tuple[float, float, float, float]:
-    """The face box a centre crop assumes, ``aspect`` (width / height) the crop's."""
-    half = min(width, height) * _FALLBACK_FRACTION / 2
-    half_x = half * aspect
-    return (width / 2 - half_x, height / 2 - half, width / 2 + half_x, height / 2 + half)
-
-
 def detection_scale(width: int, height: int, detect_size: int, smallest: int = 20) -> float:
     """The factor (at most 1) of the copy MTCNN searches; its shorter side stays at least
     ``smallest`` (MTCNN's smallest face), so that a long strip still has a scale to search."""
@@ -180,15 +174,20 @@ def to_full_image(points, factors, origin: float = 0.0) -> np.ndarray:
 # --------------------------------------------------------------------------- templates
 
 
-def _skimage_transform():
+def _optional(module: str, needs: str, install: str):
+    """An optional dependency, imported when first used."""
     try:
-        from skimage import transform
+        return importlib.import_module(module)
     except ImportError as err:
-        raise AlignError(
-            f"template alignment needs scikit-image ({err}); install it with "
-            "`pip install -e '.[align]'`"
-        ) from None
-    return transform
+        raise AlignError(f"{needs} ({err}); install it with {install}") from None
+
+
+def _skimage_transform():
+    return _optional(
+        "skimage.transform",
+        "template alignment needs scikit-image",
+        "`pip install -e '.[align]'`",
+    )
 
 
 def similarity_matrix(landmarks, points) -> np.ndarray:
@@ -220,9 +219,7 @@ def _source_region(matrix: np.ndarray, height: int, width: int, shape) -> tuple[
     """(x0, y0, x1, y1) of an image of ``shape`` that a warp to ``height`` x ``width`` reads
     (with the bilinear neighbours), clipped; empty (x1 <= x0) when it reads none of it."""
     inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))
-    corners = np.array(
-        [[0, 0, 1], [width - 1, 0, 1], [0, height - 1, 1], [width - 1, height - 1, 1]]
-    )
+    corners = np.array([[x, y, 1] for y in (0, height - 1) for x in (0, width - 1)])
     xy = corners @ inverse[:2].T  # (4, 2) input coordinates
     # (x0, y0, x1, y1); x1 and y1 exclusive, + 1 for the bilinear neighbour
     region = np.floor([*xy.min(axis=0) - 1, *xy.max(axis=0) + 2])
@@ -277,17 +274,6 @@ def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -
 # --------------------------------------------------------------------------- the aligner
 
 
-def _load_mtcnn(device: str | torch.device):
-    try:
-        from facenet_pytorch import MTCNN  # optional, imported only when alignment runs
-    except ImportError as err:
-        raise AlignError(
-            f"alignment needs facenet-pytorch ({err}); install it with "
-            "`pip install --no-deps facenet-pytorch==2.6.0 requests` (make install does)"
-        ) from None
-    return MTCNN(device=torch.device(device))
-
-
 def _glibc(name: str, *args) -> None:
     """Call a glibc memory function; nothing where there is no glibc."""
     try:
@@ -303,7 +289,11 @@ class Aligner:
         if settings.select not in SELECTIONS:
             raise ValueError(f"select={settings.select!r}: expected one of {SELECTIONS}")
         self.settings = settings
-        self.mtcnn = _load_mtcnn(device)
+        self.mtcnn = _optional(
+            "facenet_pytorch",
+            "alignment needs facenet-pytorch",
+            "`pip install --no-deps facenet-pytorch==2.6.0 requests` (make install does)",
+        ).MTCNN(device=torch.device(device))
         self.smallest = int(self.mtcnn.min_face_size)  # MTCNN's smallest face, in pixels
         # Blocks of 1 MiB and more in their own mappings, returned when freed: glibc's raised
         # threshold otherwise lets images of ever other sizes fragment the heap (measured:
@@ -388,8 +378,10 @@ class Aligner:
         if face is None and not self.settings.fallback:
             return AlignOutcome(source, target, "no_face", reason=reason)
         if face is None:
-            height, width = self.settings.crop_size
-            box = _centre_box(image.width, image.height, width / height)
+            height, width = self.settings.crop_size  # the box has the crop's aspect
+            half = min(image.size) * _FALLBACK_FRACTION / 2
+            half_x, x, y = half * (width / height), image.width / 2, image.height / 2
+            box = (x - half_x, y - half, x + half_x, y + half)
             status, prob, crop = "centre_crop", None, self.crop(image, box)
         else:
             status, box, prob = "aligned", face.box, face.probability
@@ -417,25 +409,6 @@ def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
     return _WORKER.align(jobs)
 
 
-def _target(path: str, src: Path, dst: Path, settings: AlignSettings) -> Path:
-    target = dst / Path(path).relative_to(src)
-    return target.with_suffix(settings.extension or target.suffix)
-
-
-def _refuse_collisions(pairs: list[tuple[str, Path]]) -> None:
-    """Refuse two sources with one crop name, compared case-insensitively (as a copy to a
-    case-insensitive file system would)."""
-    first: dict[str, str] = {}
-    for source, target in pairs:
-        key = str(target).casefold()
-        if key in first:
-            raise AlignError(
-                f"{first[key]} and {source} would both be written to {target}: rename one of "
-                "them (or keep the input's file type: the preset writes one type for all)"
-            )
-        first[key] = source
-
-
 def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int]:
     """``(source, target)`` of every image under ``src`` not yet aligned (images reached
     through a link into ``dst`` left out), and the number already aligned."""
@@ -447,20 +420,20 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int
         raise AlignError(f"{dst} lies inside {src}: the crops would be aligned again")
     paths, _ = list_images(src)
     paths = [p for p in paths if dst_real not in Path(os.path.realpath(p)).parents]
-    pairs = [(path, _target(path, src, dst, settings)) for path in paths]
-    _refuse_collisions(pairs)
+    targets = [dst / Path(path).relative_to(src) for path in paths]
+    pairs = [(p, t.with_suffix(settings.extension or t.suffix)) for p, t in zip(paths, targets)]
+    # Crop names compared case-insensitively, as a copy to such a file system would
+    first: dict[str, str] = {}
+    for source, target in pairs:
+        key = str(target).casefold()
+        if key in first:
+            raise AlignError(
+                f"{first[key]} and {source} would both be written to {target}: rename one of "
+                "them (or keep the input's file type: the preset writes one type for all)"
+            )
+        first[key] = source
     jobs = [(path, str(target)) for path, target in pairs if not target.is_file()]
     return jobs, len(pairs) - len(jobs)
-
-
-def _recorded(path: Path) -> dict:
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise AlignError(f"cannot read the alignment settings {path}: {err}") from None
-    if not isinstance(recorded, dict):
-        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
-    return recorded
 
 
 def _check_settings(dst, settings: AlignSettings, already: int) -> None:
@@ -477,7 +450,12 @@ def _check_settings(dst, settings: AlignSettings, already: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
         return
-    recorded = _recorded(path)
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise AlignError(f"cannot read the alignment settings {path}: {err}") from None
+    if not isinstance(recorded, dict):
+        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
     for name, want in wanted.items():
         value = recorded.get(name, _RECORD_DEFAULTS.get(name))
         if value != want:

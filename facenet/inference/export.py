@@ -34,6 +34,7 @@ FORMATS = ("onnx", "pt2", "weights")
 _TRACE_BATCH, _CHECK_BATCH = 2, 3
 PARITY_TOLERANCE = 1e-4
 EXTRA_FILE = "facenet.json"
+_DYNAMIC_BATCH = ({0: torch.export.Dim("batch", min=1)},)  # of the images, argument 0
 
 
 class ExportError(FacenetError):
@@ -69,17 +70,13 @@ def _example(trained: TrainedModel, batch: int, seed: int) -> torch.Tensor:
     return torch.randn(batch, 3, height, width, generator=generator)
 
 
-def _dynamic_batch() -> tuple:
-    return ({0: torch.export.Dim("batch", min=1)},)
-
-
 def _export_onnx(trained: TrainedModel, example: torch.Tensor) -> bytes:
     if onnxruntime is None:
         raise ExportError(
             "ONNX export needs the export extra: pip install 'facenet-triplet[export]'"
         )
     program = torch.onnx.export(
-        trained.model, (example,), dynamo=True, dynamic_shapes=_dynamic_batch(), verbose=False
+        trained.model, (example,), dynamo=True, dynamic_shapes=_DYNAMIC_BATCH, verbose=False
     )
     proto = program.model_proto
     for key, value in _metadata(trained).items():
@@ -94,7 +91,7 @@ def _run_onnx(data: bytes, images: torch.Tensor) -> torch.Tensor:
 
 
 def _export_pt2(trained: TrainedModel, example: torch.Tensor) -> bytes:
-    program = torch.export.export(trained.model, (example,), dynamic_shapes=_dynamic_batch())
+    program = torch.export.export(trained.model, (example,), dynamic_shapes=_DYNAMIC_BATCH)
     buffer = io.BytesIO()
     torch.export.save(program, buffer, extra_files={EXTRA_FILE: json.dumps(_metadata(trained))})
     return buffer.getvalue()

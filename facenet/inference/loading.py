@@ -158,11 +158,10 @@ def _check_preprocess(image_size, normalize, path, where: str) -> tuple[ImageSiz
 
 
 def _check_state(state, architecture: dict, path, name: str) -> dict:
-    """The weights less the classifier: finite tensors whose head has ``embedding_dim`` rows."""
-    if not isinstance(state, Mapping):
-        raise _bad(path, f"{name} must be a dict of named tensors, got {type(state).__name__}")
-    state = {k: v for k, v in state.items() if not str(k).startswith("classifier.")}
-    if not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
+    """Named tensors whose head has ``embedding_dim`` rows."""
+    if not isinstance(state, Mapping) or not all(
+        isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()
+    ):
         raise _bad(path, f"{name} must be a dict of named tensors")
     head = state.get(_HEAD_KEY)
     if head is None or head.ndim != 2 or head.shape[0] != architecture["embedding_dim"]:
@@ -175,22 +174,15 @@ def _check_state(state, architecture: dict, path, name: str) -> dict:
     return state
 
 
-def _check_finite(state: Mapping, path) -> None:
-    """Refuse NaN or infinite weights, naming the tensors: they make every embedding NaN."""
-    bad = [
-        k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())
-    ]
+def _trained(architecture: dict, state: Mapping, path, image_size, normalize, kind, **fields):
+    """A TrainedModel whose EmbeddingNet of ``architecture`` holds ``state`` less its classifier;
+    NaN or infinite weights are refused (they make every embedding NaN)."""
+    weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not v.isfinite().all()]
     if bad:
         raise _bad(
             path, f"{len(bad)} weight tensor(s) hold NaN or infinite values: {some_names(bad)}"
         )
-
-
-def _trained(architecture: dict, state: Mapping, path, image_size, normalize, kind, **fields):
-    """A TrainedModel whose EmbeddingNet of ``architecture`` holds ``state`` (finite; its
-    classifier keys dropped)."""
-    _check_finite(state, path)
-    weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
     model = EmbeddingNet(**architecture, input_size=image_size)
     try:
         model.load_state_dict(weights)

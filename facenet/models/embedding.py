@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -55,6 +54,7 @@ def _torchvision(name: str, in_channels: int, input_size: ImageSize | None) -> n
     linear = next(m for m in getattr(model, head).modules() if isinstance(m, nn.Linear))
     model.feature_dim = linear.in_features  # 512 (resnet18/34), 2048 (resnet50), 960
     setattr(model, head, nn.Identity())
+    model.source_head_keys = (f"{head}.",)
     if in_channels != 3:
         conv = model.get_submodule(stem)
         parent, _, leaf = stem.rpartition(".")
@@ -70,31 +70,16 @@ def _torchvision(name: str, in_channels: int, input_size: ImageSize | None) -> n
     return model
 
 
-@dataclass(frozen=True)
-class _BackboneSpec:
-    # (C, input size or None) -> a module with its feature size F as ``feature_dim``
-    build: Callable[[int, ImageSize | None], nn.Module]
-    source_head_keys: tuple[str, ...] = ()  # dropped when loading backbone weights
-    # The source's own head epsilon, so its published head loads with the same outputs.
-    head_bn_eps: float = HEAD_BN_EPS
-
-
-_SPECS: dict[str, _BackboneSpec] = {
-    "tiny": _BackboneSpec(lambda c, size: TinyCNN(c)),
-    **{
-        name: _BackboneSpec(partial(_torchvision, name), (f"{head}.",))
-        for name, (head, _) in _TORCHVISION.items()
-    },
-    "inception_resnet_v1": _BackboneSpec(lambda c, size: InceptionResnetV1(c)),
-    "mobilefacenet": _BackboneSpec(MobileFaceNet, head_bn_eps=1e-5),
+# (C, input size or None) -> a module with its feature size F as ``feature_dim``; a backbone
+# may also name ``source_head_keys`` (dropped when loading its weights) and ``head_bn_eps`` (its
+# source's, so a published head loads with the same outputs).
+_BUILDERS: dict[str, Callable[[int, ImageSize | None], nn.Module]] = {
+    "tiny": lambda c, size: TinyCNN(c),
+    **{name: partial(_torchvision, name) for name in _TORCHVISION},
+    "inception_resnet_v1": lambda c, size: InceptionResnetV1(c),
+    "mobilefacenet": MobileFaceNet,
 }
-BACKBONES: tuple[str, ...] = tuple(_SPECS)
-
-
-def _spec(name: str) -> _BackboneSpec:
-    if name not in _SPECS:
-        raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(BACKBONES)}")
-    return _SPECS[name]
+BACKBONES: tuple[str, ...] = tuple(_BUILDERS)
 
 
 # --------------------------------------------------------------------------- weights
@@ -119,7 +104,7 @@ def _read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def _submodule_keys(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
 
 
 def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: str) -> None:
@@ -154,7 +139,7 @@ def _load_backbone_state(backbone: nn.Module, state: dict, path, name: str) -> N
     state = _ours(state)
     if any(k.startswith("backbone.") for k in state):
         state = _submodule_keys(state, "backbone.")
-    head_keys = _spec(name).source_head_keys
+    head_keys = getattr(backbone, "source_head_keys", ())
     state = {k: v for k, v in state.items() if not k.startswith(head_keys)}
     _check_fits(backbone, state, path, f"backbone {name!r}")
     backbone.load_state_dict(state)
@@ -243,12 +228,16 @@ class EmbeddingNet(nn.Module):
         self.backbone_name = backbone
         if weights_head and weights is None:
             raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
-        spec = _spec(backbone)
+        if backbone not in _BUILDERS:
+            raise ValueError(
+                f"unknown backbone {backbone!r}; valid backbones: {', '.join(BACKBONES)}"
+            )
         # images (B, C, H, W) -> pooled features (B, F), random weights
-        self.backbone = spec.build(in_channels, input_size)
+        self.backbone = _BUILDERS[backbone](in_channels, input_size)
         self.feature_dim = self.backbone.feature_dim
         self.embed_dim = embedding_dim
-        self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, spec.head_bn_eps)
+        eps = getattr(self.backbone, "head_bn_eps", HEAD_BN_EPS)
+        self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, eps)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
         if weights is not None:
             state = _read_state_dict(weights)

@@ -15,9 +15,9 @@ from torch import nn
 
 BN_EPS = 1e-3  # the TensorFlow original's, so converted weights give the same outputs
 _PORT_HEAD_TO_EMBEDDING_NET = {
-    "last_linear.": "embedding.linear.",
-    "last_bn.": "embedding.bn.",
-    "logits.": "classifier.",
+    "last_linear": "embedding.linear",
+    "last_bn": "embedding.bn",
+    "logits": "classifier",
 }
 
 
@@ -75,22 +75,7 @@ def _residual_block(channels, width, branches, scale, activate=True) -> Residual
     )
 
 
-def block35(scale: float = 0.17) -> ResidualBlock:
-    """Inception-ResNet-A on 256 channels (17 x 17 at 160 px)."""
-    return _residual_block(256, 32, [(), [(3, 3)], [(3, 3), (3, 3)]], scale)
-
-
-def block17(scale: float = 0.10) -> ResidualBlock:
-    """Inception-ResNet-B on 896 channels, with factorised 1 x 7 and 7 x 1 convolutions."""
-    return _residual_block(896, 128, [(), [(1, 7), (7, 1)]], scale)
-
-
-def block8(scale: float = 0.20, activate: bool = True) -> ResidualBlock:
-    """Inception-ResNet-C on 1792 channels, with factorised 1 x 3 and 3 x 1 convolutions."""
-    return _residual_block(1792, 192, [(), [(1, 3), (3, 1)]], scale, activate)
-
-
-def mixed_6a() -> Branches:
+def _mixed_6a() -> Branches:
     """Reduction-A: 256 -> 384 + 256 + 256 = 896 channels, H and W halved."""
     return Branches(
         [
@@ -105,7 +90,7 @@ def mixed_6a() -> Branches:
     )
 
 
-def mixed_7a() -> Branches:
+def _mixed_7a() -> Branches:
     """Reduction-B: 896 -> 384 + 256 + 256 + 896 = 1792 channels, H and W halved."""
     return Branches(
         [
@@ -119,6 +104,10 @@ def mixed_7a() -> Branches:
             nn.MaxPool2d(3, stride=2),
         ]
     )
+
+
+def _block8(scale: float, activate: bool = True) -> ResidualBlock:
+    return _residual_block(1792, 192, [(), [(1, 3), (3, 1)]], scale, activate)
 
 
 class InceptionResnetV1(nn.Sequential):
@@ -137,12 +126,22 @@ class InceptionResnetV1(nn.Sequential):
             conv2d_3b=BasicConv2d(64, 80, 1),
             conv2d_4a=BasicConv2d(80, 192, 3),
             conv2d_4b=BasicConv2d(192, 256, 3, stride=2),
-            repeat_1=nn.Sequential(*[block35(0.17) for _ in range(5)]),
-            mixed_6a=mixed_6a(),
-            repeat_2=nn.Sequential(*[block17(0.10) for _ in range(10)]),
-            mixed_7a=mixed_7a(),
-            repeat_3=nn.Sequential(*[block8(0.20) for _ in range(5)]),
-            block8=block8(1.0, activate=False),
+            # block35: Inception-ResNet-A on 256 channels (17 x 17 at 160 px)
+            repeat_1=nn.Sequential(
+                *[
+                    _residual_block(256, 32, [(), [(3, 3)], [(3, 3), (3, 3)]], 0.17)
+                    for _ in range(5)
+                ]
+            ),
+            mixed_6a=_mixed_6a(),
+            # block17: Inception-ResNet-B on 896 channels, factorised 1 x 7 and 7 x 1
+            repeat_2=nn.Sequential(
+                *[_residual_block(896, 128, [(), [(1, 7), (7, 1)]], 0.10) for _ in range(10)]
+            ),
+            mixed_7a=_mixed_7a(),
+            # block8: Inception-ResNet-C on 1792 channels, factorised 1 x 3 and 3 x 1
+            repeat_3=nn.Sequential(*[_block8(0.20) for _ in range(5)]),
+            block8=_block8(1.0, activate=False),
             avgpool_1a=nn.AdaptiveAvgPool2d(1),
             flatten=nn.Flatten(1),
         )
@@ -161,11 +160,9 @@ class InceptionResnetV1(nn.Sequential):
 def convert_facenet_pytorch_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict:
     """A facenet-pytorch state dict on the keys of ``EmbeddingNet("inception_resnet_v1", 512,
     num_classes=N)`` (N: its ``logits`` rows; no classifier without them), tensors shared."""
-    return {_embedding_net_key(key): value for key, value in state_dict.items()}
-
-
-def _embedding_net_key(key: str) -> str:
-    for port_prefix, ours in _PORT_HEAD_TO_EMBEDDING_NET.items():
-        if key.startswith(port_prefix):
-            return ours + key[len(port_prefix) :]
-    return "backbone." + key
+    converted = {}
+    for key, value in state_dict.items():
+        layer, _, param = key.partition(".")
+        ours = _PORT_HEAD_TO_EMBEDDING_NET.get(layer)
+        converted[f"{ours}.{param}" if ours else f"backbone.{key}"] = value
+    return converted

@@ -73,22 +73,13 @@ class Bottleneck(nn.Module):
         return x + out if self.residual else out
 
 
-def _stages(in_channels: int, plan: Sequence[tuple[int, int, int, int]]) -> nn.Sequential:
-    """The bottlenecks of ``plan``, flat (``blocks.0`` ... ``blocks.14``)."""
-    layers = []
-    for expansion, channels, repeats, stride in plan:
-        for i in range(repeats):
-            layers.append(Bottleneck(in_channels, channels, stride if i == 0 else 1, expansion))
-            in_channels = channels
-    return nn.Sequential(*layers)
-
-
 class MobileFaceNet(nn.Module):
     """MobileFaceNet's body: images (B, C, H, W) -> GDC features (B, 512), built for one
     input size: 112 x 96 (SphereFace's crops, the published weights) gives a 7 x 6 kernel,
     112 x 112 (insightface's) a 7 x 7 one."""
 
     feature_dim = 512
+    head_bn_eps = 1e-5  # the publisher's BatchNorm default, for its embedding layer
 
     def __init__(self, in_channels: int = 3, input_size: int | Sequence[int] | None = None):
         super().__init__()
@@ -101,7 +92,12 @@ class MobileFaceNet(nn.Module):
         self.gdc_size = (height // _STRIDE, width // _STRIDE)
         self.stem = ConvUnit(in_channels, 64, 3, 2, 1)
         self.stem_dw = ConvUnit(64, 64, 3, 1, 1, depthwise=True)
-        self.blocks = _stages(64, MOBILEFACENET_BLOCKS)
+        blocks, channels = [], 64  # flat: blocks.0 ... blocks.14
+        for expansion, out, repeats, stride in MOBILEFACENET_BLOCKS:
+            for i in range(repeats):
+                blocks.append(Bottleneck(channels, out, stride if i == 0 else 1, expansion))
+                channels = out
+        self.blocks = nn.Sequential(*blocks)
         self.conv_1x1 = ConvUnit(128, 512)
         self.gdc = ConvUnit(512, 512, self.gdc_size, depthwise=True, linear=True)
         for m in self.modules():  # the publisher's initialisation
