@@ -137,11 +137,10 @@ def timed_rounds(trainer, loader, sampler, rounds: int) -> tuple[list, list, int
 def training_row(name: str, root: Path, workers: int, batches: int, rounds: int) -> dict:
     """End to end (the loader feeding the Trainer) against the step on preloaded tensors."""
     cfg = workload_config(name, root, workers)
-    dataset = IdentityFolder(root, transform=TrainCrops(cfg.data.image_size), cache_bytes=2**30)
     d = cfg.data
-    sampler = PKSampler(dataset.triplet_labels, d.p, d.k, seed=0, batches_per_epoch=batches)
-    loader = make_loader(dataset, sampler, num_workers=workers, seed=0)
-    trainer = build_trainer(cfg, len(dataset.classes), torch.device("cpu"), batches)
+    loader, sampler = our_loader(root, d.image_size, workers, d.p, d.k, batches)
+    classes = len(loader.dataset.dataset.classes)  # the IdentityFolder under SeededSamples
+    trainer = build_trainer(cfg, classes, torch.device("cpu"), batches)
     trainer.train_one_epoch(loader, 0, progress=False)  # a warm-up epoch (workers start)
     step_alone, end_to_end, images = timed_rounds(trainer, loader, sampler, rounds)
     stop_workers(loader)

@@ -54,7 +54,6 @@ SPARSE_FRACTION = 0.2  # share of a triplet batch made hard
 DENSE_MARGIN = 10.0  # unit embeddings: d(a,n) - d(a,p) >= -2 < 10, every triplet passes
 PK_MARGIN = 0.2
 POSITIVE_NOISE = 0.3  # positive = anchor + this x N(0, 1), in pixel space
-VARIANTS = ("seed", "two_pass", "one_pass", "two_pass_chunked", "auto")
 SELECTIONS = ("sparse", "dense")
 
 
@@ -404,35 +403,36 @@ def loss_graph_bytes(trainer: Trainer, case: Case, batch: tuple) -> int:
         return int(meter.peak_bytes)
 
 
+# ratio: (numerator, denominator) among the rounds' figures and the variants' graph peaks;
+# throughput is the inverse ratio of step times.
+RATIOS = {
+    "graph_peak_two_pass_vs_seed": ("two_pass_peak", "seed_peak"),
+    "graph_peak_one_pass_vs_seed": ("one_pass_peak", "seed_peak"),
+    "graph_peak_chunked_vs_two_pass": ("two_pass_chunked_peak", "two_pass_peak"),
+    "throughput_two_pass_vs_seed": ("seed_step_s", "two_pass_step_s"),
+    "throughput_one_pass_vs_seed": ("seed_step_s", "one_pass_step_s"),
+    "throughput_chunked_vs_two_pass": ("two_pass_step_s", "two_pass_chunked_step_s"),
+    "two_pass_vs_auto": ("two_pass_step_s", "auto_step_s"),  # step times
+    "meter_on_vs_off": ("auto_metered_step_s", "auto_step_s"),
+    "two_pass_above_floor": ("two_pass_step_s", "floor_s"),
+    "seed_step_vs_floor": ("seed_step_s", "floor_s"),
+    # What the arithmetic alone allows two-pass to gain over the seed on this machine.
+    "seed_parts_vs_floor": ("seed_parts_s", "floor_s"),
+    "graph_peak_chunked_vs_one_chunk": ("two_pass_chunked_peak", "chunk_forward_graph_bytes"),
+}
+
+
 def case_ratios(variants: dict, rounds: dict | None) -> dict:
     """The ratios the targets are stated in: memory from the variants' own processes, time
-    (throughput: the inverse ratio of step times) from the rounds."""
-
-    def peak(variant: str):
-        row = variants.get(variant) or {}
-        return None if "error" in row else row.get(GRAPH_BYTES_PEAK)
-
-    rounds = rounds if rounds and "error" not in rounds else {}
-    step = {v: rounds.get(f"{v}_step_s") for v in VARIANTS}
-    floor = rounds.get("floor_s")
-    above_floor = ratio(step["two_pass"], floor)
-    ratios = {
-        "graph_peak_two_pass_vs_seed": ratio(peak("two_pass"), peak("seed")),
-        "graph_peak_one_pass_vs_seed": ratio(peak("one_pass"), peak("seed")),
-        "graph_peak_chunked_vs_two_pass": ratio(peak("two_pass_chunked"), peak("two_pass")),
-        "throughput_two_pass_vs_seed": ratio(step["seed"], step["two_pass"]),
-        "throughput_one_pass_vs_seed": ratio(step["seed"], step["one_pass"]),
-        "throughput_chunked_vs_two_pass": ratio(step["two_pass"], step["two_pass_chunked"]),
-        "two_pass_vs_auto": ratio(step["two_pass"], step["auto"]),  # step times
-        "meter_on_vs_off": ratio(rounds.get("auto_metered_step_s"), step["auto"]),
-        "two_pass_overhead_above_floor": None if above_floor is None else above_floor - 1.0,
-        "seed_step_vs_floor": ratio(step["seed"], floor),
-        # What the arithmetic alone allows two-pass to gain over the seed on this machine.
-        "seed_parts_vs_floor": ratio(rounds.get("seed_parts_s"), floor),
-        "graph_peak_chunked_vs_one_chunk": ratio(
-            peak("two_pass_chunked"), rounds.get("chunk_forward_graph_bytes")
-        ),
-    }
+    from the rounds."""
+    figures = dict(rounds if rounds and "error" not in rounds else {})
+    for variant, row in variants.items():
+        if "error" not in row:
+            figures[f"{variant}_peak"] = row.get(GRAPH_BYTES_PEAK)
+    ratios = {key: ratio(figures.get(num), figures.get(den)) for key, (num, den) in RATIOS.items()}
+    above_floor = ratios.pop("two_pass_above_floor")
+    if above_floor is not None:
+        ratios["two_pass_overhead_above_floor"] = above_floor - 1.0
     return {key: value for key, value in ratios.items() if value is not None}
 
 

@@ -1,4 +1,4 @@
-"""The harness every benchmark shares, and the measurement core of the training-step benchmark.
+"""The harness every benchmark shares.
 
 Each benchmark is a module with ``main(argv)`` built on :func:`run_benchmark`: ``--quick``,
 ``--threads N`` and ``--json PATH`` (its report, written atomically). Memory figures carry the
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import platform
@@ -25,12 +24,6 @@ import torch
 from benchmarks.forking import run_forked
 from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
-from facenet.memory import (
-    GraphMemoryMeter,
-    reset_cuda_peaks,
-)
-from facenet.metric.losses import TripletMarginLoss
-from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner
 
 # Benchmark-only: the process's RSS before its steps (peak RSS minus this = what they added).
 RSS_BEFORE_BYTES = "rss_before_bytes"
@@ -129,87 +122,6 @@ def timed(device: torch.device | str, fn: Callable[[], Any]) -> tuple[float, Any
     result = fn()
     synchronize(device)
     return time.perf_counter() - start, result
-
-
-def metered_step(
-    meter: GraphMemoryMeter,
-    device: torch.device | str,
-    fn: Callable[[], Any],
-    reset_peaks: bool = False,
-) -> tuple[float, Any]:
-    """Run ``fn()`` timed under ``meter``; ``(seconds, result)``.
-
-    The meter keeps counting across calls, so graphs one step leaves behind are still seen (and
-    their release counted) during the next one: the seed loop's peak needs that.
-    ``reset_peaks`` starts the graph and CUDA peaks from what is alive now (a per-step peak).
-    """
-    if reset_peaks:
-        reset_cuda_peaks(device)
-    with meter:
-        if reset_peaks:
-            meter.reset_peak()  # the new peak starts from what the last step left alive
-        return timed(device, fn)
-
-
-def seed_rule_parts(margin: float) -> tuple[TripletMarginMiner, TripletMarginLoss]:
-    """The seed's selection (``d(a,n) - d(a,p) < margin`` on its distance) and its mean
-    triplet loss: what the corrected step runs on triplet batches."""
-    miner = TripletMarginMiner(
-        margin=margin, type_of_triplets="all", distance="seed_l2", strict_margin=True
-    )
-    return miner, TripletMarginLoss(margin=margin, distance="seed_l2", reduction="mean")
-
-
-def semihard_parts(margin: float, seed: int = 0) -> tuple[SemiHardNegativeMiner, TripletMarginLoss]:
-    """FaceNet's semi-hard mining and the triplet loss, squared distance: P x K batches;
-    ``seed`` seeds the miner's random negative choices."""
-    generator = torch.Generator().manual_seed(seed)
-    miner = SemiHardNegativeMiner(margin=margin, distance="squared", generator=generator)
-    return miner, TripletMarginLoss(margin=margin, distance="squared")
-
-
-def release_device_memory(device: torch.device | str) -> None:
-    """On CUDA, collect garbage and return cached blocks, so measurements start alike (on the
-    CPU reference counting already freed the last one's tensors)."""
-    if torch.device(device).type == "cuda":
-        gc.collect()  # a reference cycle would keep the last measurement's tensors allocated
-        torch.cuda.empty_cache()
-
-
-class ForwardCounter:
-    """Counts images entering ``module`` (first argument, (N, ...)), with and without grad."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.with_grad = 0
-        self.no_grad = 0
-        self._handle = module.register_forward_pre_hook(self._count)
-
-    def _count(self, module: torch.nn.Module, inputs: tuple) -> None:
-        images = inputs[0].shape[0]
-        if torch.is_grad_enabled():
-            self.with_grad += images
-        else:
-            self.no_grad += images
-
-    def remove(self) -> None:
-        """Detach the hook from the module."""
-        self._handle.remove()
-
-
-class GradBytesAtStep:
-    """Gradient bytes alive when ``optimizer.step()`` starts (an optimizer step pre-hook)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.peak = 0
-        self._handle = optimizer.register_step_pre_hook(self._record)
-
-    def _record(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        grads = (p.grad for group in optimizer.param_groups for p in group["params"])
-        self.peak = max(self.peak, sum(g.nbytes for g in grads if g is not None))
-
-    def remove(self) -> None:
-        """Detach the hook from the optimizer."""
-        self._handle.remove()
 
 
 def write_report(path: Path | None, report: dict) -> None:

@@ -15,6 +15,7 @@ three questions with it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -25,14 +26,7 @@ from typing import Any
 import torch
 
 from benchmarks import seed_loop
-from benchmarks.measure import (
-    ForwardCounter,
-    GradBytesAtStep,
-    metered_step,
-    release_device_memory,
-    seed_rule_parts,
-    semihard_parts,
-)
+from benchmarks.measure import timed
 from facenet.cli.common import positive_int
 from facenet.distributed import resolve_device
 from facenet.errors import FacenetError
@@ -48,7 +42,10 @@ from facenet.memory import (
     graph_bytes_by_variable,
     memory_figures,
     module_state_bytes,
+    reset_cuda_peaks,
 )
+from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner
 from facenet.models.embedding import BACKBONES, EmbeddingNet
 from facenet.sizes import ImageSize, image_hw, plain_size
 from facenet.training.engine import Trainer, TrainerSettings
@@ -167,6 +164,23 @@ def build_seed_model(args, classes: int) -> seed_loop.SeedModel:
     return seed_loop.SeedModel(build_network(args, None), classes).to(args.device).train()
 
 
+def seed_rule_parts(margin: float) -> tuple[TripletMarginMiner, TripletMarginLoss]:
+    """The seed's selection (``d(a,n) - d(a,p) < margin`` on its distance) and its mean
+    triplet loss: what the corrected step runs on triplet batches."""
+    miner = TripletMarginMiner(
+        margin=margin, type_of_triplets="all", distance="seed_l2", strict_margin=True
+    )
+    return miner, TripletMarginLoss(margin=margin, distance="seed_l2", reduction="mean")
+
+
+def semihard_parts(margin: float, seed: int = 0) -> tuple[SemiHardNegativeMiner, TripletMarginLoss]:
+    """FaceNet's semi-hard mining and the triplet loss, squared distance: P x K batches;
+    ``seed`` seeds the miner's random negative choices."""
+    generator = torch.Generator().manual_seed(seed)
+    miner = SemiHardNegativeMiner(margin=margin, distance="squared", generator=generator)
+    return miner, TripletMarginLoss(margin=margin, distance="squared")
+
+
 def build_trainer(args, network: EmbeddingNet, optimizer, pk: bool, **settings) -> Trainer:
     """A Trainer with a graph meter: the seed's selection rule and loss or, ``pk``, semi-hard
     mining (``settings``: ``build_step``'s keywords)."""
@@ -183,32 +197,53 @@ def selection(result: dict) -> tuple[int, int]:
     return (0, 0) if "skipped" in result else (result["num_triplets"], result["selected_images"])
 
 
+def count_hooks(module: torch.nn.Module, optimizer) -> tuple[dict[str, int], list]:
+    """``(counts, hook handles)``: images entering ``module`` (first argument, (N, ...)) with
+    and without grad, and the most gradient bytes alive when ``optimizer.step()`` started."""
+    counts = {"with_grad": 0, "no_grad": 0, "grad_bytes_at_optimizer_step": 0}
+
+    def forward(module, inputs: tuple) -> None:
+        counts["with_grad" if torch.is_grad_enabled() else "no_grad"] += inputs[0].shape[0]
+
+    def optimizer_step(optimizer, args, kwargs) -> None:
+        grads = (p.grad for group in optimizer.param_groups for p in group["params"])
+        alive = sum(g.nbytes for g in grads if g is not None)
+        counts["grad_bytes_at_optimizer_step"] = max(counts["grad_bytes_at_optimizer_step"], alive)
+
+    hooks = [module.register_forward_pre_hook(forward)]
+    return counts, [*hooks, optimizer.register_step_pre_hook(optimizer_step)]
+
+
 def measure_steps(device, batches: Sequence[tuple], step: Callable[[tuple], dict], model,
                   optimizer, meter: GraphMemoryMeter) -> dict[str, Any]:  # fmt: skip
     """``step`` on each batch under ``meter`` (which counts across steps, so that graphs a step
-    leaves behind are seen in the next): peaks over the steps, what the last one left, the
-    state's bytes, and ``per_step``. ``step_seconds``: the median after the first step."""
+    leaves behind are seen in the next; each step's peak starts from what the last one left):
+    peaks over the steps, what the last one left, the state's bytes, and ``per_step``.
+    ``step_seconds``: the median after the first step."""
     network = getattr(model, "model", model)  # a SeedModel wraps the EmbeddingNet
-    forwards, grads = ForwardCounter(network.backbone), GradBytesAtStep(optimizer)
+    counts, hooks = count_hooks(network.backbone, optimizer)
     per_step = []
     for batch in batches:
-        with_grad, no_grad = forwards.with_grad, forwards.no_grad
-        seconds, result = metered_step(meter, device, lambda b=batch: step(b), True)
+        with_grad, no_grad = counts["with_grad"], counts["no_grad"]
+        reset_cuda_peaks(device)
+        with meter:
+            meter.reset_peak()
+            seconds, result = timed(device, lambda b=batch: step(b))
         triplets, images = selection(result)
         # Every variant shares this process: its peak RSS would mix them, so it is left out.
         per_step.append({
             **memory_figures(meter, torch.device(device), rss=False, cuda_now=True),
             "step_seconds": seconds,
-            "images_forwarded_with_grad": forwards.with_grad - with_grad,
-            "images_forwarded_no_grad": forwards.no_grad - no_grad,
+            "images_forwarded_with_grad": counts["with_grad"] - with_grad,
+            "images_forwarded_no_grad": counts["no_grad"] - no_grad,
             "selected_triplets": int(triplets),
             "selected_images": int(images),
         })  # fmt: skip
-    forwards.remove()
-    grads.remove()
+    for hook in hooks:
+        hook.remove()
     figures: dict[str, Any] = {
         **module_state_bytes(model, optimizer),  # grad_bytes: gradients left after the step
-        "grad_bytes_at_optimizer_step": grads.peak,
+        "grad_bytes_at_optimizer_step": counts["grad_bytes_at_optimizer_step"],
         "step_seconds": statistics.median(s["step_seconds"] for s in per_step[1:]),
     }
     for key in per_step[0]:  # peaks over the steps, what the last one left, means of counts
@@ -292,13 +327,16 @@ def graph_lifecycle(args: argparse.Namespace, images: torch.Tensor) -> dict[str,
     images = images.to(args.device)
     meter = GraphMemoryMeter(exclude=model)
 
+    def forward() -> torch.Tensor:
+        return model(images)  # (N, D)
+
     def alive_after(action: Callable[[], Any]) -> tuple[Any, int]:
         with meter:
             result = action()
         return result, meter.alive_bytes
 
     figures: dict[str, Any] = {"images": int(images.shape[0])}
-    out, figures["forward_with_grad"] = alive_after(lambda: model(images))  # (N, D)
+    out, figures["forward_with_grad"] = alive_after(forward)
     _, figures["after_backward_output_still_referenced"] = alive_after(
         lambda o=out: o.sum().backward()
     )
@@ -307,28 +345,36 @@ def graph_lifecycle(args: argparse.Namespace, images: torch.Tensor) -> dict[str,
         figures["second_backward_error"] = "no error"
     except RuntimeError as err:
         figures["second_backward_error"] = str(err).split(".")[0]
-    out, _ = alive_after(lambda: model(images))
+    out, _ = alive_after(forward)
     del out  # no backward: the last reference goes, and the graph with it
     figures["after_del_output_without_backward"] = meter.alive_bytes
-    out, _ = alive_after(lambda: model(images))
+    out, _ = alive_after(forward)
     _, figures["after_backward_retain_graph"] = alive_after(
         lambda o=out: o.sum().backward(retain_graph=True)
     )
     del out
     figures["after_retained_output_deleted"] = meter.alive_bytes
     with torch.no_grad():
-        _, figures["forward_no_grad"] = alive_after(lambda: model(images))
+        _, figures["forward_no_grad"] = alive_after(forward)
     with torch.inference_mode():
-        _, figures["forward_inference_mode"] = alive_after(lambda: model(images))
+        _, figures["forward_inference_mode"] = alive_after(forward)
     # A loop variable rebound to the next forward: the old graph lives until the new one exists.
-    out, _ = alive_after(lambda: model(images))
+    out, _ = alive_after(forward)
     for key in ("rebind_without_del_peak", "rebind_after_del_peak"):
         meter.reset_peak()
-        out, _ = alive_after(lambda: model(images))
+        out, _ = alive_after(forward)
         figures[key] = meter.peak_bytes
         del out
     model.zero_grad(set_to_none=True)
     return figures
+
+
+def release_device_memory(device: torch.device) -> None:
+    """On CUDA, collect garbage and return cached blocks, so measurements start alike (on the
+    CPU reference counting already freed the last one's tensors)."""
+    if device.type == "cuda":
+        gc.collect()  # a reference cycle would keep the last measurement's tensors allocated
+        torch.cuda.empty_cache()
 
 
 def run_report(args: argparse.Namespace) -> dict[str, Any]:
