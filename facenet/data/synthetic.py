@@ -27,8 +27,6 @@ from facenet.errors import ConfigError, DataError
 from facenet.files import write_text_atomic
 from facenet.sizes import image_hw
 
-__all__ = ["SyntheticIdentities", "prepare_synthetic_data", "render_face", "sample_nuisance"]
-
 MANIFEST_NAME = "manifest.json"
 GENERATOR_VERSION = 3  # bump whenever the rendering changes: regenerates old folders
 PAIRS_FOLDS = 10  # held-out pairs.txt: folds, as in LFW
