@@ -538,6 +538,7 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
     root, wanted = Path(root), _manifest(cfg)
     paths = {"train_root": root / "train", "heldout_root": root / "heldout"}
     paths |= {key: root / "heldout" / f"{key}.txt" for key in ("val_pairs", "test_pairs")}
+    written_paths = {key: str(path) for key, path in paths.items()}
     manifest_path = root / MANIFEST_NAME
     try:
         found = json.loads(manifest_path.read_text(encoding="utf-8"))
@@ -548,7 +549,7 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         and all(paths[k].is_file() for k in ("val_pairs", "test_pairs"))
         and all(_folder_complete(root / part, wanted[part]) for part in ("train", "heldout"))
     ):
-        return {key: str(path) for key, path in paths.items()}
+        return written_paths
     root.mkdir(parents=True, exist_ok=True)
     _clear_previous(root, manifest_path)
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": False}, indent=2))
@@ -567,4 +568,4 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         pairs_of = {n: written[n] for n in group}
         _write_heldout_pairs(pairs_of, paths[key], cfg.synthetic_pairs_per_fold, wanted["seed"])
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": True}, indent=2))
-    return {key: str(path) for key, path in paths.items()}
+    return written_paths
