@@ -26,21 +26,12 @@ from facenet.data.images import (
     DEFAULT_MAX_ASPECT_RATIO,
     DEFAULT_MAX_PIXELS,
     CorruptImageError,
-    _normalize_steps,
     _open_regular,
     decode_image_bytes,
+    normalization,
 )
 from facenet.errors import DataError
 from facenet.sizes import ImageSize, image_hw
-
-__all__ = [
-    "BinFormatError",
-    "BinPairs",
-    "BinImages",
-    "BinUnpickler",
-    "check_pickle_lengths",
-    "read_bin",
-]
 
 # The largest .bin file read (the public sets are 50-400 MB); it is held in memory whole.
 MAX_BIN_BYTES = 8 * 2**30
@@ -181,9 +172,14 @@ class BinImages(torch.utils.data.Dataset):
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
     ):
         self.pairs = pairs
+        scale, mean, std = normalization(normalize)
         # Aligned already: resized whole (no crop), then standardised as in training.
         self.transform = v2.Compose(
-            [v2.Resize(image_hw(image_size), antialias=True), *_normalize_steps(normalize)]
+            [
+                v2.Resize(image_hw(image_size), antialias=True),
+                v2.ToDtype(torch.float32, scale=scale),
+                v2.Normalize(mean, std),
+            ]
         )
         self.limits = (max_pixels, max_aspect_ratio)
 

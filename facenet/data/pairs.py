@@ -27,19 +27,6 @@ from facenet.data.images import IMAGE_EXTENSIONS
 from facenet.errors import DataError
 from facenet.files import write_text_atomic
 
-__all__ = [
-    "PairsFormatError",
-    "MissingImagesError",
-    "PairList",
-    "PairFold",
-    "read_pairs",
-    "generate_pairs",
-    "pairs_text",
-    "write_pairs",
-    "scan_identities",
-    "lfw_image_index",
-]
-
 _LISTED_MISSING = 20  # missing images quoted in an error message
 _ASSIGN_BUDGET = 200_000  # nodes the fold assignment's search visits before it gives up
 
@@ -132,17 +119,14 @@ class PairList:
             ids[members] = np.arange(len(members)) * n_folds // len(members)
         return ids
 
-    def skipped_per_fold(self) -> np.ndarray:
-        """(n_folds,) skipped pairs in each fold of the file."""
-        return 2 * self.pairs_per_fold - np.bincount(self.fold_ids, minlength=self.n_folds)
-
     def skip_report(self) -> str:
         """What skipping did to the folds, in words (empty when nothing was skipped)."""
         if not self.skipped:
             return ""
+        per_fold = 2 * self.pairs_per_fold - np.bincount(self.fold_ids, minlength=self.n_folds)
         return (
             f"{self.source}: skipped {len(self.skipped)} of {len(self) + len(self.skipped)} "
-            f"pairs with missing images (per fold: {self.skipped_per_fold().tolist()}). "
+            f"pairs with missing images (per fold: {per_fold.tolist()}). "
             f"Evaluated with contiguous folds, the remaining {len(self)} pairs are re-split into "
             f"{self.n_folds} folds, so pairs near fold boundaries move to a neighbouring fold; "
             "pass folds=pair_list.fold_ids to the evaluation to keep the file's folds instead."

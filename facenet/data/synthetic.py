@@ -27,8 +27,6 @@ from facenet.errors import ConfigError, DataError
 from facenet.files import write_text_atomic
 from facenet.sizes import image_hw
 
-__all__ = ["SyntheticIdentities", "prepare_synthetic_data", "render_face", "sample_nuisance"]
-
 MANIFEST_NAME = "manifest.json"
 GENERATOR_VERSION = 3  # bump whenever the rendering changes: regenerates old folders
 PAIRS_FOLDS = 10  # held-out pairs.txt: folds, as in LFW
@@ -92,8 +90,9 @@ def _u(rng: np.random.Generator, low: float, high: float) -> float:
     return float(rng.uniform(low, high))
 
 
-def _colour(rng: np.random.Generator, low: float, high: float) -> tuple[float, float, float]:
-    return tuple(float(c) for c in rng.uniform(low, high, 3))
+def _uniforms(rng: np.random.Generator, low: float, high: float, n: int = 3) -> tuple[float, ...]:
+    """``n`` draws of :func:`_u` (an RGB colour by default)."""
+    return tuple(float(c) for c in rng.uniform(low, high, n))
 
 
 def _skin_tone(rng: np.random.Generator) -> tuple[float, float, float]:
@@ -122,31 +121,31 @@ def _sample_template(rng: np.random.Generator) -> FaceTemplate:
 def sample_nuisance(rng: np.random.Generator) -> Nuisance:
     """Draw one image's nuisance from its own random stream ``rng``; colours RGB in [0, 1]."""
     clutter = tuple(  # (x, y, rx, ry, r, g, b) background blobs
-        (_u(rng, -1, 1), _u(rng, -1, 1), _u(rng, 0.1, 0.5), _u(rng, 0.1, 0.5)) + _colour(rng, 0, 1)
+        _uniforms(rng, -1, 1, 2) + _uniforms(rng, 0.1, 0.5, 2) + _uniforms(rng, 0, 1)
         for _ in range(int(rng.integers(1, 5)))
     )
     occluder = None  # or (x0, y0, x1, y1, r, g, b) in image coordinates
     if rng.random() < OCCLUDER_PROBABILITY:
-        w, h = _u(rng, 0.25, 0.6), _u(rng, 0.25, 0.6)
+        w, h = _uniforms(rng, 0.25, 0.6, 2)
         x0, y0 = _u(rng, -1, 1 - w), _u(rng, -1, 1 - h)
-        occluder = (x0, y0, x0 + w, y0 + h) + _colour(rng, 0, 1)
+        occluder = (x0, y0, x0 + w, y0 + h) + _uniforms(rng, 0, 1)
     return Nuisance(
         rotation=float(np.clip(rng.normal(0, ROTATION_STD), -MAX_ROTATION, MAX_ROTATION)),
         scale=_u(rng, *SCALE_RANGE),
-        shift=(_u(rng, -MAX_SHIFT, MAX_SHIFT), _u(rng, -MAX_SHIFT, MAX_SHIFT)),
+        shift=_uniforms(rng, -MAX_SHIFT, MAX_SHIFT, 2),
         yaw=_u(rng, -MAX_YAW, MAX_YAW),  # turn of the head
         eye_open=_u(rng, 0.55, 1.15),
         gaze=(_u(rng, -0.35, 0.35), _u(rng, -0.2, 0.2)),
         smile=float(rng.normal(0, 0.02)),
         brow_raise=float(rng.normal(0, 0.012)),
         skin=_skin_tone(rng),
-        hair=_colour(rng, 0.02, 0.55),
-        iris=_colour(rng, 0.0, 0.5),
-        background=_colour(rng, 0, 1),
-        background_slope=_colour(rng, -0.3, 0.3),
+        hair=_uniforms(rng, 0.02, 0.55),
+        iris=_uniforms(rng, 0.0, 0.5),
+        background=_uniforms(rng, 0, 1),
+        background_slope=_uniforms(rng, -0.3, 0.3),
         clutter=clutter,
-        light=(_u(rng, -0.35, 0.35), _u(rng, -0.35, 0.35)),  # lighting gradient (x, y)
-        gain=_colour(rng, 0.8, 1.2),  # colour cast
+        light=_uniforms(rng, -0.35, 0.35, 2),  # lighting gradient (x, y)
+        gain=_uniforms(rng, 0.8, 1.2),  # colour cast
         contrast=_u(rng, 0.7, 1.3),
         brightness=_u(rng, -0.12, 0.12),
         occluder=occluder,
@@ -540,6 +539,7 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
     root, wanted = Path(root), _manifest(cfg)
     paths = {"train_root": root / "train", "heldout_root": root / "heldout"}
     paths |= {key: root / "heldout" / f"{key}.txt" for key in ("val_pairs", "test_pairs")}
+    written_paths = {key: str(path) for key, path in paths.items()}
     manifest_path = root / MANIFEST_NAME
     try:
         found = json.loads(manifest_path.read_text(encoding="utf-8"))
@@ -550,7 +550,7 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         and all(paths[k].is_file() for k in ("val_pairs", "test_pairs"))
         and all(_folder_complete(root / part, wanted[part]) for part in ("train", "heldout"))
     ):
-        return {key: str(path) for key, path in paths.items()}
+        return written_paths
     root.mkdir(parents=True, exist_ok=True)
     _clear_previous(root, manifest_path)
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": False}, indent=2))
@@ -569,4 +569,4 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         pairs_of = {n: written[n] for n in group}
         _write_heldout_pairs(pairs_of, paths[key], cfg.synthetic_pairs_per_fold, wanted["seed"])
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": True}, indent=2))
-    return {key: str(path) for key, path in paths.items()}
+    return written_paths

@@ -144,7 +144,7 @@ def test_skip_missing_counts_and_reports_the_effect_on_folds(lfw):
     assert len(pairs) == 2 and pairs.issame.tolist() == [False, True]
     assert [line for line, _ in pairs.skipped] == [2, 5]
     assert "Alice_0004" in pairs.skipped[0][1]
-    assert pairs.skipped_per_fold().tolist() == [1, 1]
+    assert "(per fold: [1, 1])" in pairs.skip_report()
     assert pairs.fold_ids.tolist() == [0, 1]
     assert "re-split" in pairs.skip_report()
 
