@@ -36,14 +36,6 @@ from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.optim import build_optimizer, build_scheduler, parameter_groups
 from facenet.training.step import build_step
 
-__all__ = [
-    "TrainingData",
-    "build_data",
-    "build_device",
-    "build_trainer",
-    "check_model",
-]
-
 
 @dataclass
 class TrainingData:

@@ -14,17 +14,6 @@ from facenet.memory import format_bytes
 from facenet.training.state import Progress
 from facenet.training.validation import figures_line
 
-__all__ = [
-    "collapse_warning",
-    "describe_error",
-    "epoch_line",
-    "final_lines",
-    "idle_warning",
-    "interval_logger",
-    "show_bar",
-    "stop_message",
-]
-
 
 def epoch_line(record: dict, epochs: int) -> str:
     line = (

@@ -25,8 +25,6 @@ from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, memory_figures, reset_cuda_peaks
 
-__all__ = ["Trainer", "TrainerSettings", "STAT_KEYS"]
-
 # Per-step statistics kept on the device and averaged over the steps that trained.
 STAT_KEYS = (
     "loss",

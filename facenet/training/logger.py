@@ -14,8 +14,6 @@ from torch.utils.tensorboard import SummaryWriter
 from facenet.files import json_safe
 from facenet.memory import MEMORY_KEYS
 
-__all__ = ["RunLogger"]
-
 
 def _numbers(values: dict) -> dict:
     return {

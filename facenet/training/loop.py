@@ -48,8 +48,6 @@ from facenet.training.state import (
 )
 from facenet.training.validation import figures_line, test_selected, validate
 
-__all__ = ["Run", "StopSignals", "fit"]
-
 _FILES_IN_MESSAGE = 3
 # torch re-raises a worker's exception with its traceback in the message, as a RuntimeError
 # when the class cannot be built from one string (CorruptImageError takes path and reason).

@@ -22,16 +22,6 @@ from facenet.checkpoint import load_checkpoint
 from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
 
-__all__ = [
-    "LEGACY_RUN_OUTPUTS",
-    "NotARunOutput",
-    "OUTPUTS_RECORD",
-    "RunDirLock",
-    "RunDirLocked",
-    "RunOutputs",
-    "clear_previous_outputs",
-]
-
 LOCK_NAME = ".lock"
 OUTPUTS_RECORD = "outputs.json"
 _RECORD_FORMAT = "facenet-run-outputs"

@@ -35,18 +35,6 @@ from facenet.errors import CheckpointError, ConfigError
 from facenet.files import json_safe, write_text_atomic
 from facenet.training.engine import Trainer
 
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "Progress",
-    "checkpoint_state",
-    "read_resume_checkpoint",
-    "restore",
-    "remaining_loader",
-    "save_on_main",
-    "save_for_error",
-    "rewrite_metrics",
-]
-
 CHECKPOINT_FORMAT = 2
 # Keys every training checkpoint holds; a file without them is not one of ours.
 _REQUIRED_KEYS = ("model", "optimizer", "epoch", "rng", "config", "history", "best_accuracy")

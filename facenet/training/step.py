@@ -24,18 +24,6 @@ from facenet.distributed import all_gather_tensor, gather_variable_rows, get_ran
 from facenet.errors import ConfigError
 from facenet.metric.miners import Triplets
 
-__all__ = [
-    "StepResult",
-    "OnePassStep",
-    "TwoPassStep",
-    "ChunkedStep",
-    "choose_step",
-    "build_step",
-    "batch_chunks",
-    "frozen_bn_running_stats",
-    "unique_triplet_images",
-]
-
 _AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
