@@ -69,7 +69,7 @@ def show_bar(cfg: Config) -> bool:
 
 def interval_logger(cfg: Config, logger, epoch: int, skip: int, length: int):
     """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
-    line = cfg.logging.progress and is_main_process() and not show_bar(cfg)
+    line = cfg.logging.progress and is_main_process() and not sys.stderr.isatty()
 
     def on_interval(global_step: int, done: int, means: dict) -> None:
         logger.log_scalars("train", means, global_step)

@@ -69,13 +69,6 @@ def _at_least_float32(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor
 
 
-def _all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
-    if get_world_size() > 1:
-        value = value.clone()
-        torch.distributed.all_reduce(value)
-    return value
-
-
 class _Step:
     """What every path shares. ``model`` sits on its device, possibly DDP-wrapped (no-grad
     forwards skip the wrapper); ``amp``: "none", "bf16" (autocast) or "fp16" (autocast and
@@ -138,7 +131,10 @@ class _Step:
         stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
         stats["triplet_loss"] = value = triplet_loss.detach()
         if ce_sum is not None:
-            stats["ce_loss"] = _all_reduce_sum(ce_sum.detach()) / selected
+            ce_sum = ce_sum.detach().clone()
+            if get_world_size() > 1:  # every rank's selected images
+                torch.distributed.all_reduce(ce_sum)
+            stats["ce_loss"] = ce_sum / selected
             value = value + self.ce_weight * stats["ce_loss"]
         stats["loss"], stats["selected_images"] = value, torch.tensor(float(selected))
         return StepResult(value, stats)
@@ -208,11 +204,6 @@ class TwoPassStep(_Step):
         return self.forward(images[rows], with_logits)
 
 
-def _rng_state(device: torch.device) -> tuple:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
 @contextlib.contextmanager
 def _replayed_rng(state: tuple, device: torch.device) -> Iterator[None]:
     """Run a block with the random state ``state``; the global state is left as it was."""
@@ -273,10 +264,11 @@ class ChunkedStep(_Step):
 
     def _no_grad_pass(self, images, chunks):
         """The stated forward without a graph; the random state before each chunk."""
-        pieces, states = [], []
+        pieces, states, device = [], [], images.device
         with torch.no_grad():
             for chunk in chunks:
-                states.append(_rng_state(images.device))
+                cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+                states.append((torch.get_rng_state(), cuda))
                 pieces.append(self.forward(images[chunk], grad=False)[0])
         return torch.cat(pieces), states
 
