@@ -18,8 +18,8 @@ from facenet.memory import (
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import BatchHardMiner
 from facenet.models.embedding import EmbeddingNet
+from facenet.training import logger
 from facenet.training.engine import Trainer, TrainerSettings
-from facenet.training.logger import _MEMORY
 from facenet.training.step import build_step
 
 # The names the report and the benchmarks used before they took the trainer's.
@@ -75,7 +75,7 @@ def benchmark_variant():
 
 
 def test_the_names_are_defined_once_and_the_logger_uses_them():
-    assert _MEMORY is MEMORY_KEYS
+    assert logger.MEMORY_KEYS is MEMORY_KEYS
     assert len(set(MEMORY_KEYS)) == len(MEMORY_KEYS)
 
 

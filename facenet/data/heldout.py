@@ -16,8 +16,6 @@ from facenet.data.images import inspect_image
 from facenet.data.pairs import generate_pairs, pairs_text, scan_identities
 from facenet.errors import ConfigError, DataError
 
-__all__ = ["HELDOUT_RECORD", "HeldOut", "HeldOutSettings", "choose_held_out", "hold_out"]
-
 HELDOUT_RECORD = "heldout.json"
 _OLD_HELDOUT_RECORD = "holdout.json"  # its name before the rename, still read on resume
 

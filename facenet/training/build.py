@@ -36,14 +36,6 @@ from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.optim import build_optimizer, build_scheduler, parameter_groups
 from facenet.training.step import build_step
 
-__all__ = [
-    "TrainingData",
-    "build_data",
-    "build_device",
-    "build_trainer",
-    "check_model",
-]
-
 
 @dataclass
 class TrainingData:
@@ -165,13 +157,9 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
                 f"data.triplet_batch_size={data.triplet_batch_size} is larger than "
                 f"data.triplets_per_epoch={len(sampler)}: an epoch would hold no batch"
             )
-        # Several ranks: each takes every W-th triplet of the (already random) list.
-        split = (
-            torch.utils.data.DistributedSampler(
-                sampler, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True
-            )
-            if world_size > 1
-            else torch.utils.data.SequentialSampler(sampler)
+        # Each rank takes every W-th triplet of the (already random) list.
+        split = torch.utils.data.DistributedSampler(
+            sampler, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True
         )
         batches = torch.utils.data.BatchSampler(split, data.triplet_batch_size, drop_last=True)
         # Workers start each epoch: the triplet list is drawn anew in this process per epoch.

@@ -14,17 +14,6 @@ from facenet.memory import format_bytes
 from facenet.training.state import Progress
 from facenet.training.validation import figures_line
 
-__all__ = [
-    "collapse_warning",
-    "describe_error",
-    "epoch_line",
-    "final_lines",
-    "idle_warning",
-    "interval_logger",
-    "show_bar",
-    "stop_message",
-]
-
 
 def epoch_line(record: dict, epochs: int) -> str:
     line = (
@@ -80,7 +69,7 @@ def show_bar(cfg: Config) -> bool:
 
 def interval_logger(cfg: Config, logger, epoch: int, skip: int, length: int):
     """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
-    line = cfg.logging.progress and is_main_process() and not show_bar(cfg)
+    line = cfg.logging.progress and is_main_process() and not sys.stderr.isatty()
 
     def on_interval(global_step: int, done: int, means: dict) -> None:
         logger.log_scalars("train", means, global_step)

@@ -25,8 +25,6 @@ from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, memory_figures, reset_cuda_peaks
 
-__all__ = ["Trainer", "TrainerSettings", "STAT_KEYS"]
-
 # Per-step statistics kept on the device and averaged over the steps that trained.
 STAT_KEYS = (
     "loss",
@@ -164,7 +162,9 @@ class Trainer:
             self.global_step += 1
             self._count("trained")
             return result.stats
-        self._undo(bn_before)
+        self.optimizer.zero_grad(set_to_none=True)
+        for buffer, saved in zip(self._bn_buffers, bn_before):
+            buffer.copy_(saved)
         self._check_images(images)
         if result is None:
             self._count("no_triplets")
@@ -191,11 +191,6 @@ class Trainer:
         checks += [get_total_norm(buffers)] if buffers else []
         finite = bool(torch.isfinite(torch.stack([c.float() for c in checks])).all())
         return not any_rank(not finite)  # one decision for all ranks
-
-    def _undo(self, bn_before: list[torch.Tensor]) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        for buffer, saved in zip(self._bn_buffers, bn_before):
-            buffer.copy_(saved)
 
     @staticmethod
     def _check_images(images: torch.Tensor) -> None:

@@ -14,8 +14,6 @@ from torch.utils.tensorboard import SummaryWriter
 from facenet.files import json_safe
 from facenet.memory import MEMORY_KEYS
 
-__all__ = ["RunLogger"]
-
 
 def _numbers(values: dict) -> dict:
     return {
@@ -47,14 +45,14 @@ class RunLogger:
             return
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(json_safe(record)) + "\n")
+        if self.writer is None:
+            return
         epoch = int(record.get("epoch", 0))
-        numbers = {k: v for k, v in _numbers(record).items() if k != "epoch"}
-        self.log_scalars("memory", {k: v for k, v in numbers.items() if k in MEMORY_KEYS}, epoch)
-        self.log_scalars(
-            "train_epoch", {k: v for k, v in numbers.items() if k not in MEMORY_KEYS}, epoch
-        )
-        if self.writer is not None:
-            self.writer.flush()
+        for key, value in _numbers(record).items():
+            prefix = "memory" if key in MEMORY_KEYS else "train_epoch"
+            if key != "epoch":
+                self.writer.add_scalar(f"{prefix}/{key}", value, epoch)
+        self.writer.flush()
 
     def log_figure(self, tag: str, figure, step: int) -> None:
         if self.writer is not None and figure is not None:

@@ -48,9 +48,6 @@ from facenet.training.state import (
 )
 from facenet.training.validation import figures_line, test_selected, validate
 
-__all__ = ["Run", "StopSignals", "fit"]
-
-_FILES_IN_MESSAGE = 3
 # torch re-raises a worker's exception with its traceback in the message, as a RuntimeError
 # when the class cannot be built from one string (CorruptImageError takes path and reason).
 _WORKER_IMAGE_ERROR = re.compile(
@@ -214,7 +211,16 @@ class Run:
             try:
                 record["validation"] = self.validate(epoch)
             except FacenetError as err:  # e.g. an unreadable validation image
-                self._checkpoint_unvalidated(record, err)
+                if isinstance(err, RankFailure) and not err.checkpointable:
+                    raise  # the failing rank leaves with a traceback; no collective checkpoint
+                progress.history.append(record)  # trained, not validated: kept in last.pt
+                progress.epoch, progress.steps_done = epoch + 1, 0
+                saved = save_for_error(self.state(), self.run_dir / "last.pt")
+                err.checkpoint_note = (
+                    f"{saved}: epoch {epoch} trained, not validated; --resume continues with "
+                    f"epoch {epoch + 1}"
+                )
+                raise
         self.logger.log_epoch(record)
         progress.history.append(record)
         print(epoch_line(record, cfg.train.epochs), flush=True)
@@ -231,32 +237,17 @@ class Run:
             save_on_main(state, self.run_dir / "best.pt")
         save_on_main(state, self.run_dir / "last.pt")
 
-    def _checkpoint_unvalidated(self, record: dict, err: Exception) -> None:
-        """An epoch trained but not validated: keep its training in last.pt, then raise."""
-        if isinstance(err, RankFailure) and not err.checkpointable:
-            raise err  # the failing rank leaves with a traceback; no collective checkpoint
-        epoch, progress = record["epoch"], self.progress
-        progress.history.append(record)
-        progress.epoch, progress.steps_done = epoch + 1, 0
-        saved = save_for_error(self.state(), self.run_dir / "last.pt")
-        err.checkpoint_note = (
-            f"{saved}: epoch {epoch} trained, not validated; --resume continues with "
-            f"epoch {epoch + 1}"
-        )
-        raise err
-
     def test(self) -> dict:
         """The test pairs, once: best.pt (chosen on validation) and the last model."""
-        progress = self.progress
-        best = _validation_of(progress, progress.best_epoch)
-        threshold = None if best is None else best["threshold"]
-        last_epoch = progress.history[-1]["epoch"]
+        best_epoch = self.progress.best_epoch
+        best = _validation_of(self.progress, best_epoch) or {}
+        last_epoch = self.progress.history[-1]["epoch"]
         return test_selected(
             self.trainer,
             self.data,
             self.cfg,
-            progress.best_epoch,
-            threshold,
+            best_epoch,
+            best.get("threshold"),
             last_epoch,
             self.run_dir,
             self.logger,
@@ -341,7 +332,7 @@ def _name_files(err: NonFiniteInputError, loader, epoch: int, first_step: int):
         # The order of an epoch is fixed, so iterating the sampler again finds the same batch.
         items = next(itertools.islice(iter(batch_sampler), position, None), None)
     indices = [item[0] if isinstance(item, tuple) else item for item in items or ()]
-    rows = err.rows[:_FILES_IN_MESSAGE]
+    rows = err.rows[:3]  # the first three files
     files = [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
     named = ""
     if files:

@@ -15,17 +15,6 @@ from torch import nn
 
 from facenet.config import OptimConfig
 
-__all__ = [
-    "OPTIMIZERS",
-    "SCHEDULES",
-    "ScheduleShape",
-    "StepSchedule",
-    "build_optimizer",
-    "build_scheduler",
-    "parameter_groups",
-    "schedule_shape",
-]
-
 FROZEN_GROUP = "backbone_frozen"
 _PER_EPOCH = (
     "the checkpoint's learning-rate schedule was stepped per epoch (an earlier version wrote "

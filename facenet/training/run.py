@@ -38,8 +38,6 @@ from facenet.training.loop import Run, fit
 from facenet.training.run_dir import RunDirLock, RunOutputs
 from facenet.training.state import read_resume_checkpoint
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE_LOSS", "run_training"]
-
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE_LOSS = 3
 

@@ -22,16 +22,6 @@ from facenet.checkpoint import load_checkpoint
 from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
 
-__all__ = [
-    "LEGACY_RUN_OUTPUTS",
-    "NotARunOutput",
-    "OUTPUTS_RECORD",
-    "RunDirLock",
-    "RunDirLocked",
-    "RunOutputs",
-    "clear_previous_outputs",
-]
-
 LOCK_NAME = ".lock"
 OUTPUTS_RECORD = "outputs.json"
 _RECORD_FORMAT = "facenet-run-outputs"
@@ -136,16 +126,19 @@ def _recorded(run_dir: Path) -> list[str] | None:
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else None
 
 
-def _held_a_legacy_run(run_dir: Path) -> bool:
-    """``last.pt`` is one of this package's training checkpoints (read without running code)."""
-    path = run_dir / "last.pt"
-    if not path.is_file():
-        return False
+def _previous_outputs(run_dir: Path) -> list[str]:
+    """The names recorded in the run directory; without a record, the ``LEGACY_RUN_OUTPUTS``
+    there when ``last.pt`` is a training checkpoint of this package (read without running code)."""
+    names, path = _recorded(run_dir), run_dir / "last.pt"
+    if names is not None or not path.is_file():
+        return names or []
     try:
         state = load_checkpoint(path)
     except (FacenetError, OSError):
-        return False
-    return isinstance(state, dict) and "model" in state and "config" in state
+        return []
+    if not (isinstance(state, dict) and "model" in state and "config" in state):
+        return []
+    return [n for n in LEGACY_RUN_OUTPUTS if any(run_dir.glob(n))]
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -161,9 +154,7 @@ def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> l
     runs wrote (``LEGACY_RUN_OUTPUTS``) go.
     """
     run_dir = Path(run_dir)
-    names = _recorded(run_dir)
-    if names is None:
-        names = list(LEGACY_RUN_OUTPUTS) if _held_a_legacy_run(run_dir) else []
+    names = _previous_outputs(run_dir)
     base = run_dir.resolve()
     kept = [Path(os.path.realpath(k)) for k in keep if k]
     removed = []
@@ -206,10 +197,7 @@ class RunOutputs:
             return
         if self.clear_previous:
             self.removed = clear_previous_outputs(self.run_dir, self.keep)
-        names = _recorded(self.run_dir)  # a resumed run adds to its record
-        if names is None and _held_a_legacy_run(self.run_dir):  # from before records were kept
-            names = [n for n in LEGACY_RUN_OUTPUTS if any(self.run_dir.glob(n))]
-        self.names = names or []
+        self.names = _previous_outputs(self.run_dir)  # a resumed run adds to its record
         self._save()
 
     def add(self, path: str | os.PathLike) -> None:

@@ -35,18 +35,6 @@ from facenet.errors import CheckpointError, ConfigError
 from facenet.files import json_safe, write_text_atomic
 from facenet.training.engine import Trainer
 
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "Progress",
-    "checkpoint_state",
-    "read_resume_checkpoint",
-    "restore",
-    "remaining_loader",
-    "save_on_main",
-    "save_for_error",
-    "rewrite_metrics",
-]
-
 CHECKPOINT_FORMAT = 2
 # Keys every training checkpoint holds; a file without them is not one of ours.
 _REQUIRED_KEYS = ("model", "optimizer", "epoch", "rng", "config", "history", "best_accuracy")
@@ -78,15 +66,6 @@ def _miner_generator(trainer: Trainer) -> torch.Generator | None:
     return getattr(trainer.step.miner, "generator", None)
 
 
-def _rank_state(trainer: Trainer, sampler) -> dict:
-    generator = _miner_generator(trainer)
-    return {
-        "rng": rng_state(),
-        "miner_rng": None if generator is None else generator.get_state(),
-        "sampler": sampler.state_dict() if hasattr(sampler, "state_dict") else None,
-    }
-
-
 def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress) -> dict:
     """Everything the rest of the run depends on, as plain contents; every rank calls it
     (the ranks' own random states and data positions are gathered into ``ranks``).
@@ -94,7 +73,13 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
     ``epoch`` is the last finished epoch; ``partial`` is ``{"epoch", "steps_done"}`` when
     ``progress`` stands inside an epoch, else None.
     """
-    ranks = gather_objects(_rank_state(trainer, sampler))  # every rank calls this
+    generator = _miner_generator(trainer)
+    own = {
+        "rng": rng_state(),
+        "miner_rng": None if generator is None else generator.get_state(),
+        "sampler": sampler.state_dict() if hasattr(sampler, "state_dict") else None,
+    }
+    ranks = gather_objects(own)  # every rank calls this
     state = trainer.state_dict()
     state.update(
         format=CHECKPOINT_FORMAT,

@@ -24,18 +24,6 @@ from facenet.distributed import all_gather_tensor, gather_variable_rows, get_ran
 from facenet.errors import ConfigError
 from facenet.metric.miners import Triplets
 
-__all__ = [
-    "StepResult",
-    "OnePassStep",
-    "TwoPassStep",
-    "ChunkedStep",
-    "choose_step",
-    "build_step",
-    "batch_chunks",
-    "frozen_bn_running_stats",
-    "unique_triplet_images",
-]
-
 _AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -79,13 +67,6 @@ def _at_least_float32(tensor: torch.Tensor | None) -> torch.Tensor | None:
     if tensor is not None and tensor.dtype in (torch.float16, torch.bfloat16):
         return tensor.float()
     return tensor
-
-
-def _all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
-    if get_world_size() > 1:
-        value = value.clone()
-        torch.distributed.all_reduce(value)
-    return value
 
 
 class _Step:
@@ -150,7 +131,10 @@ class _Step:
         stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
         stats["triplet_loss"] = value = triplet_loss.detach()
         if ce_sum is not None:
-            stats["ce_loss"] = _all_reduce_sum(ce_sum.detach()) / selected
+            ce_sum = ce_sum.detach().clone()
+            if get_world_size() > 1:  # every rank's selected images
+                torch.distributed.all_reduce(ce_sum)
+            stats["ce_loss"] = ce_sum / selected
             value = value + self.ce_weight * stats["ce_loss"]
         stats["loss"], stats["selected_images"] = value, torch.tensor(float(selected))
         return StepResult(value, stats)
@@ -220,11 +204,6 @@ class TwoPassStep(_Step):
         return self.forward(images[rows], with_logits)
 
 
-def _rng_state(device: torch.device) -> tuple:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
 @contextlib.contextmanager
 def _replayed_rng(state: tuple, device: torch.device) -> Iterator[None]:
     """Run a block with the random state ``state``; the global state is left as it was."""
@@ -285,10 +264,11 @@ class ChunkedStep(_Step):
 
     def _no_grad_pass(self, images, chunks):
         """The stated forward without a graph; the random state before each chunk."""
-        pieces, states = [], []
+        pieces, states, device = [], [], images.device
         with torch.no_grad():
             for chunk in chunks:
-                states.append(_rng_state(images.device))
+                cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+                states.append((torch.get_rng_state(), cuda))
                 pieces.append(self.forward(images[chunk], grad=False)[0])
         return torch.cat(pieces), states
 
