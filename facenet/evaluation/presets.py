@@ -12,20 +12,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-__all__ = [
-    "ALIGN_PRESETS",
-    "CLASSIC",
-    "EVAL_PRESETS",
-    "PRESET_NAMES",
-    "PUBLISHER_FIELDS",
-    "TEMPLATES",
-    "AlignPreset",
-    "LandmarkTemplate",
-    "VerifySettings",
-    "classic_thresholds",
-    "mobilefacenet_thresholds",
-]
-
 
 @dataclass(frozen=True)
 class VerifySettings:

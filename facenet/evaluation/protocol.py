@@ -24,19 +24,6 @@ from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, PUBLISHER_SCORI
 from facenet.evaluation.report import figures, figures_line
 from facenet.metric.distances import DISTANCE_NAMES, paired_distance
 
-__all__ = [
-    "DISTANCES",
-    "GRIDS",
-    "SCORINGS",
-    "THRESHOLD_RULES",
-    "VerificationResult",
-    "default_thresholds",
-    "evaluate_embeddings",
-    "evaluate_verification",
-    "pair_distances",
-    "threshold_grids",
-]
-
 DISTANCES = DISTANCE_NAMES  # training's distances are the ones evaluation measures
 THRESHOLD_RULES = ("first", "mean")
 SCORINGS = ("float64", *PUBLISHER_SCORINGS)

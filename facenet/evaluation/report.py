@@ -11,19 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = [
-    "FIGURE_KEYS",
-    "PROVENANCE",
-    "ThresholdRecord",
-    "figure_cells",
-    "figures",
-    "figures_line",
-    "fold_table",
-    "result_table",
-    "sets_table",
-    "val_at_far_label",
-]
-
 # The figures a run logs and a summary reports; per-fold arrays and curves stay in the result.
 FIGURE_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
 

@@ -25,8 +25,6 @@ from facenet.evaluation.protocol import (
 )
 from facenet.sizes import ImageSize
 
-__all__ = ["embed_pairs", "verify", "verify_distances"]
-
 
 def embed_pairs(
     model: nn.Module,
