@@ -33,16 +33,20 @@ from facenet.inference.identify import (
 )
 
 UNKNOWN = "unknown"
-_STRING_ARRAYS = ("paths", "labels")  # each (N,); labels (0,) for a flat folder
-# one-value arrays: how the embeddings were made, the threshold recorded for them
-_SCALARS = {
-    "flip": "b",
-    "preprocess": "U",
-    "weights_sha256": "U",
-    "threshold": "f",
-    "threshold_distance": "U",
-    "threshold_record": "U",
+# each array's dtype kinds and ndim; those of one value say how the embeddings were made and
+# the threshold recorded for them; labels may be (0,): a flat folder
+_ARRAYS = {
+    "embeddings": ("fiu", 2),
+    "paths": ("U", 1),
+    "labels": ("U", 1),
+    "flip": ("b", 0),
+    "preprocess": ("U", 0),
+    "weights_sha256": ("U", 0),
+    "threshold": ("f", 0),
+    "threshold_distance": ("U", 0),
+    "threshold_record": ("U", 0),
 }
+_SHAPES = ("single value", "(N,) array", "(N, D) array")
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -63,35 +67,22 @@ def load_embeddings(path: str) -> dict:
     arrays = read_npz(path, "an .npz file of facenet-embed")
     if "embeddings" not in arrays:
         raise DataError(f"{path}: no 'embeddings' array (write it with facenet-embed)")
-    embeddings = arrays["embeddings"]
-    if embeddings.dtype.kind not in "fiu" or embeddings.ndim != 2 or embeddings.shape[1] == 0:
-        raise DataError(
-            f"{path}: 'embeddings' must be a (N, D) array of numbers, got {embeddings.dtype} "
-            f"{embeddings.shape}"
-        )
-    for key in _STRING_ARRAYS:
-        _check_strings(arrays, key, len(embeddings), path)
-    for key, kinds in _SCALARS.items():
-        if key in arrays and (arrays[key].shape != () or arrays[key].dtype.kind not in kinds):
+    for key, (kinds, ndim) in _ARRAYS.items():  # embeddings first: n is known after it
+        value = arrays.get(key)
+        if value is None:
+            continue
+        if value.dtype.kind not in kinds or value.ndim != ndim or 0 in value.shape[1:]:
             raise DataError(
-                f"{path}: '{key}' must be a single value of kind {kinds!r}, got "
-                f"{arrays[key].dtype} {arrays[key].shape}"
+                f"{path}: '{key}' must be a {_SHAPES[ndim]} of kind {kinds!r}, got "
+                f"{value.dtype} {value.shape}"
             )
+        n = len(arrays["embeddings"])
+        if ndim == 1 and len(value) != n and not (key == "labels" and len(value) == 0):
+            # shorter would cut matches.csv short, longer misname the probes
+            raise DataError(f"{path}: {len(value)} {key} for {n} embeddings")
     names = arrays.get("paths")
-    non_finite_rows(embeddings, str(path), None if names is None else names.tolist())
+    non_finite_rows(arrays["embeddings"], str(path), None if names is None else names.tolist())
     return arrays
-
-
-def _check_strings(arrays: dict, key: str, n: int, path) -> None:
-    """``arrays[key]``, if present, is (n,) strings ((0,) allowed for unlabelled files)."""
-    if key not in arrays:
-        return
-    values = arrays[key]
-    if values.dtype.kind != "U" or values.ndim != 1:
-        raise DataError(f"{path}: '{key}' must be a (N,) array of strings, got {values.dtype}")
-    if len(values) != n and not (key == "labels" and len(values) == 0):
-        # shorter would cut matches.csv short, longer misname the probes
-        raise DataError(f"{path}: {len(values)} {key} for {n} embeddings")
 
 
 def provenance(arrays: dict) -> dict:
