@@ -382,20 +382,12 @@ def _by_fold(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
     return np.stack([_fold_distances(a, b, fold_ids != f, s) for f in range(s.n_folds)])
 
 
-def pair_distances(emb1, emb2, metric="squared", subtract_mean=False, n_folds=10, folds=None):
-    """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip).
-
-    ``metric``: a name in ``DISTANCES``; with ``subtract_mean`` each pair is measured under its
-    own test fold's training mean (the protocol itself needs every fold's: use
-    :func:`evaluate_embeddings`).
-    """
-    s = VerifySettings(distance=metric, subtract_mean=subtract_mean, n_folds=n_folds)
-    _check_settings(s)
-    a, b = _embeddings(emb1, emb2)
-    if not subtract_mean:
-        return _metric_distance(a, b, metric)
-    fold_ids = _fold_ids(len(a), n_folds, folds)
-    return _by_fold(a, b, fold_ids, s)[fold_ids, np.arange(len(a))]
+def pair_distances(emb1, emb2, metric="squared") -> np.ndarray:
+    """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip),
+    ``metric`` a name in ``DISTANCES``; mean subtraction needs the folds: see
+    :func:`evaluate_embeddings`."""
+    _check_settings(VerifySettings(distance=metric))
+    return _metric_distance(*_embeddings(emb1, emb2), metric)
 
 
 # --------------------------------------------------------------------------- public API
