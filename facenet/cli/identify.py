@@ -47,6 +47,7 @@ _ARRAYS = {
     "threshold_record": ("U", 0),
 }
 _SHAPES = ("single value", "(N,) array", "(N, D) array")
+_MADE_WITH = ("weights_sha256", "flip", "preprocess")  # load_embeddings checked their kinds
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -88,15 +89,15 @@ def load_embeddings(path: str) -> dict:
 def provenance(arrays: dict) -> dict:
     """How a facenet-embed file's embeddings were made; None where it does not say (files
     written before it recorded this). Nothing in it subtracts a mean embedding."""
-    keys = ("weights_sha256", "flip", "preprocess")  # load_embeddings checked their kinds
-    return {**{k: arrays[k].item() if k in arrays else None for k in keys}, "subtract_mean": False}
+    made = {k: arrays[k].item() if k in arrays else None for k in _MADE_WITH}
+    return {**made, "subtract_mean": False}
 
 
 def check_same_making(gallery: dict, probes: dict, args) -> None:
     """Gallery and probes embedded by the same weights with the same flip setting, where
     both files say; distances between embeddings of different models mean nothing."""
     ours, theirs = provenance(gallery), provenance(probes)
-    for key in ("weights_sha256", "flip", "preprocess"):
+    for key in _MADE_WITH:
         if None not in (ours[key], theirs[key]) and ours[key] != theirs[key]:
             raise DataError(
                 f"--gallery {args.gallery} and --probes {args.probes} were embedded with "
@@ -106,19 +107,17 @@ def check_same_making(gallery: dict, probes: dict, args) -> None:
 
 def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
     """The threshold facenet-embed recorded in the gallery file, or None."""
-    if "threshold_record" in gallery:
-        try:
-            saved = json.loads(str(gallery["threshold_record"]))
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}: 'threshold_record' is not JSON ({err})") from None
-        record = ThresholdRecord.from_dict(saved if isinstance(saved, dict) else {}, path)
-        if record is None:
-            raise DataError(f"{path}: 'threshold_record' holds no threshold")
-        return record
-    if "threshold" in gallery:  # an older file: a value and its distance, nothing else
-        distance = str(gallery.get("threshold_distance", "squared"))
-        return ThresholdRecord(float(gallery["threshold"]), distance, source=path)
-    return None
+    if "threshold_record" not in gallery:  # an older file: a value and its distance at most
+        old = {k: gallery[k].item() for k in ("threshold", "threshold_distance") if k in gallery}
+        return ThresholdRecord.from_dict(old, path)
+    try:
+        saved = json.loads(str(gallery["threshold_record"]))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: 'threshold_record' is not JSON ({err})") from None
+    record = ThresholdRecord.from_dict(saved if isinstance(saved, dict) else {}, path)
+    if record is None:
+        raise DataError(f"{path}: 'threshold_record' holds no threshold")
+    return record
 
 
 def choose_threshold(args, gallery: dict) -> ThresholdRecord:
