@@ -64,13 +64,9 @@ def model_threshold(trained, at_hand: dict, args) -> tuple[ThresholdRecord | Non
     if threshold is not None:
         if not math.isfinite(threshold):
             raise DataError(f"--threshold {threshold!r} is not a finite number")
-        given = {k: at_hand.get(k) for k in PROVENANCE}
+        given = {k: at_hand.get(k) for k in (*PROVENANCE, "epoch")}
         record = ThresholdRecord(
-            threshold,
-            args.distance or "squared",
-            **given,
-            epoch=at_hand.get("epoch"),
-            chosen_on="--threshold",
+            threshold, args.distance or "squared", **given, chosen_on="--threshold"
         )
     elif none:
         return None, "threshold: none recorded (--no-threshold)"
@@ -91,9 +87,7 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
         "embeddings": result.embeddings.numpy().astype(np.float32),
         "paths": np.array(result.paths, dtype=str),
         "labels": np.array(result.labels if labelled else [], dtype=str),
-        "flip": np.array(at_hand["flip"]),
-        "preprocess": np.array(at_hand["preprocess"]),
-        "weights_sha256": np.array(at_hand["weights_sha256"]),
+        **{key: np.array(at_hand[key]) for key in ("flip", "preprocess", "weights_sha256")},
     }
     if threshold is not None:
         arrays["threshold"] = np.array(threshold.value)
