@@ -21,7 +21,6 @@ from sklearn.metrics import roc_curve
 from sklearn.model_selection import KFold
 
 from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, PUBLISHER_SCORINGS, VerifySettings
-from facenet.evaluation.report import figures, figures_line
 from facenet.metric.distances import DISTANCE_NAMES, paired_distance
 
 DISTANCES = DISTANCE_NAMES  # training's distances are the ones evaluation measures
@@ -79,11 +78,6 @@ class VerificationResult:
             elif not isinstance(value, (str, int)):
                 out[key] = float(value)
         return out
-
-    def summary(self) -> str:
-        """The figures line every command prints, then the threshold."""
-        line = figures_line("", figures(self))
-        return f"{line} threshold {self.threshold:.4f} ({self.threshold_distance})"
 
 
 # --------------------------------------------------------------------------- checks
@@ -272,11 +266,8 @@ def _far_thresholds(far_train: np.ndarray, grid: np.ndarray, far_target: float) 
     first = np.argmax(reached, axis=1)
     chosen = np.zeros(len(far_train))
     for f in np.flatnonzero(reached.any(axis=1)):
-        j = first[f]
-        if j == 0:
-            chosen[f] = grid[0]
-        else:
-            chosen[f] = np.interp(far_target, far_train[f, j - 1 : j + 1], grid[j - 1 : j + 1])
+        lo, hi = max(first[f] - 1, 0), first[f] + 1  # one point, grid[0], when first[f] is 0
+        chosen[f] = np.interp(far_target, far_train[f, lo:hi], grid[lo:hi])
     return chosen
 
 
