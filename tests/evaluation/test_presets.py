@@ -14,6 +14,7 @@ from facenet.evaluation.presets import (
     ALIGN_PRESETS,
     EVAL_PRESETS,
     PUBLISHER_FIELDS,
+    TEMPLATES,
     classic_thresholds,
     mobilefacenet_thresholds,
 )
@@ -363,3 +364,14 @@ def test_facenet_evaluate_with_the_mobilefacenet_config_equals_the_publishers_lo
     # as no score lies that close to a grid point or a chosen threshold (none does here).
     assert np.array_equal(ours["accuracy"], acc)
     np.testing.assert_allclose(ours["best_thresholds"], 1.0 - thresholds, atol=1e-12, rtol=0)
+
+
+def test_arcface_template_is_insightfaces_arcface_src_digit_for_digit():
+    published = (
+        (38.2946, 51.6963),
+        (73.5318, 51.5014),
+        (56.0252, 71.7366),
+        (41.5493, 92.3655),
+        (70.7299, 92.2041),
+    )
+    assert TEMPLATES["arcface"].points == published
