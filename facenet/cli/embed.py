@@ -13,18 +13,19 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import sys
 
 import numpy as np
 
 from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
-from facenet.errors import FacenetError
+from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import DISTANCES
-from facenet.evaluation.report import ThresholdRecord
+from facenet.evaluation.report import PROVENANCE, ThresholdRecord
 from facenet.files import write_atomic
 from facenet.inference.embed import FolderEmbeddings, embed_folder
-from facenet.inference.identify import model_threshold
+from facenet.inference.identify import checked_threshold
 from facenet.inference.loading import load_model
 
 
@@ -51,6 +52,33 @@ def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def model_threshold(trained, at_hand: dict, args) -> tuple[ThresholdRecord | None, str]:
+    """The threshold to record with a model's embeddings or export, and a line saying which:
+    ``--threshold`` (recorded as chosen for ``at_hand``), none with ``--no-threshold``, else
+    the one saved with ``trained`` when it fits ``at_hand``."""
+    threshold, none = args.threshold, args.no_threshold
+    if threshold is not None and none:
+        raise DataError("--threshold and --no-threshold contradict each other")
+    if args.distance is not None and threshold is None:
+        raise DataError("--distance goes with --threshold (a saved threshold has its own)")
+    if threshold is not None:
+        if not math.isfinite(threshold):
+            raise DataError(f"--threshold {threshold!r} is not a finite number")
+        given = {k: at_hand.get(k) for k in (*PROVENANCE, "epoch")}
+        record = ThresholdRecord(
+            threshold, args.distance or "squared", **given, chosen_on="--threshold"
+        )
+    elif none:
+        return None, "threshold: none recorded (--no-threshold)"
+    elif (stored := trained.threshold_record()) is None:
+        return None, f"threshold: none saved with {trained.path} (identify will need --threshold)"
+    else:
+        what = f"the embeddings of {trained.path} made here"
+        remedy = "give --threshold (and --distance) chosen for them, or --no-threshold"
+        record = checked_threshold(stored, at_hand, what, remedy)
+    return record, f"threshold: {record.describe()}"
+
+
 def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdRecord | None) -> dict:
     """The output file's arrays (strings as numpy unicode: read without pickles); ``at_hand``:
     ``TrainedModel.preparation``."""
@@ -59,9 +87,7 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
         "embeddings": result.embeddings.numpy().astype(np.float32),
         "paths": np.array(result.paths, dtype=str),
         "labels": np.array(result.labels if labelled else [], dtype=str),
-        "flip": np.array(at_hand["flip"]),
-        "preprocess": np.array(at_hand["preprocess"]),
-        "weights_sha256": np.array(at_hand["weights_sha256"]),
+        **{key: np.array(at_hand[key]) for key in ("flip", "preprocess", "weights_sha256")},
     }
     if threshold is not None:
         arrays["threshold"] = np.array(threshold.value)
@@ -76,9 +102,7 @@ def _embed(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     at_hand = trained.preparation(flip=args.flip)
     # before the work: a saved threshold that does not fit stops here
-    threshold, line = model_threshold(
-        trained, at_hand, args.threshold, args.distance, args.no_threshold
-    )
+    threshold, line = model_threshold(trained, at_hand, args)
     settings = VerifySettings(flip=args.flip, batch_size=args.batch_size)
     model = trained.model.to(device)
     result = embed_folder(

@@ -12,9 +12,8 @@ import argparse
 import sys
 
 from facenet.cli.common import run_command
-from facenet.cli.embed import add_threshold_arguments
+from facenet.cli.embed import add_threshold_arguments, model_threshold
 from facenet.inference.export import FORMATS, PARITY_TOLERANCE, export_model
-from facenet.inference.identify import model_threshold
 from facenet.inference.loading import load_model
 from facenet.sizes import image_hw
 
@@ -34,9 +33,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def _export(args: argparse.Namespace) -> int:
     trained = load_model(args.checkpoint)
-    threshold, line = model_threshold(
-        trained, trained.preparation(), args.threshold, args.distance, args.no_threshold
-    )
+    threshold, line = model_threshold(trained, trained.preparation(), args)
     # Carried into the export's metadata only when it fits these weights as exported.
     trained.verification = {} if threshold is None else threshold.to_dict()
     report = export_model(trained, args.format, args.out, args.tolerance)

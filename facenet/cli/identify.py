@@ -33,16 +33,21 @@ from facenet.inference.identify import (
 )
 
 UNKNOWN = "unknown"
-_STRING_ARRAYS = ("paths", "labels")  # each (N,); labels (0,) for a flat folder
-# one-value arrays: how the embeddings were made, the threshold recorded for them
-_SCALARS = {
-    "flip": "b",
-    "preprocess": "U",
-    "weights_sha256": "U",
-    "threshold": "f",
-    "threshold_distance": "U",
-    "threshold_record": "U",
+# each array's dtype kinds and ndim; those of one value say how the embeddings were made and
+# the threshold recorded for them; labels may be (0,): a flat folder
+_ARRAYS = {
+    "embeddings": ("fiu", 2),
+    "paths": ("U", 1),
+    "labels": ("U", 1),
+    "flip": ("b", 0),
+    "preprocess": ("U", 0),
+    "weights_sha256": ("U", 0),
+    "threshold": ("f", 0),
+    "threshold_distance": ("U", 0),
+    "threshold_record": ("U", 0),
 }
+_SHAPES = ("single value", "(N,) array", "(N, D) array")
+_MADE_WITH = ("weights_sha256", "flip", "preprocess")  # load_embeddings checked their kinds
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -63,49 +68,36 @@ def load_embeddings(path: str) -> dict:
     arrays = read_npz(path, "an .npz file of facenet-embed")
     if "embeddings" not in arrays:
         raise DataError(f"{path}: no 'embeddings' array (write it with facenet-embed)")
-    embeddings = arrays["embeddings"]
-    if embeddings.dtype.kind not in "fiu" or embeddings.ndim != 2 or embeddings.shape[1] == 0:
-        raise DataError(
-            f"{path}: 'embeddings' must be a (N, D) array of numbers, got {embeddings.dtype} "
-            f"{embeddings.shape}"
-        )
-    for key in _STRING_ARRAYS:
-        _check_strings(arrays, key, len(embeddings), path)
-    for key, kinds in _SCALARS.items():
-        if key in arrays and (arrays[key].shape != () or arrays[key].dtype.kind not in kinds):
+    for key, (kinds, ndim) in _ARRAYS.items():  # embeddings first: n is known after it
+        value = arrays.get(key)
+        if value is None:
+            continue
+        if value.dtype.kind not in kinds or value.ndim != ndim or 0 in value.shape[1:]:
             raise DataError(
-                f"{path}: '{key}' must be a single value of kind {kinds!r}, got "
-                f"{arrays[key].dtype} {arrays[key].shape}"
+                f"{path}: '{key}' must be a {_SHAPES[ndim]} of kind {kinds!r}, got "
+                f"{value.dtype} {value.shape}"
             )
+        n = len(arrays["embeddings"])
+        if ndim == 1 and len(value) != n and not (key == "labels" and len(value) == 0):
+            # shorter would cut matches.csv short, longer misname the probes
+            raise DataError(f"{path}: {len(value)} {key} for {n} embeddings")
     names = arrays.get("paths")
-    non_finite_rows(embeddings, str(path), None if names is None else names.tolist())
+    non_finite_rows(arrays["embeddings"], str(path), None if names is None else names.tolist())
     return arrays
-
-
-def _check_strings(arrays: dict, key: str, n: int, path) -> None:
-    """``arrays[key]``, if present, is (n,) strings ((0,) allowed for unlabelled files)."""
-    if key not in arrays:
-        return
-    values = arrays[key]
-    if values.dtype.kind != "U" or values.ndim != 1:
-        raise DataError(f"{path}: '{key}' must be a (N,) array of strings, got {values.dtype}")
-    if len(values) != n and not (key == "labels" and len(values) == 0):
-        # shorter would cut matches.csv short, longer misname the probes
-        raise DataError(f"{path}: {len(values)} {key} for {n} embeddings")
 
 
 def provenance(arrays: dict) -> dict:
     """How a facenet-embed file's embeddings were made; None where it does not say (files
     written before it recorded this). Nothing in it subtracts a mean embedding."""
-    keys = ("weights_sha256", "flip", "preprocess")  # load_embeddings checked their kinds
-    return {**{k: arrays[k].item() if k in arrays else None for k in keys}, "subtract_mean": False}
+    made = {k: arrays[k].item() if k in arrays else None for k in _MADE_WITH}
+    return {**made, "subtract_mean": False}
 
 
 def check_same_making(gallery: dict, probes: dict, args) -> None:
     """Gallery and probes embedded by the same weights with the same flip setting, where
     both files say; distances between embeddings of different models mean nothing."""
     ours, theirs = provenance(gallery), provenance(probes)
-    for key in ("weights_sha256", "flip", "preprocess"):
+    for key in _MADE_WITH:
         if None not in (ours[key], theirs[key]) and ours[key] != theirs[key]:
             raise DataError(
                 f"--gallery {args.gallery} and --probes {args.probes} were embedded with "
@@ -115,19 +107,17 @@ def check_same_making(gallery: dict, probes: dict, args) -> None:
 
 def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
     """The threshold facenet-embed recorded in the gallery file, or None."""
-    if "threshold_record" in gallery:
-        try:
-            saved = json.loads(str(gallery["threshold_record"]))
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}: 'threshold_record' is not JSON ({err})") from None
-        record = ThresholdRecord.from_dict(saved if isinstance(saved, dict) else {}, path)
-        if record is None:
-            raise DataError(f"{path}: 'threshold_record' holds no threshold")
-        return record
-    if "threshold" in gallery:  # an older file: a value and its distance, nothing else
-        distance = str(gallery.get("threshold_distance", "squared"))
-        return ThresholdRecord(float(gallery["threshold"]), distance, source=path)
-    return None
+    if "threshold_record" not in gallery:  # an older file: a value and its distance at most
+        old = {k: gallery[k].item() for k in ("threshold", "threshold_distance") if k in gallery}
+        return ThresholdRecord.from_dict(old, path)
+    try:
+        saved = json.loads(str(gallery["threshold_record"]))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: 'threshold_record' is not JSON ({err})") from None
+    record = ThresholdRecord.from_dict(saved if isinstance(saved, dict) else {}, path)
+    if record is None:
+        raise DataError(f"{path}: 'threshold_record' holds no threshold")
+    return record
 
 
 def choose_threshold(args, gallery: dict) -> ThresholdRecord:

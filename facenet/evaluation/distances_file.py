@@ -16,8 +16,6 @@ import numpy as np
 
 from facenet.errors import DataError
 
-__all__ = ["read_distances", "read_npz"]
-
 _TRUE, _FALSE = {"1", "true", "yes", "same"}, {"0", "false", "no", "different"}
 
 

@@ -11,8 +11,6 @@ from facenet.distributed import agree_on_error, gather_variable_rows, get_rank, 
 from facenet.evaluation.presets import CLASSIC, VerifySettings
 from facenet.sizes import ImageSize
 
-__all__ = ["FEATURES", "embed_batches", "embed_pair_list"]
-
 # "unit": the network's L2-normalised embedding; "raw": the embedding layer before it.
 FEATURES = ("unit", "raw")
 
@@ -29,7 +27,9 @@ def _gather_shards(chunks: list[torch.Tensor], total: int, world: int) -> torch.
     return out
 
 
-class _PathDataset(torch.utils.data.Dataset):
+class PathImages(torch.utils.data.Dataset):
+    """The transformed images of a list of paths."""
+
     def __init__(self, paths, transform):
         self.paths, self.transform = list(paths), transform
 
@@ -92,7 +92,7 @@ def embed_pair_list(
     # rank r embeds images r, r + W, ...; the shards are gathered unpadded and interleaved back
     rank, world = get_rank(), get_world_size()
     loader = torch.utils.data.DataLoader(
-        _PathDataset(paths[rank::world], transform),
+        PathImages(paths[rank::world], transform),
         batch_size=s.batch_size,
         num_workers=s.num_workers,
     )

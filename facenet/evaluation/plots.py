@@ -7,8 +7,6 @@ from typing import Any
 from facenet.evaluation.protocol import VerificationResult
 from facenet.evaluation.report import val_at_far_label
 
-__all__ = ["plot_roc"]
-
 
 def plot_roc(
     result: VerificationResult,

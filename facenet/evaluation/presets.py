@@ -12,20 +12,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-__all__ = [
-    "ALIGN_PRESETS",
-    "CLASSIC",
-    "EVAL_PRESETS",
-    "PRESET_NAMES",
-    "PUBLISHER_FIELDS",
-    "TEMPLATES",
-    "AlignPreset",
-    "LandmarkTemplate",
-    "VerifySettings",
-    "classic_thresholds",
-    "mobilefacenet_thresholds",
-]
-
 
 @dataclass(frozen=True)
 class VerifySettings:
@@ -183,15 +169,10 @@ _SPHEREFACE_POINTS = (
 )
 # insightface: deepinsight/insightface, python-package/insightface/utils/face_align.py
 # (``arcface_src``, ``arcface_dst`` in later versions; fitted with skimage's
-# ``SimilarityTransform`` and warped with ``cv2.warpAffine``, ``norm_crop``). It is SphereFace's
-# template with 8.0 added to every x (recognition/arcface_torch/eval_ijbc.py: ``src[:, 0] += 8.0``).
-_ARCFACE_POINTS = (
-    (38.2946, 51.6963),
-    (73.5318, 51.5014),
-    (56.0252, 71.7366),
-    (41.5493, 92.3655),
-    (70.7299, 92.2041),
-)
+# ``SimilarityTransform`` and warped with ``cv2.warpAffine``, ``norm_crop``): SphereFace's
+# template with 8.0 added to every x (recognition/arcface_torch/eval_ijbc.py: ``src[:, 0] += 8.0``),
+# its published digits exactly in float64.
+_ARCFACE_POINTS = tuple((x + 8.0, y) for x, y in _SPHEREFACE_POINTS)
 
 TEMPLATES = {
     "arcface": LandmarkTemplate(

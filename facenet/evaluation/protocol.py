@@ -21,21 +21,7 @@ from sklearn.metrics import roc_curve
 from sklearn.model_selection import KFold
 
 from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, PUBLISHER_SCORINGS, VerifySettings
-from facenet.evaluation.report import figures, figures_line
 from facenet.metric.distances import DISTANCE_NAMES, paired_distance
-
-__all__ = [
-    "DISTANCES",
-    "GRIDS",
-    "SCORINGS",
-    "THRESHOLD_RULES",
-    "VerificationResult",
-    "default_thresholds",
-    "evaluate_embeddings",
-    "evaluate_verification",
-    "pair_distances",
-    "threshold_grids",
-]
 
 DISTANCES = DISTANCE_NAMES  # training's distances are the ones evaluation measures
 THRESHOLD_RULES = ("first", "mean")
@@ -92,11 +78,6 @@ class VerificationResult:
             elif not isinstance(value, (str, int)):
                 out[key] = float(value)
         return out
-
-    def summary(self) -> str:
-        """The figures line every command prints, then the threshold."""
-        line = figures_line("", figures(self))
-        return f"{line} threshold {self.threshold:.4f} ({self.threshold_distance})"
 
 
 # --------------------------------------------------------------------------- checks
@@ -285,11 +266,8 @@ def _far_thresholds(far_train: np.ndarray, grid: np.ndarray, far_target: float) 
     first = np.argmax(reached, axis=1)
     chosen = np.zeros(len(far_train))
     for f in np.flatnonzero(reached.any(axis=1)):
-        j = first[f]
-        if j == 0:
-            chosen[f] = grid[0]
-        else:
-            chosen[f] = np.interp(far_target, far_train[f, j - 1 : j + 1], grid[j - 1 : j + 1])
+        lo, hi = max(first[f] - 1, 0), first[f] + 1  # one point, grid[0], when first[f] is 0
+        chosen[f] = np.interp(far_target, far_train[f, lo:hi], grid[lo:hi])
     return chosen
 
 
@@ -395,20 +373,12 @@ def _by_fold(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
     return np.stack([_fold_distances(a, b, fold_ids != f, s) for f in range(s.n_folds)])
 
 
-def pair_distances(emb1, emb2, metric="squared", subtract_mean=False, n_folds=10, folds=None):
-    """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip).
-
-    ``metric``: a name in ``DISTANCES``; with ``subtract_mean`` each pair is measured under its
-    own test fold's training mean (the protocol itself needs every fold's: use
-    :func:`evaluate_embeddings`).
-    """
-    s = VerifySettings(distance=metric, subtract_mean=subtract_mean, n_folds=n_folds)
-    _check_settings(s)
-    a, b = _embeddings(emb1, emb2)
-    if not subtract_mean:
-        return _metric_distance(a, b, metric)
-    fold_ids = _fold_ids(len(a), n_folds, folds)
-    return _by_fold(a, b, fold_ids, s)[fold_ids, np.arange(len(a))]
+def pair_distances(emb1, emb2, metric="squared") -> np.ndarray:
+    """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip),
+    ``metric`` a name in ``DISTANCES``; mean subtraction needs the folds: see
+    :func:`evaluate_embeddings`."""
+    _check_settings(VerifySettings(distance=metric))
+    return _metric_distance(*_embeddings(emb1, emb2), metric)
 
 
 # --------------------------------------------------------------------------- public API

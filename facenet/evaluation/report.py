@@ -3,26 +3,13 @@ chosen for (``ThresholdRecord``), so that a figure reads the same everywhere::
 
     test acc 0.9655±0.0147 VAL 0.5510 @ FAR 0.001 (achieved 0.0010) AUC 0.9960 EER 0.0400
 
-Results are read by attribute: the protocol imports this module, not the reverse.
+Results are read by attribute: this module imports no other part of evaluation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-__all__ = [
-    "FIGURE_KEYS",
-    "PROVENANCE",
-    "ThresholdRecord",
-    "figure_cells",
-    "figures",
-    "figures_line",
-    "fold_table",
-    "result_table",
-    "sets_table",
-    "val_at_far_label",
-]
 
 # The figures a run logs and a summary reports; per-fold arrays and curves stay in the result.
 FIGURE_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
@@ -57,28 +44,22 @@ def figures_line(name: str, values: Mapping) -> str:
     return " ".join([name, *words] if name else words)
 
 
-def fold_table(result) -> str:
-    """One row per fold: accuracy, the threshold chosen on the other folds, VAL and FAR."""
+def result_table(name: str, result) -> str:
+    """One row per fold (accuracy, the threshold chosen on the other folds, VAL and FAR), the
+    figures line, the verification threshold and the pair count."""
     lines = [f"{'fold':>4}  {'accuracy':>8}  {'threshold':>9}  {'VAL':>6}  {'FAR':>7}"]
     for f in range(result.n_folds):
         lines.append(
             f"{f:>4}  {result.accuracy[f]:>8.4f}  {result.best_thresholds[f]:>9.4f}  "
             f"{result.val_per_fold[f]:>6.4f}  {result.far_per_fold[f]:>7.5f}"
         )
+    lines += [
+        figures_line(name, figures(result)),
+        f"threshold {result.threshold:.4f} ({result.threshold_distance} distance, mean over "
+        "folds; identify's default)",
+        f"pairs     {result.n_pairs} in {result.n_folds} folds ({result.distance} distance)",
+    ]
     return "\n".join(lines)
-
-
-def result_table(name: str, result) -> str:
-    """The fold table, the figures line, the verification threshold and the pair count."""
-    return "\n".join(
-        [
-            fold_table(result),
-            figures_line(name, figures(result)),
-            f"threshold {result.threshold:.4f} ({result.threshold_distance} distance, mean over "
-            "folds; identify's default)",
-            f"pairs     {result.n_pairs} in {result.n_folds} folds ({result.distance} distance)",
-        ]
-    )
 
 
 def sets_table(results: Mapping) -> str:

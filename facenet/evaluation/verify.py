@@ -21,11 +21,8 @@ from facenet.evaluation.protocol import (
     evaluate_embeddings,
     evaluate_verification,
     pair_distances,
-    threshold_grids,
 )
 from facenet.sizes import ImageSize
-
-__all__ = ["embed_pairs", "verify", "verify_distances"]
 
 
 def embed_pairs(
@@ -86,27 +83,17 @@ def verify_distances(
     (the grid is not stretched to them: they usually mean another distance was measured).
     """
     settings = replace(settings, flip=False)  # distances: the unit grids, whatever flip says
-    _warn_above_grid(distances, settings, source)
-    return _checked(source, evaluate_verification, distances, issame, settings)
-
-
-def _warn_above_grid(distances, settings: VerifySettings, source: str) -> None:
-    try:
-        values = np.asarray(distances, dtype=np.float64).reshape(-1)
-        grid = threshold_grids(settings)[0]
-    except (TypeError, ValueError):
-        return  # the protocol refuses these with its own message
-    if values.size == 0 or not np.isfinite(values).all():
-        return  # likewise
-    above = int((values >= grid[-1]).sum())
-    if above:
+    result = _checked(source, evaluate_verification, distances, issame, settings)
+    values, top = torch.as_tensor(distances).double().cpu().numpy(), result.thresholds[-1]
+    if above := int((values >= top).sum()):
         warnings.warn(
             f"{source}: {above} of {len(values)} distances (largest {values.max():.4g}) lie at "
-            f"or above the largest threshold of the {settings.distance} grid ({grid[-1]:.4g}): "
+            f"or above the largest threshold of the {settings.distance} grid ({top:.4g}): "
             "no threshold accepts them as the same identity; were they measured with another "
             "--distance?",
             stacklevel=2,
         )
+    return result
 
 
 def _checked(source: str, protocol, *args) -> VerificationResult:

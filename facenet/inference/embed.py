@@ -11,27 +11,19 @@ from torch import nn
 from tqdm import tqdm
 
 from facenet.data.folder import list_images
-from facenet.data.images import CorruptImageError, build_transform, read_image
-from facenet.evaluation.embedding import embed_batches
+from facenet.data.images import CorruptImageError, build_transform
+from facenet.evaluation.embedding import PathImages, embed_batches
 from facenet.evaluation.presets import CLASSIC, VerifySettings
 from facenet.inference.identify import non_finite_rows
 from facenet.sizes import ImageSize
 
-__all__ = ["FolderEmbeddings", "embed_folder"]
 
-
-class _ReadableImages(torch.utils.data.Dataset):
-    """Images by path; an undecodable one gives None and its reason instead of a tensor."""
-
-    def __init__(self, paths, transform):
-        self.paths, self.transform = list(paths), transform
-
-    def __len__(self) -> int:
-        return len(self.paths)
+class _ReadableImages(PathImages):
+    """An undecodable image gives None and its reason instead of a tensor."""
 
     def __getitem__(self, index: int):
         try:
-            return index, self.transform(read_image(self.paths[index])), None
+            return index, super().__getitem__(index), None
         except CorruptImageError as err:
             return index, None, err.reason
 

@@ -20,18 +20,8 @@ import torch
 
 from facenet.errors import DataError
 from facenet.evaluation.protocol import DISTANCES
-from facenet.evaluation.report import PROVENANCE, ThresholdRecord
+from facenet.evaluation.report import ThresholdRecord
 from facenet.metric.distances import pairwise_distance
-
-__all__ = [
-    "Gallery",
-    "Matches",
-    "checked_threshold",
-    "identification_rates",
-    "match",
-    "non_finite_rows",
-    "read_threshold",
-]
 
 _PROBE_BLOCK = 4096  # probes per (block, G) distance matrix: bounded memory for large galleries
 _NAMED_ROWS = 5  # rows named in a message about non-finite embeddings
@@ -172,39 +162,3 @@ def checked_threshold(
         f"the stored threshold {record.describe()} does not apply to {what}: "
         f"{'; '.join(differences)}; {remedy}"
     )
-
-
-def model_threshold(
-    trained,
-    at_hand: dict,
-    threshold: float | None = None,
-    distance: str | None = None,
-    none: bool = False,
-) -> tuple[ThresholdRecord | None, str]:
-    """The threshold to record with a model's embeddings or export, and a line saying which:
-    ``threshold`` (``--threshold``, recorded as chosen for ``at_hand``), none with ``none``
-    (``--no-threshold``), else the one saved with ``trained`` when it fits ``at_hand``."""
-    if threshold is not None and none:
-        raise DataError("--threshold and --no-threshold contradict each other")
-    if distance is not None and threshold is None:
-        raise DataError("--distance goes with --threshold (a saved threshold has its own)")
-    if threshold is not None:
-        if not math.isfinite(threshold):
-            raise DataError(f"--threshold {threshold!r} is not a finite number")
-        given = {k: at_hand.get(k) for k in PROVENANCE}
-        record = ThresholdRecord(
-            threshold,
-            distance or "squared",
-            **given,
-            epoch=at_hand.get("epoch"),
-            chosen_on="--threshold",
-        )
-    elif none:
-        return None, "threshold: none recorded (--no-threshold)"
-    elif (stored := trained.threshold_record()) is None:
-        return None, f"threshold: none saved with {trained.path} (identify will need --threshold)"
-    else:
-        what = f"the embeddings of {trained.path} made here"
-        remedy = "give --threshold (and --distance) chosen for them, or --no-threshold"
-        record = checked_threshold(stored, at_hand, what, remedy)
-    return record, f"threshold: {record.describe()}"

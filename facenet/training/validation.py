@@ -21,11 +21,10 @@ from facenet.distributed import broadcast_buffers, is_main_process
 from facenet.errors import CheckpointError
 from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import VerifySettings
-from facenet.evaluation.report import figures, figures_line
+from facenet.evaluation.report import figures
+from facenet.evaluation.report import figures_line as figures_line  # re-exported
 from facenet.evaluation.verify import verify
 from facenet.inference.loading import weights_digest
-
-__all__ = ["figures", "figures_line", "test_selected", "validate"]
 
 
 def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:

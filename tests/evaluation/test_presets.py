@@ -9,10 +9,12 @@ import pytest
 
 from benchmarks import reference_evaluation as ref
 from facenet.cli import evaluate as evaluate_script
+from facenet.evaluation import protocol
 from facenet.evaluation.presets import (
     ALIGN_PRESETS,
     EVAL_PRESETS,
     PUBLISHER_FIELDS,
+    TEMPLATES,
     classic_thresholds,
     mobilefacenet_thresholds,
 )
@@ -204,7 +206,8 @@ def test_mobilefacenet_preset_measures_the_publishers_scores():
     fl, fr, same = raw_flip_features()
     fold = np.arange(len(same)) // (len(same) // 10)  # its i // 600 for LFW's 6000 pairs
     preset = EVAL_PRESETS["mobilefacenet"]
-    ours = pair_distances(fl, fr, preset.distance, subtract_mean=preset.subtract_mean)
+    settings = S(preset.distance, subtract_mean=preset.subtract_mean)
+    ours = protocol._by_fold(fl, fr, fold, settings)[fold, np.arange(len(fold))]
     for i in range(10):  # each pair under its own test fold's training mean
         scores = ref.mobilefacenet_fold_scores(fl, fr, fold, i)
         np.testing.assert_allclose(1.0 - ours[fold == i], scores[fold == i], atol=1e-12, rtol=0)
@@ -361,3 +364,14 @@ def test_facenet_evaluate_with_the_mobilefacenet_config_equals_the_publishers_lo
     # as no score lies that close to a grid point or a chosen threshold (none does here).
     assert np.array_equal(ours["accuracy"], acc)
     np.testing.assert_allclose(ours["best_thresholds"], 1.0 - thresholds, atol=1e-12, rtol=0)
+
+
+def test_arcface_template_is_insightfaces_arcface_src_digit_for_digit():
+    published = (
+        (38.2946, 51.6963),
+        (73.5318, 51.5014),
+        (56.0252, 71.7366),
+        (41.5493, 92.3655),
+        (70.7299, 92.2041),
+    )
+    assert TEMPLATES["arcface"].points == published

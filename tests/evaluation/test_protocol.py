@@ -14,6 +14,7 @@ from sklearn.metrics import roc_auc_score
 from benchmarks import reference_evaluation as ref
 from facenet.cli import evaluate as evaluate_script
 from facenet.errors import FacenetError
+from facenet.evaluation import protocol
 from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import VerifySettings as S
 from facenet.evaluation.protocol import (
@@ -246,10 +247,12 @@ def test_pair_distances_by_brute_force():
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_pair_distances_mean_is_that_of_the_other_folds():
+def test_subtracted_mean_is_that_of_the_other_folds():
     rng = np.random.default_rng(8)
     e1, e2 = rng.normal(size=(9, 4)) + 2.0, rng.normal(size=(9, 4)) - 1.0
-    got = pair_distances(e1, e2, "cosine", subtract_mean=True, n_folds=3)
+    fold_ids = np.arange(9) // 3
+    by_fold = protocol._by_fold(e1, e2, fold_ids, S("cosine", subtract_mean=True, n_folds=3))
+    got = by_fold[fold_ids, np.arange(9)]  # each pair under its own test fold's mean
     for fold in range(3):
         test = np.arange(9) // 3 == fold
         mean = np.vstack([e1[~test], e2[~test]]).mean(axis=0)
