@@ -24,7 +24,7 @@ from facenet.errors import CheckpointError
 from facenet.evaluation.report import ThresholdRecord
 from facenet.models.embedding import BACKBONES, EmbeddingNet
 from facenet.models.ports import Port, find_port
-from facenet.sizes import ImageSize, plain_size
+from facenet.sizes import plain_size
 
 WEIGHTS_FORMAT = "facenet-weights"
 WEIGHTS_VERSION = 1  # bumped when the layout changes
@@ -150,13 +150,6 @@ def _size_in(value, name: str, path) -> int | tuple[int, int]:
     return _int_in(value, name, _IMAGE_SIZE_RANGE, path)
 
 
-def _check_preprocess(image_size, normalize, path, where: str) -> tuple[ImageSize, str]:
-    size = _size_in(image_size, f"{where}.image_size", path)
-    if normalize not in _NORMALIZE:
-        raise _bad(path, f"{where}.normalize {normalize!r}: expected one of {_NORMALIZE}")
-    return size, normalize
-
-
 def _check_state(state, architecture: dict, path, name: str) -> dict:
     """Named tensors whose head has ``embedding_dim`` rows."""
     if not isinstance(state, Mapping) or not all(
@@ -238,17 +231,20 @@ def _from_saved(state: dict, path) -> TrainedModel:
             )
         names = ("architecture", "preprocess", "state_dict")
         architecture, preprocess, weights = _fields(state, names, path)
+        architecture = _check_architecture(architecture, path)
         preprocess = _mapping(preprocess, "preprocess", path)
         preprocess = _fields(preprocess, ("image_size", "normalize"), path, "preprocess.")
         verification = _mapping(state.get("verification") or {}, "verification", path)
     else:
         names = ("model", "data", "model")
-        architecture, weights = _section(state["config"], "model", path), state["model"]
+        architecture = _check_architecture(_section(state["config"], "model", path), path)
+        weights = state["model"]
         data_cfg = _section(state["config"], "data", path)
         preprocess = data_cfg.get("image_size", 64), data_cfg.get("normalize", "fixed")
         verification = {}
-    architecture = _check_architecture(architecture, path)
-    preprocess = _check_preprocess(*preprocess, path, names[1])
+    size, normalize = _size_in(preprocess[0], f"{names[1]}.image_size", path), preprocess[1]
+    if normalize not in _NORMALIZE:
+        raise _bad(path, f"{names[1]}.normalize {normalize!r}: expected one of {_NORMALIZE}")
     weights = _check_state(weights, architecture, path, names[2])
     record = ThresholdRecord.from_dict(verification, str(path))
     if verification and record is None:
@@ -260,7 +256,7 @@ def _from_saved(state: dict, path) -> TrainedModel:
         architecture,
         weights,
         path,
-        preprocess,
+        (size, normalize),
         "weights" if export else "checkpoint",
         verification=dict(verification),
         epoch=epoch if isinstance(epoch, int) else None,
