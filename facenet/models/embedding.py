@@ -37,9 +37,7 @@ HEAD_BN_EPS = 1e-3  # FaceNet's, so heads converted from its ports give the same
 # torchvision backbones: their classifier (replaced by nn.Identity; its keys are dropped from
 # weight files) and their first convolution (replaced to read other than 3 channels).
 _TORCHVISION = {
-    "resnet18": ("fc", "conv1"),
-    "resnet34": ("fc", "conv1"),
-    "resnet50": ("fc", "conv1"),
+    **dict.fromkeys(("resnet18", "resnet34", "resnet50"), ("fc", "conv1")),
     "mobilenet_v3_large": ("classifier", "features.0.0"),
 }
 
