@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
@@ -23,7 +24,6 @@ from facenet.inference.align import (
     SELECTIONS,
     AlignSettings,
     align_folder,
-    count,
     write_report,
 )
 
@@ -105,7 +105,7 @@ def _align(args: argparse.Namespace) -> int:
     for o in outcomes:
         if o.status == "unreadable":
             print(f"skipped {o.source}: {o.reason}", file=sys.stderr)
-    n = count(outcomes)
+    n = Counter(o.status for o in outcomes)  # 0 for a status none has
     print(
         f"aligned {n['aligned']}, centre crops {n['centre_crop']}, no face {n['no_face']}, "
         f"unreadable {n['unreadable']}, already there {already} "

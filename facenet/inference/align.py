@@ -523,8 +523,3 @@ def write_report(outcomes: list[AlignOutcome], path) -> Path:
     lines += [f"{o.status}\t{o.source}\t{o.reason}" for o in outcomes if o.status != "aligned"]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, "\n".join(lines) + "\n")
-
-
-def count(outcomes: list[AlignOutcome]) -> dict[str, int]:
-    """Number of images of each status."""
-    return {status: sum(o.status == status for o in outcomes) for status in STATUSES}

@@ -24,7 +24,7 @@ from facenet.errors import CheckpointError
 from facenet.evaluation.report import ThresholdRecord
 from facenet.models.embedding import BACKBONES, EmbeddingNet
 from facenet.models.ports import Port, find_port
-from facenet.sizes import ImageSize, plain_size
+from facenet.sizes import plain_size
 
 WEIGHTS_FORMAT = "facenet-weights"
 WEIGHTS_VERSION = 1  # bumped when the layout changes
@@ -150,13 +150,6 @@ def _size_in(value, name: str, path) -> int | tuple[int, int]:
     return _int_in(value, name, _IMAGE_SIZE_RANGE, path)
 
 
-def _check_preprocess(image_size, normalize, path, where: str) -> tuple[ImageSize, str]:
-    size = _size_in(image_size, f"{where}.image_size", path)
-    if normalize not in _NORMALIZE:
-        raise _bad(path, f"{where}.normalize {normalize!r}: expected one of {_NORMALIZE}")
-    return size, normalize
-
-
 def _check_state(state, architecture: dict, path, name: str) -> dict:
     """Named tensors whose head has ``embedding_dim`` rows."""
     if not isinstance(state, Mapping) or not all(
@@ -174,16 +167,17 @@ def _check_state(state, architecture: dict, path, name: str) -> dict:
     return state
 
 
-def _trained(architecture: dict, state: Mapping, path, image_size, normalize, kind, **fields):
-    """A TrainedModel whose EmbeddingNet of ``architecture`` holds ``state`` less its classifier;
-    NaN or infinite weights are refused (they make every embedding NaN)."""
+def _trained(architecture: dict, state: Mapping, path, preprocess: tuple, kind: str, **fields):
+    """A TrainedModel whose EmbeddingNet of ``architecture`` holds ``state`` less its classifier,
+    ``preprocess`` its (image size, normalize); NaN or infinite weights are refused (they make
+    every embedding NaN)."""
     weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
     bad = [k for k, v in weights.items() if v.is_floating_point() and not v.isfinite().all()]
     if bad:
         raise _bad(
             path, f"{len(bad)} weight tensor(s) hold NaN or infinite values: {some_names(bad)}"
         )
-    model = EmbeddingNet(**architecture, input_size=image_size)
+    model = EmbeddingNet(**architecture, input_size=preprocess[0])
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
@@ -191,9 +185,7 @@ def _trained(architecture: dict, state: Mapping, path, image_size, normalize, ki
             f"{path}: its weights do not fit its saved architecture: "
             + " ".join(line.strip() for line in str(err).splitlines()[:2])
         ) from None
-    return TrainedModel(
-        model.eval(), image_size, normalize, kind, str(path), architecture, **fields
-    )
+    return TrainedModel(model.eval(), *preprocess, kind, str(path), architecture, **fields)
 
 
 def _section(config: Mapping, name: str, path) -> Mapping:
@@ -227,59 +219,51 @@ def _epoch_threshold(state: dict, digest, path) -> dict:
     return {} if record is None else record.to_dict()
 
 
-def _from_training_checkpoint(state: dict, path) -> TrainedModel:
-    architecture = _check_architecture(_section(state["config"], "model", path), path)
-    data_cfg = _section(state["config"], "data", path)
-    image_size, normalize = _check_preprocess(
-        data_cfg.get("image_size", 64), data_cfg.get("normalize", "fixed"), path, "data"
-    )
-    weights = _check_state(state["model"], architecture, path, "model")
-    epoch = state.get("epoch")
-    trained = _trained(
-        architecture,
-        weights,
-        path,
-        image_size,
-        normalize,
-        "checkpoint",
-        epoch=epoch if isinstance(epoch, int) else None,
-    )
-    trained.verification = _epoch_threshold(state, trained.weights_sha256, path)
-    return trained
-
-
-def _from_weights_export(state: dict, path) -> TrainedModel:
-    """A weights export, every field checked before the network is allocated."""
-    if state.get("version") != WEIGHTS_VERSION:
-        raise CheckpointError(
-            f"{path}: weights export version {state.get('version')!r}; this package reads "
-            f"version {WEIGHTS_VERSION}"
-        )
-    architecture, preprocess, weights = _fields(
-        state, ("architecture", "preprocess", "state_dict"), path
-    )
-    architecture = _check_architecture(architecture, path)
-    preprocess = _fields(
-        _mapping(preprocess, "preprocess", path), ("image_size", "normalize"), path, "preprocess."
-    )
-    image_size, normalize = _check_preprocess(*preprocess, path, "preprocess")
-    weights = _check_state(weights, architecture, path, "state_dict")
-    verification = _mapping(state.get("verification") or {}, "verification", path)
+def _from_saved(state: dict, path) -> TrainedModel:
+    """A training checkpoint or a weights export, every field checked before the network is
+    allocated."""
+    export = state.get("format") == WEIGHTS_FORMAT
+    if export:
+        if state.get("version") != WEIGHTS_VERSION:
+            raise CheckpointError(
+                f"{path}: weights export version {state.get('version')!r}; this package reads "
+                f"version {WEIGHTS_VERSION}"
+            )
+        names = ("architecture", "preprocess", "state_dict")
+        architecture, preprocess, weights = _fields(state, names, path)
+        architecture = _check_architecture(architecture, path)
+        preprocess = _mapping(preprocess, "preprocess", path)
+        preprocess = _fields(preprocess, ("image_size", "normalize"), path, "preprocess.")
+        verification = _mapping(state.get("verification") or {}, "verification", path)
+    else:
+        names = ("model", "data", "model")
+        architecture = _check_architecture(_section(state["config"], "model", path), path)
+        weights = state["model"]
+        data_cfg = _section(state["config"], "data", path)
+        preprocess = data_cfg.get("image_size", 64), data_cfg.get("normalize", "fixed")
+        verification = {}
+    size, normalize = _size_in(preprocess[0], f"{names[1]}.image_size", path), preprocess[1]
+    if normalize not in _NORMALIZE:
+        raise _bad(path, f"{names[1]}.normalize {normalize!r}: expected one of {_NORMALIZE}")
+    weights = _check_state(weights, architecture, path, names[2])
     record = ThresholdRecord.from_dict(verification, str(path))
     if verification and record is None:
         raise _bad(path, f"verification holds no numeric threshold: {dict(verification)!r}")
     if record is not None and not math.isfinite(record.value):
         raise _bad(path, f"verification threshold {record.value!r} is not a finite number")
-    return _trained(
+    epoch = getattr(record, "epoch", None) if export else state.get("epoch")
+    trained = _trained(
         architecture,
         weights,
         path,
-        image_size,
-        normalize,
-        "weights",
+        (size, normalize),
+        "weights" if export else "checkpoint",
         verification=dict(verification),
-        epoch=None if record is None else record.epoch,
+        epoch=epoch if isinstance(epoch, int) else None,
     )
+    if not export:
+        trained.verification = _epoch_threshold(state, trained.weights_sha256, path)
+    return trained
 
 
 def _from_port(port: Port, weights: dict, contents: dict, path) -> TrainedModel:
@@ -301,8 +285,7 @@ def _from_port(port: Port, weights: dict, contents: dict, path) -> TrainedModel:
         architecture,
         ours,
         path,
-        size,
-        "fixed",
+        (size, "fixed"),
         port.kind,
         epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
     )
@@ -316,10 +299,10 @@ def load_model(path: str | os.PathLike) -> TrainedModel:
         CheckpointError: a missing, damaged or refused file, or one of none of these kinds.
     """
     state = load_checkpoint(path, map_location="cpu")
-    if state.get("format") == WEIGHTS_FORMAT:
-        return _from_weights_export(state, path)
-    if isinstance(state.get("config"), Mapping) and isinstance(state.get("model"), Mapping):
-        return _from_training_checkpoint(state, path)
+    if state.get("format") == WEIGHTS_FORMAT or (
+        isinstance(state.get("config"), Mapping) and isinstance(state.get("model"), Mapping)
+    ):
+        return _from_saved(state, path)
     port = find_port(state)
     if port is not None:
         return _from_port(*port, state, path)

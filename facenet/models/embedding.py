@@ -37,9 +37,7 @@ HEAD_BN_EPS = 1e-3  # FaceNet's, so heads converted from its ports give the same
 # torchvision backbones: their classifier (replaced by nn.Identity; its keys are dropped from
 # weight files) and their first convolution (replaced to read other than 3 channels).
 _TORCHVISION = {
-    "resnet18": ("fc", "conv1"),
-    "resnet34": ("fc", "conv1"),
-    "resnet50": ("fc", "conv1"),
+    **dict.fromkeys(("resnet18", "resnet34", "resnet50"), ("fc", "conv1")),
     "mobilenet_v3_large": ("classifier", "features.0.0"),
 }
 
@@ -103,10 +101,6 @@ def _read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return dict(obj)
 
 
-def _submodule_keys(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
-
-
 def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: str) -> None:
     expected = module.state_dict()
     missing = [k for k in expected if k not in state]
@@ -129,31 +123,30 @@ def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: s
         raise WeightsError(f"weights file {path} does not fit {what}: " + "; ".join(problems))
 
 
-def _ours(state: dict) -> dict:
-    """A publisher's layout mapped onto EmbeddingNet keys; ours as it is."""
+def _load_weights(net: EmbeddingNet, path, head: bool) -> None:
+    """The backbone (and with ``head`` the embedding head) of ``net`` from a weights file in our
+    layout or a publisher's; a backbone's own state dict is read as it is."""
+    state = _read_state_dict(path)
     port = find_port(state)
-    return state if port is None else port[0].convert(state)
-
-
-def _load_backbone_state(backbone: nn.Module, state: dict, path, name: str) -> None:
-    state = _ours(state)
-    if any(k.startswith("backbone.") for k in state):
-        state = _submodule_keys(state, "backbone.")
-    head_keys = getattr(backbone, "source_head_keys", ())
-    state = {k: v for k, v in state.items() if not k.startswith(head_keys)}
-    _check_fits(backbone, state, path, f"backbone {name!r}")
-    backbone.load_state_dict(state)
-
-
-def _load_head_state(head: nn.Module, state: dict, path) -> None:
-    head_state = _submodule_keys(_ours(state), "embedding.")
-    if not head_state:
-        raise WeightsError(
-            f"weights file {path} holds no embedding head (last_linear.*/last_bn.* or "
-            "embedding.*); set model.weights_head: false to start the head afresh"
-        )
-    _check_fits(head, head_state, path, "the embedding head (model.embedding_dim)")
-    head.load_state_dict(head_state)
+    state = state if port is None else port[0].convert(state)
+    prefix = "backbone." if any(k.startswith("backbone.") for k in state) else ""
+    drop = getattr(net.backbone, "source_head_keys", ())
+    parts = [(net.backbone, prefix, drop, f"backbone {net.backbone_name!r}")]
+    if head:
+        parts.append((net.embedding, "embedding.", (), "the embedding head (model.embedding_dim)"))
+    for module, prefix, drop, what in parts:
+        part = {
+            k.removeprefix(prefix): v
+            for k, v in state.items()
+            if k.startswith(prefix) and not k.removeprefix(prefix).startswith(drop)
+        }
+        if not part and prefix == "embedding.":
+            raise WeightsError(
+                f"weights file {path} holds no embedding head (last_linear.*/last_bn.* or "
+                "embedding.*); set model.weights_head: false to start the head afresh"
+            )
+        _check_fits(module, part, path, what)
+        module.load_state_dict(part)
 
 
 # --------------------------------------------------------------------------- the network
@@ -240,10 +233,7 @@ class EmbeddingNet(nn.Module):
         self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, eps)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
         if weights is not None:
-            state = _read_state_dict(weights)
-            _load_backbone_state(self.backbone, state, weights, backbone)
-            if weights_head:
-                _load_head_state(self.embedding, state, weights)
+            _load_weights(self, weights, weights_head)
 
     def forward(self, x: torch.Tensor, return_logits: bool = False):
         """Images (B, C, H, W) -> unit embeddings (B, D), or ``(embeddings, logits)`` with
