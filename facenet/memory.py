@@ -172,9 +172,7 @@ class GraphMemoryMeter:
 
     def _release(self, key: Any) -> None:
         with self._lock:
-            entry = self._storage_refs.get(key)
-            if entry is None:
-                return
+            entry = self._storage_refs[key]
             entry[0] -= 1
             if entry[0] == 0:
                 del self._storage_refs[key]
