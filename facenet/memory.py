@@ -36,6 +36,7 @@ MEMORY_KEYS = (
     CUDA_ALLOCATED,
     CUDA_RESERVED,
 )
+CudaDevice = torch.device | str | int | None  # None: the current CUDA device; an int: its index
 
 
 def _storage(tensor: torch.Tensor) -> tuple[int | None, int]:
@@ -243,9 +244,9 @@ def current_rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def cuda_memory_stats(device: torch.device | str | int | None = None) -> dict[str, int]:
+def cuda_memory_stats(device: CudaDevice = None) -> dict[str, int]:
     """The CUDA allocator's peaks since :func:`reset_cuda_peaks` and its current bytes, under
-    their ``MEMORY_KEYS`` names; {} without CUDA. None: the current device."""
+    their ``MEMORY_KEYS`` names; {} without CUDA."""
     if not _is_cuda_device(device):
         return {}
     return {
@@ -256,13 +257,12 @@ def cuda_memory_stats(device: torch.device | str | int | None = None) -> dict[st
     }
 
 
-def reset_cuda_peaks(device: torch.device | str | int | None = None) -> None:
+def reset_cuda_peaks(device: CudaDevice = None) -> None:
     if _is_cuda_device(device):
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _is_cuda_device(device: torch.device | str | int | None) -> bool:
-    # None and ints name CUDA devices (the current one, an index).
+def _is_cuda_device(device: CudaDevice) -> bool:
     return torch.cuda.is_available() and (
         device is None or isinstance(device, int) or torch.device(device).type == "cuda"
     )
@@ -289,7 +289,7 @@ def module_state_bytes(
 
 def memory_figures(
     meter: GraphMemoryMeter | None = None,
-    device: torch.device | str | int | None = None,
+    device: CudaDevice = None,
     *,
     rss: bool = True,
     cuda_now: bool = False,
