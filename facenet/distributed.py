@@ -161,17 +161,13 @@ def agree_on_error(error: BaseException | None, message: str | None = None) -> N
     """Raise on every rank when any rank has an error, so no rank goes on into a collective
     another will never enter: the rank that had it raises it, the others a ``RankFailure``
     naming that rank and its ``message`` (default ``str(error)``)."""
-    if not is_distributed():
-        if error is not None:
-            raise error
-        return
     if not any_rank(error is not None):
         return
     data_error = isinstance(error, FacenetError)
     report = None
     if error is not None:
         report = (get_rank(), message or str(error) or type(error).__name__, data_error)
-    failures = [r for r in gather_objects(report) if r is not None]
+    failures = [r for r in gather_objects(report) if r is not None]  # [report] on one process
     if error is not None:
         error.agreed = data_error
         raise error
