@@ -77,12 +77,9 @@ def init_distributed(device: str = "auto", timeout_minutes: int = 30) -> DistInf
         torch.cuda.set_device(local_rank)
         target = torch.device("cuda", local_rank)
     if not dist.is_initialized():
+        # env:// (the default) reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
         dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo",
-            init_method="env://",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(minutes=timeout_minutes),
+            "nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=timeout_minutes)
         )
     return DistInfo(rank, world_size, local_rank, target)
 
