@@ -56,22 +56,6 @@ def _is_trainable_leaf(tensor: torch.Tensor) -> bool:
     return base.is_leaf and base.requires_grad
 
 
-def _excluded_keys(exclude: nn.Module | Iterable[torch.Tensor] | None) -> set[int]:
-    if isinstance(exclude, nn.Module):
-        exclude = [*exclude.parameters(), *exclude.buffers()]
-    elif isinstance(exclude, torch.Tensor):
-        exclude = [exclude]
-    keys = set()
-    for tensor in exclude or []:
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(
-                f"GraphMemoryMeter(exclude=...): expected an nn.Module or tensors, "
-                f"got an item of type {type(tensor).__name__}"
-            )
-        keys.add(_storage(tensor)[0])
-    return keys - {None}
-
-
 class TimelineEntry(NamedTuple):
     label: str
     alive_bytes: int
@@ -101,23 +85,28 @@ class GraphMemoryMeter:
     Every tensor saved for backward inside ``with meter:`` is counted until autograd releases
     it, also after the block. Storages count once, at full size; parameters and views of them
     never. Built on ``saved_tensors_hooks``: code installing its own hooks inside the block
-    (``torch.utils.checkpoint``, ``save_on_cpu``) hides its tensors. ``exclude``: tensors, or a
-    module whose parameters and buffers (BatchNorm's running statistics) are not counted.
+    (``torch.utils.checkpoint``, ``save_on_cpu``) hides its tensors. ``exclude``: a module whose
+    parameters and buffers (BatchNorm's running statistics) are not counted.
     """
 
-    def __init__(self, exclude: nn.Module | Iterable[torch.Tensor] | None = None):
+    def __init__(self, exclude: nn.Module | None = None):
         # Reentrant: a holder's __del__ can run from the garbage collector inside a locked section.
         self._lock = threading.RLock()
         self._storage_refs: dict[Any, list[int]] = {}  # key -> [holders alive, storage nbytes]
         self.alive_bytes = 0
         self.peak_bytes = 0  # the largest alive_bytes since construction or reset_peak()
-        self._exclude = exclude
+        if not isinstance(exclude, (nn.Module, type(None))):
+            kind = type(exclude).__name__
+            raise TypeError(f"GraphMemoryMeter(exclude=...): expected an nn.Module, got a {kind}")
+        self._exclude = nn.Module() if exclude is None else exclude
         self._excluded: set[int] = set()
         self._local = threading.local()  # saved-tensor hooks are per thread
         self.timeline: list[TimelineEntry] = []
 
     def __enter__(self) -> GraphMemoryMeter:
-        self._excluded = _excluded_keys(self._exclude)
+        # Read at each entry: a model moved to another device has new storages.
+        tensors = [*self._exclude.parameters(), *self._exclude.buffers()]
+        self._excluded = {_storage(t)[0] for t in tensors} - {None}
         hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         hooks.__enter__()
         self._contexts().append(hooks)
