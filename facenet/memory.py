@@ -286,10 +286,10 @@ def memory_figures(
     """The figures under their ``MEMORY_KEYS`` names, read now: the meter's, the CUDA peaks
     on a CUDA ``device`` (also the current bytes with ``cuda_now``), and the peak RSS unless
     ``rss`` is false (where several measurements share a process)."""
-    figures = {PEAK_RSS_BYTES: int(peak_rss_bytes())} if rss else {}
+    figures = {PEAK_RSS_BYTES: peak_rss_bytes()} if rss else {}
     if meter is not None:
-        figures[GRAPH_BYTES_PEAK] = int(meter.peak_bytes)
-        figures[GRAPH_BYTES_ALIVE] = int(meter.alive_bytes)
+        figures[GRAPH_BYTES_PEAK] = meter.peak_bytes
+        figures[GRAPH_BYTES_ALIVE] = meter.alive_bytes
     # None would mean "the current CUDA device" to cuda_memory_stats: no device, no CUDA figures.
     if device is not None:
         shown = MEMORY_KEYS if cuda_now else (CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED)
