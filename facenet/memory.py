@@ -190,8 +190,6 @@ def _saved_tensors_of(node: Any) -> list[torch.Tensor]:
 
 
 def _graph_saved_bytes(root: torch.Tensor) -> int:
-    if root.grad_fn is None:
-        return 0
     seen_nodes, stack = set(), [root.grad_fn]
     saved: dict[int, int] = {}  # storage key -> nbytes
     leaf_keys: set[int] = set()
