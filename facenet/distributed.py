@@ -101,11 +101,11 @@ def barrier() -> None:
 @contextlib.contextmanager
 def main_process_first() -> Iterator[None]:
     """Rank 0 runs the block (writing data, caches) before the others, at one barrier."""
-    if is_distributed() and not is_main_process():
-        dist.barrier()
+    if not is_main_process():
+        barrier()
     yield
-    if is_distributed() and is_main_process():
-        dist.barrier()
+    if is_main_process():
+        barrier()
 
 
 def any_rank(flag: bool) -> bool:
