@@ -358,7 +358,7 @@ def _sections(data: Any, source: str) -> dict[str, dict]:
         sections[name] = renamed = {}
         for old_key, value in (values or {}).items():
             key = _current_key(name, old_key, source)
-            if key in renamed or (key != old_key and key in values):
+            if key != old_key and key in values:  # either order
                 raise ConfigError(f"{source}: {name}.{old_key} and {name}.{key} are the same key")
             renamed[key] = value
     return sections
