@@ -358,30 +358,26 @@ def _sections(data: Any, source: str) -> dict[str, dict]:
         sections[name] = renamed = {}
         for old_key, value in (values or {}).items():
             key = _current_key(name, old_key, source)
-            if key in renamed or (key != old_key and key in values):
+            if key != old_key and key in values:  # either order
                 raise ConfigError(f"{source}: {name}.{old_key} and {name}.{key} are the same key")
             renamed[key] = value
     return sections
 
 
-def _section(name: str, values: dict, source: str) -> Any:
-    cls = _SECTION_TYPES[name]
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for key, value in values.items():
-        if key not in hints:
-            raise ConfigError(
-                f"{source}: unknown key '{name}.{key}'; valid keys in '{name}': " + ", ".join(hints)
-            )
-        kwargs[key] = _coerce(value, hints[key], f"{source}: {name}.{key}")
-    return cls(**kwargs)
-
-
 def config_from_dict(data: Any, source: str = "<dict>") -> Config:
     """A checked :class:`Config` from ``{section: {key: value}}`` (missing keys: defaults);
     ``source`` names the file in messages."""
-    sections = _sections(data, source)
-    cfg = Config(**{name: _section(name, values, source) for name, values in sections.items()})
+    cfg = Config()
+    for name, values in _sections(data, source).items():
+        hints = typing.get_type_hints(_SECTION_TYPES[name])
+        for key, value in values.items():
+            if key not in hints:
+                raise ConfigError(
+                    f"{source}: unknown key '{name}.{key}'; valid keys in '{name}': "
+                    + ", ".join(hints)
+                )
+            value = _coerce(value, hints[key], f"{source}: {name}.{key}")
+            setattr(getattr(cfg, name), key, value)
     _check_values(cfg, source)
     return cfg
 

@@ -77,12 +77,9 @@ def init_distributed(device: str = "auto", timeout_minutes: int = 30) -> DistInf
         torch.cuda.set_device(local_rank)
         target = torch.device("cuda", local_rank)
     if not dist.is_initialized():
+        # env:// (the default) reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
         dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo",
-            init_method="env://",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(minutes=timeout_minutes),
+            "nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=timeout_minutes)
         )
     return DistInfo(rank, world_size, local_rank, target)
 
@@ -104,11 +101,11 @@ def barrier() -> None:
 @contextlib.contextmanager
 def main_process_first() -> Iterator[None]:
     """Rank 0 runs the block (writing data, caches) before the others, at one barrier."""
-    if is_distributed() and not is_main_process():
-        dist.barrier()
+    if not is_main_process():
+        barrier()
     yield
-    if is_distributed() and is_main_process():
-        dist.barrier()
+    if is_main_process():
+        barrier()
 
 
 def any_rank(flag: bool) -> bool:
@@ -161,17 +158,13 @@ def agree_on_error(error: BaseException | None, message: str | None = None) -> N
     """Raise on every rank when any rank has an error, so no rank goes on into a collective
     another will never enter: the rank that had it raises it, the others a ``RankFailure``
     naming that rank and its ``message`` (default ``str(error)``)."""
-    if not is_distributed():
-        if error is not None:
-            raise error
-        return
     if not any_rank(error is not None):
         return
     data_error = isinstance(error, FacenetError)
     report = None
     if error is not None:
         report = (get_rank(), message or str(error) or type(error).__name__, data_error)
-    failures = [r for r in gather_objects(report) if r is not None]
+    failures = [r for r in gather_objects(report) if r is not None]  # [report] on one process
     if error is not None:
         error.agreed = data_error
         raise error

@@ -6,6 +6,8 @@ Each class also derives from the built-in exception callers caught before (``Val
 
 from __future__ import annotations
 
+EXIT_BAD_INPUT = 2
+
 
 class FacenetError(Exception):
     """A problem with the input or the environment, reported in one line.

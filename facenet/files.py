@@ -19,10 +19,6 @@ from typing import IO, Any
 TEMPORARY_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<pid>\d+)\.tmp$")
 
 
-def _temporary_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
 def _fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` survive a power cut."""
     # Some platforms cannot open a folder; the rename itself is still atomic.
@@ -38,7 +34,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     """``write(fh)`` fills a temporary binary file that then replaces ``path``; on any error the
     temporary file is removed and ``path`` left untouched."""
     path = Path(path)
-    tmp = _temporary_path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             write(fh)

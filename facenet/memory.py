@@ -36,6 +36,7 @@ MEMORY_KEYS = (
     CUDA_ALLOCATED,
     CUDA_RESERVED,
 )
+CudaDevice = torch.device | str | int | None  # None: the current CUDA device; an int: its index
 
 
 def _storage(tensor: torch.Tensor) -> tuple[int | None, int]:
@@ -53,22 +54,6 @@ def _is_trainable_leaf(tensor: torch.Tensor) -> bool:
     """A parameter or a view of one (``weight.t()``): the model's, not the graph's."""
     base = tensor._base if tensor._base is not None else tensor
     return base.is_leaf and base.requires_grad
-
-
-def _excluded_keys(exclude: nn.Module | Iterable[torch.Tensor] | None) -> set[int]:
-    if isinstance(exclude, nn.Module):
-        exclude = [*exclude.parameters(), *exclude.buffers()]
-    elif isinstance(exclude, torch.Tensor):
-        exclude = [exclude]
-    keys = set()
-    for tensor in exclude or []:
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(
-                f"GraphMemoryMeter(exclude=...): expected an nn.Module or tensors, "
-                f"got an item of type {type(tensor).__name__}"
-            )
-        keys.add(_storage(tensor)[0])
-    return keys - {None}
 
 
 class TimelineEntry(NamedTuple):
@@ -100,23 +85,28 @@ class GraphMemoryMeter:
     Every tensor saved for backward inside ``with meter:`` is counted until autograd releases
     it, also after the block. Storages count once, at full size; parameters and views of them
     never. Built on ``saved_tensors_hooks``: code installing its own hooks inside the block
-    (``torch.utils.checkpoint``, ``save_on_cpu``) hides its tensors. ``exclude``: tensors, or a
-    module whose parameters and buffers (BatchNorm's running statistics) are not counted.
+    (``torch.utils.checkpoint``, ``save_on_cpu``) hides its tensors. ``exclude``: a module whose
+    parameters and buffers (BatchNorm's running statistics) are not counted.
     """
 
-    def __init__(self, exclude: nn.Module | Iterable[torch.Tensor] | None = None):
+    def __init__(self, exclude: nn.Module | None = None):
         # Reentrant: a holder's __del__ can run from the garbage collector inside a locked section.
         self._lock = threading.RLock()
         self._storage_refs: dict[Any, list[int]] = {}  # key -> [holders alive, storage nbytes]
         self.alive_bytes = 0
         self.peak_bytes = 0  # the largest alive_bytes since construction or reset_peak()
-        self._exclude = exclude
+        if not isinstance(exclude, (nn.Module, type(None))):
+            kind = type(exclude).__name__
+            raise TypeError(f"GraphMemoryMeter(exclude=...): expected an nn.Module, got a {kind}")
+        self._exclude = nn.Module() if exclude is None else exclude
         self._excluded: set[int] = set()
         self._local = threading.local()  # saved-tensor hooks are per thread
         self.timeline: list[TimelineEntry] = []
 
     def __enter__(self) -> GraphMemoryMeter:
-        self._excluded = _excluded_keys(self._exclude)
+        # Read at each entry: a model moved to another device has new storages.
+        tensors = [*self._exclude.parameters(), *self._exclude.buffers()]
+        self._excluded = {_storage(t)[0] for t in tensors} - {None}
         hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         hooks.__enter__()
         self._contexts().append(hooks)
@@ -172,9 +162,7 @@ class GraphMemoryMeter:
 
     def _release(self, key: Any) -> None:
         with self._lock:
-            entry = self._storage_refs.get(key)
-            if entry is None:
-                return
+            entry = self._storage_refs[key]
             entry[0] -= 1
             if entry[0] == 0:
                 del self._storage_refs[key]
@@ -202,8 +190,6 @@ def _saved_tensors_of(node: Any) -> list[torch.Tensor]:
 
 
 def _graph_saved_bytes(root: torch.Tensor) -> int:
-    if root.grad_fn is None:
-        return 0
     seen_nodes, stack = set(), [root.grad_fn]
     saved: dict[int, int] = {}  # storage key -> nbytes
     leaf_keys: set[int] = set()
@@ -245,9 +231,9 @@ def current_rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def cuda_memory_stats(device: torch.device | str | int | None = None) -> dict[str, int]:
+def cuda_memory_stats(device: CudaDevice = None) -> dict[str, int]:
     """The CUDA allocator's peaks since :func:`reset_cuda_peaks` and its current bytes, under
-    their ``MEMORY_KEYS`` names; {} without CUDA. None: the current device."""
+    their ``MEMORY_KEYS`` names; {} without CUDA."""
     if not _is_cuda_device(device):
         return {}
     return {
@@ -258,13 +244,12 @@ def cuda_memory_stats(device: torch.device | str | int | None = None) -> dict[st
     }
 
 
-def reset_cuda_peaks(device: torch.device | str | int | None = None) -> None:
+def reset_cuda_peaks(device: CudaDevice = None) -> None:
     if _is_cuda_device(device):
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _is_cuda_device(device: torch.device | str | int | None) -> bool:
-    # None and ints name CUDA devices (the current one, an index).
+def _is_cuda_device(device: CudaDevice) -> bool:
     return torch.cuda.is_available() and (
         device is None or isinstance(device, int) or torch.device(device).type == "cuda"
     )
@@ -291,7 +276,7 @@ def module_state_bytes(
 
 def memory_figures(
     meter: GraphMemoryMeter | None = None,
-    device: torch.device | str | int | None = None,
+    device: CudaDevice = None,
     *,
     rss: bool = True,
     cuda_now: bool = False,
@@ -299,10 +284,10 @@ def memory_figures(
     """The figures under their ``MEMORY_KEYS`` names, read now: the meter's, the CUDA peaks
     on a CUDA ``device`` (also the current bytes with ``cuda_now``), and the peak RSS unless
     ``rss`` is false (where several measurements share a process)."""
-    figures = {PEAK_RSS_BYTES: int(peak_rss_bytes())} if rss else {}
+    figures = {PEAK_RSS_BYTES: peak_rss_bytes()} if rss else {}
     if meter is not None:
-        figures[GRAPH_BYTES_PEAK] = int(meter.peak_bytes)
-        figures[GRAPH_BYTES_ALIVE] = int(meter.alive_bytes)
+        figures[GRAPH_BYTES_PEAK] = meter.peak_bytes
+        figures[GRAPH_BYTES_ALIVE] = meter.alive_bytes
     # None would mean "the current CUDA device" to cuda_memory_stats: no device, no CUDA figures.
     if device is not None:
         shown = MEMORY_KEYS if cuda_now else (CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED)

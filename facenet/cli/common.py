@@ -15,9 +15,7 @@ from collections.abc import Callable
 import torch
 
 from facenet.distributed import resolve_device
-from facenet.errors import FacenetError
-
-EXIT_BAD_INPUT = 2
+from facenet.errors import EXIT_BAD_INPUT, FacenetError
 
 
 def one_line(err: BaseException | str) -> str:

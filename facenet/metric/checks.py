@@ -138,7 +138,7 @@ def check_index_triplets(
         if t.is_floating_point() or t.dtype == torch.bool:
             raise ValueError(f"{who}: {prefix}{name} indices must be integers, got dtype {t.dtype}")
     a, p, n = tensors
-    if not (a.dim() == p.dim() == n.dim() == 1) or not (a.shape == p.shape == n.shape):
+    if a.dim() != 1 or not a.shape == p.shape == n.shape:  # then all are 1-D
         raise ValueError(
             f"{who}: {what} index tensors must be 1-D and equally long, got shapes "
             f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"

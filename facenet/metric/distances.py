@@ -24,14 +24,6 @@ MatrixFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _PAIRED_BLOCK = 256  # rows per block when a matrix-only distance is evaluated row by row
 
 
-def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """float32, or float64 if an input is: what distances and losses are computed in."""
-    dtype = torch.float32
-    for t in tensors:
-        dtype = torch.promote_types(dtype, t.dtype)
-    return dtype
-
-
 def _safe_sqrt(sq: torch.Tensor) -> torch.Tensor:
     """sqrt with gradient 0 (not inf) where the argument is 0."""
     positive = sq > 0
@@ -106,7 +98,7 @@ class Distance:
 
     def _widened(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_embedding_pair(x, y, f"distance {self.name!r}")
-        dtype = compute_dtype(x, y)
+        dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
         return x.to(dtype), y.to(dtype)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:

@@ -26,19 +26,13 @@ from facenet.metric.checks import (
     check_labels,
     finite_flag,
 )
-from facenet.metric.distances import Distance, DistanceLike, compute_dtype, get_distance
+from facenet.metric.distances import Distance, DistanceLike, get_distance
 from facenet.metric.miners import identity_masks
 
 if TYPE_CHECKING:
     from facenet.config import LossConfig
 
 REDUCTIONS = ("mean_active", "mean", "sum")
-
-
-def _connected_zero(*tensors: torch.Tensor) -> torch.Tensor:
-    """A scalar 0 in the graph of ``tensors``, even NaN ones (``x.sum() * 0`` would be NaN)."""
-    dtype = compute_dtype(*tensors)
-    return sum(t[:0].to(dtype).sum() for t in tensors)
 
 
 def _nan_unless(finite: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -204,8 +198,6 @@ def batch_all_triplet_loss(
     check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
     check_count(chunk_size, 1, who, "chunk_size")
     labels = check_labels(labels, embeddings, who)  # (B,)
-    if embeddings.shape[0] == 0:
-        return _connected_zero(embeddings)
     finite = finite_flag(on_nonfinite, who, embeddings)  # 0-dim bool
     dist = get_distance(distance)(embeddings)  # (B, B)
     loss = _BatchAllTripletHinge.apply(
