@@ -341,12 +341,6 @@ class _FoldLoad:
         self.images += count
         self.names.append(name)
 
-    def remove(self, count: int) -> None:
-        self.names.pop()
-        self.images -= count
-        self.same -= math.comb(count, 2)
-        self.different -= count * self.images
-
     def deficit(self, per_fold: int) -> tuple[int, int]:
         """(same, different) pairs still missing for ``per_fold`` of each."""
         return max(0, per_fold - self.same), max(0, per_fold - self.different)
@@ -400,7 +394,7 @@ class _Search:
 
     def run(self) -> int | None:
         """Deal identities until every fold holds enough; the number dealt, or None."""
-        dealt, options = [], None  # dealt: (options left, fold) of each identity dealt
+        dealt, options = [], None  # dealt: (options left, fold, its state before) per identity
         while True:
             k = len(dealt)
             if options is None:  # first visit of identity k
@@ -414,14 +408,14 @@ class _Search:
                 options = iter(self._choices(k, short))
             fold = next(options, None)
             if fold is not None:
+                dealt.append((options, fold, (fold.same, fold.images, fold.different)))
                 fold.add(*self.counts[k])
-                dealt.append((options, fold))
                 options = None
             elif not dealt:
                 return None
             else:  # back to identity k - 1: take it back, try its next fold
-                options, fold = dealt.pop()
-                fold.remove(self.counts[k - 1][1])
+                options, fold, (fold.same, fold.images, fold.different) = dealt.pop()
+                fold.names.pop()
 
     def why_not(self) -> str:
         """Why no dealing was found, with the numbers that decide it."""

@@ -92,13 +92,13 @@ def _u(rng: np.random.Generator, low: float, high: float) -> float:
 
 def _uniforms(rng: np.random.Generator, low: float, high: float, n: int = 3) -> tuple[float, ...]:
     """``n`` draws of :func:`_u` (an RGB colour by default)."""
-    return tuple(float(c) for c in rng.uniform(low, high, n))
+    return tuple(rng.uniform(low, high, n).tolist())
 
 
 def _skin_tone(rng: np.random.Generator) -> tuple[float, float, float]:
     """A skin-like colour, light to dark, with a random cast."""
     tone = rng.uniform(0.3, 0.95) * np.array([1.0, 0.78, 0.62]) + rng.uniform(-0.08, 0.08, 3)
-    return tuple(float(c) for c in np.clip(tone, 0, 1))
+    return tuple(np.clip(tone, 0, 1).tolist())
 
 
 def _sample_template(rng: np.random.Generator) -> FaceTemplate:
