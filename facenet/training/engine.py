@@ -281,16 +281,14 @@ class Trainer:
         return self._epoch_record(totals, epoch, counts_before, stopped_early)
 
     def _epoch_record(self, totals, epoch: int, counts_before: dict, stopped_early: bool) -> dict:
-        seconds = time.perf_counter() - totals.start
         result = totals.means()
-        del result["images_per_second"]
+        seconds = time.perf_counter() - totals.start
         done = {k: n - counts_before[k] for k, n in self.counts.items()}
         result.update(
             epoch=epoch,
             steps=done["steps"],
             skipped_no_triplets=done["no_triplets"],
             skipped_nonfinite=done["nonfinite"],
-            images_per_second=totals.images / max(seconds, 1e-9),
             epoch_seconds=seconds,
             data_wait_seconds=totals.data_seconds,
             data_wait_fraction=totals.data_seconds / max(seconds, 1e-9),
