@@ -166,19 +166,18 @@ class Trainer:
         for buffer, saved in zip(self._bn_buffers, bn_before):
             buffer.copy_(saved)
         self._check_images(images)
-        if result is None:
-            self._count("no_triplets")
-            return {"skipped": "no_triplets", "selected_images": 0}
-        self.nonfinite_in_a_row += 1
-        if self.nonfinite_in_a_row >= settings.max_nonfinite_steps:
-            err = NonFiniteLossError(
-                f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
-                f"gradient (last loss: {result.loss.item()}); check the learning rate"
-            )
-            err.agreed = get_world_size() > 1  # the same decision on every rank
-            raise err
-        self._count("nonfinite")
-        return {"skipped": "nonfinite", "selected_images": 0}
+        if result is not None:
+            self.nonfinite_in_a_row += 1
+            if self.nonfinite_in_a_row >= settings.max_nonfinite_steps:
+                err = NonFiniteLossError(
+                    f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
+                    f"gradient (last loss: {result.loss.item()}); check the learning rate"
+                )
+                err.agreed = get_world_size() > 1  # the same decision on every rank
+                raise err
+        skipped = "no_triplets" if result is None else "nonfinite"
+        self._count(skipped)
+        return {"skipped": skipped, "selected_images": 0}
 
     def _finite(self, loss: torch.Tensor) -> bool:
         """Loss, gradients and running statistics are finite on every rank: a NaN image the
