@@ -49,15 +49,13 @@ class _EpochTotals:
     def timed(self, batches: Iterable):
         """``batches``, adding each ``next``'s wait to ``data_seconds`` (torchvision's
         reference scripts' data time)."""
-        iterator = iter(batches)
+        iterator, done = iter(batches), object()
         while True:
             started = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
+            batch = next(iterator, done)
+            self.data_seconds += time.perf_counter() - started
+            if batch is done:
                 return
-            finally:
-                self.data_seconds += time.perf_counter() - started
             yield batch
 
     def add(self, stats: dict, batch) -> None:
