@@ -13,7 +13,7 @@ import sys
 import yaml
 
 from facenet.cli.common import one_line_warnings, report_error
-from facenet.config import Config, add_override_argument, config_to_dict, load_config
+from facenet.config import add_override_argument, config_to_dict, load_config
 from facenet.errors import ConfigError
 from facenet.training.run import run_training
 
@@ -38,23 +38,18 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace) -> Config:
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume and --overwrite exclude each other")
-    cfg = load_config(args.config, args.overrides)
-    if args.out is not None:
-        cfg.logging.out_dir = args.out
-    return cfg
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run training; the process exit code."""
     args = get_args_parser().parse_args(argv)
     with one_line_warnings():  # an old configuration key's notice, the run's warnings
         try:
-            cfg = _config(args)
+            if args.resume and args.overwrite:
+                raise ConfigError("--resume and --overwrite exclude each other")
+            cfg = load_config(args.config, args.overrides)
         except ConfigError as err:
             return report_error(err)
+        if args.out is not None:
+            cfg.logging.out_dir = args.out
         if args.print_config:
             print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
             return 0

@@ -98,7 +98,7 @@ def hold_out(
     note = (
         f"held out {len(identities)} identities of {root} from training "
         f"(eval.heldout_identities, recorded in {run_dir / HELDOUT_RECORD}): "
-        + ", ".join(f"{len(n)} for {s} ({run_dir / f'{s}_pairs.txt'})" for s, n in chosen.items())
+        + ", ".join(f"{len(n)} for {s} ({pairs[s]})" for s, n in chosen.items())
     )
     return HeldOut(identities, pairs, pending, note)
 

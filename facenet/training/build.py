@@ -292,13 +292,9 @@ def build_data(
     )
 
 
-def check_model(cfg: Config) -> None:
-    """Build the network of the ``model`` section once on the CPU (its weights file read):
-    a mistake there is found before a run writes anything."""
-    _model(cfg, None)
-
-
-def _model(cfg: Config, num_classes: int | None):
+def build_network(cfg: Config, num_classes: int | None = None):
+    """The network of the ``model`` section on the CPU, its weights file read; ``num_classes``
+    sizes a classifier head. Built once first, a mistake there is found before a run writes."""
     return _from_section(
         "model", build_model, cfg.model, num_classes=num_classes, image_size=cfg.data.image_size
     )
@@ -309,7 +305,7 @@ def build_trainer(
 ) -> Trainer:
     """Model, step, optimizer and per-step schedule (``steps_per_epoch`` turns its epochs into
     steps) on ``device``; ``num_classes`` sizes the classifier head of ``loss.ce_weight``."""
-    model = _model(cfg, num_classes if cfg.loss.ce_weight > 0 else None).to(device)
+    model = build_network(cfg, num_classes if cfg.loss.ce_weight > 0 else None).to(device)
     # Named groups when fine-tuning (backbone lr scale, frozen stages); read before DDP wraps it.
     params = _from_section("optim", parameter_groups, model, cfg.optim)
     if is_distributed():

@@ -52,12 +52,12 @@ def collapse_warning(record: dict, margin: float) -> str | None:
 
 
 def idle_warning(record: dict) -> str | None:
-    skipped = record.get("skipped_no_triplets", 0) + record.get("skipped_nonfinite", 0)
-    if record.get("steps", 0) and skipped == record["steps"]:
+    no_triplets = record.get("skipped_no_triplets", 0)
+    nonfinite = record.get("skipped_nonfinite", 0)
+    if record.get("steps", 0) and no_triplets + nonfinite == record["steps"]:
         return (
-            f"warning: epoch {record['epoch']} trained on no step "
-            f"({record.get('skipped_no_triplets', 0)} without triplets, "
-            f"{record.get('skipped_nonfinite', 0)} with a non-finite loss)"
+            f"warning: epoch {record['epoch']} trained on no step ({no_triplets} without "
+            f"triplets, {nonfinite} with a non-finite loss)"
         )
     return None
 
@@ -69,7 +69,7 @@ def show_bar(cfg: Config) -> bool:
 
 def interval_logger(cfg: Config, logger, epoch: int, skip: int, length: int):
     """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
-    line = cfg.logging.progress and is_main_process() and not sys.stderr.isatty()
+    line = cfg.logging.progress and is_main_process() and not show_bar(cfg)
 
     def on_interval(global_step: int, done: int, means: dict) -> None:
         logger.log_scalars("train", means, global_step)

@@ -49,15 +49,13 @@ class _EpochTotals:
     def timed(self, batches: Iterable):
         """``batches``, adding each ``next``'s wait to ``data_seconds`` (torchvision's
         reference scripts' data time)."""
-        iterator = iter(batches)
+        iterator, done = iter(batches), object()
         while True:
             started = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
+            batch = next(iterator, done)
+            self.data_seconds += time.perf_counter() - started
+            if batch is done:
                 return
-            finally:
-                self.data_seconds += time.perf_counter() - started
             yield batch
 
     def add(self, stats: dict, batch) -> None:
@@ -166,19 +164,18 @@ class Trainer:
         for buffer, saved in zip(self._bn_buffers, bn_before):
             buffer.copy_(saved)
         self._check_images(images)
-        if result is None:
-            self._count("no_triplets")
-            return {"skipped": "no_triplets", "selected_images": 0}
-        self.nonfinite_in_a_row += 1
-        if self.nonfinite_in_a_row >= settings.max_nonfinite_steps:
-            err = NonFiniteLossError(
-                f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
-                f"gradient (last loss: {result.loss.item()}); check the learning rate"
-            )
-            err.agreed = get_world_size() > 1  # the same decision on every rank
-            raise err
-        self._count("nonfinite")
-        return {"skipped": "nonfinite", "selected_images": 0}
+        if result is not None:
+            self.nonfinite_in_a_row += 1
+            if self.nonfinite_in_a_row >= settings.max_nonfinite_steps:
+                err = NonFiniteLossError(
+                    f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
+                    f"gradient (last loss: {result.loss.item()}); check the learning rate"
+                )
+                err.agreed = get_world_size() > 1  # the same decision on every rank
+                raise err
+        skipped = "no_triplets" if result is None else "nonfinite"
+        self._count(skipped)
+        return {"skipped": skipped, "selected_images": 0}
 
     def _finite(self, loss: torch.Tensor) -> bool:
         """Loss, gradients and running statistics are finite on every rank: a NaN image the
@@ -281,16 +278,14 @@ class Trainer:
         return self._epoch_record(totals, epoch, counts_before, stopped_early)
 
     def _epoch_record(self, totals, epoch: int, counts_before: dict, stopped_early: bool) -> dict:
-        seconds = time.perf_counter() - totals.start
         result = totals.means()
-        del result["images_per_second"]
+        seconds = time.perf_counter() - totals.start
         done = {k: n - counts_before[k] for k, n in self.counts.items()}
         result.update(
             epoch=epoch,
             steps=done["steps"],
             skipped_no_triplets=done["no_triplets"],
             skipped_nonfinite=done["nonfinite"],
-            images_per_second=totals.images / max(seconds, 1e-9),
             epoch_seconds=seconds,
             data_wait_seconds=totals.data_seconds,
             data_wait_fraction=totals.data_seconds / max(seconds, 1e-9),

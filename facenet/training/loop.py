@@ -239,16 +239,15 @@ class Run:
 
     def test(self) -> dict:
         """The test pairs, once: best.pt (chosen on validation) and the last model."""
-        best_epoch = self.progress.best_epoch
-        best = _validation_of(self.progress, best_epoch) or {}
-        last_epoch = self.progress.history[-1]["epoch"]
+        progress = self.progress
+        best = _validation_of(progress, progress.best_epoch) or {}
         return test_selected(
             self.trainer,
             self.data,
             self.cfg,
-            best_epoch,
+            progress.best_epoch,
             best.get("threshold"),
-            last_epoch,
+            progress.history[-1]["epoch"],
             self.run_dir,
             self.logger,
         )

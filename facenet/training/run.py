@@ -27,12 +27,7 @@ from facenet.distributed import (
     main_process_first,
 )
 from facenet.errors import FacenetError, NonFiniteLossError
-from facenet.training.build import (
-    build_data,
-    build_device,
-    build_trainer,
-    check_model,
-)
+from facenet.training.build import build_data, build_device, build_network, build_trainer
 from facenet.training.console import describe_error, final_lines
 from facenet.training.loop import Run, fit
 from facenet.training.run_dir import RunDirLock, RunOutputs
@@ -95,7 +90,7 @@ def _build(
     if cfg.train.deterministic and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     if check_model_first:
-        check_model(cfg)
+        build_network(cfg)
     with main_process_first():  # rank 0 writes the synthetic data and the folder index
         data = build_data(cfg, run_dir, info.rank, info.world_size, outputs=outputs)
     trainer = build_trainer(cfg, data.num_classes, device, data.steps_per_epoch)

@@ -109,12 +109,12 @@ def read_resume_checkpoint(run_dir: Path) -> dict | None:
         return None
     state = load_checkpoint(path, map_location="cpu")
     missing = [key for key in _REQUIRED_KEYS if key not in state]
-    if not missing and not isinstance(state["config"], dict):
-        raise CheckpointError(f"{path}: its config field is not a mapping")
     if missing:
         raise CheckpointError(
             f"{path} is not a training checkpoint of this package (missing: {', '.join(missing)})"
         )
+    if not isinstance(state["config"], dict):
+        raise CheckpointError(f"{path}: its config field is not a mapping")
     return state
 
 
