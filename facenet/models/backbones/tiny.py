@@ -15,9 +15,10 @@ class TinyCNN(nn.Sequential):
     def __init__(self, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128, 128)):
         if not widths:
             raise ValueError("TinyCNN: widths must name at least one stage")
-        channels = (in_channels, *widths)
-        stages = [
-            Conv2dNormActivation(*pair, kernel_size=3, stride=2) for pair in zip(channels, widths)
-        ]
+        stages = []
+        channels = in_channels
+        for width in widths:
+            stages.append(Conv2dNormActivation(channels, width, kernel_size=3, stride=2))
+            channels = width
         super().__init__(*stages, nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
-        self.feature_dim = widths[-1]
+        self.feature_dim = channels
