@@ -121,13 +121,17 @@ class MobileFaceNet(nn.Module):
 # --------------------------------------------------------------------------- the published layout
 
 
-# Our units for the eight layers of the publisher's bottleneck (``blocks.i.conv.j``): conv, bn
-# and prelu of each unit, the linear projection without its prelu.
-_BLOCK_LAYERS = [
-    f"{unit}.{layer}"
-    for unit in ("expand", "depthwise", "project")
-    for layer in ("conv", "bn", "act")
-][:8]
+# Our units for the eight layers of the publisher's bottleneck (``blocks.i.conv.j``).
+_BLOCK_LAYERS = (
+    "expand.conv",
+    "expand.bn",
+    "expand.act",
+    "depthwise.conv",
+    "depthwise.bn",
+    "depthwise.act",
+    "project.conv",
+    "project.bn",
+)
 
 
 _TOP_LEVEL = {"conv1": "stem", "dw_conv1": "stem_dw", "conv2": "conv_1x1", "linear7": "gdc"}
