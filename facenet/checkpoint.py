@@ -165,7 +165,7 @@ def load_weights_only(
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """A checkpoint's dict (:func:`load_weights_only`); CheckpointError otherwise."""
-    state = load_weights_only(path, "checkpoint", CheckpointError, map_location)
+    state = load_weights_only(path, map_location=map_location)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: expected a dict of contents, got {type(state).__name__}")
     return state

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
-from torchvision.transforms.v2 import functional as TF
+from torchvision.transforms import v2
 
-from facenet.data.images import cover_size, normalization, resize_target, resize_to_cover
+from facenet.data.images import cover_size, normalize_steps, resize_target, resize_to_cover
 from facenet.sizes import ImageSize, image_hw
 
 
@@ -121,8 +121,7 @@ def standardize(images: torch.Tensor, normalize: str = "fixed") -> torch.Tensor:
     ``ToDtype`` + ``Normalize``; any other dtype is returned as it is."""
     if images.dtype != torch.uint8:
         return images
-    scale, mean, std = normalization(normalize)
-    return TF.normalize(TF.to_dtype(images, torch.float32, scale=scale), mean, std)
+    return v2.Compose(normalize_steps(normalize))(images)
 
 
 class DecodedCache:

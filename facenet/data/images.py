@@ -233,15 +233,11 @@ def _complete(fh):
     return kind == "bmp" and int.from_bytes(head[2:6], "little") <= size  # the file's size
 
 
-def normalization(normalize: str) -> tuple[bool, tuple, tuple]:
-    """``(scale to 0..1 first, mean, std)`` of ``normalize`` ("fixed" or "imagenet")."""
+def normalize_steps(normalize: str) -> list:
+    """uint8 (..., 3, H, W) -> float32 standardised as ``normalize`` ("fixed" or "imagenet")."""
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize={normalize!r}: expected 'fixed' or 'imagenet'")
-    return NORMALIZATIONS[normalize]
-
-
-def _normalize_steps(normalize):
-    scale, mean, std = normalization(normalize)
+    scale, mean, std = NORMALIZATIONS[normalize]
     return [v2.ToDtype(torch.float32, scale=scale), v2.Normalize(mean, std)]
 
 
@@ -312,4 +308,4 @@ def build_transform(
         steps = [partial(resize_to_cover, target=resize_target(size)), crop]
         if train and hflip:
             steps.append(v2.RandomHorizontalFlip(p=0.5))
-    return v2.Compose(steps + _normalize_steps(normalize))
+    return v2.Compose(steps + normalize_steps(normalize))

@@ -28,7 +28,7 @@ from facenet.data.images import (
     CorruptImageError,
     _open_regular,
     decode_image_bytes,
-    normalization,
+    normalize_steps,
 )
 from facenet.errors import DataError
 from facenet.sizes import ImageSize, image_hw
@@ -172,15 +172,9 @@ class BinImages(torch.utils.data.Dataset):
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
     ):
         self.pairs = pairs
-        scale, mean, std = normalization(normalize)
         # Aligned already: resized whole (no crop), then standardised as in training.
-        self.transform = v2.Compose(
-            [
-                v2.Resize(image_hw(image_size), antialias=True),
-                v2.ToDtype(torch.float32, scale=scale),
-                v2.Normalize(mean, std),
-            ]
-        )
+        resize = v2.Resize(image_hw(image_size), antialias=True)
+        self.transform = v2.Compose([resize, *normalize_steps(normalize)])
         self.limits = (max_pixels, max_aspect_ratio)
 
     def __len__(self) -> int:

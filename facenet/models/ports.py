@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from facenet.models.backbones import (
-    MOBILEFACENET_MARKER,
     convert_facenet_pytorch_state_dict,
     convert_mobilefacenet_state_dict,
     mobilefacenet_input_size,
@@ -44,7 +43,7 @@ PORTS = (
         "mobilefacenet",
         "MobileFaceNet",
         "mobilefacenet",
-        MOBILEFACENET_MARKER,
+        "dw_conv1.conv.weight",  # its depthwise stem
         "linear1 embedding",
         convert_mobilefacenet_state_dict,
         mobilefacenet_input_size,

@@ -6,7 +6,6 @@ from facenet.models.backbones.inception_resnet_v1 import (
     convert_facenet_pytorch_state_dict,
 )
 from facenet.models.backbones.mobilefacenet import (
-    MOBILEFACENET_MARKER,
     MobileFaceNet,
     convert_mobilefacenet_state_dict,
     mobilefacenet_input_size,
@@ -15,7 +14,6 @@ from facenet.models.backbones.tiny import TinyCNN
 
 __all__ = [
     "InceptionResnetV1",
-    "MOBILEFACENET_MARKER",
     "MobileFaceNet",
     "TinyCNN",
     "convert_facenet_pytorch_state_dict",

@@ -75,16 +75,22 @@ def _residual_block(channels, width, branches, scale, activate=True) -> Residual
     )
 
 
+def _reduction_branch(*channels: int) -> nn.Sequential:
+    """A 1x1 convolution, same-size 3x3 ones, then a 3x3 of stride 2, through ``channels``."""
+    first, *middle, last = zip(channels, channels[1:])
+    return nn.Sequential(
+        BasicConv2d(*first, 1),
+        *(BasicConv2d(*pair, 3, padding=1) for pair in middle),
+        BasicConv2d(*last, 3, stride=2),
+    )
+
+
 def _mixed_6a() -> Branches:
     """Reduction-A: 256 -> 384 + 256 + 256 = 896 channels, H and W halved."""
     return Branches(
         [
             BasicConv2d(256, 384, 3, stride=2),
-            nn.Sequential(
-                BasicConv2d(256, 192, 1),
-                BasicConv2d(192, 192, 3, padding=1),
-                BasicConv2d(192, 256, 3, stride=2),
-            ),
+            _reduction_branch(256, 192, 192, 256),
             nn.MaxPool2d(3, stride=2),
         ]
     )
@@ -94,13 +100,9 @@ def _mixed_7a() -> Branches:
     """Reduction-B: 896 -> 384 + 256 + 256 + 896 = 1792 channels, H and W halved."""
     return Branches(
         [
-            nn.Sequential(BasicConv2d(896, 256, 1), BasicConv2d(256, 384, 3, stride=2)),
-            nn.Sequential(BasicConv2d(896, 256, 1), BasicConv2d(256, 256, 3, stride=2)),
-            nn.Sequential(
-                BasicConv2d(896, 256, 1),
-                BasicConv2d(256, 256, 3, padding=1),
-                BasicConv2d(256, 256, 3, stride=2),
-            ),
+            _reduction_branch(896, 256, 384),
+            _reduction_branch(896, 256, 256),
+            _reduction_branch(896, 256, 256, 256),
             nn.MaxPool2d(3, stride=2),
         ]
     )

@@ -25,8 +25,6 @@ MOBILEFACENET_BLOCKS: tuple[tuple[int, int, int, int], ...] = (
     (2, 128, 2, 1),
 )
 _STRIDE = 16  # of the stem and the bottlenecks together
-# A key only the publisher's layout has (its depthwise stem).
-MOBILEFACENET_MARKER = "dw_conv1.conv.weight"
 _GDC_KEY = "linear7.conv.weight"
 
 
