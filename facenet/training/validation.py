@@ -22,7 +22,6 @@ from facenet.errors import CheckpointError
 from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.report import figures
-from facenet.evaluation.report import figures_line as figures_line  # re-exported
 from facenet.evaluation.verify import verify
 from facenet.inference.loading import weights_digest
 
