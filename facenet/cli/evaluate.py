@@ -196,9 +196,8 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
     """(name, metrics.json's source fields, result) of ``--distances`` or of ``--checkpoint``
     on ``--pairs``."""
     if args.distances:
-        distances, issame = read_distances(args.distances)
         source = str(args.distances)
-        result = verify_distances(distances, issame, VerifySettings.of(args), source)
+        result = verify_distances(*read_distances(source), VerifySettings.of(args), source)
         # measured elsewhere: the weights and preparation are not known
         fields = {"source": source, "threshold_for": {"distances": source}}
         return Path(args.distances).name, fields, result

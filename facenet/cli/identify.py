@@ -144,11 +144,11 @@ def choose_threshold(args, gallery: dict) -> ThresholdRecord:
 
 def matches_csv(probes: dict, matches) -> str:
     """One row per probe: path, label, answer, nearest identity, distance."""
-    n = len(matches.nearest)
+    blank = [""] * len(matches.nearest)
     labels = probes.get("labels", [])
     rows = zip(
-        probes.get("paths", [""] * n),  # as long as the embeddings
-        labels if len(labels) else [""] * n,
+        probes.get("paths", blank),  # as long as the embeddings
+        labels if len(labels) else blank,
         matches.identity,
         matches.nearest,
         matches.distance,

@@ -71,15 +71,15 @@ def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
 
 def _load_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     rows = _csv_rows(path)
-    if rows and rows[0][1]:
+    if rows:
         try:
             float(rows[0][1][0])
         except ValueError:
             rows = rows[1:]  # a header row
     if not rows:
         raise DataError(f"{path}: no rows")
-    values = [_parse_row(row, path, n) for n, row in rows]
-    return np.array([v[0] for v in values]), np.array([v[1] for v in values])
+    distances, issame = zip(*(_parse_row(row, path, n) for n, row in rows))
+    return np.array(distances), np.array(issame)
 
 
 def read_distances(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:

@@ -15,9 +15,8 @@ from facenet.sizes import ImageSize
 FEATURES = ("unit", "raw")
 
 
-def _gather_shards(chunks: list[torch.Tensor], total: int, world: int) -> torch.Tensor:
+def _gather_shards(local: torch.Tensor, total: int, world: int) -> torch.Tensor:
     """Embeddings sharded round-robin over ranks, back in input order: (U, D)."""
-    local = torch.cat(chunks) if chunks else torch.zeros(0)
     if world == 1:
         return local.cpu()
     shards = gather_variable_rows(local)
@@ -54,9 +53,9 @@ def _forward(model: nn.Module, images: torch.Tensor, features: str) -> torch.Ten
 
 def embed_batches(
     model: nn.Module, batches, device, flip: bool, features: str = "unit"
-) -> list[torch.Tensor]:
-    """(b, D) embeddings, (b, 2D) with ``flip`` (each image's, then its mirror's), of every
-    (b, C, H, W) batch, in eval mode."""
+) -> torch.Tensor:
+    """(N, D) float32 embeddings on the CPU, (N, 2D) with ``flip`` (each image's, then its
+    mirror's), of the images of every (b, C, H, W) batch, in eval mode; (0, 0) for none."""
     if features not in FEATURES:
         raise ValueError(f"features={features!r}: expected one of {FEATURES}")
     was_training = model.training
@@ -73,7 +72,7 @@ def embed_batches(
                 chunks.append(embeddings.float().cpu())
     finally:
         model.train(was_training)
-    return chunks
+    return torch.cat(chunks) if chunks else torch.zeros(0, 0)
 
 
 def embed_pair_list(
@@ -97,9 +96,9 @@ def embed_pair_list(
         num_workers=s.num_workers,
     )
     try:
-        chunks, error = embed_batches(model, loader, device, s.flip, s.features), None
+        local, error = embed_batches(model, loader, device, s.flip, s.features), None
     except Exception as err:  # e.g. an unreadable image in this rank's shard
-        chunks, error = [], err
+        local, error = None, err
     agree_on_error(error)  # a rank that failed does not leave the others in the gather
-    embeddings = _gather_shards(chunks, len(paths), world)  # (U, D)
+    embeddings = _gather_shards(local, len(paths), world)  # (U, D)
     return embeddings[torch.as_tensor(index1)], embeddings[torch.as_tensor(index2)]

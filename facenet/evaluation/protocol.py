@@ -12,6 +12,7 @@ variant (grid, threshold rule, scoring) is a row of ``facenet.evaluation.presets
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -286,20 +287,20 @@ def _roc_auc_eer(distances: np.ndarray, issame: np.ndarray):
 
 def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> VerificationResult:
     """The protocol on checked inputs; ``distances`` (N,) or (F, N) (see :func:`_counts`)."""
-    grid, val_grid = _check_grid(grids[0], "thresholds"), _check_grid(grids[1], "val_thresholds")
+    grid, val_grid = map(_check_grid, grids or threshold_grids(s), ("thresholds", "val_thresholds"))
     n_folds, pairs = s.n_folds, np.arange(len(issame))
+    count = partial(_counts, distances, issame, fold_ids, n_folds)  # (grid, inclusive)
     test_distances = distances if distances.ndim == 1 else distances[fold_ids, pairs]  # (N,)
     n = np.stack([np.bincount(fold_ids[issame == k], minlength=n_folds) for k in (0, 1)], 1)
     n_train = n.sum(axis=0) - n  # (F, 2) [negative, positive]
-    train, test = _counts(distances, issame, fold_ids, n_folds, grid)
+    train, test = count(grid)
     # the mean rule counts a negative pair at a threshold as wrong: those at or below it
-    inclusive = s.threshold_rule == "mean"
-    below = _counts(distances, issame, fold_ids, n_folds, grid, True)[0] if inclusive else train
+    below = count(grid, True)[0] if s.threshold_rule == "mean" else train
     correct = train[:, 1] + n_train[:, :1] - below[:, 0]  # (F, T) right training pairs
     accuracy, best = _fold_accuracy(
         correct, grid, test_distances, issame, fold_ids, n, s.threshold_rule
     )
-    val_train, _ = _counts(distances, issame, fold_ids, n_folds, val_grid)
+    val_train, _ = count(val_grid)
     chosen = _far_thresholds(val_train[:, 0] / n_train[:, :1], val_grid, s.far_target)
     accepted = test_distances < chosen[fold_ids]
     val = np.bincount(fold_ids[accepted & issame], minlength=n_folds) / n[:, 1]
@@ -398,7 +399,7 @@ def evaluate_verification(distances, issame, settings=CLASSIC, folds=None, grids
     _check_settings(settings)
     dist = _finite(distances, "distances", ndim=1)
     same, fold_ids = _folds(issame, len(dist), settings, folds)
-    return _protocol(dist, same, fold_ids, settings, grids or threshold_grids(settings))
+    return _protocol(dist, same, fold_ids, settings, grids)
 
 
 def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=None):
@@ -415,5 +416,4 @@ def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=
         distances = _metric_distance(a, b, settings.distance)
         return evaluate_verification(distances, issame, settings, folds, grids)
     same, fold_ids = _folds(issame, len(a), settings, folds)
-    by_fold = _by_fold(a, b, fold_ids, settings)
-    return _protocol(by_fold, same, fold_ids, settings, grids or threshold_grids(settings))
+    return _protocol(_by_fold(a, b, fold_ids, settings), same, fold_ids, settings, grids)

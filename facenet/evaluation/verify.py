@@ -38,8 +38,7 @@ def embed_pairs(
     if isinstance(pairs, BinPairs):  # images 2i and 2i + 1 are pair i
         images = BinImages(pairs, image_size, normalize)
         loader = torch.utils.data.DataLoader(images, batch_size=settings.batch_size)
-        chunks = embed_batches(model, loader, device, settings.flip, settings.features)
-        embeddings = (torch.cat(chunks) if chunks else torch.zeros(0, 0)).numpy()
+        embeddings = embed_batches(model, loader, device, settings.flip, settings.features).numpy()
         return embeddings[0::2], embeddings[1::2]
     emb1, emb2 = embed_pair_list(model, pairs, image_size, settings, normalize, device)
     return emb1.numpy(), emb2.numpy()

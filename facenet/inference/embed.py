@@ -74,7 +74,7 @@ def embed_folder(
         unreadable += [(paths[i], reason) for i, reason in bad]
         if images is not None:
             kept += indices
-            chunks += embed_batches(model, [images], device, settings.flip, settings.features)
+            chunks.append(embed_batches(model, [images], device, settings.flip, settings.features))
     embeddings = torch.cat(chunks) if chunks else torch.zeros(0, 0)
     kept_paths = [paths[i] for i in kept]
     # a NaN row would be written, then silently never match (or match nothing) later

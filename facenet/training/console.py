@@ -10,9 +10,9 @@ from pathlib import Path
 from facenet.config import Config
 from facenet.data.pairs import MissingImagesError
 from facenet.distributed import is_main_process
+from facenet.evaluation.report import figures_line
 from facenet.memory import format_bytes
 from facenet.training.state import Progress
-from facenet.training.validation import figures_line
 
 
 def epoch_line(record: dict, epochs: int) -> str:

@@ -23,6 +23,7 @@ from facenet.config import Config, config_to_dict
 from facenet.data.images import CorruptImageError
 from facenet.distributed import agree_on_error, any_rank, is_main_process
 from facenet.errors import FacenetError, NonFiniteInputError, NonFiniteLossError, RankFailure
+from facenet.evaluation.report import figures_line
 from facenet.files import json_safe, write_text_atomic
 from facenet.training.build import TrainingData
 from facenet.training.console import (
@@ -46,7 +47,7 @@ from facenet.training.state import (
     save_for_error,
     save_on_main,
 )
-from facenet.training.validation import figures_line, test_selected, validate
+from facenet.training.validation import test_selected, validate
 
 # torch re-raises a worker's exception with its traceback in the message, as a RuntimeError
 # when the class cannot be built from one string (CorruptImageError takes path and reason).

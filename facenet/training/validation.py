@@ -22,7 +22,6 @@ from facenet.errors import CheckpointError
 from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.report import figures
-from facenet.evaluation.report import figures_line as figures_line  # re-exported
 from facenet.evaluation.verify import verify
 from facenet.inference.loading import weights_digest
 
@@ -34,15 +33,15 @@ def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:
     return replace(VerifySettings.of(cfg.eval), num_workers=workers)
 
 
-def _verify(model, pairs, image_size, normalize: str, cfg: Config, device):
-    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs``."""
+def _verify(model, pairs, data, cfg: Config, device):
+    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` of ``data``'s images."""
     settings = verify_settings(cfg, torch.device(device).type)
     return verify(
         model,
         pairs,
-        image_size,
+        data.image_size,
         settings,
-        normalize=normalize,
+        normalize=data.normalize,
         device=device,
         return_distances=True,
     )
@@ -68,9 +67,7 @@ def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> d
     """Validation figures of the model as it is (epoch 0: before training), with the
     threshold, its distance and ``threshold_for``; ``roc_val_epoch_<epoch>.png``."""
     broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
-    result, _ = _verify(
-        trainer.core_model, data.val_pairs, data.image_size, data.normalize, cfg, trainer.device
-    )
+    result, _ = _verify(trainer.core_model, data.val_pairs, data, cfg, trainer.device)
     title = f"{run_dir.name}: validation, epoch {epoch}"
     _plot(result, run_dir, f"val_epoch_{epoch}", title, cfg, logger, epoch)
     values = figures(result)
@@ -95,9 +92,7 @@ def _selected_model(trainer, run_dir: Path, best_epoch: int):
 
 
 def _test_one(model, trainer, data, cfg, threshold: float | None):
-    result, distances = _verify(
-        model, data.test_pairs, data.image_size, data.normalize, cfg, trainer.device
-    )
+    result, distances = _verify(model, data.test_pairs, data, cfg, trainer.device)
     values = figures(result)
     # the run's threshold is the validation one, not the test pairs' own
     del values["threshold"], values["distance"]

@@ -243,8 +243,9 @@ def test_the_run_evaluates_with_the_publishers_preprocessing_and_grids(run, monk
     cfg = load_config(run["dir"] / "config.yaml", ["eval.preprocess=crop", "eval.grid=classic"])
     monkeypatch.setattr(verify_module, "embed_pair_list", embed)
     monkeypatch.setattr(verify_module, "evaluate_embeddings", protocol)
+    data = SimpleNamespace(image_size=16, normalize="fixed")
     with pytest.raises(StopIteration):
-        run_eval._verify(None, SimpleNamespace(issame=[True, False]), 16, "fixed", cfg, "cpu")
+        run_eval._verify(None, SimpleNamespace(issame=[True, False]), data, cfg, "cpu")
     assert seen["preprocess"] == "crop"
     assert np.array_equal(seen["thresholds"], classic_thresholds())
     assert np.array_equal(seen["val_thresholds"], classic_thresholds(True))
