@@ -16,6 +16,7 @@ import ctypes
 import importlib
 import json
 import os
+import warnings
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
@@ -40,6 +41,7 @@ _CENTER_WEIGHT = 2.0  # of the squared offset from the image centre (both publis
 # 250 px images centre a face about 110-130 px wide).
 _FALLBACK_FRACTION = 0.5
 SETTINGS_FILE = "align_settings.json"
+REPORT_HEADER = b"status\tsource\treason\n"  # the first line of every report written
 # 320 px keeps LFW's 250 px originals untouched and finds faces down to 20/320 of the longer
 # side; docs/reproduce.md has the measured cost.
 DEFAULT_DETECT_SIZE = 320
@@ -66,12 +68,16 @@ class AlignSettings(AlignPreset):
 
     fallback: bool = False
     preset: str = "facenet-pytorch"
-    detect_size: int = DEFAULT_DETECT_SIZE
+    detect_size: int = 0
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AlignSettings:
-        """A publisher's settings, ``overrides`` that are not None replacing them."""
-        settings = cls(**asdict(ALIGN_PRESETS[name]), preset=name)
+        """A publisher's settings, ``overrides`` that are not None replacing them. Box presets
+        search the full image, as facenet-pytorch and davidsandberg/facenet do; template presets
+        a ``DEFAULT_DETECT_SIZE`` copy, as insightface searches a reduced one (640 px)."""
+        preset = ALIGN_PRESETS[name]
+        size = DEFAULT_DETECT_SIZE if preset.template else 0
+        settings = cls(**asdict(preset), preset=name, detect_size=size)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
     @property
@@ -411,7 +417,7 @@ def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
 
 def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int]:
     """``(source, target)`` of every image under ``src`` not yet aligned (images reached
-    through a link into ``dst`` left out), and the number already aligned."""
+    through a link into ``dst`` left out), and the crops already there."""
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise AlignError(f"source folder not found: {src}")
@@ -432,38 +438,61 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int
                 "them (or keep the input's file type: the preset writes one type for all)"
             )
         first[key] = source
-    jobs = [(path, str(target)) for path, target in pairs if not target.is_file()]
-    return jobs, len(pairs) - len(jobs)
+    done = [target for _, target in pairs if target.is_file()]
+    return [(path, str(target)) for path, target in pairs if not target.is_file()], done
 
 
-def _check_settings(dst, settings: AlignSettings, already: int) -> None:
-    """Refuse to continue ``dst`` with other settings than those recorded in it (or with
-    ``already`` crops and no record); record them when it has none."""
+def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
+    """Refuse to continue ``dst`` with other settings than those recorded in it; record them
+    when it has none. A folder of crops made before the record (box crops searched at full
+    size, ``_RECORD_DEFAULTS``) continues with the settings given if every crop has their size."""
     path = Path(dst) / SETTINGS_FILE
     wanted = asdict(settings)
-    if not path.exists():
-        if already:
-            raise AlignError(
-                f"{dst} holds {already} crops but no {SETTINGS_FILE}: the settings they were "
-                "made with are unknown; align into a new folder"
-            )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
+    if path.exists() or done:
+        recorded = _read_record(path) if path.exists() else {**wanted, **_RECORD_DEFAULTS}
+        for name, want in wanted.items():
+            value = recorded.get(name, _RECORD_DEFAULTS.get(name))
+            if value != want:
+                hint = " (--detect-size; 0 searches the full image)" * (name == "detect_size")
+                raise AlignError(
+                    f"{dst} was aligned with {name} = {value!r}; this run asks for {want!r}{hint} "
+                    f"({path}): align into another folder, or give the same settings"
+                )
+    if path.exists():
         return
+    odd = next((t for t in done if _image_size(t) != settings.crop_size), None)
+    if odd is not None:
+        raise AlignError(
+            f"{dst} has no {SETTINGS_FILE} and its crop {odd} is not {settings.crop_size} "
+            "(height, width) as these settings make: align into a new folder"
+        )
+    if done:
+        warnings.warn(
+            f"{dst} had no {SETTINGS_FILE}: its {len(done)} crops have the size of "
+            "the settings given, which it is continued with and now records",
+            stacklevel=2,
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
+
+
+def _read_record(path: Path) -> dict:
     try:
         recorded = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise AlignError(f"cannot read the alignment settings {path}: {err}") from None
     if not isinstance(recorded, dict):
         raise AlignError(f"{path}: expected the alignment settings as a JSON object")
-    for name, want in wanted.items():
-        value = recorded.get(name, _RECORD_DEFAULTS.get(name))
-        if value != want:
-            hint = " (--detect-size; 0 searches the full image)" if name == "detect_size" else ""
-            raise AlignError(
-                f"{dst} was aligned with {name} = {value!r}; this run asks for {want!r}{hint} "
-                f"({path}): align into another folder, or give the same settings"
-            )
+    return recorded
+
+
+def _image_size(path) -> tuple[int, int] | None:
+    """(height, width) from an image's header; None where it cannot be read."""
+    try:
+        with Image.open(path) as image:
+            return image.height, image.width
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
 
 
 def _batches(jobs, device, settings, batch_size: int, workers: int):
@@ -504,22 +533,25 @@ def align_folder(
         AlignError: ``dst`` was aligned with other settings, lies inside ``src``, or two images
             would be written to one crop.
     """
-    if batch_size < 1 or workers < 1:
-        raise AlignError(f"batch size {batch_size} and workers {workers} must be at least 1")
-    jobs, already = _plan(src, dst, settings)
-    _check_settings(dst, settings, already)
+    cores = os.cpu_count() or 1
+    if batch_size < 1 or not 1 <= workers <= cores:
+        raise AlignError(
+            f"batch size {batch_size}, workers {workers}: expected at least 1, and at most "
+            f"{cores} workers (the CPU cores here; each holds its own MTCNN, about 0.5 GB)"
+        )
+    jobs, done = _plan(src, dst, settings)
+    _check_settings(dst, settings, done)
     outcomes: list[AlignOutcome] = []
     with tqdm(total=len(jobs), desc="aligning", unit="img", disable=not progress) as bar:
         for chunk in _batches(jobs, device, settings, batch_size, workers):
             outcomes += chunk
             bar.update(len(chunk))
-    return sorted(outcomes, key=lambda o: o.source), already
+    return sorted(outcomes, key=lambda o: o.source), len(done)
 
 
 def write_report(outcomes: list[AlignOutcome], path) -> Path:
     """A tab-separated ``status  source  reason`` line per image not aligned from a face,
     written atomically."""
-    lines = ["status\tsource\treason"]
-    lines += [f"{o.status}\t{o.source}\t{o.reason}" for o in outcomes if o.status != "aligned"]
+    lines = [f"{o.status}\t{o.source}\t{o.reason}\n" for o in outcomes if o.status != "aligned"]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(path, "\n".join(lines) + "\n")
+    return write_text_atomic(path, REPORT_HEADER.decode() + "".join(lines))
