@@ -20,8 +20,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
-from facenet.errors import FacenetError
+from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, PRESET_NAMES
+from facenet.files import open_regular
 from facenet.inference.align import (
     REPORT_HEADER,
     SELECTIONS,
@@ -133,10 +134,11 @@ def _report_path(args: argparse.Namespace) -> Path:
 
 
 def _is_report(path: Path) -> bool:
-    if not path.is_file():  # a folder, FIFO or device: never opened
+    try:
+        with open_regular(path, sys.maxsize) as fh:  # a FIFO, device or folder is not opened
+            return fh.read(len(REPORT_HEADER)) == REPORT_HEADER
+    except DataError:
         return False
-    with open(path, "rb") as fh:
-        return fh.read(len(REPORT_HEADER)) == REPORT_HEADER
 
 
 def _align(args: argparse.Namespace) -> int:

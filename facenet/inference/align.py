@@ -32,7 +32,7 @@ from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, read_image
 from facenet.errors import FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset, LandmarkTemplate
-from facenet.files import write_atomic, write_text_atomic
+from facenet.files import read_json, write_atomic, write_text_atomic
 
 SELECTIONS = ("center_weighted_size", "probability", "largest")
 STATUSES = ("aligned", "centre_crop", "no_face", "unreadable")
@@ -477,10 +477,7 @@ def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
 
 
 def _read_record(path: Path) -> dict:
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise AlignError(f"cannot read the alignment settings {path}: {err}") from None
+    recorded = read_json(path)
     if not isinstance(recorded, dict):
         raise AlignError(f"{path}: expected the alignment settings as a JSON object")
     return recorded

@@ -22,6 +22,7 @@ skimage_data = pytest.importorskip("skimage.data")
 
 from image_cases import BAD, GOOD  # noqa: E402  (tests/ is on the path: pyproject.toml)
 
+from facenet import files  # noqa: E402
 from facenet.cli import align as align_script  # noqa: E402
 from facenet.data.pairs import read_pairs  # noqa: E402
 from facenet.evaluation.embedding import embed_pair_list  # noqa: E402
@@ -712,3 +713,46 @@ def test_more_workers_than_cores_is_one_error_line(source, tmp_path, capsys, mon
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and f"workers {workers}" in err[0] and "at most 2" in err[0]
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "deep", "list", "huge"])
+def test_a_hostile_settings_record_is_one_error_line(source, tmp_path, capsys, monkeypatch, kind):
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    path = dst / SETTINGS_FILE
+    if kind == "fifo":  # would block a plain open() forever
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "list":
+        path.write_text("[1, 2]")
+    else:
+        monkeypatch.setattr(files.read_json, "__defaults__", (100,))  # the bound, made small
+        path.write_text(json.dumps({"pad": "x" * 200}))
+    assert _align(source, dst) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and SETTINGS_FILE in err[0], err
+    assert sorted(p.name for p in dst.iterdir()) == [SETTINGS_FILE]
+
+
+@pytest.mark.parametrize(
+    ("preset", "rule"),
+    [
+        ("facenet-pytorch", "center_weighted_size"),  # facenet-pytorch's selection_method
+        ("sandberg", "center_weighted_size"),  # align_dataset_mtcnn.py, detect_multiple_faces off
+        pytest.param(
+            "arcface",
+            "probability",  # insightface: FaceAnalysis.get's faces sorted by det_score
+            marks=pytest.mark.xfail(strict=True, reason="ALIGN_PRESETS in presets.py"),
+        ),
+        pytest.param(
+            "sphereface",
+            "largest",  # wy1iu/sphereface face_detect_demo.m: "pick the largest face"
+            marks=pytest.mark.xfail(strict=True, reason="ALIGN_PRESETS in presets.py"),
+        ),
+    ],
+)
+def test_each_preset_chooses_among_faces_by_its_publishers_rule(preset, rule):
+    assert AlignSettings.from_preset(preset).select == rule
