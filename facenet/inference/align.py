@@ -35,7 +35,6 @@ from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset, La
 from facenet.files import read_json, write_atomic, write_text_atomic
 
 SELECTIONS = ("center_weighted_size", "probability", "largest")
-STATUSES = ("aligned", "centre_crop", "no_face", "unreadable")
 _CENTER_WEIGHT = 2.0  # of the squared offset from the image centre (both publishers)
 # A centre crop's face box: the centre square of this fraction of the shorter side (LFW's
 # 250 px images centre a face about 110-130 px wide).
@@ -100,7 +99,8 @@ class Face:
 
 @dataclass
 class AlignOutcome:
-    """What happened to one image: ``status`` is one of ``STATUSES``; ``box`` is the face box
+    """What happened to one image: ``status`` is "aligned", "centre_crop", "no_face" or
+    "unreadable"; ``box`` is the face box
     (or a centre crop's box); ``reason`` says why an image was unreadable or not searched."""
 
     source: str
@@ -130,23 +130,18 @@ def select_face(boxes: np.ndarray, probs: np.ndarray, width: int, height: int, m
 
 def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int, int, int, int]:
     """The integer crop (x0, y0, x1, y1): the float ``box`` plus the margin, clipped."""
-    x0, y0, x1, y1 = (float(v) for v in box)
+    start, end = np.asarray(box[:2], dtype=np.float64), np.asarray(box[2:], dtype=np.float64)
     m = settings.margin
     if settings.margin_in == "output":
         # m pixels of an S-pixel crop: the box spans S - m of them (facenet-pytorch).
-        half_x = m * (x1 - x0) / (settings.image_size - m) / 2
-        half_y = m * (y1 - y0) / (settings.image_size - m) / 2
+        half = m * (end - start) / (settings.image_size - m) / 2  # (x, y)
     elif settings.margin_in == "input":
-        half_x = half_y = m / 2  # davidsandberg/facenet
+        half = m / 2  # davidsandberg/facenet
     else:
         raise ValueError(f"margin_in={settings.margin_in!r}: expected 'output' or 'input'")
     # int() truncates towards zero, as both publishers' conversions do
-    return (
-        int(max(x0 - half_x, 0)),
-        int(max(y0 - half_y, 0)),
-        int(min(x1 + half_x, width)),
-        int(min(y1 + half_y, height)),
-    )
+    corners = [*np.maximum(start - half, 0), *np.minimum(end + half, [width, height])]
+    return tuple(int(v) for v in corners)
 
 
 def detection_scale(width: int, height: int, detect_size: int, smallest: int = 20) -> float:
@@ -209,47 +204,32 @@ def similarity_matrix(landmarks, points) -> np.ndarray:
         raise ValueError(f"landmarks {src.shape} and points {dst.shape}: expected (N, 2) each")
     if not (np.isfinite(src).all() and np.isfinite(dst).all()):
         raise ValueError("landmarks and points must be finite")
-    similarity = _skimage_transform().SimilarityTransform
-    if hasattr(similarity, "from_estimate"):  # scikit-image >= 0.26 (estimate is deprecated)
-        fitted = similarity.from_estimate(src, dst)
-        ok = bool(fitted)
-    else:
-        fitted = similarity()
-        ok = fitted.estimate(src, dst)
-    if not ok or not np.isfinite(fitted.params).all() or abs(np.linalg.det(fitted.params)) < 1e-12:
+    # a failed fit has no params (scikit-image >= 0.26) or NaN ones (before)
+    params = getattr(
+        _skimage_transform().estimate_transform("similarity", src, dst), "params", None
+    )
+    if params is None or not np.isfinite(params).all() or abs(np.linalg.det(params)) < 1e-12:
         raise ValueError(f"no similarity transform fits landmarks {src.tolist()}")
-    return np.asarray(fitted.params[:2], dtype=np.float64)
+    return np.asarray(params[:2], dtype=np.float64)
 
 
-def _source_region(matrix: np.ndarray, height: int, width: int, shape) -> tuple[int, ...]:
-    """(x0, y0, x1, y1) of an image of ``shape`` that a warp to ``height`` x ``width`` reads
-    (with the bilinear neighbours), clipped; empty (x1 <= x0) when it reads none of it."""
-    inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))
+def _warp_affine(image: Image.Image, matrix: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``image`` warped by the (2, 3) ``matrix`` into a (height, width, C) uint8 array: bilinear,
+    0 outside (OpenCV's ``warpAffine``, as insightface calls it). Only the region the warp reads
+    is taken from the image, so a large photo costs no more."""
+    inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))  # crop -> image
     corners = np.array([[x, y, 1] for y in (0, height - 1) for x in (0, width - 1)])
-    xy = corners @ inverse[:2].T  # (4, 2) input coordinates
-    # (x0, y0, x1, y1); x1 and y1 exclusive, + 1 for the bilinear neighbour
+    xy = corners @ inverse[:2].T  # (4, 2)
+    # (x0, y0, x1, y1): x1 and y1 exclusive, + 1 for the bilinear neighbour
     region = np.floor([*xy.min(axis=0) - 1, *xy.max(axis=0) + 2])
-    return tuple(int(v) for v in np.clip(region, 0, [shape[1], shape[0]] * 2))
-
-
-def _warp_affine(image, matrix: np.ndarray, height: int, width: int) -> np.ndarray:
-    """A (H, W[, C]) uint8 array or a PIL image warped by the (2, 3) ``matrix`` into (height,
-    width[, C]): bilinear, 0 outside (OpenCV's ``warpAffine``, as insightface calls it). Only
-    the region the warp reads is taken from the image, so a large photo costs no more."""
-    pil = isinstance(image, Image.Image)
-    shape = (image.height, image.width, len(image.getbands())) if pil else np.shape(image)
-    out_shape = (height, width, *shape[2:])
-    x0, y0, x1, y1 = _source_region(matrix, height, width, shape)
+    x0, y0, x1, y1 = np.clip(region, 0, [*image.size] * 2).astype(int)
     if x1 <= x0 or y1 <= y0:
-        return np.zeros(out_shape, dtype=np.uint8)
-    region = np.asarray(image.crop((x0, y0, x1, y1))) if pil else image[y0:y1, x0:x1]
-    shifted = matrix.copy()
-    shifted[:, 2] += matrix[:, :2] @ [x0, y0]  # the same map, from the region's pixels
-    inverse = np.linalg.inv(np.vstack([shifted, [0.0, 0.0, 1.0]]))  # crop -> region
+        return np.zeros((height, width, len(image.getbands())), dtype=np.uint8)
+    inverse[:2, 2] -= [x0, y0]  # crop -> region
     warped = _skimage_transform().warp(
-        region,
+        np.asarray(image.crop((x0, y0, x1, y1))),
         inverse,
-        output_shape=out_shape[:2],
+        output_shape=(height, width),
         order=1,
         preserve_range=True,  # mode "constant", cval 0: OpenCV's border
     )
@@ -273,7 +253,7 @@ def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -
             raise ValueError(f"template={template!r}: expected one of {tuple(TEMPLATES)}")
         template = TEMPLATES[template]
     matrix = similarity_matrix(landmarks, template.pixel_points())
-    image = image if isinstance(image, Image.Image) else np.asarray(image)
+    image = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
     return _warp_affine(image, matrix, template.height, template.width)
 
 
@@ -292,8 +272,6 @@ class Aligner:
     """Detects the face of each image (MTCNN on ``device``) and writes its crop."""
 
     def __init__(self, settings: AlignSettings, device: str | torch.device = "cpu"):
-        if settings.select not in SELECTIONS:
-            raise ValueError(f"select={settings.select!r}: expected one of {SELECTIONS}")
         self.settings = settings
         self.mtcnn = _optional(
             "facenet_pytorch",
@@ -415,7 +393,7 @@ def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
     return _WORKER.align(jobs)
 
 
-def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int]:
+def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], list[Path]]:
     """``(source, target)`` of every image under ``src`` not yet aligned (images reached
     through a link into ``dst`` left out), and the crops already there."""
     src, dst = Path(src), Path(dst)
@@ -447,18 +425,19 @@ def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
     when it has none. A folder of crops made before the record (box crops searched at full
     size, ``_RECORD_DEFAULTS``) continues with the settings given if every crop has their size."""
     path = Path(dst) / SETTINGS_FILE
-    wanted = asdict(settings)
-    if path.exists() or done:
-        recorded = _read_record(path) if path.exists() else {**wanted, **_RECORD_DEFAULTS}
-        for name, want in wanted.items():
-            value = recorded.get(name, _RECORD_DEFAULTS.get(name))
-            if value != want:
-                hint = " (--detect-size; 0 searches the full image)" * (name == "detect_size")
-                raise AlignError(
-                    f"{dst} was aligned with {name} = {value!r}; this run asks for {want!r}{hint} "
-                    f"({path}): align into another folder, or give the same settings"
-                )
-    if path.exists():
+    wanted, recorded = asdict(settings), path.exists()
+    old = read_json(path) if recorded else {**wanted, **_RECORD_DEFAULTS} if done else wanted
+    if not isinstance(old, dict):
+        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
+    for name, want in wanted.items():
+        if old.get(name, _RECORD_DEFAULTS.get(name)) != want:
+            hint = " (--detect-size; 0 searches the full image)" * (name == "detect_size")
+            raise AlignError(
+                f"{dst} was aligned with {name} = {old.get(name, _RECORD_DEFAULTS.get(name))!r}; "
+                f"this run asks for {want!r}{hint} ({path}): align into another folder, or give "
+                "the same settings"
+            )
+    if recorded:
         return
     odd = next((t for t in done if _image_size(t) != settings.crop_size), None)
     if odd is not None:
@@ -474,13 +453,6 @@ def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
-
-
-def _read_record(path: Path) -> dict:
-    recorded = read_json(path)
-    if not isinstance(recorded, dict):
-        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
-    return recorded
 
 
 def _image_size(path) -> tuple[int, int] | None:
