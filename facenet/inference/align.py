@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, read_image
-from facenet.errors import FacenetError
+from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset, LandmarkTemplate
 from facenet.files import read_json, write_atomic, write_text_atomic
 
@@ -53,10 +53,6 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 # Decoded pixels one Aligner holds at once (about 3 bytes each): a worker's memory does not
 # grow with the photos' size.
 _HELD_PIXELS = 16_000_000
-
-
-class AlignError(FacenetError, RuntimeError):
-    """Alignment cannot run: facenet-pytorch is missing, or the folders do not fit."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +96,8 @@ class Face:
 @dataclass
 class AlignOutcome:
     """What happened to one image: ``status`` is "aligned", "centre_crop", "no_face" or
-    "unreadable"; ``box`` is the face box
-    (or a centre crop's box); ``reason`` says why an image was unreadable or not searched."""
+    "unreadable"; ``box`` is the face box (or a centre crop's box); ``reason`` says why an image
+    was unreadable or not searched."""
 
     source: str
     target: str
@@ -147,7 +143,7 @@ def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int
 def detection_scale(width: int, height: int, detect_size: int, smallest: int = 20) -> float:
     """The factor (at most 1) of the copy MTCNN searches; its shorter side stays at least
     ``smallest`` (MTCNN's smallest face), so that a long strip still has a scale to search."""
-    if detect_size <= 0 or max(width, height) <= detect_size:
+    if detect_size <= 0:
         return 1.0
     return min(1.0, max(detect_size / max(width, height), smallest / min(width, height)))
 
@@ -180,7 +176,7 @@ def _optional(module: str, needs: str, install: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise AlignError(f"{needs} ({err}); install it with {install}") from None
+        raise FacenetError(f"{needs} ({err}); install it with {install}") from None
 
 
 def _skimage_transform():
@@ -363,9 +359,9 @@ class Aligner:
             return AlignOutcome(source, target, "no_face", reason=reason)
         if face is None:
             height, width = self.settings.crop_size  # the box has the crop's aspect
-            half = min(image.size) * _FALLBACK_FRACTION / 2
-            half_x, x, y = half * (width / height), image.width / 2, image.height / 2
-            box = (x - half_x, y - half, x + half_x, y + half)
+            half = min(image.size) * _FALLBACK_FRACTION / 2 * np.array([width / height, 1])
+            centre = np.array(image.size) / 2  # (x, y)
+            box = (*(centre - half), *(centre + half))
             status, prob, crop = "centre_crop", None, self.crop(image, box)
         else:
             status, box, prob = "aligned", face.box, face.probability
@@ -398,10 +394,10 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], lis
     through a link into ``dst`` left out), and the crops already there."""
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
-        raise AlignError(f"source folder not found: {src}")
+        raise DataError(f"source folder not found: {src}")
     dst_real = dst.resolve()
     if dst_real == src.resolve() or src.resolve() in dst_real.parents:
-        raise AlignError(f"{dst} lies inside {src}: the crops would be aligned again")
+        raise DataError(f"{dst} lies inside {src}: the crops would be aligned again")
     paths, _ = list_images(src)
     paths = [p for p in paths if dst_real not in Path(os.path.realpath(p)).parents]
     targets = [dst / Path(path).relative_to(src) for path in paths]
@@ -411,7 +407,7 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], lis
     for source, target in pairs:
         key = str(target).casefold()
         if key in first:
-            raise AlignError(
+            raise DataError(
                 f"{first[key]} and {source} would both be written to {target}: rename one of "
                 "them (or keep the input's file type: the preset writes one type for all)"
             )
@@ -428,11 +424,11 @@ def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
     wanted, recorded = asdict(settings), path.exists()
     old = read_json(path) if recorded else {**wanted, **_RECORD_DEFAULTS} if done else wanted
     if not isinstance(old, dict):
-        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
+        raise DataError(f"{path}: expected the alignment settings as a JSON object")
     for name, want in wanted.items():
         if old.get(name, _RECORD_DEFAULTS.get(name)) != want:
             hint = " (--detect-size; 0 searches the full image)" * (name == "detect_size")
-            raise AlignError(
+            raise DataError(
                 f"{dst} was aligned with {name} = {old.get(name, _RECORD_DEFAULTS.get(name))!r}; "
                 f"this run asks for {want!r}{hint} ({path}): align into another folder, or give "
                 "the same settings"
@@ -441,7 +437,7 @@ def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
         return
     odd = next((t for t in done if _image_size(t) != settings.crop_size), None)
     if odd is not None:
-        raise AlignError(
+        raise DataError(
             f"{dst} has no {SETTINGS_FILE} and its crop {odd} is not {settings.crop_size} "
             "(height, width) as these settings make: align into a new folder"
         )
@@ -499,12 +495,12 @@ def align_folder(
         crops that were already there.
 
     Raises:
-        AlignError: ``dst`` was aligned with other settings, lies inside ``src``, or two images
+        DataError: ``dst`` was aligned with other settings, lies inside ``src``, or two images
             would be written to one crop.
     """
     cores = os.cpu_count() or 1
     if batch_size < 1 or not 1 <= workers <= cores:
-        raise AlignError(
+        raise ConfigError(
             f"batch size {batch_size}, workers {workers}: expected at least 1, and at most "
             f"{cores} workers (the CPU cores here; each holds its own MTCNN, about 0.5 GB)"
         )
