@@ -38,11 +38,8 @@ MAX_IMAGE_SIZE = 4096
 def _int_in(lowest: int, highest: int | None = None, zero: bool = False):
     """An argparse ``type``: an integer from ``lowest`` to ``highest`` (or 0, with ``zero``)."""
 
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    def integer(text: str) -> int:  # argparse: "invalid integer value: 'x'" on a ValueError
+        value = int(text)
         if not lowest <= value <= (highest or value) and not (zero and value == 0):
             allowed = f"{lowest} to {highest}" if highest else f">= {lowest}"
             raise argparse.ArgumentTypeError(
@@ -50,7 +47,7 @@ def _int_in(lowest: int, highest: int | None = None, zero: bool = False):
             )
         return value
 
-    return parse
+    return integer
 
 
 def _preset_help() -> str:

@@ -314,7 +314,7 @@ class Aligner:
         # landmarks counted from 0 from here on, as align_face and insightface count
         points = to_full_image(np.reshape(points, (-1, 5, 2)), factors, _MTCNN_ORIGIN) - 1
         k = select_face(boxes, probs, image.width, image.height, self.settings.select)
-        return Face(tuple(float(v) for v in boxes[k]), float(probs[k]), points[k])
+        return Face(tuple(boxes[k].tolist()), float(probs[k]), points[k])
 
     def crop(self, image: Image.Image, face: Face | tuple) -> Image.Image:
         """The crop of a :class:`Face` (a template warp with a template preset) or of a box
@@ -412,8 +412,8 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], lis
                 "them (or keep the input's file type: the preset writes one type for all)"
             )
         first[key] = source
-    done = [target for _, target in pairs if target.is_file()]
-    return [(path, str(target)) for path, target in pairs if not target.is_file()], done
+    done = {target for _, target in pairs if target.is_file()}
+    return [(path, str(target)) for path, target in pairs if target not in done], sorted(done)
 
 
 def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
