@@ -4,44 +4,59 @@ Crops keep their image's relative path and are resumable; DST/align_settings.jso
 settings and a run with others is refused; DST/align_report.tsv lists the images without a
 face or unreadable. Presets follow the publishers' code: ``facenet-pytorch`` and ``sandberg``
 crop the box, ``arcface`` and ``sphereface`` warp onto their template (which fixes the size:
-``--image-size`` and ``--margin`` are refused with it). MTCNN searches a copy reduced to
-``--detect-size`` px (0: the full image): faces under 20/320 of the longer side are missed.
+``--image-size`` and ``--margin`` are refused with it). Box presets search the full image, as
+their publishers did; ``--detect-size N`` searches a copy N px on its longer side (the template
+presets' default, 320): faces under 20/N of the longer side are then missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
-from facenet.errors import FacenetError
+from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, PRESET_NAMES
+from facenet.files import open_regular
 from facenet.inference.align import (
-    DEFAULT_DETECT_SIZE,
+    REPORT_HEADER,
     SELECTIONS,
     AlignSettings,
     align_folder,
     write_report,
 )
 
+# The largest crop side: a crop is resized from the face's box, and 4096 px is already 50 MB.
+MAX_IMAGE_SIZE = 4096
 
-def _int_at_least(lowest: int, zero: bool = False):
-    """An argparse ``type``: an integer >= ``lowest`` (or 0, with ``zero``)."""
 
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < lowest and not (zero and value == 0):
-            allowed = f"0 or >= {lowest}" if zero else f">= {lowest}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: {allowed}")
+def _int_in(lowest: int, highest: int | None = None, zero: bool = False):
+    """An argparse ``type``: an integer from ``lowest`` to ``highest`` (or 0, with ``zero``)."""
+
+    def integer(text: str) -> int:  # argparse: "invalid integer value: 'x'" on a ValueError
+        value = int(text)
+        if not lowest <= value <= (highest or value) and not (zero and value == 0):
+            allowed = f"{lowest} to {highest}" if highest else f">= {lowest}"
+            raise argparse.ArgumentTypeError(
+                f"{value} is out of range; allowed: {'0 or ' * zero}{allowed}"
+            )
         return value
 
-    return parse
+    return integer
+
+
+def _preset_help() -> str:
+    settings = (AlignSettings.from_preset(name) for name in PRESET_NAMES)
+    skip = ("preset", "fallback")
+    return "; ".join(
+        f"{s.preset}: " + ", ".join(f"{k} {v}" for k, v in asdict(s).items() if k not in skip)
+        for s in settings
+    )
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -49,15 +64,18 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("src", help="folder of images")
     parser.add_argument("dst", help="folder for the crops")
-    parser.add_argument("--preset", choices=PRESET_NAMES, default="facenet-pytorch")
-    parser.add_argument("--image-size", type=_int_at_least(8), help="crop side (box presets)")
+    parser.add_argument(
+        "--preset", choices=PRESET_NAMES, default="facenet-pytorch", help=_preset_help()
+    )
+    parser.add_argument(
+        "--image-size", type=_int_in(8, MAX_IMAGE_SIZE), help="crop side (box presets)"
+    )
     parser.add_argument(
         "--detect-size",
-        type=_int_at_least(20, zero=True),  # MTCNN's smallest face is 20 px
-        default=DEFAULT_DETECT_SIZE,
-        help="longer side MTCNN searches; 0: the full image (default %(default)s)",
+        type=_int_in(20, zero=True),  # MTCNN's smallest face is 20 px
+        help="longer side MTCNN searches; 0: the full image (default: the preset's)",
     )
-    parser.add_argument("--margin", type=_int_at_least(0), help="margin (box presets)")
+    parser.add_argument("--margin", type=_int_in(0), help="margin (box presets)")
     parser.add_argument("--select", choices=SELECTIONS, help="which face of several")
     parser.add_argument(
         "--centre-crop", dest="fallback", action="store_true", help="crop where no face is found"
@@ -94,8 +112,34 @@ def _settings(args: argparse.Namespace) -> AlignSettings:
     return settings
 
 
+def _report_path(args: argparse.Namespace) -> Path:
+    """--report, refused inside SRC or DST (but for the default) and where it would replace a
+    file this command did not write."""
+    default = Path(args.dst) / "align_report.tsv"
+    report = Path(args.report or default)
+    real = report.resolve()
+    trees = (Path(args.src).resolve(), Path(args.dst).resolve())
+    if real != default.resolve() and any(tree == real or tree in real.parents for tree in trees):
+        raise FacenetError(
+            f"--report {report} lies inside {args.src} or {args.dst}: give a path outside them"
+        )
+    if os.path.lexists(report) and not _is_report(report):
+        raise FacenetError(
+            f"--report {report} exists and is not an alignment report: not replacing it"
+        )
+    return report
+
+
+def _is_report(path: Path) -> bool:
+    try:
+        with open_regular(path, sys.maxsize) as fh:  # a FIFO, device or folder is not opened
+            return fh.read(len(REPORT_HEADER)) == REPORT_HEADER
+    except DataError:
+        return False
+
+
 def _align(args: argparse.Namespace) -> int:
-    report = Path(args.report or Path(args.dst) / "align_report.tsv")
+    report = _report_path(args)
     start = time.perf_counter()
     settings, device = _settings(args), parse_device(args.device)
     outcomes, already = align_folder(

@@ -16,6 +16,7 @@ import ctypes
 import importlib
 import json
 import os
+import warnings
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
@@ -29,17 +30,17 @@ from tqdm import tqdm
 
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, read_image
-from facenet.errors import FacenetError
+from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset, LandmarkTemplate
-from facenet.files import write_atomic, write_text_atomic
+from facenet.files import read_json, write_atomic, write_text_atomic
 
 SELECTIONS = ("center_weighted_size", "probability", "largest")
-STATUSES = ("aligned", "centre_crop", "no_face", "unreadable")
 _CENTER_WEIGHT = 2.0  # of the squared offset from the image centre (both publishers)
 # A centre crop's face box: the centre square of this fraction of the shorter side (LFW's
 # 250 px images centre a face about 110-130 px wide).
 _FALLBACK_FRACTION = 0.5
 SETTINGS_FILE = "align_settings.json"
+REPORT_HEADER = b"status\tsource\treason\n"  # the first line of every report written
 # 320 px keeps LFW's 250 px originals untouched and finds faces down to 20/320 of the longer
 # side; docs/reproduce.md has the measured cost.
 DEFAULT_DETECT_SIZE = 320
@@ -54,10 +55,6 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _HELD_PIXELS = 16_000_000
 
 
-class AlignError(FacenetError, RuntimeError):
-    """Alignment cannot run: facenet-pytorch is missing, or the folders do not fit."""
-
-
 @dataclass(frozen=True)
 class AlignSettings(AlignPreset):
     """What :class:`Aligner` writes: a preset's fields, its name, ``fallback`` (a centre crop for
@@ -66,12 +63,16 @@ class AlignSettings(AlignPreset):
 
     fallback: bool = False
     preset: str = "facenet-pytorch"
-    detect_size: int = DEFAULT_DETECT_SIZE
+    detect_size: int = 0
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AlignSettings:
-        """A publisher's settings, ``overrides`` that are not None replacing them."""
-        settings = cls(**asdict(ALIGN_PRESETS[name]), preset=name)
+        """A publisher's settings, ``overrides`` that are not None replacing them. Box presets
+        search the full image, as facenet-pytorch and davidsandberg/facenet do; template presets
+        a ``DEFAULT_DETECT_SIZE`` copy, as insightface searches a reduced one (640 px)."""
+        preset = ALIGN_PRESETS[name]
+        size = DEFAULT_DETECT_SIZE if preset.template else 0
+        settings = cls(**asdict(preset), preset=name, detect_size=size)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
     @property
@@ -94,8 +95,9 @@ class Face:
 
 @dataclass
 class AlignOutcome:
-    """What happened to one image: ``status`` is one of ``STATUSES``; ``box`` is the face box
-    (or a centre crop's box); ``reason`` says why an image was unreadable or not searched."""
+    """What happened to one image: ``status`` is "aligned", "centre_crop", "no_face" or
+    "unreadable"; ``box`` is the face box (or a centre crop's box); ``reason`` says why an image
+    was unreadable or not searched."""
 
     source: str
     target: str
@@ -124,29 +126,24 @@ def select_face(boxes: np.ndarray, probs: np.ndarray, width: int, height: int, m
 
 def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int, int, int, int]:
     """The integer crop (x0, y0, x1, y1): the float ``box`` plus the margin, clipped."""
-    x0, y0, x1, y1 = (float(v) for v in box)
+    start, end = np.asarray(box[:2], dtype=np.float64), np.asarray(box[2:], dtype=np.float64)
     m = settings.margin
     if settings.margin_in == "output":
         # m pixels of an S-pixel crop: the box spans S - m of them (facenet-pytorch).
-        half_x = m * (x1 - x0) / (settings.image_size - m) / 2
-        half_y = m * (y1 - y0) / (settings.image_size - m) / 2
+        half = m * (end - start) / (settings.image_size - m) / 2  # (x, y)
     elif settings.margin_in == "input":
-        half_x = half_y = m / 2  # davidsandberg/facenet
+        half = m / 2  # davidsandberg/facenet
     else:
         raise ValueError(f"margin_in={settings.margin_in!r}: expected 'output' or 'input'")
     # int() truncates towards zero, as both publishers' conversions do
-    return (
-        int(max(x0 - half_x, 0)),
-        int(max(y0 - half_y, 0)),
-        int(min(x1 + half_x, width)),
-        int(min(y1 + half_y, height)),
-    )
+    corners = [*np.maximum(start - half, 0), *np.minimum(end + half, [width, height])]
+    return tuple(int(v) for v in corners)
 
 
 def detection_scale(width: int, height: int, detect_size: int, smallest: int = 20) -> float:
     """The factor (at most 1) of the copy MTCNN searches; its shorter side stays at least
     ``smallest`` (MTCNN's smallest face), so that a long strip still has a scale to search."""
-    if detect_size <= 0 or max(width, height) <= detect_size:
+    if detect_size <= 0:
         return 1.0
     return min(1.0, max(detect_size / max(width, height), smallest / min(width, height)))
 
@@ -179,7 +176,7 @@ def _optional(module: str, needs: str, install: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise AlignError(f"{needs} ({err}); install it with {install}") from None
+        raise FacenetError(f"{needs} ({err}); install it with {install}") from None
 
 
 def _skimage_transform():
@@ -203,47 +200,32 @@ def similarity_matrix(landmarks, points) -> np.ndarray:
         raise ValueError(f"landmarks {src.shape} and points {dst.shape}: expected (N, 2) each")
     if not (np.isfinite(src).all() and np.isfinite(dst).all()):
         raise ValueError("landmarks and points must be finite")
-    similarity = _skimage_transform().SimilarityTransform
-    if hasattr(similarity, "from_estimate"):  # scikit-image >= 0.26 (estimate is deprecated)
-        fitted = similarity.from_estimate(src, dst)
-        ok = bool(fitted)
-    else:
-        fitted = similarity()
-        ok = fitted.estimate(src, dst)
-    if not ok or not np.isfinite(fitted.params).all() or abs(np.linalg.det(fitted.params)) < 1e-12:
+    # a failed fit has no params (scikit-image >= 0.26) or NaN ones (before)
+    params = getattr(
+        _skimage_transform().estimate_transform("similarity", src, dst), "params", None
+    )
+    if params is None or not np.isfinite(params).all() or abs(np.linalg.det(params)) < 1e-12:
         raise ValueError(f"no similarity transform fits landmarks {src.tolist()}")
-    return np.asarray(fitted.params[:2], dtype=np.float64)
+    return np.asarray(params[:2], dtype=np.float64)
 
 
-def _source_region(matrix: np.ndarray, height: int, width: int, shape) -> tuple[int, ...]:
-    """(x0, y0, x1, y1) of an image of ``shape`` that a warp to ``height`` x ``width`` reads
-    (with the bilinear neighbours), clipped; empty (x1 <= x0) when it reads none of it."""
-    inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))
+def _warp_affine(image: Image.Image, matrix: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``image`` warped by the (2, 3) ``matrix`` into a (height, width, C) uint8 array: bilinear,
+    0 outside (OpenCV's ``warpAffine``, as insightface calls it). Only the region the warp reads
+    is taken from the image, so a large photo costs no more."""
+    inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))  # crop -> image
     corners = np.array([[x, y, 1] for y in (0, height - 1) for x in (0, width - 1)])
-    xy = corners @ inverse[:2].T  # (4, 2) input coordinates
-    # (x0, y0, x1, y1); x1 and y1 exclusive, + 1 for the bilinear neighbour
+    xy = corners @ inverse[:2].T  # (4, 2)
+    # (x0, y0, x1, y1): x1 and y1 exclusive, + 1 for the bilinear neighbour
     region = np.floor([*xy.min(axis=0) - 1, *xy.max(axis=0) + 2])
-    return tuple(int(v) for v in np.clip(region, 0, [shape[1], shape[0]] * 2))
-
-
-def _warp_affine(image, matrix: np.ndarray, height: int, width: int) -> np.ndarray:
-    """A (H, W[, C]) uint8 array or a PIL image warped by the (2, 3) ``matrix`` into (height,
-    width[, C]): bilinear, 0 outside (OpenCV's ``warpAffine``, as insightface calls it). Only
-    the region the warp reads is taken from the image, so a large photo costs no more."""
-    pil = isinstance(image, Image.Image)
-    shape = (image.height, image.width, len(image.getbands())) if pil else np.shape(image)
-    out_shape = (height, width, *shape[2:])
-    x0, y0, x1, y1 = _source_region(matrix, height, width, shape)
+    x0, y0, x1, y1 = np.clip(region, 0, [*image.size] * 2).astype(int)
     if x1 <= x0 or y1 <= y0:
-        return np.zeros(out_shape, dtype=np.uint8)
-    region = np.asarray(image.crop((x0, y0, x1, y1))) if pil else image[y0:y1, x0:x1]
-    shifted = matrix.copy()
-    shifted[:, 2] += matrix[:, :2] @ [x0, y0]  # the same map, from the region's pixels
-    inverse = np.linalg.inv(np.vstack([shifted, [0.0, 0.0, 1.0]]))  # crop -> region
+        return np.zeros((height, width, len(image.getbands())), dtype=np.uint8)
+    inverse[:2, 2] -= [x0, y0]  # crop -> region
     warped = _skimage_transform().warp(
-        region,
+        np.asarray(image.crop((x0, y0, x1, y1))),
         inverse,
-        output_shape=out_shape[:2],
+        output_shape=(height, width),
         order=1,
         preserve_range=True,  # mode "constant", cval 0: OpenCV's border
     )
@@ -267,7 +249,7 @@ def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -
             raise ValueError(f"template={template!r}: expected one of {tuple(TEMPLATES)}")
         template = TEMPLATES[template]
     matrix = similarity_matrix(landmarks, template.pixel_points())
-    image = image if isinstance(image, Image.Image) else np.asarray(image)
+    image = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
     return _warp_affine(image, matrix, template.height, template.width)
 
 
@@ -286,8 +268,6 @@ class Aligner:
     """Detects the face of each image (MTCNN on ``device``) and writes its crop."""
 
     def __init__(self, settings: AlignSettings, device: str | torch.device = "cpu"):
-        if settings.select not in SELECTIONS:
-            raise ValueError(f"select={settings.select!r}: expected one of {SELECTIONS}")
         self.settings = settings
         self.mtcnn = _optional(
             "facenet_pytorch",
@@ -334,7 +314,7 @@ class Aligner:
         # landmarks counted from 0 from here on, as align_face and insightface count
         points = to_full_image(np.reshape(points, (-1, 5, 2)), factors, _MTCNN_ORIGIN) - 1
         k = select_face(boxes, probs, image.width, image.height, self.settings.select)
-        return Face(tuple(float(v) for v in boxes[k]), float(probs[k]), points[k])
+        return Face(tuple(boxes[k].tolist()), float(probs[k]), points[k])
 
     def crop(self, image: Image.Image, face: Face | tuple) -> Image.Image:
         """The crop of a :class:`Face` (a template warp with a template preset) or of a box
@@ -379,9 +359,9 @@ class Aligner:
             return AlignOutcome(source, target, "no_face", reason=reason)
         if face is None:
             height, width = self.settings.crop_size  # the box has the crop's aspect
-            half = min(image.size) * _FALLBACK_FRACTION / 2
-            half_x, x, y = half * (width / height), image.width / 2, image.height / 2
-            box = (x - half_x, y - half, x + half_x, y + half)
+            half = min(image.size) * _FALLBACK_FRACTION / 2 * np.array([width / height, 1])
+            centre = np.array(image.size) / 2  # (x, y)
+            box = (*(centre - half), *(centre + half))
             status, prob, crop = "centre_crop", None, self.crop(image, box)
         else:
             status, box, prob = "aligned", face.box, face.probability
@@ -409,15 +389,15 @@ def _align_in_worker(jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
     return _WORKER.align(jobs)
 
 
-def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int]:
+def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], list[Path]]:
     """``(source, target)`` of every image under ``src`` not yet aligned (images reached
-    through a link into ``dst`` left out), and the number already aligned."""
+    through a link into ``dst`` left out), and the crops already there."""
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
-        raise AlignError(f"source folder not found: {src}")
+        raise DataError(f"source folder not found: {src}")
     dst_real = dst.resolve()
     if dst_real == src.resolve() or src.resolve() in dst_real.parents:
-        raise AlignError(f"{dst} lies inside {src}: the crops would be aligned again")
+        raise DataError(f"{dst} lies inside {src}: the crops would be aligned again")
     paths, _ = list_images(src)
     paths = [p for p in paths if dst_real not in Path(os.path.realpath(p)).parents]
     targets = [dst / Path(path).relative_to(src) for path in paths]
@@ -427,43 +407,57 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], int
     for source, target in pairs:
         key = str(target).casefold()
         if key in first:
-            raise AlignError(
+            raise DataError(
                 f"{first[key]} and {source} would both be written to {target}: rename one of "
                 "them (or keep the input's file type: the preset writes one type for all)"
             )
         first[key] = source
-    jobs = [(path, str(target)) for path, target in pairs if not target.is_file()]
-    return jobs, len(pairs) - len(jobs)
+    done = {target for _, target in pairs if target.is_file()}
+    return [(path, str(target)) for path, target in pairs if target not in done], sorted(done)
 
 
-def _check_settings(dst, settings: AlignSettings, already: int) -> None:
-    """Refuse to continue ``dst`` with other settings than those recorded in it (or with
-    ``already`` crops and no record); record them when it has none."""
+def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
+    """Refuse to continue ``dst`` with other settings than those recorded in it; record them
+    when it has none. A folder of crops made before the record (box crops searched at full
+    size, ``_RECORD_DEFAULTS``) continues with the settings given if every crop has their size."""
     path = Path(dst) / SETTINGS_FILE
-    wanted = asdict(settings)
-    if not path.exists():
-        if already:
-            raise AlignError(
-                f"{dst} holds {already} crops but no {SETTINGS_FILE}: the settings they were "
-                "made with are unknown; align into a new folder"
-            )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
-        return
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise AlignError(f"cannot read the alignment settings {path}: {err}") from None
-    if not isinstance(recorded, dict):
-        raise AlignError(f"{path}: expected the alignment settings as a JSON object")
+    wanted, recorded = asdict(settings), path.exists()
+    old = read_json(path) if recorded else {**wanted, **_RECORD_DEFAULTS} if done else wanted
+    if not isinstance(old, dict):
+        raise DataError(f"{path}: expected the alignment settings as a JSON object")
     for name, want in wanted.items():
-        value = recorded.get(name, _RECORD_DEFAULTS.get(name))
-        if value != want:
-            hint = " (--detect-size; 0 searches the full image)" if name == "detect_size" else ""
-            raise AlignError(
-                f"{dst} was aligned with {name} = {value!r}; this run asks for {want!r}{hint} "
-                f"({path}): align into another folder, or give the same settings"
+        if old.get(name, _RECORD_DEFAULTS.get(name)) != want:
+            hint = " (--detect-size; 0 searches the full image)" * (name == "detect_size")
+            raise DataError(
+                f"{dst} was aligned with {name} = {old.get(name, _RECORD_DEFAULTS.get(name))!r}; "
+                f"this run asks for {want!r}{hint} ({path}): align into another folder, or give "
+                "the same settings"
             )
+    if recorded:
+        return
+    odd = next((t for t in done if _image_size(t) != settings.crop_size), None)
+    if odd is not None:
+        raise DataError(
+            f"{dst} has no {SETTINGS_FILE} and its crop {odd} is not {settings.crop_size} "
+            "(height, width) as these settings make: align into a new folder"
+        )
+    if done:
+        warnings.warn(
+            f"{dst} had no {SETTINGS_FILE}: its {len(done)} crops have the size of "
+            "the settings given, which it is continued with and now records",
+            stacklevel=2,
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(wanted, indent=2) + "\n")
+
+
+def _image_size(path) -> tuple[int, int] | None:
+    """(height, width) from an image's header; None where it cannot be read."""
+    try:
+        with Image.open(path) as image:
+            return image.height, image.width
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
 
 
 def _batches(jobs, device, settings, batch_size: int, workers: int):
@@ -501,25 +495,28 @@ def align_folder(
         crops that were already there.
 
     Raises:
-        AlignError: ``dst`` was aligned with other settings, lies inside ``src``, or two images
+        DataError: ``dst`` was aligned with other settings, lies inside ``src``, or two images
             would be written to one crop.
     """
-    if batch_size < 1 or workers < 1:
-        raise AlignError(f"batch size {batch_size} and workers {workers} must be at least 1")
-    jobs, already = _plan(src, dst, settings)
-    _check_settings(dst, settings, already)
+    cores = os.cpu_count() or 1
+    if batch_size < 1 or not 1 <= workers <= cores:
+        raise ConfigError(
+            f"batch size {batch_size}, workers {workers}: expected at least 1, and at most "
+            f"{cores} workers (the CPU cores here; each holds its own MTCNN, about 0.5 GB)"
+        )
+    jobs, done = _plan(src, dst, settings)
+    _check_settings(dst, settings, done)
     outcomes: list[AlignOutcome] = []
     with tqdm(total=len(jobs), desc="aligning", unit="img", disable=not progress) as bar:
         for chunk in _batches(jobs, device, settings, batch_size, workers):
             outcomes += chunk
             bar.update(len(chunk))
-    return sorted(outcomes, key=lambda o: o.source), already
+    return sorted(outcomes, key=lambda o: o.source), len(done)
 
 
 def write_report(outcomes: list[AlignOutcome], path) -> Path:
     """A tab-separated ``status  source  reason`` line per image not aligned from a face,
     written atomically."""
-    lines = ["status\tsource\treason"]
-    lines += [f"{o.status}\t{o.source}\t{o.reason}" for o in outcomes if o.status != "aligned"]
+    lines = [f"{o.status}\t{o.source}\t{o.reason}\n" for o in outcomes if o.status != "aligned"]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(path, "\n".join(lines) + "\n")
+    return write_text_atomic(path, REPORT_HEADER.decode() + "".join(lines))
