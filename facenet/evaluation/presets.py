@@ -191,10 +191,10 @@ ALIGN_PRESETS = {
     "facenet-pytorch": AlignPreset(160, 14, "output", "center_weighted_size", None),
     "sandberg": AlignPreset(182, 44, "input", "center_weighted_size", ".png"),
     # Template presets: no margin (the template places the face); the input's file type, as
-    # with facenet-pytorch's preset. insightface's own detector (RetinaFace/SCRFD) keeps the
-    # face with the highest score, but MTCNN's pick follows the other presets here.
-    "arcface": AlignPreset(112, 0, "output", "center_weighted_size", None, "arcface"),
-    "sphereface": AlignPreset(112, 0, "output", "center_weighted_size", None, "sphereface"),
+    # with facenet-pytorch's preset. insightface keeps the face of highest detector score
+    # (FaceAnalysis.get), SphereFace's face_detect_demo.m the largest.
+    "arcface": AlignPreset(112, 0, "output", "probability", None, "arcface"),
+    "sphereface": AlignPreset(112, 0, "output", "largest", None, "sphereface"),
 }
 
 PRESET_NAMES = tuple(ALIGN_PRESETS)

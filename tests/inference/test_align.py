@@ -742,16 +742,8 @@ def test_a_hostile_settings_record_is_one_error_line(source, tmp_path, capsys, m
     [
         ("facenet-pytorch", "center_weighted_size"),  # facenet-pytorch's selection_method
         ("sandberg", "center_weighted_size"),  # align_dataset_mtcnn.py, detect_multiple_faces off
-        pytest.param(
-            "arcface",
-            "probability",  # insightface: FaceAnalysis.get's faces sorted by det_score
-            marks=pytest.mark.xfail(strict=True, reason="ALIGN_PRESETS in presets.py"),
-        ),
-        pytest.param(
-            "sphereface",
-            "largest",  # wy1iu/sphereface face_detect_demo.m: "pick the largest face"
-            marks=pytest.mark.xfail(strict=True, reason="ALIGN_PRESETS in presets.py"),
-        ),
+        ("arcface", "probability"),  # insightface: FaceAnalysis.get's faces sorted by det_score
+        ("sphereface", "largest"),  # wy1iu/sphereface face_detect_demo.m: "pick the largest face"
     ],
 )
 def test_each_preset_chooses_among_faces_by_its_publishers_rule(preset, rule):
