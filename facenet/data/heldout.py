@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facenet.data.images import inspect_image
-from facenet.data.pairs import generate_pairs, pairs_text, scan_identities
+from facenet.data.pairs import draw_folds, pairs_text, scan_identities
 from facenet.errors import ConfigError, DataError
 
 HELDOUT_RECORD = "heldout.json"
@@ -105,15 +105,11 @@ def hold_out(
 
 def _folds(images: dict, settings: HeldOutSettings, split: str):
     """Folds for held-out identities: identity-disjoint when there are enough."""
-    for disjoint in (True, False):
-        try:
-            return generate_pairs(
-                images, settings.n_folds, settings.pairs_per_fold, settings.seed, disjoint
-            )
-        except DataError as err:
-            problem = err
-    raise ConfigError(
-        f"eval.heldout_identities: {settings.count}, eval.heldout_pairs_per_fold: "
-        f"{settings.pairs_per_fold}, eval.n_folds: {settings.n_folds}: too few {split} images "
-        f"for the pairs ({problem}); hold out more identities or ask for fewer pairs"
-    )
+    try:
+        return draw_folds(images, settings.n_folds, settings.pairs_per_fold, settings.seed)
+    except DataError as problem:
+        raise ConfigError(
+            f"eval.heldout_identities: {settings.count}, eval.heldout_pairs_per_fold: "
+            f"{settings.pairs_per_fold}, eval.n_folds: {settings.n_folds}: too few {split} "
+            f"images for the pairs ({problem}); hold out more identities or ask for fewer pairs"
+        ) from None

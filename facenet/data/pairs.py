@@ -566,6 +566,17 @@ def generate_pairs(
     return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
 
 
+def draw_folds(
+    images_by_identity: dict[str, list[str]], n_folds: int, pairs_per_fold: int, seed: int
+):
+    """:func:`generate_pairs`' identity-disjoint folds when there are enough identities, else
+    folds that share them; a DataError when even those cannot be drawn."""
+    try:
+        return generate_pairs(images_by_identity, n_folds, pairs_per_fold, seed)
+    except DataError:
+        return generate_pairs(images_by_identity, n_folds, pairs_per_fold, seed, False)
+
+
 def _line(pair, kind: str, fold: int) -> str:
     """``pair`` as a line of the file; ValueError when it would not read back as the same pair."""
     line = "\t".join(map(str, pair)) if isinstance(pair, (tuple, list)) else ""
