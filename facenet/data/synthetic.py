@@ -27,7 +27,7 @@ from facenet.data.folder import INDEX_FILE_NAME
 from facenet.data.images import looks_like_image
 from facenet.data.pairs import draw_folds, pairs_text
 from facenet.errors import ConfigError, DataError
-from facenet.files import TEMPORARY_NAME, write_text_atomic
+from facenet.files import TEMPORARY_NAME, read_json, write_text_atomic
 from facenet.sizes import image_hw
 
 MANIFEST_NAME = "manifest.json"
@@ -484,8 +484,8 @@ def _read_manifest(path: Path) -> dict | None:
     if not os.path.lexists(path):
         return None
     try:
-        found = json.loads(path.read_text(encoding="utf-8"))  # TODO read_json
-    except (OSError, ValueError):
+        found = read_json(path)
+    except DataError:
         found = None
     if not _part(found, "train") or not _part(found, "heldout"):
         raise DataError(f"{path}: {_NOT_OURS}")

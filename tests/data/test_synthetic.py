@@ -210,7 +210,9 @@ def user_folders(root):
     return files
 
 
-@pytest.mark.parametrize("manifest", ["", "{}", "[]", '{"train": {}, "heldout": {}}', "\xff"])
+@pytest.mark.parametrize(
+    "manifest", ["", "{}", "[]", '{"train": {}, "heldout": {}}', "\xff", "[" * 100_000]
+)
 def test_a_manifest_not_written_here_is_refused_and_nothing_is_removed(tmp_path, manifest):
     files = user_folders(tmp_path)
     (tmp_path / "manifest.json").write_text(manifest, encoding="latin-1")
@@ -258,6 +260,13 @@ def test_a_link_in_the_folders_is_refused_and_its_target_kept(tmp_path):
         link.unlink()
         link.write_bytes(b"")  # the link gone: the heldout/ link is refused still
     assert (tmp_path / "photos" / "a.png").read_bytes() == b"the user's"
+
+
+def test_a_fifo_named_manifest_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "manifest.json")
+    with pytest.raises(DataError, match="manifest.json: not written by prepare_synthetic_data"):
+        prepare_synthetic_data(tmp_path, small_config())
+    assert not (tmp_path / "train").exists()
 
 
 def test_sizes_too_small_for_the_pairs_are_refused_before_anything_is_removed(tmp_path):
