@@ -26,6 +26,7 @@ from torchvision.io import encode_png
 from facenet.data.folder import INDEX_FILE_NAME
 from facenet.data.images import looks_like_image
 from facenet.data.pairs import draw_folds, pairs_text
+from facenet.data.samplers import check_positive
 from facenet.errors import ConfigError, DataError
 from facenet.files import TEMPORARY_NAME, read_json, write_text_atomic
 from facenet.sizes import image_hw
@@ -359,13 +360,11 @@ class SyntheticIdentities(Dataset):
         seed: int = 0,
         identity_offset: int = 0,
     ):
-        for name, value in [
-            ("num_identities", num_identities),
-            ("images_per_identity", images_per_identity),
-            ("image_size", image_size),
-        ]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: expected a positive integer")
+        check_positive(
+            num_identities=num_identities,
+            images_per_identity=images_per_identity,
+            image_size=image_size,
+        )
         if identity_offset < 0 or seed < 0:
             raise ValueError(f"seed={seed}, identity_offset={identity_offset}: expected >= 0")
         self.num_identities, self.images_per_identity = num_identities, images_per_identity
@@ -568,28 +567,6 @@ def _heldout_pairs(files: dict[str, list[str]], cfg) -> list[str]:
         ) from None
 
 
-def _check_sizes(cfg) -> None:
-    """Every count a positive integer and the seed >= 0, else a ConfigError naming the key."""
-    try:
-        image_hw(cfg.image_size)
-    except ValueError:
-        raise ConfigError(
-            f"data.image_size: {cfg.image_size!r}: expected a positive integer or [height, width]"
-        ) from None
-    for key in (
-        "synthetic_identities",
-        "synthetic_images_per_identity",
-        "synthetic_heldout_identities",
-        "synthetic_heldout_images_per_identity",
-        "synthetic_pairs_per_fold",
-    ):
-        value = getattr(cfg, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"data.{key}: {value!r}: expected a positive integer")
-    if cfg.synthetic_seed < 0:
-        raise ConfigError(f"data.synthetic_seed: {cfg.synthetic_seed!r}: expected >= 0")
-
-
 def prepare_synthetic_data(root: str | Path, cfg) -> dict:
     """Write the built-in data set once: training identities, held-out identities and pairs.
 
@@ -604,10 +581,10 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         ``{"train_root", "heldout_root", "val_pairs", "test_pairs"}`` as path strings.
 
     Raises:
-        ConfigError: a size below 1, or sizes too small for the held-out pairs.
-        DataError: ``root`` holds ``train``/``heldout`` folders this function did not write.
+        ConfigError: sizes too small for the held-out pairs (load_config checks each one).
+        DataError: ``root`` holds a ``manifest.json``, ``train`` or ``heldout`` this function
+            did not write; nothing is then removed.
     """
-    _check_sizes(cfg)
     root, wanted = Path(root), _manifest(cfg)
     paths = {"train_root": root / "train", "heldout_root": root / "heldout"}
     paths |= {key: root / "heldout" / f"{key}.txt" for key in ("val_pairs", "test_pairs")}
