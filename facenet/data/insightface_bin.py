@@ -4,8 +4,9 @@ A ``.bin`` file is a pickle of ``(bins, issame_list)``: 2N encoded images (112 x
 faces; pair i is ``bins[2i]``, ``bins[2i + 1]``) and N booleans; Python 2 files hold the images
 as ``str``, read back as bytes as insightface reads them. A pickle can run any callable while
 loading, so these files are read by :class:`BinUnpickler`, which admits no global at all, after
-:func:`check_pickle_lengths` has refused lengths the file cannot hold. Images are decoded when
-a batch needs them by :func:`facenet.data.images.decode_image_bytes` (a damaged one is a
+:func:`check_pickle_lengths` has refused lengths the file cannot hold; the counts, the folds
+and images repeated by reference are refused before any image is decoded. Images are decoded
+when a batch needs them by :func:`facenet.data.images.decode_image_bytes` (a damaged one is a
 :class:`BinFormatError` naming the set, image and pair), resized whole and standardised.
 """
 
