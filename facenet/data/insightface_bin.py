@@ -36,8 +36,8 @@ from facenet.sizes import ImageSize, image_hw
 
 # The largest .bin file read (the public sets are 50-400 MB); it is held in memory whole.
 MAX_BIN_BYTES = 8 * 2**30
-# 140 times the largest public set (cfp_fp, 7000 pairs); about what MAX_BIN_BYTES holds of them.
-MAX_BIN_PAIRS = 1_000_000
+# 14 times the largest public set (cfp_fp, 7000 pairs): bounds the images a file makes us embed.
+MAX_BIN_PAIRS = 100_000
 # Opcodes storing into the memo at the index they name (the unpickler grows its memo to it).
 _MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
