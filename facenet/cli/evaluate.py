@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
-from facenet.config import load_config
+from facenet.config import DataConfig, load_config
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.insightface_bin import read_bin
 from facenet.data.pairs import read_pairs
@@ -186,8 +186,10 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
         if name in paths:
             raise InputError(f"--bin {path}: a second set named {name!r}")
         paths[name] = path
+    data = load_config(args.config).data if args.config else DataConfig()
+    limits = (data.max_image_pixels, data.max_aspect_ratio)  # data.*: the config's, if given
     measure, threshold_for = _embedding_setup(args)
-    results = {name: measure(read_bin(path)) for name, path in paths.items()}
+    results = {name: measure(read_bin(p, args.n_folds, limits)) for name, p in paths.items()}
     sets = {name: r.to_dict(curves=False) for name, r in results.items()}
     return {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}, results
 

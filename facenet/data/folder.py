@@ -31,7 +31,7 @@ from facenet.data.images import (
     read_image,
 )
 from facenet.errors import DataError
-from facenet.files import write_text_atomic
+from facenet.files import read_json, write_text_atomic
 
 INDEX_FILE_NAME = ".facenet_index.json"
 INDEX_VERSION = 2  # 2: PNG checksums and the size limits checked; reasons recorded
@@ -248,8 +248,8 @@ class IdentityFolder(Dataset):
             key = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:16]
             self.index_path = Path(cache_dir) / f"facenet_index_{key}.json"
         try:
-            index = json.loads(self.index_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            index = read_json(self.index_path)
+        except DataError:
             index = None
         self.index_reused = (
             isinstance(index, dict)

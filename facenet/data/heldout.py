@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facenet.data.images import inspect_image
-from facenet.data.pairs import generate_pairs, pairs_text, scan_identities
+from facenet.data.pairs import draw_folds, pairs_text, scan_identities
 from facenet.errors import ConfigError, DataError
+from facenet.files import read_json
 
 HELDOUT_RECORD = "heldout.json"
 _OLD_HELDOUT_RECORD = "holdout.json"  # its name before the rename, still read on resume
@@ -49,10 +50,15 @@ def choose_held_out(
     """``({split: [identity, ...]}, record text to write or None)``: drawn for a new run
     (``fresh``: one in place of an earlier run), read back from the record otherwise."""
     record = run_dir / HELDOUT_RECORD
-    if not record.is_file() and (run_dir / _OLD_HELDOUT_RECORD).is_file():
+    if not record.exists() and (run_dir / _OLD_HELDOUT_RECORD).exists():
         record = run_dir / _OLD_HELDOUT_RECORD
-    if record.is_file() and not fresh:
-        chosen = json.loads(record.read_text(encoding="utf-8"))
+    if record.exists() and not fresh:  # a FIFO or folder too: read_json refuses it
+        chosen = read_json(record)
+        if not isinstance(chosen, dict) or not all(
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+            for names in chosen.values()
+        ):
+            raise DataError(f"{record}: not a record of held-out identities")
         missing = sorted(n for names in chosen.values() for n in names if n not in listing)
         if missing:
             raise DataError(
@@ -105,15 +111,11 @@ def hold_out(
 
 def _folds(images: dict, settings: HeldOutSettings, split: str):
     """Folds for held-out identities: identity-disjoint when there are enough."""
-    for disjoint in (True, False):
-        try:
-            return generate_pairs(
-                images, settings.n_folds, settings.pairs_per_fold, settings.seed, disjoint
-            )
-        except DataError as err:
-            problem = err
-    raise ConfigError(
-        f"eval.heldout_identities: {settings.count}, eval.heldout_pairs_per_fold: "
-        f"{settings.pairs_per_fold}, eval.n_folds: {settings.n_folds}: too few {split} images "
-        f"for the pairs ({problem}); hold out more identities or ask for fewer pairs"
-    )
+    try:
+        return draw_folds(images, settings.n_folds, settings.pairs_per_fold, settings.seed)
+    except DataError as problem:
+        raise ConfigError(
+            f"eval.heldout_identities: {settings.count}, eval.heldout_pairs_per_fold: "
+            f"{settings.pairs_per_fold}, eval.n_folds: {settings.n_folds}: too few {split} "
+            f"images for the pairs ({problem}); hold out more identities or ask for fewer pairs"
+        ) from None

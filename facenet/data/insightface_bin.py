@@ -4,8 +4,9 @@ A ``.bin`` file is a pickle of ``(bins, issame_list)``: 2N encoded images (112 x
 faces; pair i is ``bins[2i]``, ``bins[2i + 1]``) and N booleans; Python 2 files hold the images
 as ``str``, read back as bytes as insightface reads them. A pickle can run any callable while
 loading, so these files are read by :class:`BinUnpickler`, which admits no global at all, after
-:func:`check_pickle_lengths` has refused lengths the file cannot hold. Images are decoded when
-a batch needs them by :func:`facenet.data.images.decode_image_bytes` (a damaged one is a
+:func:`check_pickle_lengths` has refused lengths the file cannot hold; the counts, the folds
+and images repeated by reference are refused before any image is decoded. Images are decoded
+when a batch needs them by :func:`facenet.data.images.decode_image_bytes` (a damaged one is a
 :class:`BinFormatError` naming the set, image and pair), resized whole and standardised.
 """
 
@@ -26,15 +27,17 @@ from facenet.data.images import (
     DEFAULT_MAX_ASPECT_RATIO,
     DEFAULT_MAX_PIXELS,
     CorruptImageError,
-    _open_regular,
     decode_image_bytes,
     normalize_steps,
 )
 from facenet.errors import DataError
+from facenet.files import open_regular
 from facenet.sizes import ImageSize, image_hw
 
 # The largest .bin file read (the public sets are 50-400 MB); it is held in memory whole.
 MAX_BIN_BYTES = 8 * 2**30
+# 14 times the largest public set (cfp_fp, 7000 pairs): bounds the images a file makes us embed.
+MAX_BIN_PAIRS = 100_000
 # Opcodes storing into the memo at the index they name (the unpickler grows its memo to it).
 _MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
@@ -69,19 +72,22 @@ class BinUnpickler(pickle.Unpickler):
 @dataclass
 class BinPairs:
     """The contents of a ``.bin`` file: 2N encoded images (pair i is ``images[2i]``,
-    ``images[2i + 1]``), (N,) bool ``issame``, the file's stem and path (None: name + ".bin")."""
+    ``images[2i + 1]``), (N,) bool ``issame``, the file's stem and path (None: name + ".bin"),
+    and the (max_pixels, max_aspect_ratio) an image may declare."""
 
     images: list
     issame: np.ndarray
     name: str
     path: str | None = None
+    limits: tuple[int, float] = (DEFAULT_MAX_PIXELS, DEFAULT_MAX_ASPECT_RATIO)
 
     def __len__(self) -> int:
         return len(self.issame)
 
 
-def _check_layout(obj, source: str) -> tuple[list, list]:
-    """``obj`` as (images, flags), or a BinFormatError saying what is wrong."""
+def _check_layout(obj, source: str, file_bytes: int, n_folds: int | None) -> tuple[list, list]:
+    """``obj`` as (images, flags), or a BinFormatError saying what is wrong; all before an
+    image is decoded."""
     if not isinstance(obj, (tuple, list)) or len(obj) != 2:
         raise BinFormatError(f"{source}: expected a pickled (images, issame) pair")
     images, flags = obj
@@ -91,10 +97,23 @@ def _check_layout(obj, source: str) -> tuple[list, list]:
     ):
         if not isinstance(items, (list, tuple)) or not all(isinstance(i, kinds) for i in items):
             raise BinFormatError(f"{source}: the {what}")
-    if len(images) != 2 * len(flags) or not flags:
+    if len(images) != 2 * len(flags) or not flags or len(flags) > MAX_BIN_PAIRS:
         raise BinFormatError(
-            f"{source}: {len(images)} images for {len(flags)} pairs; expected two per pair"
+            f"{source}: {len(images)} images for {len(flags)} pairs; expected two per pair, "
+            f"at most {MAX_BIN_PAIRS} pairs"
         )
+    # A pickle may name one image many times: images need not fit in the file otherwise.
+    if (total := sum(map(len, images))) > file_bytes:
+        raise BinFormatError(
+            f"{source}: its images total {total} bytes, more than the file's {file_bytes}: "
+            "they repeat one another by reference"
+        )
+    for fold, same in enumerate(np.array_split(flags, n_folds) if n_folds else []):
+        if same.all() or not same.any():  # contiguous folds, as the evaluation cuts them
+            raise BinFormatError(
+                f"{source}: fold {fold} of {n_folds} ({len(same)} pairs) lacks same or "
+                "different pairs; the folds are contiguous, each needs both"
+            )
     return list(images), list(flags)
 
 
@@ -125,26 +144,27 @@ def check_pickle_lengths(raw: bytes, source: str) -> None:
     raise BinFormatError(f"{source}: not a readable pickle ({problem})")
 
 
-def _read_raw(path: Path) -> bytes:
-    """The bytes of a regular file of at most ``MAX_BIN_BYTES`` (a FIFO would block)."""
-    try:
-        with _open_regular(path, MAX_BIN_BYTES) as fh:
-            return fh.read()
-    except CorruptImageError as err:
-        if not path.exists():
-            raise FileNotFoundError(2, "No such file or directory", str(path)) from None
-        raise BinFormatError(f"{path}: {err.reason}") from None
-
-
-def read_bin(path: str | os.PathLike) -> BinPairs:
+def read_bin(
+    path: str | os.PathLike,
+    n_folds: int | None = None,
+    limits: tuple[int, float] = (DEFAULT_MAX_PIXELS, DEFAULT_MAX_ASPECT_RATIO),
+) -> BinPairs:
     """Read an insightface ``.bin`` verification file without running anything in it.
+
+    Args:
+        n_folds: refuse the file unless each of that many contiguous folds of pairs holds both
+            kinds (None: no check).
+        limits: ``(max_pixels, max_aspect_ratio)`` for the images, checked when decoded.
 
     Raises:
         BinFormatError: a refused pickle, a damaged file, or contents of another layout.
         FileNotFoundError: no such file.
     """
     path = Path(path)
-    raw = _read_raw(path)
+    if not path.exists():
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    with open_regular(path, MAX_BIN_BYTES, lambda why: BinFormatError(f"{path}: {why}")) as fh:
+        raw = fh.read()
     check_pickle_lengths(raw, str(path))
     try:
         obj = BinUnpickler(io.BytesIO(raw), str(path)).load()
@@ -155,27 +175,19 @@ def read_bin(path: str | os.PathLike) -> BinPairs:
     except MemoryError:  # a shape the length check cannot see; never expected
         message = f"{path}: not a readable pickle (it asks for too much memory)"
         raise BinFormatError(message) from None
-    images, flags = _check_layout(obj, str(path))
-    return BinPairs(images, np.array(flags, dtype=bool), path.stem, str(path))
+    images, flags = _check_layout(obj, str(path), len(raw), n_folds)
+    return BinPairs(images, np.array(flags, dtype=bool), path.stem, str(path), limits)
 
 
 class BinImages(torch.utils.data.Dataset):
-    """The images of a ``.bin`` file, each decoded into the model's input (3, S_h, S_w);
-    ``max_pixels`` and ``max_aspect_ratio`` bound the sizes an image may declare."""
+    """The images of a ``.bin`` file, each decoded (within ``pairs.limits``) into the model's
+    input (3, S_h, S_w)."""
 
-    def __init__(
-        self,
-        pairs: BinPairs,
-        image_size: ImageSize,
-        normalize: str = "fixed",
-        max_pixels: int = DEFAULT_MAX_PIXELS,
-        max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
-    ):
+    def __init__(self, pairs: BinPairs, image_size: ImageSize, normalize: str = "fixed"):
         self.pairs = pairs
         # Aligned already: resized whole (no crop), then standardised as in training.
         resize = v2.Resize(image_hw(image_size), antialias=True)
         self.transform = v2.Compose([resize, *normalize_steps(normalize)])
-        self.limits = (max_pixels, max_aspect_ratio)
 
     def __len__(self) -> int:
         return len(self.pairs.images)
@@ -183,7 +195,7 @@ class BinImages(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> torch.Tensor:
         source = f"{self.pairs.path or self.pairs.name + '.bin'}: image {index} (pair {index // 2})"
         try:
-            image = decode_image_bytes(self.pairs.images[index], source, *self.limits)
+            image = decode_image_bytes(self.pairs.images[index], source, *self.pairs.limits)
         except CorruptImageError as err:
             raise BinFormatError(f"{source} cannot be decoded: {err.reason}") from None
         return self.transform(image)

@@ -11,11 +11,13 @@ when pairs with missing images are skipped.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import combinations
 from pathlib import Path
 from typing import NamedTuple
@@ -25,9 +27,10 @@ import numpy as np
 from facenet.data.folder import list_identities
 from facenet.data.images import IMAGE_EXTENSIONS
 from facenet.errors import DataError
-from facenet.files import write_text_atomic
+from facenet.files import open_regular, write_text_atomic
 
 _LISTED_MISSING = 20  # missing images quoted in an error message
+_MAX_PAIRS_BYTES = 2**28  # 5 million lines of LFW's kind (its own file: 160 KB)
 _ASSIGN_BUDGET = 200_000  # nodes the fold assignment's search visits before it gives up
 
 
@@ -214,11 +217,13 @@ def _locate(root: Path, indexes: dict, name: str, ref: int | str) -> tuple[str, 
 
 def _parse(pairs_path: Path) -> tuple[int, int, list]:
     """(n_folds, pairs_per_fold, [(line number, issame, side1, side2), ...])."""
-    if pairs_path.exists() and not pairs_path.is_file():  # a FIFO or device would block
-        raise PairsFormatError(pairs_path, 0, "not a regular file (a FIFO, device or folder)")
+    if not pairs_path.exists():
+        raise FileNotFoundError(2, "No such file or directory", str(pairs_path))
+    fail = partial(PairsFormatError, pairs_path, 0)
     try:
-        with open(pairs_path, encoding="utf-8") as fh:  # universal newlines: CRLF read as LF
-            lines = [(n, _fields(line)) for n, line in enumerate(fh, start=1) if line.strip()]
+        with open_regular(pairs_path, _MAX_PAIRS_BYTES, fail) as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8")  # universal newlines: CRLF as LF
+            lines = [(n, _fields(line)) for n, line in enumerate(text, start=1) if line.strip()]
     except UnicodeDecodeError:
         raise PairsFormatError(pairs_path, 0, "not a UTF-8 text file") from None
     if not lines:
@@ -564,6 +569,17 @@ def generate_pairs(
     )
     blocks = [slice(f * pairs_per_fold, (f + 1) * pairs_per_fold) for f in range(n_folds)]
     return [PairFold(sorted(same[b]), sorted(different[b])) for b in blocks]
+
+
+def draw_folds(
+    images_by_identity: dict[str, list[str]], n_folds: int, pairs_per_fold: int, seed: int
+):
+    """:func:`generate_pairs`' identity-disjoint folds when there are enough identities, else
+    folds that share them; a DataError when even those cannot be drawn."""
+    try:
+        return generate_pairs(images_by_identity, n_folds, pairs_per_fold, seed)
+    except DataError:
+        return generate_pairs(images_by_identity, n_folds, pairs_per_fold, seed, False)
 
 
 def _line(pair, kind: str, fold: int) -> str:

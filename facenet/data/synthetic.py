@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
 from dataclasses import make_dataclass, replace
 from pathlib import Path
@@ -21,13 +23,19 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.io import encode_png
 
+from facenet.data.folder import INDEX_FILE_NAME
 from facenet.data.images import looks_like_image
-from facenet.data.pairs import generate_pairs, write_pairs
+from facenet.data.pairs import draw_folds, pairs_text
+from facenet.data.samplers import check_positive
 from facenet.errors import ConfigError, DataError
-from facenet.files import write_text_atomic
+from facenet.files import TEMPORARY_NAME, read_json, write_text_atomic
 from facenet.sizes import image_hw
 
 MANIFEST_NAME = "manifest.json"
+# What prepare_synthetic_data writes in train/ or heldout/ besides identity folders, and the
+# index training writes there.
+_OWN_FILES = {"val_pairs.txt", "test_pairs.txt", INDEX_FILE_NAME}
+_NOT_OURS = "not written by prepare_synthetic_data; choose another data.root for the synthetic data"
 GENERATOR_VERSION = 3  # bump whenever the rendering changes: regenerates old folders
 PAIRS_FOLDS = 10  # held-out pairs.txt: folds, as in LFW
 
@@ -352,13 +360,11 @@ class SyntheticIdentities(Dataset):
         seed: int = 0,
         identity_offset: int = 0,
     ):
-        for name, value in [
-            ("num_identities", num_identities),
-            ("images_per_identity", images_per_identity),
-            ("image_size", image_size),
-        ]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: expected a positive integer")
+        check_positive(
+            num_identities=num_identities,
+            images_per_identity=images_per_identity,
+            image_size=image_size,
+        )
         if identity_offset < 0 or seed < 0:
             raise ValueError(f"seed={seed}, identity_offset={identity_offset}: expected >= 0")
         self.num_identities, self.images_per_identity = num_identities, images_per_identity
@@ -399,19 +405,23 @@ class SyntheticIdentities(Dataset):
         label, image_index = divmod(index, self.images_per_identity)
         return self.image(label, image_index), label
 
+    def file_names(self) -> dict[str, list[str]]:
+        """``{identity: [file name, ...]}`` as :meth:`write_to_disk` names the images:
+        ``<identity>_<0001>.png``, numbered from 1 as in LFW."""
+        count = self.images_per_identity
+        return {name: [f"{name}_{i + 1:04d}.png" for i in range(count)] for name in self.classes}
+
     def write_to_disk(self, root: str | Path) -> dict[str, list[str]]:
-        """Write every image as ``root/<identity>/<identity>_<0001>.png`` (numbered from 1, as
-        LFW); returns ``{identity: [file name, ...]}``.
+        """Write every image as ``root/<identity>/<file name>``; returns :meth:`file_names`.
 
         Raises:
             OSError: a file could not be written whole or reads back different.
         """
-        written: dict[str, list[str]] = {}
-        for label, name in enumerate(self.classes):
+        written = self.file_names()
+        for label, (name, file_names) in enumerate(written.items()):
             folder = Path(root) / name
             folder.mkdir(parents=True, exist_ok=True)
-            written[name] = [f"{name}_{i + 1:04d}.png" for i in range(self.images_per_identity)]
-            for i, file_name in enumerate(written[name]):
+            for i, file_name in enumerate(file_names):
                 png = encode_png(self.image(label, i)).numpy().tobytes()
                 _write_verified(folder / file_name, png)
         return written
@@ -467,55 +477,94 @@ def _folder_complete(folder: Path, part: dict) -> bool:
     )  # looks_like_image: e.g. no 0-byte files
 
 
-def _clear_previous(root: Path, manifest_path: Path) -> None:
-    """Remove folders a previous call wrote; refuse to touch folders it did not write."""
-    targets = [root / "train", root / "heldout"]
-    occupied = [t for t in targets if t.exists() and any(t.iterdir())]
-    if occupied and not manifest_path.exists():
-        raise DataError(
-            f"{occupied[0]} exists and {manifest_path} does not: the folder was not written "
-            "by prepare_synthetic_data; choose another data.root for the synthetic data"
-        )
-    for target in targets:
-        shutil.rmtree(target, ignore_errors=True)
+def _read_manifest(path: Path) -> dict | None:
+    """The manifest at ``path`` (None: there is none); a DataError if this module did not
+    write it."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        found = read_json(path)
+    except DataError:
+        found = None
+    if not _part(found, "train") or not _part(found, "heldout"):
+        raise DataError(f"{path}: {_NOT_OURS}")
+    return found
 
 
-def _write_heldout_pairs(written: dict[str, list[str]], path: Path, pairs_per_fold: int, seed: int):
-    """Pairs of some held-out identities: identity-disjoint folds when there are enough, else
-    drawn from all of them and split."""
-    for disjoint in (True, False):
-        try:
-            folds = generate_pairs(written, PAIRS_FOLDS, pairs_per_fold, seed, disjoint)
-            return write_pairs(path, folds)
-        except DataError as err:
-            problem = err
-    raise ConfigError(
-        "data.synthetic_heldout_identities, data.synthetic_heldout_images_per_identity "
-        f"and data.synthetic_pairs_per_fold: too small for the held-out pairs (half of "
-        f"the held-out identities each for validation and test): {problem}"
+def _part(manifest, part: str) -> dict | None:
+    """``manifest[part]`` if it holds the three counts a manifest records for a part."""
+    spec = manifest.get(part) if isinstance(manifest, dict) else None
+    keys = ("identities", "images_per_identity", "identity_offset")
+    ok = isinstance(spec, dict) and all(type(spec.get(k)) is int for k in keys)
+    return spec if ok else None
+
+
+def _numbered(name: str, template: str, first: int, count: int) -> bool:
+    """Whether ``name`` is ``template.format(n)`` for some n in [first, first + count)."""
+    match = re.search(r"\d{1,12}(?=\D*$)", name)  # the last number in the name
+    return (
+        bool(match)
+        and 0 <= int(match[0]) - first < count
+        and template.format(int(match[0])) == name
     )
 
 
-def _check_sizes(cfg) -> None:
-    """Every count a positive integer and the seed >= 0, else a ConfigError naming the key."""
+def _listed(path: Path, parts: tuple, spec: dict | None) -> bool:
+    """Whether ``path`` (``parts`` below train/ or heldout/) is what a manifest's ``spec``
+    of that folder lists: its identity folders and their PNGs, the pairs files or a training
+    index; never a link."""
+    if path.is_symlink():
+        return False
+    if len(parts) == 1 and TEMPORARY_NAME.sub(r"\g<target>", parts[0]) in _OWN_FILES:
+        return path.is_file()
+    if not spec or not _numbered(parts[0], "id{:05d}", spec["identity_offset"], spec["identities"]):
+        return False
+    template, count = parts[0] + "_{:04d}.png", spec["images_per_identity"]
+    return (
+        path.is_dir()
+        if len(parts) == 1
+        else len(parts) == 2 and path.is_file() and _numbered(parts[1], template, 1, count)
+    )
+
+
+def _clear_previous(root: Path, found: dict | None) -> None:
+    """Remove ``root/train`` and ``root/heldout`` when they hold only what the manifest
+    ``found`` lists, else refuse with a DataError naming the first thing it does not list."""
+    folders = [root / "train", root / "heldout"]
+    for folder in folders:
+        if folder.is_symlink() or folder.exists() and not folder.is_dir():
+            raise DataError(f"{folder}: {_NOT_OURS}")
+        spec = _part(found, folder.name)
+        for path in folder.rglob("*"):  # links are not followed
+            if not _listed(path, path.relative_to(folder).parts, spec):
+                raise DataError(f"{path}: {_NOT_OURS}")
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _heldout_pairs(files: dict[str, list[str]], cfg) -> list[str]:
+    """The texts of ``val_pairs.txt`` and ``test_pairs.txt``: pairs of the two
+    identity-disjoint halves of the held-out identities ``files``."""
+    names = sorted(files)
+    half = len(names) // 2
     try:
-        image_hw(cfg.image_size)
-    except ValueError:
+        return [
+            pairs_text(
+                draw_folds(
+                    {n: files[n] for n in group},
+                    PAIRS_FOLDS,
+                    cfg.synthetic_pairs_per_fold,
+                    cfg.synthetic_seed,
+                )
+            )
+            for group in (names[:half], names[half:])
+        ]
+    except DataError as problem:
         raise ConfigError(
-            f"data.image_size: {cfg.image_size!r}: expected a positive integer or [height, width]"
+            "data.synthetic_heldout_identities, data.synthetic_heldout_images_per_identity "
+            f"and data.synthetic_pairs_per_fold: too small for the held-out pairs (half of "
+            f"the held-out identities each for validation and test): {problem}"
         ) from None
-    for key in (
-        "synthetic_identities",
-        "synthetic_images_per_identity",
-        "synthetic_heldout_identities",
-        "synthetic_heldout_images_per_identity",
-        "synthetic_pairs_per_fold",
-    ):
-        value = getattr(cfg, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"data.{key}: {value!r}: expected a positive integer")
-    if cfg.synthetic_seed < 0:
-        raise ConfigError(f"data.synthetic_seed: {cfg.synthetic_seed!r}: expected >= 0")
 
 
 def prepare_synthetic_data(root: str | Path, cfg) -> dict:
@@ -532,41 +581,40 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         ``{"train_root", "heldout_root", "val_pairs", "test_pairs"}`` as path strings.
 
     Raises:
-        ConfigError: a size below 1, or sizes too small for the held-out pairs.
-        DataError: ``root`` holds ``train``/``heldout`` folders this function did not write.
+        ConfigError: sizes too small for the held-out pairs (load_config checks each one).
+        DataError: ``root`` holds a ``manifest.json``, ``train`` or ``heldout`` this function
+            did not write; nothing is then removed.
     """
-    _check_sizes(cfg)
     root, wanted = Path(root), _manifest(cfg)
     paths = {"train_root": root / "train", "heldout_root": root / "heldout"}
     paths |= {key: root / "heldout" / f"{key}.txt" for key in ("val_pairs", "test_pairs")}
     written_paths = {key: str(path) for key, path in paths.items()}
     manifest_path = root / MANIFEST_NAME
-    try:
-        found = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        found = None
+    found = _read_manifest(manifest_path)
     if (
         found == {**wanted, "complete": True}
         and all(paths[k].is_file() for k in ("val_pairs", "test_pairs"))
         and all(_folder_complete(root / part, wanted[part]) for part in ("train", "heldout"))
     ):
         return written_paths
-    root.mkdir(parents=True, exist_ok=True)
-    _clear_previous(root, manifest_path)
-    write_text_atomic(manifest_path, json.dumps({**wanted, "complete": False}, indent=2))
-    for part in ("train", "heldout"):
-        spec = wanted[part]
-        written = SyntheticIdentities(
+    parts = {
+        part: SyntheticIdentities(
             spec["identities"],
             spec["images_per_identity"],
             wanted["image_size"],
             wanted["seed"],
             spec["identity_offset"],
-        ).write_to_disk(root / part)
-    names = sorted(written)  # the held-out identities, in two identity-disjoint halves
-    half = len(names) // 2
-    for key, group in zip(("val_pairs", "test_pairs"), (names[:half], names[half:])):
-        pairs_of = {n: written[n] for n in group}
-        _write_heldout_pairs(pairs_of, paths[key], cfg.synthetic_pairs_per_fold, wanted["seed"])
+        )
+        for part, spec in ((part, wanted[part]) for part in ("train", "heldout"))
+    }
+    # Every check that can refuse the call comes before anything is removed.
+    texts = _heldout_pairs(parts["heldout"].file_names(), cfg)
+    _clear_previous(root, found)
+    root.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(manifest_path, json.dumps({**wanted, "complete": False}, indent=2))
+    for part, identities in parts.items():
+        identities.write_to_disk(root / part)
+    for key, text in zip(("val_pairs", "test_pairs"), texts):
+        write_text_atomic(paths[key], text)
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": True}, indent=2))
     return written_paths

@@ -212,9 +212,14 @@ def test_index_in_cache_dir_leaves_the_data_folder_untouched(root, tmp_path):
     assert second.index_reused and second.samples == first.samples
 
 
-def test_corrupt_cache_file_is_rebuilt(root):
+@pytest.mark.parametrize("damage", ["{ not json", "[" * 100_000, "fifo"])
+def test_corrupt_cache_file_is_rebuilt(root, damage):
     build(root)
-    (root / INDEX_FILE_NAME).write_text("{ not json")
+    (root / INDEX_FILE_NAME).unlink()
+    if damage == "fifo":  # must not block
+        os.mkfifo(root / INDEX_FILE_NAME)
+    else:
+        (root / INDEX_FILE_NAME).write_text(damage)
     ds, _ = build(root)
     assert not ds.index_reused and len(ds) == 7
 

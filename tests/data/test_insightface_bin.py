@@ -16,6 +16,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from benchmarks import reference_evaluation as ref
 from facenet.cli import evaluate as evaluate_script
+from facenet.data import insightface_bin
 from facenet.data.folder import list_images
 from facenet.data.images import read_image
 from facenet.data.insightface_bin import BinFormatError, BinImages, read_bin
@@ -169,7 +170,8 @@ def test_a_fifo_named_bin_is_refused_without_blocking(tmp_path):
 
 def test_a_bin_of_animated_gifs_reads_their_first_frames(tmp_path):
     data, first = GOOD["gif_animated"].data, GOOD["gif_animated"].expected
-    (tmp_path / "gifs.bin").write_bytes(pickle.dumps(([data, data], [True])))
+    copy = bytes(bytearray(data))  # another object: pickle stores it, not a reference
+    (tmp_path / "gifs.bin").write_bytes(pickle.dumps(([data, copy], [True])))
     images = BinImages(read_bin(tmp_path / "gifs.bin"), SIDE)
     assert torch.equal((images[1] * 128 + 127.5).round().to(torch.uint8), first)
 
@@ -178,9 +180,11 @@ def hostile_bins(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     """.bin files that must end in one error line: the file and a phrase of the message."""
     out = {}
     for name in ("png_crc_damaged", "jpeg_huge", "png_bad_filter", "gif_huge_frame"):
-        images = [GOOD["png"].data, BAD[name].data]
+        # 10 folds of both kinds; pickle stores each copy whole, not a reference
+        copies = [bytes(bytearray(GOOD["png"].data)) for _ in range(38)]
+        images = [GOOD["png"].data, BAD[name].data, *copies]
         path = tmp_path / f"{name}.bin"
-        path.write_bytes(pickle.dumps((images, [False])))
+        path.write_bytes(pickle.dumps((images, [False, True] * 10)))
         out[name] = (path, f"{path}: image 1 (pair 0) cannot be decoded")
     for name, raw in (
         ("huge length", HUGE_DECLARATIONS["bytes8"]),
@@ -206,3 +210,62 @@ def test_bin_images_are_resized_whole_to_height_by_width(tiny_run, tmp_path):
     write_bin(tmp_path / "lfw.bin", tiny_run, 2, seed=0)
     images = BinImages(read_bin(tmp_path / "lfw.bin"), [24, 20])
     assert images[0].shape == (3, 24, 20)  # 112 x 112 faces squeezed to (H, W)
+
+
+# ------------------------------------------------------------ structure before any decoding
+
+
+def test_images_repeated_by_reference_are_refused_before_decoding(tmp_path):
+    image, other = GOOD["png"].data, GOOD["jpeg"].data  # pickle writes a repeat as a reference
+    for name, images in (("one", [image] * 2000), ("two", [image, other] * 1000)):
+        (tmp_path / f"{name}.bin").write_bytes(pickle.dumps((images, [True, False] * 500)))
+        with pytest.raises(BinFormatError, match="more than the file's .* by reference"):
+            read_bin(tmp_path / f"{name}.bin")
+
+
+def test_more_pairs_than_allowed_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(insightface_bin, "MAX_BIN_PAIRS", 10)
+    images = [bytes([i % 256]) * 3 for i in range(22)]
+    (tmp_path / "x.bin").write_bytes(pickle.dumps((images, [True, False] * 5 + [True])))
+    with pytest.raises(BinFormatError, match="22 images for 11 pairs.*at most 10 pairs"):
+        read_bin(tmp_path / "x.bin")
+
+
+@pytest.mark.parametrize(
+    ("issame", "folds", "bad"),
+    [
+        ([True] * 20, 10, 0),  # one kind only
+        ([True, False] * 9 + [False, False], 10, 9),  # the last fold
+        ([True, False] * 2, 10, 0),  # fewer pairs than folds
+        ([True] * 10 + [False] * 10, 2, 0),  # sorted by kind
+    ],
+)
+def test_folds_without_both_kinds_are_refused_before_decoding(tmp_path, issame, folds, bad):
+    images = [f"not an image {i}".encode() for i in range(2 * len(issame))]
+    (tmp_path / "x.bin").write_bytes(pickle.dumps((images, issame)))
+    assert len(read_bin(tmp_path / "x.bin")) == len(issame)  # no folds asked: no check
+    with pytest.raises(BinFormatError, match=f"fold {bad} of {folds} .* lacks same or different"):
+        read_bin(tmp_path / "x.bin", folds)
+
+
+def test_evaluate_refuses_bad_folds_before_embedding_and_honours_the_pixel_limit(
+    tiny_run, tmp_path, capsys
+):
+    images = [f"not an image {i}".encode() for i in range(40)]
+    (tmp_path / "same.bin").write_bytes(pickle.dumps((images, [True] * 20)))
+    write_bin(tmp_path / "lfw.bin", tiny_run, 20, seed=0)  # 112 x 112 faces
+    (tmp_path / "run.yaml").write_text("data:\n  max_image_pixels: 10000\n")
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--out", str(tmp_path / "out")]
+    for extra, message in (
+        (["--bin", str(tmp_path / "same.bin")], "same.bin: fold 0 of 10 (2 pairs) lacks"),
+        (["--bin", str(tmp_path / "same.bin"), "--folds", "2"], "fold 0 of 2 (10 pairs)"),
+        (
+            ["--bin", str(tmp_path / "lfw.bin"), "--config", str(tmp_path / "run.yaml")],
+            "lfw.bin: image 0 (pair 0) cannot be decoded",
+        ),
+    ):
+        assert evaluate_script.main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1, err
+    assert "data.max_image_pixels" in err
+    assert not (tmp_path / "out").exists()

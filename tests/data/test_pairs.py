@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from facenet.cli import make_pairs as make_pairs_script
+from facenet.data import pairs as pairs_module
 from facenet.data.pairs import (
     MissingImagesError,
     PairFold,
@@ -378,6 +379,17 @@ def test_a_fifo_as_the_pairs_file_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(PairsFormatError, match="not a regular file"):
         read_pairs(fifo)
+
+
+def test_a_pairs_file_past_the_size_bound_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(pairs_module, "_MAX_PAIRS_BYTES", 64)
+    (tmp_path / "pairs.txt").write_text("1\t1\n" + "Alice\t1\t2\n" * 10)
+    with pytest.raises(
+        PairsFormatError, match="pairs.txt: 104 bytes is larger than the 64 allowed"
+    ):
+        read_pairs(tmp_path / "pairs.txt")
+    with pytest.raises(FileNotFoundError, match="absent.txt"):
+        read_pairs(tmp_path / "absent.txt")
 
 
 # --------------------------------------------------------------------------- fold assignment

@@ -24,6 +24,7 @@ from facenet.data.folder import IdentityFolder
 from facenet.data.images import read_image
 from facenet.data.pairs import read_pairs
 from facenet.data.synthetic import SyntheticIdentities, prepare_synthetic_data, sample_nuisance
+from facenet.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
@@ -198,6 +199,92 @@ def test_prepare_refuses_to_overwrite_a_folder_it_did_not_write(tmp_path):
     with pytest.raises(ValueError, match="not written by prepare_synthetic_data"):
         prepare_synthetic_data(tmp_path, small_config())
     assert (tmp_path / "train" / "someone" / "photo.png").is_file()
+
+
+def user_folders(root):
+    """A user's train/ and heldout/ folders under ``root``; returns their files."""
+    files = [root / "train" / "alice" / "a.png", root / "heldout" / "bob" / "b.png"]
+    for file in files:
+        file.parent.mkdir(parents=True)
+        file.write_bytes(b"the user's photo")
+    return files
+
+
+@pytest.mark.parametrize(
+    "manifest", ["", "{}", "[]", '{"train": {}, "heldout": {}}', "\xff", "[" * 100_000]
+)
+def test_a_manifest_not_written_here_is_refused_and_nothing_is_removed(tmp_path, manifest):
+    files = user_folders(tmp_path)
+    (tmp_path / "manifest.json").write_text(manifest, encoding="latin-1")
+    with pytest.raises(DataError, match="manifest.json: not written by prepare_synthetic_data"):
+        prepare_synthetic_data(tmp_path, small_config())
+    assert all(f.read_bytes() == b"the user's photo" for f in files)
+    assert (tmp_path / "manifest.json").read_text(encoding="latin-1") == manifest
+
+
+@pytest.mark.parametrize(
+    ("added", "named"),
+    [
+        ("train/alice/a.png", "train/alice"),  # a folder the manifest does not list
+        ("train/id00000/notes.txt", None),  # a file in a listed folder
+        ("heldout/id00006/id00006_0099.png", None),  # an image number past its count
+        ("heldout/id00006/id00006_1.png", None),  # a number written otherwise
+        ("train/id00099/id00099_0001.png", "train/id00099"),  # an identity past its count
+        ("heldout/id00000/id00000_0001.png", "heldout/id00000"),  # a training identity
+        ("train/.hidden", None),
+    ],
+)
+def test_a_file_the_manifest_does_not_list_keeps_both_folders(tmp_path, added, named):
+    prepare_synthetic_data(tmp_path, small_config())
+    (tmp_path / added).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / added).write_bytes(b"the user's")
+    with pytest.raises(DataError, match=f"{named or added}: not written by prepare_synthetic"):
+        prepare_synthetic_data(tmp_path, small_config(synthetic_images_per_identity=2))
+    assert (tmp_path / added).read_bytes() == b"the user's"
+    ours = [p for p in tmp_path.glob("*/id*/*.png") if p != tmp_path / added]
+    assert len(ours) == 6 * 3 + 10 * 4  # nothing removed
+
+
+def test_a_link_in_the_folders_is_refused_and_its_target_kept(tmp_path):
+    prepare_synthetic_data(tmp_path, small_config())
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.png").write_bytes(b"the user's")
+    link = tmp_path / "train" / "id00000" / "id00000_0001.png"
+    link.unlink()
+    link.symlink_to(tmp_path / "photos" / "a.png")
+    (tmp_path / "heldout").rename(tmp_path / "elsewhere")
+    (tmp_path / "heldout").symlink_to(tmp_path / "photos")
+    for cfg in (small_config(synthetic_seed=1), small_config()):
+        with pytest.raises(DataError, match="not written by prepare_synthetic_data"):
+            prepare_synthetic_data(tmp_path, cfg)
+        link.unlink()
+        link.write_bytes(b"")  # the link gone: the heldout/ link is refused still
+    assert (tmp_path / "photos" / "a.png").read_bytes() == b"the user's"
+
+
+def test_a_fifo_named_manifest_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "manifest.json")
+    with pytest.raises(DataError, match="manifest.json: not written by prepare_synthetic_data"):
+        prepare_synthetic_data(tmp_path, small_config())
+    assert not (tmp_path / "train").exists()
+
+
+def test_sizes_too_small_for_the_pairs_are_refused_before_anything_is_removed(tmp_path):
+    prepare_synthetic_data(tmp_path, small_config())
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match="synthetic_pairs_per_fold"):
+        prepare_synthetic_data(tmp_path, small_config(synthetic_pairs_per_fold=1000))
+    assert sorted(tmp_path.rglob("*")) == before
+    assert json.loads((tmp_path / "manifest.json").read_text())["complete"] is True
+
+
+def test_its_own_folders_with_a_training_index_and_a_temporary_file_are_rewritten(tmp_path):
+    out = prepare_synthetic_data(tmp_path, small_config())
+    IdentityFolder(out["train_root"])  # writes train/.facenet_index.json
+    (tmp_path / "heldout" / ".val_pairs.txt.123.tmp").write_text("cut short by a crash")
+    prepare_synthetic_data(tmp_path, small_config(synthetic_images_per_identity=2))
+    assert len(IdentityFolder(out["train_root"])) == 12
+    assert not (tmp_path / "heldout" / ".val_pairs.txt.123.tmp").exists()
 
 
 # ----------------------------------------------------------------------------- hardness
