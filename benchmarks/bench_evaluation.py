@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 
 from benchmarks import reference_evaluation as ref
-from benchmarks.measure import describe_machine, run_benchmark, show, timed
+from benchmarks.measure import benchmark_parser, describe_machine, run_benchmark, show, timed
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import evaluate_verification
 
@@ -105,7 +105,7 @@ def measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: 2,000 pairs, few repeats)."""
-    return run_benchmark(__doc__, argv, measure)
+    return run_benchmark(benchmark_parser(__doc__), argv, measure)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
 from benchmarks.forking import run_forked
-from benchmarks.measure import describe_machine, run_benchmark, show, timed
+from benchmarks.measure import benchmark_parser, describe_machine, run_benchmark, show, timed
 from facenet.errors import FacenetError
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 
@@ -173,7 +173,7 @@ def measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: B in {256, 512}, 16 identities)."""
-    return run_benchmark(__doc__, argv, measure)
+    return run_benchmark(benchmark_parser(__doc__), argv, measure)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,14 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from benchmarks.measure import describe_machine, run_benchmark, show, stop_workers, timed
+from benchmarks.measure import (
+    benchmark_parser,
+    describe_machine,
+    run_benchmark,
+    show,
+    stop_workers,
+    timed,
+)
 from facenet.config import load_config
 from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
 from facenet.data.batches import TrainCrops, standardize
@@ -234,7 +241,7 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: small folders, few batches)."""
-    return run_benchmark(__doc__, argv, run)
+    return run_benchmark(benchmark_parser(__doc__), argv, run)
 
 
 if __name__ == "__main__":

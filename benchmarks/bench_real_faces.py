@@ -21,6 +21,7 @@ import math
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,7 +31,15 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_image
 
-from benchmarks.measure import describe_machine, write_report
+from benchmarks.measure import (
+    benchmark_parser,
+    describe_machine,
+    input_path,
+    output_path,
+    positive_float,
+    run_benchmark,
+    write_report,
+)
 from benchmarks.seed_loop import SeedModel, seed_train_step
 from facenet.config import Config, config_to_dict, load_config
 from facenet.data.batches import standardize
@@ -353,31 +362,9 @@ def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
 # --------------------------------------------------------------------------- command line
 
 
-def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of the benchmark."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-root", required=True, help="aligned root/<identity>/<image>")
-    parser.add_argument("--lfw-root", required=True, help="aligned LFW: Name/Name_NNNN.jpg")
-    parser.add_argument("--pairs", required=True, help="LFW's pairs.txt (View 2)")
-    parser.add_argument("--weights", default=None, help="a published model to fine-tune")
-    parser.add_argument("--cpu-seconds", type=float, default=360.0, help="budget per method")
-    parser.add_argument("--finetune-cpu-seconds", type=float, default=None, help="default: same")
-    parser.add_argument("--methods", nargs="*", default=list(SETUPS), choices=SETUPS)
-    for part in ("", "finetune-", "publisher-"):  # overrides of each configuration
-        dest = part.replace("-", "_") + "overrides"
-        parser.add_argument(f"--{part}set", dest=dest, action="append", default=[], metavar="K=V")
-    parser.add_argument("--out", default=None, help="run folder (held-out pairs); default: temp")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--json", default=None, help="write the report here")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
+def measure(args: argparse.Namespace) -> dict:
     """Run the measurements; the JSON report is rewritten after each one."""
-    args = get_args_parser().parse_args(argv)
-    if args.finetune_cpu_seconds is None:
-        args.finetune_cpu_seconds = args.cpu_seconds
-    torch.set_num_threads(args.threads)
+    args.finetune_cpu_seconds = args.finetune_cpu_seconds or args.cpu_seconds
     report = {
         "benchmark": "real faces: LFW after the same CPU budget; fine-tuning a published model",
         "command": " ".join(["python -m benchmarks.bench_real_faces", *sys.argv[1:]]),
@@ -386,13 +373,31 @@ def main(argv: list[str] | None = None) -> int:
         "machine": describe_machine("cpu"),
     }
     with tempfile.TemporaryDirectory() as temporary:
-        run_dir = Path(args.out or temporary)
+        run_dir = args.out or Path(temporary)
+        run_dir.mkdir(parents=True, exist_ok=True)
         if args.methods:
             from_scratch(args, run_dir, report)
         if args.weights:
             finetune(args, run_dir, report)
-    write_report(args.json, report)
-    return 0
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (``--json``: rewritten after each measurement)."""
+    parser = benchmark_parser(__doc__, quick=False)
+    add = parser.add_argument
+    add("--train-root", type=input_path, required=True, help="aligned root/<identity>/<image>")
+    add("--lfw-root", type=input_path, required=True, help="aligned LFW: Name/Name_NNNN.jpg")
+    add("--pairs", type=input_path, required=True, help="LFW's pairs.txt (View 2)")
+    add("--weights", type=input_path, help="a published model to fine-tune")
+    add("--cpu-seconds", type=positive_float, default=360.0, help="budget per method")
+    add("--finetune-cpu-seconds", type=positive_float, help="default: --cpu-seconds")
+    add("--methods", nargs="*", default=list(SETUPS), choices=SETUPS)
+    for part in ("", "finetune-", "publisher-"):  # overrides of each configuration
+        dest = part.replace("-", "_") + "overrides"
+        add(f"--{part}set", dest=dest, action="append", default=[], metavar="K=V")
+    add("--out", type=partial(output_path, folder=True), help="run folder; default: temporary")
+    return run_benchmark(parser, argv, measure)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from benchmarks import memory_report
 from benchmarks.forking import run_forked
 from benchmarks.measure import (
     RSS_BEFORE_BYTES,
+    benchmark_parser,
     describe_machine,
     ratio,
     run_benchmark,
@@ -35,6 +36,7 @@ from benchmarks.measure import (
     write_report,
 )
 from benchmarks.seed_loop import l2_dist, seed_train_step
+from facenet.cli.common import positive_int
 from facenet.errors import FacenetError
 from facenet.memory import (
     CUDA_MAX_ALLOCATED,
@@ -486,17 +488,6 @@ def search_largest_batch(template: Case, sizes: list[int]) -> list[dict]:
     return rows
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """The suite's options beside the harness's."""
-    add = parser.add_argument
-    add("--suite", choices=("cpu", "gpu"), default="cpu")
-    add("--device", help="every case's device (default: cuda for the GPU suite)")
-    add("--pk-search", type=lambda text: [int(v) for v in text.split(",")],
-        help="P x K sizes, comma-separated: the largest two-pass batch that fits, with and "
-        "without chunks (after the suite)")  # fmt: skip
-    add("--only-search", action="store_true", help="skip the suite")
-
-
 def measure(args: argparse.Namespace, argv: list[str]) -> dict:
     """Run the suite, writing the report to ``--json`` after each case (a run stopped by a
     time limit keeps the cases it finished)."""
@@ -529,7 +520,14 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run the suite and write the JSON report after each case."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return run_benchmark(__doc__, argv, lambda args: measure(args, argv), add_options)
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--suite", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--device", help="every case's device (default: cuda for the GPU suite)")
+    parser.add_argument("--pk-search", type=lambda text: [positive_int(v) for v in text.split(",")],
+        help="P x K sizes, comma-separated: the largest two-pass batch that fits, with and "
+        "without chunks (after the suite)")  # fmt: skip
+    parser.add_argument("--only-search", action="store_true", help="skip the suite")
+    return run_benchmark(parser, argv, lambda args: measure(args, argv))
 
 
 if __name__ == "__main__":

@@ -20,17 +20,16 @@ import json
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks import seed_loop
-from benchmarks.measure import timed
+from benchmarks.measure import benchmark_parser, output_path, timed, write_report
 from facenet.cli.common import positive_int
 from facenet.distributed import resolve_device
 from facenet.errors import FacenetError
-from facenet.files import json_safe, write_text_atomic
+from facenet.files import json_safe
 from facenet.memory import (
     CUDA_ALLOCATED,
     CUDA_MAX_ALLOCATED,
@@ -77,9 +76,8 @@ def image_size_arg(text: str) -> int | list[int]:
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``python -m benchmarks.memory_report``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.memory_report", description=__doc__.splitlines()[0]
-    )
+    parser = benchmark_parser(__doc__, quick=False)
+    parser.prog = "python -m benchmarks.memory_report"
     add = parser.add_argument
     add("--backbone", choices=BACKBONES, default="tiny")
     add("--image-size", type=image_size_arg, default=64, help="S, or HxW (e.g. 112x96)")
@@ -93,8 +91,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     add("--optimizer", choices=("adagrad", "adam", "sgd"), default="adagrad")
     add("--lr", type=float, default=0.01)
     add("--pk", type=int, default=3, help="K images per identity of the P x K rows; 0: none")
-    add("--json", type=Path, default=None, help="write the report here")
-    add("--snapshot", type=Path, default=None, help="CUDA: the allocator's history during the "
+    add("--snapshot", type=output_path, help="CUDA: the allocator's history during the "
         "seed loop, for https://pytorch.org/memory_viz")  # fmt: skip
     add("--memory-summary", action="store_true", help="CUDA: print torch.cuda.memory_summary")
     return parser
@@ -125,8 +122,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--device: unknown device {args.device!r}; use cpu, cuda, cuda:N or auto")
     if args.device.type not in ("cpu", "cuda"):
         parser.error(f"--device {args.device}: only cpu and cuda are measured")
-    if args.json is not None and args.json.is_dir():  # found now, not after the whole report
-        parser.error(f"--json {args.json}: is a folder; give a file name")
     if (args.snapshot or args.memory_summary) and args.device.type != "cuda":
         parser.error("--snapshot and --memory-summary need a CUDA --device")
     args.identities = images // args.pk if args.pk else 0
@@ -409,18 +404,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ``variants`` (name -> figures, with :data:`REQUIRED_KEYS`, and :data:`CUDA_KEYS` on CUDA),
     ``seed_timeline`` and ``graph_lifecycle``."""
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     report = run_report(args)
     if args.memory_summary:
         print(torch.cuda.memory_summary(args.device, abbreviated=True), file=sys.stderr)
-    text = json.dumps(json_safe(report), indent=2) + "\n"
     if args.json is None:
-        print(text)
+        print(json.dumps(json_safe(report), indent=2))
         return report
     try:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(args.json, text)
-    except OSError as err:
-        print(f"error: cannot write {args.json}: {err.strerror or err}", file=sys.stderr)
+        write_report(args.json, report)
+    except FacenetError as err:
+        print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     return report
 

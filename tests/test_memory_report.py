@@ -212,11 +212,21 @@ def test_cuda_without_cuda_is_a_clear_error(capsys):
     assert "CUDA is not available" in capsys.readouterr().err
 
 
-def test_an_output_that_is_a_folder_is_refused_before_the_report(tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--json", "--snapshot"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_report(tmp_path, capsys, flag):
+    (tmp_path / "file").write_text("")
+    for bad, why in ((tmp_path, "is a folder"), (tmp_path / "file" / "r", "cannot write")):
+        with pytest.raises(SystemExit) as exit_info:
+            memory_report.parse_args([flag, str(bad)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and flag in err and f"{bad}: {why}" in err, err
+
+
+def test_threads_must_be_positive(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        memory_report.parse_args(["--json", str(tmp_path)])
-    assert exit_info.value.code == 2
-    assert f"--json {tmp_path}: is a folder" in capsys.readouterr().err
+        memory_report.parse_args(["--threads", "0"])
+    assert exit_info.value.code == 2 and "--threads" in capsys.readouterr().err
 
 
 def test_image_size_takes_one_side_or_height_x_width():
