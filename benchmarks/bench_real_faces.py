@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_image
 
@@ -64,7 +65,7 @@ class CpuBudget:
     """Process CPU seconds (every thread) spent since the start, against a limit."""
 
     def __init__(self, seconds: float):
-        self.seconds = float(seconds)
+        self.seconds = seconds
         self.cpu_start, self.wall_start = time.process_time(), time.perf_counter()
 
     def spent(self) -> float:
@@ -76,47 +77,34 @@ class CpuBudget:
         return self.spent() >= self.seconds
 
 
-class BudgetSchedule:
-    """The configuration's learning-rate shape over the budget's fraction spent, not steps.
-
-    Each group's rate is its starting rate (its ``lr`` now) times ``ScheduleShape.factor`` at
-    the thousandth of the budget used (warm-up, if any, as the same fraction of the run as in
-    the config).
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, cfg: Config, budget: CpuBudget):
-        self.optimizer, self.budget = optimizer, budget
-        self.base = [group["lr"] for group in optimizer.param_groups]
-        warmup = cfg.optim.warmup_epochs / cfg.train.epochs if cfg.optim.warmup_epochs else 0.0
-        self.shape = ScheduleShape(
-            kind=cfg.optim.schedule,
-            total_steps=SCHEDULE_POINTS,
-            warmup_steps=round(warmup * SCHEDULE_POINTS),
-            decay_every=max(1, round(SCHEDULE_POINTS * cfg.optim.step_size / cfg.train.epochs)),
-            gamma=cfg.optim.gamma,
-            floor=cfg.optim.min_lr_ratio,
-        )
-
-    def apply(self) -> float:
-        """Set every group's rate for the next step; returns the factor."""
-        fraction = min(1.0, self.budget.spent() / self.budget.seconds)
-        factor = self.shape.factor(int(fraction * SCHEDULE_POINTS))
-        for group, base in zip(self.optimizer.param_groups, self.base):
-            group["lr"] = base * factor
-        return factor
+def budget_schedule(optimizer: torch.optim.Optimizer, cfg: Config, budget: CpuBudget):
+    """The configuration's learning-rate shape over the thousandths of the budget spent, not
+    over steps (a warm-up the same fraction of the run as in the config); ``step()`` after each
+    step sets the next rates."""
+    optim, epochs = cfg.optim, cfg.train.epochs
+    shape = ScheduleShape(
+        optim.schedule,
+        SCHEDULE_POINTS,
+        round(SCHEDULE_POINTS * optim.warmup_epochs / epochs),
+        max(1, round(SCHEDULE_POINTS * optim.step_size / epochs)),
+        optim.gamma,
+        optim.min_lr_ratio,
+    )
+    fraction = lambda: min(1.0, budget.spent() / budget.seconds)  # noqa: E731
+    return LambdaLR(optimizer, lambda _: shape.factor(int(fraction() * SCHEDULE_POINTS)))
 
 
 def train_for_budget(step, optimizer, cfg: Config, data, budget: CpuBudget) -> dict:
     """``step(batch) -> (loss or None when skipped, images)`` over epochs of ``data`` until the
-    budget is spent, the rates set by :class:`BudgetSchedule`; the method's training record."""
-    schedule, losses = BudgetSchedule(optimizer, cfg, budget), []
+    budget is spent, the rates set by :func:`budget_schedule`; the method's training record."""
+    schedule, losses = budget_schedule(optimizer, cfg, budget), []
     steps = images = skipped = epochs = 0
     while not budget.done():
         epochs += 1
         data.sampler.set_epoch(epochs)
         for batch in data.loader:
-            schedule.apply()
             loss, count = step(batch)
+            schedule.step()
             steps, images = steps + 1, images + count
             if loss is None or not math.isfinite(loss):
                 skipped += 1
@@ -248,7 +236,7 @@ def setup_plain(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return (None if loss is None else float(loss)), images.shape[0]
+        return (None if loss is None else loss.item()), images.shape[0]
 
     model.train()
     return model, optimizer, step, SimpleNamespace(loader=loader, sampler=data.sampler), dict

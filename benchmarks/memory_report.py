@@ -25,9 +25,14 @@ from typing import Any
 import torch
 
 from benchmarks import seed_loop
-from benchmarks.measure import benchmark_parser, output_path, timed, write_report
-from facenet.cli.common import positive_int
-from facenet.distributed import resolve_device
+from benchmarks.measure import (
+    benchmark_parser,
+    output_path,
+    positive_float,
+    timed,
+    write_report,
+)
+from facenet.cli.common import parse_device, positive_int
 from facenet.errors import FacenetError
 from facenet.files import json_safe
 from facenet.memory import (
@@ -84,12 +89,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     add("--batch-size", type=positive_int, default=8, help="T triplets per batch: 3T images")
     add("--steps", type=positive_int, default=3, help="steps per variant")
     add("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    add("--margin", type=float, default=0.2, help="selection and loss margin")
+    add("--margin", type=positive_float, default=0.2, help="selection and loss margin")
     add("--seed", type=int, default=0, help="seed of the weights and images")
     add("--embedding-dim", type=positive_int, default=128)
     add("--num-classes", type=positive_int, default=10, help="classifier size")
     add("--optimizer", choices=("adagrad", "adam", "sgd"), default="adagrad")
-    add("--lr", type=float, default=0.01)
+    add("--lr", type=positive_float, default=0.01)
     add("--pk", type=int, default=3, help="K images per identity of the P x K rows; 0: none")
     add("--snapshot", type=output_path, help="CUDA: the allocator's history during the "
         "seed loop, for https://pytorch.org/memory_viz")  # fmt: skip
@@ -106,7 +111,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     errors = {
         "--steps": (args.steps < 2, "at least 2: the seed loop's graphs reach into the next step"),
         "--num-classes": (args.num_classes < 2, "negatives need at least 2 classes"),
-        "--margin": (not args.margin > 0, "must be > 0"),
         "--pk": (args.pk < 0 or (args.pk and (args.pk < 2 or images % args.pk)),
                  f"K must be 0 (none) or at least 2 and divide the 3 x --batch-size = {images} "
                  "images of a batch"),
@@ -115,11 +119,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if failed:
             parser.error(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: {why}")
     try:
-        args.device = resolve_device(args.device)
-    except FacenetError:
-        parser.error(f"--device {args.device}: CUDA is not available on this machine")
-    except RuntimeError:  # a name torch cannot parse
-        parser.error(f"--device: unknown device {args.device!r}; use cpu, cuda, cuda:N or auto")
+        args.device = parse_device(args.device)
+    except FacenetError as err:
+        parser.error(str(err))
     if args.device.type not in ("cpu", "cuda"):
         parser.error(f"--device {args.device}: only cpu and cuda are measured")
     if (args.snapshot or args.memory_summary) and args.device.type != "cuda":

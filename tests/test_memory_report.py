@@ -195,6 +195,8 @@ def test_triplet_batches_are_seeded_and_valid():
         (["--batch-size", "4", "--pk", "5"], "--pk"),
         (["--num-classes", "1"], "--num-classes"),
         (["--margin", "0"], "--margin"),
+        (["--margin", "nan"], "--margin"),
+        (["--lr", "inf"], "--lr"),
         (["--device", "tpu"], "--device"),
         (["--device", "cpu", "--snapshot", "s.pickle"], "--snapshot"),
     ],
@@ -209,7 +211,7 @@ def test_bad_input_names_the_flag(argv, flag, capsys):
 def test_cuda_without_cuda_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         memory_report.parse_args(["--device", "cuda"])
-    assert "CUDA is not available" in capsys.readouterr().err
+    assert "no CUDA device is available" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--json", "--snapshot"])
