@@ -33,10 +33,20 @@ RSS_BEFORE_BYTES = "rss_before_bytes"
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Every bad argument (a type refused, a check of the benchmark) in one line, exit 2."""
+    """Every bad argument (a type refused, a check of the benchmark) in one line, exit 2; two
+    path arguments naming the same file or folder (a report written over an input) refused."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        seen: dict[Path, str] = {}
+        for dest, value in vars(parsed).items():
+            flag = "--" + dest.replace("_", "-")
+            if isinstance(value, Path) and seen.setdefault(value.resolve(), flag) != flag:
+                self.error(f"{flag} {value}: the same path as {seen[value.resolve()]}")
+        return parsed
 
 
 def positive_float(text: str) -> float:

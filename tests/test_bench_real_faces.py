@@ -150,3 +150,14 @@ def test_a_bad_setting_is_one_line_exit_2(folders, tmp_path, capsys):
     assert bench.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "train.epochs" in err, err
+
+
+@pytest.mark.parametrize("output", ["--json", "--out"])
+def test_an_output_that_is_an_input_is_refused(folders, capsys, output):
+    """A report or run folder written over the data: refused before anything is replaced."""
+    target = folders / ("pairs.txt" if output == "--json" else "train")
+    before = target.stat().st_mtime_ns
+    argv = ["--train-root", str(folders / "train"), "--lfw-root", str(folders / "lfw")]
+    argv += ["--pairs", str(folders / "pairs.txt"), output, str(target)]
+    assert "the same path as" in refusal(argv, capsys)
+    assert target.stat().st_mtime_ns == before
