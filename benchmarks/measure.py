@@ -18,6 +18,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,17 @@ def output_path(text: str, folder: bool = False) -> Path:
     return path
 
 
+def device_name(text: str) -> str:
+    """An argparse ``type``: ``cpu``, ``cuda`` or ``cuda:N``, checked without touching CUDA."""
+    try:
+        measured = torch.device(text).type in ("cpu", "cuda")
+    except RuntimeError:
+        measured = False
+    if not measured:
+        raise argparse.ArgumentTypeError(f"{text}: not a device measured here (cpu, cuda:N)")
+    return text
+
+
 def benchmark_parser(doc: str, quick: bool = True) -> OneLineParser:
     """``--json PATH``, ``--threads N`` and (``quick``) ``--quick``; ``doc``'s first line
     describes the benchmark."""
@@ -107,15 +119,14 @@ def run_benchmark(parser: argparse.ArgumentParser, argv: list[str] | None, measu
 def time_rounds(tasks: dict, batches: list, rounds: int, device: str) -> dict:
     """Each task ``task(batch)`` once per round on the round's batch, in an order rotated by
     the round (no task always runs right after the same one); after a warm-up round,
-    ``{name: [(seconds, output), ...]}``."""
+    ``{name: [seconds, ...]}``."""
     runs: dict[str, list] = {name: [] for name in tasks}
     for index in range(1 + rounds):
-        batch = batches[index % len(batches)]
         shift = index % len(tasks)
         for name in list(tasks)[shift:] + list(tasks)[:shift]:
-            seconds, output = timed(device, lambda t=tasks[name], b=batch: t(b))
+            seconds, _ = timed(device, partial(tasks[name], batches[index % len(batches)]))
             if index:
-                runs[name].append((seconds, output))
+                runs[name].append(seconds)
     return runs
 
 

@@ -380,6 +380,11 @@ def test_every_runner_refuses_a_bad_argument_in_one_line(runner, flag, value, tm
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "meta", ""])
+def test_the_training_step_refuses_a_device_it_cannot_measure(device, capsys):
+    assert "--device" in one_line_exit_2(step.main, ["--device", device], capsys)
+
+
 def test_argument_types_take_finite_positive_numbers_and_usable_paths(tmp_path):
     assert measure.positive_float("0.5") == 0.5
     for bad in ("nan", "inf", "-inf", "0", "-3", "1e400"):
