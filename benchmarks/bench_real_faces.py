@@ -54,6 +54,7 @@ from facenet.training.build import TrainingData, build_data, build_trainer
 from facenet.training.optim import ScheduleShape, build_optimizer
 from facenet.training.validation import verify_settings
 
+REPO = Path(__file__).resolve().parents[1]  # the configurations' paths are relative to it
 SCRATCH_CONFIG = "configs/real_faces.yaml"
 FINETUNE_CONFIG = "configs/finetune_mobilefacenet.yaml"
 PUBLISHER_CONFIG = "configs/lfw_mobilefacenet.yaml"
@@ -143,7 +144,7 @@ def load_configs(args: argparse.Namespace, path: str, extra: list[str], run_dir:
         f"logging.out_dir={run_dir}",  # held-out pairs
         *extra,
     ]
-    return load_config(path, overrides)
+    return load_config(REPO / path, overrides)
 
 
 def setup_ours(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
@@ -332,7 +333,8 @@ def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
     """The published model on LFW (two evaluations) before and after triplet fine-tuning."""
     extra = [f"model.weights={args.weights}", *args.finetune_overrides]
     cfg = load_configs(args, FINETUNE_CONFIG, extra, run_dir)
-    publisher = load_config(PUBLISHER_CONFIG, ["data.num_workers=0", *args.publisher_overrides])
+    publisher_overrides = ["data.num_workers=0", *args.publisher_overrides]
+    publisher = load_config(REPO / PUBLISHER_CONFIG, publisher_overrides)
     data = build_data(cfg, run_dir)
     part = report["finetune"] = {"config": FINETUNE_CONFIG, "weights": args.weights}
     part |= describe(cfg, data)
@@ -374,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--json``: rewritten after each measurement)."""
     parser = benchmark_parser(__doc__, quick=False)
     add = parser.add_argument
-    add("--train-root", type=input_path, required=True, help="aligned root/<identity>/<image>")
-    add("--lfw-root", type=input_path, required=True, help="aligned LFW: Name/Name_NNNN.jpg")
+    folder = partial(input_path, folder=True)
+    add("--train-root", type=folder, required=True, help="aligned root/<identity>/<image>")
+    add("--lfw-root", type=folder, required=True, help="aligned LFW: Name/Name_NNNN.jpg")
     add("--pairs", type=input_path, required=True, help="LFW's pairs.txt (View 2)")
     add("--weights", type=input_path, help="a published model to fine-tune")
     add("--cpu-seconds", type=positive_float, default=360.0, help="budget per method")

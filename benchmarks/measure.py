@@ -34,19 +34,22 @@ RSS_BEFORE_BYTES = "rss_before_bytes"
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Every bad argument (a type refused, a check of the benchmark) in one line, exit 2; two
-    path arguments naming the same file or folder (a report written over an input) refused."""
+    """Every bad argument (a type refused, a check of the benchmark) in one line, exit 2; an
+    output (an :func:`output_path` argument) that is also another path argument is refused."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def parse_args(self, args=None, namespace=None):
         parsed = super().parse_args(args, namespace)
-        seen: dict[Path, str] = {}
-        for dest, value in vars(parsed).items():
-            flag = "--" + dest.replace("_", "-")
-            if isinstance(value, Path) and seen.setdefault(value.resolve(), flag) != flag:
-                self.error(f"{flag} {value}: the same path as {seen[value.resolve()]}")
+        flagged = [(a, getattr(parsed, a.dest, None)) for a in self._actions if a.option_strings]
+        paths = {a.option_strings[0]: p.resolve() for a, p in flagged if isinstance(p, Path)}
+        for action, path in flagged:
+            flag = action.option_strings[0]
+            if getattr(action.type, "func", action.type) is output_path and flag in paths:
+                for other in paths:
+                    if other != flag and paths[other] == paths[flag]:
+                        self.error(f"{flag} {path}: also given as {other}")
         return parsed
 
 
@@ -58,10 +61,10 @@ def positive_float(text: str) -> float:
     return value
 
 
-def input_path(text: str) -> Path:
-    """An argparse ``type``: an existing folder or regular file (no FIFO to block on)."""
-    if not (Path(text).is_dir() or Path(text).is_file()):
-        raise argparse.ArgumentTypeError(f"{text}: no such folder or regular file")
+def input_path(text: str, folder: bool = False) -> Path:
+    """An argparse ``type``: an existing regular file (no FIFO to block on), or ``folder``."""
+    if not (Path(text).is_dir() if folder else Path(text).is_file()):
+        raise argparse.ArgumentTypeError(f"{text}: not a {'folder' if folder else 'regular file'}")
     return Path(text)
 
 

@@ -130,6 +130,7 @@ def refusal(argv: list[str], capsys) -> str:
         ("--json", "{tmp}"),  # a folder, not a file
         ("--out", "{file}"),  # a file, not a folder
         ("--train-root", "{tmp}/missing"),
+        ("--lfw-root", "{file}"),  # a file, not a folder
         ("--pairs", "{fifo}"),  # would block on reading
         ("--weights", "{tmp}/missing.pt"),
     ],
@@ -144,12 +145,16 @@ def test_a_bad_argument_is_one_line_before_anything_runs(folders, tmp_path, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "file"]  # nothing written
 
 
-def test_a_bad_setting_is_one_line_exit_2(folders, tmp_path, capsys):
-    argv = ["--train-root", str(folders / "train"), "--lfw-root", str(folders / "lfw")]
-    argv += ["--pairs", str(folders / "pairs.txt"), "--set", "train.epochs=many"]
+@pytest.mark.parametrize("problem", ["setting", "empty root"])
+def test_a_bad_setting_or_root_is_one_line_exit_2(folders, tmp_path, capsys, monkeypatch, problem):
+    monkeypatch.chdir(tmp_path)  # the configurations are found from anywhere
+    train = folders / "train" if problem == "setting" else tmp_path
+    argv = ["--train-root", str(train), "--lfw-root", str(folders / "lfw")]
+    argv += ["--pairs", str(folders / "pairs.txt")]
+    argv += ["--set", "train.epochs=many"] if problem == "setting" else []
     assert bench.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "train.epochs" in err, err
+    assert err.count("\n") == 1 and ("train.epochs" in err or "identities" in err), err
 
 
 @pytest.mark.parametrize("output", ["--json", "--out"])
@@ -159,5 +164,5 @@ def test_an_output_that_is_an_input_is_refused(folders, capsys, output):
     before = target.stat().st_mtime_ns
     argv = ["--train-root", str(folders / "train"), "--lfw-root", str(folders / "lfw")]
     argv += ["--pairs", str(folders / "pairs.txt"), output, str(target)]
-    assert "the same path as" in refusal(argv, capsys)
+    assert "also given as" in refusal(argv, capsys)
     assert target.stat().st_mtime_ns == before
