@@ -2,12 +2,11 @@
 """Real faces: the LFW accuracy three training loops reach in one CPU budget, and fine-tuning.
 
 Each method (``ours``: the Trainer as ``facenet-train`` builds it; ``seed``: the seed's loop;
-``plain``: the one-pass loop people write) trains the same network from the same initial
-weights on an aligned identity folder until it has used ``--cpu-seconds`` of process CPU time
-(every thread, loading in the process, so other jobs do not change what a method gets; the
-learning rate follows the schedule over the fraction spent), then is evaluated on LFW's pairs
-and the held-out identities. With ``--weights``, a published model is measured before and
-after triplet fine-tuning. Figures and commands: docs/real_faces.md.
+``plain``: the one-pass loop people write) trains the same initial network on an aligned
+identity folder for ``--cpu-seconds`` of process CPU time (every thread: other jobs do not
+change what a method gets; the learning rate follows the schedule over the fraction spent),
+then is evaluated on LFW's pairs and held-out identities. ``--weights``: a published model
+before and after triplet fine-tuning. Figures and commands: docs/real_faces.md.
 
     python -m benchmarks.bench_real_faces --train-root celeba_sphereface \\
         --lfw-root lfw_sphereface --pairs pairs.txt [--weights 068.ckpt] --json real_faces.json

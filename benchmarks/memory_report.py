@@ -1,13 +1,10 @@
 """Memory report: what the seed's loop and the corrected steps hold, measured on one batch.
 
-Runs a few steps of the faithful port of the original loop (``seed``), of the two-pass and
-one-pass steps fed the same 3T images through ``Trainer.train_triplet_step`` with the seed's
-selection rule, and (unless ``--pk 0``) of both on the same images as a P x K batch with
-semi-hard mining (``*_pk``). Per variant: graph bytes alive after a step and at its peak,
-parameter, gradient and optimizer-state bytes, step time, the CUDA allocator's figures; then
-the seed loop's per-line timeline, which loop variable keeps which graph, and where a graph
-lives and what frees it, as JSON (stdout without ``--json``). docs/memory.md answers the seed's
-three questions with it.
+Runs a few steps of the seed loop's port (``seed``), of the two-pass and one-pass steps on the
+same 3T images through ``Trainer.train_triplet_step`` with the seed's selection rule and
+(unless ``--pk 0``) on them as a P x K batch with semi-hard mining (``*_pk``). Per variant:
+graph bytes alive after a step and at its peak, state bytes, step time, the CUDA allocator's
+figures; then the seed loop's per-line timeline and what frees a graph (docs/memory.md).
 
     python -m benchmarks.memory_report --backbone tiny --image-size 64 --json report.json
 """
