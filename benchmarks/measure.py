@@ -63,8 +63,9 @@ def positive_float(text: str) -> float:
 
 def input_path(text: str, folder: bool = False) -> Path:
     """An argparse ``type``: an existing regular file (no FIFO to block on), or ``folder``."""
+    kind = "folder" if folder else "regular file"
     if not (Path(text).is_dir() if folder else Path(text).is_file()):
-        raise argparse.ArgumentTypeError(f"{text}: not a {'folder' if folder else 'regular file'}")
+        raise argparse.ArgumentTypeError(f"{text}: no such {kind}")
     return Path(text)
 
 

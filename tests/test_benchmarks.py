@@ -395,7 +395,7 @@ def test_argument_types_take_finite_positive_numbers_and_usable_paths(tmp_path):
     assert measure.input_path(str(tmp_path / "file")) == tmp_path / "file"
     assert measure.input_path(str(tmp_path), folder=True) == tmp_path
     for bad, folder in (("fifo", False), ("missing", False), (".", False), ("file", True)):
-        with pytest.raises(argparse.ArgumentTypeError, match="not a (regular file|folder)"):
+        with pytest.raises(argparse.ArgumentTypeError, match="no such (regular file|folder)"):
             measure.input_path(str(tmp_path / bad), folder=folder)
     new = tmp_path / "a" / "b" / "r.json"
     assert measure.output_path(str(new)) == new and not (tmp_path / "a").exists()  # made later
