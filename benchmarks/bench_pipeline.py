@@ -15,7 +15,6 @@ folders, per 10,000 files and projected to VGGFace2's 3.3 M. Details: BENCHMARKS
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import tempfile
 import time
@@ -30,7 +29,6 @@ from torchvision.transforms import v2
 
 from benchmarks.measure import (
     benchmark_parser,
-    describe_machine,
     run_benchmark,
     show,
     stop_workers,
@@ -216,7 +214,6 @@ def run(args) -> dict:
     # workload: (batches, rounds); the demo at 32 px, resnet18 at 112
     workloads = {"demo": (2, 2)} if args.quick else {"demo": (24, 8), "resnet18": (4, 3)}
     report = {
-        "machine": describe_machine("cpu"),
         "identities": identities,
         "images_per_identity": per_identity,
         "batches": batches,
@@ -235,7 +232,6 @@ def run(args) -> dict:
                 )
         formats = ("JPEG", "PNG")
         report["index"] = [index_row(Path(work) / f"{f}_files", f, files) for f in formats]
-    report["machine"]["load_average_after"] = os.getloadavg()[0]
     return report
 
 

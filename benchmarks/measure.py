@@ -105,12 +105,15 @@ def benchmark_parser(doc: str, quick: bool = True) -> OneLineParser:
 
 
 def run_benchmark(parser: argparse.ArgumentParser, argv: list[str] | None, measure) -> int:
-    """Parse ``argv``, set the torch threads, write ``measure(args)`` (a dict) to ``--json``;
-    a :class:`FacenetError` is printed in one line: exit status 2."""
+    """Parse ``argv``, set the torch threads, write ``measure(args)`` (a dict; its ``machine``
+    by default this CPU machine as it was at the start) to ``--json``; a :class:`FacenetError`
+    is printed in one line: exit status 2."""
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    machine = describe_machine("cpu")
     try:
         report = measure(args)
+        report.setdefault("machine", machine)["load_average_after"] = os.getloadavg()[0]
         write_report(args.json, report)
     except FacenetError as err:
         print(f"error: {err}", file=sys.stderr)
