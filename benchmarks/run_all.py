@@ -140,11 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results = measure(args, argv, gpu)
         write_report(json_path, results)
-    except FacenetError as err:
+        template = TEMPLATE.read_text(encoding="utf-8")
+        markdown, missing = fill_tables(template, render_tables(results))
+        write_text_atomic(markdown_path, markdown)
+    except (FacenetError, OSError) as err:  # OSError: the markdown, read or written
         print(f"error: {err}", file=sys.stderr)
         return 2
-    markdown, missing = fill_tables(TEMPLATE.read_text(encoding="utf-8"), render_tables(results))
-    write_text_atomic(markdown_path, markdown)
     print("\n" + targets_table(results))
     if missing:
         print(f"\nnot measured in this run: {', '.join(missing)}")

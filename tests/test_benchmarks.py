@@ -429,3 +429,10 @@ def test_a_report_that_cannot_be_written_is_one_line_exit_2(tmp_path, capsys):
     # The path was fine when checked; the folder became a file before the report was written.
     code = measure.run_benchmark(parser, args, lambda a: setattr(a, "json", json_path) or {})
     assert code == 2 and f"--json {json_path}: cannot write" in capsys.readouterr().err
+
+
+def test_run_all_refuses_a_markdown_it_cannot_write_in_one_line(tmp_path, capsys):
+    (tmp_path / "results.json").write_text((REPO / "benchmarks" / "results.json").read_text())
+    (tmp_path / "BENCHMARKS.md").mkdir()  # a folder where the tables go
+    argv = ["--tables-only", "--out-dir", str(tmp_path)]
+    assert "BENCHMARKS.md" in one_line_exit_2(run_all.main, argv, capsys)
