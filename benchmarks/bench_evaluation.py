@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 
 from benchmarks import reference_evaluation as ref
-from benchmarks.measure import describe_machine, run_benchmark, show, timed
+from benchmarks.measure import benchmark_parser, run_benchmark, show, timed
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import evaluate_verification
 
@@ -95,7 +95,6 @@ def measure(args) -> dict:
         show(cases[-1])
     ok = all(c["identical"] and c["speedup"] >= TARGET_SPEEDUP for c in cases)
     return {
-        "machine": describe_machine("cpu"),
         "n_folds": N_FOLDS,
         "far_target": FAR_TARGET,
         "cases": cases,
@@ -105,7 +104,7 @@ def measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: 2,000 pairs, few repeats)."""
-    return run_benchmark(__doc__, argv, measure)
+    return run_benchmark(benchmark_parser(__doc__), argv, measure)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ call. PML cases estimated above 8 GB (or 70% of the memory available) are skippe
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import sys
@@ -23,7 +22,7 @@ from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
 from benchmarks.forking import run_forked
-from benchmarks.measure import describe_machine, run_benchmark, show, timed
+from benchmarks.measure import benchmark_parser, run_benchmark, show, timed
 from facenet.errors import FacenetError
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 
@@ -158,7 +157,7 @@ def measure(args) -> dict:
     available = _proc_bytes("/proc/meminfo", "MemAvailable")
     pml_limit = min(MAX_PML_BYTES, 0.7 * available)
     time_budget = 0.2 if args.quick else 2.0  # seconds of timed repeats per case
-    report = {"machine": describe_machine("cpu"), "dim": DIM, "margin": MARGIN, "noise": NOISE}
+    report = {"dim": DIM, "margin": MARGIN, "noise": NOISE}
     report["memory_method"] = "forked process per case; VmHWM after clear_refs minus VmRSS"
     rows = report["rows"] = []
     for batch in batches:
@@ -167,13 +166,12 @@ def measure(args) -> dict:
             for miner in MINERS:
                 rows.append(run_case(case, miner, time_budget, pml_limit))
                 show(rows[-1])
-    report["machine"]["load_average_after"] = os.getloadavg()[0]
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: B in {256, 512}, 16 identities)."""
-    return run_benchmark(__doc__, argv, measure)
+    return run_benchmark(benchmark_parser(__doc__), argv, measure)
 
 
 if __name__ == "__main__":

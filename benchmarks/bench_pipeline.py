@@ -15,7 +15,6 @@ folders, per 10,000 files and projected to VGGFace2's 3.3 M. Details: BENCHMARKS
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import tempfile
 import time
@@ -28,7 +27,13 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from benchmarks.measure import describe_machine, run_benchmark, show, stop_workers, timed
+from benchmarks.measure import (
+    benchmark_parser,
+    run_benchmark,
+    show,
+    stop_workers,
+    timed,
+)
 from facenet.config import load_config
 from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
 from facenet.data.batches import TrainCrops, standardize
@@ -209,7 +214,6 @@ def run(args) -> dict:
     # workload: (batches, rounds); the demo at 32 px, resnet18 at 112
     workloads = {"demo": (2, 2)} if args.quick else {"demo": (24, 8), "resnet18": (4, 3)}
     report = {
-        "machine": describe_machine("cpu"),
         "identities": identities,
         "images_per_identity": per_identity,
         "batches": batches,
@@ -228,13 +232,12 @@ def run(args) -> dict:
                 )
         formats = ("JPEG", "PNG")
         report["index"] = [index_row(Path(work) / f"{f}_files", f, files) for f in formats]
-    report["machine"]["load_average_after"] = os.getloadavg()[0]
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``--quick``: small folders, few batches)."""
-    return run_benchmark(__doc__, argv, run)
+    return run_benchmark(benchmark_parser(__doc__), argv, run)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,11 @@
 """Real faces: the LFW accuracy three training loops reach in one CPU budget, and fine-tuning.
 
 Each method (``ours``: the Trainer as ``facenet-train`` builds it; ``seed``: the seed's loop;
-``plain``: the one-pass loop people write) trains the same network from the same initial
-weights on an aligned identity folder until it has used ``--cpu-seconds`` of process CPU time
-(every thread, loading in the process, so other jobs do not change what a method gets; the
-learning rate follows the schedule over the fraction spent), then is evaluated on LFW's pairs
-and the held-out identities. With ``--weights``, a published model is measured before and
-after triplet fine-tuning. Figures and commands: docs/real_faces.md.
+``plain``: the one-pass loop people write) trains the same initial network on an aligned
+identity folder for ``--cpu-seconds`` of process CPU time (every thread: other jobs do not
+change what a method gets; the learning rate follows the schedule over the fraction spent),
+then is evaluated on LFW's pairs and held-out identities. ``--weights``: a published model
+before and after triplet fine-tuning. Figures and commands: docs/real_faces.md.
 
     python -m benchmarks.bench_real_faces --train-root celeba_sphereface \\
         --lfw-root lfw_sphereface --pairs pairs.txt [--weights 068.ckpt] --json real_faces.json
@@ -21,16 +20,26 @@ import math
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_image
 
-from benchmarks.measure import describe_machine, write_report
+from benchmarks.measure import (
+    benchmark_parser,
+    describe_machine,
+    input_path,
+    output_path,
+    positive_float,
+    run_benchmark,
+    write_report,
+)
 from benchmarks.seed_loop import SeedModel, seed_train_step
 from facenet.config import Config, config_to_dict, load_config
 from facenet.data.batches import standardize
@@ -44,6 +53,7 @@ from facenet.training.build import TrainingData, build_data, build_trainer
 from facenet.training.optim import ScheduleShape, build_optimizer
 from facenet.training.validation import verify_settings
 
+REPO = Path(__file__).resolve().parents[1]  # the configurations' paths are relative to it
 SCRATCH_CONFIG = "configs/real_faces.yaml"
 FINETUNE_CONFIG = "configs/finetune_mobilefacenet.yaml"
 PUBLISHER_CONFIG = "configs/lfw_mobilefacenet.yaml"
@@ -55,7 +65,7 @@ class CpuBudget:
     """Process CPU seconds (every thread) spent since the start, against a limit."""
 
     def __init__(self, seconds: float):
-        self.seconds = float(seconds)
+        self.seconds = seconds
         self.cpu_start, self.wall_start = time.process_time(), time.perf_counter()
 
     def spent(self) -> float:
@@ -67,47 +77,34 @@ class CpuBudget:
         return self.spent() >= self.seconds
 
 
-class BudgetSchedule:
-    """The configuration's learning-rate shape over the budget's fraction spent, not steps.
-
-    Each group's rate is its starting rate (its ``lr`` now) times ``ScheduleShape.factor`` at
-    the thousandth of the budget used (warm-up, if any, as the same fraction of the run as in
-    the config).
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, cfg: Config, budget: CpuBudget):
-        self.optimizer, self.budget = optimizer, budget
-        self.base = [group["lr"] for group in optimizer.param_groups]
-        warmup = cfg.optim.warmup_epochs / cfg.train.epochs if cfg.optim.warmup_epochs else 0.0
-        self.shape = ScheduleShape(
-            kind=cfg.optim.schedule,
-            total_steps=SCHEDULE_POINTS,
-            warmup_steps=round(warmup * SCHEDULE_POINTS),
-            decay_every=max(1, round(SCHEDULE_POINTS * cfg.optim.step_size / cfg.train.epochs)),
-            gamma=cfg.optim.gamma,
-            floor=cfg.optim.min_lr_ratio,
-        )
-
-    def apply(self) -> float:
-        """Set every group's rate for the next step; returns the factor."""
-        fraction = min(1.0, self.budget.spent() / self.budget.seconds)
-        factor = self.shape.factor(int(fraction * SCHEDULE_POINTS))
-        for group, base in zip(self.optimizer.param_groups, self.base):
-            group["lr"] = base * factor
-        return factor
+def budget_schedule(optimizer: torch.optim.Optimizer, cfg: Config, budget: CpuBudget):
+    """The configuration's learning-rate shape over the thousandths of the budget spent, not
+    over steps (a warm-up the same fraction of the run as in the config); ``step()`` after each
+    step sets the next rates."""
+    optim, epochs = cfg.optim, cfg.train.epochs
+    shape = ScheduleShape(
+        optim.schedule,
+        SCHEDULE_POINTS,
+        round(SCHEDULE_POINTS * optim.warmup_epochs / epochs),
+        max(1, round(SCHEDULE_POINTS * optim.step_size / epochs)),
+        optim.gamma,
+        optim.min_lr_ratio,
+    )
+    fraction = lambda: min(1.0, budget.spent() / budget.seconds)  # noqa: E731
+    return LambdaLR(optimizer, lambda _: shape.factor(int(fraction() * SCHEDULE_POINTS)))
 
 
 def train_for_budget(step, optimizer, cfg: Config, data, budget: CpuBudget) -> dict:
     """``step(batch) -> (loss or None when skipped, images)`` over epochs of ``data`` until the
-    budget is spent, the rates set by :class:`BudgetSchedule`; the method's training record."""
-    schedule, losses = BudgetSchedule(optimizer, cfg, budget), []
+    budget is spent, the rates set by :func:`budget_schedule`; the method's training record."""
+    schedule, losses = budget_schedule(optimizer, cfg, budget), []
     steps = images = skipped = epochs = 0
     while not budget.done():
         epochs += 1
         data.sampler.set_epoch(epochs)
         for batch in data.loader:
-            schedule.apply()
             loss, count = step(batch)
+            schedule.step()
             steps, images = steps + 1, images + count
             if loss is None or not math.isfinite(loss):
                 skipped += 1
@@ -146,7 +143,7 @@ def load_configs(args: argparse.Namespace, path: str, extra: list[str], run_dir:
         f"logging.out_dir={run_dir}",  # held-out pairs
         *extra,
     ]
-    return load_config(path, overrides)
+    return load_config(REPO / path, overrides)
 
 
 def setup_ours(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
@@ -239,7 +236,7 @@ def setup_plain(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return (None if loss is None else float(loss)), images.shape[0]
+        return (None if loss is None else loss.item()), images.shape[0]
 
     model.train()
     return model, optimizer, step, SimpleNamespace(loader=loader, sampler=data.sampler), dict
@@ -335,7 +332,8 @@ def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
     """The published model on LFW (two evaluations) before and after triplet fine-tuning."""
     extra = [f"model.weights={args.weights}", *args.finetune_overrides]
     cfg = load_configs(args, FINETUNE_CONFIG, extra, run_dir)
-    publisher = load_config(PUBLISHER_CONFIG, ["data.num_workers=0", *args.publisher_overrides])
+    publisher_overrides = ["data.num_workers=0", *args.publisher_overrides]
+    publisher = load_config(REPO / PUBLISHER_CONFIG, publisher_overrides)
     data = build_data(cfg, run_dir)
     part = report["finetune"] = {"config": FINETUNE_CONFIG, "weights": args.weights}
     part |= describe(cfg, data)
@@ -353,31 +351,9 @@ def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
 # --------------------------------------------------------------------------- command line
 
 
-def get_args_parser() -> argparse.ArgumentParser:
-    """The command-line interface of the benchmark."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-root", required=True, help="aligned root/<identity>/<image>")
-    parser.add_argument("--lfw-root", required=True, help="aligned LFW: Name/Name_NNNN.jpg")
-    parser.add_argument("--pairs", required=True, help="LFW's pairs.txt (View 2)")
-    parser.add_argument("--weights", default=None, help="a published model to fine-tune")
-    parser.add_argument("--cpu-seconds", type=float, default=360.0, help="budget per method")
-    parser.add_argument("--finetune-cpu-seconds", type=float, default=None, help="default: same")
-    parser.add_argument("--methods", nargs="*", default=list(SETUPS), choices=SETUPS)
-    for part in ("", "finetune-", "publisher-"):  # overrides of each configuration
-        dest = part.replace("-", "_") + "overrides"
-        parser.add_argument(f"--{part}set", dest=dest, action="append", default=[], metavar="K=V")
-    parser.add_argument("--out", default=None, help="run folder (held-out pairs); default: temp")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--json", default=None, help="write the report here")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
+def measure(args: argparse.Namespace) -> dict:
     """Run the measurements; the JSON report is rewritten after each one."""
-    args = get_args_parser().parse_args(argv)
-    if args.finetune_cpu_seconds is None:
-        args.finetune_cpu_seconds = args.cpu_seconds
-    torch.set_num_threads(args.threads)
+    args.finetune_cpu_seconds = args.finetune_cpu_seconds or args.cpu_seconds
     report = {
         "benchmark": "real faces: LFW after the same CPU budget; fine-tuning a published model",
         "command": " ".join(["python -m benchmarks.bench_real_faces", *sys.argv[1:]]),
@@ -386,13 +362,32 @@ def main(argv: list[str] | None = None) -> int:
         "machine": describe_machine("cpu"),
     }
     with tempfile.TemporaryDirectory() as temporary:
-        run_dir = Path(args.out or temporary)
+        run_dir = args.out or Path(temporary)
+        run_dir.mkdir(parents=True, exist_ok=True)
         if args.methods:
             from_scratch(args, run_dir, report)
         if args.weights:
             finetune(args, run_dir, report)
-    write_report(args.json, report)
-    return 0
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (``--json``: rewritten after each measurement)."""
+    parser = benchmark_parser(__doc__, quick=False)
+    add = parser.add_argument
+    folder = partial(input_path, folder=True)
+    add("--train-root", type=folder, required=True, help="aligned root/<identity>/<image>")
+    add("--lfw-root", type=folder, required=True, help="aligned LFW: Name/Name_NNNN.jpg")
+    add("--pairs", type=input_path, required=True, help="LFW's pairs.txt (View 2)")
+    add("--weights", type=input_path, help="a published model to fine-tune")
+    add("--cpu-seconds", type=positive_float, default=360.0, help="budget per method")
+    add("--finetune-cpu-seconds", type=positive_float, help="default: --cpu-seconds")
+    add("--methods", nargs="*", default=list(SETUPS), choices=SETUPS)
+    for part in ("", "finetune-", "publisher-"):  # overrides of each configuration
+        dest = part.replace("-", "_") + "overrides"
+        add(f"--{part}set", dest=dest, action="append", default=[], metavar="K=V")
+    add("--out", type=partial(output_path, folder=True), help="run folder; default: temporary")
+    return run_benchmark(parser, argv, measure)
 
 
 if __name__ == "__main__":

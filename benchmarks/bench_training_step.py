@@ -28,13 +28,16 @@ from benchmarks import memory_report
 from benchmarks.forking import run_forked
 from benchmarks.measure import (
     RSS_BEFORE_BYTES,
+    benchmark_parser,
     describe_machine,
+    device_name,
     ratio,
     run_benchmark,
     time_rounds,
     write_report,
 )
 from benchmarks.seed_loop import l2_dist, seed_train_step
+from facenet.cli.common import positive_int
 from facenet.errors import FacenetError
 from facenet.memory import (
     CUDA_MAX_ALLOCATED,
@@ -90,9 +93,6 @@ class Case:
         amp = "" if self.amp == "none" else f" {self.amp}"
         return f"{self.backbone} {self.image_size}px {shape} {self.selection}{amp}"
 
-    def as_dict(self) -> dict:
-        """The fields, the name and the images, JSON-ready."""
-        return {**dataclasses.asdict(self), "name": self.name, "images": self.images}
 
 
 def cpu_cases(quick: bool) -> list[Case]:
@@ -358,8 +358,7 @@ def measure_rounds(case: Case, margins: dict, selected_images: int, variants: li
         tasks["auto_metered_step_s"] = lambda batch: metered(meter, step, batch)
     for name, part in floor_parts(parts_trainer, case, batches[0], selected).items():
         tasks[name] = lambda batch, f=part: f()
-    runs = time_rounds(tasks, batches, case.repeats, case.device)
-    times = {name: [seconds for seconds, _ in pairs] for name, pairs in runs.items()}
+    times = time_rounds(tasks, batches, case.repeats, case.device)
     rounds = {name: min(values) for name, values in times.items()}
     rounds["medians"] = {name: statistics.median(values) for name, values in times.items()}
     rounds["floor_s"] = rounds["nograd_forward_s"] + rounds["selected_forward_backward_s"]
@@ -438,7 +437,8 @@ def case_ratios(variants: dict, rounds: dict | None) -> dict:
 
 def run_case(case: Case) -> dict:
     """Calibrate, run each variant in its own child, then the rounds in another; ratios."""
-    result: dict = {"case": case.as_dict(), "variants": {}}
+    case_dict = {**dataclasses.asdict(case), "name": case.name, "images": case.images}
+    result: dict = {"case": case_dict, "variants": {}}
     margins = {"seed": PK_MARGIN, "ours": PK_MARGIN}
     if case.batch == "triplets":
         result["calibration"] = calibration = run_forked(calibrate, case)
@@ -486,17 +486,6 @@ def search_largest_batch(template: Case, sizes: list[int]) -> list[dict]:
     return rows
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """The suite's options beside the harness's."""
-    add = parser.add_argument
-    add("--suite", choices=("cpu", "gpu"), default="cpu")
-    add("--device", help="every case's device (default: cuda for the GPU suite)")
-    add("--pk-search", type=lambda text: [int(v) for v in text.split(",")],
-        help="P x K sizes, comma-separated: the largest two-pass batch that fits, with and "
-        "without chunks (after the suite)")  # fmt: skip
-    add("--only-search", action="store_true", help="skip the suite")
-
-
 def measure(args: argparse.Namespace, argv: list[str]) -> dict:
     """Run the suite, writing the report to ``--json`` after each case (a run stopped by a
     time limit keeps the cases it finished)."""
@@ -529,7 +518,15 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run the suite and write the JSON report after each case."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return run_benchmark(__doc__, argv, lambda args: measure(args, argv), add_options)
+    parser = benchmark_parser(__doc__)
+    add = parser.add_argument
+    add("--suite", choices=("cpu", "gpu"), default="cpu")
+    add("--device", type=device_name, help="every case's device (default: cuda, GPU suite)")
+    add("--pk-search", type=lambda text: [positive_int(v) for v in text.split(",")],
+        help="P x K sizes, comma-separated: the largest two-pass batch that fits, with and "
+        "without chunks (after the suite)")  # fmt: skip
+    add("--only-search", action="store_true", help="skip the suite")
+    return run_benchmark(parser, argv, lambda args: measure(args, argv))
 
 
 if __name__ == "__main__":

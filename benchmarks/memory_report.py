@@ -1,13 +1,10 @@
 """Memory report: what the seed's loop and the corrected steps hold, measured on one batch.
 
-Runs a few steps of the faithful port of the original loop (``seed``), of the two-pass and
-one-pass steps fed the same 3T images through ``Trainer.train_triplet_step`` with the seed's
-selection rule, and (unless ``--pk 0``) of both on the same images as a P x K batch with
-semi-hard mining (``*_pk``). Per variant: graph bytes alive after a step and at its peak,
-parameter, gradient and optimizer-state bytes, step time, the CUDA allocator's figures; then
-the seed loop's per-line timeline, which loop variable keeps which graph, and where a graph
-lives and what frees it, as JSON (stdout without ``--json``). docs/memory.md answers the seed's
-three questions with it.
+Runs a few steps of the seed loop's port (``seed``), of the two-pass and one-pass steps on the
+same 3T images through ``Trainer.train_triplet_step`` with the seed's selection rule and
+(unless ``--pk 0``) on them as a P x K batch with semi-hard mining (``*_pk``). Per variant:
+graph bytes alive after a step and at its peak, state bytes, step time, the CUDA allocator's
+figures; then the seed loop's per-line timeline and what frees a graph (docs/memory.md).
 
     python -m benchmarks.memory_report --backbone tiny --image-size 64 --json report.json
 """
@@ -20,17 +17,21 @@ import json
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks import seed_loop
-from benchmarks.measure import timed
-from facenet.cli.common import positive_int
-from facenet.distributed import resolve_device
+from benchmarks.measure import (
+    benchmark_parser,
+    output_path,
+    positive_float,
+    timed,
+    write_report,
+)
+from facenet.cli.common import parse_device, positive_int
 from facenet.errors import FacenetError
-from facenet.files import json_safe, write_text_atomic
+from facenet.files import json_safe
 from facenet.memory import (
     CUDA_ALLOCATED,
     CUDA_MAX_ALLOCATED,
@@ -77,24 +78,22 @@ def image_size_arg(text: str) -> int | list[int]:
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``python -m benchmarks.memory_report``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.memory_report", description=__doc__.splitlines()[0]
-    )
+    parser = benchmark_parser(__doc__, quick=False)
+    parser.prog = "python -m benchmarks.memory_report"
     add = parser.add_argument
     add("--backbone", choices=BACKBONES, default="tiny")
     add("--image-size", type=image_size_arg, default=64, help="S, or HxW (e.g. 112x96)")
     add("--batch-size", type=positive_int, default=8, help="T triplets per batch: 3T images")
     add("--steps", type=positive_int, default=3, help="steps per variant")
     add("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    add("--margin", type=float, default=0.2, help="selection and loss margin")
+    add("--margin", type=positive_float, default=0.2, help="selection and loss margin")
     add("--seed", type=int, default=0, help="seed of the weights and images")
     add("--embedding-dim", type=positive_int, default=128)
     add("--num-classes", type=positive_int, default=10, help="classifier size")
     add("--optimizer", choices=("adagrad", "adam", "sgd"), default="adagrad")
-    add("--lr", type=float, default=0.01)
+    add("--lr", type=positive_float, default=0.01)
     add("--pk", type=int, default=3, help="K images per identity of the P x K rows; 0: none")
-    add("--json", type=Path, default=None, help="write the report here")
-    add("--snapshot", type=Path, default=None, help="CUDA: the allocator's history during the "
+    add("--snapshot", type=output_path, help="CUDA: the allocator's history during the "
         "seed loop, for https://pytorch.org/memory_viz")  # fmt: skip
     add("--memory-summary", action="store_true", help="CUDA: print torch.cuda.memory_summary")
     return parser
@@ -109,7 +108,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     errors = {
         "--steps": (args.steps < 2, "at least 2: the seed loop's graphs reach into the next step"),
         "--num-classes": (args.num_classes < 2, "negatives need at least 2 classes"),
-        "--margin": (not args.margin > 0, "must be > 0"),
         "--pk": (args.pk < 0 or (args.pk and (args.pk < 2 or images % args.pk)),
                  f"K must be 0 (none) or at least 2 and divide the 3 x --batch-size = {images} "
                  "images of a batch"),
@@ -118,15 +116,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if failed:
             parser.error(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: {why}")
     try:
-        args.device = resolve_device(args.device)
-    except FacenetError:
-        parser.error(f"--device {args.device}: CUDA is not available on this machine")
-    except RuntimeError:  # a name torch cannot parse
-        parser.error(f"--device: unknown device {args.device!r}; use cpu, cuda, cuda:N or auto")
+        args.device = parse_device(args.device)
+    except FacenetError as err:
+        parser.error(str(err))
     if args.device.type not in ("cpu", "cuda"):
         parser.error(f"--device {args.device}: only cpu and cuda are measured")
-    if args.json is not None and args.json.is_dir():  # found now, not after the whole report
-        parser.error(f"--json {args.json}: is a folder; give a file name")
     if (args.snapshot or args.memory_summary) and args.device.type != "cuda":
         parser.error("--snapshot and --memory-summary need a CUDA --device")
     args.identities = images // args.pk if args.pk else 0
@@ -409,18 +403,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ``variants`` (name -> figures, with :data:`REQUIRED_KEYS`, and :data:`CUDA_KEYS` on CUDA),
     ``seed_timeline`` and ``graph_lifecycle``."""
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     report = run_report(args)
     if args.memory_summary:
         print(torch.cuda.memory_summary(args.device, abbreviated=True), file=sys.stderr)
-    text = json.dumps(json_safe(report), indent=2) + "\n"
     if args.json is None:
-        print(text)
+        print(json.dumps(json_safe(report), indent=2))
         return report
     try:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(args.json, text)
-    except OSError as err:
-        print(f"error: cannot write {args.json}: {err.strerror or err}", file=sys.stderr)
+        write_report(args.json, report)
+    except FacenetError as err:
+        print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     return report
 

@@ -16,16 +16,24 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import json
 import os
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-from benchmarks.measure import write_report
+from benchmarks.measure import (
+    OneLineParser,
+    input_path,
+    output_path,
+    read_report,
+    write_report,
+)
 from benchmarks.tables import fill_tables, render_tables, targets_table
 from benchmarks.targets import all_targets
+from facenet.cli.common import positive_int
+from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
 
 HERE = Path(__file__).resolve().parent
@@ -60,7 +68,7 @@ def run_one(name: str, module: str, argv: list[str], workdir: Path) -> dict:
     if not path.is_file():
         return {"error": f"{name} wrote no report (exit status {code})", "seconds": seconds}
     return {
-        **json.loads(path.read_text(encoding="utf-8")),
+        **read_report(path, name),
         "exit_status": code,
         "seconds": seconds,
         "argv": argv,
@@ -72,9 +80,7 @@ def measure(args: argparse.Namespace, argv: list[str], gpu: dict | None) -> dict
     started = time.perf_counter()
     sections, commands = {}, {}
     with tempfile.TemporaryDirectory(prefix="facenet_bench_") as tmp:
-        bench_argv = ["--quick"] if args.quick else []
-        if args.threads:
-            bench_argv += ["--threads", str(args.threads)]
+        bench_argv = ["--quick"] * args.quick + ["--threads", str(args.threads)]
         for name, module in RUNNERS:
             commands[name] = command(name, module, bench_argv)
             if name not in args.skip:
@@ -93,13 +99,10 @@ def measure(args: argparse.Namespace, argv: list[str], gpu: dict | None) -> dict
 
 def read_gpu_reports(paths: list[Path]) -> dict | None:
     """gpu_check.sh's reports merged (the cases of each, other keys from the first that has
-    them); None without files. Raises ValueError naming the file when one cannot be read."""
+    them); None without files."""
     merged = None
     for path in paths:
-        try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ValueError(f"--gpu-json {path}: cannot read it ({err})") from err
+        report = read_report(path, "--gpu-json")
         cases = [*(merged or {}).get("cases", []), *report.get("cases", [])]
         merged = {**report, **(merged or {}), "cases": cases}
     return merged
@@ -107,32 +110,18 @@ def read_gpu_reports(paths: list[Path]) -> dict | None:
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every benchmark's quick mode")
-    parser.add_argument(
-        "--out-dir",
-        type=Path,
-        default=None,
-        help="where BENCHMARKS.md and results.json go (default: the repository, or "
-        "runs/bench_quick with --quick)",
-    )
-    parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="not to run")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads in the timed processes (default 1: on a shared machine an "
-        "op split over threads waits for descheduled siblings); 0: torch's default",
-    )
-    parser.add_argument(
-        "--gpu-json", type=Path, nargs="+", default=[], help="gpu_check.sh's reports"
-    )
-    parser.add_argument(
-        "--tables-only",
-        action="store_true",
-        help="run nothing: fill BENCHMARKS.md's tables from the existing results.json "
-        "(with --gpu-json, add gpu_check.sh's figures to it first)",
-    )
+    parser = OneLineParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--quick", action="store_true", help="every benchmark's quick mode")
+    add("--out-dir", type=partial(output_path, folder=True), help="where BENCHMARKS.md and "
+        "results.json go (default: the repository, or runs/bench_quick with --quick)")  # fmt: skip
+    add("--skip", nargs="*", default=[], choices=SECTIONS, help="not to run")
+    add("--threads", type=positive_int, default=1, help="torch intra-op threads in the timed "
+        "processes (default 1: on a shared machine an op split over threads waits for "
+        "descheduled siblings)")  # fmt: skip
+    add("--gpu-json", type=input_path, nargs="+", default=[], help="gpu_check.sh's reports")
+    add("--tables-only", action="store_true", help="run nothing: fill BENCHMARKS.md's tables "
+        "from the existing results.json (with --gpu-json, add gpu_check.sh's figures first)")
     return parser
 
 
@@ -140,23 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     """Run every section (or none, with --tables-only), write results.json and the tables."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = get_args_parser().parse_args(argv)
-    try:
-        gpu = read_gpu_reports(args.gpu_json)
-    except ValueError as err:
-        print(err, file=sys.stderr)
-        return 2
     out = args.out_dir or (QUICK_OUT if args.quick else None)
     markdown_path = out / "BENCHMARKS.md" if out else TEMPLATE
     json_path = out / "results.json" if out else HERE / "results.json"
-    if args.tables_only:
-        results = json.loads(json_path.read_text(encoding="utf-8"))
-        results["gpu"] = gpu or results.get("gpu")
-    else:
-        results = measure(args, argv, gpu)
-    write_report(json_path, results)
-    markdown, missing = fill_tables(TEMPLATE.read_text(encoding="utf-8"), render_tables(results))
-    markdown_path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(markdown_path, markdown)
+    try:
+        gpu = read_gpu_reports(args.gpu_json)
+        if args.tables_only:
+            results = read_report(json_path, "--tables-only")
+            results["gpu"] = gpu or results.get("gpu")
+        else:
+            results = measure(args, argv, gpu)
+        write_report(json_path, results)
+        template = TEMPLATE.read_text(encoding="utf-8")
+        markdown, missing = fill_tables(template, render_tables(results))
+        write_text_atomic(markdown_path, markdown)
+    except (FacenetError, OSError) as err:  # OSError: the markdown, read or written
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print("\n" + targets_table(results))
     if missing:
         print(f"\nnot measured in this run: {', '.join(missing)}")

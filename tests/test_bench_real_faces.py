@@ -3,6 +3,7 @@ every method trains (its loss moves), LFW-style and held-out figures come back, 
 reports before and after."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -42,7 +43,8 @@ def run_bench(folders, tmp_path, *extra: str) -> dict:
     """The benchmark's main on the folders; its JSON report."""
     out = tmp_path / "report.json"
     args = ["--train-root", str(folders / "train"), "--lfw-root", str(folders / "lfw")]
-    args += ["--pairs", str(folders / "pairs.txt"), "--json", str(out), "--out", str(tmp_path)]
+    args += ["--pairs", str(folders / "pairs.txt"), "--json", str(out)]
+    args += ["--out", str(tmp_path / "not" / "yet")]  # created, with its parents
     assert bench.main([*args, *extra]) == 0
     return json.loads(out.read_text())
 
@@ -61,6 +63,7 @@ def test_three_methods_train_and_are_evaluated(folders, tmp_path):
     assert scratch["ours"]["step_path"] == "one-pass"
     assert scratch["data"]["lfw_pairs"] == 24  # 2 folds x (6 same + 6 different)
     assert report["machine"]["cpu_count"] >= 1
+    assert (tmp_path / "not" / "yet" / "heldout.json").is_file()
 
 
 def test_finetuning_reports_before_and_after(folders, tmp_path):
@@ -96,8 +99,70 @@ def test_budget_schedule_follows_the_fraction_spent():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     cfg = bench.load_config(None, ["optim.schedule=cosine", "optim.min_lr_ratio=0.0"])
     budget = bench.CpuBudget(1e9)  # nothing spent yet: the starting rate
-    schedule = bench.BudgetSchedule(optimizer, cfg, budget)
-    assert schedule.apply() == pytest.approx(1.0)
+    schedule = bench.budget_schedule(optimizer, cfg, budget)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
     budget.cpu_start -= 0.5e9  # half the budget spent: half the cosine
-    assert schedule.apply() == pytest.approx(0.5, abs=1e-2)
+    optimizer.step()
+    schedule.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05, abs=1e-3)
+
+
+def refusal(argv: list[str], capsys) -> str:
+    """The one line ``main(argv)`` exits 2 with, before anything runs."""
+    with pytest.raises(SystemExit) as stop:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--cpu-seconds", "nan"),
+        ("--cpu-seconds", "inf"),
+        ("--cpu-seconds", "0"),
+        ("--cpu-seconds", "-1"),
+        ("--finetune-cpu-seconds", "nan"),
+        ("--threads", "0"),
+        ("--threads", "-2"),
+        ("--json", "{file}/report.json"),  # a folder that cannot be made
+        ("--json", "{tmp}"),  # a folder, not a file
+        ("--out", "{file}"),  # a file, not a folder
+        ("--train-root", "{tmp}/missing"),
+        ("--lfw-root", "{file}"),  # a file, not a folder
+        ("--pairs", "{fifo}"),  # would block on reading
+        ("--weights", "{tmp}/missing.pt"),
+    ],
+)
+def test_a_bad_argument_is_one_line_before_anything_runs(folders, tmp_path, capsys, flag, value):
+    (tmp_path / "file").write_text("")
+    os.mkfifo(tmp_path / "fifo")
+    value = value.format(tmp=tmp_path, file=tmp_path / "file", fifo=tmp_path / "fifo")
+    argv = ["--train-root", str(folders / "train"), "--lfw-root", str(folders / "lfw")]
+    argv += ["--pairs", str(folders / "pairs.txt"), "--json", str(tmp_path / "r.json"), flag, value]
+    assert flag in refusal(argv, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "file"]  # nothing written
+
+
+@pytest.mark.parametrize("problem", ["setting", "empty root"])
+def test_a_bad_setting_or_root_is_one_line_exit_2(folders, tmp_path, capsys, monkeypatch, problem):
+    monkeypatch.chdir(tmp_path)  # the configurations are found from anywhere
+    train = folders / "train" if problem == "setting" else tmp_path
+    argv = ["--train-root", str(train), "--lfw-root", str(folders / "lfw")]
+    argv += ["--pairs", str(folders / "pairs.txt")]
+    argv += ["--set", "train.epochs=many"] if problem == "setting" else []
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("train.epochs" in err or "identities" in err), err
+
+
+@pytest.mark.parametrize("output", ["--json", "--out"])
+def test_an_output_that_is_an_input_is_refused(folders, capsys, output):
+    """A report or run folder written over the data: refused before anything is replaced."""
+    target = folders / ("pairs.txt" if output == "--json" else "train")
+    before = target.stat().st_mtime_ns
+    argv = ["--train-root", str(folders / "train"), "--lfw-root", str(folders / "lfw")]
+    argv += ["--pairs", str(folders / "pairs.txt"), output, str(target)]
+    assert "also given as" in refusal(argv, capsys)
+    assert target.stat().st_mtime_ns == before

@@ -1,6 +1,7 @@
 """The benchmarks run in their quick modes, write their JSON and BENCHMARKS.md's tables, and what
 they measure holds: the calibrated selection, graphs alive after a step, the report's targets."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -10,8 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import (
+    bench_evaluation,
+    bench_miners,
+    bench_pipeline,
+    measure,
+    run_all,
+    tables,
+    targets,
+)
 from benchmarks import bench_training_step as step
-from benchmarks import run_all, tables, targets
 from facenet.memory import GRAPH_BYTES_ALIVE, GRAPH_BYTES_PEAK
 
 REPO = Path(__file__).resolve().parents[1]
@@ -339,3 +348,91 @@ def test_run_all_quick_with_the_miners(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["sections"]["miners"]["rows"]
     assert "## 2. Miners" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+# ---------------------------------------------------------------- the shared argument check
+
+RUNNERS = (bench_evaluation, bench_miners, bench_pipeline, step, run_all)
+
+
+def one_line_exit_2(main, argv: list[str], capsys) -> str:
+    """The single stderr line ``main(argv)`` stops with, exit status 2."""
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, (code, err)
+    return err
+
+
+@pytest.mark.parametrize("runner", RUNNERS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--threads", "0"), ("--threads", "-1"), ("--threads", "two"), ("--json", "{file}/r.json")],
+)
+def test_every_runner_refuses_a_bad_argument_in_one_line(runner, flag, value, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    if runner is run_all and flag == "--json":
+        flag = "--out-dir"
+    value = value.format(file=tmp_path / "file")
+    assert flag in one_line_exit_2(runner.main, [flag, value], capsys)
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "meta", ""])
+def test_the_training_step_refuses_a_device_it_cannot_measure(device, capsys):
+    assert "--device" in one_line_exit_2(step.main, ["--device", device], capsys)
+
+
+def test_argument_types_take_finite_positive_numbers_and_usable_paths(tmp_path):
+    assert measure.positive_float("0.5") == 0.5
+    for bad in ("nan", "inf", "-inf", "0", "-3", "1e400"):
+        with pytest.raises(argparse.ArgumentTypeError, match="finite number > 0"):
+            measure.positive_float(bad)
+    (tmp_path / "file").write_text("")
+    os.mkfifo(tmp_path / "fifo")
+    assert measure.input_path(str(tmp_path / "file")) == tmp_path / "file"
+    assert measure.input_path(str(tmp_path), folder=True) == tmp_path
+    for bad, folder in (("fifo", False), ("missing", False), (".", False), ("file", True)):
+        with pytest.raises(argparse.ArgumentTypeError, match="no such (regular file|folder)"):
+            measure.input_path(str(tmp_path / bad), folder=folder)
+    new = tmp_path / "a" / "b" / "r.json"
+    assert measure.output_path(str(new)) == new and not (tmp_path / "a").exists()  # made later
+    assert measure.output_path(str(tmp_path), folder=True) == tmp_path
+    for bad, folder, why in (
+        (tmp_path, False, "is a folder"),
+        (tmp_path / "file", True, "is not a folder"),
+        (tmp_path / "file" / "x" / "r.json", False, "cannot write in"),
+        (tmp_path / "fifo" / "run", True, "cannot write in"),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            measure.output_path(str(bad), folder=folder)
+
+
+def test_run_all_refuses_unreadable_reports_in_one_line(tmp_path, capsys):
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[]")
+    for name in ("broken.json", "list.json"):
+        argv = ["--tables-only", "--out-dir", str(tmp_path), "--gpu-json", str(tmp_path / name)]
+        assert f"--gpu-json {tmp_path / name}" in one_line_exit_2(run_all.main, argv, capsys)
+    err = one_line_exit_2(run_all.main, ["--tables-only", "--out-dir", str(tmp_path)], capsys)
+    assert str(tmp_path / "results.json") in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.json", "list.json"]
+
+
+def test_a_report_that_cannot_be_written_is_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    parser = measure.benchmark_parser("A benchmark.")
+    json_path = tmp_path / "file" / "r.json"
+    args = ["--json", str(tmp_path / "r.json")]
+    # The path was fine when checked; the folder became a file before the report was written.
+    code = measure.run_benchmark(parser, args, lambda a: setattr(a, "json", json_path) or {})
+    assert code == 2 and f"--json {json_path}: cannot write" in capsys.readouterr().err
+
+
+def test_run_all_refuses_a_markdown_it_cannot_write_in_one_line(tmp_path, capsys):
+    (tmp_path / "results.json").write_text((REPO / "benchmarks" / "results.json").read_text())
+    (tmp_path / "BENCHMARKS.md").mkdir()  # a folder where the tables go
+    argv = ["--tables-only", "--out-dir", str(tmp_path)]
+    assert "BENCHMARKS.md" in one_line_exit_2(run_all.main, argv, capsys)

@@ -195,6 +195,8 @@ def test_triplet_batches_are_seeded_and_valid():
         (["--batch-size", "4", "--pk", "5"], "--pk"),
         (["--num-classes", "1"], "--num-classes"),
         (["--margin", "0"], "--margin"),
+        (["--margin", "nan"], "--margin"),
+        (["--lr", "inf"], "--lr"),
         (["--device", "tpu"], "--device"),
         (["--device", "cpu", "--snapshot", "s.pickle"], "--snapshot"),
     ],
@@ -209,14 +211,24 @@ def test_bad_input_names_the_flag(argv, flag, capsys):
 def test_cuda_without_cuda_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         memory_report.parse_args(["--device", "cuda"])
-    assert "CUDA is not available" in capsys.readouterr().err
+    assert "no CUDA device is available" in capsys.readouterr().err
 
 
-def test_an_output_that_is_a_folder_is_refused_before_the_report(tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--json", "--snapshot"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_report(tmp_path, capsys, flag):
+    (tmp_path / "file").write_text("")
+    for bad, why in ((tmp_path, "is a folder"), (tmp_path / "file" / "r", "cannot write")):
+        with pytest.raises(SystemExit) as exit_info:
+            memory_report.parse_args([flag, str(bad)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and flag in err and f"{bad}: {why}" in err, err
+
+
+def test_threads_must_be_positive(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        memory_report.parse_args(["--json", str(tmp_path)])
-    assert exit_info.value.code == 2
-    assert f"--json {tmp_path}: is a folder" in capsys.readouterr().err
+        memory_report.parse_args(["--threads", "0"])
+    assert exit_info.value.code == 2 and "--threads" in capsys.readouterr().err
 
 
 def test_image_size_takes_one_side_or_height_x_width():
