@@ -47,6 +47,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--distances", help=".npz (distances, issame) or .csv (distance,issame)")
+    parser.add_argument(
+        "--similarities",
+        action="store_true",
+        help="--distances holds similarities (higher: same identity), scored as 1 - similarity",
+    )
     source.add_argument(
         "--checkpoint", help="a checkpoint, model.pt or facenet-pytorch file to embed with"
     )
@@ -197,7 +202,9 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
     on ``--pairs``."""
     if args.distances:
         source = str(args.distances)
-        result = verify_distances(*read_distances(source), VerifySettings.of(args), source)
+        scores, issame = read_distances(source)
+        distances = 1 - scores if args.similarities else scores
+        result = verify_distances(distances, issame, VerifySettings.of(args), source)
         # measured elsewhere: the weights and preparation are not known
         fields = {"source": source, "threshold_for": {"distances": source}}
         return Path(args.distances).name, fields, result
@@ -221,6 +228,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         name, fields, result = _single(args)
         print(result_table(name, result))
         record, results, wrote = {**fields, **result.to_dict()}, {"": result}, out / "roc.png"
+    record["same_when"] = f"{'1 - similarity' if args.similarities else 'distance'} < threshold"
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
     for name, result in results.items():  # name "": the one result of --pairs or --distances
@@ -243,6 +251,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.bin and not args.checkpoint:
         parser.error("--bin needs --checkpoint")
+    if args.similarities and not args.distances:
+        parser.error("--similarities goes with --distances")
     if args.checkpoint and not (args.pairs or args.bin):
         parser.error("--checkpoint needs --pairs or --bin")
     return args
