@@ -2,7 +2,7 @@
 
 Both files come from ``facenet-embed`` (the gallery from identity folders). The threshold is,
 in order: ``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
-metrics.json or a run's summary.json), or the one recorded in the gallery file; a stored one
+metrics.json, of set ``--set`` after ``--bin``, or a run's summary.json), or the one recorded in the gallery file; a stored one
 is used only when chosen for the gallery's weights, flip setting and preprocessing, without
 mean subtraction. Writes ``matches.csv`` and ``identification.json`` into ``--out``; prints
 rank-1, detection-and-identification and open-set rejection rates for labelled probes.
@@ -57,6 +57,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threshold", type=float, help="accept a match below this distance")
     parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
     parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")
+    parser.add_argument("--set", dest="set_name", help="the --bin set of --metrics to take")
     parser.add_argument("--out", default="runs/identify", help="folder for the results")
     return parser
 
@@ -111,7 +112,7 @@ def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
         return ThresholdRecord.from_dict(old, path)
     try:
         saved = json.loads(str(gallery["threshold_record"]))
-    except json.JSONDecodeError as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: nested thousands deep
         raise DataError(f"{path}: 'threshold_record' is not JSON ({err})") from None
     record = ThresholdRecord.from_dict(saved if isinstance(saved, dict) else {}, path)
     if record is None:
@@ -126,8 +127,10 @@ def choose_threshold(args, gallery: dict) -> ThresholdRecord:
         return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
     if args.distance:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
+    if args.set_name and not args.metrics:
+        raise DataError("--set goes with --metrics (the set whose threshold to take)")
     if args.metrics:
-        record = read_threshold(args.metrics)
+        record = read_threshold(args.metrics, args.set_name)
         if record is None:
             raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
     else:

@@ -1,8 +1,11 @@
 """facenet.evaluation.verify (one verification path) against the protocol applied by hand and the
 classic loops; facenet.evaluation.report (one way of writing the figures)."""
 
+import io
 import json
+import os
 import warnings
+import zipfile
 
 import numpy as np
 import pytest
@@ -291,3 +294,25 @@ def test_the_mobilefacenet_grid_is_the_publishers_similarity_grid():
     assert np.array_equal(val_grid, mobilefacenet_thresholds())
     cfg = load_config("configs/lfw_mobilefacenet.yaml")
     assert cfg.data.image_size == [112, 96]
+
+
+@pytest.mark.parametrize("name", ["d.csv", "d.npz"])
+@pytest.mark.parametrize("hostile", ["FIFO", "folder", "declared terabyte", "missing"])
+def test_hostile_distances_files_are_one_line_errors(tmp_path, capsys, name, hostile):
+    """Checked before a byte is parsed: a FIFO would block on open, a header declaring a
+    terabyte would be allocated."""
+    path = tmp_path / name
+    if hostile == "FIFO":
+        os.mkfifo(path)
+    elif hostile == "folder":
+        path.mkdir()
+    elif hostile == "declared terabyte":
+        header = io.BytesIO()
+        declared = {"descr": "<f8", "fortran_order": False, "shape": (2**40,)}
+        np.lib.format.write_array_header_1_0(header, declared)
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("distances.npy", header.getvalue() + b"\0" * 64)
+    assert evaluate_script.main(["--distances", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
