@@ -81,7 +81,8 @@ def verify_distances(
     return _checked(source, evaluate_verification, distances, issame, settings)
 
 
-# AUC below 0.5 by more than this: the same identity scores higher, as similarities do
+# AUC below 0.5 by more than this and three standard errors of chance (Hanley and McNeil's,
+# half the pairs of each kind): the same identity scores higher, as similarities do
 REVERSED_AUC_MARGIN = 0.1
 
 
@@ -105,7 +106,7 @@ def _checked(source: str, protocol, *args) -> VerificationResult:
             "--features unit, or --distance cosine or angular)?",
             stacklevel=3,
         )
-    if r.auc < 0.5 - REVERSED_AUC_MARGIN:
+    if r.auc < 0.5 - max(REVERSED_AUC_MARGIN, 3 * ((r.n_pairs + 1) / 3) ** 0.5 / r.n_pairs):
         warnings.warn(
             f"{source}: the same identity scores higher than different ones (AUC {r.auc:.4f}): "
             "similarities read as distances? give --similarities, or negate them",

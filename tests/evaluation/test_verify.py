@@ -187,9 +187,17 @@ def test_scores_that_rank_the_wrong_way_are_warned_about(distance):
         verify_distances(similarities, issame, S(distance, n_folds=4), source="s.npz")
     assert verify_distances(1 - similarities, issame, S(distance, n_folds=4)).auc == 1.0
     chance = np.tile([0.2, 0.3, 0.3, 0.2], 10)  # AUC 0.5
+    # AUC about 0.3: within three standard errors of chance for 40 pairs, not for 4,000
+    rng = np.random.default_rng(2)
+    many = np.tile([True, False], 2000)
+    worse = 0.7 * (np.where(many, 0.2, 0.0) + rng.uniform(0, 1, len(many)))  # in every grid
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert verify_distances(chance, issame, S(distance, n_folds=4)).auc > 0.5 - margin
+        small = verify_distances(worse[:40], issame, S(distance, n_folds=4))
+        assert small.auc < 0.5 - margin
+    with pytest.warns(UserWarning, match=r"AUC 0.3"):
+        verify_distances(worse, many, S(distance, n_folds=4))
 
 
 def test_evaluate_scores_similarities_and_says_which_way_the_threshold_points(tmp_path, capsys):
