@@ -2,10 +2,11 @@
 
 Both files come from ``facenet-embed`` (the gallery from identity folders). The threshold is,
 in order: ``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
-metrics.json, of set ``--set`` after ``--bin``, or a run's summary.json), or the one recorded in the gallery file; a stored one
-is used only when chosen for the gallery's weights, flip setting and preprocessing, without
-mean subtraction. Writes ``matches.csv`` and ``identification.json`` into ``--out``; prints
-rank-1, detection-and-identification and open-set rejection rates for labelled probes.
+metrics.json, of set ``--set`` after ``--bin``, or a run's summary.json), or the one recorded in
+the gallery file; a stored one is used only when chosen for the gallery's weights, flip setting
+and preprocessing, without mean subtraction. Writes ``matches.csv`` and ``identification.json``
+into ``--out``; prints rank-1, detection-and-identification and open-set rejection rates for
+labelled probes.
 """
 
 from __future__ import annotations
@@ -148,24 +149,18 @@ def matches_csv(probes: dict, matches) -> str:
     """One row per probe: path, label, answer, nearest identity, distance."""
     blank = [""] * len(matches.nearest)
     labels = probes.get("labels", [])
-    rows = zip(
-        probes.get("paths", blank),  # as long as the embeddings
-        labels if len(labels) else blank,
-        matches.identity,
-        matches.nearest,
-        matches.distance,
-    )
+    columns = (probes.get("paths", blank), labels if len(labels) else blank, matches.identity)
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["path", "label", "identity", "nearest", "distance"])
-    for path, label, answer, nearest, d in rows:
+    for path, label, answer, nearest, d in zip(*columns, matches.nearest, matches.distance):
         writer.writerow([path, label, answer or UNKNOWN, nearest, f"{d:.6f}"])
     return out.getvalue()
 
 
 def report(matches, rates: dict | None, source: str) -> str:
     """The lines printed at the end."""
-    unknown = sum(name is None for name in matches.identity)
+    unknown = matches.identity.count(None)
     lines = [
         f"{len(matches.identity)} probes: {len(matches.identity) - unknown} matched, {unknown} "
         f"unknown at threshold {matches.threshold:.4f} ({matches.distance_name}; from {source})"
