@@ -38,10 +38,6 @@ from facenet.files import write_text_atomic
 from facenet.inference.loading import load_model
 
 
-class InputError(DataError):
-    """An option or output folder that cannot be used; the message names it."""
-
-
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``facenet-evaluate``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -148,9 +144,9 @@ def config_defaults(path: str) -> dict:
 def _check_options(args: argparse.Namespace) -> None:
     """Reject fold counts and FAR targets the protocol cannot use (from flags or --config)."""
     if args.n_folds < 2:
-        raise InputError(f"--folds {args.n_folds} (eval.n_folds): expected an integer >= 2")
+        raise DataError(f"--folds {args.n_folds} (eval.n_folds): expected an integer >= 2")
     if not 0.0 < args.far_target <= 1.0:
-        raise InputError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
+        raise DataError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
 def check_out(out: Path) -> None:
@@ -160,9 +156,9 @@ def check_out(out: Path) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise InputError(f"--out {out}: {existing} is not a folder")
+        raise DataError(f"--out {out}: {existing} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError(f"--out {out}: {existing} cannot be written")
+        raise DataError(f"--out {out}: {existing} cannot be written")
 
 
 def _embedding_setup(args: argparse.Namespace) -> tuple:
@@ -189,7 +185,7 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
     for path in args.bin:
         name = Path(path).stem
         if name in paths:
-            raise InputError(f"--bin {path}: a second set named {name!r}")
+            raise DataError(f"--bin {path}: a second set named {name!r}")
         paths[name] = path
     measure, threshold_for = _embedding_setup(args)
     results = {name: measure(read_bin(path)) for name, path in paths.items()}
