@@ -227,16 +227,10 @@ def _counts(distances, issame, fold_ids, n_folds, grid, inclusive=False):
     n_grid = len(grid) + 1
     # d < t_j  <=>  j >= (grid values <= d); with inclusive, d <= t_j <=> j >= (values < d)
     first = np.searchsorted(grid, distances, side="left" if inclusive else "right")
-    positive = issame.astype(np.int64)
-    if distances.ndim == 1:  # groups 2 * fold + issame; training = all folds - the test fold
-        hist = np.bincount(
-            (2 * fold_ids + positive) * n_grid + first, minlength=2 * n_folds * n_grid
-        )
-        test = np.cumsum(hist.reshape(n_folds, 2, n_grid), axis=2)[..., :-1]
-        return test.sum(axis=0) - test, test
+    first = np.broadcast_to(first, (n_folds, len(issame)))  # (F, N), a view for (N,)
     rows = []
     for f in range(n_folds):  # groups 2 * (in fold f) + issame
-        groups = 2 * (fold_ids == f) + positive
+        groups = 2 * (fold_ids == f) + issame
         hist = np.bincount(groups * n_grid + first[f], minlength=4 * n_grid)
         rows.append(np.cumsum(hist.reshape(2, 2, n_grid), axis=2)[..., :-1])
     both = np.stack(rows, axis=1)  # (2, F, 2, T)

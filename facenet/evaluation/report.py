@@ -8,6 +8,7 @@ Results are read by attribute: this module imports no other part of evaluation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -109,12 +110,13 @@ class ThresholdRecord:
     def from_dict(cls, record: Mapping, source: str = "") -> ThresholdRecord | None:
         """The record of :meth:`to_dict`'s form (``metrics.json`` keeps the provenance under
         ``threshold_for``) or of a ``summary.json`` entry (``value``, ``distance``, ...); None
-        when it holds no threshold."""
+        when it holds no finite threshold."""
         value = record.get("value", record.get("threshold"))
-        if not _is_number(value):
+        if not (_is_number(value) and math.isfinite(value)):
             return None
         distance = record.get("distance", record.get("threshold_distance", "squared"))
-        fields = {**record, **(record.get("threshold_for") or {})}  # metrics.json keeps them apart
+        given = record.get("threshold_for")  # metrics.json keeps the provenance apart
+        fields = {**record, **(given if isinstance(given, Mapping) else {})}
         typed = {key: _typed(fields.get(key), kind) for key, kind in _KINDS.items()}
         typed["features"] = typed["features"] or _IMPLIED["features"]
         return cls(float(value), str(distance), source=source, **typed)

@@ -377,3 +377,26 @@ def test_a_gallery_threshold_record_nested_past_the_recursion_limit_is_refused(t
     assert identify_script.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {gallery}: 'threshold_record' is not JSON")
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"threshold": 0.5, "threshold_for": [1, 2]},  # provenance not a mapping
+        {"threshold": 0.5, "threshold_for": "aaaa"},
+        {"threshold": float("nan"), "threshold_for": AT_HAND},  # json.dumps writes NaN
+        {"threshold": float("inf"), "threshold_for": AT_HAND},
+        {"threshold": "0.5", "threshold_for": AT_HAND},
+        {"threshold": True, "threshold_for": AT_HAND},
+        {"sets": {"lfw": [0.5]}, "threshold_for": AT_HAND},
+        [0.5],
+    ],
+)
+def test_malformed_threshold_records_are_one_line_errors(tmp_path, capsys, record):
+    gallery = embedded(tmp_path / "g.npz")
+    (tmp_path / "m.json").write_text(json.dumps(record))
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    assert identify_script.main([*argv, "--metrics", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"{tmp_path / 'm.json'}" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
