@@ -247,11 +247,16 @@ def test_evaluate_records_what_its_threshold_was_chosen_for(tiny_run, tmp_path):
     assert len(record.differences(trained.preparation(flip=True))) == 1  # the preprocessing
 
 
-def test_a_threshold_chosen_on_raw_features_does_not_fit_unit_embeddings(tiny_run, tmp_path):
+def test_a_threshold_chosen_on_raw_features_does_not_fit_unit_embeddings(
+    tiny_run, tmp_path, capsys
+):
     out = tmp_path / "eval"
     argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--pairs", str(tiny_run["pairs"])]
     argv += ["--features", "raw", "--preprocess", "resize", "--out", str(out)]
     assert evaluate_script.main(argv) == 0
+    err = capsys.readouterr().err  # raw outputs reach past the unit grid: said, with the fix
+    assert err.startswith(f"warning: {tiny_run['pairs']}: ") and len(err.splitlines()) == 1
+    assert "of the same-identity pairs lie at or above the top" in err and "--features unit" in err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["threshold_for"]["features"] == "raw"
     record = ThresholdRecord.from_dict(metrics)
