@@ -43,7 +43,7 @@ class VerificationResult:
     (T,): ``tpr``, ``fpr`` (test folds, mean over folds); ``roc_fpr``/``roc_tpr``: the full ROC
     of all pairs, whence ``auc`` and ``eer``. Standard deviations are population ones (as
     published). ``threshold``: the mean of ``best_thresholds`` ("same" below it), identify's
-    default, in ``threshold_distance``."""
+    default, in ``distance`` (``threshold_distance`` in :meth:`to_dict`, as records name it)."""
 
     accuracy: np.ndarray
     accuracy_mean: float
@@ -67,7 +67,6 @@ class VerificationResult:
     n_folds: int
     distance: str
     threshold: float
-    threshold_distance: str
 
     def to_dict(self, curves: bool = True) -> dict[str, Any]:
         """JSON-safe values; without ``curves``, no per-threshold or ROC arrays."""
@@ -78,7 +77,7 @@ class VerificationResult:
                 out[key] = value.astype(np.float64).tolist()
             elif not isinstance(value, (str, int)):
                 out[key] = float(value)
-        return out
+        return {**out, "threshold_distance": self.distance}
 
 
 # --------------------------------------------------------------------------- checks
@@ -323,7 +322,6 @@ def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> Verifica
         n_folds=int(n_folds),
         distance=s.distance,
         threshold=float(np.mean(best)),
-        threshold_distance=s.distance,
     )
 
 

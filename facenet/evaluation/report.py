@@ -25,7 +25,7 @@ def val_at_far_label(val: float, far_target: float, far: float) -> str:
 def figures(result) -> dict:
     """The reported figures of a ``VerificationResult``, with its threshold and distance."""
     out = {key: float(getattr(result, key)) for key in (*FIGURE_KEYS, "far_target", "threshold")}
-    return {**out, "distance": result.threshold_distance}
+    return {**out, "distance": result.distance}
 
 
 def figure_cells(values: Mapping) -> dict[str, str]:
@@ -56,7 +56,7 @@ def result_table(name: str, result) -> str:
         )
     lines += [
         figures_line(name, figures(result)),
-        f"threshold {result.threshold:.4f} ({result.threshold_distance} distance, mean over "
+        f"threshold {result.threshold:.4f} ({result.distance} distance, mean over "
         "folds; identify's default)",
         f"pairs     {result.n_pairs} in {result.n_folds} folds ({result.distance} distance)",
     ]
