@@ -1,11 +1,11 @@
 """Verification with the LFW protocol: accuracy, VAL@FAR, AUC, EER and the ROC curve.
 
 Pair distances come from ``--distances FILE`` (an ``.npz`` with arrays ``distances`` and
-``issame``, or a ``.csv`` of ``distance,issame`` rows), or from a model (``--checkpoint``)
-embedding a pairs.txt (``--pairs``) or insightface ``.bin`` sets (``--bin``, one table row
-each). Prints a table and writes into ``--out`` ``metrics.json`` (with the threshold, its
-distance and ``threshold_for``: the weights and preparation it was chosen for) and ``roc.png``
-(``roc_<name>.png`` per ``--bin``).
+``issame``, or a ``.csv`` of ``distance,issame`` rows; similarities with ``--similarities``), or
+from a model (``--checkpoint``) embedding a pairs.txt (``--pairs``) or insightface ``.bin`` sets
+(``--bin``, one table row each). Prints a table and writes into ``--out`` ``metrics.json``
+(with the threshold, its distance, ``same_when`` and ``threshold_for``: the weights and
+preparation it was chosen for) and ``roc.png`` (``roc_<name>.png`` per ``--bin``).
 """
 
 from __future__ import annotations
