@@ -1,11 +1,11 @@
 """Verification with the LFW protocol: accuracy, VAL@FAR, AUC, EER and the ROC curve.
 
 Pair distances come from ``--distances FILE`` (an ``.npz`` with arrays ``distances`` and
-``issame``, or a ``.csv`` of ``distance,issame`` rows), or from a model (``--checkpoint``)
-embedding a pairs.txt (``--pairs``) or insightface ``.bin`` sets (``--bin``, one table row
-each). Prints a table and writes into ``--out`` ``metrics.json`` (with the threshold, its
-distance and ``threshold_for``: the weights and preparation it was chosen for) and ``roc.png``
-(``roc_<name>.png`` per ``--bin``).
+``issame``, or a ``.csv`` of ``distance,issame`` rows; similarities with ``--similarities``), or
+from a model (``--checkpoint``) embedding a pairs.txt (``--pairs``) or insightface ``.bin`` sets
+(``--bin``, one table row each). Prints a table and writes into ``--out`` ``metrics.json``
+(with the threshold, its distance, ``same_when`` and ``threshold_for``: the weights and
+preparation it was chosen for) and ``roc.png`` (``roc_<name>.png`` per ``--bin``).
 """
 
 from __future__ import annotations
@@ -38,15 +38,16 @@ from facenet.files import write_text_atomic
 from facenet.inference.loading import load_model
 
 
-class InputError(DataError):
-    """An option or output folder that cannot be used; the message names it."""
-
-
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``facenet-evaluate``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--distances", help=".npz (distances, issame) or .csv (distance,issame)")
+    parser.add_argument(
+        "--similarities",
+        action="store_true",
+        help="--distances holds similarities (higher: same identity), scored as 1 - similarity",
+    )
     source.add_argument(
         "--checkpoint", help="a checkpoint, model.pt or facenet-pytorch file to embed with"
     )
@@ -143,9 +144,9 @@ def config_defaults(path: str) -> dict:
 def _check_options(args: argparse.Namespace) -> None:
     """Reject fold counts and FAR targets the protocol cannot use (from flags or --config)."""
     if args.n_folds < 2:
-        raise InputError(f"--folds {args.n_folds} (eval.n_folds): expected an integer >= 2")
+        raise DataError(f"--folds {args.n_folds} (eval.n_folds): expected an integer >= 2")
     if not 0.0 < args.far_target <= 1.0:
-        raise InputError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
+        raise DataError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
 def check_out(out: Path) -> None:
@@ -155,9 +156,9 @@ def check_out(out: Path) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise InputError(f"--out {out}: {existing} is not a folder")
+        raise DataError(f"--out {out}: {existing} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError(f"--out {out}: {existing} cannot be written")
+        raise DataError(f"--out {out}: {existing} cannot be written")
 
 
 def _embedding_setup(args: argparse.Namespace) -> tuple:
@@ -184,7 +185,7 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
     for path in args.bin:
         name = Path(path).stem
         if name in paths:
-            raise InputError(f"--bin {path}: a second set named {name!r}")
+            raise DataError(f"--bin {path}: a second set named {name!r}")
         paths[name] = path
     data = load_config(args.config).data if args.config else DataConfig()
     limits = (data.max_image_pixels, data.max_aspect_ratio)  # data.*: the config's, if given
@@ -199,7 +200,9 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
     on ``--pairs``."""
     if args.distances:
         source = str(args.distances)
-        result = verify_distances(*read_distances(source), VerifySettings.of(args), source)
+        scores, issame = read_distances(source)
+        distances = 1 - scores if args.similarities else scores
+        result = verify_distances(distances, issame, VerifySettings.of(args), source)
         # measured elsewhere: the weights and preparation are not known
         fields = {"source": source, "threshold_for": {"distances": source}}
         return Path(args.distances).name, fields, result
@@ -223,6 +226,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         name, fields, result = _single(args)
         print(result_table(name, result))
         record, results, wrote = {**fields, **result.to_dict()}, {"": result}, out / "roc.png"
+    record["same_when"] = f"{'1 - similarity' if args.similarities else 'distance'} < threshold"
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
     for name, result in results.items():  # name "": the one result of --pairs or --distances
@@ -245,6 +249,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.bin and not args.checkpoint:
         parser.error("--bin needs --checkpoint")
+    if args.similarities and not args.distances:
+        parser.error("--similarities goes with --distances")
     if args.checkpoint and not (args.pairs or args.bin):
         parser.error("--checkpoint needs --pairs or --bin")
     return args

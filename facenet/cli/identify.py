@@ -2,10 +2,11 @@
 
 Both files come from ``facenet-embed`` (the gallery from identity folders). The threshold is,
 in order: ``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
-metrics.json or a run's summary.json), or the one recorded in the gallery file; a stored one
-is used only when chosen for the gallery's weights, flip setting and preprocessing, without
-mean subtraction. Writes ``matches.csv`` and ``identification.json`` into ``--out``; prints
-rank-1, detection-and-identification and open-set rejection rates for labelled probes.
+metrics.json, of set ``--set`` after ``--bin``, or a run's summary.json), or the one recorded in
+the gallery file; a stored one is used only when chosen for the gallery's weights, flip setting
+and preprocessing, without mean subtraction. Writes ``matches.csv`` and ``identification.json``
+into ``--out``; prints rank-1, detection-and-identification and open-set rejection rates for
+labelled probes.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threshold", type=float, help="accept a match below this distance")
     parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
     parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")
+    parser.add_argument("--set", dest="set_name", help="the --bin set of --metrics to take")
     parser.add_argument("--out", default="runs/identify", help="folder for the results")
     return parser
 
@@ -111,7 +113,7 @@ def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
         return ThresholdRecord.from_dict(old, path)
     try:
         saved = json.loads(str(gallery["threshold_record"]))
-    except json.JSONDecodeError as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: nested thousands deep
         raise DataError(f"{path}: 'threshold_record' is not JSON ({err})") from None
     record = ThresholdRecord.from_dict(saved if isinstance(saved, dict) else {}, path)
     if record is None:
@@ -126,8 +128,10 @@ def choose_threshold(args, gallery: dict) -> ThresholdRecord:
         return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
     if args.distance:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
+    if args.set_name and not args.metrics:
+        raise DataError("--set goes with --metrics (the set whose threshold to take)")
     if args.metrics:
-        record = read_threshold(args.metrics)
+        record = read_threshold(args.metrics, args.set_name)
         if record is None:
             raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
     else:
@@ -145,24 +149,18 @@ def matches_csv(probes: dict, matches) -> str:
     """One row per probe: path, label, answer, nearest identity, distance."""
     blank = [""] * len(matches.nearest)
     labels = probes.get("labels", [])
-    rows = zip(
-        probes.get("paths", blank),  # as long as the embeddings
-        labels if len(labels) else blank,
-        matches.identity,
-        matches.nearest,
-        matches.distance,
-    )
+    columns = (probes.get("paths", blank), labels if len(labels) else blank, matches.identity)
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["path", "label", "identity", "nearest", "distance"])
-    for path, label, answer, nearest, d in rows:
+    for path, label, answer, nearest, d in zip(*columns, matches.nearest, matches.distance):
         writer.writerow([path, label, answer or UNKNOWN, nearest, f"{d:.6f}"])
     return out.getvalue()
 
 
 def report(matches, rates: dict | None, source: str) -> str:
     """The lines printed at the end."""
-    unknown = sum(name is None for name in matches.identity)
+    unknown = matches.identity.count(None)
     lines = [
         f"{len(matches.identity)} probes: {len(matches.identity) - unknown} matched, {unknown} "
         f"unknown at threshold {matches.threshold:.4f} ({matches.distance_name}; from {source})"

@@ -8,14 +8,16 @@ header row).
 from __future__ import annotations
 
 import csv
+import io
 import os
 from pathlib import Path
 
 import numpy as np
 
 from facenet.errors import DataError
-from facenet.files import read_npz
+from facenet.files import open_regular, read_npz
 
+MAX_CSV_BYTES = 2**26  # 4 million rows of "0.123456789,1"; larger sets: .npz
 _TRUE, _FALSE = {"1", "true", "yes", "same"}, {"0", "false", "no", "different"}
 
 
@@ -44,7 +46,7 @@ def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
     byte) named with the file and the line."""
     rows = []
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with io.TextIOWrapper(open_regular(path, MAX_CSV_BYTES), "utf-8", newline="") as fh:
             reader = csv.reader(fh)
             try:
                 rows = [(reader.line_num, row) for row in reader if any(row)]
@@ -72,12 +74,10 @@ def read_distances(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """(distances, issame) of an ``.npz`` or ``.csv`` file (``.txt``: CSV), by its suffix.
 
     Raises:
-        DataError: an unknown suffix, a missing array, a malformed row, named.
-        FileNotFoundError: no such file.
+        DataError: no such regular file, an unknown suffix, a missing array, a malformed row
+            or a size past the bounds, named.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"distances file not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return _load_npz(path)

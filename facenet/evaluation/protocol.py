@@ -43,7 +43,7 @@ class VerificationResult:
     (T,): ``tpr``, ``fpr`` (test folds, mean over folds); ``roc_fpr``/``roc_tpr``: the full ROC
     of all pairs, whence ``auc`` and ``eer``. Standard deviations are population ones (as
     published). ``threshold``: the mean of ``best_thresholds`` ("same" below it), identify's
-    default, in ``threshold_distance``."""
+    default, in ``distance`` (``threshold_distance`` in :meth:`to_dict`, as records name it)."""
 
     accuracy: np.ndarray
     accuracy_mean: float
@@ -67,7 +67,6 @@ class VerificationResult:
     n_folds: int
     distance: str
     threshold: float
-    threshold_distance: str
 
     def to_dict(self, curves: bool = True) -> dict[str, Any]:
         """JSON-safe values; without ``curves``, no per-threshold or ROC arrays."""
@@ -78,7 +77,7 @@ class VerificationResult:
                 out[key] = value.astype(np.float64).tolist()
             elif not isinstance(value, (str, int)):
                 out[key] = float(value)
-        return out
+        return {**out, "threshold_distance": self.distance}
 
 
 # --------------------------------------------------------------------------- checks
@@ -227,16 +226,10 @@ def _counts(distances, issame, fold_ids, n_folds, grid, inclusive=False):
     n_grid = len(grid) + 1
     # d < t_j  <=>  j >= (grid values <= d); with inclusive, d <= t_j <=> j >= (values < d)
     first = np.searchsorted(grid, distances, side="left" if inclusive else "right")
-    positive = issame.astype(np.int64)
-    if distances.ndim == 1:  # groups 2 * fold + issame; training = all folds - the test fold
-        hist = np.bincount(
-            (2 * fold_ids + positive) * n_grid + first, minlength=2 * n_folds * n_grid
-        )
-        test = np.cumsum(hist.reshape(n_folds, 2, n_grid), axis=2)[..., :-1]
-        return test.sum(axis=0) - test, test
+    first = np.broadcast_to(first, (n_folds, len(issame)))  # (F, N), a view for (N,)
     rows = []
     for f in range(n_folds):  # groups 2 * (in fold f) + issame
-        groups = 2 * (fold_ids == f) + positive
+        groups = 2 * (fold_ids == f) + issame
         hist = np.bincount(groups * n_grid + first[f], minlength=4 * n_grid)
         rows.append(np.cumsum(hist.reshape(2, 2, n_grid), axis=2)[..., :-1])
     both = np.stack(rows, axis=1)  # (2, F, 2, T)
@@ -329,7 +322,6 @@ def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> Verifica
         n_folds=int(n_folds),
         distance=s.distance,
         threshold=float(np.mean(best)),
-        threshold_distance=s.distance,
     )
 
 

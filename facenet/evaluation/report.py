@@ -8,6 +8,7 @@ Results are read by attribute: this module imports no other part of evaluation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ def val_at_far_label(val: float, far_target: float, far: float) -> str:
 def figures(result) -> dict:
     """The reported figures of a ``VerificationResult``, with its threshold and distance."""
     out = {key: float(getattr(result, key)) for key in (*FIGURE_KEYS, "far_target", "threshold")}
-    return {**out, "distance": result.threshold_distance}
+    return {**out, "distance": result.distance}
 
 
 def figure_cells(values: Mapping) -> dict[str, str]:
@@ -55,7 +56,7 @@ def result_table(name: str, result) -> str:
         )
     lines += [
         figures_line(name, figures(result)),
-        f"threshold {result.threshold:.4f} ({result.threshold_distance} distance, mean over "
+        f"threshold {result.threshold:.4f} ({result.distance} distance, mean over "
         "folds; identify's default)",
         f"pairs     {result.n_pairs} in {result.n_folds} folds ({result.distance} distance)",
     ]
@@ -109,12 +110,13 @@ class ThresholdRecord:
     def from_dict(cls, record: Mapping, source: str = "") -> ThresholdRecord | None:
         """The record of :meth:`to_dict`'s form (``metrics.json`` keeps the provenance under
         ``threshold_for``) or of a ``summary.json`` entry (``value``, ``distance``, ...); None
-        when it holds no threshold."""
+        when it holds no finite threshold."""
         value = record.get("value", record.get("threshold"))
-        if not _is_number(value):
+        if not (_is_number(value) and math.isfinite(value)):
             return None
         distance = record.get("distance", record.get("threshold_distance", "squared"))
-        fields = {**record, **(record.get("threshold_for") or {})}  # metrics.json keeps them apart
+        given = record.get("threshold_for")  # metrics.json keeps the provenance apart
+        fields = {**record, **(given if isinstance(given, Mapping) else {})}
         typed = {key: _typed(fields.get(key), kind) for key, kind in _KINDS.items()}
         typed["features"] = typed["features"] or _IMPLIED["features"]
         return cls(float(value), str(distance), source=source, **typed)

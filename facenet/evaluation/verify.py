@@ -76,30 +76,40 @@ def verify(
 def verify_distances(
     distances, issame, settings: VerifySettings = CLASSIC, source: str = "distances"
 ) -> VerificationResult:
-    """The protocol on (N,) pair distances measured elsewhere, ``source`` naming them.
-
-    Distances at or above the grid's top are accepted by no threshold: a warning says how many
-    (the grid is not stretched to them: they usually mean another distance was measured).
-    """
+    """The protocol on (N,) pair distances measured elsewhere, ``source`` naming them."""
     settings = replace(settings, flip=False)  # distances: the unit grids, whatever flip says
-    result = _checked(source, evaluate_verification, distances, issame, settings)
-    values, top = torch.as_tensor(distances).double().cpu().numpy(), result.thresholds[-1]
-    if above := int((values >= top).sum()):
-        warnings.warn(
-            f"{source}: {above} of {len(values)} distances (largest {values.max():.4g}) lie at "
-            f"or above the largest threshold of the {settings.distance} grid ({top:.4g}): "
-            "no threshold accepts them as the same identity; were they measured with another "
-            "--distance?",
-            stacklevel=2,
-        )
-    return result
+    return _checked(source, evaluate_verification, distances, issame, settings)
+
+
+# AUC below 0.5 by more than this and three standard errors of chance (Hanley and McNeil's,
+# half the pairs of each kind): the same identity scores higher, as similarities do
+REVERSED_AUC_MARGIN = 0.1
 
 
 def _checked(source: str, protocol, *args) -> VerificationResult:
-    """``protocol(*args)``; its refusal of the data as a DataError naming ``source``."""
+    """``protocol(*args)``, its refusal of the data as a DataError naming ``source``; a warning
+    where the threshold grid misses the scores or they rank the wrong way (the figures would
+    be chance or worse without a word)."""
     try:
-        return protocol(*args)
+        r = protocol(*args)
     except DataError:
         raise
     except ValueError as err:  # the protocol checked the pairs: they do not fit, a user matter
         raise DataError(f"{source}: {err}") from None
+    missed, passed = 1 - r.tpr[-1], r.fpr[0]  # same pairs above the grid, others below it
+    if missed or passed:
+        warnings.warn(
+            f"{source}: {missed:.1%} of the same-identity pairs lie at or above the top of the "
+            f"{r.distance} threshold grid [{r.thresholds[0]:g}, {r.thresholds[-1]:g}] (no "
+            f"threshold accepts them) and {passed:.1%} of the others below it (every one accepts "
+            "them): were they measured with another --distance, or on raw features (use "
+            "--features unit, or --distance cosine or angular)?",
+            stacklevel=3,
+        )
+    if r.auc < 0.5 - max(REVERSED_AUC_MARGIN, 3 * ((r.n_pairs + 1) / 3) ** 0.5 / r.n_pairs):
+        warnings.warn(
+            f"{source}: the same identity scores higher than different ones (AUC {r.auc:.4f}): "
+            "similarities read as distances? give --similarities, or negate them",
+            stacklevel=3,
+        )
+    return r

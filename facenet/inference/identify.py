@@ -9,11 +9,9 @@ only where all of these match the embeddings it would apply to.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,6 +19,7 @@ import torch
 from facenet.errors import DataError
 from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
+from facenet.files import read_json
 from facenet.metric.distances import pairwise_distance
 
 _PROBE_BLOCK = 4096  # probes per (block, G) distance matrix: bounded memory for large galleries
@@ -132,14 +131,19 @@ def identification_rates(matches: Matches, probe_labels, gallery: Gallery) -> di
     }
 
 
-def read_threshold(path: str | os.PathLike) -> ThresholdRecord | None:
-    """The threshold record of facenet-evaluate's ``metrics.json`` or a run's
-    ``summary.json`` (its ``threshold`` entry), or None when it holds none."""
-    path = Path(path)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DataError(f"{path}: not a JSON file ({err})") from None
+def read_threshold(path: str | os.PathLike, set_name: str | None = None) -> ThresholdRecord | None:
+    """The threshold record of facenet-evaluate's ``metrics.json`` (of set ``set_name`` when it
+    evaluated ``--bin`` sets; a lone set needs no name) or a run's ``summary.json`` (its
+    ``threshold`` entry), or None when it holds none."""
+    record = read_json(path)
+    sets = record.get("sets") if isinstance(record, dict) else None
+    if isinstance(sets, dict):  # evaluate --bin: a threshold per set, one threshold_for
+        name = set_name or (next(iter(sets)) if len(sets) == 1 else None)
+        if not isinstance(sets.get(name), dict):
+            raise DataError(f"{path}: name one of its sets ({', '.join(sets)}) with --set")
+        record = {**sets[name], "threshold_for": record.get("threshold_for")}
+    elif set_name is not None:
+        raise DataError(f"{path}: --set {set_name}, but it holds no sets (evaluate --bin's)")
     if not isinstance(record, dict):
         return None
     found = record.get("threshold")  # a dict in summary.json

@@ -1,8 +1,11 @@
 """facenet.evaluation.verify (one verification path) against the protocol applied by hand and the
 classic loops; facenet.evaluation.report (one way of writing the figures)."""
 
+import io
 import json
+import os
 import warnings
+import zipfile
 
 import numpy as np
 import pytest
@@ -24,7 +27,7 @@ from facenet.evaluation.protocol import (
     threshold_grids,
 )
 from facenet.evaluation.report import ThresholdRecord, figures, figures_line, sets_table
-from facenet.evaluation.verify import verify, verify_distances
+from facenet.evaluation.verify import REVERSED_AUC_MARGIN, _checked, verify, verify_distances
 from facenet.inference.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -132,7 +135,7 @@ def test_distances_above_the_threshold_grid_are_warned_about(distance, grid):
     settings = S(distance=distance, grid=grid, n_folds=4)
     top = threshold_grids(settings)[0][-1]
     distances = top + 1.0 + np.where(issame, 0.0, 1.0)  # every one above the grid
-    with pytest.warns(UserWarning, match=f"40 of 40 distances .* {distance} grid"):
+    with pytest.warns(UserWarning, match=f"100.0% of the same-identity .* {distance} threshold"):
         result = verify_distances(distances, issame, settings)
     assert result.accuracy_mean == 0.5  # what the warning is there for
     inside = np.where(issame, 0.1, 0.2)
@@ -151,6 +154,67 @@ def test_evaluate_warns_in_one_line_and_writes_the_record(tmp_path, capsys):
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     # distances measured elsewhere: the weights are not known, so identify will not use it
     assert metrics["threshold_for"] == {"distances": str(tmp_path / "d.npz")}
+
+
+def test_a_grid_that_misses_the_scores_is_warned_about_in_every_mode():
+    issame = np.tile([True, False], 20)
+    below = np.where(issame, -0.6, -0.4)  # all below the grid: every threshold accepts them
+    with pytest.warns(UserWarning, match=r"0.0% of the same-identity .* 100.0% of the others"):
+        assert verify_distances(below, issame, S(n_folds=4)).accuracy_mean == 0.5
+    # raw features of norm 20: every distance above the unit grid (the issue's 0.5 at AUC ~1)
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(40, 8))
+    b = np.where(issame[:, None], a + 0.3 * rng.normal(size=a.shape), rng.normal(size=a.shape))
+    a, b = (20 * x / np.linalg.norm(x, axis=1, keepdims=True) for x in (a, b))
+    for subtract_mean in (False, True):
+        settings = S(n_folds=4, features="raw", subtract_mean=subtract_mean)
+        with pytest.warns(UserWarning, match=r"pairs: 100.0% .* --features unit"):
+            result = _checked("pairs", evaluate_embeddings, a, b, issame, settings)
+        assert result.auc == 1.0 and result.accuracy_mean == 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a grid of the same scale: no warning
+        _checked("pairs", evaluate_embeddings, a / 20, b / 20, issame, S(n_folds=4))
+        verify_distances(1 - np.where(issame, 0.9, 0.1), issame, S("cosine", n_folds=4))
+
+
+@pytest.mark.parametrize("distance", ["squared", "cosine", "angular"])
+def test_scores_that_rank_the_wrong_way_are_warned_about(distance):
+    issame = np.tile([True, False], 20)
+    margin = REVERSED_AUC_MARGIN  # AUC below 0.5 - 0.1: warned about; at chance: not
+    noise = np.random.default_rng(1).uniform(0, 0.05, 40)
+    similarities = np.where(issame, 0.8, 0.3) + noise  # higher for the same identity
+    with pytest.warns(UserWarning, match=r"AUC 0.0000.*--similarities"):
+        verify_distances(similarities, issame, S(distance, n_folds=4), source="s.npz")
+    assert verify_distances(1 - similarities, issame, S(distance, n_folds=4)).auc == 1.0
+    chance = np.tile([0.2, 0.3, 0.3, 0.2], 10)  # AUC 0.5
+    # AUC about 0.3: within three standard errors of chance for 40 pairs, not for 4,000
+    rng = np.random.default_rng(2)
+    many = np.tile([True, False], 2000)
+    worse = 0.7 * (np.where(many, 0.2, 0.0) + rng.uniform(0, 1, len(many)))  # in every grid
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert verify_distances(chance, issame, S(distance, n_folds=4)).auc > 0.5 - margin
+        small = verify_distances(worse[:40], issame, S(distance, n_folds=4))
+        assert small.auc < 0.5 - margin
+    with pytest.warns(UserWarning, match=r"AUC 0.3"):
+        verify_distances(worse, many, S(distance, n_folds=4))
+
+
+def test_evaluate_scores_similarities_and_says_which_way_the_threshold_points(tmp_path, capsys):
+    issame = np.tile([1, 0], 20)
+    similarities = np.where(issame, 0.7, 0.1)
+    np.savez(tmp_path / "s.npz", distances=similarities, issame=issame)
+    argv = ["--distances", str(tmp_path / "s.npz"), "--folds", "4", "--distance", "cosine"]
+    assert evaluate_script.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--similarities" in err[0] and "AUC 0.0000" in err[0]
+    assert evaluate_script.main([*argv, "--similarities", "--out", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().err == ""
+    metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert metrics["accuracy_mean"] == 1.0 and 0.1 < metrics["threshold"] < 0.9
+    assert metrics["same_when"] == "1 - similarity < threshold"
+    plain = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert plain["same_when"] == "distance < threshold"
 
 
 def test_csv_fields_over_the_limit_are_one_line_naming_file_and_line(tmp_path, capsys):
@@ -183,11 +247,16 @@ def test_evaluate_records_what_its_threshold_was_chosen_for(tiny_run, tmp_path):
     assert len(record.differences(trained.preparation(flip=True))) == 1  # the preprocessing
 
 
-def test_a_threshold_chosen_on_raw_features_does_not_fit_unit_embeddings(tiny_run, tmp_path):
+def test_a_threshold_chosen_on_raw_features_does_not_fit_unit_embeddings(
+    tiny_run, tmp_path, capsys
+):
     out = tmp_path / "eval"
     argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--pairs", str(tiny_run["pairs"])]
     argv += ["--features", "raw", "--preprocess", "resize", "--out", str(out)]
     assert evaluate_script.main(argv) == 0
+    err = capsys.readouterr().err  # raw outputs reach past the unit grid: said, with the fix
+    assert err.startswith(f"warning: {tiny_run['pairs']}: ") and len(err.splitlines()) == 1
+    assert "of the same-identity pairs lie at or above the top" in err and "--features unit" in err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["threshold_for"]["features"] == "raw"
     record = ThresholdRecord.from_dict(metrics)
@@ -238,3 +307,25 @@ def test_the_mobilefacenet_grid_is_the_publishers_similarity_grid():
     assert np.array_equal(val_grid, mobilefacenet_thresholds())
     cfg = load_config("configs/lfw_mobilefacenet.yaml")
     assert cfg.data.image_size == [112, 96]
+
+
+@pytest.mark.parametrize("name", ["d.csv", "d.npz"])
+@pytest.mark.parametrize("hostile", ["FIFO", "folder", "declared terabyte", "missing"])
+def test_hostile_distances_files_are_one_line_errors(tmp_path, capsys, name, hostile):
+    """Checked before a byte is parsed: a FIFO would block on open, a header declaring a
+    terabyte would be allocated."""
+    path = tmp_path / name
+    if hostile == "FIFO":
+        os.mkfifo(path)
+    elif hostile == "folder":
+        path.mkdir()
+    elif hostile == "declared terabyte":
+        header = io.BytesIO()
+        declared = {"descr": "<f8", "fortran_order": False, "shape": (2**40,)}
+        np.lib.format.write_array_header_1_0(header, declared)
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("distances.npy", header.getvalue() + b"\0" * 64)
+    assert evaluate_script.main(["--distances", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -307,3 +310,93 @@ def test_identify_without_a_threshold_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: no threshold: give --threshold")
     assert identify_script.main([*argv, "--threshold", "0.5", "--out", str(tmp_path)]) == 0
     assert "2 probes: 2 matched, 0 unknown at threshold 0.5000" in capsys.readouterr().out
+
+
+def test_identify_takes_a_set_threshold_of_evaluate_bin(tmp_path, capsys):
+    gallery = embedded(tmp_path / "g.npz")
+    sets = {
+        name: {"threshold": t, "distance": "squared"} for name, t in (("lfw", 0.5), ("cfp", 0.7))
+    }
+    record = {"source": "m.pt", "threshold_for": AT_HAND, "sets": sets}
+    (tmp_path / "m.json").write_text(json.dumps(record))
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    argv += ["--metrics", str(tmp_path / "m.json")]
+    assert identify_script.main([*argv, "--set", "cfp"]) == 0
+    assert capsys.readouterr().out.startswith("threshold: 0.7000 (squared distance; weights aaaa")
+    for wrong in ([], ["--set", "agedb"]):  # two sets: one must be named, and be one of them
+        assert identify_script.main([*argv, *wrong]) == 2
+        assert "name one of its sets (lfw, cfp) with --set" in capsys.readouterr().err
+    (tmp_path / "m.json").write_text(json.dumps({**record, "sets": {"lfw": sets["lfw"]}}))
+    assert read_threshold(tmp_path / "m.json").value == 0.5  # a lone set needs no name
+    (tmp_path / "m.json").write_text(json.dumps({"threshold": 0.5, "threshold_for": AT_HAND}))
+    with pytest.raises(DataError, match="holds no sets"):
+        read_threshold(tmp_path / "m.json", "lfw")
+    assert identify_script.main([*argv[:6], "--set", "lfw", "--threshold", "1"]) == 0
+
+
+def declaring(path: Path, shape: tuple) -> Path:
+    """An .npz of a few bytes whose 'embeddings' header declares ``shape`` float32."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": shape}
+    )
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("embeddings.npy", header.getvalue() + b"\0" * 64)
+    return path
+
+
+@pytest.mark.parametrize("where", ["--metrics", "--gallery", "--probes"])
+@pytest.mark.parametrize("hostile", ["FIFO", "deep JSON", "declared terabyte", "folder"])
+def test_hostile_files_given_to_identify_are_one_line_errors(tmp_path, capsys, where, hostile):
+    """A FIFO (it would block on open), JSON nested past the recursion limit, an .npz whose
+    header declares a terabyte, a folder: refused in one line naming the file, exit 2."""
+    files = {"--gallery": tmp_path / "g.npz", "--probes": tmp_path / "p.npz"}
+    files = {key: embedded(path) for key, path in files.items()}
+    files["--metrics"] = tmp_path / "m.json"
+    files[where].unlink(missing_ok=True)
+    if hostile == "FIFO":
+        os.mkfifo(files[where])
+    elif hostile == "deep JSON":
+        files[where].write_text("[" * 100_000 + "]" * 100_000)
+    elif hostile == "folder":
+        files[where].mkdir()
+    else:
+        declaring(files[where], (2**40, 512))
+    if where != "--metrics":
+        files["--metrics"].write_text(json.dumps({"threshold": 0.5, "threshold_for": AT_HAND}))
+    argv = [text for key, path in files.items() for text in (key, str(path))]
+    assert identify_script.main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {files[where]}: ") and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_gallery_threshold_record_nested_past_the_recursion_limit_is_refused(tmp_path, capsys):
+    gallery = embedded(tmp_path / "g.npz", threshold_record=np.array("[" * 10**5 + "]" * 10**5))
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    assert identify_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {gallery}: 'threshold_record' is not JSON")
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"threshold": 0.5, "threshold_for": [1, 2]},  # provenance not a mapping
+        {"threshold": 0.5, "threshold_for": "aaaa"},
+        {"threshold": float("nan"), "threshold_for": AT_HAND},  # json.dumps writes NaN
+        {"threshold": float("inf"), "threshold_for": AT_HAND},
+        {"threshold": "0.5", "threshold_for": AT_HAND},
+        {"threshold": True, "threshold_for": AT_HAND},
+        {"sets": {"lfw": [0.5]}, "threshold_for": AT_HAND},
+        [0.5],
+    ],
+)
+def test_malformed_threshold_records_are_one_line_errors(tmp_path, capsys, record):
+    gallery = embedded(tmp_path / "g.npz")
+    (tmp_path / "m.json").write_text(json.dumps(record))
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    assert identify_script.main([*argv, "--metrics", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"{tmp_path / 'm.json'}" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
