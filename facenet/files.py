@@ -78,8 +78,8 @@ def _npy_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int) ->
         shape, _, dtype = read_header(fh)
         if dtype.hasobject:
             raise ValueError(f"'{info.filename}' holds Python objects")
-        if math.prod(shape) * dtype.itemsize > budget:
-            raise ValueError(f"'{info.filename}' declares {shape} {dtype}, past the size allowed")
+        if math.prod(shape) * dtype.itemsize > min(budget, info.file_size):
+            raise ValueError(f"'{info.filename}' declares {shape} {dtype}, past its size")
         fh.seek(0)
         return np.lib.format.read_array(fh, allow_pickle=False)
 

@@ -72,7 +72,7 @@ def test_npz_round_trip(tmp_path):
     assert arrays["names"].tolist() == ["a", "b"]
 
 
-@pytest.mark.parametrize("shape", [(10**12,), (2**31, 2**31), (4, 2**40)])
+@pytest.mark.parametrize("shape", [(10**12,), (2**31, 2**31), (4, 2**40), (10**8,)])
 def test_npz_declaring_a_huge_shape_is_refused_before_allocation(tmp_path, shape):
     path = _npz(tmp_path / "g.npz", {"embeddings.npy": _npy_bytes(shape, payload=b"\0" * 64)})
     with pytest.raises(DataError, match=r"g.npz: not a gallery .*declares"):
@@ -84,7 +84,7 @@ def test_npz_budget_counts_every_array(tmp_path):
     path = _npz(tmp_path / "d.npz", members, zipfile.ZIP_DEFLATED)
     assert os.path.getsize(path) < 1_000
     assert len(read_npz(path, "d", max_bytes=2_400)) == 3
-    with pytest.raises(DataError, match="past the size allowed"):
+    with pytest.raises(DataError, match="past its size"):
         read_npz(path, "d", max_bytes=2_000)
 
 

@@ -43,8 +43,10 @@ def retrieval_metrics(embeddings, labels) -> dict:
     x = torch.as_tensor(np.asarray(embeddings), dtype=torch.float32)
     y = torch.as_tensor(np.asarray(labels)).long()
     if x.ndim != 2 or y.shape != (len(x),) or not torch.isfinite(x).all():
-        raise ValueError(f"expected finite (N, D) embeddings and (N,) labels, got "
-                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"expected finite (N, D) embeddings and (N,) labels, got "
+            f"{tuple(x.shape)} and {tuple(y.shape)}"
+        )
     _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
     r = counts[inverse] - 1  # (N,) other rows of each query's label
     k = int(r.max()) if len(r) else 0
@@ -58,11 +60,13 @@ def retrieval_metrics(embeddings, labels) -> dict:
         used = r_rows.squeeze(1) > 0
         hits = within_r.cumsum(dim=1) * within_r
         ap = (hits / torch.arange(1, k + 1, dtype=torch.float64)).sum(dim=1) / r_rows.squeeze(1)
-        sums += torch.stack([
-            same[used, 0].double().sum(),
-            (within_r.sum(dim=1).double() / r_rows.squeeze(1))[used].sum(),
-            ap[used].sum(),
-        ])
+        sums += torch.stack(
+            [
+                same[used, 0].double().sum(),
+                (within_r.sum(dim=1).double() / r_rows.squeeze(1))[used].sum(),
+                ap[used].sum(),
+            ]
+        )
     used = int((r > 0).sum())
     means = (sums / used).tolist() if used else [float("nan")] * 3
     return {
