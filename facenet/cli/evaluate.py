@@ -15,7 +15,14 @@ import json
 import os
 from pathlib import Path
 
-from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
+from facenet.cli.common import (
+    add_device_argument,
+    add_threads_argument,
+    parse_device,
+    positive_int,
+    run_command,
+    set_threads,
+)
 from facenet.config import load_config
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.insightface_bin import read_bin
@@ -129,6 +136,7 @@ def _add_embedding_arguments(embed) -> None:
     )
     embed.add_argument("--batch-size", type=positive_int, help="images per forward")
     add_device_argument(embed, "cpu")
+    add_threads_argument(embed)
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
 
 
@@ -210,6 +218,7 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
 
 def _evaluate(args: argparse.Namespace) -> None:
     """Check the options and ``--out``, evaluate, print the table and write the files."""
+    set_threads(args.threads)
     _check_options(args)
     out = Path(args.out)
     check_out(out)  # before the work, not after it

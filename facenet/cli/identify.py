@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from facenet.cli.common import run_command
+from facenet.cli.common import add_threads_argument, run_command, set_threads
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_npz
 from facenet.evaluation.protocol import DISTANCES
@@ -59,6 +59,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
     parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")
     parser.add_argument("--out", default="runs/identify", help="folder for the results")
+    add_threads_argument(parser)
     return parser
 
 
@@ -183,6 +184,7 @@ def report(matches, rates: dict | None, source: str) -> str:
 
 def _identify(args: argparse.Namespace) -> int:
     """Match the probes, write the results and print the report; returns the exit code."""
+    set_threads(args.threads)
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
     check_same_making(gallery_arrays, probes, args)
     gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))
