@@ -66,7 +66,7 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
 
 def set_threads(threads: int) -> None:
     """torch's intra-op CPU threads; 0 keeps torch's default (one per core). On a shared machine
-    an op split over several threads waits for descheduled siblings: docs/usage.md measures it."""
+    an op split over several threads waits for descheduled siblings (README measures it)."""
     if threads:
         torch.set_num_threads(threads)
 
