@@ -77,6 +77,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="linear FAR axis in the ROC (default: logarithmic, where VAL is read)",
     )
     parser.add_argument("--title", default=None, help="ROC plot title")
+    add_threads_argument(parser)
     _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
     parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
     return parser
@@ -136,7 +137,6 @@ def _add_embedding_arguments(embed) -> None:
     )
     embed.add_argument("--batch-size", type=positive_int, help="images per forward")
     add_device_argument(embed, "cpu")
-    add_threads_argument(embed)
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
 
 
