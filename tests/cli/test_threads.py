@@ -106,8 +106,16 @@ def test_run_training_sets_the_threads_first(tmp_path, capsys):
     assert run_training(cfg) == 2  # refused before any data or model work
     assert "a_file" in capsys.readouterr().err
     assert torch.get_num_threads() == 3
+    cfg.train.threads = 0  # torch's default: the count it gives is what config.yaml records
+    torch.set_num_threads(2)
+    assert run_training(cfg) == 2
+    assert torch.get_num_threads() == cfg.train.threads == 2
 
 
 def test_the_makefile_and_readme_commands_need_no_thread_variable():
     for doc in ("Makefile", "README.md", "docs/usage.md", "docs/configuration.md"):
         assert "OMP_NUM_THREADS" not in (ROOT / doc).read_text(), doc
+
+
+def test_the_run_records_its_threads(tiny_run):
+    assert load_config(str(tiny_run["run"] / "config.yaml")).train.threads == 1
