@@ -22,9 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps facenet-pytorch==$(FACENET_PYTORCH)
 	touch $(STAMP)
 
-# One intra-op thread: on a busy 2-core machine two threads spin-wait and run several times slower.
 train: install
-	OMP_NUM_THREADS=1 $(VENV)/bin/facenet-train --config configs/demo.yaml --overwrite
+	$(VENV)/bin/facenet-train --config configs/demo.yaml --overwrite
 
 test: install
 	$(PY) -m pytest -q

@@ -141,6 +141,7 @@ class TrainConfig:
     epochs: int = 10
     steps_per_epoch: int = 0  # 0: a full pass of the sampler
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int = 1  # torch CPU threads; 0: torch's default (one per core)
     amp: Literal["none", "bf16", "fp16"] = "none"
     seed: int = 0
     deterministic: bool = False
@@ -256,7 +257,7 @@ RANGES: dict[str, Range] = {
         Range(0, 2**63 - 1): "data.synthetic_seed train.seed",
         Range(1, math.inf): "data.max_aspect_ratio",
         Range(8, 4096): "data.image_size",
-        Range(0, 1024): "data.num_workers",
+        Range(0, 1024): "data.num_workers train.threads",
         Range(1, 65536): "model.embedding_dim",
         Range(2, 1000): "eval.n_folds",
     }.items()

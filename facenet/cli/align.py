@@ -19,7 +19,14 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
+from facenet.cli.common import (
+    add_device_argument,
+    add_threads_argument,
+    parse_device,
+    positive_int,
+    run_command,
+    set_threads,
+)
 from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, PRESET_NAMES
 from facenet.files import open_regular
@@ -81,6 +88,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--centre-crop", dest="fallback", action="store_true", help="crop where no face is found"
     )
     add_device_argument(parser, "cpu")  # where MTCNN runs
+    add_threads_argument(parser)  # --workers > 1: one thread each
     parser.add_argument("--batch-size", type=positive_int, default=32, help="images per MTCNN call")
     parser.add_argument("--workers", type=positive_int, default=1, help="processes")
     parser.add_argument("--report", help="default DST/align_report.tsv")
@@ -139,6 +147,7 @@ def _is_report(path: Path) -> bool:
 
 
 def _align(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
     report = _report_path(args)
     start = time.perf_counter()
     settings, device = _settings(args), parse_device(args.device)

@@ -1,6 +1,6 @@
 """What every command shares: user errors as one ``error:`` line with exit code 2, warnings as
-one ``warning:`` line, and the ``--device`` argument. A command's ``main(argv)`` is
-``run_command(lambda: _main(args))``: a ``FacenetError`` or a file-system error becomes that
+one ``warning:`` line, and the ``--device`` and ``--threads`` arguments. A command's ``main(argv)``
+is ``run_command(lambda: _main(args))``: a ``FacenetError`` or a file-system error becomes that
 line; anything else is a bug and keeps its traceback.
 """
 
@@ -64,15 +64,40 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
     )
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type``: an integer >= 1 (else an argparse error, exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: >= 1")
-    return value
+def set_threads(threads: int) -> None:
+    """torch's intra-op CPU threads; 0 keeps torch's default (one per core). On a shared machine
+    an op split over several threads waits for descheduled siblings (README measures it)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=int_in(0, 1024),
+        default=1,
+        metavar="N",
+        help="torch CPU threads (default 1: holds on a busy machine; 0: torch's default)",
+    )
+
+
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``low..high`` (else an argparse error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            allowed = f">= {low}" if high is None else f"[{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: {allowed}")
+        return value
+
+    return parse
+
+
+positive_int = int_in(1)
 
 
 def parse_device(name: str) -> torch.device:

@@ -18,7 +18,14 @@ import sys
 
 import numpy as np
 
-from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
+from facenet.cli.common import (
+    add_device_argument,
+    add_threads_argument,
+    parse_device,
+    positive_int,
+    run_command,
+    set_threads,
+)
 from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import DISTANCES
@@ -39,6 +46,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=positive_int, default=128, help="images per forward")
     add_threshold_arguments(parser)
     add_device_argument(parser, "cpu")
+    add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -98,6 +106,7 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
 
 def _embed(args: argparse.Namespace) -> int:
     """Embed the folder and write the file; returns the exit code."""
+    set_threads(args.threads)
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
     at_hand = trained.preparation(flip=args.flip)

@@ -15,7 +15,14 @@ import json
 import os
 from pathlib import Path
 
-from facenet.cli.common import add_device_argument, parse_device, positive_int, run_command
+from facenet.cli.common import (
+    add_device_argument,
+    add_threads_argument,
+    parse_device,
+    positive_int,
+    run_command,
+    set_threads,
+)
 from facenet.config import DataConfig, load_config
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.insightface_bin import read_bin
@@ -71,6 +78,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="linear FAR axis in the ROC (default: logarithmic, where VAL is read)",
     )
     parser.add_argument("--title", default=None, help="ROC plot title")
+    add_threads_argument(parser)
     _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
     parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
     return parser
@@ -215,6 +223,7 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
 
 def _evaluate(args: argparse.Namespace) -> None:
     """Check the options and ``--out``, evaluate, print the table and write the files."""
+    set_threads(args.threads)
     _check_options(args)
     out = Path(args.out)
     check_out(out)  # before the work, not after it

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from facenet.cli.common import run_command
+from facenet.cli.common import add_threads_argument, run_command, set_threads
 from facenet.cli.embed import add_threshold_arguments, model_threshold
 from facenet.inference.export import CHECK_BATCH, FORMATS, PARITY_TOLERANCE, export_model
 from facenet.inference.loading import load_model
@@ -29,10 +29,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--tolerance", type=float, default=PARITY_TOLERANCE, help="largest |exported - eager|"
     )
     add_threshold_arguments(parser)
+    add_threads_argument(parser)
     return parser
 
 
 def _export(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
     trained = load_model(args.checkpoint)
     threshold, line = model_threshold(trained, trained.preparation(), args)
     # Carried into the export's metadata only when it fits these weights as exported.

@@ -15,7 +15,7 @@ import torch
 from torchvision.io import encode_png
 from torchvision.utils import make_grid
 
-from facenet.cli.common import run_command
+from facenet.cli.common import add_threads_argument, run_command, set_threads
 from facenet.config import add_override_argument, load_config
 from facenet.data.synthetic import SyntheticIdentities, drawn_side, prepare_synthetic_data
 from facenet.errors import FacenetError
@@ -34,6 +34,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         metavar="PNG",
         help="also write a grid of 8 training identities x 8 images (one identity per row)",
     )
+    add_threads_argument(parser)
     return parser
 
 
@@ -48,6 +49,7 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
 
 def _make_synthetic(args: argparse.Namespace) -> int:
     """Write the data set (and the preview) and say where; returns the exit code."""
+    set_threads(args.threads)
     data = load_config(args.config, args.overrides).data
     paths = prepare_synthetic_data(args.out, data)
     print(

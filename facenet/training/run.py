@@ -42,6 +42,9 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
     Ctrl-C outside the training loop). ``resume``: continue from its ``last.pt`` (a new run if
     there is none); ``overwrite``: start a new run in place of the previous one, whose outputs
     are removed when the new run first writes."""
+    if cfg.train.threads:  # before any torch work; 0: torch's default
+        torch.set_num_threads(cfg.train.threads)
+    cfg.train.threads = torch.get_num_threads()  # config.yaml records the count used
     try:
         info = init_distributed(cfg.train.device)
     except FacenetError as err:  # CUDA asked for where there is none
