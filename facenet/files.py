@@ -1,22 +1,107 @@
-"""Files written so that a crash never leaves half of one, and strict JSON.
+"""Files written so that a crash never leaves half of one; user files read within bounds.
 
 Every file the package writes goes through :func:`write_atomic`: a temporary file in the same
 folder (``.<name>.<pid>.tmp``), flushed to disk, then ``os.replace``d over the target, so a
-crash, ``kill -9`` or full disk leaves the old file or the new one.
+crash, ``kill -9`` or full disk leaves the old file or the new one. Every file a user hands in is
+opened with :func:`open_regular` (a FIFO, device or socket refused, the size bounded) before a
+byte is parsed; JSON and ``.npz`` files are bounded in depth and declared array sizes too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
+import stat
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
+from facenet.errors import DataError
+
 # ".last.pt.<pid>.tmp": what write_atomic writes before the rename.
 TEMPORARY_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+MAX_JSON_BYTES = 64 * 2**20
+MAX_ARRAY_BYTES = 16 * 2**30  # the declared, uncompressed size of all arrays of one .npz
+
+
+def open_regular(path, max_bytes: int, fail: Callable[[str], Exception] | None = None) -> IO[bytes]:
+    """``path`` opened for binary reading if it is a regular file of at most ``max_bytes``;
+    otherwise ``fail(reason)`` is raised (default: a DataError naming the file).
+
+    ``O_NONBLOCK`` keeps a FIFO's open from waiting for a writer; the type is checked on the
+    open descriptor, so a file swapped for a FIFO in between is refused too.
+    """
+    fail = fail or (lambda reason: DataError(f"{path}: {reason}"))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise fail(err.strerror or str(err)) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise fail("not a regular file (a FIFO, device or folder)")
+    if info.st_size > max_bytes:
+        os.close(fd)
+        raise fail(f"{info.st_size} bytes is larger than the {max_bytes} allowed")
+    return os.fdopen(fd, "rb")
+
+
+def read_json(path, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value in the regular file ``path``; a DataError naming the file for anything
+    unreadable, larger than ``max_bytes`` or nested past the interpreter's recursion limit."""
+    with open_regular(path, max_bytes) as fh:
+        raw = fh.read()
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as err:  # RecursionError: nesting a few thousand deep
+        reason = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise DataError(f"{path}: not readable JSON ({reason})") from None
+
+
+def _npy_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int) -> np.ndarray:
+    """One array of an ``.npz``, its header checked against ``budget`` bytes before reading."""
+    if info.file_size > 100 * info.compress_size + 2**20:  # no array of ours compresses 100x
+        raise ValueError(f"'{info.filename}' inflates {info.compress_size} to {info.file_size} B")
+    with archive.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0
+        if version != (1, 0):
+            read_header = np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(fh)
+        if dtype.hasobject:
+            raise ValueError(f"'{info.filename}' holds Python objects")
+        if math.prod(shape) * dtype.itemsize > budget:
+            raise ValueError(f"'{info.filename}' declares {shape} {dtype}, past the size allowed")
+        fh.seek(0)
+        return np.lib.format.read_array(fh, allow_pickle=False)
+
+
+def read_npz(path, what: str, max_bytes: int = MAX_ARRAY_BYTES) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file, without pickles; the declared shapes and dtypes are
+    checked against ``max_bytes`` (all arrays together) before anything is inflated. A
+    DataError "``path``: not ``what``" for a damaged archive, a single ``.npy`` array or a size
+    past the bound."""
+    arrays = {}
+    with open_regular(path, max_bytes) as fh:
+        try:
+            archive = zipfile.ZipFile(fh)
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise ValueError(f"'{info.filename}' is not an array")
+                array = _npy_member(archive, info, max_bytes)
+                max_bytes -= array.nbytes
+                arrays[info.filename[: -len(".npy")]] = array
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as err:
+            raise DataError(f"{path}: not {what} ({err})") from None
+    return arrays
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -12,7 +12,7 @@ SHARED = {"errors", "files", "sizes", "distributed", "memory", "checkpoint", "co
 # import neither the configuration nor the training layer.
 ALLOWED = {
     "errors": set(),
-    "files": set(),
+    "files": {"errors"},
     "sizes": set(),
     "distributed": {"errors"},
     "memory": set(),

@@ -19,10 +19,9 @@ from pathlib import Path
 
 from facenet.cli.common import run_command
 from facenet.errors import DataError
-from facenet.evaluation.distances_file import read_npz
 from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
-from facenet.files import json_safe, write_text_atomic
+from facenet.files import json_safe, read_npz, write_text_atomic
 from facenet.inference.identify import (
     Gallery,
     checked_threshold,

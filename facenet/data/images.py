@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import struct
 import warnings
 import zlib
@@ -34,6 +33,7 @@ from facenet.data.image_headers import (
     read_header,
 )
 from facenet.errors import DataError
+from facenet.files import open_regular
 from facenet.sizes import ImageSize, image_hw
 
 # Lower case, compared case-insensitively; callers rank a name's candidates by this order.
@@ -70,23 +70,7 @@ class CorruptImageError(DataError):
 
 
 def _open_regular(path, max_bytes):
-    """``path`` opened if it is a regular file of at most ``max_bytes``.
-
-    ``O_NONBLOCK`` keeps a FIFO's open from waiting for a writer; the type is checked on the
-    open descriptor, so a file swapped for a FIFO in between is refused too.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as err:
-        raise CorruptImageError(path, err.strerror or str(err)) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise CorruptImageError(path, "not a regular file (a FIFO, device or folder)")
-    if info.st_size > max_bytes:
-        os.close(fd)
-        raise CorruptImageError(path, f"{info.st_size} bytes is larger than any image allowed")
-    return os.fdopen(fd, "rb")
+    return open_regular(path, max_bytes, lambda reason: CorruptImageError(path, reason))
 
 
 def _max_bytes(max_pixels):

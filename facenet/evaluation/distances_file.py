@@ -9,28 +9,14 @@ from __future__ import annotations
 
 import csv
 import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from facenet.errors import DataError
+from facenet.files import read_npz
 
 _TRUE, _FALSE = {"1", "true", "yes", "same"}, {"0", "false", "no", "different"}
-
-
-def read_npz(path, what: str) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file, without pickles; a DataError "``path``: not ``what``"
-    for a damaged archive or a single ``.npy`` array."""
-    damaged = (zipfile.BadZipFile, EOFError, ValueError)  # ValueError: a pickle, a bad header
-    try:
-        data = np.load(path, allow_pickle=False)
-        if isinstance(data, np.lib.npyio.NpzFile):
-            with data:
-                return {key: data[key] for key in data.files}
-    except damaged as err:
-        raise DataError(f"{path}: not {what} ({err})") from None
-    raise DataError(f"{path}: not {what} (a single .npy array)")
 
 
 def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -438,6 +438,21 @@ def test_script_reports_unusable_sizes_on_one_line_with_exit_code_2(tmp_path, ca
     assert len(err.strip().splitlines()) == 1
 
 
+def test_script_refuses_a_foreign_manifest_or_too_few_pairs_keeping_every_file(tmp_path, capsys):
+    main = make_synthetic_script.main
+    assert main([str(tmp_path), *SMALL_SETTINGS]) == 0
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main([str(tmp_path), *SMALL_SETTINGS, "--set", "data.synthetic_pairs_per_fold=999"]) == 2
+    (tmp_path / "manifest.json").write_text("")
+    assert main([str(tmp_path), *SMALL_SETTINGS, "--set", "data.synthetic_seed=1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "synthetic_pairs_per_fold" in err[0] and "manifest.json: not written" in err[1]
+    assert len(err) == 2 and {p: p.read_bytes() for p in before} == {
+        **before,
+        tmp_path / "manifest.json": b"",
+    }
+
+
 @contextlib.contextmanager
 def file_size_limit(limit: int):
     """Writes past ``limit`` bytes fail with EFBIG, as a full disk fails them with ENOSPC
