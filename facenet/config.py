@@ -14,18 +14,16 @@ import math
 import os
 import re
 import reprlib
-import stat
 import types
 import typing
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
 from facenet.errors import ConfigError
-from facenet.files import write_text_atomic
+from facenet.files import open_regular, write_text_atomic
 from facenet.sizes import image_hw
 
 # facenet.metric.DISTANCE_NAMES, described in facenet.metric.distances.
@@ -489,17 +487,17 @@ def _parse_yaml(text: str) -> Any:
 
 
 def _read_config_text(path: str | os.PathLike) -> str:
-    """The text of a config file; only a regular file is read (a FIFO would block)."""
+    """The text of a config file: a regular file (a FIFO would block) of at most 1 MiB."""
+
+    def fail(reason: str) -> ConfigError:
+        return ConfigError(f"config file {path}: {reason}")
+
+    with open_regular(path, 2**20, fail) as fh:
+        data = fh.read()
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ConfigError(f"config file {path} is not a regular file")
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+        raise fail("not UTF-8 text") from None
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:

@@ -83,7 +83,7 @@ def test_rejections_name_key_value_and_options(data, needles):
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
-    with pytest.raises(ConfigError, match="not found: .*nope.yaml"):
+    with pytest.raises(ConfigError, match="nope.yaml: No such file"):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(write(tmp_path, "train: [unclosed\n"))
@@ -276,6 +276,20 @@ def test_a_fifo_as_config_file_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         load_config(fifo)
+    for other in ("/dev/zero", tmp_path):  # a device read forever; a folder
+        with pytest.raises(ConfigError, match="not a regular file"):
+            load_config(other)
+
+
+def test_a_config_file_over_one_mib_is_refused_before_reading(tmp_path):
+    path = tmp_path / "big.yaml"
+    with open(path, "wb") as fh:
+        fh.truncate(2**20 + 1)  # sparse: declares its size without writing it
+    with pytest.raises(ConfigError, match=r"big.yaml: 1048577 bytes is larger than"):
+        load_config(path)
+    path.write_bytes(b"\xff")
+    with pytest.raises(ConfigError, match="big.yaml: not UTF-8"):
+        load_config(path)
 
 
 # --------------------------------------------------------------------------- choices = registries
