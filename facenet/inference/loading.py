@@ -275,10 +275,11 @@ def _from_port(port: Port, weights: dict, contents: dict, path) -> TrainedModel:
     except ValueError as err:
         raise _bad(path, str(err)) from None
     ours = port.convert(weights)
-    if _HEAD_KEY not in ours:
-        raise _bad(path, f"a {port.publisher} file without its {port.head_layer} layer")
+    head = ours.get(_HEAD_KEY)
+    if head is None or head.ndim != 2:
+        raise _bad(path, f"a {port.publisher} file without its {port.head_layer} layer (D, F)")
     architecture = _check_architecture(
-        {"backbone": port.backbone, "embedding_dim": int(ours[_HEAD_KEY].shape[0])}, path
+        {"backbone": port.backbone, "embedding_dim": head.shape[0]}, path
     )
     epoch = contents.get("epoch")
     return _trained(
