@@ -2,8 +2,9 @@
 leaves the old file or the new one), loaded with ``weights_only=True``.
 
 A checkpoint holds plain contents only (state dicts, the config as a dict, counters, RNG
-states), so loading it unpickles no arbitrary object; a file whose pickle would run code is
-refused before anything runs.
+states), so loading it unpickles no arbitrary object; a file whose pickle would run code, or
+whose tensors declare more bytes than the file holds, is refused before anything runs or is
+allocated.
 """
 
 from __future__ import annotations
@@ -130,11 +131,11 @@ def some_names(names: list[str], shown: int = 8) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _declared_bytes(fh: BinaryIO, names: set[str]) -> int:
+def _declared_bytes(fh: BinaryIO, zipped: bool, names: set[str]) -> int:
     """What a file's storages declare (the legacy format allocates it before reading them):
     zip members' sizes, or a non-zip file's storage elements (at least a byte each); its
     pickles' globals are added to ``names``."""
-    if fh.peek(4)[:4] == b"PK\x03\x04":
+    if zipped:
         return sum(member.file_size for member in zipfile.ZipFile(fh).infolist())
     storages: list = []
     for index in range(_LEGACY_PICKLES):
@@ -184,20 +185,12 @@ def load_weights_only(
 
     names: set[str] = set()
     with open_regular(path, MAX_CHECKPOINT_BYTES, fail) as fh:
-        zipped = fh.peek(4)[:4] == b"PK\x03\x04"
-        try:
+        zipped, size = fh.peek(4)[:4] == b"PK\x03\x04", os.fstat(fh.fileno()).st_size
+        try:  # any error of these readers: a torn archive, a TorchScript file, a damaged pickle
             unsafe = zipped and torch.serialization.get_unsafe_globals_in_checkpoint(path)
-            declared, size = _declared_bytes(fh, names), os.fstat(fh.fileno()).st_size
-        except (
-            RuntimeError,
-            ValueError,
-            IndexError,
-            TypeError,
-            OSError,
-            zipfile.BadZipFile,
-        ) as err:
-            # a torn archive, a TorchScript file, a damaged pickle
-            detail = "not a torch.save file, or a damaged one" if not zipped else _first_line(err)
+            declared = _declared_bytes(fh, zipped, names)
+        except Exception as err:
+            detail = _first_line(err) if zipped else "not a torch.save file, or a damaged one"
             raise fail(detail) from None
     if unsafe:
         raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
