@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import re
-import reprlib
 import types
 import typing
 import warnings
@@ -22,7 +21,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from facenet.errors import ConfigError
+from facenet.errors import ConfigError, shown
 from facenet.files import open_regular, write_text_atomic
 from facenet.sizes import image_hw
 
@@ -39,8 +38,6 @@ _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 # A configuration is two levels deep and small: bounds that no real one reaches, so that a
 # crafted document (a deep nest, an alias bomb, a 5000-digit integer) is refused while parsed.
 _MAX_DEPTH, _MAX_NODES, _MAX_DIGITS = 16, 10_000, 30
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 80, 80
 
 
 @dataclass
@@ -224,7 +221,7 @@ class Range:
     def __contains__(self, value: float) -> bool:
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
-        return math.isfinite(value) and above and below
+        return -math.inf < value < math.inf and above and below  # NaN: False; ints exact
 
     def __str__(self) -> str:
         left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
@@ -289,7 +286,7 @@ def _check_values(cfg: Config, source: str) -> None:
         image_hw(cfg.data.image_size)  # the list type admits any length
     except ValueError:
         raise ConfigError(
-            f"{source}: data.image_size: {_shown(cfg.data.image_size)}: expected one int "
+            f"{source}: data.image_size: {shown(cfg.data.image_size)}: expected one int "
             "(a square input) or [height, width]"
         ) from None
     for dotted, allowed in RANGES.items():
@@ -297,15 +294,8 @@ def _check_values(cfg: Config, source: str) -> None:
         value = getattr(getattr(cfg, section), key)
         for element in value if isinstance(value, list) else [value]:
             if isinstance(element, (int, float)) and element not in allowed:
-                what = _shown(value) + ("" if element is value else f": side {element!r}")
+                what = shown(value) + ("" if element is value else f": side {shown(element)}")
                 raise ConfigError(f"{source}: {dotted}: {what} is out of range; allowed: {allowed}")
-
-
-def _shown(value: Any) -> str:
-    """``repr(value)`` cut to about 200 characters, never built whole (aliases can repeat a
-    value a million times)."""
-    text = _REPR.repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _type_name(tp: Any) -> str:
@@ -326,13 +316,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, bool) and value in args:  # True must not stand for 1
             return value
         raise ConfigError(
-            f"{where}: invalid value {_shown(value)}; valid options: " + ", ".join(map(repr, args))
+            f"{where}: invalid value {shown(value)}; valid options: " + ", ".join(map(repr, args))
         )
     if origin in (Union, types.UnionType):
         for arg in args:
             with contextlib.suppress(ConfigError):
                 return _coerce(value, arg, where)
-        raise ConfigError(f"{where}: {_shown(value)} is not {_type_name(tp)}")
+        raise ConfigError(f"{where}: {shown(value)} is not {_type_name(tp)}")
     if origin is list and isinstance(value, (list, tuple)):
         return [_coerce(v, args[0], where) for v in value]
     # YAML 1.1 reads 1e-3 (no dot) as a string; accept what is plainly a number.
@@ -342,7 +332,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if isinstance(value, accepted) and (tp is bool or not isinstance(value, bool)):
         return float(value) if tp is float else value
     raise ConfigError(
-        f"{where}: expected {_type_name(tp)}, got {_shown(value)} ({type(value).__name__})"
+        f"{where}: expected {_type_name(tp)}, got {shown(value)} ({type(value).__name__})"
     )
 
 
@@ -360,7 +350,7 @@ def _sections(data: Any, source: str) -> dict[str, dict]:
     current ones, or a ConfigError saying why not."""
     if not isinstance(data, (dict, type(None))):
         raise ConfigError(
-            f"{source}: a configuration must be a mapping of sections, got {_shown(data)}"
+            f"{source}: a configuration must be a mapping of sections, got {shown(data)}"
         )
     sections = {}
     for name, values in (data or {}).items():
@@ -369,7 +359,7 @@ def _sections(data: Any, source: str) -> dict[str, dict]:
                 f"{source}: unknown section '{name}'; valid sections: " + ", ".join(_SECTION_TYPES)
             )
         if not isinstance(values, (dict, type(None))):
-            raise ConfigError(f"{source}: section '{name}' must be a mapping, got {_shown(values)}")
+            raise ConfigError(f"{source}: section '{name}' must be a mapping, got {shown(values)}")
         sections[name] = renamed = {}
         for old_key, value in (values or {}).items():
             key = _current_key(name, old_key, source)
@@ -408,13 +398,13 @@ def _apply_overrides(data: dict[str, dict], overrides: list[str]) -> None:
         dotted, equals, raw = item.partition("=")
         parts = dotted.strip().split(".")
         if not equals or len(parts) != 2 or not all(parts):
-            raise ConfigError(f"--set {_shown(item)}: expected section.key=value")
+            raise ConfigError(f"--set {shown(item)}: expected section.key=value")
         try:
             value = _parse_yaml(raw) if raw.strip() else None
         except yaml.YAMLError as err:
-            raise ConfigError(f"--set {_shown(item)}: value is not a YAML scalar ({err})") from None
+            raise ConfigError(f"--set {shown(item)}: value is not a YAML scalar ({err})") from None
         if isinstance(value, dict):  # a list is a value for list keys (data.image_size=[112,96])
-            raise ConfigError(f"--set {_shown(item)}: value must be a scalar or a list")
+            raise ConfigError(f"--set {shown(item)}: value must be a scalar or a list")
         data.setdefault(parts[0], {})[_current_key(*parts, f"--set {item}")] = value
 
 

@@ -495,3 +495,10 @@ def test_aliases_within_the_bounds_still_load_and_messages_stay_short(tmp_path):
     with pytest.raises(ConfigError, match=r"data.root: \[\[.*\.\.\. is not str") as err:
         load_config(None, [f"data.root={_alias_bomb(levels=4)}"])
     assert len(str(err.value)) < 1000
+
+
+def test_a_huge_integer_given_in_a_dict_is_refused_in_a_short_message():
+    for value in (10**5000, [112, 10**5000]):
+        with pytest.raises(ConfigError, match="<a huge integer>.* out of range") as err:
+            config_from_dict({"data": {"image_size": value}})
+        assert len(str(err.value)) < 200

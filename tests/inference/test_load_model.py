@@ -303,3 +303,23 @@ def test_an_expanded_tensor_is_refused_before_anything_is_allocated(tmp_path, ke
     torch.save(state, path)
     with pytest.raises(CheckpointError, match=r"068.ckpt: a torch.strided tensor of shape"):
         load_model(path)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("embedding_dim", 2**2000, "embedding_dim <a huge integer> is out of range"),
+        ("embedding_dim", [[1] * 10**5] * 10**3, r"got \[\[1, 1, 1, 1, 1, 1, \.\.\.\]"),
+        ("backbone", "x" * 10**6, "backbone 'xxxx.*xxx': valid backbones"),
+    ],
+    ids=["600-digit integer", "repeated list", "long string"],
+)
+def test_a_crafted_field_is_refused_in_a_short_message(tmp_path, field, value, message):
+    path, _ = _publisher_file(tmp_path)
+    save_weights(load_model(path), tmp_path / "model.pt")
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    state["architecture"][field] = value
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_model(tmp_path / "bad.pt")
+    assert len(str(err.value)) < 500
