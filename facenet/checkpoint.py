@@ -2,8 +2,9 @@
 leaves the old file or the new one), loaded with ``weights_only=True``.
 
 A checkpoint holds plain contents only (state dicts, the config as a dict, counters, RNG
-states), so loading it unpickles no arbitrary object; a file whose pickle would run code is
-refused before anything runs.
+states), so loading it unpickles no arbitrary object; a file whose pickle would run code, or
+whose tensors declare more bytes than the file holds, is refused before anything runs or is
+allocated.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import pickle
 import pickletools
 import random
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from facenet.errors import CheckpointError
-from facenet.files import TEMPORARY_NAME, write_atomic
+from facenet.files import TEMPORARY_NAME, open_regular, write_atomic
 
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
@@ -72,6 +74,7 @@ def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
 # before the raw storage bytes; a plain pickle file has one.
 _LEGACY_PICKLES = 5
 _REFUSED_OPERATION = "its pickle uses operations that weights_only loading does not allow"
+MAX_CHECKPOINT_BYTES = 16 * 2**30
 
 
 def _first_line(err: BaseException) -> str:
@@ -79,25 +82,39 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _pickle_globals(fh: BinaryIO, names: set[str]) -> None:
-    """Add the globals (``module.name``: GLOBAL, protocol 4's STACK_GLOBAL) of the pickle at
-    ``fh``'s position to ``names``, read statically (nothing runs); ValueError for no pickle."""
-    last_two: list[str | None] = [None, None]  # the two latest stack pushes, strings or None
-    memo: dict[int, str | None] = {}
-    for opcode, arg, _ in pickletools.genops(fh):
-        name = opcode.name
-        if name == "GLOBAL":  # protocols 0-3: "module name" in the argument
+def _scan_pickle(fh: BinaryIO, names: set[str], persistent_ids: list) -> None:
+    """Add the globals (``module.name``) and persistent ids (torch's storages) of the pickle at
+    ``fh``'s position to ``names`` and ``persistent_ids``, read statically by following its
+    stack (nothing runs); ValueError or IndexError for no pickle or a damaged one."""
+    stack, marks, memo = [], [], {}
+    for op, arg, _ in pickletools.genops(fh):
+        before, name = op.stack_before, op.name
+        if name == "MARK":
+            marks.append(len(stack))
+            continue
+        mark = pickletools.markobject
+        start = marks.pop() - before.index(mark) if mark in before else len(stack) - len(before)
+        if start < 0:
+            raise ValueError("stack underflow")
+        popped, stack[start:] = stack[start:], []
+        pushed = [None if before else arg] * len(op.stack_after)  # literals keep their value
+        if name.startswith("TUPLE"):
+            pushed = [tuple(popped)]
+        elif name.endswith("PERSID"):
+            persistent_ids.append(popped[0] if popped else arg)
+        elif name == "GLOBAL":  # protocols 0-3: "module name" in the argument
             names.add(arg.replace(" ", "."))
-        elif name == "STACK_GLOBAL" and all(isinstance(s, str) for s in last_two):
-            names.add(".".join(last_two))  # protocol 4+: module and name pushed just before
-        if name == "MEMOIZE":
-            memo[len(memo)] = last_two[-1]
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            memo[int(arg)] = last_two[-1]
-        elif name in ("GET", "BINGET", "LONG_BINGET"):
-            last_two = [last_two[-1], memo.get(int(arg))]
-        else:
-            last_two = [last_two[-1], arg if "UNICODE" in name else None]
+        elif name == "STACK_GLOBAL" and all(isinstance(s, str) for s in popped):
+            names.add(".".join(popped))
+        elif name.endswith("GET"):
+            pushed = [memo.get(arg)]
+        elif name.endswith("PUT"):
+            memo[arg] = stack[-1]
+        elif name == "MEMOIZE":
+            memo[len(memo)] = popped[0]
+        if name in ("MEMOIZE", "DUP"):
+            pushed = popped * len(op.stack_after)
+        stack += pushed
 
 
 def _refusal(path: Path, what: str, detail: str) -> str:
@@ -114,21 +131,41 @@ def some_names(names: list[str], shown: int = 8) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _legacy_refusal(path: Path, what: str, error: type[Exception]) -> Exception:
-    """The error for a non-zip file that weights_only refused (torch names unsafe globals for
-    zip files only): the globals its pickles reference, or a damaged or foreign file."""
-    names: set[str] = set()
-    with path.open("rb") as fh:  # buffered: peek() tells where the pickles end
-        try:
-            for index in range(_LEGACY_PICKLES):
-                if index and not fh.peek(1):  # a plain pickle ends here, a legacy file not
-                    break
-                _pickle_globals(fh, names)
-        except ValueError:
-            return error(f"cannot read {what} {path}: not a torch.save file, or a damaged one")
-    # Which of them torch refused is only in its error text: name all the file references.
-    detail = f"unsupported GLOBAL among those its pickle references: {some_names(sorted(names))}"
-    return error(_refusal(path, what, detail if names else _REFUSED_OPERATION))
+def _declared_bytes(fh: BinaryIO, zipped: bool, names: set[str]) -> int:
+    """What a file's storages declare (the legacy format allocates it before reading them):
+    zip members' sizes, or a non-zip file's storage elements (at least a byte each); its
+    pickles' globals are added to ``names``."""
+    if zipped:
+        return sum(member.file_size for member in zipfile.ZipFile(fh).infolist())
+    storages: list = []
+    for index in range(_LEGACY_PICKLES):
+        if index and not fh.peek(1):  # a plain pickle ends here, a legacy file not
+            break
+        _scan_pickle(fh, names, storages)
+    # ("storage", storage type, key, location, elements, view): elements once per key
+    declared = {pid[2]: pid[4] for pid in storages if isinstance(pid, tuple) and len(pid) > 4}
+    return sum(n for n in declared.values() if isinstance(n, int))
+
+
+def _check_tensors(obj: Any, file_bytes: int, fail) -> None:
+    """Refuse tensors that are not dense, or larger than the file (expanded views, stride 0),
+    before anything materialises them; nested containers are walked without recursion."""
+    todo, seen = [obj], set()
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if torch.is_tensor(item):
+            if item.layout != torch.strided or item.numel() * item.element_size() > file_bytes:
+                raise fail(
+                    f"a {item.layout} tensor of shape {tuple(item.shape)} is not dense "
+                    f"within the file's {file_bytes} bytes (an expanded or crafted one)"
+                )
+        elif isinstance(item, dict):
+            todo += item.values()
+        elif isinstance(item, (list, tuple)):
+            todo += item
 
 
 def load_weights_only(
@@ -139,28 +176,39 @@ def load_weights_only(
 ) -> Any:
     """``torch.load(path, weights_only=True)`` of a zip or legacy-format file, raising ``error``
     (one line naming ``what`` and the file) when it is missing, damaged, or refused; a file
-    whose pickle would run code is refused before anything runs."""
+    whose pickle would run code, or whose tensors declare more than the file holds, is refused
+    before anything runs or is allocated (zip files are memory-mapped)."""
     path = Path(path)
-    if not path.is_file():
-        raise error(f"{what} not found: {path}")
-    with path.open("rb") as fh:
-        zipped = fh.read(4) == b"PK\x03\x04"
-    try:
-        unsafe = zipped and torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except (RuntimeError, ValueError, OSError) as err:  # a torn archive, a TorchScript file
-        raise error(f"cannot read {what} {path}: {_first_line(err)}") from None
+
+    def fail(reason: str) -> Exception:
+        return error(f"cannot read {what} {path}: {reason}")
+
+    names: set[str] = set()
+    with open_regular(path, MAX_CHECKPOINT_BYTES, fail) as fh:
+        zipped, size = fh.peek(4)[:4] == b"PK\x03\x04", os.fstat(fh.fileno()).st_size
+        try:  # any error of these readers: a torn archive, a TorchScript file, a damaged pickle
+            unsafe = zipped and torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            declared = _declared_bytes(fh, zipped, names)
+        except Exception as err:
+            detail = _first_line(err) if zipped else "not a torch.save file, or a damaged one"
+            raise fail(detail) from None
     if unsafe:
         raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
+    if declared > size:
+        raise fail(f"its tensors declare {declared} bytes, more than the file's {size}")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        obj = torch.load(path, map_location=map_location, weights_only=True, mmap=zipped)
     except pickle.UnpicklingError:
-        if not zipped:
-            raise _legacy_refusal(path, what, error) from None
-        # No unsafe global, yet refused: an operation (or a class pushed at run time) that
-        # weights_only does not allow.
-        raise error(_refusal(path, what, _REFUSED_OPERATION)) from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as err:
-        raise error(f"cannot read {what} {path}: {_first_line(err)}") from None
+        # Refused without a named global (torch names them for zip files only): an operation,
+        # or a class pushed at run time, that weights_only does not allow.
+        detail = (
+            f"unsupported GLOBAL among those its pickle references: {some_names(sorted(names))}"
+        )
+        raise error(_refusal(path, what, detail if names else _REFUSED_OPERATION)) from None
+    except Exception as err:  # torch's reader on a damaged file: EOF, struct or index errors
+        raise fail(_first_line(err)) from None
+    _check_tensors(obj, size, fail)
+    return obj
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:

@@ -13,18 +13,16 @@ import dataclasses
 import math
 import os
 import re
-import stat
 import types
 import typing
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
-from facenet.errors import ConfigError
-from facenet.files import write_text_atomic
+from facenet.errors import ConfigError, shown
+from facenet.files import open_regular, write_text_atomic
 from facenet.sizes import image_hw
 
 # facenet.metric.DISTANCE_NAMES, described in facenet.metric.distances.
@@ -37,6 +35,9 @@ RENAMED_KEYS = {
 }
 
 _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+# A configuration is two levels deep and small: bounds that no real one reaches, so that a
+# crafted document (a deep nest, an alias bomb, a 5000-digit integer) is refused while parsed.
+_MAX_DEPTH, _MAX_NODES, _MAX_DIGITS = 16, 10_000, 30
 
 
 @dataclass
@@ -221,7 +222,7 @@ class Range:
     def __contains__(self, value: float) -> bool:
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
-        return math.isfinite(value) and above and below
+        return -math.inf < value < math.inf and above and below  # NaN: False; ints exact
 
     def __str__(self) -> str:
         left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
@@ -286,15 +287,15 @@ def _check_values(cfg: Config, source: str) -> None:
         image_hw(cfg.data.image_size)  # the list type admits any length
     except ValueError:
         raise ConfigError(
-            f"{source}: data.image_size: {cfg.data.image_size!r}: expected one int (a square "
-            "input) or [height, width]"
+            f"{source}: data.image_size: {shown(cfg.data.image_size)}: expected one int "
+            "(a square input) or [height, width]"
         ) from None
     for dotted, allowed in RANGES.items():
         section, key = dotted.split(".")
         value = getattr(getattr(cfg, section), key)
         for element in value if isinstance(value, list) else [value]:
             if isinstance(element, (int, float)) and element not in allowed:
-                what = f"{value!r}" if element is value else f"{value!r}: side {element!r}"
+                what = shown(value) + ("" if element is value else f": side {shown(element)}")
                 raise ConfigError(f"{source}: {dotted}: {what} is out of range; allowed: {allowed}")
 
 
@@ -316,13 +317,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, bool) and value in args:  # True must not stand for 1
             return value
         raise ConfigError(
-            f"{where}: invalid value {value!r}; valid options: " + ", ".join(map(repr, args))
+            f"{where}: invalid value {shown(value)}; valid options: " + ", ".join(map(repr, args))
         )
     if origin in (Union, types.UnionType):
         for arg in args:
             with contextlib.suppress(ConfigError):
                 return _coerce(value, arg, where)
-        raise ConfigError(f"{where}: {value!r} is not {_type_name(tp)}")
+        raise ConfigError(f"{where}: {shown(value)} is not {_type_name(tp)}")
     if origin is list and isinstance(value, (list, tuple)):
         return [_coerce(v, args[0], where) for v in value]
     # YAML 1.1 reads 1e-3 (no dot) as a string; accept what is plainly a number.
@@ -331,7 +332,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     accepted = {bool: bool, int: int, float: (int, float), str: str, type(None): tp}.get(tp, ())
     if isinstance(value, accepted) and (tp is bool or not isinstance(value, bool)):
         return float(value) if tp is float else value
-    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    raise ConfigError(
+        f"{where}: expected {_type_name(tp)}, got {shown(value)} ({type(value).__name__})"
+    )
 
 
 def _current_key(section: str, key: str, source: str) -> str:
@@ -347,7 +350,9 @@ def _sections(data: Any, source: str) -> dict[str, dict]:
     """``{section: {key: value}}`` copied from a parsed file, old key names replaced by the
     current ones, or a ConfigError saying why not."""
     if not isinstance(data, (dict, type(None))):
-        raise ConfigError(f"{source}: a configuration must be a mapping of sections, got {data!r}")
+        raise ConfigError(
+            f"{source}: a configuration must be a mapping of sections, got {shown(data)}"
+        )
     sections = {}
     for name, values in (data or {}).items():
         if name not in _SECTION_TYPES:
@@ -355,7 +360,7 @@ def _sections(data: Any, source: str) -> dict[str, dict]:
                 f"{source}: unknown section '{name}'; valid sections: " + ", ".join(_SECTION_TYPES)
             )
         if not isinstance(values, (dict, type(None))):
-            raise ConfigError(f"{source}: section '{name}' must be a mapping, got {values!r}")
+            raise ConfigError(f"{source}: section '{name}' must be a mapping, got {shown(values)}")
         sections[name] = renamed = {}
         for old_key, value in (values or {}).items():
             key = _current_key(name, old_key, source)
@@ -394,13 +399,13 @@ def _apply_overrides(data: dict[str, dict], overrides: list[str]) -> None:
         dotted, equals, raw = item.partition("=")
         parts = dotted.strip().split(".")
         if not equals or len(parts) != 2 or not all(parts):
-            raise ConfigError(f"--set {item!r}: expected section.key=value")
+            raise ConfigError(f"--set {shown(item)}: expected section.key=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = _parse_yaml(raw) if raw.strip() else None
         except yaml.YAMLError as err:
-            raise ConfigError(f"--set {item!r}: value is not a YAML scalar ({err})") from None
+            raise ConfigError(f"--set {shown(item)}: value is not a YAML scalar ({err})") from None
         if isinstance(value, dict):  # a list is a value for list keys (data.image_size=[112,96])
-            raise ConfigError(f"--set {item!r}: value must be a scalar or a list")
+            raise ConfigError(f"--set {shown(item)}: value must be a scalar or a list")
         data.setdefault(parts[0], {})[_current_key(*parts, f"--set {item}")] = value
 
 
@@ -419,43 +424,82 @@ def add_override_argument(parser) -> None:
     )
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` refusing a repeated key (YAML would keep the last one silently)."""
+def _refused(problem: str, mark) -> yaml.YAMLError:
+    return yaml.constructor.ConstructorError(None, None, problem, mark)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` refusing repeated keys (YAML would keep the last one silently), keys
+    that are lists or mappings, and integers longer than ``_MAX_DIGITS``."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise _refused(
+                    "a key must be a plain value, not a list or mapping", key_node.start_mark
+                )
             key = self.construct_object(key_node, deep=True)
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
+                raise _refused(f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node):
+        if len(node.value) > _MAX_DIGITS:
+            raise _refused(f"an integer of {len(node.value)} characters", node.start_mark)
+        return super().construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
+def _parse_yaml(text: str) -> Any:
+    """``text`` loaded once its events show at most ``_MAX_DEPTH`` levels and ``_MAX_NODES``
+    values, each alias counted as the values it repeats (a YAMLError otherwise)."""
+    total, sizes, open_collections = 0, {}, []  # sizes: anchor -> its values
+    for event in yaml.parse(text, Loader=_BoundedLoader):
+        if isinstance(event, yaml.AliasEvent):
+            total += sizes.get(event.anchor, 1)
+        elif isinstance(event, yaml.NodeEvent):
+            total += 1
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_collections.append((event.anchor, total))
+            else:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, start = open_collections.pop()
+            sizes[anchor] = total - start + 1
+        if len(open_collections) > _MAX_DEPTH:
+            raise _refused(f"nested more than {_MAX_DEPTH} levels deep", event.start_mark)
+        if total > _MAX_NODES:
+            raise _refused(f"more than {_MAX_NODES} values (aliases expanded)", event.start_mark)
+    return yaml.load(text, Loader=_BoundedLoader)
+
 
 def _read_config_text(path: str | os.PathLike) -> str:
-    """The text of a config file; only a regular file is read (a FIFO would block)."""
+    """The text of a config file: a regular file (a FIFO would block) of at most 1 MiB."""
+
+    def fail(reason: str) -> ConfigError:
+        return ConfigError(f"config file {path}: {reason}")
+
+    with open_regular(path, 2**20, fail) as fh:
+        data = fh.read()
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ConfigError(f"config file {path} is not a regular file")
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+        raise fail("not UTF-8 text") from None
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
     """The defaults, updated by the YAML file at ``path`` (if any), then by ``overrides``
-    (``["section.key=value", ...]``). ``!!python`` tags and duplicate keys are refused."""
+    (``["section.key=value", ...]``). ``!!python`` tags, duplicate keys and documents beyond
+    the bounds of :func:`_parse_yaml` are refused."""
     data, source = {}, "<defaults>"
     if path is not None:
         source = str(path)
         try:
-            data = yaml.load(_read_config_text(path), Loader=_UniqueKeyLoader)
+            data = _parse_yaml(_read_config_text(path))
         except yaml.YAMLError as err:
             raise ConfigError(f"{source}: invalid YAML: {err}") from None
         data = _sections(data, source)

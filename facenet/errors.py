@@ -6,7 +6,26 @@ Each class also derives from the built-in exception callers caught before (``Val
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 EXIT_BAD_INPUT = 2
+
+
+class _Repr(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:  # repr() of 5000 digits raises ValueError
+        return super().repr_int(x, level) if x.bit_length() < 128 else "<a huge integer>"
+
+
+_REPR = _Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 80, 80
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, cut to about 200 characters and never built whole: a
+    crafted file can nest or repeat a value a million times."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 class FacenetError(Exception):

@@ -107,7 +107,7 @@ def test_damaged_legacy_file_is_not_called_unsafe(tmp_path):
 
 
 def test_missing_and_truncated_files(tmp_path):
-    with pytest.raises(CheckpointError, match="not found"):
+    with pytest.raises(CheckpointError, match="none.pt: No such file"):
         load_checkpoint(tmp_path / "none.pt")
     path = tmp_path / "torn.pt"
     save_checkpoint({"w": torch.ones(1000)}, path)
@@ -158,3 +158,74 @@ def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
     assert torch.equal(expected[0], got[0])
     assert np.array_equal(expected[1], got[1])
     assert expected[2] == got[2]
+
+
+# --------------------------------------------------------------------------- hostile files
+
+
+def _patched_legacy(tmp_path, elements=70_000, declared=2**31 - 1):
+    """A legacy-format file whose storage declares ``declared`` elements (8 GiB of floats)
+    where it holds ``elements``: the old loader allocates the declared size first."""
+    path = tmp_path / "declared.pt"
+    _legacy_save({"w": torch.ones(elements)}, path)
+    data = path.read_bytes()
+    old = b"J" + elements.to_bytes(4, "little")  # BININT: the storage's, then the shape's
+    assert data.count(old) == 2
+    path.write_bytes(data.replace(old, b"J" + declared.to_bytes(4, "little"), 1))
+    return path
+
+
+def test_a_legacy_storage_declared_beyond_the_file_is_refused_before_loading(tmp_path, monkeypatch):
+    path = _patched_legacy(tmp_path)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was reached"))
+    with pytest.raises(CheckpointError, match=r"declared.pt: its tensors declare 2147483647 "):
+        load_checkpoint(path)
+    monkeypatch.undo()
+    assert load_checkpoint(_patched_legacy(tmp_path, declared=70_000))["w"].shape == (70_000,)
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.zeros(1).expand(2**40),  # stride 0: 4 TiB of floats over one element
+        torch.zeros(4, 1).expand(4, 2**38),
+        torch.sparse_coo_tensor(torch.zeros(2, 1, dtype=torch.long), [1.0], (2**30, 2**30)),
+    ],
+    ids=["expanded", "expanded 2-d", "sparse"],
+)
+@pytest.mark.parametrize("write", [torch.save, _legacy_save], ids=["zip", "legacy"])
+def test_a_tensor_larger_than_its_file_is_refused_before_it_materialises(tmp_path, tensor, write):
+    path = tmp_path / "crafted.pt"
+    write({"model": {"w": tensor}, "epoch": 1}, path)
+    with pytest.raises(CheckpointError, match=r"crafted.pt: a torch.(strided|sparse_coo) tensor"):
+        load_checkpoint(path)
+
+
+def test_every_cut_through_a_legacy_file_is_one_error(tmp_path):
+    path = tmp_path / "068.ckpt"
+    _legacy_save({"epoch": 68, "net_state_dict": torch.nn.Linear(30, 20).state_dict()}, path)
+    data = path.read_bytes()
+    for cut in [*range(0, len(data), 13), len(data) - 1]:
+        path.write_bytes(data[:cut])
+        with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+            load_checkpoint(path)
+
+
+def test_only_regular_files_of_bounded_size_are_read(tmp_path):
+    fifo = tmp_path / "last.pt"
+    os.mkfifo(fifo)
+    for other in (fifo, "/dev/zero", tmp_path):
+        with pytest.raises(CheckpointError, match="not a regular file"):
+            load_checkpoint(other)
+    huge = tmp_path / "huge.pt"
+    with open(huge, "wb") as fh:
+        fh.truncate(16 * 2**30 + 1)  # sparse: the size is declared, never written
+    with pytest.raises(CheckpointError, match="huge.pt: 17179869185 bytes is larger"):
+        load_checkpoint(huge)
+
+
+def test_shared_and_nested_contents_are_checked_once_each(tmp_path):
+    shared = [torch.ones(3)] * 1000
+    contents = {"a": [shared] * 1000, "b": [[[[shared]]]]}
+    torch.save(contents, tmp_path / "shared.pt")
+    assert len(load_checkpoint(tmp_path / "shared.pt")["a"]) == 1000

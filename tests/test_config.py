@@ -83,7 +83,7 @@ def test_rejections_name_key_value_and_options(data, needles):
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
-    with pytest.raises(ConfigError, match="not found: .*nope.yaml"):
+    with pytest.raises(ConfigError, match="nope.yaml: No such file"):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(write(tmp_path, "train: [unclosed\n"))
@@ -276,6 +276,20 @@ def test_a_fifo_as_config_file_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         load_config(fifo)
+    for other in ("/dev/zero", tmp_path):  # a device read forever; a folder
+        with pytest.raises(ConfigError, match="not a regular file"):
+            load_config(other)
+
+
+def test_a_config_file_over_one_mib_is_refused_before_reading(tmp_path):
+    path = tmp_path / "big.yaml"
+    with open(path, "wb") as fh:
+        fh.truncate(2**20 + 1)  # sparse: declares its size without writing it
+    with pytest.raises(ConfigError, match=r"big.yaml: 1048577 bytes is larger than"):
+        load_config(path)
+    path.write_bytes(b"\xff")
+    with pytest.raises(ConfigError, match="big.yaml: not UTF-8"):
+        load_config(path)
 
 
 # --------------------------------------------------------------------------- choices = registries
@@ -431,3 +445,60 @@ def test_each_side_of_image_size_is_checked(value, message):
 def test_a_list_is_refused_for_a_scalar_key():
     with pytest.raises(ConfigError, match=r"optim.lr: expected float, got \[1\]"):
         load_config(None, ["optim.lr=[1]"])
+
+
+# --------------------------------------------------------------------------- hostile documents
+
+
+def _alias_bomb(levels=9, width=9):
+    """A flow list whose aliases expand to width**levels values in a few hundred bytes."""
+    nests = ["[" + ",".join(["lol"] * width) + "]"]
+    nests += ["[" + ",".join([f"*a{i}"] * width) + "]" for i in range(levels - 1)]
+    return "[" + ", ".join(f"&a{i} {nest}" for i, nest in enumerate(nests)) + "]"
+
+
+HOSTILE_VALUES = {
+    "list key": ("{? [a, b]: 1}", "a key must be a plain value"),
+    "mapping key": ("{? {a: 1}: 1}", "a key must be a plain value"),
+    "deep list": ("[" * 5000 + "]" * 5000, "nested more than 16 levels"),
+    "deep mapping": ("{a: " * 3000 + "1" + "}" * 3000, "nested more than 16 levels"),
+    "5000-digit integer": ("9" * 5000, "an integer of 5000 characters"),
+    "long hex integer": ("0x" + "f" * 60, "an integer of 62 characters"),
+    "alias bomb": (_alias_bomb(), "more than 10000 values"),
+    "aliases of a mapping": ("[&m {a: [1, 2, 3]}" + ", *m" * 4000 + "]", "more than 10000"),
+    "a long plain list": ("[" + ", ".join(["1"] * 20000) + "]", "more than 10000 values"),
+}
+
+
+@pytest.mark.parametrize("value, message", HOSTILE_VALUES.values(), ids=HOSTILE_VALUES)
+def test_a_hostile_document_is_refused_in_one_line_naming_the_file(tmp_path, value, message):
+    path = write(tmp_path, f"data:\n  image_size: {value}\n")
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(path)
+    assert str(path) in str(err.value) and len(str(err.value)) < 1000
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(None, [f"data.image_size={value}"])
+    assert len(str(err.value)) < 1000
+
+
+def test_the_bomb_is_a_few_hundred_bytes_and_refused_at_once(tmp_path):
+    assert len(_alias_bomb()) < 400
+    path = write(tmp_path, f"data:\n  image_size: {_alias_bomb()}\n")
+    with pytest.raises(ConfigError, match="aliases expanded"):
+        load_config(path)
+
+
+def test_aliases_within_the_bounds_still_load_and_messages_stay_short(tmp_path):
+    text = "train:\n  seed: &s 7\n  epochs: *s\n"
+    assert load_config(write(tmp_path, text)).train.epochs == 7
+    # Expanded below the bound, yet its repr is long: the message shows a bounded excerpt.
+    with pytest.raises(ConfigError, match=r"data.root: \[\[.*\.\.\. is not str") as err:
+        load_config(None, [f"data.root={_alias_bomb(levels=4)}"])
+    assert len(str(err.value)) < 1000
+
+
+def test_a_huge_integer_given_in_a_dict_is_refused_in_a_short_message():
+    for value in (10**5000, [112, 10**5000]):
+        with pytest.raises(ConfigError, match="<a huge integer>.* out of range") as err:
+            config_from_dict({"data": {"image_size": value}})
+        assert len(str(err.value)) < 200

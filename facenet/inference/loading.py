@@ -20,7 +20,7 @@ import torch
 
 from facenet.checkpoint import load_checkpoint, save_checkpoint, some_names
 from facenet.data.images import build_transform
-from facenet.errors import CheckpointError
+from facenet.errors import CheckpointError, shown
 from facenet.evaluation.report import ThresholdRecord
 from facenet.models.embedding import BACKBONES, EmbeddingNet
 from facenet.models.ports import Port, find_port
@@ -119,9 +119,9 @@ def _fields(section: Mapping, names: tuple[str, ...], path, prefix: str = "") ->
 def _int_in(value, name: str, bounds: tuple[int, int], path) -> int:
     low, high = bounds
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(path, f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        raise _bad(path, f"{name} must be an integer in [{low}, {high}], got {shown(value)}")
     if not low <= value <= high:
-        raise _bad(path, f"{name} {value} is out of range; allowed: [{low}, {high}]")
+        raise _bad(path, f"{name} {shown(value)} is out of range; allowed: [{low}, {high}]")
     return value
 
 
@@ -129,15 +129,15 @@ def _check_architecture(architecture, path) -> dict:
     architecture = _mapping(architecture, "architecture", path)
     backbone = architecture.get("backbone")
     if backbone not in BACKBONES:
-        raise _bad(path, f"architecture.backbone {backbone!r}: valid backbones: {BACKBONES}")
+        raise _bad(path, f"architecture.backbone {shown(backbone)}: valid backbones: {BACKBONES}")
     dim = _int_in(
         architecture.get("embedding_dim"), "architecture.embedding_dim", _EMBEDDING_DIM_RANGE, path
     )
     dropout = architecture.get("dropout", 0.0)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-        raise _bad(path, f"architecture.dropout must be a number in [0, 1), got {dropout!r}")
+        raise _bad(path, f"architecture.dropout must be a number in [0, 1), got {shown(dropout)}")
     if not 0.0 <= dropout < 1.0:
-        raise _bad(path, f"architecture.dropout {dropout} is out of range; allowed: [0, 1)")
+        raise _bad(path, f"architecture.dropout {shown(dropout)} is out of range; allowed: [0, 1)")
     return {"backbone": backbone, "embedding_dim": dim, "dropout": float(dropout)}
 
 
@@ -145,7 +145,7 @@ def _size_in(value, name: str, path) -> int | tuple[int, int]:
     """S or [H, W] (list or tuple) checked, returned as S or (H, W)."""
     if isinstance(value, (list, tuple)):
         if len(value) != 2:
-            raise _bad(path, f"{name} must be an integer or [height, width], got {value!r}")
+            raise _bad(path, f"{name} must be an integer or [height, width], got {shown(value)}")
         return tuple(_int_in(v, f"{name} side", _IMAGE_SIZE_RANGE, path) for v in value)
     return _int_in(value, name, _IMAGE_SIZE_RANGE, path)
 
@@ -226,7 +226,7 @@ def _from_saved(state: dict, path) -> TrainedModel:
     if export:
         if state.get("version") != WEIGHTS_VERSION:
             raise CheckpointError(
-                f"{path}: weights export version {state.get('version')!r}; this package reads "
+                f"{path}: weights export version {shown(state.get('version'))}; this package reads "
                 f"version {WEIGHTS_VERSION}"
             )
         names = ("architecture", "preprocess", "state_dict")
@@ -244,13 +244,13 @@ def _from_saved(state: dict, path) -> TrainedModel:
         verification = {}
     size, normalize = _size_in(preprocess[0], f"{names[1]}.image_size", path), preprocess[1]
     if normalize not in _NORMALIZE:
-        raise _bad(path, f"{names[1]}.normalize {normalize!r}: expected one of {_NORMALIZE}")
+        raise _bad(path, f"{names[1]}.normalize {shown(normalize)}: expected one of {_NORMALIZE}")
     weights = _check_state(weights, architecture, path, names[2])
     record = ThresholdRecord.from_dict(verification, str(path))
     if verification and record is None:
-        raise _bad(path, f"verification holds no numeric threshold: {dict(verification)!r}")
+        raise _bad(path, f"verification holds no numeric threshold: {shown(dict(verification))}")
     if record is not None and not math.isfinite(record.value):
-        raise _bad(path, f"verification threshold {record.value!r} is not a finite number")
+        raise _bad(path, f"verification threshold {record.value} is not a finite number")
     epoch = getattr(record, "epoch", None) if export else state.get("epoch")
     trained = _trained(
         architecture,
@@ -275,10 +275,11 @@ def _from_port(port: Port, weights: dict, contents: dict, path) -> TrainedModel:
     except ValueError as err:
         raise _bad(path, str(err)) from None
     ours = port.convert(weights)
-    if _HEAD_KEY not in ours:
-        raise _bad(path, f"a {port.publisher} file without its {port.head_layer} layer")
+    head = ours.get(_HEAD_KEY)
+    if head is None or head.ndim != 2:
+        raise _bad(path, f"a {port.publisher} file without its {port.head_layer} layer (D, F)")
     architecture = _check_architecture(
-        {"backbone": port.backbone, "embedding_dim": int(ours[_HEAD_KEY].shape[0])}, path
+        {"backbone": port.backbone, "embedding_dim": head.shape[0]}, path
     )
     epoch = contents.get("epoch")
     return _trained(

@@ -274,3 +274,52 @@ def test_a_mobilefacenet_file_with_nan_weights_is_refused(tmp_path):
     torch.save(state, path, _use_new_zipfile_serialization=False)
     with pytest.raises(CheckpointError, match="backbone.conv_1x1.act.weight"):
         load_model(path)
+
+
+def test_a_mobilefacenet_file_with_a_0d_head_is_refused(tmp_path):
+    path, _ = _publisher_file(tmp_path)
+    state = torch.load(path, weights_only=True)
+    state["net_state_dict"]["linear1.conv.weight"] = torch.tensor(1.0)
+    torch.save(state, path, _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match=r"068.ckpt: .* without its linear1 .*\(D, F\)"):
+        load_model(path)
+
+
+@pytest.mark.parametrize(
+    "key, tensor",
+    [
+        # A kernel for 4096 px inputs: a 134 MB layer and a network that needs gigabytes.
+        ("net_state_dict.linear7.conv.weight", torch.zeros(1, 1, 1, 1).expand(512, 1, 256, 256)),
+        ("net_state_dict.linear1.conv.weight", torch.zeros(1, 1, 1, 1).expand(2**30, 512, 1, 1)),
+        ("net_state_dict.extra", torch.zeros(1).expand(2**31)),  # the finiteness check's 8 GB
+    ],
+    ids=["4096 px kernel", "huge head", "unused"],
+)
+def test_an_expanded_tensor_is_refused_before_anything_is_allocated(tmp_path, key, tensor):
+    path, _ = _publisher_file(tmp_path)
+    state = torch.load(path, weights_only=True)
+    outer, inner = key.split(".", 1)
+    state[outer][inner] = tensor
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match=r"068.ckpt: a torch.strided tensor of shape"):
+        load_model(path)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("embedding_dim", 2**2000, "embedding_dim <a huge integer> is out of range"),
+        ("embedding_dim", [[1] * 10**5] * 10**3, r"got \[\[1, 1, 1, 1, 1, 1, \.\.\.\]"),
+        ("backbone", "x" * 10**6, "backbone 'xxxx.*xxx': valid backbones"),
+    ],
+    ids=["600-digit integer", "repeated list", "long string"],
+)
+def test_a_crafted_field_is_refused_in_a_short_message(tmp_path, field, value, message):
+    path, _ = _publisher_file(tmp_path)
+    save_weights(load_model(path), tmp_path / "model.pt")
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    state["architecture"][field] = value
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_model(tmp_path / "bad.pt")
+    assert len(str(err.value)) < 500

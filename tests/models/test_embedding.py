@@ -280,7 +280,7 @@ class NotWeights:
 @pytest.mark.parametrize(
     "content, match",
     [
-        (None, "not found"),
+        (None, "No such file"),
         (b"not a torch file at all", "cannot read"),
         (NotWeights(), "refused"),
         ({"lr": 0.1, "epoch": 3}, "expected a state dict"),
@@ -450,3 +450,11 @@ def test_build_model_builds_mobilefacenet_for_the_configured_size():
             assert model(torch.randn(2, 3, height, width)).shape == (2, 16)  # (B, 3, H, W)
     with pytest.raises(ValueError, match="multiple of 16"):
         build_model(cfg, image_size=[24, 20])
+
+
+def test_a_weights_file_with_an_expanded_tensor_is_refused_before_it_materialises(tmp_path):
+    state = EmbeddingNet("tiny", embedding_dim=8).state_dict()
+    state["backbone.extra"] = torch.zeros(1).expand(2**40)  # 4 TiB of floats, declared
+    torch.save(state, tmp_path / "w.pt")
+    with pytest.raises(WeightsError, match=r"weights file .*w.pt: a torch.strided tensor"):
+        EmbeddingNet("tiny", embedding_dim=8, weights=tmp_path / "w.pt")
