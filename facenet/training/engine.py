@@ -320,7 +320,11 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         self.core_model.load_state_dict(state["model"])
+        groups = self.optimizer.param_groups
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            group.update(settings)  # the configuration's hyper-parameters, the checkpoint's state
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):

@@ -114,27 +114,18 @@ class Run:
         return checkpoint_state(self.trainer, self.data.sampler, self.cfg, self.progress)
 
     def start(self, resume_state: dict | None) -> None:
-        """Record the outputs, restore ``resume_state`` (if any), rewrite metrics.jsonl to
-        match and open the logger."""
+        """Restore ``resume_state`` (if any), rewrite metrics.jsonl to match and open the
+        logger."""
         cfg, main = self.cfg, is_main_process()
-        names = ["metrics.jsonl", "last.pt", "summary.json"]
-        names += ["tensorboard"] if cfg.logging.tensorboard else []
-        evaluated = cfg.eval.every > 0 and (self.data.val_pairs or self.data.test_pairs) is not None
-        names += ["best.pt", "roc_*.png"] if evaluated else []
-        for name in names:  # recorded before they are written
-            self.outputs.add(name)
         if main:
             remove_stale_temporary_files(self.run_dir)
         self.progress = Progress()
         if resume_state is not None:
             last = self.run_dir / "last.pt"
-            self.progress = restore(self.trainer, self.data.sampler, cfg, resume_state, last)
+            self.progress = restore(self.trainer, self.data.sampler, resume_state, last)
         if main:
             rewrite_metrics(self.run_dir, self.progress.history)
         self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
-
-    def validate(self, epoch: int) -> dict:
-        return validate(self.trainer, self.data, self.cfg, epoch, self.run_dir, self.logger)
 
     def train_epochs(self, signals: StopSignals) -> str | None:
         """The epochs left; None when every epoch ran, else the name of the stopping signal."""
@@ -206,11 +197,9 @@ class Run:
     def finish_epoch(self, record: dict) -> None:
         """Validate, log and checkpoint a finished epoch; best.pt follows validation accuracy."""
         cfg, progress, epoch = self.cfg, self.progress, record["epoch"]
-        every = cfg.eval.every
-        due = every > 0 and (epoch % every == 0 or epoch == cfg.train.epochs)
-        if self.data.val_pairs is not None and due:
+        if self.data.val_pairs is not None and _due(cfg, epoch):
             try:
-                record["validation"] = self.validate(epoch)
+                record["validation"] = validate(self, epoch)
             except FacenetError as err:  # e.g. an unreadable validation image
                 if isinstance(err, RankFailure) and not err.checkpointable:
                     raise  # the failing rank leaves with a traceback; no collective checkpoint
@@ -238,21 +227,6 @@ class Run:
             save_on_main(state, self.run_dir / "best.pt")
         save_on_main(state, self.run_dir / "last.pt")
 
-    def test(self) -> dict:
-        """The test pairs, once: best.pt (chosen on validation) and the last model."""
-        progress = self.progress
-        best = _validation_of(progress, progress.best_epoch) or {}
-        return test_selected(
-            self.trainer,
-            self.data,
-            self.cfg,
-            progress.best_epoch,
-            best.get("threshold"),
-            progress.history[-1]["epoch"],
-            self.run_dir,
-            self.logger,
-        )
-
 
 def fit(run: Run, resume_state: dict | None = None) -> dict:
     """Train the run's epochs, continuing from ``resume_state`` if given; the summary written
@@ -264,7 +238,7 @@ def fit(run: Run, resume_state: dict | None = None) -> dict:
         for note in data.notes if main else ():
             print(note, file=sys.stderr)
         if not progress.resumed and data.val_pairs is not None and cfg.eval.every > 0:
-            progress.before_training = run.validate(0)
+            progress.before_training = validate(run, 0)
             print(figures_line("before training: validation", progress.before_training))
         with StopSignals() as signals:
             stopped_by = run.train_epochs(signals)
@@ -272,7 +246,7 @@ def fit(run: Run, resume_state: dict | None = None) -> dict:
         if stopped_by is None and progress.history and data.test_pairs is not None:
             # A first signal lets the test finish; after a second, --resume runs the test.
             with StopSignals("finishing the test evaluation; the training is saved"):
-                test = run.test()
+                test = test_selected(run, _validation_of(progress, progress.best_epoch))
         summary = _summary(progress, stopped_by, test)
         run.logger.log_hparams(config_to_dict(cfg), _final_metrics(summary))
     finally:
@@ -280,6 +254,25 @@ def fit(run: Run, resume_state: dict | None = None) -> dict:
     if main:
         write_text_atomic(run.run_dir / "summary.json", json.dumps(json_safe(summary), indent=2))
     return summary
+
+
+def _due(cfg: Config, epoch: int) -> bool:
+    """Whether validation runs after ``epoch``."""
+    every = cfg.eval.every
+    return every > 0 and (epoch % every == 0 or epoch == cfg.train.epochs)
+
+
+def planned_outputs(cfg: Config, resumed: bool) -> list[str]:
+    """The names a run of ``cfg`` writes in its run directory (``build_data`` adds the held-out
+    pairs, an error ``nonfinite.pt``); validation and test pairs as ``build_data`` finds them."""
+    ev, names = cfg.eval, ["config.yaml", "metrics.jsonl", "last.pt", "summary.json"]
+    names += ["tensorboard"] if cfg.logging.tensorboard else []
+    made = cfg.data.dataset == "synthetic" or ev.heldout_identities > 0
+    val, test = ev.every > 0 and (made or ev.val_pairs), ev.every > 0 and (made or ev.pairs)
+    names += ["best.pt"] if val or test else []
+    epochs = [e for e in range(int(resumed), cfg.train.epochs + 1) if val and _due(cfg, e)]
+    names += [f"roc_val_epoch_{e}.png" for e in epochs]
+    return names + ["roc_test.png"] if test else names
 
 
 class _CountedBatches:

@@ -40,6 +40,24 @@ CHECKPOINT_FORMAT = 2
 _REQUIRED_KEYS = ("model", "optimizer", "epoch", "rng", "config", "history", "best_accuracy")
 # Settings that may change between a run and its resumption without a warning.
 _FREELY_CHANGED = ("logging.", "train.epochs", "train.device", "data.num_workers", "eval.")
+# Settings the checkpoint's state was built for (the optimizer's kind and parameter groups, the
+# schedule the position continues, the network and its classifier head): a change is refused.
+# The optimizer's other hyper-parameters (lr, momentum, weight_decay) apply as configured.
+STATE_SHAPING = (
+    "optim.name",
+    "optim.schedule",
+    "optim.warmup_epochs",
+    "optim.warmup_steps",
+    "optim.step_size",
+    "optim.gamma",
+    "optim.min_lr_ratio",
+    "optim.backbone_lr_scale",
+    "optim.freeze_backbone_epochs",
+    "optim.freeze_up_to",
+    "model.backbone",
+    "model.embedding_dim",
+    "loss.ce_weight",
+)
 
 
 @dataclass
@@ -100,9 +118,10 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
     return state
 
 
-def read_resume_checkpoint(run_dir: Path) -> dict | None:
-    """``run_dir/last.pt``, checked to be a training checkpoint (else CheckpointError);
-    None, with a note, if absent."""
+def read_resume_checkpoint(run_dir: Path, cfg: Config) -> dict | None:
+    """``run_dir/last.pt``, checked to be a training checkpoint (else CheckpointError) of
+    ``cfg``'s ``STATE_SHAPING`` settings (else ConfigError), other changes warned of; None,
+    with a note, if absent."""
     path = run_dir / "last.pt"
     if not path.exists():
         print(f"--resume: no checkpoint at {path}; starting a new run", file=sys.stderr)
@@ -115,27 +134,36 @@ def read_resume_checkpoint(run_dir: Path) -> dict | None:
         )
     if not isinstance(state["config"], dict):
         raise CheckpointError(f"{path}: its config field is not a mapping")
+    changes = _changed_settings(state["config"], config_to_dict(cfg))
+    refused = [change for name, change in changes if name in STATE_SHAPING]
+    if refused:
+        raise ConfigError(
+            f"{path} does not fit this configuration: {'; '.join(refused)} (its state was built "
+            "for the checkpoint's value): resume with that, or start a new run from its "
+            "weights (model.weights)"
+        )
+    if changes:
+        warned = "; ".join(change for _, change in changes)
+        print(f"warning: resuming with changed settings: {warned}", file=sys.stderr)
     return state
 
 
-def _changed_settings(saved: dict, current: dict) -> list[str]:
+def _changed_settings(saved: dict, current: dict) -> list[tuple[str, str]]:
     changes = []
     for section, values in current.items():
+        saved_section = saved.get(section)
         for key, value in values.items():
             name = f"{section}.{key}"
-            old = (saved.get(section) or {}).get(key, value)
+            old = saved_section.get(key, value) if isinstance(saved_section, dict) else value
             if old != value and not name.startswith(_FREELY_CHANGED):
-                changes.append(f"{name}: {old!r} -> {value!r}")
+                changes.append((name, f"{name}: {old!r} -> {value!r}"))
     return changes
 
 
-def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> Progress:
-    """Load ``state`` (read from ``path``) into the trainer, sampler and RNGs, warning of
-    settings changed since; where the run stands. CheckpointError when it does not fit."""
+def restore(trainer: Trainer, sampler, state: dict, path: Path) -> Progress:
+    """Load ``state`` (read from ``path``) into the trainer, sampler and RNGs; where the run
+    stands. CheckpointError (ConfigError) when it does not fit."""
     _check_schedule(trainer, state, path)
-    changes = _changed_settings(state["config"], config_to_dict(cfg))
-    if changes:
-        print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
     own = _own_rank_state(state, path)
     try:
         trainer.load_state_dict(state)
