@@ -57,7 +57,7 @@ def idle_warning(record: dict) -> str | None:
     if record.get("steps", 0) and no_triplets + nonfinite == record["steps"]:
         return (
             f"warning: epoch {record['epoch']} trained on no step ({no_triplets} without "
-            f"triplets, {nonfinite} with a non-finite loss)"
+            f"triplets, {nonfinite} non-finite: loss, gradients, embeddings or an fp16 overflow)"
         )
     return None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -219,11 +218,7 @@ class Trainer:
         skipped batches too, so decays given in epochs fall on epoch boundaries."""
         self.counts["steps"] += 1
         self.counts[outcome] += 1
-        if self.scheduler is None:
-            return
-        with warnings.catch_warnings():
-            # A torch scheduler warns of a first step before any optimizer step (intended here).
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+        if self.scheduler is not None:
             self.scheduler.step()
 
     def train_triplet_step(self, data_a, data_p, data_n, label_p, label_n) -> dict:

@@ -40,7 +40,6 @@ from facenet.training.logger import RunLogger
 from facenet.training.run_dir import RunOutputs
 from facenet.training.state import (
     Progress,
-    checkpoint_state,
     remaining_loader,
     restore,
     rewrite_metrics,
@@ -109,10 +108,6 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     logger: RunLogger | None = None
 
-    def state(self) -> dict:
-        """The checkpoint of where the run stands (every rank calls it: a collective)."""
-        return checkpoint_state(self.trainer, self.data.sampler, self.cfg, self.progress)
-
     def start(self, resume_state: dict | None) -> None:
         """Restore ``resume_state`` (if any), rewrite metrics.jsonl to match and open the
         logger."""
@@ -121,8 +116,7 @@ class Run:
             remove_stale_temporary_files(self.run_dir)
         self.progress = Progress()
         if resume_state is not None:
-            last = self.run_dir / "last.pt"
-            self.progress = restore(self.trainer, self.data.sampler, resume_state, last)
+            self.progress = restore(self, resume_state)
         if main:
             rewrite_metrics(self.run_dir, self.progress.history)
         self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
@@ -134,8 +128,7 @@ class Run:
         # any_rank: a collective, so that every rank leaves the loop at the same epoch.
         while progress.epoch <= cfg.train.epochs and not any_rank(signals.received()):
             epoch, skip = progress.epoch, progress.steps_done
-            if hasattr(self.data.sampler, "set_epoch"):
-                self.data.sampler.set_epoch(epoch)
+            self.data.sampler.set_epoch(epoch)
             loader = remaining_loader(self.data.loader, skip)
             batches = _CountedBatches(loader, skip, self.data.steps_per_epoch)
             try:
@@ -167,13 +160,13 @@ class Run:
         if isinstance(err, NonFiniteLossError):
             self.outputs.add(self.run_dir / "nonfinite.pt")
             err.checkpoint_note = (
-                f"{save_for_error(self.state(), self.run_dir / 'nonfinite.pt')} for inspection; "
+                f"{save_for_error(self, 'nonfinite.pt')} for inspection; "
                 f"{self.run_dir / 'last.pt'} still holds epoch {progress.epoch - 1}"
             )
             return err
         if isinstance(err, NonFiniteInputError):
             err = _name_files(err, batches.loader, progress.epoch, batches.start)
-        saved = save_for_error(self.state(), self.run_dir / "last.pt")
+        saved = save_for_error(self, "last.pt")
         err.checkpoint_note = (
             f"{saved}; after fixing the data, --resume continues with step "
             f"{progress.steps_done + 1} of epoch {progress.epoch}"
@@ -188,7 +181,7 @@ class Run:
         if not any_rank(signals.received()) or progress.epoch > self.cfg.train.epochs:
             return None  # every epoch ran (a signal during the last step changes nothing)
         if not saved or progress.steps_done:  # the state on disk is not the current one
-            save_on_main(self.state(), self.run_dir / "last.pt")
+            save_on_main(self, "last.pt")
         signal_name = signals.signal or "SIGTERM"  # another rank received it
         if is_main_process():
             print(stop_message(signal_name, progress, self.run_dir / "last.pt"), file=sys.stderr)
@@ -205,7 +198,7 @@ class Run:
                     raise  # the failing rank leaves with a traceback; no collective checkpoint
                 progress.history.append(record)  # trained, not validated: kept in last.pt
                 progress.epoch, progress.steps_done = epoch + 1, 0
-                saved = save_for_error(self.state(), self.run_dir / "last.pt")
+                saved = save_for_error(self, "last.pt")
                 err.checkpoint_note = (
                     f"{saved}: epoch {epoch} trained, not validated; --resume continues with "
                     f"epoch {epoch + 1}"
@@ -222,10 +215,8 @@ class Run:
         if is_best:
             progress.best, progress.best_epoch = accuracy, epoch
         progress.epoch, progress.steps_done = epoch + 1, 0
-        state = self.state()
-        if is_best:  # first: last.pt never names a best epoch whose best.pt is not on disk
-            save_on_main(state, self.run_dir / "best.pt")
-        save_on_main(state, self.run_dir / "last.pt")
+        # best.pt first: last.pt never names a best epoch whose best.pt is not on disk.
+        save_on_main(self, *(("best.pt", "last.pt") if is_best else ("last.pt",)))
 
 
 def fit(run: Run, resume_state: dict | None = None) -> dict:
@@ -237,7 +228,7 @@ def fit(run: Run, resume_state: dict | None = None) -> dict:
     try:
         for note in data.notes if main else ():
             print(note, file=sys.stderr)
-        if not progress.resumed and data.val_pairs is not None and cfg.eval.every > 0:
+        if not progress.resumed and data.val_pairs is not None:
             progress.before_training = validate(run, 0)
             print(figures_line("before training: validation", progress.before_training))
         with StopSignals() as signals:

@@ -26,14 +26,13 @@ from facenet.distributed import (
     is_main_process,
     main_process_first,
 )
-from facenet.errors import FacenetError, NonFiniteLossError
+from facenet.errors import EXIT_BAD_INPUT, FacenetError, NonFiniteLossError
 from facenet.training.build import build_data, build_device, build_network, build_trainer
 from facenet.training.console import describe_error, final_lines
 from facenet.training.loop import Run, fit, planned_outputs
 from facenet.training.run_dir import RunDirLock, RunOutputs
 from facenet.training.state import read_resume_checkpoint
 
-EXIT_BAD_INPUT = 2
 EXIT_NONFINITE_LOSS = 3
 
 

@@ -84,13 +84,13 @@ def _miner_generator(trainer: Trainer) -> torch.Generator | None:
     return getattr(trainer.step.miner, "generator", None)
 
 
-def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress) -> dict:
-    """Everything the rest of the run depends on, as plain contents; every rank calls it
-    (the ranks' own random states and data positions are gathered into ``ranks``).
-
-    ``epoch`` is the last finished epoch; ``partial`` is ``{"epoch", "steps_done"}`` when
-    ``progress`` stands inside an epoch, else None.
+def checkpoint_state(run) -> dict:
+    """Everything the rest of the ``loop.Run`` depends on, as plain contents; every rank calls
+    it (a collective: the ranks' own random states and data positions are gathered into
+    ``ranks``). ``epoch`` is the last finished epoch; ``partial`` is ``{"epoch",
+    "steps_done"}`` when the run stands inside an epoch, else None.
     """
+    trainer, sampler, progress = run.trainer, run.data.sampler, run.progress
     generator = _miner_generator(trainer)
     own = {
         "rng": rng_state(),
@@ -105,7 +105,7 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
         partial={"epoch": progress.epoch, "steps_done": progress.steps_done}
         if progress.steps_done
         else None,
-        config=config_to_dict(cfg),
+        config=config_to_dict(run.cfg),
         **ranks[0],  # rng, miner_rng, sampler: rank 0's at the top level
         world_size=len(ranks),
         ranks=ranks,
@@ -160,9 +160,10 @@ def _changed_settings(saved: dict, current: dict) -> list[tuple[str, str]]:
     return changes
 
 
-def restore(trainer: Trainer, sampler, state: dict, path: Path) -> Progress:
-    """Load ``state`` (read from ``path``) into the trainer, sampler and RNGs; where the run
-    stands. CheckpointError (ConfigError) when it does not fit."""
+def restore(run, state: dict) -> Progress:
+    """Load ``state`` (read from the run's ``last.pt``) into its trainer, sampler and RNGs;
+    where the run stands. CheckpointError (ConfigError) when it does not fit."""
+    trainer, sampler, path = run.trainer, run.data.sampler, run.run_dir / "last.pt"
     _check_schedule(trainer, state, path)
     own = _own_rank_state(state, path)
     try:
@@ -220,7 +221,7 @@ def _check_schedule(trainer: Trainer, state: dict, path: Path) -> None:
     """A schedule built for other lengths cannot continue exactly: refused
     (``StepSchedule.resume_problem``)."""
     schedule, saved = trainer.scheduler, state.get("scheduler")
-    if saved is None or not hasattr(schedule, "resume_problem"):
+    if saved is None or schedule is None:
         return
     try:
         problem = schedule.resume_problem(saved)
@@ -265,24 +266,28 @@ def remaining_loader(loader, skip: int):
     )
 
 
-def save_on_main(state: dict, path: Path) -> None:
-    """Rank 0 writes the checkpoint atomically; every rank waits until it is on disk, or
-    raises CheckpointError with it (no rank waits in a collective rank 0 never enters)."""
-    error = None
-    if is_main_process():
-        try:
-            save_checkpoint(state, path)
-        except CheckpointError as err:
-            error = err
-    if any_rank(error is not None):  # also the barrier: rank 0 has finished writing
-        error = error or CheckpointError(f"rank 0 could not write {path}")
-        error.agreed = True  # every rank raises it here; rank 0 reports it
-        raise error
+def save_on_main(run, *names: str) -> None:
+    """Rank 0 writes the run's checkpoint atomically to each of ``names`` in its directory;
+    every rank waits until it is on disk, or raises CheckpointError with it (no rank waits in
+    a collective rank 0 never enters)."""
+    state = checkpoint_state(run)
+    for path in (run.run_dir / name for name in names):
+        error = None
+        if is_main_process():
+            try:
+                save_checkpoint(state, path)
+            except CheckpointError as err:
+                error = err
+        if any_rank(error is not None):  # also the barrier: rank 0 has finished writing
+            error = error or CheckpointError(f"rank 0 could not write {path}")
+            error.agreed = True  # every rank raises it here; rank 0 reports it
+            raise error
 
 
-def save_for_error(state: dict, path: Path) -> str:
-    """Write a checkpoint while an error propagates; what happened, for the error's
-    ``checkpoint_note`` (a failure to write is reported, not raised)."""
+def save_for_error(run, name: str) -> str:
+    """Write the run's checkpoint ``name`` while an error propagates; what happened, for the
+    error's ``checkpoint_note`` (a failure to write is reported, not raised)."""
+    state, path = checkpoint_state(run), run.run_dir / name
     if not is_main_process():
         return f"rank 0 writes {path}"
     try:

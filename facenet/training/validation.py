@@ -34,8 +34,8 @@ def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:
 
 def _verify(run, model, pairs):
     """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` of the run's images."""
-    data, device = run.data, run.trainer.device
-    settings = verify_settings(run.cfg, torch.device(device).type)
+    data, device = run.cfg.data, run.trainer.device
+    settings = verify_settings(run.cfg, device.type)
     return verify(
         model,
         pairs,

@@ -243,8 +243,7 @@ def test_the_run_evaluates_with_the_publishers_preprocessing_and_grids(run, monk
     cfg = load_config(run["dir"] / "config.yaml", ["eval.preprocess=crop", "eval.grid=classic"])
     monkeypatch.setattr(verify_module, "embed_pair_list", embed)
     monkeypatch.setattr(verify_module, "evaluate_embeddings", protocol)
-    data = SimpleNamespace(image_size=16, normalize="fixed")
-    a_run = SimpleNamespace(data=data, cfg=cfg, trainer=SimpleNamespace(device="cpu"))
+    a_run = SimpleNamespace(cfg=cfg, trainer=SimpleNamespace(device=torch.device("cpu")))
     with pytest.raises(StopIteration):
         run_eval._verify(a_run, None, SimpleNamespace(issame=[True, False]))
     assert seen["preprocess"] == "crop"
