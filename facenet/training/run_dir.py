@@ -21,6 +21,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from facenet.checkpoint import load_checkpoint
+from facenet.distributed import agree_on_error
 from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
 
@@ -206,7 +207,16 @@ class RunOutputs:
 
     def plan(self, names: Iterable[str]) -> None:
         """Refuse (NotARunOutput), before the run writes or removes anything, a name that is
-        not the run's to write: an entry no run recorded, or one the configuration reads."""
+        not the run's to write: an entry no run recorded, or one the configuration reads.
+        Every rank calls it (a collective): all stop when rank 0 refuses."""
+        error = None
+        try:
+            self._check(names)
+        except NotARunOutput as err:
+            error = err
+        agree_on_error(error)
+
+    def _check(self, names: Iterable[str]) -> None:
         if not self.enabled:
             return
         if self._previous is None:
@@ -234,7 +244,7 @@ class RunOutputs:
         run, after :meth:`plan`; begins the run's writing if needed."""
         if not self.enabled:
             return
-        self.plan([Path(path).name])
+        self._check([Path(path).name])
         if self.names is None:
             if self.clear_previous:
                 self.removed = clear_previous_outputs(self.run_dir, self.keep)
