@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from facenet.checkpoint import load_checkpoint
+from facenet.checkpoint import load_checkpoint, save_checkpoint
 from facenet.cli import train as train_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -851,3 +851,14 @@ def test_resume_applies_a_changed_learning_rate_and_momentum(tmp_path, capsys, s
     assert "optim.lr: 0.01 -> 0.25" in err and "optim.momentum: 0.9 -> 0.5" in err
     group = load_checkpoint(run / "last.pt")["optimizer"]["param_groups"][0]
     assert (group["lr"], group["momentum"]) == (0.25, 0.5)
+
+
+@pytest.mark.parametrize("config", [{"optim": 5}, {"optim": ["name", "sgd"]}, {}])
+def test_a_checkpoint_whose_config_sections_are_not_mappings_is_one_line(tmp_path, capsys, config):
+    run = tmp_path / "run"
+    run.mkdir()
+    state = {"model": {}, "optimizer": {}, "epoch": 1, "rng": {}, "config": config}
+    save_checkpoint({**state, "history": [], "best_accuracy": -1.0}, run / "last.pt")
+    code, _, err = train(capsys, run, flags=["--resume"])
+    assert code == 2
+    assert_one_error_line(err, str(run / "last.pt"), "does not fit this configuration")
