@@ -19,12 +19,8 @@ def epoch_line(record: dict, epochs: int) -> str:
     line = (
         f"epoch {record['epoch']}/{epochs}  loss {record['loss']:.4f}  "
         f"active {record['active_fraction']:.2f}  {record['images_per_second']:.0f} img/s  "
-        + (
-            f"(input wait {record['data_wait_fraction']:.0%})  "
-            if "data_wait_fraction" in record
-            else ""
-        )
-        + f"| rss {format_bytes(record['peak_rss_bytes'])}"
+        f"(input wait {record['data_wait_fraction']:.0%})  "
+        f"| rss {format_bytes(record['peak_rss_bytes'])}"
     )
     if "graph_bytes_peak" in record:
         line += (
