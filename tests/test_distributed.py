@@ -407,3 +407,20 @@ def test_sharded_validation_reports_best_pt_as_one_process_would(uninterrupted, 
     best = summary["best_validation"]
     assert best["accuracy_mean"] == pytest.approx(result.accuracy_mean, abs=1e-9)
     assert best["threshold"] == pytest.approx(result.threshold, abs=1e-9)
+
+
+def test_a_name_the_run_may_not_write_stops_every_rank_with_one_message(tmp_path):
+    """Rank 0 refuses the name before anything is written; no rank waits for it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("mine")
+    settings = [*TINY_DEMO, f"data.root={tmp_path / 'data'}"]
+    sets = [arg for item in settings for arg in ("--set", item)]
+    proc = torchrun(
+        2, "scripts/train.py", "--config", "configs/demo.yaml", "--out", str(out), *sets
+    )
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "summary.json exists" in errors[0], proc.stderr[-3000:]
+    assert (out / "summary.json").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]

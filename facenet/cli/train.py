@@ -32,8 +32,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="start a new run even if <out>/last.pt exists (removing the previous run's "
-        "checkpoints, logs, figures and TensorBoard events first)",
+        help="start a new run even if <out>/last.pt exists (the previous run's recorded "
+        "checkpoints, logs, figures and TensorBoard events are removed once every check passed)",
     )
     return parser
 

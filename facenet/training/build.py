@@ -49,8 +49,6 @@ class TrainingData:
     num_classes: int
     val_pairs: Any  # a PairList, or None
     test_pairs: Any  # a PairList, or None
-    image_size: int | list[int]
-    normalize: str
     notes: list = field(default_factory=list)
     steps_per_epoch: int = 0
 
@@ -285,8 +283,6 @@ def build_data(
         len(dataset.classes),
         val,
         test,
-        cfg.data.image_size,
-        cfg.data.normalize,
         notes=([held.note] if held else []) + _evaluation_notes(cfg, val, test),
         steps_per_epoch=min(len(loader), cfg.train.steps_per_epoch or len(loader)),
     )

@@ -19,12 +19,8 @@ def epoch_line(record: dict, epochs: int) -> str:
     line = (
         f"epoch {record['epoch']}/{epochs}  loss {record['loss']:.4f}  "
         f"active {record['active_fraction']:.2f}  {record['images_per_second']:.0f} img/s  "
-        + (
-            f"(input wait {record['data_wait_fraction']:.0%})  "
-            if "data_wait_fraction" in record
-            else ""
-        )
-        + f"| rss {format_bytes(record['peak_rss_bytes'])}"
+        f"(input wait {record['data_wait_fraction']:.0%})  "
+        f"| rss {format_bytes(record['peak_rss_bytes'])}"
     )
     if "graph_bytes_peak" in record:
         line += (
@@ -57,7 +53,7 @@ def idle_warning(record: dict) -> str | None:
     if record.get("steps", 0) and no_triplets + nonfinite == record["steps"]:
         return (
             f"warning: epoch {record['epoch']} trained on no step ({no_triplets} without "
-            f"triplets, {nonfinite} with a non-finite loss)"
+            f"triplets, {nonfinite} non-finite: loss, gradients, embeddings or an fp16 overflow)"
         )
     return None
 

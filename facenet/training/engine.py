@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -149,14 +148,8 @@ class Trainer:
         bn_before = [b.clone() for b in self._bn_buffers]
         result = self.step(images, labels, candidates)
         # None: the same answer on every rank (the miner saw the global batch).
-        if result is not None and self._finite(result.loss):
-            self.nonfinite_in_a_row = 0
-            if settings.grad_clip > 0:
-                self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
+        finite = result is not None and self._finite(result.loss)
+        if finite and self._update():
             self.global_step += 1
             self._count("trained")
             return result.stats
@@ -164,18 +157,34 @@ class Trainer:
         for buffer, saved in zip(self._bn_buffers, bn_before):
             buffer.copy_(saved)
         self._check_images(images)
-        if result is not None:
+        # Non-finite embeddings (an fp16 overflow) leave no triplet: counted as what they are.
+        no_triplets = result is None and bool(self.step.finite)
+        if finite:  # fp16's scaler found an overflow and lowered its scale
+            self.nonfinite_in_a_row = 0
+        elif not no_triplets:
             self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= settings.max_nonfinite_steps:
+                last = "non-finite embeddings" if result is None else result.loss.item()
                 err = NonFiniteLossError(
                     f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or "
-                    f"gradient (last loss: {result.loss.item()}); check the learning rate"
+                    f"gradient (last loss: {last}); check the learning rate"
                 )
                 err.agreed = get_world_size() > 1  # the same decision on every rank
                 raise err
-        skipped = "no_triplets" if result is None else "nonfinite"
+        skipped = "no_triplets" if no_triplets else "nonfinite"
         self._count(skipped)
         return {"skipped": skipped, "selected_images": 0}
+
+    def _update(self) -> bool:
+        """Clip and step; False when fp16's scaler skipped the step (gradients overflowed)."""
+        scale = self.scaler.get_scale()  # 1.0 without fp16
+        if self.settings.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.scaler.get_scale() >= scale
 
     def _finite(self, loss: torch.Tensor) -> bool:
         """Loss, gradients and running statistics are finite on every rank: a NaN image the
@@ -209,11 +218,7 @@ class Trainer:
         skipped batches too, so decays given in epochs fall on epoch boundaries."""
         self.counts["steps"] += 1
         self.counts[outcome] += 1
-        if self.scheduler is None:
-            return
-        with warnings.catch_warnings():
-            # A torch scheduler warns of a first step before any optimizer step (intended here).
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+        if self.scheduler is not None:
             self.scheduler.step()
 
     def train_triplet_step(self, data_a, data_p, data_n, label_p, label_n) -> dict:
@@ -310,7 +315,11 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         self.core_model.load_state_dict(state["model"])
+        groups = self.optimizer.param_groups
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            group.update(settings)  # the configuration's hyper-parameters, the checkpoint's state
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):

@@ -29,10 +29,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.writer = None
-        if not enabled:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if tensorboard:
+        if enabled and tensorboard:
             self.writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def log_scalars(self, prefix: str, values: dict, step: int) -> None:
@@ -55,7 +52,7 @@ class RunLogger:
         self.writer.flush()
 
     def log_figure(self, tag: str, figure, step: int) -> None:
-        if self.writer is not None and figure is not None:
+        if self.writer is not None:
             self.writer.add_figure(tag, figure, step, close=True)
 
     def log_hparams(self, config: dict, metrics: dict) -> None:

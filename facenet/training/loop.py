@@ -40,7 +40,6 @@ from facenet.training.logger import RunLogger
 from facenet.training.run_dir import RunOutputs
 from facenet.training.state import (
     Progress,
-    checkpoint_state,
     remaining_loader,
     restore,
     rewrite_metrics,
@@ -109,32 +108,18 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     logger: RunLogger | None = None
 
-    def state(self) -> dict:
-        """The checkpoint of where the run stands (every rank calls it: a collective)."""
-        return checkpoint_state(self.trainer, self.data.sampler, self.cfg, self.progress)
-
     def start(self, resume_state: dict | None) -> None:
-        """Record the outputs, restore ``resume_state`` (if any), rewrite metrics.jsonl to
-        match and open the logger."""
+        """Restore ``resume_state`` (if any), rewrite metrics.jsonl to match and open the
+        logger."""
         cfg, main = self.cfg, is_main_process()
-        names = ["metrics.jsonl", "last.pt", "summary.json"]
-        names += ["tensorboard"] if cfg.logging.tensorboard else []
-        evaluated = cfg.eval.every > 0 and (self.data.val_pairs or self.data.test_pairs) is not None
-        names += ["best.pt", "roc_*.png"] if evaluated else []
-        for name in names:  # recorded before they are written
-            self.outputs.add(name)
         if main:
             remove_stale_temporary_files(self.run_dir)
         self.progress = Progress()
         if resume_state is not None:
-            last = self.run_dir / "last.pt"
-            self.progress = restore(self.trainer, self.data.sampler, cfg, resume_state, last)
+            self.progress = restore(self, resume_state)
         if main:
             rewrite_metrics(self.run_dir, self.progress.history)
         self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
-
-    def validate(self, epoch: int) -> dict:
-        return validate(self.trainer, self.data, self.cfg, epoch, self.run_dir, self.logger)
 
     def train_epochs(self, signals: StopSignals) -> str | None:
         """The epochs left; None when every epoch ran, else the name of the stopping signal."""
@@ -143,8 +128,7 @@ class Run:
         # any_rank: a collective, so that every rank leaves the loop at the same epoch.
         while progress.epoch <= cfg.train.epochs and not any_rank(signals.received()):
             epoch, skip = progress.epoch, progress.steps_done
-            if hasattr(self.data.sampler, "set_epoch"):
-                self.data.sampler.set_epoch(epoch)
+            self.data.sampler.set_epoch(epoch)
             loader = remaining_loader(self.data.loader, skip)
             batches = _CountedBatches(loader, skip, self.data.steps_per_epoch)
             try:
@@ -176,13 +160,13 @@ class Run:
         if isinstance(err, NonFiniteLossError):
             self.outputs.add(self.run_dir / "nonfinite.pt")
             err.checkpoint_note = (
-                f"{save_for_error(self.state(), self.run_dir / 'nonfinite.pt')} for inspection; "
+                f"{save_for_error(self, 'nonfinite.pt')} for inspection; "
                 f"{self.run_dir / 'last.pt'} still holds epoch {progress.epoch - 1}"
             )
             return err
         if isinstance(err, NonFiniteInputError):
             err = _name_files(err, batches.loader, progress.epoch, batches.start)
-        saved = save_for_error(self.state(), self.run_dir / "last.pt")
+        saved = save_for_error(self, "last.pt")
         err.checkpoint_note = (
             f"{saved}; after fixing the data, --resume continues with step "
             f"{progress.steps_done + 1} of epoch {progress.epoch}"
@@ -197,7 +181,7 @@ class Run:
         if not any_rank(signals.received()) or progress.epoch > self.cfg.train.epochs:
             return None  # every epoch ran (a signal during the last step changes nothing)
         if not saved or progress.steps_done:  # the state on disk is not the current one
-            save_on_main(self.state(), self.run_dir / "last.pt")
+            save_on_main(self, "last.pt")
         signal_name = signals.signal or "SIGTERM"  # another rank received it
         if is_main_process():
             print(stop_message(signal_name, progress, self.run_dir / "last.pt"), file=sys.stderr)
@@ -206,17 +190,15 @@ class Run:
     def finish_epoch(self, record: dict) -> None:
         """Validate, log and checkpoint a finished epoch; best.pt follows validation accuracy."""
         cfg, progress, epoch = self.cfg, self.progress, record["epoch"]
-        every = cfg.eval.every
-        due = every > 0 and (epoch % every == 0 or epoch == cfg.train.epochs)
-        if self.data.val_pairs is not None and due:
+        if self.data.val_pairs is not None and _due(cfg, epoch):
             try:
-                record["validation"] = self.validate(epoch)
+                record["validation"] = validate(self, epoch)
             except FacenetError as err:  # e.g. an unreadable validation image
                 if isinstance(err, RankFailure) and not err.checkpointable:
                     raise  # the failing rank leaves with a traceback; no collective checkpoint
                 progress.history.append(record)  # trained, not validated: kept in last.pt
                 progress.epoch, progress.steps_done = epoch + 1, 0
-                saved = save_for_error(self.state(), self.run_dir / "last.pt")
+                saved = save_for_error(self, "last.pt")
                 err.checkpoint_note = (
                     f"{saved}: epoch {epoch} trained, not validated; --resume continues with "
                     f"epoch {epoch + 1}"
@@ -233,25 +215,8 @@ class Run:
         if is_best:
             progress.best, progress.best_epoch = accuracy, epoch
         progress.epoch, progress.steps_done = epoch + 1, 0
-        state = self.state()
-        if is_best:  # first: last.pt never names a best epoch whose best.pt is not on disk
-            save_on_main(state, self.run_dir / "best.pt")
-        save_on_main(state, self.run_dir / "last.pt")
-
-    def test(self) -> dict:
-        """The test pairs, once: best.pt (chosen on validation) and the last model."""
-        progress = self.progress
-        best = _validation_of(progress, progress.best_epoch) or {}
-        return test_selected(
-            self.trainer,
-            self.data,
-            self.cfg,
-            progress.best_epoch,
-            best.get("threshold"),
-            progress.history[-1]["epoch"],
-            self.run_dir,
-            self.logger,
-        )
+        # best.pt first: last.pt never names a best epoch whose best.pt is not on disk.
+        save_on_main(self, *(("best.pt", "last.pt") if is_best else ("last.pt",)))
 
 
 def fit(run: Run, resume_state: dict | None = None) -> dict:
@@ -263,8 +228,8 @@ def fit(run: Run, resume_state: dict | None = None) -> dict:
     try:
         for note in data.notes if main else ():
             print(note, file=sys.stderr)
-        if not progress.resumed and data.val_pairs is not None and cfg.eval.every > 0:
-            progress.before_training = run.validate(0)
+        if not progress.resumed and data.val_pairs is not None:
+            progress.before_training = validate(run, 0)
             print(figures_line("before training: validation", progress.before_training))
         with StopSignals() as signals:
             stopped_by = run.train_epochs(signals)
@@ -272,7 +237,7 @@ def fit(run: Run, resume_state: dict | None = None) -> dict:
         if stopped_by is None and progress.history and data.test_pairs is not None:
             # A first signal lets the test finish; after a second, --resume runs the test.
             with StopSignals("finishing the test evaluation; the training is saved"):
-                test = run.test()
+                test = test_selected(run, _validation_of(progress, progress.best_epoch))
         summary = _summary(progress, stopped_by, test)
         run.logger.log_hparams(config_to_dict(cfg), _final_metrics(summary))
     finally:
@@ -280,6 +245,25 @@ def fit(run: Run, resume_state: dict | None = None) -> dict:
     if main:
         write_text_atomic(run.run_dir / "summary.json", json.dumps(json_safe(summary), indent=2))
     return summary
+
+
+def _due(cfg: Config, epoch: int) -> bool:
+    """Whether validation runs after ``epoch``."""
+    every = cfg.eval.every
+    return every > 0 and (epoch % every == 0 or epoch == cfg.train.epochs)
+
+
+def planned_outputs(cfg: Config, resumed: bool) -> list[str]:
+    """The names a run of ``cfg`` writes in its run directory (``build_data`` adds the held-out
+    pairs, an error ``nonfinite.pt``); validation and test pairs as ``build_data`` finds them."""
+    ev, names = cfg.eval, ["config.yaml", "metrics.jsonl", "last.pt", "summary.json"]
+    names += ["tensorboard"] if cfg.logging.tensorboard else []
+    made = cfg.data.dataset == "synthetic" or ev.heldout_identities > 0
+    val, test = ev.every > 0 and (made or ev.val_pairs), ev.every > 0 and (made or ev.pairs)
+    names += ["best.pt"] if val or test else []
+    epochs = [e for e in range(int(resumed), cfg.train.epochs + 1) if val and _due(cfg, e)]
+    names += [f"roc_val_epoch_{e}.png" for e in epochs]
+    return names + ["roc_test.png"] if test else names
 
 
 class _CountedBatches:

@@ -26,14 +26,13 @@ from facenet.distributed import (
     is_main_process,
     main_process_first,
 )
-from facenet.errors import FacenetError, NonFiniteLossError
+from facenet.errors import EXIT_BAD_INPUT, FacenetError, NonFiniteLossError
 from facenet.training.build import build_data, build_device, build_network, build_trainer
 from facenet.training.console import describe_error, final_lines
-from facenet.training.loop import Run, fit
+from facenet.training.loop import Run, fit, planned_outputs
 from facenet.training.run_dir import RunDirLock, RunOutputs
 from facenet.training.state import read_resume_checkpoint
 
-EXIT_BAD_INPUT = 2
 EXIT_NONFINITE_LOSS = 3
 
 
@@ -64,8 +63,10 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
             return EXIT_BAD_INPUT
         stack.enter_context(_seeded(cfg, info.rank))
         try:
-            state = read_resume_checkpoint(run_dir) if resume else None  # refused files fail fast
+            # Refused files and settings fail before anything is written.
+            state = read_resume_checkpoint(run_dir, cfg) if resume else None
             outputs = RunOutputs(run_dir, overwrite, _read_paths(cfg), enabled=info.is_main)
+            outputs.plan(planned_outputs(cfg, resumed=state is not None))
             run = _build(cfg, run_dir, info, outputs, check_model_first=overwrite)
             summary = fit(run, resume_state=state)
         except KeyboardInterrupt as err:

@@ -13,12 +13,15 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 from collections.abc import Iterable
+from fnmatch import fnmatch
 from pathlib import Path
 
 from facenet.checkpoint import load_checkpoint
+from facenet.distributed import agree_on_error
 from facenet.errors import FacenetError
 from facenet.files import write_text_atomic
 
@@ -40,6 +43,8 @@ LEGACY_RUN_OUTPUTS = (
     "roc_*.png",
     "tensorboard",
 )
+# The ROC figures a run writes (older records name them "roc_*.png").
+_RUN_FIGURE = re.compile(r"roc_(val_epoch_\d+|test)\.png")
 
 
 class RunDirLocked(FacenetError):
@@ -145,6 +150,11 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+def _matches(name: str, recorded: str) -> bool:
+    """A recorded pattern (``roc_*.png`` of older records) covers only names runs write."""
+    return name == recorded or (fnmatch(name, recorded) and bool(_RUN_FIGURE.fullmatch(name)))
+
+
 def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> list[Path]:
     """Remove what the previous run recorded writing here, and the record; the removed paths.
 
@@ -161,7 +171,7 @@ def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> l
     for name in names:
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             continue  # a record names entries of the run directory itself, nothing else
-        for path in sorted(run_dir.glob(name)):
+        for path in sorted(p for p in run_dir.glob(name) if _matches(p.name, name)):
             # The entry itself (a link, not its target) must lie in the run directory.
             real = Path(os.path.realpath(path.parent)) / path.name
             if not _inside(real.parent, base):
@@ -181,41 +191,66 @@ def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> l
 class RunOutputs:
     """The record of what a run writes in its directory, kept in ``outputs.json``.
 
-    Every writer calls :meth:`add` with the path it is about to write. The first call begins
-    the run's writing: with ``clear_previous`` (``--overwrite``) the previous run's outputs
-    are removed then, except the paths the configuration reads (``keep``). ``enabled``: rank 0.
+    :meth:`plan` checks names before anything is written or removed; :meth:`add` records a
+    name just before it is written. The first ``add`` begins the run's writing: with
+    ``clear_previous`` (``--overwrite``) the previous run's outputs are removed then, except
+    the paths the configuration reads (``keep``). ``enabled``: rank 0.
     """
 
     def __init__(self, run_dir, clear_previous: bool = False, keep: Iterable = (), enabled=True):
         self.run_dir, self.clear_previous = Path(run_dir), clear_previous
-        self.keep, self.enabled = list(keep), enabled
+        self.keep = [Path(os.path.realpath(k)) for k in keep if k]
+        self.enabled, self.planned = enabled, []
         self.names: list[str] | None = None  # None until the first write
         self.removed: list[Path] = []
+        self._previous: list[str] | None = None
 
-    def begin(self) -> None:
-        if self.names is not None or not self.enabled:
-            return
-        if self.clear_previous:
-            self.removed = clear_previous_outputs(self.run_dir, self.keep)
-        self.names = _previous_outputs(self.run_dir)  # a resumed run adds to its record
-        self._save()
+    def plan(self, names: Iterable[str]) -> None:
+        """Refuse (NotARunOutput), before the run writes or removes anything, a name that is
+        not the run's to write: an entry no run recorded, or one the configuration reads.
+        Every rank calls it (a collective): all stop when rank 0 refuses."""
+        error = None
+        try:
+            self._check(names)
+        except NotARunOutput as err:
+            error = err
+        agree_on_error(error)
 
-    def add(self, path: str | os.PathLike) -> None:
-        """Record ``path`` (a file or folder directly in the run directory, or a glob pattern
-        such as ``roc_*.png``) as written by this run; begins the run's writing if needed."""
+    def _check(self, names: Iterable[str]) -> None:
         if not self.enabled:
             return
-        self.begin()
-        name = Path(path).name
-        if name in self.names:
+        if self._previous is None:
+            self._previous = _previous_outputs(self.run_dir)
+        ours = self._previous if self.names is None else self.names
+        for name in names:
+            target = self.run_dir / name
+            foreign = not any(_matches(name, n) for n in ours) and "*" not in name
+            if foreign and (target.exists() or target.is_symlink()):
+                raise NotARunOutput(
+                    f"{target} exists and no run recorded writing it (in {OUTPUTS_RECORD}); "
+                    "the run would replace it: move it away, or choose another --out"
+                )
+            read = [k for k in self.keep if _inside(k, Path(os.path.realpath(target)))]
+            if read:
+                raise NotARunOutput(
+                    f"{target} would be replaced by the run, and its configuration reads "
+                    f"{read[0]}: copy it out of the run directory and point the configuration there"
+                )
+            if name not in self.planned:
+                self.planned.append(name)
+
+    def add(self, path: str | os.PathLike) -> None:
+        """Record ``path`` (a file or folder directly in the run directory) as written by this
+        run, after :meth:`plan`; begins the run's writing if needed."""
+        if not self.enabled:
             return
-        target = self.run_dir / name
-        if "*" not in name and (target.exists() or target.is_symlink()):
-            raise NotARunOutput(
-                f"{target} exists and no run recorded writing it (in {OUTPUTS_RECORD}); the "
-                "run would replace it: move it away, or choose another --out"
-            )
-        self.names.append(name)
+        self._check([Path(path).name])
+        if self.names is None:
+            if self.clear_previous:
+                self.removed = clear_previous_outputs(self.run_dir, self.keep)
+                self._previous = []
+            self.names = list(self._previous)
+        self.names += [n for n in self.planned if n not in self.names]
         self._save()
 
     def _save(self) -> None:

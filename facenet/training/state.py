@@ -40,6 +40,24 @@ CHECKPOINT_FORMAT = 2
 _REQUIRED_KEYS = ("model", "optimizer", "epoch", "rng", "config", "history", "best_accuracy")
 # Settings that may change between a run and its resumption without a warning.
 _FREELY_CHANGED = ("logging.", "train.epochs", "train.device", "data.num_workers", "eval.")
+# Settings the checkpoint's state was built for (the optimizer's kind and parameter groups, the
+# schedule the position continues, the network and its classifier head): a change is refused.
+# The optimizer's other hyper-parameters (lr, momentum, weight_decay) apply as configured.
+STATE_SHAPING = (
+    "optim.name",
+    "optim.schedule",
+    "optim.warmup_epochs",
+    "optim.warmup_steps",
+    "optim.step_size",
+    "optim.gamma",
+    "optim.min_lr_ratio",
+    "optim.backbone_lr_scale",
+    "optim.freeze_backbone_epochs",
+    "optim.freeze_up_to",
+    "model.backbone",
+    "model.embedding_dim",
+    "loss.ce_weight",
+)
 
 
 @dataclass
@@ -66,13 +84,13 @@ def _miner_generator(trainer: Trainer) -> torch.Generator | None:
     return getattr(trainer.step.miner, "generator", None)
 
 
-def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress) -> dict:
-    """Everything the rest of the run depends on, as plain contents; every rank calls it
-    (the ranks' own random states and data positions are gathered into ``ranks``).
-
-    ``epoch`` is the last finished epoch; ``partial`` is ``{"epoch", "steps_done"}`` when
-    ``progress`` stands inside an epoch, else None.
+def checkpoint_state(run) -> dict:
+    """Everything the rest of the ``loop.Run`` depends on, as plain contents; every rank calls
+    it (a collective: the ranks' own random states and data positions are gathered into
+    ``ranks``). ``epoch`` is the last finished epoch; ``partial`` is ``{"epoch",
+    "steps_done"}`` when the run stands inside an epoch, else None.
     """
+    trainer, sampler, progress = run.trainer, run.data.sampler, run.progress
     generator = _miner_generator(trainer)
     own = {
         "rng": rng_state(),
@@ -87,7 +105,7 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
         partial={"epoch": progress.epoch, "steps_done": progress.steps_done}
         if progress.steps_done
         else None,
-        config=config_to_dict(cfg),
+        config=config_to_dict(run.cfg),
         **ranks[0],  # rng, miner_rng, sampler: rank 0's at the top level
         world_size=len(ranks),
         ranks=ranks,
@@ -100,9 +118,10 @@ def checkpoint_state(trainer: Trainer, sampler, cfg: Config, progress: Progress)
     return state
 
 
-def read_resume_checkpoint(run_dir: Path) -> dict | None:
-    """``run_dir/last.pt``, checked to be a training checkpoint (else CheckpointError);
-    None, with a note, if absent."""
+def read_resume_checkpoint(run_dir: Path, cfg: Config) -> dict | None:
+    """``run_dir/last.pt``, checked to be a training checkpoint (else CheckpointError) of
+    ``cfg``'s ``STATE_SHAPING`` settings (else ConfigError), other changes warned of; None,
+    with a note, if absent."""
     path = run_dir / "last.pt"
     if not path.exists():
         print(f"--resume: no checkpoint at {path}; starting a new run", file=sys.stderr)
@@ -115,27 +134,37 @@ def read_resume_checkpoint(run_dir: Path) -> dict | None:
         )
     if not isinstance(state["config"], dict):
         raise CheckpointError(f"{path}: its config field is not a mapping")
+    changes = _changed_settings(state["config"], config_to_dict(cfg))
+    refused = [change for name, change in changes if name in STATE_SHAPING]
+    if refused:
+        raise ConfigError(
+            f"{path} does not fit this configuration: {'; '.join(refused)} (its state was built "
+            "for the checkpoint's value): resume with that, or start a new run from its "
+            "weights (model.weights)"
+        )
+    if changes:
+        warned = "; ".join(change for _, change in changes)
+        print(f"warning: resuming with changed settings: {warned}", file=sys.stderr)
     return state
 
 
-def _changed_settings(saved: dict, current: dict) -> list[str]:
+def _changed_settings(saved: dict, current: dict) -> list[tuple[str, str]]:
     changes = []
     for section, values in current.items():
+        saved_section = saved.get(section)
         for key, value in values.items():
             name = f"{section}.{key}"
-            old = (saved.get(section) or {}).get(key, value)
+            old = saved_section.get(key, value) if isinstance(saved_section, dict) else value
             if old != value and not name.startswith(_FREELY_CHANGED):
-                changes.append(f"{name}: {old!r} -> {value!r}")
+                changes.append((name, f"{name}: {old!r} -> {value!r}"))
     return changes
 
 
-def restore(trainer: Trainer, sampler, cfg: Config, state: dict, path: Path) -> Progress:
-    """Load ``state`` (read from ``path``) into the trainer, sampler and RNGs, warning of
-    settings changed since; where the run stands. CheckpointError when it does not fit."""
+def restore(run, state: dict) -> Progress:
+    """Load ``state`` (read from the run's ``last.pt``) into its trainer, sampler and RNGs;
+    where the run stands. CheckpointError (ConfigError) when it does not fit."""
+    trainer, sampler, path = run.trainer, run.data.sampler, run.run_dir / "last.pt"
     _check_schedule(trainer, state, path)
-    changes = _changed_settings(state["config"], config_to_dict(cfg))
-    if changes:
-        print("warning: resuming with changed settings: " + "; ".join(changes), file=sys.stderr)
     own = _own_rank_state(state, path)
     try:
         trainer.load_state_dict(state)
@@ -192,7 +221,7 @@ def _check_schedule(trainer: Trainer, state: dict, path: Path) -> None:
     """A schedule built for other lengths cannot continue exactly: refused
     (``StepSchedule.resume_problem``)."""
     schedule, saved = trainer.scheduler, state.get("scheduler")
-    if saved is None or not hasattr(schedule, "resume_problem"):
+    if saved is None or schedule is None:
         return
     try:
         problem = schedule.resume_problem(saved)
@@ -237,24 +266,28 @@ def remaining_loader(loader, skip: int):
     )
 
 
-def save_on_main(state: dict, path: Path) -> None:
-    """Rank 0 writes the checkpoint atomically; every rank waits until it is on disk, or
-    raises CheckpointError with it (no rank waits in a collective rank 0 never enters)."""
-    error = None
-    if is_main_process():
-        try:
-            save_checkpoint(state, path)
-        except CheckpointError as err:
-            error = err
-    if any_rank(error is not None):  # also the barrier: rank 0 has finished writing
-        error = error or CheckpointError(f"rank 0 could not write {path}")
-        error.agreed = True  # every rank raises it here; rank 0 reports it
-        raise error
+def save_on_main(run, *names: str) -> None:
+    """Rank 0 writes the run's checkpoint atomically to each of ``names`` in its directory;
+    every rank waits until it is on disk, or raises CheckpointError with it (no rank waits in
+    a collective rank 0 never enters)."""
+    state = checkpoint_state(run)
+    for path in (run.run_dir / name for name in names):
+        error = None
+        if is_main_process():
+            try:
+                save_checkpoint(state, path)
+            except CheckpointError as err:
+                error = err
+        if any_rank(error is not None):  # also the barrier: rank 0 has finished writing
+            error = error or CheckpointError(f"rank 0 could not write {path}")
+            error.agreed = True  # every rank raises it here; rank 0 reports it
+            raise error
 
 
-def save_for_error(state: dict, path: Path) -> str:
-    """Write a checkpoint while an error propagates; what happened, for the error's
-    ``checkpoint_note`` (a failure to write is reported, not raised)."""
+def save_for_error(run, name: str) -> str:
+    """Write the run's checkpoint ``name`` while an error propagates; what happened, for the
+    error's ``checkpoint_note`` (a failure to write is reported, not raised)."""
+    state, path = checkpoint_state(run), run.run_dir / name
     if not is_main_process():
         return f"rank 0 writes {path}"
     try:

@@ -85,6 +85,7 @@ class _Step:
         device = next(self.core.parameters()).device
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
         self.scale = self.scaler.scale  # the identity without fp16
+        self.finite = torch.tensor(True)  # (): the last mined embeddings were finite
 
     def forward(self, images, with_logits=False, grad=True):
         """(embeddings (N, D), logits (N, C) or None), float32 or wider."""
@@ -104,6 +105,7 @@ class _Step:
         if candidates is not None:  # this rank's indices, shifted to its block of the batch
             candidates = tuple(all_gather_tensor(c + rank * count) for c in candidates)
         triplets = self.miner(all_embeddings, all_labels, candidates=candidates)
+        self.finite = torch.isfinite(all_embeddings).all()  # read only when nothing was mined
         return all_embeddings, triplets
 
     @staticmethod

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,9 +32,10 @@ def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:
     return replace(VerifySettings.of(cfg.eval), num_workers=workers)
 
 
-def _verify(model, pairs, data, cfg: Config, device):
-    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` of ``data``'s images."""
-    settings = verify_settings(cfg, torch.device(device).type)
+def _verify(run, model, pairs):
+    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` of the run's images."""
+    data, device = run.cfg.data, run.trainer.device
+    settings = verify_settings(run.cfg, device.type)
     return verify(
         model,
         pairs,
@@ -47,13 +47,14 @@ def _verify(model, pairs, data, cfg: Config, device):
     )
 
 
-def _plot(result, run_dir: Path, name: str, title: str, cfg: Config, logger, step: int) -> None:
+def _plot(run, result, name: str, title: str, step: int) -> None:
     """The ROC figure, drawn once by rank 0: saved as a PNG and logged to TensorBoard."""
     if not is_main_process():  # rank 0's logger is the enabled one
         return
-    figure = plot_roc(result, log_scale=cfg.eval.log_scale_roc, title=title)
-    figure.savefig(run_dir / f"roc_{name}.png", format="png")
-    logger.log_figure(f"eval/{name.split('_')[0]}/roc", figure, step)
+    title = f"{run.run_dir.name}: {title}"
+    figure = plot_roc(result, log_scale=run.cfg.eval.log_scale_roc, title=title)
+    figure.savefig(run.run_dir / f"roc_{name}.png", format="png")
+    run.logger.log_figure(f"eval/{name.split('_')[0]}/roc", figure, step)
 
 
 def threshold_for(model, cfg: Config) -> dict:
@@ -63,64 +64,63 @@ def threshold_for(model, cfg: Config) -> dict:
     return {"weights_sha256": weights_digest(model), **VerifySettings.of(cfg.eval).provenance()}
 
 
-def validate(trainer, data, cfg: Config, epoch: int, run_dir: Path, logger) -> dict:
-    """Validation figures of the model as it is (epoch 0: before training), with the
+def validate(run, epoch: int) -> dict:
+    """Validation figures of the run's model as it is (epoch 0: before training), with the
     threshold, its distance and ``threshold_for``; ``roc_val_epoch_<epoch>.png``."""
-    broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
-    result, _ = _verify(trainer.core_model, data.val_pairs, data, cfg, trainer.device)
-    title = f"{run_dir.name}: validation, epoch {epoch}"
-    _plot(result, run_dir, f"val_epoch_{epoch}", title, cfg, logger, epoch)
+    model = run.trainer.core_model
+    broadcast_buffers(model)  # every rank embeds with rank 0's statistics
+    result, _ = _verify(run, model, run.data.val_pairs)
+    _plot(run, result, f"val_epoch_{epoch}", f"validation, epoch {epoch}", epoch)
     values = figures(result)
-    logger.log_scalars("eval/val", values, epoch)
-    values["threshold_for"] = threshold_for(trainer.core_model, cfg)
+    run.logger.log_scalars("eval/val", values, epoch)
+    values["threshold_for"] = threshold_for(model, run.cfg)
     return values
 
 
-def _selected_model(trainer, run_dir: Path, best_epoch: int):
+def _selected_model(run, best_epoch: int):
     """A copy of the model with ``best.pt``'s weights."""
-    path = run_dir / "best.pt"
+    path, model = run.run_dir / "best.pt", run.trainer.core_model
     if not path.is_file():
         raise CheckpointError(f"{path} (epoch {best_epoch}) is missing")
-    state = load_checkpoint(path, map_location=trainer.device)
+    state = load_checkpoint(path, map_location=run.trainer.device)
     if int(state["epoch"]) != best_epoch:  # never report one epoch's file as another's
         raise CheckpointError(
             f"{path} holds epoch {state['epoch']}, but validation chose epoch {best_epoch}"
         )
-    model = copy.deepcopy(trainer.core_model)
+    model = copy.deepcopy(model)
     model.load_state_dict(state["model"])
     return model
 
 
-def _test_one(model, trainer, data, cfg, threshold: float | None):
-    result, distances = _verify(model, data.test_pairs, data, cfg, trainer.device)
+def _test_one(run, model, threshold: float | None):
+    pairs = run.data.test_pairs
+    result, distances = _verify(run, model, pairs)
     values = figures(result)
     # the run's threshold is the validation one, not the test pairs' own
     del values["threshold"], values["distance"]
-    if threshold is not None and not cfg.eval.subtract_mean:
-        same = np.asarray(data.test_pairs.issame, dtype=bool)
+    if threshold is not None and not run.cfg.eval.subtract_mean:
+        same = np.asarray(pairs.issame, dtype=bool)
         values["accuracy_at_validation_threshold"] = float(np.mean((distances < threshold) == same))
     return result, values
 
 
-def test_selected(trainer, data, cfg, best_epoch, threshold, last_epoch, run_dir, logger) -> dict:
+def test_selected(run, best: dict | None) -> dict:
     """``{"last": figures, "best": figures}`` on the test pairs, once, at the end (``best``:
-    ``best.pt``'s epoch ``best_epoch``, chosen on validation; it is ``last`` when they are one
-    model, absent without a selection); ``threshold``: the validation one, or None."""
-    broadcast_buffers(trainer.core_model)  # every rank embeds with rank 0's statistics
+    ``best.pt``'s epoch, chosen on validation, whose figures ``best`` are; it is ``last`` when
+    they are one model, absent without a selection)."""
+    best_epoch, last_epoch = run.progress.best_epoch, run.progress.history[-1]["epoch"]
+    threshold = (best or {}).get("threshold")
+    broadcast_buffers(run.trainer.core_model)  # every rank embeds with rank 0's statistics
     with torch.no_grad():
-        result, last = _test_one(trainer.core_model, trainer, data, cfg, threshold)
-    last = {"epoch": last_epoch, **last}
-    out = {}
+        result, last = _test_one(run, run.trainer.core_model, threshold)
+    last, out = {"epoch": last_epoch, **last}, {}
     if best_epoch is not None and best_epoch != last_epoch:
-        best_model = _selected_model(trainer, run_dir, best_epoch)
-        result, best = _test_one(best_model, trainer, data, cfg, threshold)
-        out["best"] = {"epoch": best_epoch, **best}
+        result, figures_best = _test_one(run, _selected_model(run, best_epoch), threshold)
+        out["best"] = {"epoch": best_epoch, **figures_best}
     elif best_epoch is not None:
         out["best"] = last
     out["last"] = last
-    chosen = out.get("best", last)
-    title = f"{run_dir.name}: test, epoch {chosen['epoch']}"
-    _plot(result, run_dir, "test", title, cfg, logger, last_epoch)
+    _plot(run, result, "test", f"test, epoch {out.get('best', last)['epoch']}", last_epoch)
     for name, values in out.items():
-        logger.log_scalars(f"eval/test/{name}", values, last_epoch)
+        run.logger.log_scalars(f"eval/test/{name}", values, last_epoch)
     return out

@@ -407,3 +407,46 @@ def test_the_epoch_record_says_how_long_the_loop_waited_for_input():
     )
     ready = trainer.train_one_epoch(batches, 2, progress=False)
     assert ready["data_wait_seconds"] < 0.05 and ready["steps"] == 3
+
+
+class Scaled(TripletMarginLoss):
+    """The triplet loss times ``factor``: finite in float32, its fp16 gradients overflow."""
+
+    def __init__(self, factor, margin=0.2):
+        super().__init__(margin=margin)
+        self.factor = factor
+
+    def forward(self, embeddings, triplets):
+        return super().forward(embeddings, triplets) * self.factor
+
+
+def test_an_fp16_gradient_overflow_is_counted_as_non_finite_not_trained():
+    trainer = make_trainer(amp="fp16", settings={"max_nonfinite_steps": 2})
+    trainer.step.loss_fn = Scaled(1e6)
+    images, labels = make_batch()
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    scale = trainer.scaler.get_scale()
+    for _ in range(3):  # the scaler's own recovery: never a run of non-finite losses
+        assert trainer.train_step(images, labels)["skipped"] == "nonfinite"
+    assert trainer.scaler.get_scale() < scale and trainer.global_step == 0
+    assert trainer.counts["nonfinite"] == 3 and trainer.counts["trained"] == 0
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    trainer.step.loss_fn = Scaled(1.0)
+    assert "skipped" not in trainer.train_step(images, labels)
+
+
+@pytest.mark.parametrize("amp, passes", [("fp16", 2), ("fp16", 1), ("none", 2)])
+def test_overflowing_embeddings_are_non_finite_not_a_batch_without_triplets(amp, passes):
+    trainer = make_trainer(amp=amp, passes=passes, settings={"max_nonfinite_steps": 2})
+    trainer.model.backbone.register_forward_hook(lambda module, args, out: out * 1e6)
+    if amp == "none":  # a float32 overflow of the same kind
+        trainer.model.backbone.register_forward_hook(lambda module, args, out: out * 1e38)
+    images, _ = make_batch()
+    one_identity = torch.zeros(16, dtype=torch.long)  # nothing to mine either way
+    assert trainer.train_step(images, one_identity)["skipped"] == "nonfinite"
+    assert trainer.counts["no_triplets"] == 0
+    with pytest.raises(NonFiniteLossError, match="non-finite embeddings"):
+        trainer.train_step(images, one_identity)
+    fine = make_trainer(amp=amp, passes=passes)
+    assert fine.train_step(images, one_identity)["skipped"] == "no_triplets"

@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from facenet.checkpoint import load_checkpoint
+from facenet.checkpoint import load_checkpoint, save_checkpoint
 from facenet.cli import train as train_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -547,7 +547,7 @@ def test_overwrite_starts_clean(tmp_path, capsys, synthetic_root):
     settings = ("train.epochs=2", "eval.every=1", "logging.tensorboard=true")
     code, _, err = train(capsys, run, *settings, data=synthetic_data(synthetic_root))
     assert code == 0, err
-    (run / "roc_val_epoch_9.png").write_bytes(b"from an older, longer run")
+    (run / "roc_val_epoch_9.png").write_bytes(b"no run recorded writing it")
     events_before = list((run / "tensorboard").iterdir())
     code, _, err = train(
         capsys,
@@ -558,7 +558,7 @@ def test_overwrite_starts_clean(tmp_path, capsys, synthetic_root):
         data=synthetic_data(synthetic_root),
     )
     assert code == 0, err
-    assert not (run / "roc_val_epoch_9.png").exists() and not (run / "roc_val_epoch_2.png").exists()
+    assert (run / "roc_val_epoch_9.png").exists() and not (run / "roc_val_epoch_2.png").exists()
     assert not any(p in events_before for p in (run / "tensorboard").iterdir())
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
     assert not (run / ".lock").exists()
@@ -690,10 +690,10 @@ def test_a_validation_error_keeps_the_epochs_training(
 
     validate = facenet.training.loop.validate
 
-    def failing(trainer, data, cfg, epoch, *args):
+    def failing(run, epoch):
         if epoch == 2:
             raise CorruptImageError("heldout/x.png", "damaged")
-        return validate(trainer, data, cfg, epoch, *args)
+        return validate(run, epoch)
 
     monkeypatch.setattr(facenet.training.loop, "validate", failing)
     run = tmp_path / "run"
@@ -769,3 +769,96 @@ def test_a_non_square_run_trains_evaluates_embeds_and_exports(tmp_path, capsys):
     x = torch.randn(3, 3, 24, 20)  # (B, 3, H, W)
     with torch.no_grad():
         assert torch.equal(exported.model(x), trained.model(x))
+
+
+# --------------------------------------------------------------------------- refused before removed
+
+
+@pytest.mark.parametrize("clash", ["tensorboard", "model.weights", "roc_test.png", "best.pt"])
+def test_overwrite_refused_on_a_name_clash_removes_nothing(tmp_path, capsys, synthetic_root, clash):
+    """Every check that can refuse the new run comes before the previous run's removal."""
+    run, data = tmp_path / "run", synthetic_data(synthetic_root)
+    evaluated = "eval.every=1" if clash == "model.weights" else "eval.every=0"
+    code, _, err = train(capsys, run, evaluated, data=data)
+    assert code == 0, err
+    settings = ["eval.every=1"]
+    if clash == "tensorboard":  # a user's folder, where the previous run wrote no TensorBoard
+        (run / "tensorboard").mkdir()
+        (run / "tensorboard" / "notes.txt").write_text("mine")
+        settings.append("logging.tensorboard=true")
+    elif clash == "model.weights":  # the new run reads the previous run's best.pt
+        settings.append(f"model.weights={run / 'best.pt'}")
+    else:  # names the previous run, without evaluation, did not write
+        (run / clash).write_text("mine")
+    before = _snapshot(run)
+    code, _, err = train(capsys, run, *settings, flags=["--overwrite"], data=data)
+    assert code == 2
+    line = assert_one_error_line(err, str(run / ("best.pt" if clash == "model.weights" else clash)))
+    assert ("configuration reads" if clash == "model.weights" else "no run recorded") in line
+    assert _snapshot(run) == before
+
+
+def test_a_first_run_refuses_a_users_roc_file_before_writing_anything(
+    tmp_path, capsys, synthetic_root
+):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "roc_test.png").write_text("mine")
+    code, _, err = train(capsys, out, "eval.every=1", data=synthetic_data(synthetic_root))
+    assert code == 2
+    assert_one_error_line(err, str(out / "roc_test.png"), "no run recorded writing it")
+    assert sorted(p.name for p in out.iterdir()) == ["roc_test.png"]
+    code, _, err = train(capsys, out, "eval.every=0", data=synthetic_data(synthetic_root))
+    assert code == 0, err  # a run that writes no ROC figure leaves it alone
+    assert (out / "roc_test.png").read_text() == "mine"
+    assert "roc_test.png" not in json.loads((out / "outputs.json").read_text())["outputs"]
+
+
+@pytest.mark.parametrize(
+    "setting, old",
+    [
+        ("optim.name=adagrad", "'sgd'"),
+        ("optim.warmup_steps=3", "0"),
+        ("optim.min_lr_ratio=0.5", "0.01"),
+        ("optim.schedule=step", "'cosine'"),
+        ("optim.freeze_backbone_epochs=1", "0"),
+        ("loss.ce_weight=0", "1.0"),
+    ],
+)
+def test_resume_with_a_changed_state_shaping_setting_is_refused_by_name(
+    tmp_path, capsys, synthetic_root, setting, old
+):
+    run, data = tmp_path / "run", synthetic_data(synthetic_root)
+    code, _, err = train(capsys, run, "optim.name=sgd", data=data)
+    assert code == 0, err
+    before = _snapshot(run)
+    key = setting.split("=")[0]
+    code, _, err = train(capsys, run, "optim.name=sgd", setting, flags=["--resume"], data=data)
+    assert code == 2
+    line = assert_one_error_line(err, str(run / "last.pt"), f"{key}: {old} -> ")
+    assert "does not fit this configuration" in line
+    assert _snapshot(run) == before  # config.yaml not rewritten with the refused settings
+
+
+def test_resume_applies_a_changed_learning_rate_and_momentum(tmp_path, capsys, synthetic_root):
+    """Hyper-parameters that are not state shape take the configuration's value, with a warning."""
+    run, data = tmp_path / "run", synthetic_data(synthetic_root)
+    fixed = ["optim.name=sgd", "optim.schedule=none"]
+    assert train(capsys, run, *fixed, data=data)[0] == 0
+    changed = ["optim.lr=0.25", "optim.momentum=0.5", "train.epochs=2"]
+    code, _, err = train(capsys, run, *fixed, *changed, flags=["--resume"], data=data)
+    assert code == 0, err
+    assert "optim.lr: 0.01 -> 0.25" in err and "optim.momentum: 0.9 -> 0.5" in err
+    group = load_checkpoint(run / "last.pt")["optimizer"]["param_groups"][0]
+    assert (group["lr"], group["momentum"]) == (0.25, 0.5)
+
+
+@pytest.mark.parametrize("config", [{"optim": 5}, {"optim": ["name", "sgd"]}, {}])
+def test_a_checkpoint_whose_config_sections_are_not_mappings_is_one_line(tmp_path, capsys, config):
+    run = tmp_path / "run"
+    run.mkdir()
+    state = {"model": {}, "optimizer": {}, "epoch": 1, "rng": {}, "config": config}
+    save_checkpoint({**state, "history": [], "best_accuracy": -1.0}, run / "last.pt")
+    code, _, err = train(capsys, run, flags=["--resume"])
+    assert code == 2
+    assert_one_error_line(err, str(run / "last.pt"), "does not fit this configuration")

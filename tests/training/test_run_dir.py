@@ -244,3 +244,46 @@ def test_a_forked_child_outliving_a_killed_run_does_not_keep_the_lock(tmp_path):
     with RunDirLock(tmp_path):  # the child's copy of the descriptor was closed at the fork
         pass
     assert time.monotonic() - started < 20  # not after the child's 30 s
+
+
+def test_a_recorded_roc_pattern_removes_only_the_figures_runs_write(tmp_path):
+    _fill(tmp_path, names=("roc_test.png", "roc_val_epoch_12.png", "roc_mine.png", "roc_.png"))
+    _record(tmp_path, "roc_*.png")  # as records written before exact names were kept
+    removed = sorted(p.name for p in clear_previous_outputs(tmp_path))
+    assert removed == ["roc_test.png", "roc_val_epoch_12.png"]
+    assert (tmp_path / "roc_mine.png").exists() and (tmp_path / "roc_.png").exists()
+
+
+@pytest.mark.parametrize("entry", ["dangling link", "link out", "folder"])
+def test_a_planned_name_held_by_anything_unrecorded_is_refused_before_any_removal(tmp_path, entry):
+    _fill(tmp_path, names=("last.pt",))
+    _record(tmp_path, "last.pt")
+    target = tmp_path / "summary.json"
+    if entry == "dangling link":
+        target.symlink_to(tmp_path / "nowhere")
+    elif entry == "link out":
+        target.symlink_to(tmp_path / "last.pt")
+    else:
+        target.mkdir()
+    outputs = RunOutputs(tmp_path, clear_previous=True)
+    with pytest.raises(NotARunOutput, match="summary.json exists"):
+        outputs.plan(["last.pt", "summary.json"])
+    assert (tmp_path / "last.pt").exists() and (tmp_path / OUTPUTS_RECORD).exists()
+
+
+def test_a_planned_name_the_configuration_reads_is_refused_even_inside_a_folder(tmp_path):
+    _fill(tmp_path)
+    _record(tmp_path, "tensorboard", "best.pt", "summary.json")
+    reads = {
+        "tensorboard": tmp_path / "tensorboard" / "events.out",
+        "best.pt": tmp_path / "best.pt",
+    }
+    for name, read in reads.items():
+        outputs = RunOutputs(tmp_path, clear_previous=True, keep=[read])
+        with pytest.raises(NotARunOutput, match="configuration reads"):
+            outputs.plan([name])
+        assert read.exists()
+    outputs = RunOutputs(tmp_path, clear_previous=True, keep=[tmp_path / "tensorboard" / "x"])
+    outputs.plan(["best.pt", "best.pt"])  # planned twice, recorded once
+    outputs.add(tmp_path / "summary.json")
+    assert outputs.names == ["best.pt", "summary.json"] and not (tmp_path / "best.pt").exists()

@@ -54,9 +54,9 @@ def run(tmp_path_factory):
     calls = []
     verify = run_eval._verify
 
-    def recording(model, pairs, *args, **kwargs):
+    def recording(run, model, pairs):
         calls.append(Path(pairs.source).name)
-        return verify(model, pairs, *args, **kwargs)
+        return verify(run, model, pairs)
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -243,9 +243,9 @@ def test_the_run_evaluates_with_the_publishers_preprocessing_and_grids(run, monk
     cfg = load_config(run["dir"] / "config.yaml", ["eval.preprocess=crop", "eval.grid=classic"])
     monkeypatch.setattr(verify_module, "embed_pair_list", embed)
     monkeypatch.setattr(verify_module, "evaluate_embeddings", protocol)
-    data = SimpleNamespace(image_size=16, normalize="fixed")
+    a_run = SimpleNamespace(cfg=cfg, trainer=SimpleNamespace(device=torch.device("cpu")))
     with pytest.raises(StopIteration):
-        run_eval._verify(None, SimpleNamespace(issame=[True, False]), data, cfg, "cpu")
+        run_eval._verify(a_run, None, SimpleNamespace(issame=[True, False]))
     assert seen["preprocess"] == "crop"
     assert np.array_equal(seen["thresholds"], classic_thresholds())
     assert np.array_equal(seen["val_thresholds"], classic_thresholds(True))
