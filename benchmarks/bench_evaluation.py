@@ -39,9 +39,9 @@ def lfw_like_pairs(n_pairs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
 
 def run_reference(distances: np.ndarray, issame: np.ndarray) -> tuple:
     """The classic ``lfw.evaluate``: ROC over the coarse grid, VAL over the fine one."""
-    roc = ref.calculate_roc(np.arange(0, 4, 0.01), None, None, issame, N_FOLDS, dist=distances)
+    roc = ref.calculate_roc(np.arange(0, 4, 0.01), distances, None, issame, N_FOLDS)
     grid = np.arange(0, 4, 0.001)
-    return roc, ref.calculate_val(grid, None, None, issame, FAR_TARGET, N_FOLDS, dist=distances)
+    return roc, ref.calculate_val(grid, distances, None, issame, FAR_TARGET, N_FOLDS)
 
 
 def identical(result, reference: tuple) -> bool:

@@ -61,26 +61,10 @@ SCHEDULE_POINTS = 1000  # the budget's fraction spent, in thousandths, is the sc
 TRACE_POINTS = 40  # loss values kept per method (evenly over its steps)
 
 
-class CpuBudget:
-    """Process CPU seconds (every thread) spent since the start, against a limit."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self.cpu_start, self.wall_start = time.process_time(), time.perf_counter()
-
-    def spent(self) -> float:
-        """CPU seconds used since the start."""
-        return time.process_time() - self.cpu_start
-
-    def done(self) -> bool:
-        """The budget is used up."""
-        return self.spent() >= self.seconds
-
-
-def budget_schedule(optimizer: torch.optim.Optimizer, cfg: Config, budget: CpuBudget):
-    """The configuration's learning-rate shape over the thousandths of the budget spent, not
-    over steps (a warm-up the same fraction of the run as in the config); ``step()`` after each
-    step sets the next rates."""
+def budget_schedule(optimizer: torch.optim.Optimizer, cfg: Config, fraction) -> LambdaLR:
+    """The configuration's learning-rate shape over the thousandths of the budget spent
+    (``fraction()``, from 0 to 1), not over steps (a warm-up the same fraction of the run as in
+    the config); ``step()`` after each step sets the next rates."""
     optim, epochs = cfg.optim, cfg.train.epochs
     shape = ScheduleShape(
         optim.schedule,
@@ -90,16 +74,18 @@ def budget_schedule(optimizer: torch.optim.Optimizer, cfg: Config, budget: CpuBu
         optim.gamma,
         optim.min_lr_ratio,
     )
-    fraction = lambda: min(1.0, budget.spent() / budget.seconds)  # noqa: E731
-    return LambdaLR(optimizer, lambda _: shape.factor(int(fraction() * SCHEDULE_POINTS)))
+    return LambdaLR(optimizer, lambda _: shape.factor(int(min(1.0, fraction()) * SCHEDULE_POINTS)))
 
 
-def train_for_budget(step, optimizer, cfg: Config, data, budget: CpuBudget) -> dict:
-    """``step(batch) -> (loss or None when skipped, images)`` over epochs of ``data`` until the
-    budget is spent, the rates set by :func:`budget_schedule`; the method's training record."""
-    schedule, losses = budget_schedule(optimizer, cfg, budget), []
+def train_for_budget(step, optimizer, cfg: Config, data, seconds: float) -> dict:
+    """``step(batch) -> (loss or None when skipped, images)`` over epochs of ``data`` until
+    ``seconds`` of process CPU time (every thread) are spent, the rates set by
+    :func:`budget_schedule`; the method's training record."""
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
+    spent = lambda: time.process_time() - cpu_start  # noqa: E731
+    schedule, losses = budget_schedule(optimizer, cfg, lambda: spent() / seconds), []
     steps = images = skipped = epochs = 0
-    while not budget.done():
+    while spent() < seconds:
         epochs += 1
         data.sampler.set_epoch(epochs)
         for batch in data.loader:
@@ -109,8 +95,8 @@ def train_for_budget(step, optimizer, cfg: Config, data, budget: CpuBudget) -> d
             if loss is None or not math.isfinite(loss):
                 skipped += 1
             else:
-                losses.append((budget.spent(), loss))
-            if budget.done():
+                losses.append((spent(), loss))
+            if spent() >= seconds:
                 break
     values = [loss for _, loss in losses]
     ends = max(1, min(10, len(values) // 4))  # mean of the first / last few steps
@@ -120,9 +106,9 @@ def train_for_budget(step, optimizer, cfg: Config, data, budget: CpuBudget) -> d
         "skipped_steps": skipped,
         "images": images,
         "epochs_started": epochs,
-        "cpu_seconds": budget.spent(),
-        "wall_seconds": time.perf_counter() - budget.wall_start,
-        "images_per_cpu_second": images / max(budget.spent(), 1e-9),
+        "cpu_seconds": spent(),
+        "wall_seconds": time.perf_counter() - wall_start,
+        "images_per_cpu_second": images / max(spent(), 1e-9),
         "loss_first": float(np.mean(values[:ends])) if values else None,
         "loss_last": float(np.mean(values[-ends:])) if values else None,
         "loss_trace": [losses[i] for i in keep] if values else [],
@@ -255,7 +241,7 @@ def train(method: str, cfg: Config, data, run_dir: Path, seconds: float, before=
         before(model.eval())
         model.train()
     print(f"{method}: training for {seconds:g} CPU seconds", flush=True)
-    record = train_for_budget(step, optimizer, cfg, method_data, CpuBudget(seconds))
+    record = train_for_budget(step, optimizer, cfg, method_data, seconds)
     losses = record["loss_first"], record["loss_last"]
     print(f"{method}: {record['steps']} steps, loss %s -> %s" % losses, flush=True)
     return model.eval(), record | done()

@@ -320,43 +320,38 @@ def graph_lifecycle(args: argparse.Namespace, images: torch.Tensor) -> dict[str,
     model = build_network(args, None).to(args.device).train()
     images = images.to(args.device)
     meter = GraphMemoryMeter(exclude=model)
-
-    def forward() -> torch.Tensor:
-        return model(images)  # (N, D)
-
-    def alive_after(action: Callable[[], Any]) -> tuple[Any, int]:
-        with meter:
-            result = action()
-        return result, meter.alive_bytes
-
     figures: dict[str, Any] = {"images": int(images.shape[0])}
-    out, figures["forward_with_grad"] = alive_after(forward)
-    _, figures["after_backward_output_still_referenced"] = alive_after(
-        lambda o=out: o.sum().backward()
-    )
+
+    def alive_after(key: str | None, action: Callable[[], Any] = lambda: model(images)):
+        with meter:
+            result = action()  # default: the forward, (N, D)
+        if key:
+            figures[key] = meter.alive_bytes
+        return result
+
+    out = alive_after("forward_with_grad")
+    alive_after("after_backward_output_still_referenced", lambda o=out: o.sum().backward())
     try:
         out.sum().backward()
         figures["second_backward_error"] = "no error"
     except RuntimeError as err:
         figures["second_backward_error"] = str(err).split(".")[0]
-    out, _ = alive_after(forward)
+    out = alive_after(None)
     del out  # no backward: the last reference goes, and the graph with it
     figures["after_del_output_without_backward"] = meter.alive_bytes
-    out, _ = alive_after(forward)
-    _, figures["after_backward_retain_graph"] = alive_after(
-        lambda o=out: o.sum().backward(retain_graph=True)
-    )
+    out = alive_after(None)
+    alive_after("after_backward_retain_graph", lambda o=out: o.sum().backward(retain_graph=True))
     del out
     figures["after_retained_output_deleted"] = meter.alive_bytes
     with torch.no_grad():
-        _, figures["forward_no_grad"] = alive_after(forward)
+        alive_after("forward_no_grad")
     with torch.inference_mode():
-        _, figures["forward_inference_mode"] = alive_after(forward)
+        alive_after("forward_inference_mode")
     # A loop variable rebound to the next forward: the old graph lives until the new one exists.
-    out, _ = alive_after(forward)
+    out = alive_after(None)
     for key in ("rebind_without_del_peak", "rebind_after_del_peak"):
         meter.reset_peak()
-        out, _ = alive_after(forward)
+        out = alive_after(None)
         figures[key] = meter.peak_bytes
         del out
     model.zero_grad(set_to_none=True)

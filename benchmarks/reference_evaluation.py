@@ -4,9 +4,10 @@
 the classic FaceNet code line by line (a Python loop over every threshold of every fold), with
 two changes: its ``interp1d(far_train, thresholds, kind="slinear")``, which raises on current
 SciPy when training FAR values repeat, is replaced by the stated rule (:func:`threshold_for_far`),
-and distances can be given directly (``dist=``). ``distance_metric="angular"`` is
-davidsandberg/facenet's ``arccos(cos_sim) / pi``, unclipped as there (NaN never "same").
-Deliberately slow and simple: ``facenet.evaluation.protocol`` must give the same numbers.
+and distances can be given directly (as ``embeddings1``, ``embeddings2`` None).
+``distance_metric="angular"`` is davidsandberg/facenet's ``arccos(cos_sim) / pi``, unclipped
+as there (NaN never "same"). Deliberately slow and simple: ``facenet.evaluation.protocol``
+must give the same numbers.
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ def calculate_val_far(threshold, dist, actual_issame):
     return val, far
 
 
-def _fold_distances(embeddings1, embeddings2, train_set, distance_metric, subtract_mean, dist):
-    if dist is not None:
-        return dist
+def _fold_distances(embeddings1, embeddings2, train_set, distance_metric, subtract_mean):
+    if embeddings2 is None:  # embeddings1: the distances, given
+        return embeddings1
     if subtract_mean:
         mean = np.mean(np.concatenate([embeddings1[train_set], embeddings2[train_set]]), axis=0)
     else:
@@ -70,7 +71,6 @@ def calculate_roc(
     nrof_folds=10,
     distance_metric="squared",
     subtract_mean=False,
-    dist=None,
 ):
     """Classic ROC and accuracy: returns (tpr, fpr, accuracy, best_thresholds)."""
     nrof_pairs = len(actual_issame)
@@ -82,9 +82,7 @@ def calculate_roc(
     best_thresholds = np.zeros(nrof_folds)
     indices = np.arange(nrof_pairs)
     for fold_idx, (train_set, test_set) in enumerate(k_fold.split(indices)):
-        d = _fold_distances(
-            embeddings1, embeddings2, train_set, distance_metric, subtract_mean, dist
-        )
+        d = _fold_distances(embeddings1, embeddings2, train_set, distance_metric, subtract_mean)
         acc_train = np.zeros(nrof_thresholds)
         for threshold_idx, threshold in enumerate(thresholds):
             _, _, acc_train[threshold_idx] = calculate_accuracy(
@@ -125,7 +123,6 @@ def calculate_val(
     nrof_folds=10,
     distance_metric="squared",
     subtract_mean=False,
-    dist=None,
 ):
     """Classic VAL at FAR: returns (val_mean, val_std, far_mean, val, far, fold_thresholds)."""
     nrof_pairs = len(actual_issame)
@@ -136,9 +133,7 @@ def calculate_val(
     fold_thresholds = np.zeros(nrof_folds)
     indices = np.arange(nrof_pairs)
     for fold_idx, (train_set, test_set) in enumerate(k_fold.split(indices)):
-        d = _fold_distances(
-            embeddings1, embeddings2, train_set, distance_metric, subtract_mean, dist
-        )
+        d = _fold_distances(embeddings1, embeddings2, train_set, distance_metric, subtract_mean)
         far_train = np.zeros(nrof_thresholds)
         for threshold_idx, threshold in enumerate(thresholds):
             _, far_train[threshold_idx] = calculate_val_far(

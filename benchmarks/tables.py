@@ -43,14 +43,6 @@ CHUNKS += ["rounds.loss_graph_bytes", "ratios.graph_peak_chunked_vs_one_chunk"]
 CHUNKS += ["ratios.graph_peak_chunked_vs_two_pass", "ratios.throughput_chunked_vs_two_pass"]
 MINERS = ["batch", "identities", "miner", "ours.triplets", "ours.seconds", "pml.seconds"]
 MINERS += ["speedup", "ours.peak_bytes", "pml.peak_bytes", "memory_ratio", "note"]
-EVALUATION = ["n_pairs", "ours_median_s", "reference_median_s", "speedup", "identical"]
-EVALUATION += ["accuracy_mean", "val", "auc"]
-LOADER = ["image_size", "workers", "ours_first_pass", "ours", "torchvision", "ours_vs_torchvision"]
-TRAINING = ["workload", "workers", "workers_setting", "step_images_per_s"]
-TRAINING += ["end_to_end_images_per_s", "end_to_end_vs_step", "end_to_end_vs_step_paired_median"]
-TRAINING += ["step_images_per_s_median", "end_to_end_images_per_s_median"]
-INDEX = ["format", "files", "megabytes", "build_s", "build_s_per_10k", "build_s_vggface2"]
-INDEX += ["reuse_s_per_10k"]
 DEFAULT = ["case.name", "variants.auto.step", "rounds.auto_step_s", "rounds.two_pass_step_s"]
 DEFAULT += ["rounds.auto_metered_step_s", "variants.auto.rounds_images_per_s"]
 DEFAULT += ["variants.auto.graph_bytes_peak", "ratios.two_pass_vs_auto", "ratios.meter_on_vs_off"]
@@ -58,7 +50,6 @@ DEFAULT += ["rounds.medians.auto_step_s", "rounds.medians.two_pass_step_s"]
 RUN = ["command", "date", "seconds_total", "load_average_after", "machine.load_average"]
 RUN += ["machine.cpu_model", "machine.cpu_count", "machine.torch", "machine.torch_threads"]
 RUN += ["machine.python", "machine.platform", "machine.gpu"]
-SEARCH = ["batch", "chunk_size", "error", CUDA_MAX_ALLOCATED]
 
 
 def cell(value, spec: str | None = None) -> str:
@@ -109,9 +100,11 @@ def pick(row: dict, key: str):
     return row
 
 
-def table(keys: list[str], rows: list[dict]) -> str:
-    """``keys`` of ``rows``, bytes in MiB; a row's ``"error"`` goes in its first empty cell."""
-    lines = []
+def table(keys: list[str] | None, rows: list[dict]) -> str:
+    """``keys`` of ``rows`` (None: every key with a scalar value), bytes in MiB; a row's
+    ``"error"`` goes in its first empty cell."""
+    scalar = (k for row in rows for k, v in row.items() if not isinstance(v, (dict, list)))
+    keys, lines = keys or list(dict.fromkeys(scalar)), []
     for row in rows:
         values = [pick(row, key) for key in keys]
         values = [
@@ -174,7 +167,7 @@ def pk_cases(report: dict) -> list[dict]:
     return [r for r in report.get("cases", []) if r["case"]["batch"] == "pk"]
 
 
-# marker: (section, its rows: a key of the report or a function of it, the keys shown)
+# marker: (section, its rows: a key of the report or a function of it, the keys shown or None)
 TABLES = {
     "training_step_cases": ("training_step", lambda r: step_rows(triplet_cases(r)), STEP),
     "training_step_calibration": ("training_step", triplet_cases, CALIBRATION),
@@ -186,10 +179,10 @@ TABLES = {
         DEFAULT,
     ),
     "miners": ("miners", "rows", MINERS),
-    "evaluation": ("evaluation", "cases", EVALUATION),
-    "pipeline_loader": ("pipeline", "loader", LOADER),
-    "pipeline_training": ("pipeline", "training", TRAINING),
-    "pipeline_index": ("pipeline", "index", INDEX),
+    "evaluation": ("evaluation", "cases", None),
+    "pipeline_loader": ("pipeline", "loader", None),
+    "pipeline_training": ("pipeline", "training", None),
+    "pipeline_index": ("pipeline", "index", None),
     # gpu_check.sh's figures (run_all --gpu-json): its cases on the GPU named, their floor, the
     # largest P x K
     "gpu_cases": (
@@ -198,7 +191,7 @@ TABLES = {
         ["gpu", *STEP],
     ),
     "gpu_floor": ("gpu", floor_cases, FLOOR),
-    "gpu_search": ("gpu", "pk_search", SEARCH),
+    "gpu_search": ("gpu", "pk_search", None),
 }
 
 

@@ -41,10 +41,9 @@ def separated_distances(issame: np.ndarray, rng, gap: float = 0.8) -> np.ndarray
 
 def reference_numbers(dist, issame, n_folds, far_target, grid, val_grid, emb=None, **kw):
     """The loop implementation's (tpr, fpr, accuracy, best, val stats, val/far per fold)."""
-    e1, e2 = emb if emb is not None else (None, None)
-    dist_kw = {} if emb is not None else {"dist": dist}
-    tpr, fpr, acc, best = ref.calculate_roc(grid, e1, e2, issame, n_folds, **kw, **dist_kw)
-    val = ref.calculate_val(val_grid, e1, e2, issame, far_target, n_folds, **kw, **dist_kw)
+    e1, e2 = emb if emb is not None else (dist, None)
+    tpr, fpr, acc, best = ref.calculate_roc(grid, e1, e2, issame, n_folds, **kw)
+    val = ref.calculate_val(val_grid, e1, e2, issame, far_target, n_folds, **kw)
     return tpr, fpr, acc, best, val
 
 
