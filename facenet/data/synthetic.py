@@ -103,12 +103,6 @@ def _uniforms(rng: np.random.Generator, low: float, high: float, n: int = 3) -> 
     return tuple(rng.uniform(low, high, n).tolist())
 
 
-def _skin_tone(rng: np.random.Generator) -> tuple[float, float, float]:
-    """A skin-like colour, light to dark, with a random cast."""
-    tone = rng.uniform(0.3, 0.95) * np.array([1.0, 0.78, 0.62]) + rng.uniform(-0.08, 0.08, 3)
-    return tuple(np.clip(tone, 0, 1).tolist())
-
-
 def _sample_template(rng: np.random.Generator) -> FaceTemplate:
     bald = rng.random() < 0.12
     n_moles = int(rng.integers(0, 4))
@@ -146,7 +140,14 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
         gaze=(_u(rng, -0.35, 0.35), _u(rng, -0.2, 0.2)),
         smile=float(rng.normal(0, 0.02)),
         brow_raise=float(rng.normal(0, 0.012)),
-        skin=_skin_tone(rng),
+        # Light to dark, with a random cast.
+        skin=tuple(
+            np.clip(
+                rng.uniform(0.3, 0.95) * np.array([1.0, 0.78, 0.62]) + rng.uniform(-0.08, 0.08, 3),
+                0,
+                1,
+            ).tolist()
+        ),
         hair=_uniforms(rng, 0.02, 0.55),
         iris=_uniforms(rng, 0.0, 0.5),
         background=_uniforms(rng, 0, 1),
@@ -201,25 +202,27 @@ class _FaceDrawer(_Painter):
         self.feature_dx = 0.18 * n.yaw
         self.narrow = 1.0 - 0.25 * abs(n.yaw)
         self.skin = np.asarray(n.skin)
-        self.shadow = tuple(self.skin * 0.72)
-        self.lips = tuple(self.skin * np.array([0.75, 0.45, 0.45]))
+        self.shadow = self.skin * 0.72
 
     def fx(self, value: float) -> float:
         """The x of a face feature after the head's turn."""
         return value * self.narrow + self.feature_dx
 
     def draw(self) -> None:
-        self.hair_back()
-        self.ears()
-        self.head()
-        self.hair_front()
-        self.beard()
-        self.eyes()
-        self.brows()
-        self.nose()
-        self.mouth()
-        self.moles()
-        self.glasses()
+        for part in (
+            self.hair_back,
+            self.ears,
+            self.head,
+            self.hair_front,
+            self.beard,
+            self.eyes,
+            self.brows,
+            self.nose,
+            self.mouth,
+            self.moles,
+            self.glasses,
+        ):
+            part()
 
     def hair_back(self):
         t = self.t
@@ -280,14 +283,15 @@ class _FaceDrawer(_Painter):
         self.paint(self.stroke([(cx, top), (cx + t.nose_w * 0.3, tip)], 0.012), self.shadow, 0.6)
         for side in (-1, 1):
             nostril = self.ellipse(cx + side * t.nose_w, tip, 0.022, 0.014)
-            self.paint(nostril, tuple(self.skin * 0.45))
+            self.paint(nostril, self.skin * 0.45)
 
     def mouth(self):
         t, n = self.t, self.n
         cx, w = self.fx(0.0), t.mouth_w * self.narrow
         curve = t.mouth_curve + n.smile
         points = [(cx + w * s, t.mouth_y - curve * s * s) for s in np.linspace(-1, 1, 7)]
-        self.paint(self.stroke(points, t.mouth_thick), self.lips)
+        lips = self.skin * np.array([0.75, 0.45, 0.45])
+        self.paint(self.stroke(points, t.mouth_thick), lips)
 
     def beard(self):
         t = self.t
@@ -298,7 +302,7 @@ class _FaceDrawer(_Painter):
         t = self.t
         if t.glasses <= 0:
             return
-        frame = tuple(np.asarray(self.n.hair) * 0.5)
+        frame = np.asarray(self.n.hair) * 0.5
         radius = t.eye_rx * 1.35
         for side in (-1, 1):
             cx = self.fx(side * t.eye_dx)
@@ -310,7 +314,7 @@ class _FaceDrawer(_Painter):
     def moles(self):
         for mx, my, r in self.t.moles:
             mole = np.maximum(self.ellipse(self.fx(mx), my, r, r), self.head_sd)
-            self.paint(mole, tuple(self.skin * 0.35))
+            self.paint(mole, self.skin * 0.35)
 
 
 def render_face(
