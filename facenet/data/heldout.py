@@ -75,7 +75,7 @@ def choose_held_out(
         )
     names = sorted(random.Random(settings.seed).sample(sorted(listing), count))
     cut = len(names) // len(splits)
-    chosen = {split: names[i * cut : (i + 1) * cut or None] for i, split in enumerate(splits)}
+    chosen = {split: names[i * cut : (i + 1) * cut] for i, split in enumerate(splits)}
     chosen[splits[-1]] = names[(len(splits) - 1) * cut :]
     return chosen, json.dumps(chosen, indent=1)
 

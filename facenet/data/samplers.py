@@ -86,7 +86,6 @@ class PKSampler(Sampler[list[int]]):
                 f"P = {self.p} identities per batch, but only {len(identities)} identities "
                 f"{rule} can be drawn"
             )
-        self.identities = identities  # (C,) the label of each identity
         self.num_identities = len(identities)
         self._inverse = inverse  # (M,) identity number of each drawable image
         self._drawable = drawable  # (M,) dataset indices
