@@ -263,9 +263,7 @@ class IdentityFolder(Dataset):
 
     def _apply_corrupt_policy(self, corrupt, on_corrupt):
         paths = [str(self.root / identity / name) for identity, name, _ in corrupt]
-        if not paths:
-            return []
-        if on_corrupt == "error":
+        if paths and on_corrupt == "error":
             more = f" ({len(paths) - 1} more corrupt files)" if len(paths) > 1 else ""
             raise CorruptImageError(paths[0], corrupt[0][2] + more)
         _warn(self.root, (f"skipped {len(paths)} corrupt or unreadable image(s)", paths))
@@ -273,9 +271,8 @@ class IdentityFolder(Dataset):
 
     def _usable_identities(self, identities):
         empty = [identity for identity, names in identities.items() if not names]
-        if empty:
-            folders = _count(len(empty), "identity folder", "identity folders")
-            _warn(self.root, (f"ignored {folders} without usable images", empty))
+        folders = _count(len(empty), "identity folder", "identity folders")
+        _warn(self.root, (f"ignored {folders} without usable images", empty))
         usable = sorted(identity for identity, names in identities.items() if names)
         if len(usable) < 2:
             raise DataError(
@@ -287,12 +284,9 @@ class IdentityFolder(Dataset):
     def _triplet_labels(self):
         labels = np.asarray(self.targets, dtype=np.int64)  # (N,)
         too_few = np.bincount(labels, minlength=len(self.classes)) < self.min_images  # (C,)
-        if too_few.any():
-            names = [self.classes[c] for c in np.flatnonzero(too_few)]
-            many = f"{_count(len(names), 'identity', 'identities')} with fewer than"
-            _warn(
-                self.root, (f"{many} {self.min_images} images left out of triplet sampling", names)
-            )
+        names = [self.classes[c] for c in np.flatnonzero(too_few)]
+        many = f"{_count(len(names), 'identity', 'identities')} with fewer than"
+        _warn(self.root, (f"{many} {self.min_images} images left out of triplet sampling", names))
         return np.where(too_few[labels], -1, labels)
 
     def __len__(self):
