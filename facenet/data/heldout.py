@@ -116,4 +116,3 @@ def hold_out(
         + ", ".join(f"{len(n)} for {s} ({pairs[s]})" for s, n in chosen.items())
     )
     return HeldOut(identities, pairs, pending, note)
-
