@@ -132,7 +132,7 @@ class PKSampler(Sampler[list[int]]):
         """K dataset indices per identity of each group, identity-major."""
         # A fresh random order of each identity's images: sort by (identity, random key).
         shuffled = np.lexsort((rng.random(len(self._inverse)), self._inverse))  # (M,)
-        starts = np.concatenate([[0], np.cumsum(self._counts)[:-1]])  # (C,)
+        starts = np.cumsum(self._counts) - self._counts  # (C,) where each identity begins
         batches = []
         for group in groups:
             # An identity gives its first K shuffled images; with fewer than K, it cycles.
