@@ -243,12 +243,12 @@ class IdentityFolder(Dataset):
         # A hash of the listing and the limits its files were checked against.
         signature = json.dumps([INDEX_VERSION, self.limits, listing]).encode()
         signature = hashlib.sha256(signature).hexdigest()
-        self.index_path = self.root / INDEX_FILE_NAME
+        index_path = self.root / INDEX_FILE_NAME
         if cache_dir is not None:
             key = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:16]
-            self.index_path = Path(cache_dir) / f"facenet_index_{key}.json"
+            index_path = Path(cache_dir) / f"facenet_index_{key}.json"
         try:
-            index = read_json(self.index_path)
+            index = read_json(index_path)
         except DataError:
             index = None
         self.index_reused = (
@@ -258,7 +258,7 @@ class IdentityFolder(Dataset):
         )
         if not self.index_reused:
             index = _build_index(self.root, listing, signature, self.limits)
-            _save_index(self.index_path, index)
+            _save_index(index_path, index)
         return index
 
     def _apply_corrupt_policy(self, corrupt, on_corrupt):
