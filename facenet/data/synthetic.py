@@ -162,6 +162,12 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
     )
 
 
+def _rotated(dx: np.ndarray, dy: np.ndarray, angle: float) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets ``dx``, ``dy`` in a frame turned by ``angle`` radians."""
+    c, s = math.cos(angle), math.sin(angle)
+    return dx * c + dy * s, -dx * s + dy * c
+
+
 class _Painter:
     """Paints shapes given by signed distances (< 0 inside) onto ``canvas`` (S, S, 3), whose
     pixels lie at ``x``, ``y`` (S, S); ``pixel`` is a pixel's side in those units."""
@@ -177,9 +183,7 @@ class _Painter:
 
     def ellipse(self, cx, cy, rx, ry, angle=0.0, power=2.0) -> np.ndarray:
         """Approximate signed distance to a (super)ellipse."""
-        c, s = math.cos(angle), math.sin(angle)
-        qx = (self.x - cx) * c + (self.y - cy) * s
-        qy = -(self.x - cx) * s + (self.y - cy) * c
+        qx, qy = _rotated(self.x - cx, self.y - cy, angle)
         k = (np.abs(qx / rx) ** power + np.abs(qy / ry) ** power) ** (1.0 / power)
         return (k - 1.0) * min(rx, ry)
 
@@ -333,11 +337,8 @@ def render_face(
     for cx, cy, rx, ry, *colour in n.clutter:
         background.paint(background.ellipse(cx, cy, rx, ry), colour)
     # Image -> canonical face coordinates: undo the shift, rotation and scale.
-    c, s = math.cos(n.rotation), math.sin(n.rotation)
-    dx, dy = x - n.shift[0], y - n.shift[1]
-    fx = (dx * c + dy * s) / n.scale
-    fy = (-dx * s + dy * c) / n.scale
-    _FaceDrawer(canvas, fx, fy, pixel / n.scale, template, n).draw()
+    fx, fy = _rotated(x - n.shift[0], y - n.shift[1], n.rotation)
+    _FaceDrawer(canvas, fx / n.scale, fy / n.scale, pixel / n.scale, template, n).draw()
     canvas *= (1.0 + n.light[0] * x + n.light[1] * y)[..., None]  # lighting gradient
     if n.occluder is not None:
         x0, y0, x1, y1, *colour = n.occluder
@@ -404,8 +405,7 @@ class SyntheticIdentities(Dataset):
         return self.num_identities * self.images_per_identity
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for {len(self)} images")
+        # An index out of range gives a label out of range: _rng raises the IndexError.
         label, image_index = divmod(index, self.images_per_identity)
         return self.image(label, image_index), label
 
