@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 from dataclasses import make_dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -190,7 +191,7 @@ class _Painter:
     def stroke(self, points: list, radius: float) -> np.ndarray:
         """Signed distance to a polyline of round-capped segments of half-width ``radius``."""
         x, y, best = self.x, self.y, np.full_like(self.x, np.inf)
-        for (x0, y0), (x1, y1) in zip(points[:-1], points[1:]):
+        for (x0, y0), (x1, y1) in pairwise(points):
             dx, dy = x1 - x0, y1 - y0
             t = np.clip(((x - x0) * dx + (y - y0) * dy) / max(dx * dx + dy * dy, 1e-12), 0, 1)
             best = np.minimum(best, np.hypot(x - x0 - t * dx, y - y0 - t * dy))
@@ -603,13 +604,13 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         return written_paths
     parts = {
         part: SyntheticIdentities(
-            spec["identities"],
-            spec["images_per_identity"],
+            wanted[part]["identities"],
+            wanted[part]["images_per_identity"],
             wanted["image_size"],
             wanted["seed"],
-            spec["identity_offset"],
+            wanted[part]["identity_offset"],
         )
-        for part, spec in ((part, wanted[part]) for part in ("train", "heldout"))
+        for part in ("train", "heldout")
     }
     # Every check that can refuse the call comes before anything is removed.
     texts = _heldout_pairs(parts["heldout"].file_names(), cfg)
