@@ -243,12 +243,12 @@ class IdentityFolder(Dataset):
         # A hash of the listing and the limits its files were checked against.
         signature = json.dumps([INDEX_VERSION, self.limits, listing]).encode()
         signature = hashlib.sha256(signature).hexdigest()
-        self.index_path = self.root / INDEX_FILE_NAME
+        index_path = self.root / INDEX_FILE_NAME
         if cache_dir is not None:
             key = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:16]
-            self.index_path = Path(cache_dir) / f"facenet_index_{key}.json"
+            index_path = Path(cache_dir) / f"facenet_index_{key}.json"
         try:
-            index = read_json(self.index_path)
+            index = read_json(index_path)
         except DataError:
             index = None
         self.index_reused = (
@@ -258,14 +258,12 @@ class IdentityFolder(Dataset):
         )
         if not self.index_reused:
             index = _build_index(self.root, listing, signature, self.limits)
-            _save_index(self.index_path, index)
+            _save_index(index_path, index)
         return index
 
     def _apply_corrupt_policy(self, corrupt, on_corrupt):
         paths = [str(self.root / identity / name) for identity, name, _ in corrupt]
-        if not paths:
-            return []
-        if on_corrupt == "error":
+        if paths and on_corrupt == "error":
             more = f" ({len(paths) - 1} more corrupt files)" if len(paths) > 1 else ""
             raise CorruptImageError(paths[0], corrupt[0][2] + more)
         _warn(self.root, (f"skipped {len(paths)} corrupt or unreadable image(s)", paths))
@@ -273,9 +271,8 @@ class IdentityFolder(Dataset):
 
     def _usable_identities(self, identities):
         empty = [identity for identity, names in identities.items() if not names]
-        if empty:
-            folders = _count(len(empty), "identity folder", "identity folders")
-            _warn(self.root, (f"ignored {folders} without usable images", empty))
+        folders = _count(len(empty), "identity folder", "identity folders")
+        _warn(self.root, (f"ignored {folders} without usable images", empty))
         usable = sorted(identity for identity, names in identities.items() if names)
         if len(usable) < 2:
             raise DataError(
@@ -287,12 +284,9 @@ class IdentityFolder(Dataset):
     def _triplet_labels(self):
         labels = np.asarray(self.targets, dtype=np.int64)  # (N,)
         too_few = np.bincount(labels, minlength=len(self.classes)) < self.min_images  # (C,)
-        if too_few.any():
-            names = [self.classes[c] for c in np.flatnonzero(too_few)]
-            many = f"{_count(len(names), 'identity', 'identities')} with fewer than"
-            _warn(
-                self.root, (f"{many} {self.min_images} images left out of triplet sampling", names)
-            )
+        names = [self.classes[c] for c in np.flatnonzero(too_few)]
+        many = f"{_count(len(names), 'identity', 'identities')} with fewer than"
+        _warn(self.root, (f"{many} {self.min_images} images left out of triplet sampling", names))
         return np.where(too_few[labels], -1, labels)
 
     def __len__(self):

@@ -75,7 +75,7 @@ def choose_held_out(
         )
     names = sorted(random.Random(settings.seed).sample(sorted(listing), count))
     cut = len(names) // len(splits)
-    chosen = {split: names[i * cut : (i + 1) * cut or None] for i, split in enumerate(splits)}
+    chosen = {split: names[i * cut : (i + 1) * cut] for i, split in enumerate(splits)}
     chosen[splits[-1]] = names[(len(splits) - 1) * cut :]
     return chosen, json.dumps(chosen, indent=1)
 
@@ -98,7 +98,16 @@ def hold_out(
                 n: [f for f in listing[n] if inspect_image(root / n / f, *limits) is None]
                 for n in names
             }
-            pending.append((path, pairs_text(_folds(images, settings, split))))
+            try:  # identity-disjoint folds when there are enough identities
+                folds = draw_folds(images, settings.n_folds, settings.pairs_per_fold, settings.seed)
+            except DataError as problem:
+                raise ConfigError(
+                    f"eval.heldout_identities: {settings.count}, eval.heldout_pairs_per_fold: "
+                    f"{settings.pairs_per_fold}, eval.n_folds: {settings.n_folds}: too few "
+                    f"{split} images for the pairs ({problem}); hold out more identities or ask "
+                    "for fewer pairs"
+                ) from None
+            pending.append((path, pairs_text(folds)))
         pairs[split] = str(path)
     identities = tuple(n for names in chosen.values() for n in names)
     note = (
@@ -107,15 +116,3 @@ def hold_out(
         + ", ".join(f"{len(n)} for {s} ({pairs[s]})" for s, n in chosen.items())
     )
     return HeldOut(identities, pairs, pending, note)
-
-
-def _folds(images: dict, settings: HeldOutSettings, split: str):
-    """Folds for held-out identities: identity-disjoint when there are enough."""
-    try:
-        return draw_folds(images, settings.n_folds, settings.pairs_per_fold, settings.seed)
-    except DataError as problem:
-        raise ConfigError(
-            f"eval.heldout_identities: {settings.count}, eval.heldout_pairs_per_fold: "
-            f"{settings.pairs_per_fold}, eval.n_folds: {settings.n_folds}: too few {split} "
-            f"images for the pairs ({problem}); hold out more identities or ask for fewer pairs"
-        ) from None

@@ -128,7 +128,6 @@ def decode_image_bytes(
     ``max_pixels`` bounds the declared width x height, ``max_aspect_ratio`` its long side /
     short side.
     """
-    source = str(source)
     if not raw:
         raise CorruptImageError(source, "empty file")
     if len(raw) > _max_bytes(max_pixels):

@@ -298,10 +298,8 @@ def read_pairs(
 
 def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
     """``{identity: [image file name, ...]}`` of every ``root/<identity>/``, both sorted, as
-    :func:`facenet.data.folder.list_identities` lists them (hidden entries left out)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"image root {root} is not a folder")
+    :func:`facenet.data.folder.list_identities` lists them (hidden entries left out);
+    FileNotFoundError when ``root`` is not a folder."""
     return list_identities(root)
 
 

@@ -86,7 +86,6 @@ class PKSampler(Sampler[list[int]]):
                 f"P = {self.p} identities per batch, but only {len(identities)} identities "
                 f"{rule} can be drawn"
             )
-        self.identities = identities  # (C,) the label of each identity
         self.num_identities = len(identities)
         self._inverse = inverse  # (M,) identity number of each drawable image
         self._drawable = drawable  # (M,) dataset indices
@@ -133,7 +132,7 @@ class PKSampler(Sampler[list[int]]):
         """K dataset indices per identity of each group, identity-major."""
         # A fresh random order of each identity's images: sort by (identity, random key).
         shuffled = np.lexsort((rng.random(len(self._inverse)), self._inverse))  # (M,)
-        starts = np.concatenate([[0], np.cumsum(self._counts)[:-1]])  # (C,)
+        starts = np.cumsum(self._counts) - self._counts  # (C,) where each identity begins
         batches = []
         for group in groups:
             # An identity gives its first K shuffled images; with fewer than K, it cycles.

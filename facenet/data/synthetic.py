@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 from dataclasses import make_dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -103,12 +104,6 @@ def _uniforms(rng: np.random.Generator, low: float, high: float, n: int = 3) -> 
     return tuple(rng.uniform(low, high, n).tolist())
 
 
-def _skin_tone(rng: np.random.Generator) -> tuple[float, float, float]:
-    """A skin-like colour, light to dark, with a random cast."""
-    tone = rng.uniform(0.3, 0.95) * np.array([1.0, 0.78, 0.62]) + rng.uniform(-0.08, 0.08, 3)
-    return tuple(np.clip(tone, 0, 1).tolist())
-
-
 def _sample_template(rng: np.random.Generator) -> FaceTemplate:
     bald = rng.random() < 0.12
     n_moles = int(rng.integers(0, 4))
@@ -146,7 +141,14 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
         gaze=(_u(rng, -0.35, 0.35), _u(rng, -0.2, 0.2)),
         smile=float(rng.normal(0, 0.02)),
         brow_raise=float(rng.normal(0, 0.012)),
-        skin=_skin_tone(rng),
+        # Light to dark, with a random cast.
+        skin=tuple(
+            np.clip(
+                rng.uniform(0.3, 0.95) * np.array([1.0, 0.78, 0.62]) + rng.uniform(-0.08, 0.08, 3),
+                0,
+                1,
+            ).tolist()
+        ),
         hair=_uniforms(rng, 0.02, 0.55),
         iris=_uniforms(rng, 0.0, 0.5),
         background=_uniforms(rng, 0, 1),
@@ -159,6 +161,12 @@ def sample_nuisance(rng: np.random.Generator) -> Nuisance:
         occluder=occluder,
         noise_std=_u(rng, 0.01, 0.06),
     )
+
+
+def _rotated(dx: np.ndarray, dy: np.ndarray, angle: float) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets ``dx``, ``dy`` in a frame turned by ``angle`` radians."""
+    c, s = math.cos(angle), math.sin(angle)
+    return dx * c + dy * s, -dx * s + dy * c
 
 
 class _Painter:
@@ -176,16 +184,14 @@ class _Painter:
 
     def ellipse(self, cx, cy, rx, ry, angle=0.0, power=2.0) -> np.ndarray:
         """Approximate signed distance to a (super)ellipse."""
-        c, s = math.cos(angle), math.sin(angle)
-        qx = (self.x - cx) * c + (self.y - cy) * s
-        qy = -(self.x - cx) * s + (self.y - cy) * c
+        qx, qy = _rotated(self.x - cx, self.y - cy, angle)
         k = (np.abs(qx / rx) ** power + np.abs(qy / ry) ** power) ** (1.0 / power)
         return (k - 1.0) * min(rx, ry)
 
     def stroke(self, points: list, radius: float) -> np.ndarray:
         """Signed distance to a polyline of round-capped segments of half-width ``radius``."""
         x, y, best = self.x, self.y, np.full_like(self.x, np.inf)
-        for (x0, y0), (x1, y1) in zip(points[:-1], points[1:]):
+        for (x0, y0), (x1, y1) in pairwise(points):
             dx, dy = x1 - x0, y1 - y0
             t = np.clip(((x - x0) * dx + (y - y0) * dy) / max(dx * dx + dy * dy, 1e-12), 0, 1)
             best = np.minimum(best, np.hypot(x - x0 - t * dx, y - y0 - t * dy))
@@ -201,25 +207,27 @@ class _FaceDrawer(_Painter):
         self.feature_dx = 0.18 * n.yaw
         self.narrow = 1.0 - 0.25 * abs(n.yaw)
         self.skin = np.asarray(n.skin)
-        self.shadow = tuple(self.skin * 0.72)
-        self.lips = tuple(self.skin * np.array([0.75, 0.45, 0.45]))
+        self.shadow = self.skin * 0.72
 
     def fx(self, value: float) -> float:
         """The x of a face feature after the head's turn."""
         return value * self.narrow + self.feature_dx
 
     def draw(self) -> None:
-        self.hair_back()
-        self.ears()
-        self.head()
-        self.hair_front()
-        self.beard()
-        self.eyes()
-        self.brows()
-        self.nose()
-        self.mouth()
-        self.moles()
-        self.glasses()
+        for part in (
+            self.hair_back,
+            self.ears,
+            self.head,
+            self.hair_front,
+            self.beard,
+            self.eyes,
+            self.brows,
+            self.nose,
+            self.mouth,
+            self.moles,
+            self.glasses,
+        ):
+            part()
 
     def hair_back(self):
         t = self.t
@@ -280,14 +288,15 @@ class _FaceDrawer(_Painter):
         self.paint(self.stroke([(cx, top), (cx + t.nose_w * 0.3, tip)], 0.012), self.shadow, 0.6)
         for side in (-1, 1):
             nostril = self.ellipse(cx + side * t.nose_w, tip, 0.022, 0.014)
-            self.paint(nostril, tuple(self.skin * 0.45))
+            self.paint(nostril, self.skin * 0.45)
 
     def mouth(self):
         t, n = self.t, self.n
         cx, w = self.fx(0.0), t.mouth_w * self.narrow
         curve = t.mouth_curve + n.smile
         points = [(cx + w * s, t.mouth_y - curve * s * s) for s in np.linspace(-1, 1, 7)]
-        self.paint(self.stroke(points, t.mouth_thick), self.lips)
+        lips = self.skin * np.array([0.75, 0.45, 0.45])
+        self.paint(self.stroke(points, t.mouth_thick), lips)
 
     def beard(self):
         t = self.t
@@ -298,7 +307,7 @@ class _FaceDrawer(_Painter):
         t = self.t
         if t.glasses <= 0:
             return
-        frame = tuple(np.asarray(self.n.hair) * 0.5)
+        frame = np.asarray(self.n.hair) * 0.5
         radius = t.eye_rx * 1.35
         for side in (-1, 1):
             cx = self.fx(side * t.eye_dx)
@@ -310,7 +319,7 @@ class _FaceDrawer(_Painter):
     def moles(self):
         for mx, my, r in self.t.moles:
             mole = np.maximum(self.ellipse(self.fx(mx), my, r, r), self.head_sd)
-            self.paint(mole, tuple(self.skin * 0.35))
+            self.paint(mole, self.skin * 0.35)
 
 
 def render_face(
@@ -329,11 +338,8 @@ def render_face(
     for cx, cy, rx, ry, *colour in n.clutter:
         background.paint(background.ellipse(cx, cy, rx, ry), colour)
     # Image -> canonical face coordinates: undo the shift, rotation and scale.
-    c, s = math.cos(n.rotation), math.sin(n.rotation)
-    dx, dy = x - n.shift[0], y - n.shift[1]
-    fx = (dx * c + dy * s) / n.scale
-    fy = (-dx * s + dy * c) / n.scale
-    _FaceDrawer(canvas, fx, fy, pixel / n.scale, template, n).draw()
+    fx, fy = _rotated(x - n.shift[0], y - n.shift[1], n.rotation)
+    _FaceDrawer(canvas, fx / n.scale, fy / n.scale, pixel / n.scale, template, n).draw()
     canvas *= (1.0 + n.light[0] * x + n.light[1] * y)[..., None]  # lighting gradient
     if n.occluder is not None:
         x0, y0, x1, y1, *colour = n.occluder
@@ -400,8 +406,7 @@ class SyntheticIdentities(Dataset):
         return self.num_identities * self.images_per_identity
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for {len(self)} images")
+        # An index out of range gives a label out of range: _rng raises the IndexError.
         label, image_index = divmod(index, self.images_per_identity)
         return self.image(label, image_index), label
 
@@ -599,13 +604,13 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         return written_paths
     parts = {
         part: SyntheticIdentities(
-            spec["identities"],
-            spec["images_per_identity"],
+            wanted[part]["identities"],
+            wanted[part]["images_per_identity"],
             wanted["image_size"],
             wanted["seed"],
-            spec["identity_offset"],
+            wanted[part]["identity_offset"],
         )
-        for part, spec in ((part, wanted[part]) for part in ("train", "heldout"))
+        for part in ("train", "heldout")
     }
     # Every check that can refuse the call comes before anything is removed.
     texts = _heldout_pairs(parts["heldout"].file_names(), cfg)

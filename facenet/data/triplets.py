@@ -28,7 +28,7 @@ def generate_triplets(
     drawable = np.flatnonzero(labels >= 0)  # (M,)
     order = drawable[np.argsort(labels[drawable], kind="stable")]  # (M,) grouped by identity
     _, counts = np.unique(labels[order], return_counts=True)  # (C,)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # (C,)
+    starts = np.cumsum(counts) - counts  # (C,) where each identity begins in order
     n_ids = len(counts)
     anchor_ids = np.flatnonzero(counts >= 2)
     if len(anchor_ids) == 0 or n_ids < 2:
