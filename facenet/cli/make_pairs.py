@@ -2,12 +2,13 @@
 
 Folds of same and different pairs are drawn with a seed, no identity in two folds (as in LFW),
 so any held-out set can be evaluated like LFW with ``facenet-evaluate`` or ``eval.pairs``.
-Only the output file is written; the image folders are never touched.
+Only the output file is written, never over an existing one; the image folders are never touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def _make_pairs(args: argparse.Namespace) -> int:
     """Draw the folds, write the file and say what it holds; returns the exit code."""
     root = Path(args.root)
     out = Path(args.out) if args.out else root / "pairs.txt"
+    if os.path.lexists(out):  # LFW's own pairs.txt, or a user's file: never replaced
+        raise DataError(f"{out} exists: remove it or give another --out")
     images = scan_identities(root)
     try:
         folds = generate_pairs(

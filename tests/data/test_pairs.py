@@ -305,6 +305,17 @@ def test_make_pairs_script_takes_any_names_and_writes_only_its_output(tmp_path, 
     assert all((tmp_path / "raw") in Path(p).parents for p in pairs.paths1 + pairs.paths2)
 
 
+def test_make_pairs_script_never_replaces_an_existing_file(tmp_path, capsys):
+    make_lfw_folder(tmp_path / "lfw", {f"Id{i}": 3 for i in range(8)})
+    official = tmp_path / "lfw" / "pairs.txt"
+    official.write_text("10\t300\n")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "nowhere")
+    for argv in ([], ["--out", str(tmp_path / "link.txt")]):
+        assert make_pairs_script.main([str(tmp_path / "lfw"), *argv]) == 2
+        assert "exists" in capsys.readouterr().err
+    assert official.read_text() == "10\t300\n" and not (tmp_path / "nowhere").exists()
+
+
 def test_make_pairs_script_messages_name_its_flags(tmp_path, capsys):
     make_lfw_folder(tmp_path / "lfw", {f"Id{i}": 3 for i in range(4)})
     argv = [str(tmp_path / "lfw"), "--folds", "4", "--pairs-per-fold", "3"]
