@@ -66,33 +66,26 @@ def check_count(value: int, minimum: int, who: str, name: str, note: str = "") -
     return value
 
 
-def finite_flag(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool tensor on the device (no host read): every value of the (B, D)
-    ``embeddings`` (and ``ref_embeddings``) is finite; under "raise", a non-finite row raises."""
-    if on_nonfinite == "raise":
-        for name, t in zip(("embeddings", "ref_embeddings"), tensors):
-            check_finite(t, who, name)
-    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
-
-
-def _quote(values: list, total: int) -> str:
+def _quote(values: list) -> str:
     """The first few values, as "1, 2, 3 (and 7 more)"."""
     shown = ", ".join(str(v) for v in values[:_SHOWN])
-    return shown + (f" (and {total - _SHOWN} more)" if total > _SHOWN else "")
+    return shown + (f" (and {len(values) - _SHOWN} more)" if len(values) > _SHOWN else "")
 
 
-def check_finite(embeddings: torch.Tensor, who: str, name: str = "embeddings") -> None:
-    """Raise a ``ValueError`` naming the rows of (B, D) ``embeddings`` holding NaN or inf
-    (one host read)."""
-    bad = ~torch.isfinite(embeddings).all(dim=1)  # (B,)
-    if not bool(bad.any()):
-        return
-    rows = bad.nonzero().flatten().tolist()
-    raise ValueError(
-        f"{who}: {len(rows)} of {embeddings.shape[0]} {name} rows hold NaN or infinite "
-        f"values (rows {_quote(rows, len(rows))}); no triplet can be mined from them or "
-        "trained on"
-    )
+def finite_flag(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor on the device (no host read): every value of the (B, D)
+    ``embeddings`` (and ``ref_embeddings``) is finite. Under "raise", a ``ValueError`` names
+    the rows holding NaN or inf (one host read)."""
+    checked = ("embeddings", "ref_embeddings") if on_nonfinite == "raise" else ()
+    for name, t in zip(checked, tensors):
+        rows = (~torch.isfinite(t).all(dim=1)).nonzero().flatten().tolist()  # (bad rows,)
+        if rows:
+            raise ValueError(
+                f"{who}: {len(rows)} of {t.shape[0]} {name} rows hold NaN or infinite values "
+                f"(rows {_quote(rows)}); no triplet can be mined from them or "
+                "trained on"
+            )
+    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
 
 
 def check_index_range(index: torch.Tensor, rows: int, who: str, name: str, of: str) -> None:
@@ -111,7 +104,7 @@ def check_index_range(index: torch.Tensor, rows: int, who: str, name: str, of: s
             raise RuntimeError(message)
     except RuntimeError:
         bad = index[(index < 0) | (index >= rows)].tolist()  # only once refused: the details
-        raise IndexError(f"{message}; got {_quote(bad, len(bad))}") from None
+        raise IndexError(f"{message}; got {_quote(bad)}") from None
 
 
 def check_index_triplets(
