@@ -32,11 +32,6 @@ if TYPE_CHECKING:
 REDUCTIONS = ("mean_active", "mean", "sum")
 
 
-def _nan_unless(finite: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-    """``loss`` where ``finite``, else NaN: the deferred refusal, read by the caller's check."""
-    return torch.where(finite, loss, torch.full_like(loss, float("nan")))
-
-
 def _reduce(losses: torch.Tensor, reduction: str) -> torch.Tensor:
     """(T,) losses reduced on the device; mean_active: over the non-zero ones
     (pytorch-metric-learning's AvgNonZeroReducer)."""
@@ -111,7 +106,8 @@ class TripletMarginLoss(nn.Module):
             d_neg = torch.minimum(d_an, ref_dist[p, n])
         violation = d_ap - d_neg + self.margin  # (T,)
         losses = F.softplus(violation) if self.soft_margin else F.relu(violation)
-        loss = _nan_unless(finite, _reduce(losses, self.reduction))
+        # NaN for a non-finite batch: the deferred refusal, read by the caller's check
+        loss = torch.where(finite, _reduce(losses, self.reduction), float("nan"))
         self._record(loss, losses, d_ap, d_an)
         return loss
 
