@@ -28,11 +28,8 @@ def check_embeddings(embeddings: torch.Tensor, who: str, name: str = "embeddings
 
 
 def check_embedding_pair(x: torch.Tensor, y: torch.Tensor, who: str) -> None:
-    if x.dim() != 2 or y.dim() != 2:
-        raise ValueError(
-            f"{who}: embeddings must be 2-D (N, D); got shapes {tuple(x.shape)} and "
-            f"{tuple(y.shape)}"
-        )
+    check_embeddings(x, who, "x")
+    check_embeddings(y, who, "y")
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"{who}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}")
 
