@@ -105,23 +105,18 @@ def check_index_range(index: torch.Tensor, rows: int, who: str, name: str, of: s
 
 
 def check_index_triplets(
-    triplets,
-    device: torch.device,
-    who: str,
-    what: str = "triplet",
-    rows: tuple[int, int] | None = None,
-    of: tuple[str, str] = ("embeddings", "embeddings"),
+    triplets, who: str, *inputs: torch.Tensor, what: str = "triplet"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(anchor, positive, negative) as int64 (T,) tensors on ``device``. ``rows``: how many
-    rows the anchors, and the positives and negatives, index (None: not checked); ``of``:
-    those tensors' names; ``what``: "triplet" (a loss) or "candidate" (a miner)."""
+    """(anchor, positive, negative) as int64 (T,) tensors on the inputs' device. ``inputs``:
+    the embeddings the anchors index and, when given, the ref_embeddings the positives and
+    negatives index; ``what``: "triplet" (a loss) or "candidate" (a miner)."""
     if not isinstance(triplets, Sequence) or len(triplets) != 3:
         count = len(triplets) if isinstance(triplets, Sequence) else type(triplets).__name__
         raise ValueError(
             f"{who}: {what}s must be a 3-tuple of index tensors (anchor, positive, negative), "
             f"got {count} (a 4-tuple of pairs (a1, p, a2, n) is not a triplet list)"
         )
-    tensors = [torch.as_tensor(t, device=device) for t in triplets]  # (T,) each
+    tensors = [torch.as_tensor(t, device=inputs[0].device) for t in triplets]  # (T,) each
     names = ("anchor", "positive", "negative")
     prefix = "" if what == "triplet" else f"{what} "
     for name, t in zip(names, tensors):
@@ -133,7 +128,7 @@ def check_index_triplets(
             f"{who}: {what} index tensors must be 1-D and equally long, got shapes "
             f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
         )
-    if rows is not None:  # the positives and negatives index the second tensor
-        for name, t, i in zip(names, tensors, (0, 1, 1)):
-            check_index_range(t, rows[i], who, prefix + name, of[i])
+    of = ("embeddings", ("embeddings", "ref_embeddings")[len(inputs) - 1])
+    for name, t, i in zip(names, tensors, (0, 1, 1)):
+        check_index_range(t, inputs[-i].shape[0], who, prefix + name, of[i])
     return a.long(), p.long(), n.long()

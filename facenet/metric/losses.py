@@ -90,12 +90,9 @@ class TripletMarginLoss(nn.Module):
         ``ref_embeddings`` (M, D) when given; an index outside its rows is refused."""
         who = type(self).__name__
         inputs = (embeddings,) if ref_embeddings is None else (embeddings, ref_embeddings)
-        names = ("embeddings", "ref_embeddings")[: len(inputs)]
-        for name, t in zip(names, inputs):
+        for name, t in zip(("embeddings", "ref_embeddings"), inputs):
             check_embeddings(t, who, name)
-        rows = (embeddings.shape[0], inputs[-1].shape[0])
-        of = ("embeddings", names[-1])
-        a, p, n = check_index_triplets(triplets, embeddings.device, who, rows=rows, of=of)
+        a, p, n = check_index_triplets(triplets, who, *inputs)
         finite = finite_flag(self.on_nonfinite, who, *inputs)  # 0-dim bool
         # With no triplets the sums below are zeros still connected to the graph.
         dist = self.distance(embeddings, ref_embeddings)  # (B, M)

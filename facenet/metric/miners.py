@@ -208,10 +208,7 @@ class _Miner:
         check_embeddings(embeddings, who)
         with torch.no_grad():
             if candidates is not None:
-                rows = (embeddings.shape[0],) * 2
-                checked = check_index_triplets(
-                    candidates, embeddings.device, who, "candidate", rows=rows
-                )
+                checked = check_index_triplets(candidates, who, embeddings, what="candidate")
                 finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._filter_candidates(embeddings, Triplets(*checked), finite)
             else:
