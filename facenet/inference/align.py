@@ -396,7 +396,7 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], lis
     if not src.is_dir():
         raise DataError(f"source folder not found: {src}")
     dst_real = dst.resolve()
-    if dst_real == src.resolve() or src.resolve() in dst_real.parents:
+    if src.resolve() in (dst_real, *dst_real.parents):
         raise DataError(f"{dst} lies inside {src}: the crops would be aligned again")
     paths, _ = list_images(src)
     paths = [p for p in paths if dst_real not in Path(os.path.realpath(p)).parents]
@@ -425,11 +425,12 @@ def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
     old = read_json(path) if recorded else {**wanted, **_RECORD_DEFAULTS} if done else wanted
     if not isinstance(old, dict):
         raise DataError(f"{path}: expected the alignment settings as a JSON object")
+    old = {**_RECORD_DEFAULTS, **old}
     for name, want in wanted.items():
-        if old.get(name, _RECORD_DEFAULTS.get(name)) != want:
+        if old.get(name) != want:
             hint = " (--detect-size; 0 searches the full image)" * (name == "detect_size")
             raise DataError(
-                f"{dst} was aligned with {name} = {old.get(name, _RECORD_DEFAULTS.get(name))!r}; "
+                f"{dst} was aligned with {name} = {old.get(name)!r}; "
                 f"this run asks for {want!r}{hint} ({path}): align into another folder, or give "
                 "the same settings"
             )
