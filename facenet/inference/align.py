@@ -96,14 +96,11 @@ class Face:
 @dataclass
 class AlignOutcome:
     """What happened to one image: ``status`` is "aligned", "centre_crop", "no_face" or
-    "unreadable"; ``box`` is the face box (or a centre crop's box); ``reason`` says why an image
-    was unreadable or not searched."""
+    "unreadable"; ``reason`` says why an image was unreadable or not searched."""
 
     source: str
     target: str
     status: str
-    box: tuple | None = None
-    probability: float | None = None
     reason: str = ""
 
 
@@ -334,7 +331,7 @@ class Aligner:
             try:
                 image = Image.fromarray(read_image(source).permute(1, 2, 0).numpy())
             except CorruptImageError as err:
-                outcomes.append(AlignOutcome(source, target, "unreadable", reason=err.reason))
+                outcomes.append(AlignOutcome(source, target, "unreadable", err.reason))
                 continue
             held.append((image, source, target))
             pixels += image.width * image.height
@@ -356,21 +353,19 @@ class Aligner:
 
     def _write(self, image: Image.Image, source: str, target: str, face, reason: str):
         if face is None and not self.settings.fallback:
-            return AlignOutcome(source, target, "no_face", reason=reason)
+            return AlignOutcome(source, target, "no_face", reason)
+        status = "centre_crop" if face is None else "aligned"
         if face is None:
             height, width = self.settings.crop_size  # the box has the crop's aspect
             half = min(image.size) * _FALLBACK_FRACTION / 2 * np.array([width / height, 1])
             centre = np.array(image.size) / 2  # (x, y)
-            box = (*(centre - half), *(centre + half))
-            status, prob, crop = "centre_crop", None, self.crop(image, box)
-        else:
-            status, box, prob = "aligned", face.box, face.probability
-            crop = self.crop(image, face)
+            face = (*(centre - half), *(centre + half))
+        crop = self.crop(image, face)
         # PIL's defaults: JPEG quality 75, as facenet-pytorch's save_img
         form = Image.registered_extensions()[Path(target).suffix.lower()]
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(target, lambda fh: crop.save(fh, format=form))
-        return AlignOutcome(source, target, status, box, prob, reason)
+        return AlignOutcome(source, target, status, reason)
 
 
 # --------------------------------------------------------------------------- folders
