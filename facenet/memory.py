@@ -171,15 +171,10 @@ class GraphMemoryMeter:
 
 def _saved_tensors_of(node: Any) -> list[torch.Tensor]:
     """The tensors a graph node saved for backward; [] once backward freed them."""
-    if hasattr(node, "saved_tensors"):  # a custom autograd.Function
-        try:
-            return list(node.saved_tensors)
-        except RuntimeError:
-            return []
+    custom = hasattr(node, "saved_tensors")  # a custom autograd.Function
+    names = ["saved_tensors"] if custom else [n for n in dir(node) if n.startswith("_saved_")]
     saved = []
-    for name in dir(node):
-        if not name.startswith("_saved_"):
-            continue
+    for name in names:
         try:
             value = getattr(node, name)
         except RuntimeError:  # freed by a backward
@@ -293,10 +288,8 @@ def format_bytes(n: int | float) -> str:
     """``512 B``, ``1.5 KiB``, ``-12.3 MiB`` (powers of 1024)."""
     if isinstance(n, float) and not math.isfinite(n):
         return f"{n} B"
-    sign = "-" if n < 0 else ""
-    size = float(abs(n))
-    unit = 0
-    while size >= 1024 and unit < len(_UNITS) - 1:
+    size, unit = float(n), 0
+    while abs(size) >= 1024 and unit < len(_UNITS) - 1:
         size /= 1024
         unit += 1
-    return f"{sign}{int(size)} B" if unit == 0 else f"{sign}{size:.1f} {_UNITS[unit]}"
+    return f"{int(size)} B" if unit == 0 else f"{size:.1f} {_UNITS[unit]}"
