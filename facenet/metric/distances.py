@@ -137,24 +137,22 @@ class Distance:
             return torch.cat(blocks) if blocks else x.new_zeros(0)
 
 
+def _derived(transform, matrix: MatrixFn, paired: MatrixFn, name: str, zero_diagonal=False):
+    """The :class:`Distance` ``transform(d)`` of a distance d given by its two forms."""
+    return Distance(
+        lambda x, y: transform(matrix(x, y)),
+        lambda x, y: transform(paired(x, y)),
+        name,
+        zero_diagonal,
+    )
+
+
 _NAMED = {
     "squared": Distance(_squared_matrix, _squared_paired, "squared", zero_diagonal=True),
-    "euclidean": Distance(
-        lambda x, y: _safe_sqrt(_squared_matrix(x, y)),
-        lambda x, y: _safe_sqrt(_squared_paired(x, y)),
-        "euclidean",
-        zero_diagonal=True,
-    ),
-    "cosine": Distance(
-        lambda x, y: 1 - _cos_matrix(x, y), lambda x, y: 1 - _cos_paired(x, y), "cosine"
-    ),
+    "euclidean": _derived(_safe_sqrt, _squared_matrix, _squared_paired, "euclidean", True),
+    "cosine": _derived(lambda cos: 1 - cos, _cos_matrix, _cos_paired, "cosine"),
     # arccos magnifies the rounding of cos(x, x) ~ 1 - 1e-16 to 1e-8: the diagonal is set to 0.
-    "angular": Distance(
-        lambda x, y: _safe_arccos(_cos_matrix(x, y)),
-        lambda x, y: _safe_arccos(_cos_paired(x, y)),
-        "angular",
-        zero_diagonal=True,
-    ),
+    "angular": _derived(_safe_arccos, _cos_matrix, _cos_paired, "angular", True),
     "seed_l2": Distance(
         lambda x, y: (_squared_matrix(x, y) + 1e-4 / x.shape[1]).sqrt(), _seed_l2_paired, "seed_l2"
     ),
