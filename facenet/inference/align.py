@@ -346,12 +346,10 @@ class Aligner:
         if not held:
             return []
         faces = self.detect([image for image, _, _ in held])
-        return [
-            self._write(image, source, target, face, self.too_small(image))
-            for (image, source, target), face in zip(held, faces)
-        ]
+        return [self._write(*held_image, face) for held_image, face in zip(held, faces)]
 
-    def _write(self, image: Image.Image, source: str, target: str, face, reason: str):
+    def _write(self, image: Image.Image, source: str, target: str, face) -> AlignOutcome:
+        reason = self.too_small(image)
         if face is None and not self.settings.fallback:
             return AlignOutcome(source, target, "no_face", reason)
         status = "centre_crop" if face is None else "aligned"
@@ -400,13 +398,11 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], lis
     # Crop names compared case-insensitively, as a copy to such a file system would
     first: dict[str, str] = {}
     for source, target in pairs:
-        key = str(target).casefold()
-        if key in first:
+        if (other := first.setdefault(str(target).casefold(), source)) != source:
             raise DataError(
-                f"{first[key]} and {source} would both be written to {target}: rename one of "
+                f"{other} and {source} would both be written to {target}: rename one of "
                 "them (or keep the input's file type: the preset writes one type for all)"
             )
-        first[key] = source
     done = {target for _, target in pairs if target.is_file()}
     return [(path, str(target)) for path, target in pairs if target not in done], sorted(done)
 
