@@ -34,10 +34,10 @@ def check_embedding_pair(x: torch.Tensor, y: torch.Tensor, who: str) -> None:
         raise ValueError(f"{who}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}")
 
 
-def check_labels(labels, embeddings: torch.Tensor, who: str, hint: str = "") -> torch.Tensor:
+def check_labels(labels, embeddings: torch.Tensor, who: str) -> torch.Tensor:
     """Identity labels as a (B,) integer tensor on the embeddings' device."""
     if labels is None:
-        raise ValueError(f"{who}: labels are required{hint}")
+        raise ValueError(f"{who}: labels are required unless candidates are given")
     labels = torch.as_tensor(labels, device=embeddings.device)
     if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
         raise ValueError(
@@ -53,13 +53,6 @@ def check_labels(labels, embeddings: torch.Tensor, who: str, hint: str = "") -> 
 def check_choice(value: str, choices: tuple[str, ...], who: str, name: str) -> str:
     if value not in choices:
         raise ValueError(f"{who}: unknown {name} {value!r}; valid: " + ", ".join(choices))
-    return value
-
-
-def check_count(value: int, minimum: int, who: str, name: str, note: str = "") -> int:
-    """``value`` if it is an int (not a bool) >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{who}: {name} must be an int >= {minimum}{note}, got {value!r}")
     return value
 
 

@@ -23,7 +23,6 @@ import torch
 from facenet.metric.checks import (
     ON_NONFINITE,
     check_choice,
-    check_count,
     check_embeddings,
     check_index_triplets,
     check_labels,
@@ -192,7 +191,11 @@ class _Miner:
     ) -> None:
         who = type(self).__name__
         self.distance = get_distance(distance)
-        self.max_triplets = check_count(max_triplets, 0, who, "max_triplets", " (0: no cap)")
+        if isinstance(max_triplets, bool) or not isinstance(max_triplets, int) or max_triplets < 0:
+            raise ValueError(
+                f"{who}: max_triplets must be an int >= 0 (0: no cap), got {max_triplets!r}"
+            )
+        self.max_triplets = max_triplets
         self.generator = generator
         self.on_nonfinite = check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
 
@@ -212,7 +215,7 @@ class _Miner:
                 finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._filter_candidates(embeddings, Triplets(*checked), finite)
             else:
-                labels = check_labels(labels, embeddings, who, " unless candidates are given")
+                labels = check_labels(labels, embeddings, who)
                 if embeddings.shape[0] == 0:
                     return Triplets(*labels.new_zeros(3, 0, dtype=torch.int64))
                 finite = finite_flag(self.on_nonfinite, who, embeddings)
