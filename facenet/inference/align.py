@@ -31,7 +31,7 @@ from tqdm import tqdm
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, read_image
 from facenet.errors import ConfigError, DataError, FacenetError
-from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset, LandmarkTemplate
+from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset
 from facenet.files import read_json, write_atomic, write_text_atomic
 
 SELECTIONS = ("center_weighted_size", "probability", "largest")
@@ -229,7 +229,7 @@ def _warp_affine(image: Image.Image, matrix: np.ndarray, height: int, width: int
     return np.clip(np.rint(warped), 0, 255).astype(np.uint8)
 
 
-def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -> np.ndarray:
+def align_face(image, landmarks, template: str = "arcface") -> np.ndarray:
     """One face warped onto a five-point template: a least-squares similarity fit, then a
     bilinear warp; returns the (height, width, 3) uint8 crop.
 
@@ -238,13 +238,11 @@ def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -
             region around the face is read).
         landmarks: (5, 2) as ``Face.landmarks``, counted from 0 (insightface's detectors;
             subtract 1 from facenet-pytorch's ``MTCNN.detect``).
-        template: "arcface" (112 x 112), "sphereface" (112 x 96, H x W) or a
-            :class:`~facenet.evaluation.presets.LandmarkTemplate`.
+        template: "arcface" (112 x 112) or "sphereface" (112 x 96, H x W).
     """
-    if isinstance(template, str):
-        if template not in TEMPLATES:
-            raise ValueError(f"template={template!r}: expected one of {tuple(TEMPLATES)}")
-        template = TEMPLATES[template]
+    if template not in TEMPLATES:
+        raise ValueError(f"template={template!r}: expected one of {tuple(TEMPLATES)}")
+    template = TEMPLATES[template]
     matrix = similarity_matrix(landmarks, template.pixel_points())
     image = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
     return _warp_affine(image, matrix, template.height, template.width)
@@ -302,16 +300,14 @@ class Aligner:
                 [copies[i][0] for i in indices], landmarks=True
             )
             for i, b, p, lm in zip(indices, boxes, probs, points):
-                if b is not None:
-                    found[i] = self._choose(images[i], copies[i][1], b, p, lm)
+                if b is None:
+                    continue
+                b = to_full_image(np.reshape(b, (-1, 2, 2)), copies[i][1], _MTCNN_ORIGIN)
+                # landmarks counted from 0 from here on, as align_face and insightface count
+                lm = to_full_image(np.reshape(lm, (-1, 5, 2)), copies[i][1], _MTCNN_ORIGIN) - 1
+                k = select_face(b.reshape(-1, 4), p, *images[i].size, self.settings.select)
+                found[i] = Face(tuple(b[k].ravel().tolist()), float(p[k]), lm[k])
         return found
-
-    def _choose(self, image: Image.Image, factors, boxes, probs, points) -> Face:
-        boxes = to_full_image(np.reshape(boxes, (-1, 2, 2)), factors, _MTCNN_ORIGIN).reshape(-1, 4)
-        # landmarks counted from 0 from here on, as align_face and insightface count
-        points = to_full_image(np.reshape(points, (-1, 5, 2)), factors, _MTCNN_ORIGIN) - 1
-        k = select_face(boxes, probs, image.width, image.height, self.settings.select)
-        return Face(tuple(boxes[k].tolist()), float(probs[k]), points[k])
 
     def crop(self, image: Image.Image, face: Face | tuple) -> Image.Image:
         """The crop of a :class:`Face` (a template warp with a template preset) or of a box
