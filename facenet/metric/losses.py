@@ -105,12 +105,7 @@ class TripletMarginLoss(nn.Module):
         losses = F.softplus(violation) if self.soft_margin else F.relu(violation)
         # NaN for a non-finite batch: the deferred refusal, read by the caller's check
         loss = torch.where(finite, _reduce(losses, self.reduction), float("nan"))
-        self._record(loss, losses, d_ap, d_an)
-        return loss
-
-    def _record(self, loss, losses, d_ap, d_an) -> None:
-        """Detached statistics of this call, left on the device."""
-        count = losses.shape[0]
+        count = losses.shape[0]  # detached statistics of this call, left on the device
         mean = lambda t: t.detach().mean() if count else loss.new_zeros(())  # noqa: E731
         self.last_stats = {
             "num_triplets": torch.full((), count, dtype=torch.int64, device=loss.device),
@@ -118,6 +113,7 @@ class TripletMarginLoss(nn.Module):
             "mean_dap": mean(d_ap),
             "mean_dan": mean(d_an),
         }
+        return loss
 
 
 def build_loss(cfg: LossConfig) -> TripletMarginLoss:
