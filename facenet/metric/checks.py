@@ -27,13 +27,6 @@ def check_embeddings(embeddings: torch.Tensor, who: str, name: str = "embeddings
         raise ValueError(f"{who}: {name} must be a 2-D tensor (B, D), got {shape}")
 
 
-def check_embedding_pair(x: torch.Tensor, y: torch.Tensor, who: str) -> None:
-    check_embeddings(x, who, "x")
-    check_embeddings(y, who, "y")
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"{who}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}")
-
-
 def check_labels(labels, embeddings: torch.Tensor, who: str) -> torch.Tensor:
     """Identity labels as a (B,) integer tensor on the embeddings' device."""
     if labels is None:

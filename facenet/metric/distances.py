@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from facenet.metric.checks import check_embedding_pair
+from facenet.metric.checks import check_embeddings
 
 MatrixFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -97,7 +97,13 @@ class Distance:
         return super().__reduce__()
 
     def _widened(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        check_embedding_pair(x, y, f"distance {self.name!r}")
+        who = f"distance {self.name!r}"
+        check_embeddings(x, who, "x")
+        check_embeddings(y, who, "y")
+        if x.shape[1] != y.shape[1]:
+            raise ValueError(
+                f"{who}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}"
+            )
         dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
         return x.to(dtype), y.to(dtype)
 
