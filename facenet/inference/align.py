@@ -147,14 +147,14 @@ def detection_scale(width: int, height: int, detect_size: int, smallest: int = 2
 
 def _detection_copy(image: Image.Image, detect_size: int, smallest: int):
     """The copy MTCNN searches and the (x, y) factors from its pixels to the image's."""
-    scale = detection_scale(image.width, image.height, detect_size, smallest)
+    scale = detection_scale(*image.size, detect_size, smallest)
     if scale >= 1.0:
         return image, (1.0, 1.0)
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    size = tuple(max(1, round(side * scale)) for side in image.size)  # (width, height)
     # PIL's resize averages the whole footprint (no aliasing); reducing_gap first box-reduces
     # a very large photo by an integer factor, much faster and as smooth.
     copy = image.resize(size, Image.BILINEAR, reducing_gap=3.0)
-    return copy, (image.width / size[0], image.height / size[1])
+    return copy, np.divide(image.size, size)  # (x, y)
 
 
 def to_full_image(points, factors, origin: float = 0.0) -> np.ndarray:
