@@ -123,7 +123,7 @@ def select_face(boxes: np.ndarray, probs: np.ndarray, width: int, height: int, m
 
 def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int, int, int, int]:
     """The integer crop (x0, y0, x1, y1): the float ``box`` plus the margin, clipped."""
-    start, end = np.asarray(box[:2], dtype=np.float64), np.asarray(box[2:], dtype=np.float64)
+    start, end = np.asarray(box, dtype=np.float64).reshape(2, 2)  # (x, y) each
     m = settings.margin
     if settings.margin_in == "output":
         # m pixels of an S-pixel crop: the box spans S - m of them (facenet-pytorch).
@@ -195,7 +195,7 @@ def similarity_matrix(landmarks, points) -> np.ndarray:
     dst = np.asarray(points, dtype=np.float64)
     if src.shape != dst.shape or src.ndim != 2 or src.shape[1] != 2 or len(src) < 2:
         raise ValueError(f"landmarks {src.shape} and points {dst.shape}: expected (N, 2) each")
-    if not (np.isfinite(src).all() and np.isfinite(dst).all()):
+    if not np.isfinite([src, dst]).all():
         raise ValueError("landmarks and points must be finite")
     # a failed fit has no params (scikit-image >= 0.26) or NaN ones (before)
     params = getattr(
