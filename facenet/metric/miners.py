@@ -222,11 +222,9 @@ class _Miner:
                 triplets = self._mine(embeddings, labels, finite)
         return _cap(triplets, self.max_triplets, self.generator)
 
-    @property
-    def selects_every_image(self) -> bool:
-        """Whether every image of a P x K batch (K >= 2) lands in some triplet (then the
-        training step needs no separate mining pass)."""
-        return False
+    # Whether every image of a P x K batch (K >= 2) lands in some triplet (then the training
+    # step needs no separate mining pass).
+    selects_every_image = False
 
     def _filter_candidates(self, embeddings, candidates: Triplets, finite) -> Triplets:
         d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
