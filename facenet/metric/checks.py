@@ -117,4 +117,4 @@ def check_index_triplets(
     of = ("embeddings", ("embeddings", "ref_embeddings")[len(inputs) - 1])
     for name, t, i in zip(names, tensors, (0, 1, 1)):
         check_index_range(t, inputs[-i].shape[0], who, prefix + name, of[i])
-    return a.long(), p.long(), n.long()
+    return tuple(t.long() for t in tensors)

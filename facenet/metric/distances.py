@@ -27,15 +27,15 @@ _PAIRED_BLOCK = 256  # rows per block when a matrix-only distance is evaluated r
 def _safe_sqrt(sq: torch.Tensor) -> torch.Tensor:
     """sqrt with gradient 0 (not inf) where the argument is 0."""
     positive = sq > 0
-    root = torch.where(positive, sq, torch.ones_like(sq)).sqrt()
-    return torch.where(positive, root, torch.zeros_like(sq))
+    root = torch.where(positive, sq, 1.0).sqrt()
+    return torch.where(positive, root, 0.0)
 
 
 def _safe_arccos(cos: torch.Tensor) -> torch.Tensor:
     """arccos(cos) / pi, cos clipped to [-1, 1] (rounding puts cos(x, x) above 1), with a zero
     gradient at the ends, where arccos' derivative is infinite."""
     inside = cos.abs() < 1
-    clipped = torch.where(inside, cos, torch.zeros_like(cos))
+    clipped = torch.where(inside, cos, 0.0)
     angle = torch.where(inside, torch.arccos(clipped), torch.arccos(cos.clamp(-1, 1).detach()))
     return angle / math.pi
 

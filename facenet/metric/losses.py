@@ -39,8 +39,7 @@ def _reduce(losses: torch.Tensor, reduction: str) -> torch.Tensor:
         return losses.sum()
     if reduction == "mean":
         return losses.sum() / max(losses.shape[0], 1)
-    active = (losses > 0).sum()
-    return losses.sum() / active.clamp_min(1)
+    return losses.sum() / (losses > 0).sum().clamp_min(1)
 
 
 class TripletMarginLoss(nn.Module):
