@@ -314,10 +314,9 @@ class Aligner:
         (x0, y0, x1, y1): box plus margin, resized bilinearly as the publishers resize."""
         if isinstance(face, Face) and self.settings.template is not None:
             return Image.fromarray(align_face(image, face.landmarks, self.settings.template))
-        height, width = self.settings.crop_size
         box = face.box if isinstance(face, Face) else face
-        region = crop_box(box, image.width, image.height, self.settings)
-        return image.crop(region).resize((width, height), Image.BILINEAR)
+        region = crop_box(box, *image.size, self.settings)
+        return image.crop(region).resize(self.settings.crop_size[::-1], Image.BILINEAR)
 
     def align(self, jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
         """Align ``(source, target)`` pairs, decoding at most ``_HELD_PIXELS`` at a time; each

@@ -87,9 +87,7 @@ class _SortedNegatives(NamedTuple):
 def identity_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, B) masks: same identity, and same identity off the diagonal."""
     same = labels[:, None] == labels[None, :]
-    positive = same.clone()
-    positive.fill_diagonal_(False)
-    return same, positive
+    return same, same.clone().fill_diagonal_(False)
 
 
 def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: torch.Tensor):
