@@ -99,7 +99,6 @@ class GraphMemoryMeter:
             kind = type(exclude).__name__
             raise TypeError(f"GraphMemoryMeter(exclude=...): expected an nn.Module, got a {kind}")
         self._exclude = nn.Module() if exclude is None else exclude
-        self._excluded: set[int] = set()
         self._local = threading.local()  # saved-tensor hooks are per thread
         self.timeline: list[TimelineEntry] = []
 
