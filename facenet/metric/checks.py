@@ -115,6 +115,6 @@ def check_index_triplets(
             f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
         )
     of = ("embeddings", ("embeddings", "ref_embeddings")[len(inputs) - 1])
-    for name, t, i in zip(names, tensors, (0, 1, 1)):
-        check_index_range(t, inputs[-i].shape[0], who, prefix + name, of[i])
+    for name, t, i in zip(names, tensors, (0, -1, -1)):  # p and n index the last input
+        check_index_range(t, inputs[i].shape[0], who, prefix + name, of[i])
     return tuple(t.long() for t in tensors)
