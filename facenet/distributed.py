@@ -67,8 +67,8 @@ def is_main_process() -> bool:
 def init_distributed(device: str = "auto", timeout_minutes: int = 30) -> DistInfo:
     """Initialise the process group from torchrun's environment, if there is one; CUDA
     ranks use ``cuda:LOCAL_RANK``."""
-    use_cuda = resolve_device(device).type == "cuda"
-    target = torch.device("cuda" if use_cuda else "cpu")
+    target = torch.device(resolve_device(device).type)  # the type only: a rank uses LOCAL_RANK
+    use_cuda = target.type == "cuda"
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistInfo(device=target)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -161,9 +161,7 @@ def agree_on_error(error: BaseException | None, message: str | None = None) -> N
     if not any_rank(error is not None):
         return
     data_error = isinstance(error, FacenetError)
-    report = None
-    if error is not None:
-        report = (get_rank(), message or str(error) or type(error).__name__, data_error)
+    report = error and (get_rank(), message or str(error) or type(error).__name__, data_error)
     failures = [r for r in gather_objects(report) if r is not None]  # [report] on one process
     if error is not None:
         error.agreed = data_error

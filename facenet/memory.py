@@ -99,7 +99,6 @@ class GraphMemoryMeter:
             kind = type(exclude).__name__
             raise TypeError(f"GraphMemoryMeter(exclude=...): expected an nn.Module, got a {kind}")
         self._exclude = nn.Module() if exclude is None else exclude
-        self._excluded: set[int] = set()
         self._local = threading.local()  # saved-tensor hooks are per thread
         self.timeline: list[TimelineEntry] = []
 
@@ -171,15 +170,10 @@ class GraphMemoryMeter:
 
 def _saved_tensors_of(node: Any) -> list[torch.Tensor]:
     """The tensors a graph node saved for backward; [] once backward freed them."""
-    if hasattr(node, "saved_tensors"):  # a custom autograd.Function
-        try:
-            return list(node.saved_tensors)
-        except RuntimeError:
-            return []
+    custom = hasattr(node, "saved_tensors")  # a custom autograd.Function
+    names = ["saved_tensors"] if custom else [n for n in dir(node) if n.startswith("_saved_")]
     saved = []
-    for name in dir(node):
-        if not name.startswith("_saved_"):
-            continue
+    for name in names:
         try:
             value = getattr(node, name)
         except RuntimeError:  # freed by a backward
@@ -231,19 +225,6 @@ def current_rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def cuda_memory_stats(device: CudaDevice = None) -> dict[str, int]:
-    """The CUDA allocator's peaks since :func:`reset_cuda_peaks` and its current bytes, under
-    their ``MEMORY_KEYS`` names; {} without CUDA."""
-    if not _is_cuda_device(device):
-        return {}
-    return {
-        CUDA_MAX_ALLOCATED: torch.cuda.max_memory_allocated(device),
-        CUDA_MAX_RESERVED: torch.cuda.max_memory_reserved(device),
-        CUDA_ALLOCATED: torch.cuda.memory_allocated(device),
-        CUDA_RESERVED: torch.cuda.memory_reserved(device),
-    }
-
-
 def reset_cuda_peaks(device: CudaDevice = None) -> None:
     if _is_cuda_device(device):
         torch.cuda.reset_peak_memory_stats(device)
@@ -281,17 +262,21 @@ def memory_figures(
     rss: bool = True,
     cuda_now: bool = False,
 ) -> dict[str, int]:
-    """The figures under their ``MEMORY_KEYS`` names, read now: the meter's, the CUDA peaks
-    on a CUDA ``device`` (also the current bytes with ``cuda_now``), and the peak RSS unless
-    ``rss`` is false (where several measurements share a process)."""
+    """The figures under their ``MEMORY_KEYS`` names, read now: the meter's, the CUDA
+    allocator's peaks since :func:`reset_cuda_peaks` on a CUDA ``device`` (also its current
+    bytes with ``cuda_now``), and the peak RSS unless ``rss`` is false (where several
+    measurements share a process)."""
     figures = {PEAK_RSS_BYTES: peak_rss_bytes()} if rss else {}
     if meter is not None:
         figures[GRAPH_BYTES_PEAK] = meter.peak_bytes
         figures[GRAPH_BYTES_ALIVE] = meter.alive_bytes
-    # None would mean "the current CUDA device" to cuda_memory_stats: no device, no CUDA figures.
-    if device is not None:
-        shown = MEMORY_KEYS if cuda_now else (CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED)
-        figures.update((k, v) for k, v in cuda_memory_stats(device).items() if k in shown)
+    # None would mean "the current CUDA device" to torch.cuda: no device, no CUDA figures.
+    if device is not None and _is_cuda_device(device):
+        figures[CUDA_MAX_ALLOCATED] = torch.cuda.max_memory_allocated(device)
+        figures[CUDA_MAX_RESERVED] = torch.cuda.max_memory_reserved(device)
+        if cuda_now:
+            figures[CUDA_ALLOCATED] = torch.cuda.memory_allocated(device)
+            figures[CUDA_RESERVED] = torch.cuda.memory_reserved(device)
     return figures
 
 
@@ -302,10 +287,8 @@ def format_bytes(n: int | float) -> str:
     """``512 B``, ``1.5 KiB``, ``-12.3 MiB`` (powers of 1024)."""
     if isinstance(n, float) and not math.isfinite(n):
         return f"{n} B"
-    sign = "-" if n < 0 else ""
-    size = float(abs(n))
-    unit = 0
-    while size >= 1024 and unit < len(_UNITS) - 1:
+    size, unit = float(n), 0
+    while abs(size) >= 1024 and unit < len(_UNITS) - 1:
         size /= 1024
         unit += 1
-    return f"{sign}{int(size)} B" if unit == 0 else f"{sign}{size:.1f} {_UNITS[unit]}"
+    return f"{int(size)} B" if unit == 0 else f"{size:.1f} {_UNITS[unit]}"

@@ -13,10 +13,10 @@ from facenet.memory import (
     CUDA_MAX_RESERVED,
     CUDA_RESERVED,
     GraphMemoryMeter,
-    cuda_memory_stats,
     current_rss_bytes,
     format_bytes,
     graph_bytes_by_variable,
+    memory_figures,
     module_state_bytes,
     peak_rss_bytes,
     reset_cuda_peaks,
@@ -345,21 +345,22 @@ def test_rss_figures():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the figures without CUDA")
 def test_cuda_figures_empty_without_cuda():
-    assert cuda_memory_stats() == {}
-    assert cuda_memory_stats("cpu") == {}
+    cuda = dict(rss=False, cuda_now=True)
+    assert memory_figures(device="cuda", **cuda) == memory_figures(device="cpu", **cuda) == {}
     reset_cuda_peaks()  # a no-op, not an error
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_figures_with_cuda():
     reset_cuda_peaks()
-    before = cuda_memory_stats()
+    before = memory_figures(device="cuda", rss=False, cuda_now=True)
     block = torch.empty(2**20, dtype=torch.uint8, device="cuda")
-    stats = cuda_memory_stats("cuda")
+    stats = memory_figures(device="cuda", rss=False, cuda_now=True)
     assert list(stats) == [CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED, CUDA_ALLOCATED, CUDA_RESERVED]
     assert stats[CUDA_ALLOCATED] >= before[CUDA_ALLOCATED] + 2**20
     assert stats[CUDA_MAX_ALLOCATED] >= stats[CUDA_ALLOCATED]
-    assert cuda_memory_stats("cpu") == {}
+    assert memory_figures(device="cpu", rss=False, cuda_now=True) == {}
+    assert list(memory_figures(device=0, rss=False)) == [CUDA_MAX_ALLOCATED, CUDA_MAX_RESERVED]
     del block
 
 

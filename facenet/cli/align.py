@@ -27,7 +27,7 @@ from facenet.cli.common import (
     run_command,
     set_threads,
 )
-from facenet.errors import DataError, FacenetError
+from facenet.errors import FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, PRESET_NAMES
 from facenet.files import open_regular
 from facenet.inference.align import (
@@ -126,24 +126,19 @@ def _report_path(args: argparse.Namespace) -> Path:
     default = Path(args.dst) / "align_report.tsv"
     report = Path(args.report or default)
     real = report.resolve()
-    trees = (Path(args.src).resolve(), Path(args.dst).resolve())
-    if real != default.resolve() and any(tree == real or tree in real.parents for tree in trees):
+    trees = {Path(args.src).resolve(), Path(args.dst).resolve()}
+    if real != default.resolve() and trees & {real, *real.parents}:
         raise FacenetError(
             f"--report {report} lies inside {args.src} or {args.dst}: give a path outside them"
         )
-    if os.path.lexists(report) and not _is_report(report):
-        raise FacenetError(
-            f"--report {report} exists and is not an alignment report: not replacing it"
-        )
+    refused = FacenetError(
+        f"--report {report} exists and is not an alignment report: not replacing it"
+    )
+    if os.path.lexists(report):  # a FIFO, device or folder is not opened
+        with open_regular(report, sys.maxsize, lambda _: refused) as fh:
+            if fh.read(len(REPORT_HEADER)) != REPORT_HEADER:
+                raise refused
     return report
-
-
-def _is_report(path: Path) -> bool:
-    try:
-        with open_regular(path, sys.maxsize) as fh:  # a FIFO, device or folder is not opened
-            return fh.read(len(REPORT_HEADER)) == REPORT_HEADER
-    except DataError:
-        return False
 
 
 def _align(args: argparse.Namespace) -> int:

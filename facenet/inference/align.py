@@ -31,7 +31,7 @@ from tqdm import tqdm
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, read_image
 from facenet.errors import ConfigError, DataError, FacenetError
-from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset, LandmarkTemplate
+from facenet.evaluation.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset
 from facenet.files import read_json, write_atomic, write_text_atomic
 
 SELECTIONS = ("center_weighted_size", "probability", "largest")
@@ -96,14 +96,11 @@ class Face:
 @dataclass
 class AlignOutcome:
     """What happened to one image: ``status`` is "aligned", "centre_crop", "no_face" or
-    "unreadable"; ``box`` is the face box (or a centre crop's box); ``reason`` says why an image
-    was unreadable or not searched."""
+    "unreadable"; ``reason`` says why an image was unreadable or not searched."""
 
     source: str
     target: str
     status: str
-    box: tuple | None = None
-    probability: float | None = None
     reason: str = ""
 
 
@@ -126,7 +123,7 @@ def select_face(boxes: np.ndarray, probs: np.ndarray, width: int, height: int, m
 
 def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int, int, int, int]:
     """The integer crop (x0, y0, x1, y1): the float ``box`` plus the margin, clipped."""
-    start, end = np.asarray(box[:2], dtype=np.float64), np.asarray(box[2:], dtype=np.float64)
+    start, end = np.asarray(box, dtype=np.float64).reshape(2, 2)  # (x, y) each
     m = settings.margin
     if settings.margin_in == "output":
         # m pixels of an S-pixel crop: the box spans S - m of them (facenet-pytorch).
@@ -150,14 +147,14 @@ def detection_scale(width: int, height: int, detect_size: int, smallest: int = 2
 
 def _detection_copy(image: Image.Image, detect_size: int, smallest: int):
     """The copy MTCNN searches and the (x, y) factors from its pixels to the image's."""
-    scale = detection_scale(image.width, image.height, detect_size, smallest)
+    scale = detection_scale(*image.size, detect_size, smallest)
     if scale >= 1.0:
         return image, (1.0, 1.0)
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    size = tuple(max(1, round(side * scale)) for side in image.size)  # (width, height)
     # PIL's resize averages the whole footprint (no aliasing); reducing_gap first box-reduces
     # a very large photo by an integer factor, much faster and as smooth.
     copy = image.resize(size, Image.BILINEAR, reducing_gap=3.0)
-    return copy, (image.width / size[0], image.height / size[1])
+    return copy, np.divide(image.size, size)  # (x, y)
 
 
 def to_full_image(points, factors, origin: float = 0.0) -> np.ndarray:
@@ -198,7 +195,7 @@ def similarity_matrix(landmarks, points) -> np.ndarray:
     dst = np.asarray(points, dtype=np.float64)
     if src.shape != dst.shape or src.ndim != 2 or src.shape[1] != 2 or len(src) < 2:
         raise ValueError(f"landmarks {src.shape} and points {dst.shape}: expected (N, 2) each")
-    if not (np.isfinite(src).all() and np.isfinite(dst).all()):
+    if not np.isfinite([src, dst]).all():
         raise ValueError("landmarks and points must be finite")
     # a failed fit has no params (scikit-image >= 0.26) or NaN ones (before)
     params = getattr(
@@ -232,7 +229,7 @@ def _warp_affine(image: Image.Image, matrix: np.ndarray, height: int, width: int
     return np.clip(np.rint(warped), 0, 255).astype(np.uint8)
 
 
-def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -> np.ndarray:
+def align_face(image, landmarks, template: str = "arcface") -> np.ndarray:
     """One face warped onto a five-point template: a least-squares similarity fit, then a
     bilinear warp; returns the (height, width, 3) uint8 crop.
 
@@ -241,13 +238,11 @@ def align_face(image, landmarks, template: str | LandmarkTemplate = "arcface") -
             region around the face is read).
         landmarks: (5, 2) as ``Face.landmarks``, counted from 0 (insightface's detectors;
             subtract 1 from facenet-pytorch's ``MTCNN.detect``).
-        template: "arcface" (112 x 112), "sphereface" (112 x 96, H x W) or a
-            :class:`~facenet.evaluation.presets.LandmarkTemplate`.
+        template: "arcface" (112 x 112) or "sphereface" (112 x 96, H x W).
     """
-    if isinstance(template, str):
-        if template not in TEMPLATES:
-            raise ValueError(f"template={template!r}: expected one of {tuple(TEMPLATES)}")
-        template = TEMPLATES[template]
+    if template not in TEMPLATES:
+        raise ValueError(f"template={template!r}: expected one of {tuple(TEMPLATES)}")
+    template = TEMPLATES[template]
     matrix = similarity_matrix(landmarks, template.pixel_points())
     image = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
     return _warp_affine(image, matrix, template.height, template.width)
@@ -305,26 +300,23 @@ class Aligner:
                 [copies[i][0] for i in indices], landmarks=True
             )
             for i, b, p, lm in zip(indices, boxes, probs, points):
-                if b is not None:
-                    found[i] = self._choose(images[i], copies[i][1], b, p, lm)
+                if b is None:
+                    continue
+                b = to_full_image(np.reshape(b, (-1, 2, 2)), copies[i][1], _MTCNN_ORIGIN)
+                # landmarks counted from 0 from here on, as align_face and insightface count
+                lm = to_full_image(np.reshape(lm, (-1, 5, 2)), copies[i][1], _MTCNN_ORIGIN) - 1
+                k = select_face(b.reshape(-1, 4), p, *images[i].size, self.settings.select)
+                found[i] = Face(tuple(b[k].ravel().tolist()), float(p[k]), lm[k])
         return found
-
-    def _choose(self, image: Image.Image, factors, boxes, probs, points) -> Face:
-        boxes = to_full_image(np.reshape(boxes, (-1, 2, 2)), factors, _MTCNN_ORIGIN).reshape(-1, 4)
-        # landmarks counted from 0 from here on, as align_face and insightface count
-        points = to_full_image(np.reshape(points, (-1, 5, 2)), factors, _MTCNN_ORIGIN) - 1
-        k = select_face(boxes, probs, image.width, image.height, self.settings.select)
-        return Face(tuple(boxes[k].tolist()), float(probs[k]), points[k])
 
     def crop(self, image: Image.Image, face: Face | tuple) -> Image.Image:
         """The crop of a :class:`Face` (a template warp with a template preset) or of a box
         (x0, y0, x1, y1): box plus margin, resized bilinearly as the publishers resize."""
         if isinstance(face, Face) and self.settings.template is not None:
             return Image.fromarray(align_face(image, face.landmarks, self.settings.template))
-        height, width = self.settings.crop_size
         box = face.box if isinstance(face, Face) else face
-        region = crop_box(box, image.width, image.height, self.settings)
-        return image.crop(region).resize((width, height), Image.BILINEAR)
+        region = crop_box(box, *image.size, self.settings)
+        return image.crop(region).resize(self.settings.crop_size[::-1], Image.BILINEAR)
 
     def align(self, jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
         """Align ``(source, target)`` pairs, decoding at most ``_HELD_PIXELS`` at a time; each
@@ -334,7 +326,7 @@ class Aligner:
             try:
                 image = Image.fromarray(read_image(source).permute(1, 2, 0).numpy())
             except CorruptImageError as err:
-                outcomes.append(AlignOutcome(source, target, "unreadable", reason=err.reason))
+                outcomes.append(AlignOutcome(source, target, "unreadable", err.reason))
                 continue
             held.append((image, source, target))
             pixels += image.width * image.height
@@ -349,28 +341,24 @@ class Aligner:
         if not held:
             return []
         faces = self.detect([image for image, _, _ in held])
-        return [
-            self._write(image, source, target, face, self.too_small(image))
-            for (image, source, target), face in zip(held, faces)
-        ]
+        return [self._write(*held_image, face) for held_image, face in zip(held, faces)]
 
-    def _write(self, image: Image.Image, source: str, target: str, face, reason: str):
+    def _write(self, image: Image.Image, source: str, target: str, face) -> AlignOutcome:
+        reason = self.too_small(image)
         if face is None and not self.settings.fallback:
-            return AlignOutcome(source, target, "no_face", reason=reason)
+            return AlignOutcome(source, target, "no_face", reason)
+        status = "centre_crop" if face is None else "aligned"
         if face is None:
             height, width = self.settings.crop_size  # the box has the crop's aspect
             half = min(image.size) * _FALLBACK_FRACTION / 2 * np.array([width / height, 1])
             centre = np.array(image.size) / 2  # (x, y)
-            box = (*(centre - half), *(centre + half))
-            status, prob, crop = "centre_crop", None, self.crop(image, box)
-        else:
-            status, box, prob = "aligned", face.box, face.probability
-            crop = self.crop(image, face)
+            face = (*(centre - half), *(centre + half))
+        crop = self.crop(image, face)
         # PIL's defaults: JPEG quality 75, as facenet-pytorch's save_img
         form = Image.registered_extensions()[Path(target).suffix.lower()]
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(target, lambda fh: crop.save(fh, format=form))
-        return AlignOutcome(source, target, status, box, prob, reason)
+        return AlignOutcome(source, target, status, reason)
 
 
 # --------------------------------------------------------------------------- folders
@@ -396,7 +384,7 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], lis
     if not src.is_dir():
         raise DataError(f"source folder not found: {src}")
     dst_real = dst.resolve()
-    if dst_real == src.resolve() or src.resolve() in dst_real.parents:
+    if src.resolve() in (dst_real, *dst_real.parents):
         raise DataError(f"{dst} lies inside {src}: the crops would be aligned again")
     paths, _ = list_images(src)
     paths = [p for p in paths if dst_real not in Path(os.path.realpath(p)).parents]
@@ -405,13 +393,11 @@ def _plan(src, dst, settings: AlignSettings) -> tuple[list[tuple[str, str]], lis
     # Crop names compared case-insensitively, as a copy to such a file system would
     first: dict[str, str] = {}
     for source, target in pairs:
-        key = str(target).casefold()
-        if key in first:
+        if (other := first.setdefault(str(target).casefold(), source)) != source:
             raise DataError(
-                f"{first[key]} and {source} would both be written to {target}: rename one of "
+                f"{other} and {source} would both be written to {target}: rename one of "
                 "them (or keep the input's file type: the preset writes one type for all)"
             )
-        first[key] = source
     done = {target for _, target in pairs if target.is_file()}
     return [(path, str(target)) for path, target in pairs if target not in done], sorted(done)
 
@@ -425,11 +411,12 @@ def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
     old = read_json(path) if recorded else {**wanted, **_RECORD_DEFAULTS} if done else wanted
     if not isinstance(old, dict):
         raise DataError(f"{path}: expected the alignment settings as a JSON object")
+    old = {**_RECORD_DEFAULTS, **old}
     for name, want in wanted.items():
-        if old.get(name, _RECORD_DEFAULTS.get(name)) != want:
+        if old.get(name) != want:
             hint = " (--detect-size; 0 searches the full image)" * (name == "detect_size")
             raise DataError(
-                f"{dst} was aligned with {name} = {old.get(name, _RECORD_DEFAULTS.get(name))!r}; "
+                f"{dst} was aligned with {name} = {old.get(name)!r}; "
                 f"this run asks for {want!r}{hint} ({path}): align into another folder, or give "
                 "the same settings"
             )

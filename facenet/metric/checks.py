@@ -27,20 +27,10 @@ def check_embeddings(embeddings: torch.Tensor, who: str, name: str = "embeddings
         raise ValueError(f"{who}: {name} must be a 2-D tensor (B, D), got {shape}")
 
 
-def check_embedding_pair(x: torch.Tensor, y: torch.Tensor, who: str) -> None:
-    if x.dim() != 2 or y.dim() != 2:
-        raise ValueError(
-            f"{who}: embeddings must be 2-D (N, D); got shapes {tuple(x.shape)} and "
-            f"{tuple(y.shape)}"
-        )
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"{who}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}")
-
-
-def check_labels(labels, embeddings: torch.Tensor, who: str, hint: str = "") -> torch.Tensor:
+def check_labels(labels, embeddings: torch.Tensor, who: str) -> torch.Tensor:
     """Identity labels as a (B,) integer tensor on the embeddings' device."""
     if labels is None:
-        raise ValueError(f"{who}: labels are required{hint}")
+        raise ValueError(f"{who}: labels are required unless candidates are given")
     labels = torch.as_tensor(labels, device=embeddings.device)
     if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
         raise ValueError(
@@ -59,40 +49,26 @@ def check_choice(value: str, choices: tuple[str, ...], who: str, name: str) -> s
     return value
 
 
-def check_count(value: int, minimum: int, who: str, name: str, note: str = "") -> int:
-    """``value`` if it is an int (not a bool) >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{who}: {name} must be an int >= {minimum}{note}, got {value!r}")
-    return value
+def _quote(values: list) -> str:
+    """The first few values, as "1, 2, 3 (and 7 more)"."""
+    shown = ", ".join(str(v) for v in values[:_SHOWN])
+    return shown + (f" (and {len(values) - _SHOWN} more)" if len(values) > _SHOWN else "")
 
 
 def finite_flag(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor on the device (no host read): every value of the (B, D)
-    ``embeddings`` (and ``ref_embeddings``) is finite; under "raise", a non-finite row raises."""
-    if on_nonfinite == "raise":
-        for name, t in zip(("embeddings", "ref_embeddings"), tensors):
-            check_finite(t, who, name)
+    ``embeddings`` (and ``ref_embeddings``) is finite. Under "raise", a ``ValueError`` names
+    the rows holding NaN or inf (one host read)."""
+    checked = ("embeddings", "ref_embeddings") if on_nonfinite == "raise" else ()
+    for name, t in zip(checked, tensors):
+        rows = (~torch.isfinite(t).all(dim=1)).nonzero().flatten().tolist()  # (bad rows,)
+        if rows:
+            raise ValueError(
+                f"{who}: {len(rows)} of {t.shape[0]} {name} rows hold NaN or infinite values "
+                f"(rows {_quote(rows)}); no triplet can be mined from them or "
+                "trained on"
+            )
     return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
-
-
-def _quote(values: list, total: int) -> str:
-    """The first few values, as "1, 2, 3 (and 7 more)"."""
-    shown = ", ".join(str(v) for v in values[:_SHOWN])
-    return shown + (f" (and {total - _SHOWN} more)" if total > _SHOWN else "")
-
-
-def check_finite(embeddings: torch.Tensor, who: str, name: str = "embeddings") -> None:
-    """Raise a ``ValueError`` naming the rows of (B, D) ``embeddings`` holding NaN or inf
-    (one host read)."""
-    bad = ~torch.isfinite(embeddings).all(dim=1)  # (B,)
-    if not bool(bad.any()):
-        return
-    rows = bad.nonzero().flatten().tolist()
-    raise ValueError(
-        f"{who}: {len(rows)} of {embeddings.shape[0]} {name} rows hold NaN or infinite "
-        f"values (rows {_quote(rows, len(rows))}); no triplet can be mined from them or "
-        "trained on"
-    )
 
 
 def check_index_range(index: torch.Tensor, rows: int, who: str, name: str, of: str) -> None:
@@ -111,27 +87,22 @@ def check_index_range(index: torch.Tensor, rows: int, who: str, name: str, of: s
             raise RuntimeError(message)
     except RuntimeError:
         bad = index[(index < 0) | (index >= rows)].tolist()  # only once refused: the details
-        raise IndexError(f"{message}; got {_quote(bad, len(bad))}") from None
+        raise IndexError(f"{message}; got {_quote(bad)}") from None
 
 
 def check_index_triplets(
-    triplets,
-    device: torch.device,
-    who: str,
-    what: str = "triplet",
-    rows: tuple[int, int] | None = None,
-    of: tuple[str, str] = ("embeddings", "embeddings"),
+    triplets, who: str, *inputs: torch.Tensor, what: str = "triplet"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(anchor, positive, negative) as int64 (T,) tensors on ``device``. ``rows``: how many
-    rows the anchors, and the positives and negatives, index (None: not checked); ``of``:
-    those tensors' names; ``what``: "triplet" (a loss) or "candidate" (a miner)."""
+    """(anchor, positive, negative) as int64 (T,) tensors on the inputs' device. ``inputs``:
+    the embeddings the anchors index and, when given, the ref_embeddings the positives and
+    negatives index; ``what``: "triplet" (a loss) or "candidate" (a miner)."""
     if not isinstance(triplets, Sequence) or len(triplets) != 3:
         count = len(triplets) if isinstance(triplets, Sequence) else type(triplets).__name__
         raise ValueError(
             f"{who}: {what}s must be a 3-tuple of index tensors (anchor, positive, negative), "
             f"got {count} (a 4-tuple of pairs (a1, p, a2, n) is not a triplet list)"
         )
-    tensors = [torch.as_tensor(t, device=device) for t in triplets]  # (T,) each
+    tensors = [torch.as_tensor(t, device=inputs[0].device) for t in triplets]  # (T,) each
     names = ("anchor", "positive", "negative")
     prefix = "" if what == "triplet" else f"{what} "
     for name, t in zip(names, tensors):
@@ -143,7 +114,7 @@ def check_index_triplets(
             f"{who}: {what} index tensors must be 1-D and equally long, got shapes "
             f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
         )
-    if rows is not None:  # the positives and negatives index the second tensor
-        for name, t, i in zip(names, tensors, (0, 1, 1)):
-            check_index_range(t, rows[i], who, prefix + name, of[i])
-    return a.long(), p.long(), n.long()
+    of = ("embeddings", ("embeddings", "ref_embeddings")[len(inputs) - 1])
+    for name, t, i in zip(names, tensors, (0, -1, -1)):  # p and n index the last input
+        check_index_range(t, inputs[i].shape[0], who, prefix + name, of[i])
+    return tuple(t.long() for t in tensors)

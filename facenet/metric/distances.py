@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from facenet.metric.checks import check_embedding_pair
+from facenet.metric.checks import check_embeddings
 
 MatrixFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -27,15 +27,15 @@ _PAIRED_BLOCK = 256  # rows per block when a matrix-only distance is evaluated r
 def _safe_sqrt(sq: torch.Tensor) -> torch.Tensor:
     """sqrt with gradient 0 (not inf) where the argument is 0."""
     positive = sq > 0
-    root = torch.where(positive, sq, torch.ones_like(sq)).sqrt()
-    return torch.where(positive, root, torch.zeros_like(sq))
+    root = torch.where(positive, sq, 1.0).sqrt()
+    return torch.where(positive, root, 0.0)
 
 
 def _safe_arccos(cos: torch.Tensor) -> torch.Tensor:
     """arccos(cos) / pi, cos clipped to [-1, 1] (rounding puts cos(x, x) above 1), with a zero
     gradient at the ends, where arccos' derivative is infinite."""
     inside = cos.abs() < 1
-    clipped = torch.where(inside, cos, torch.zeros_like(cos))
+    clipped = torch.where(inside, cos, 0.0)
     angle = torch.where(inside, torch.arccos(clipped), torch.arccos(cos.clamp(-1, 1).detach()))
     return angle / math.pi
 
@@ -97,7 +97,13 @@ class Distance:
         return super().__reduce__()
 
     def _widened(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        check_embedding_pair(x, y, f"distance {self.name!r}")
+        who = f"distance {self.name!r}"
+        check_embeddings(x, who, "x")
+        check_embeddings(y, who, "y")
+        if x.shape[1] != y.shape[1]:
+            raise ValueError(
+                f"{who}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}"
+            )
         dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
         return x.to(dtype), y.to(dtype)
 
@@ -137,24 +143,22 @@ class Distance:
             return torch.cat(blocks) if blocks else x.new_zeros(0)
 
 
+def _derived(transform, matrix: MatrixFn, paired: MatrixFn, name: str, zero_diagonal=False):
+    """The :class:`Distance` ``transform(d)`` of a distance d given by its two forms."""
+    return Distance(
+        lambda x, y: transform(matrix(x, y)),
+        lambda x, y: transform(paired(x, y)),
+        name,
+        zero_diagonal,
+    )
+
+
 _NAMED = {
     "squared": Distance(_squared_matrix, _squared_paired, "squared", zero_diagonal=True),
-    "euclidean": Distance(
-        lambda x, y: _safe_sqrt(_squared_matrix(x, y)),
-        lambda x, y: _safe_sqrt(_squared_paired(x, y)),
-        "euclidean",
-        zero_diagonal=True,
-    ),
-    "cosine": Distance(
-        lambda x, y: 1 - _cos_matrix(x, y), lambda x, y: 1 - _cos_paired(x, y), "cosine"
-    ),
+    "euclidean": _derived(_safe_sqrt, _squared_matrix, _squared_paired, "euclidean", True),
+    "cosine": _derived(lambda cos: 1 - cos, _cos_matrix, _cos_paired, "cosine"),
     # arccos magnifies the rounding of cos(x, x) ~ 1 - 1e-16 to 1e-8: the diagonal is set to 0.
-    "angular": Distance(
-        lambda x, y: _safe_arccos(_cos_matrix(x, y)),
-        lambda x, y: _safe_arccos(_cos_paired(x, y)),
-        "angular",
-        zero_diagonal=True,
-    ),
+    "angular": _derived(_safe_arccos, _cos_matrix, _cos_paired, "angular", True),
     "seed_l2": Distance(
         lambda x, y: (_squared_matrix(x, y) + 1e-4 / x.shape[1]).sqrt(), _seed_l2_paired, "seed_l2"
     ),

@@ -23,7 +23,6 @@ import torch
 from facenet.metric.checks import (
     ON_NONFINITE,
     check_choice,
-    check_count,
     check_embeddings,
     check_index_triplets,
     check_labels,
@@ -88,9 +87,7 @@ class _SortedNegatives(NamedTuple):
 def identity_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, B) masks: same identity, and same identity off the diagonal."""
     same = labels[:, None] == labels[None, :]
-    positive = same.clone()
-    positive.fill_diagonal_(False)
-    return same, positive
+    return same, same.clone().fill_diagonal_(False)
 
 
 def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: torch.Tensor):
@@ -192,7 +189,11 @@ class _Miner:
     ) -> None:
         who = type(self).__name__
         self.distance = get_distance(distance)
-        self.max_triplets = check_count(max_triplets, 0, who, "max_triplets", " (0: no cap)")
+        if isinstance(max_triplets, bool) or not isinstance(max_triplets, int) or max_triplets < 0:
+            raise ValueError(
+                f"{who}: max_triplets must be an int >= 0 (0: no cap), got {max_triplets!r}"
+            )
+        self.max_triplets = max_triplets
         self.generator = generator
         self.on_nonfinite = check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
 
@@ -208,25 +209,20 @@ class _Miner:
         check_embeddings(embeddings, who)
         with torch.no_grad():
             if candidates is not None:
-                rows = (embeddings.shape[0],) * 2
-                checked = check_index_triplets(
-                    candidates, embeddings.device, who, "candidate", rows=rows
-                )
+                checked = check_index_triplets(candidates, who, embeddings, what="candidate")
                 finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._filter_candidates(embeddings, Triplets(*checked), finite)
             else:
-                labels = check_labels(labels, embeddings, who, " unless candidates are given")
+                labels = check_labels(labels, embeddings, who)
                 if embeddings.shape[0] == 0:
                     return Triplets(*labels.new_zeros(3, 0, dtype=torch.int64))
                 finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._mine(embeddings, labels, finite)
         return _cap(triplets, self.max_triplets, self.generator)
 
-    @property
-    def selects_every_image(self) -> bool:
-        """Whether every image of a P x K batch (K >= 2) lands in some triplet (then the
-        training step needs no separate mining pass)."""
-        return False
+    # Whether every image of a P x K batch (K >= 2) lands in some triplet (then the training
+    # step needs no separate mining pass).
+    selects_every_image = False
 
     def _filter_candidates(self, embeddings, candidates: Triplets, finite) -> Triplets:
         d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)

@@ -171,6 +171,8 @@ def test_unknown_name_is_a_clear_error():
 def test_shape_errors_name_the_shapes():
     with pytest.raises(ValueError, match=r"2-D.*\(4,\)"):
         pairwise_distance(torch.zeros(4))
+    with pytest.raises(ValueError, match=r"y must be a 2-D tensor \(B, D\), got \(3,\)"):
+        pairwise_distance(torch.zeros(2, 3), torch.zeros(3))
     with pytest.raises(ValueError, match=r"widths differ.*\(2, 3\) vs \(2, 4\)"):
         pairwise_distance(torch.zeros(2, 3), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="rows differ"):
