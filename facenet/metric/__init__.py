@@ -10,7 +10,7 @@ from facenet.metric.distances import (
     paired_distance,
     pairwise_distance,
 )
-from facenet.metric.losses import TripletMarginLoss, build_loss
+from facenet.metric.losses import TripletMarginLoss, batch_all_triplet_loss, build_loss
 from facenet.metric.miners import (
     BatchHardMiner,
     SemiHardNegativeMiner,
@@ -27,6 +27,7 @@ __all__ = [
     "TripletMarginLoss",
     "TripletMarginMiner",
     "Triplets",
+    "batch_all_triplet_loss",
     "build_loss",
     "build_miner",
     "get_distance",

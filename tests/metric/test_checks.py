@@ -6,7 +6,7 @@ import torch
 
 from facenet.config import LossConfig, MiningConfig
 from facenet.metric.checks import check_index_range
-from facenet.metric.losses import TripletMarginLoss, build_loss
+from facenet.metric.losses import TripletMarginLoss, batch_all_triplet_loss, build_loss
 from facenet.metric.miners import (
     BatchHardMiner,
     SemiHardNegativeMiner,
@@ -74,10 +74,11 @@ def test_every_miner_refuses_out_of_range_candidates(miner, position, value):
         MINERS[miner]()(embeddings, labels, candidates=triplets_with(position, value))
 
 
-def test_miners_with_valid_candidates_still_run():
+def test_batch_all_and_miners_with_valid_candidates_still_run():
     embeddings, labels = batch()
     for make in MINERS.values():
         make()(embeddings, labels, candidates=triplets_with(0, 15))
+    assert torch.isfinite(batch_all_triplet_loss(embeddings, labels))
 
 
 def test_the_range_check_names_many_bad_values_briefly():
@@ -127,6 +128,7 @@ def test_the_losses_are_nan_for_non_finite_embeddings(value):
     assert TripletMarginLoss(swap=True)(embeddings, unused).isnan()
     clean, _ = batch()
     assert TripletMarginLoss()(clean, unused, ref_embeddings=embeddings).isnan()
+    assert batch_all_triplet_loss(embeddings, labels).isnan()
     assert torch.isfinite(TripletMarginLoss()(clean, unused))
 
 
@@ -139,12 +141,16 @@ def test_the_losses_raise_naming_the_rows_when_asked(value):
     clean, _ = batch()
     with pytest.raises(ValueError, match=r"1 of 16 ref_embeddings rows .*rows 3"):
         TripletMarginLoss(on_nonfinite="raise")(clean, t, ref_embeddings=embeddings)
+    with pytest.raises(ValueError, match=r"batch_all_triplet_loss: 1 of 16 .*rows 3"):
+        batch_all_triplet_loss(embeddings, labels, on_nonfinite="raise")
 
 
 def test_unknown_on_nonfinite_is_refused():
     for make in (*MINERS.values(), TripletMarginLoss):
         with pytest.raises(ValueError, match="unknown on_nonfinite 'ignore'; valid: defer, raise"):
             make(on_nonfinite="ignore")
+    with pytest.raises(ValueError, match="unknown on_nonfinite"):
+        batch_all_triplet_loss(*batch(), on_nonfinite="warn")
 
 
 def test_objects_built_from_the_config_defer_to_the_trainer():
@@ -225,5 +231,6 @@ def test_on_cuda_the_checks_do_not_synchronise():
     try:
         check_index_range(t[0], 16, "f", "anchor", "embeddings")
         TripletMarginLoss()(embeddings, t)
+        batch_all_triplet_loss(embeddings, labels)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -13,7 +13,7 @@ from pytorch_metric_learning import reducers as pml_reducers
 
 from facenet.config import LossConfig
 from facenet.metric.distances import pairwise_distance
-from facenet.metric.losses import TripletMarginLoss, build_loss
+from facenet.metric.losses import TripletMarginLoss, batch_all_triplet_loss, build_loss
 from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
 
 REDUCTIONS = ("mean_active", "mean", "sum")
@@ -293,6 +293,72 @@ def test_cuda_loss_equals_cpu_and_keeps_stats_on_the_device():
     assert torch.allclose(loss.cpu(), loss_fn(x, t), atol=1e-10)
     loss.backward()
     assert torch.isfinite(xc.grad).all()
+    batch_all = batch_all_triplet_loss(x.cuda(), labels.cuda(), 0.5)
+    assert torch.allclose(batch_all.cpu(), batch_all_triplet_loss(x, labels, 0.5), atol=1e-10)
+
+
+# --------------------------------------------------------------------------- batch-all
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("metric", ["squared", "euclidean", "cosine"])
+@pytest.mark.parametrize("soft", [False, True])
+def test_batch_all_equals_the_listed_loss(reduction, metric, soft):
+    x, labels = random_batch(15, 3, seed=11)
+    listed_x = x.clone().requires_grad_()
+    listed = TripletMarginLoss(0.5, metric, reduction, soft)(listed_x, all_valid_triplets(labels))
+    listed.backward()
+    chunked_x = x.clone().requires_grad_()
+    chunked = batch_all_triplet_loss(
+        chunked_x, labels, 0.5, metric, reduction, chunk_size=4, soft_margin=soft
+    )
+    chunked.backward()
+    assert torch.allclose(chunked, listed, atol=1e-12)
+    assert torch.allclose(chunked_x.grad, listed_x.grad, atol=1e-12)
+
+
+def test_batch_all_equals_pml_without_indices():
+    x, labels = random_batch(40, 5, dim=6, seed=12)
+    pml = pml_losses.TripletMarginLoss(0.3, distance=pml_distance("squared"))
+    assert torch.allclose(batch_all_triplet_loss(x, labels, 0.3), pml(x, labels), atol=1e-12)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_batch_all_gradcheck(reduction):
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(9, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 3])
+    fn = lambda e: batch_all_triplet_loss(e, labels, 0.5, reduction=reduction, chunk_size=2)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x,))
+
+
+def test_batch_all_chunk_size_does_not_change_the_result():
+    x, labels = random_batch(30, 4, seed=14)
+    values = [batch_all_triplet_loss(x, labels, 0.4, chunk_size=c) for c in (1, 7, 30, 1000)]
+    assert all(torch.allclose(v, values[0], atol=1e-12) for v in values)
+
+
+def test_batch_all_degenerate_batches():
+    for x, labels in [
+        (torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)),
+        (torch.randn(5, 3), torch.zeros(5, dtype=torch.long)),
+        (torch.randn(5, 3), torch.arange(5)),
+    ]:
+        x.requires_grad_()
+        loss = batch_all_triplet_loss(x, labels)
+        assert loss.item() == 0.0
+        loss.backward()
+        assert torch.equal(x.grad, torch.zeros_like(x))
+
+
+def test_batch_all_half_precision():
+    x, labels = random_batch(16, 4, seed=15, dtype=torch.float32)
+    half = x.bfloat16().requires_grad_()
+    loss = batch_all_triplet_loss(half, labels, 0.5)
+    assert loss.dtype == torch.float32
+    assert torch.allclose(loss, batch_all_triplet_loss(half.detach().float(), labels, 0.5))
+    loss.backward()
+    assert torch.isfinite(half.grad.float()).all()
 
 
 # --------------------------------------------------------------------------- errors, factory
@@ -310,6 +376,10 @@ def test_bad_arguments_are_clear_errors():
         TripletMarginLoss()(x, (torch.zeros(1, dtype=torch.long),) * 2 + (torch.zeros(2).long(),))
     with pytest.raises(ValueError, match=r"embeddings must be a 2-D tensor"):
         TripletMarginLoss()(torch.zeros(4), (torch.zeros(1, dtype=torch.long),) * 3)
+    with pytest.raises(ValueError, match=r"labels must have shape \(4,\)"):
+        batch_all_triplet_loss(x, torch.zeros(5))
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
+        batch_all_triplet_loss(x, torch.zeros(4), chunk_size=0)
 
 
 def test_build_loss_maps_the_config():
