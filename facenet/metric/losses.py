@@ -20,7 +20,6 @@ from torch import nn
 from facenet.metric.checks import (
     ON_NONFINITE,
     check_choice,
-    check_count,
     check_embeddings,
     check_index_triplets,
     check_labels,
@@ -184,14 +183,15 @@ def batch_all_triplet_loss(
     check_embeddings(embeddings, who)
     check_choice(reduction, REDUCTIONS, who, "reduction")
     check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
-    check_count(chunk_size, 1, who, "chunk_size")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{who}: chunk_size must be an int >= 1, got {chunk_size!r}")
     labels = check_labels(labels, embeddings, who)  # (B,)
     finite = finite_flag(on_nonfinite, who, embeddings)  # 0-dim bool
     dist = get_distance(distance)(embeddings)  # (B, B)
     loss = _BatchAllTripletHinge.apply(
         dist, labels, float(margin), reduction, bool(soft_margin), chunk_size
     )
-    return _nan_unless(finite, loss)
+    return torch.where(finite, loss, float("nan"))
 
 
 def build_loss(cfg: LossConfig) -> TripletMarginLoss:
