@@ -146,9 +146,13 @@ class LandmarkTemplate:
     source: str
     origin: float = 0.0
 
+    def array(self) -> np.ndarray:
+        """The publisher's points as a (5, 2) float64 array of (x, y)."""
+        return np.asarray(self.points, dtype=np.float64)
+
     def pixel_points(self) -> np.ndarray:
-        """(5, 2) float64 (x, y), the top-left pixel's centre at (0, 0) as the warp counts."""
-        return np.asarray(self.points, dtype=np.float64) - self.origin
+        """The points with the top-left pixel's centre at (0, 0), as the warp counts."""
+        return self.array() - self.origin
 
 
 # The publishers' numbers, copied digit for digit.
