@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from sklearn.metrics import auc as area_under_curve
 from sklearn.metrics import roc_curve
-from sklearn.model_selection import KFold
 
 from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, PUBLISHER_SCORINGS, VerifySettings
 from facenet.metric.distances import DISTANCE_NAMES, paired_distance
@@ -157,9 +156,9 @@ def _fold_ids(n_pairs: int, n_folds: int, folds=None) -> np.ndarray:
         raise ValueError(f"n_folds={n_folds!r} must be an integer >= 2")
     if n_pairs < n_folds:
         raise ValueError(f"fewer pairs ({n_pairs}) than folds ({n_folds})")
-    if folds is None:
-        splits = KFold(n_splits=int(n_folds)).split(np.empty((n_pairs, 1)))
-        return np.concatenate([np.full(len(test), f) for f, (_, test) in enumerate(splits)])
+    if folds is None:  # as KFold(shuffle=False): the first N % F folds one pair larger
+        sizes = [len(part) for part in np.array_split(np.arange(n_pairs), n_folds)]
+        return np.repeat(np.arange(n_folds), sizes)
     ids = _to_numpy(folds)
     if ids.shape != (n_pairs,) or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"folds must be ({n_pairs},) integers, got {ids.dtype} {ids.shape}")
