@@ -22,6 +22,7 @@ from pathlib import Path
 from facenet.cli.common import (
     add_device_argument,
     add_threads_argument,
+    int_in,
     parse_device,
     positive_int,
     run_command,
@@ -42,21 +43,6 @@ from facenet.inference.align import (
 MAX_IMAGE_SIZE = 4096
 
 
-def _int_in(lowest: int, highest: int | None = None, zero: bool = False):
-    """An argparse ``type``: an integer from ``lowest`` to ``highest`` (or 0, with ``zero``)."""
-
-    def integer(text: str) -> int:  # argparse: "invalid integer value: 'x'" on a ValueError
-        value = int(text)
-        if not lowest <= value <= (highest or value) and not (zero and value == 0):
-            allowed = f"{lowest} to {highest}" if highest else f">= {lowest}"
-            raise argparse.ArgumentTypeError(
-                f"{value} is out of range; allowed: {'0 or ' * zero}{allowed}"
-            )
-        return value
-
-    return integer
-
-
 def _preset_help() -> str:
     settings = (AlignSettings.from_preset(name) for name in PRESET_NAMES)
     skip = ("preset", "fallback")
@@ -75,14 +61,14 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--preset", choices=PRESET_NAMES, default="facenet-pytorch", help=_preset_help()
     )
     parser.add_argument(
-        "--image-size", type=_int_in(8, MAX_IMAGE_SIZE), help="crop side (box presets)"
+        "--image-size", type=int_in(8, MAX_IMAGE_SIZE), help="crop side (box presets)"
     )
     parser.add_argument(
         "--detect-size",
-        type=_int_in(20, zero=True),  # MTCNN's smallest face is 20 px
+        type=int_in(20, zero=True),  # MTCNN's smallest face is 20 px
         help="longer side MTCNN searches; 0: the full image (default: the preset's)",
     )
-    parser.add_argument("--margin", type=_int_in(0), help="margin (box presets)")
+    parser.add_argument("--margin", type=int_in(0), help="margin (box presets)")
     parser.add_argument("--select", choices=SELECTIONS, help="which face of several")
     parser.add_argument(
         "--centre-crop", dest="fallback", action="store_true", help="crop where no face is found"

@@ -81,17 +81,20 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type``: an integer in ``low..high`` (else an argparse error, exit 2)."""
+def int_in(low: int, high: int | None = None, zero: bool = False) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``low..high``, or 0 with ``zero`` (else an argparse
+    error, exit 2)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low or (high is not None and value > high):
+        if not low <= value <= (value if high is None else high) and not (zero and value == 0):
             allowed = f">= {low}" if high is None else f"[{low}, {high}]"
-            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: {allowed}")
+            raise argparse.ArgumentTypeError(
+                f"{value} is out of range; allowed: {'0 or ' * zero}{allowed}"
+            )
         return value
 
     return parse

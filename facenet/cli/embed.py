@@ -104,8 +104,8 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
     return arrays
 
 
-def _embed(args: argparse.Namespace) -> int:
-    """Embed the folder and write the file; returns the exit code."""
+def _embed(args: argparse.Namespace) -> None:
+    """Embed the folder and write the file."""
     set_threads(args.threads)
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
@@ -136,7 +136,6 @@ def _embed(args: argparse.Namespace) -> int:
         f"{len(result.unreadable)} unreadable files left out"
     )
     print(line)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _export(args: argparse.Namespace) -> int:
+def _export(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     trained = load_model(args.checkpoint)
     threshold, line = model_threshold(trained, trained.preparation(), args)
@@ -51,7 +51,6 @@ def _export(args: argparse.Namespace) -> int:
             f"parity: max |exported - eager| = {diff:.3g} on a batch of {CHECK_BATCH}, traced "
             f"at another size: the batch is dynamic (limit {args.tolerance:g})"
         )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

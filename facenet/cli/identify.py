@@ -179,8 +179,8 @@ def report(matches, rates: dict | None, source: str) -> str:
     return "\n".join(lines)
 
 
-def _identify(args: argparse.Namespace) -> int:
-    """Match the probes, write the results and print the report; returns the exit code."""
+def _identify(args: argparse.Namespace) -> None:
+    """Match the probes, write the results and print the report."""
     set_threads(args.threads)
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
     check_same_making(gallery_arrays, probes, args)
@@ -195,11 +195,10 @@ def _identify(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "matches.csv", matches_csv(probes, matches))
     record = {"threshold": chosen.value, "threshold_distance": chosen.distance, "source": source}
-    record.update(rates or {})
+    record |= rates or {}
     write_text_atomic(out / "identification.json", json.dumps(json_safe(record), indent=1))
     print(report(matches, rates, source))
     print(f"wrote {out / 'matches.csv'} and {out / 'identification.json'}")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,14 +21,6 @@ MAX_CSV_BYTES = 2**26  # 4 million rows of "0.123456789,1"; larger sets: .npz
 _TRUE, _FALSE = {"1", "true", "yes", "same"}, {"0", "false", "no", "different"}
 
 
-def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    arrays = read_npz(path, "a readable .npz archive")
-    for key in ("distances", "issame"):
-        if key not in arrays:
-            raise DataError(f"{path}: no array '{key}' (found: {', '.join(arrays)})")
-    return arrays["distances"], arrays["issame"]
-
-
 def _parse_row(row: list[str], path: Path, line_no: int) -> tuple[float, bool]:
     if len(row) != 2:
         raise DataError(f"{path}:{line_no}: expected 'distance,issame', got {row}")
@@ -41,10 +33,9 @@ def _parse_row(row: list[str], path: Path, line_no: int) -> tuple[float, bool]:
         raise DataError(f"{path}:{line_no}: distance {row[0]!r} is not a number") from None
 
 
-def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
-    """(line number, fields) of every non-empty row; ``csv.Error`` (a field over 128 KiB, a NUL
-    byte) named with the file and the line."""
-    rows = []
+def _load_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a CSV file; ``csv.Error`` (a field over 128 KiB, a NUL byte) named with the
+    file and the line."""
     try:
         with io.TextIOWrapper(open_regular(path, MAX_CSV_BYTES), "utf-8", newline="") as fh:
             reader = csv.reader(fh)
@@ -54,11 +45,6 @@ def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
                 raise DataError(f"{path}:{reader.line_num}: {err}") from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not a UTF-8 text file") from None
-    return rows
-
-
-def _load_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    rows = _csv_rows(path)
     if rows:
         try:
             float(rows[0][1][0])
@@ -80,7 +66,11 @@ def read_distances(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        return _load_npz(path)
+        arrays = read_npz(path, "a readable .npz archive")
+        for key in ("distances", "issame"):
+            if key not in arrays:
+                raise DataError(f"{path}: no array '{key}' (found: {', '.join(arrays)})")
+        return arrays["distances"], arrays["issame"]
     if suffix in (".csv", ".txt"):
         return _load_csv(path)
     raise DataError(f"{path}: unknown format {suffix!r}; use .npz or .csv")

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from sklearn.metrics import auc as area_under_curve
 from sklearn.metrics import roc_curve
-from sklearn.model_selection import KFold
 
 from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, PUBLISHER_SCORINGS, VerifySettings
 from facenet.metric.distances import DISTANCE_NAMES, paired_distance
@@ -157,9 +156,9 @@ def _fold_ids(n_pairs: int, n_folds: int, folds=None) -> np.ndarray:
         raise ValueError(f"n_folds={n_folds!r} must be an integer >= 2")
     if n_pairs < n_folds:
         raise ValueError(f"fewer pairs ({n_pairs}) than folds ({n_folds})")
-    if folds is None:
-        splits = KFold(n_splits=int(n_folds)).split(np.empty((n_pairs, 1)))
-        return np.concatenate([np.full(len(test), f) for f, (_, test) in enumerate(splits)])
+    if folds is None:  # as KFold(shuffle=False): the first N % F folds one pair larger
+        sizes = [len(part) for part in np.array_split(np.arange(n_pairs), n_folds)]
+        return np.repeat(np.arange(n_folds), sizes)
     ids = _to_numpy(folds)
     if ids.shape != (n_pairs,) or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"folds must be ({n_pairs},) integers, got {ids.dtype} {ids.shape}")
@@ -350,20 +349,22 @@ def _embeddings(emb1: Any, emb2: Any, keep_float: bool = False):
     return a.astype(common, copy=False), b.astype(common, copy=False)
 
 
-def _fold_distances(a, b, train, s: VerifySettings) -> np.ndarray:
-    """(N,) distances while the fold with training pairs ``train`` is tested: the classic
-    ``subtract_mean`` subtracts the mean of both sides of those pairs."""
-    mean = np.mean(np.concatenate([a[train], b[train]]), axis=0) if s.subtract_mean else 0.0
-    a, b = a - mean, b - mean
+def _scores(a, b, s: VerifySettings) -> np.ndarray:
+    """(N,) distances of the rows of ``a`` and ``b`` as ``s.scoring`` measures them."""
     if s.scoring in PUBLISHER_SCORINGS:  # in the features' own dtype
         _check_nonzero(a, b, s.distance)  # its division would give NaN scores
         return PUBLISHER_SCORINGS[s.scoring][1](a, b)
     return _metric_distance(a, b, s.distance)
 
 
-def _by_fold(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
-    """(F, N): row f measured while fold f is tested."""
-    return np.stack([_fold_distances(a, b, fold_ids != f, s) for f in range(s.n_folds)])
+def _distances(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
+    """(N,) distances; with ``subtract_mean`` (F, N), row f measured after the classic
+    ``subtract_mean``: the mean of both sides of fold f's training pairs subtracted."""
+    if not s.subtract_mean:
+        return _scores(a, b, s)
+    train = [fold_ids != f for f in range(s.n_folds)]
+    means = [np.mean(np.concatenate([a[t], b[t]]), axis=0) for t in train]
+    return np.stack([_scores(a - mean, b - mean, s) for mean in means])
 
 
 def pair_distances(emb1, emb2, metric="squared") -> np.ndarray:
@@ -404,8 +405,5 @@ def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=
     """
     _check_settings(settings)
     a, b = _embeddings(emb1, emb2, keep_float=settings.scoring != "float64")
-    if not settings.subtract_mean and settings.scoring == "float64":
-        distances = _metric_distance(a, b, settings.distance)
-        return evaluate_verification(distances, issame, settings, folds, grids)
     same, fold_ids = _folds(issame, len(a), settings, folds)
-    return _protocol(_by_fold(a, b, fold_ids, settings), same, fold_ids, settings, grids)
+    return _protocol(_distances(a, b, fold_ids, settings), same, fold_ids, settings, grids)

@@ -55,18 +55,13 @@ def retrieval_metrics(embeddings, labels) -> dict:
     for first in range(0, len(x) if k else 0, chunk):
         rows = slice(first, first + chunk)
         same = _neighbour_labels(x[rows], x, first, y, k) == y[rows].unsqueeze(1)  # (C, k)
-        r_rows = r[rows].unsqueeze(1)
+        r_rows = r[rows].unsqueeze(1)  # (C, 1)
         within_r = same & (torch.arange(1, k + 1) <= r_rows)  # relevant hits in the first R
-        used = r_rows.squeeze(1) > 0
         hits = within_r.cumsum(dim=1) * within_r
-        ap = (hits / torch.arange(1, k + 1, dtype=torch.float64)).sum(dim=1) / r_rows.squeeze(1)
-        sums += torch.stack(
-            [
-                same[used, 0].double().sum(),
-                (within_r.sum(dim=1).double() / r_rows.squeeze(1))[used].sum(),
-                ap[used].sum(),
-            ]
-        )
+        ap = (hits / torch.arange(1, k + 1, dtype=torch.float64)).sum(dim=1)
+        per_query = torch.stack([same[:, 0], within_r.sum(dim=1), ap], 1).double()  # (C, 3)
+        per_query[:, 1:] /= r_rows  # R-Precision and AP are over R; R = 0 rows are left out
+        sums += per_query[r[rows] > 0].sum(dim=0)
     used = int((r > 0).sum())
     means = (sums / used).tolist() if used else [float("nan")] * 3
     return {

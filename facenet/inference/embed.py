@@ -19,21 +19,13 @@ from facenet.sizes import ImageSize
 
 
 class _ReadableImages(PathImages):
-    """An undecodable image gives None and its reason instead of a tensor."""
+    """(index, image, None), or (index, None, reason) for an undecodable image."""
 
     def __getitem__(self, index: int):
         try:
             return index, super().__getitem__(index), None
         except CorruptImageError as err:
             return index, None, err.reason
-
-
-def _collate_readable(items):
-    """(indices of the decoded images, their batch (b, 3, S, S), [(index, reason), ...])."""
-    good = [(i, image) for i, image, _ in items if image is not None]
-    bad = [(i, reason) for i, image, reason in items if image is None]
-    images = torch.stack([image for _, image in good]) if good else None
-    return [i for i, _ in good], images, bad
 
 
 @dataclass
@@ -63,17 +55,15 @@ def embed_folder(
     paths, labels = list_images(root)
     transform = build_transform(image_size, False, normalize, preprocess=settings.preprocess)
     loader = torch.utils.data.DataLoader(
-        _ReadableImages(paths, transform),
-        batch_size=settings.batch_size,
-        collate_fn=_collate_readable,
+        _ReadableImages(paths, transform), batch_size=settings.batch_size, collate_fn=list
     )
     kept, unreadable, chunks = [], [], []
-    for indices, images, bad in tqdm(
-        loader, desc="embedding", unit="batch", disable=not progress, leave=False
-    ):
-        unreadable += [(paths[i], reason) for i, reason in bad]
-        if images is not None:
-            kept += indices
+    for items in tqdm(loader, desc="embedding", unit="batch", disable=not progress, leave=False):
+        unreadable += [(paths[i], reason) for i, image, reason in items if image is None]
+        good = [(i, image) for i, image, _ in items if image is not None]
+        if good:
+            kept += [i for i, _ in good]
+            images = torch.stack([image for _, image in good])  # (b, 3, H, W)
             chunks.append(embed_batches(model, [images], device, settings.flip, settings.features))
     embeddings = torch.cat(chunks) if chunks else torch.zeros(0, 0)
     kept_paths = [paths[i] for i in kept]

@@ -29,7 +29,7 @@ _NAMED_ROWS = 5  # rows named in a message about non-finite embeddings
 def non_finite_rows(embeddings: np.ndarray, what: str, names=None) -> None:
     """Refuse (N, D) embeddings with NaN or infinite rows, naming the first rows (and their
     ``names``): a NaN row is never nearest, so it would silently make probes "unknown"."""
-    bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1)) if embeddings.size else []
+    bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1))
     if len(bad) == 0:
         return
     shown = [

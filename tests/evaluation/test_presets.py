@@ -207,7 +207,7 @@ def test_mobilefacenet_preset_measures_the_publishers_scores():
     fold = np.arange(len(same)) // (len(same) // 10)  # its i // 600 for LFW's 6000 pairs
     preset = EVAL_PRESETS["mobilefacenet"]
     settings = S(preset.distance, subtract_mean=preset.subtract_mean)
-    ours = protocol._by_fold(fl, fr, fold, settings)[fold, np.arange(len(fold))]
+    ours = protocol._distances(fl, fr, fold, settings)[fold, np.arange(len(fold))]
     for i in range(10):  # each pair under its own test fold's training mean
         scores = ref.mobilefacenet_fold_scores(fl, fr, fold, i)
         np.testing.assert_allclose(1.0 - ours[fold == i], scores[fold == i], atol=1e-12, rtol=0)

@@ -249,7 +249,7 @@ def test_subtracted_mean_is_that_of_the_other_folds():
     rng = np.random.default_rng(8)
     e1, e2 = rng.normal(size=(9, 4)) + 2.0, rng.normal(size=(9, 4)) - 1.0
     fold_ids = np.arange(9) // 3
-    by_fold = protocol._by_fold(e1, e2, fold_ids, S("cosine", subtract_mean=True, n_folds=3))
+    by_fold = protocol._distances(e1, e2, fold_ids, S("cosine", subtract_mean=True, n_folds=3))
     got = by_fold[fold_ids, np.arange(9)]  # each pair under its own test fold's mean
     for fold in range(3):
         test = np.arange(9) // 3 == fold
