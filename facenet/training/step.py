@@ -63,9 +63,7 @@ def unique_triplet_images(triplets: Triplets) -> tuple[torch.Tensor, Triplets]:
 
 def _at_least_float32(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """Losses run in float32 or wider, also under autocast (float64 stays float64)."""
-    if tensor is not None and tensor.dtype in (torch.float16, torch.bfloat16):
-        return tensor.float()
-    return tensor
+    return None if tensor is None else tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 class _Step:
