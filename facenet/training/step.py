@@ -69,15 +69,17 @@ def _at_least_float32(tensor: torch.Tensor | None) -> torch.Tensor | None:
 class _Step:
     """What every path shares. ``model`` sits on its device, possibly DDP-wrapped (no-grad
     forwards skip the wrapper); ``amp``: "none", "bf16" (autocast) or "fp16" (autocast and
-    ``scaler``, a GradScaler whose ``scale`` multiplies every backward)."""
+    ``scaler``, a GradScaler whose ``scale`` multiplies every backward); ``chunk_size``: images
+    per chunk of the chunked path."""
 
     name = ""
 
-    def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none"):
+    def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none", chunk_size=0):
         self.model, self.core = model, getattr(model, "module", model)
         if ce_weight > 0 and getattr(self.core, "classifier", None) is None:
             raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
         self.miner, self.loss_fn, self.ce_weight = miner, loss_fn, float(ce_weight)
+        self.chunk_size = int(chunk_size)
         self.autocast_dtype = _AUTOCAST[amp]
         device = next(self.core.parameters()).device
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
@@ -235,10 +237,6 @@ class ChunkedStep(_Step):
 
     name = "chunked"
 
-    def __init__(self, model, miner, loss_fn, *, chunk_size: int, **kwargs):
-        super().__init__(model, miner, loss_fn, **kwargs)
-        self.chunk_size = int(chunk_size)
-
     def __call__(self, images, labels, candidates=None) -> StepResult | None:
         count = images.shape[0]
         chunks = batch_chunks(count, self.chunk_size, images.device)
@@ -323,10 +321,8 @@ def build_step(
     ce_weight: float = 0.0,
     amp: str = "none",
 ) -> _Step:
-    """The step of :func:`choose_step`'s path, built (``ce_weight`` and ``amp`` as for
-    ``_Step``; ``chunk_size``: images per chunk of the chunked path)."""
+    """The step of :func:`choose_step`'s path, built (the keywords as for ``_Step``)."""
     every = getattr(miner, "selects_every_image", False)
     name = choose_step(passes, chunk_size, every, triplet_lists)
-    chunked = {"chunk_size": chunk_size} if name == "chunked" else {}
     path = {"one-pass": OnePassStep, "two-pass": TwoPassStep, "chunked": ChunkedStep}[name]
-    return path(model, miner, loss_fn, ce_weight=ce_weight, amp=amp, **chunked)
+    return path(model, miner, loss_fn, ce_weight=ce_weight, amp=amp, chunk_size=chunk_size)
