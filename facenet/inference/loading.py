@@ -10,7 +10,6 @@ left out: the model returns embeddings (B, D).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -247,8 +246,6 @@ def _from_saved(state: dict, path) -> TrainedModel:
     record = ThresholdRecord.from_dict(verification, str(path))
     if verification and record is None:
         raise _bad(path, f"verification holds no numeric threshold: {shown(dict(verification))}")
-    if record is not None and not math.isfinite(record.value):
-        raise _bad(path, f"verification threshold {record.value} is not a finite number")
     epoch = getattr(record, "epoch", None) if export else state.get("epoch")
     trained = _trained(
         architecture,
