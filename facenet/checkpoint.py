@@ -15,6 +15,7 @@ import pickle
 import pickletools
 import random
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -122,6 +123,13 @@ def _refusal(path: Path, what: str, detail: str) -> str:
     return (
         f"refused to load {what} {path}: it holds objects other than tensors and plain "
         f"containers (loaded with weights_only=True): {detail}"
+    )
+
+
+def is_state_dict(obj: Any) -> bool:
+    """Whether ``obj`` maps parameter names (strings) to tensors."""
+    return isinstance(obj, Mapping) and all(
+        isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items()
     )
 
 

@@ -10,7 +10,6 @@ left out: the model returns embeddings (B, D).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from facenet.checkpoint import load_checkpoint, save_checkpoint, some_names
+from facenet.checkpoint import is_state_dict, load_checkpoint, save_checkpoint, some_names
 from facenet.data.images import build_transform
 from facenet.errors import CheckpointError, shown
 from facenet.evaluation.report import ThresholdRecord
@@ -152,9 +151,7 @@ def _size_in(value, name: str, path) -> int | tuple[int, int]:
 
 def _check_state(state, architecture: dict, path, name: str) -> dict:
     """Named tensors whose head has ``embedding_dim`` rows."""
-    if not isinstance(state, Mapping) or not all(
-        isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()
-    ):
+    if not is_state_dict(state):
         raise _bad(path, f"{name} must be a dict of named tensors")
     head = state.get(_HEAD_KEY)
     if head is None or head.ndim != 2 or head.shape[0] != architecture["embedding_dim"]:
@@ -249,8 +246,6 @@ def _from_saved(state: dict, path) -> TrainedModel:
     record = ThresholdRecord.from_dict(verification, str(path))
     if verification and record is None:
         raise _bad(path, f"verification holds no numeric threshold: {shown(dict(verification))}")
-    if record is not None and not math.isfinite(record.value):
-        raise _bad(path, f"verification threshold {record.value} is not a finite number")
     epoch = getattr(record, "epoch", None) if export else state.get("epoch")
     trained = _trained(
         architecture,
@@ -268,7 +263,7 @@ def _from_saved(state: dict, path) -> TrainedModel:
 
 def _from_port(port: Port, weights: dict, contents: dict, path) -> TrainedModel:
     """A publisher's weights on EmbeddingNet keys; its head gives D."""
-    if not all(torch.is_tensor(v) for v in weights.values()):
+    if not is_state_dict(weights):
         raise _bad(path, f"a {port.publisher} state dict must hold only tensors")
     try:
         size = _size_in(port.input_size(weights), "its input size", path)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from facenet.checkpoint import load_weights_only, some_names
+from facenet.checkpoint import is_state_dict, load_weights_only, some_names
 from facenet.errors import WeightsError
 from facenet.models.backbones import (
     InceptionResnetV1,
@@ -86,14 +86,12 @@ BACKBONES: tuple[str, ...] = tuple(_BUILDERS)
 def _read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The state dict a weights file holds, itself or under "model"/"state_dict"."""
     obj = load_weights_only(path, what="weights file", error=WeightsError)
-    if isinstance(obj, Mapping) and not all(torch.is_tensor(v) for v in obj.values()):
+    if isinstance(obj, Mapping) and not is_state_dict(obj):
         for key in ("model", "state_dict", *(port.file_key for port in PORTS if port.file_key)):
             if isinstance(obj.get(key), Mapping):
                 obj = obj[key]
                 break
-    if not isinstance(obj, Mapping) or not all(
-        isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items()
-    ):
+    if not is_state_dict(obj):
         raise WeightsError(
             f"weights file {path}: expected a state dict (a mapping of parameter names to "
             f"tensors), or a checkpoint holding one under 'model' or 'state_dict'"

@@ -181,12 +181,8 @@ class StepSchedule:
 
 
 def schedule_shape(cfg: OptimConfig, epochs: int, steps_per_epoch: int) -> ScheduleShape:
-    """The per-step factor of ``optim.schedule``, lengths given in epochs converted to steps."""
-    if cfg.warmup_steps and cfg.warmup_epochs:
-        raise ValueError(
-            f"warmup_steps: {cfg.warmup_steps} and warmup_epochs: {cfg.warmup_epochs}: give "
-            "the warm-up's length once"
-        )
+    """The per-step factor of ``optim.schedule``, lengths given in epochs converted to steps
+    (the configuration refuses a warm-up given both ways)."""
     if steps_per_epoch < 1 or epochs < 1:
         raise ValueError(f"a schedule needs steps: {epochs} epochs of {steps_per_epoch} steps")
     return ScheduleShape(

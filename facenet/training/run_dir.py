@@ -23,7 +23,7 @@ from pathlib import Path
 from facenet.checkpoint import load_checkpoint
 from facenet.distributed import agree_on_error
 from facenet.errors import FacenetError
-from facenet.files import write_text_atomic
+from facenet.files import read_json, write_text_atomic
 
 LOCK_NAME = ".lock"
 OUTPUTS_RECORD = "outputs.json"
@@ -121,9 +121,9 @@ class RunDirLock:
 
 
 def _recorded(run_dir: Path) -> list[str] | None:
-    try:
-        record = json.loads((run_dir / OUTPUTS_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a regular file of bounded size: a FIFO or a huge record is no record
+        record = read_json(run_dir / OUTPUTS_RECORD)
+    except (OSError, ValueError):  # DataError is a ValueError
         return None
     if not isinstance(record, dict) or record.get("format") != _RECORD_FORMAT:
         return None

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from facenet.distributed import all_gather_tensor, gather_variable_rows, get_rank, get_world_size
-from facenet.errors import ConfigError
 from facenet.metric.miners import Triplets
 
 _AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -64,23 +63,23 @@ def unique_triplet_images(triplets: Triplets) -> tuple[torch.Tensor, Triplets]:
 
 def _at_least_float32(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """Losses run in float32 or wider, also under autocast (float64 stays float64)."""
-    if tensor is not None and tensor.dtype in (torch.float16, torch.bfloat16):
-        return tensor.float()
-    return tensor
+    return None if tensor is None else tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 class _Step:
     """What every path shares. ``model`` sits on its device, possibly DDP-wrapped (no-grad
     forwards skip the wrapper); ``amp``: "none", "bf16" (autocast) or "fp16" (autocast and
-    ``scaler``, a GradScaler whose ``scale`` multiplies every backward)."""
+    ``scaler``, a GradScaler whose ``scale`` multiplies every backward); ``chunk_size``: images
+    per chunk of the chunked path."""
 
     name = ""
 
-    def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none"):
+    def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none", chunk_size=0):
         self.model, self.core = model, getattr(model, "module", model)
         if ce_weight > 0 and getattr(self.core, "classifier", None) is None:
             raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
         self.miner, self.loss_fn, self.ce_weight = miner, loss_fn, float(ce_weight)
+        self.chunk_size = int(chunk_size)
         self.autocast_dtype = _AUTOCAST[amp]
         device = next(self.core.parameters()).device
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
@@ -238,10 +237,6 @@ class ChunkedStep(_Step):
 
     name = "chunked"
 
-    def __init__(self, model, miner, loss_fn, *, chunk_size: int, **kwargs):
-        super().__init__(model, miner, loss_fn, **kwargs)
-        self.chunk_size = int(chunk_size)
-
     def __call__(self, images, labels, candidates=None) -> StepResult | None:
         count = images.shape[0]
         chunks = batch_chunks(count, self.chunk_size, images.device)
@@ -306,17 +301,9 @@ def choose_step(
 ) -> str:
     """The path: "one-pass", "two-pass" or "chunked". ``passes="auto"``: chunked when
     ``chunk_size > 0``; one pass when the miner selects every image (a selection-only pass
-    would forward the same images again); else two, always for seed-style triplet lists."""
-    if isinstance(passes, bool) or passes not in ("auto", 1, 2):
-        raise ConfigError(f"passes must be 'auto', 1 or 2, got {passes!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 0:
-        raise ConfigError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
+    would forward the same images again); else two, always for seed-style triplet lists.
+    The configuration refuses other values (``mining.passes``, ``train.chunk_size``)."""
     if chunk_size > 0:
-        if passes == 1:
-            raise ConfigError(
-                f"passes=1 and chunk_size={chunk_size} exclude each other: a chunked step "
-                "is a two-pass step (passes: 2 or auto)"
-            )
         return "chunked"
     if passes == "auto":
         return "one-pass" if selects_every_image and not triplet_lists else "two-pass"
@@ -334,10 +321,8 @@ def build_step(
     ce_weight: float = 0.0,
     amp: str = "none",
 ) -> _Step:
-    """The step of :func:`choose_step`'s path, built (``ce_weight`` and ``amp`` as for
-    ``_Step``; ``chunk_size``: images per chunk of the chunked path)."""
+    """The step of :func:`choose_step`'s path, built (the keywords as for ``_Step``)."""
     every = getattr(miner, "selects_every_image", False)
     name = choose_step(passes, chunk_size, every, triplet_lists)
-    chunked = {"chunk_size": chunk_size} if name == "chunked" else {}
     path = {"one-pass": OnePassStep, "two-pass": TwoPassStep, "chunked": ChunkedStep}[name]
-    return path(model, miner, loss_fn, ce_weight=ce_weight, amp=amp, **chunked)
+    return path(model, miner, loss_fn, ce_weight=ce_weight, amp=amp, chunk_size=chunk_size)

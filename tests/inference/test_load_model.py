@@ -143,7 +143,12 @@ def test_every_missing_field_of_a_weights_export_is_named(
         (None, "preprocess", [32], "must be a dict"),
         (None, "state_dict", {"w": 1}, "dict of named tensors"),
         (None, "verification", {"threshold": "low"}, "no numeric threshold"),
-        (None, "verification", {"threshold": float("nan")}, "no numeric threshold"),
+        (
+            None,
+            "verification",
+            {"threshold": float("nan")},
+            "no numeric threshold: {'threshold': nan}",
+        ),
         (None, "verification", [1.0], "must be a dict"),
     ],
 )

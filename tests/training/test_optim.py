@@ -164,8 +164,8 @@ def test_resume_problems_name_what_changed():
 
 
 def test_warmup_given_twice_or_a_run_without_steps_is_refused():
-    with pytest.raises(ValueError, match="give the warm-up's length once"):
-        _schedule(OptimConfig(warmup_steps=2, warmup_epochs=1), 4, 5)
+    with pytest.raises(ConfigError, match="give the warm-up's length once"):
+        load_config(None, ["optim.warmup_steps=2", "optim.warmup_epochs=1"])
     with pytest.raises(ValueError, match="needs steps"):
         _schedule(OptimConfig(), 4, 0)
     shape = schedule_shape(OptimConfig(schedule="step", step_size=3), 10, 7)

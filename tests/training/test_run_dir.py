@@ -287,3 +287,9 @@ def test_a_planned_name_the_configuration_reads_is_refused_even_inside_a_folder(
     outputs.plan(["best.pt", "best.pt"])  # planned twice, recorded once
     outputs.add(tmp_path / "summary.json")
     assert outputs.names == ["best.pt", "summary.json"] and not (tmp_path / "best.pt").exists()
+
+
+def test_an_outputs_record_that_is_a_fifo_is_no_record(tmp_path):
+    os.mkfifo(tmp_path / OUTPUTS_RECORD)  # reading it would wait for a writer
+    (tmp_path / "last.pt").write_text("mine")  # not a checkpoint: nothing to remove
+    assert clear_previous_outputs(tmp_path) == [] and (tmp_path / "last.pt").exists()
