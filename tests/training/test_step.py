@@ -9,7 +9,6 @@ import torch
 from step_reference import BNNet, assert_relative_close, make_batch, stated_backward
 from torch import nn
 
-from facenet.config import load_config
 from facenet.errors import ConfigError
 from facenet.memory import GraphMemoryMeter
 from facenet.metric.losses import TripletMarginLoss
@@ -150,16 +149,16 @@ def test_triplet_lists_take_two_passes_unless_told_otherwise():
     assert choose_step(1, 0, True, triplet_lists=True) == "one-pass"  # explicit passes kept
 
 
-def test_the_configuration_refuses_what_no_path_takes():
-    # choose_step trusts its caller: the configuration is where these values are refused.
-    with pytest.raises(ConfigError, match="mining.passes: 1 .* train.chunk_size: 4"):
-        load_config(None, ["mining.passes=1", "train.chunk_size=4"])
-    for bad in ("3", "true"):
-        with pytest.raises(ConfigError, match="mining.passes"):
-            load_config(None, [f"mining.passes={bad}"])
-    for bad in ("-1", "1", "2.5", "'4'", "true"):
-        with pytest.raises(ConfigError, match="train.chunk_size"):
-            load_config(None, [f"train.chunk_size={bad}"])
+def test_one_pass_with_chunks_is_refused_naming_both():
+    with pytest.raises(ConfigError, match="passes=1 and chunk_size=4"):
+        choose_step(1, 4, True)
+    with pytest.raises(ConfigError, match="passes"):
+        choose_step(3, 0, True)
+    with pytest.raises(ConfigError, match="passes"):
+        choose_step(True, 0, True)
+    for bad in (-1, 2.5, "4", True):
+        with pytest.raises(ConfigError, match="chunk_size"):
+            choose_step(2, bad, True)
 
 
 @pytest.mark.parametrize(
