@@ -468,6 +468,7 @@ def test_empty_identity_folders_are_ignored_with_a_warning(tmp_path, capsys):
     make_lfw_folder(tmp_path / "lfw", {f"Id{i}": 3 for i in range(4)})
     (tmp_path / "lfw" / "Empty").mkdir()
     for shared in ([], ["--shared-identities"]):
+        (tmp_path / "lfw" / "pairs.txt").unlink(missing_ok=True)  # never replaced
         argv = [str(tmp_path / "lfw"), "--folds", "2", "--pairs-per-fold", "3", *shared]
         assert make_pairs_script.main(argv) == 0
         out, err = capsys.readouterr()
