@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from facenet.distributed import resolve_device
-from facenet.errors import EXIT_BAD_INPUT, FacenetError
+from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError
 
 
 def one_line(err: BaseException | str) -> str:
@@ -79,6 +81,18 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torch CPU threads (default 1: holds on a busy machine; 0: torch's default)",
     )
+
+
+def check_out(out: Path) -> None:
+    """Refuse, before any work and creating nothing, an ``--out`` whose nearest existing
+    parent is not a writable folder."""
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DataError(f"--out {out}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f"--out {out}: {existing} cannot be written")
 
 
 def int_in(low: int, high: int | None = None, zero: bool = False) -> Callable[[str], int]:

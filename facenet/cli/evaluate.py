@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from facenet.cli.common import (
     add_device_argument,
     add_threads_argument,
+    check_out,
     parse_device,
     positive_int,
     run_command,
@@ -155,18 +155,6 @@ def _check_options(args: argparse.Namespace) -> None:
         raise DataError(f"--folds {args.n_folds} (eval.n_folds): expected an integer >= 2")
     if not 0.0 < args.far_target <= 1.0:
         raise DataError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
-
-
-def check_out(out: Path) -> None:
-    """Refuse, before any work and creating nothing, an ``--out`` whose nearest existing
-    parent is not a writable folder."""
-    existing = out
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise DataError(f"--out {out}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise DataError(f"--out {out}: {existing} cannot be written")
 
 
 def _embedding_setup(args: argparse.Namespace) -> tuple:
