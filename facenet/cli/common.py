@@ -1,7 +1,8 @@
 """What every command shares: user errors as one ``error:`` line with exit code 2, warnings as
-one ``warning:`` line, and the ``--device`` and ``--threads`` arguments. A command's ``main(argv)``
-is ``run_command(lambda: _main(args))``: a ``FacenetError`` or a file-system error becomes that
-line; anything else is a bug and keeps its traceback.
+one ``warning:`` line, the ``--device``, ``--threads``, ``--out`` and ``--overwrite`` arguments,
+and the check, before any work, that nothing but a command's own earlier output is replaced. A
+command's ``main(argv)`` is ``run_command(lambda: _main(args))``: a ``FacenetError`` or a
+file-system error becomes that line; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -83,6 +84,14 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_out_arguments(parser: argparse.ArgumentParser, what: str, default: str | None = None):
+    """``--out`` (required without a ``default``) and ``--overwrite``."""
+    parser.add_argument("--out", default=default, required=default is None, help=what)
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace this command's earlier outputs"
+    )
+
+
 def check_out(out: Path) -> None:
     """Refuse, before any work and creating nothing, an ``--out`` whose nearest existing
     parent is not a writable folder."""
@@ -93,6 +102,17 @@ def check_out(out: Path) -> None:
         raise DataError(f"--out {out}: {existing} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise DataError(f"--out {out}: {existing} cannot be written")
+
+
+def check_outputs(paths: list, overwrite: bool) -> None:
+    """Refuse, before any work, to replace anything but this command's earlier output: a path it
+    writes that exists (a dangling link too), unless ``overwrite``; even then, all but a regular
+    file (a link is never written through); and a path whose folder cannot be written."""
+    for path in map(Path, paths):
+        check_out(path.parent)
+        if os.path.lexists(path) and not (overwrite and path.is_file() and not path.is_symlink()):
+            how = "is not a regular file:" if overwrite else "exists: --overwrite replaces it, or"
+            raise DataError(f"{path} {how} choose another --out")
 
 
 def int_in(low: int, high: int | None = None, zero: bool = False) -> Callable[[str], int]:

@@ -20,7 +20,9 @@ import numpy as np
 
 from facenet.cli.common import (
     add_device_argument,
+    add_out_arguments,
     add_threads_argument,
+    check_outputs,
     parse_device,
     positive_int,
     run_command,
@@ -41,7 +43,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint, model.pt or port file")
     parser.add_argument("--images", required=True, help="identity folders or a flat folder")
-    parser.add_argument("--out", required=True, help="the .npz file to write")
+    add_out_arguments(parser, "the .npz file to write")
     parser.add_argument("--flip", action="store_true", help="concatenate flipped-image embeddings")
     parser.add_argument("--batch-size", type=positive_int, default=128, help="images per forward")
     add_threshold_arguments(parser)
@@ -107,6 +109,7 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
 def _embed(args: argparse.Namespace) -> None:
     """Embed the folder and write the file."""
     set_threads(args.threads)
+    check_outputs([args.out], args.overwrite)
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
     at_hand = trained.preparation(flip=args.flip)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from facenet.cli.common import (
     add_device_argument,
+    add_out_arguments,
     add_threads_argument,
-    check_out,
+    check_outputs,
     parse_device,
     positive_int,
     run_command,
@@ -69,7 +70,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="an insightface .bin verification set (with --checkpoint); repeatable",
     )
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
-    parser.add_argument("--out", default="runs/evaluate", help="where metrics.json and roc.png go")
+    add_out_arguments(parser, "where metrics.json and roc.png go", "runs/evaluate")
     _add_protocol_arguments(parser)
     parser.add_argument(
         "--linear-far",
@@ -214,7 +215,9 @@ def _evaluate(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     _check_options(args)
     out = Path(args.out)
-    check_out(out)  # before the work, not after it
+    rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
+    # before the work, not after it
+    check_outputs([out / name for name in ("metrics.json", *rocs)], args.overwrite)
     if args.bin:
         record, results = _bin_sets(args)
         print(sets_table(results))
