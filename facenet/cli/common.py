@@ -104,15 +104,19 @@ def check_out(out: Path) -> None:
         raise DataError(f"--out {out}: {existing} cannot be written")
 
 
-def check_outputs(paths: list, overwrite: bool) -> None:
-    """Refuse, before any work, to replace anything but this command's earlier output: a path it
-    writes that exists (a dangling link too), unless ``overwrite``; even then, all but a regular
-    file (a link is never written through); and a path whose folder cannot be written."""
-    for path in map(Path, paths):
+def check_outputs(args: argparse.Namespace, *names: str) -> None:
+    """Refuse, before any work, to replace anything but this command's earlier output. The
+    outputs are the files ``names`` in the folder ``args.out``, or without names ``args.out``
+    itself; one that exists (a dangling link too) is refused unless ``args.overwrite``, and even
+    then all but a regular file (a link is never written through); so is an unwritable folder."""
+    for path in [Path(args.out, name) for name in names] or [Path(args.out)]:
         check_out(path.parent)
-        if os.path.lexists(path) and not (overwrite and path.is_file() and not path.is_symlink()):
-            how = "is not a regular file:" if overwrite else "exists: --overwrite replaces it, or"
-            raise DataError(f"{path} {how} choose another --out")
+        replaceable = args.overwrite and path.is_file() and not path.is_symlink()
+        if os.path.lexists(path) and not replaceable:
+            how = (
+                " and is not a regular file:" if args.overwrite else ": --overwrite replaces it, or"
+            )
+            raise DataError(f"{path} exists{how} choose another --out")
 
 
 def int_in(low: int, high: int | None = None, zero: bool = False) -> Callable[[str], int]:

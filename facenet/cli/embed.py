@@ -11,7 +11,6 @@ what differs: give ``--threshold`` or ``--no-threshold``).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -109,7 +108,7 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
 def _embed(args: argparse.Namespace) -> None:
     """Embed the folder and write the file."""
     set_threads(args.threads)
-    check_outputs([args.out], args.overwrite)
+    check_outputs(args)
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
     at_hand = trained.preparation(flip=args.flip)
@@ -130,9 +129,7 @@ def _embed(args: argparse.Namespace) -> None:
         print(f"warning: unreadable image left out: {path}: {reason}", file=sys.stderr)
     if not result.paths:
         raise FacenetError(f"{args.images}: no readable image")
-    buffer = io.BytesIO()
-    np.savez(buffer, **npz_arrays(result, at_hand, threshold))
-    write_atomic(args.out, lambda fh: fh.write(buffer.getvalue()))
+    write_atomic(args.out, lambda fh: np.savez(fh, **npz_arrays(result, at_hand, threshold)))
     n, dim = result.embeddings.shape
     print(
         f"embedded {n} images ({dim}-D) from {args.images} into {args.out}; "

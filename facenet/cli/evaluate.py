@@ -42,7 +42,7 @@ from facenet.evaluation.protocol import (
 )
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.verify import verify, verify_distances
-from facenet.files import write_text_atomic
+from facenet.files import write_atomic, write_text_atomic
 from facenet.inference.loading import load_model
 
 
@@ -217,7 +217,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     out = Path(args.out)
     rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
     # before the work, not after it
-    check_outputs([out / name for name in ("metrics.json", *rocs)], args.overwrite)
+    check_outputs(args, "metrics.json", *rocs)
     if args.bin:
         record, results = _bin_sets(args)
         print(sets_table(results))
@@ -229,11 +229,11 @@ def _evaluate(args: argparse.Namespace) -> None:
     record["same_when"] = f"{'1 - similarity' if args.similarities else 'distance'} < threshold"
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
-    for name, result in results.items():  # name "": the one result of --pairs or --distances
-        file, title = (
-            (f"roc_{name}.png", f"{name} ({result.n_pairs} pairs)") if name else ("roc.png", None)
-        )
-        plot_roc(result, out / file, log_scale=args.log_scale, title=args.title or title)
+    for file, (name, result) in zip(rocs, results.items()):  # name "": --pairs or --distances
+        title = f"{name} ({result.n_pairs} pairs)" if name else None
+        roc = plot_roc(result, log_scale=args.log_scale, title=args.title or title)  # a Figure
+        # replaced whole, never written into: a hard link's other names keep their bytes
+        write_atomic(out / file, lambda fh, roc=roc: roc.savefig(fh, format="png"))
     print(f"wrote {out / 'metrics.json'} and {wrote}")
 
 

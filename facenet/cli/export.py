@@ -41,7 +41,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def _export(args: argparse.Namespace) -> None:
     set_threads(args.threads)
-    check_outputs([args.out], args.overwrite)
+    check_outputs(args)
     trained = load_model(args.checkpoint)
     threshold, line = model_threshold(trained, trained.preparation(), args)
     # Carried into the export's metadata only when it fits these weights as exported.

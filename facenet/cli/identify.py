@@ -188,8 +188,7 @@ def report(matches, rates: dict | None, source: str) -> str:
 def _identify(args: argparse.Namespace) -> None:
     """Match the probes, write the results and print the report."""
     set_threads(args.threads)
-    out = Path(args.out)
-    check_outputs([out / "matches.csv", out / "identification.json"], args.overwrite)
+    check_outputs(args, "matches.csv", "identification.json")
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
     check_same_making(gallery_arrays, probes, args)
     gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))
@@ -199,6 +198,7 @@ def _identify(args: argparse.Namespace) -> None:
     matches = match(gallery, probes["embeddings"], chosen.value, chosen.distance)
     labelled = len(probes.get("labels", [])) == len(matches.identity)
     rates = identification_rates(matches, probes["labels"], gallery) if labelled else None
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "matches.csv", matches_csv(probes, matches))
     record = {"threshold": chosen.value, "threshold_distance": chosen.distance, "source": source}

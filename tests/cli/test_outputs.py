@@ -117,7 +117,7 @@ def test_anything_but_a_regular_file_is_refused_even_with_overwrite(name, kind, 
     main, argv, outputs = command(name, tmp_path)
     make(kind, outputs[-1], tmp_path / "elsewhere" / "target")
     refused(main, argv, tmp_path, capsys, f"{outputs[-1]} exists: --overwrite replaces it")
-    says = f"{outputs[-1]} is not a regular file: choose another --out"
+    says = f"{outputs[-1]} exists and is not a regular file: choose another --out"
     refused(main, [*argv, "--overwrite"], tmp_path, capsys, says)
 
 
