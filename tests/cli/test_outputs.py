@@ -129,3 +129,18 @@ def test_an_output_folder_that_is_a_file_is_refused_before_any_work(name, tmp_pa
     if blocker.name == "file":
         argv[argv.index("--out") + 1] = str(blocker / "out.npz")
     refused(main, [*argv, "--overwrite"], tmp_path, capsys, f"{blocker} is not a folder")
+
+
+@pytest.mark.parametrize("name", ("evaluate", "identify", "embed", "export"))
+def test_overwrite_never_writes_into_a_hard_link(name, tiny_run, tmp_path, capsys):
+    """A regular file is replaced whole: another name of the same file keeps its bytes."""
+    main, argv, outputs = command(name, tmp_path, tiny_run)
+    (tmp_path / "kept").mkdir()
+    for i, output in enumerate(outputs):
+        output.parent.mkdir(exist_ok=True)
+        (tmp_path / "kept" / str(i)).write_bytes(b"the user's own")
+        os.link(tmp_path / "kept" / str(i), output)
+    assert main([*argv, "--overwrite"]) == 0, capsys.readouterr().err
+    kept = [p.read_bytes() for p in (tmp_path / "kept").iterdir()]
+    assert kept == [b"the user's own"] * len(outputs)
+    assert all(p.read_bytes() != b"the user's own" for p in outputs)
