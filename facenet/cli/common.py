@@ -84,7 +84,9 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_out_arguments(parser: argparse.ArgumentParser, what: str, default: str | None = None):
+def add_out_arguments(
+    parser: argparse.ArgumentParser, what: str, default: str | None = None
+) -> None:
     """``--out`` (required without a ``default``) and ``--overwrite``."""
     parser.add_argument("--out", default=default, required=default is None, help=what)
     parser.add_argument(
