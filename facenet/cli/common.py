@@ -1,21 +1,24 @@
 """What every command shares: user errors as one ``error:`` line with exit code 2, warnings as
-one ``warning:`` line, and the ``--device`` and ``--threads`` arguments. A command's ``main(argv)``
-is ``run_command(lambda: _main(args))``: a ``FacenetError`` or a file-system error becomes that
-line; anything else is a bug and keeps its traceback.
+one ``warning:`` line, the ``--device``, ``--threads``, ``--out`` and ``--overwrite`` arguments,
+and the check, before any work, that nothing but a command's own earlier output is replaced. A
+command's ``main(argv)`` is ``run_command(lambda: _main(args))``: a ``FacenetError`` or a
+file-system error becomes that line; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from facenet.distributed import resolve_device
-from facenet.errors import EXIT_BAD_INPUT, FacenetError
+from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError
 
 
 def one_line(err: BaseException | str) -> str:
@@ -79,6 +82,43 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torch CPU threads (default 1: holds on a busy machine; 0: torch's default)",
     )
+
+
+def add_out_arguments(
+    parser: argparse.ArgumentParser, what: str, default: str | None = None
+) -> None:
+    """``--out`` (required without a ``default``) and ``--overwrite``."""
+    parser.add_argument("--out", default=default, required=default is None, help=what)
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace this command's earlier outputs"
+    )
+
+
+def check_out(out: Path) -> None:
+    """Refuse, before any work and creating nothing, an ``--out`` whose nearest existing
+    parent is not a writable folder."""
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DataError(f"--out {out}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f"--out {out}: {existing} cannot be written")
+
+
+def check_outputs(args: argparse.Namespace, *names: str) -> None:
+    """Refuse, before any work, to replace anything but this command's earlier output. The
+    outputs are the files ``names`` in the folder ``args.out``, or without names ``args.out``
+    itself; one that exists (a dangling link too) is refused unless ``args.overwrite``, and even
+    then all but a regular file (a link is never written through); so is an unwritable folder."""
+    for path in [Path(args.out, name) for name in names] or [Path(args.out)]:
+        check_out(path.parent)
+        replaceable = args.overwrite and path.is_file() and not path.is_symlink()
+        if os.path.lexists(path) and not replaceable:
+            how = (
+                " and is not a regular file:" if args.overwrite else ": --overwrite replaces it, or"
+            )
+            raise DataError(f"{path} exists{how} choose another --out")
 
 
 def int_in(low: int, high: int | None = None, zero: bool = False) -> Callable[[str], int]:

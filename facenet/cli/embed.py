@@ -11,7 +11,6 @@ what differs: give ``--threshold`` or ``--no-threshold``).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -20,7 +19,9 @@ import numpy as np
 
 from facenet.cli.common import (
     add_device_argument,
+    add_out_arguments,
     add_threads_argument,
+    check_outputs,
     parse_device,
     positive_int,
     run_command,
@@ -41,7 +42,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint, model.pt or port file")
     parser.add_argument("--images", required=True, help="identity folders or a flat folder")
-    parser.add_argument("--out", required=True, help="the .npz file to write")
+    add_out_arguments(parser, "the .npz file to write")
     parser.add_argument("--flip", action="store_true", help="concatenate flipped-image embeddings")
     parser.add_argument("--batch-size", type=positive_int, default=128, help="images per forward")
     add_threshold_arguments(parser)
@@ -107,6 +108,7 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
 def _embed(args: argparse.Namespace) -> None:
     """Embed the folder and write the file."""
     set_threads(args.threads)
+    check_outputs(args)
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
     at_hand = trained.preparation(flip=args.flip)
@@ -127,9 +129,7 @@ def _embed(args: argparse.Namespace) -> None:
         print(f"warning: unreadable image left out: {path}: {reason}", file=sys.stderr)
     if not result.paths:
         raise FacenetError(f"{args.images}: no readable image")
-    buffer = io.BytesIO()
-    np.savez(buffer, **npz_arrays(result, at_hand, threshold))
-    write_atomic(args.out, lambda fh: fh.write(buffer.getvalue()))
+    write_atomic(args.out, lambda fh: np.savez(fh, **npz_arrays(result, at_hand, threshold)))
     n, dim = result.embeddings.shape
     print(
         f"embedded {n} images ({dim}-D) from {args.images} into {args.out}; "

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from facenet.cli.common import (
     add_device_argument,
+    add_out_arguments,
     add_threads_argument,
+    check_outputs,
     parse_device,
     positive_int,
     run_command,
@@ -41,7 +42,7 @@ from facenet.evaluation.protocol import (
 )
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.verify import verify, verify_distances
-from facenet.files import write_text_atomic
+from facenet.files import write_atomic, write_text_atomic
 from facenet.inference.loading import load_model
 
 
@@ -69,7 +70,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="an insightface .bin verification set (with --checkpoint); repeatable",
     )
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
-    parser.add_argument("--out", default="runs/evaluate", help="where metrics.json and roc.png go")
+    add_out_arguments(parser, "where metrics.json and roc.png go", "runs/evaluate")
     _add_protocol_arguments(parser)
     parser.add_argument(
         "--linear-far",
@@ -157,18 +158,6 @@ def _check_options(args: argparse.Namespace) -> None:
         raise DataError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
-def check_out(out: Path) -> None:
-    """Refuse, before any work and creating nothing, an ``--out`` whose nearest existing
-    parent is not a writable folder."""
-    existing = out
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise DataError(f"--out {out}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise DataError(f"--out {out}: {existing} cannot be written")
-
-
 def _embedding_setup(args: argparse.Namespace) -> tuple:
     """(pairs -> ``VerificationResult`` of the checkpoint's model, ``threshold_for``)."""
     trained, device = load_model(args.checkpoint), parse_device(args.device)
@@ -226,7 +215,9 @@ def _evaluate(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     _check_options(args)
     out = Path(args.out)
-    check_out(out)  # before the work, not after it
+    rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
+    # before the work, not after it
+    check_outputs(args, "metrics.json", *rocs)
     if args.bin:
         record, results = _bin_sets(args)
         print(sets_table(results))
@@ -238,11 +229,11 @@ def _evaluate(args: argparse.Namespace) -> None:
     record["same_when"] = f"{'1 - similarity' if args.similarities else 'distance'} < threshold"
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
-    for name, result in results.items():  # name "": the one result of --pairs or --distances
-        file, title = (
-            (f"roc_{name}.png", f"{name} ({result.n_pairs} pairs)") if name else ("roc.png", None)
-        )
-        plot_roc(result, out / file, log_scale=args.log_scale, title=args.title or title)
+    for file, (name, result) in zip(rocs, results.items()):  # name "": --pairs or --distances
+        title = f"{name} ({result.n_pairs} pairs)" if name else None
+        roc = plot_roc(result, log_scale=args.log_scale, title=args.title or title)  # a Figure
+        # replaced whole, never written into: a hard link's other names keep their bytes
+        write_atomic(out / file, lambda fh, roc=roc: roc.savefig(fh, format="png"))
     print(f"wrote {out / 'metrics.json'} and {wrote}")
 
 

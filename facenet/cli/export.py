@@ -12,7 +12,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from facenet.cli.common import add_threads_argument, run_command, set_threads
+from facenet.cli.common import (
+    add_out_arguments,
+    add_threads_argument,
+    check_outputs,
+    run_command,
+    set_threads,
+)
 from facenet.cli.embed import add_threshold_arguments, model_threshold
 from facenet.inference.export import CHECK_BATCH, FORMATS, PARITY_TOLERANCE, export_model
 from facenet.inference.loading import load_model
@@ -24,7 +30,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint, model.pt or port file")
     parser.add_argument("--format", required=True, choices=FORMATS, help="what to write")
-    parser.add_argument("--out", required=True, help="the file to write")
+    add_out_arguments(parser, "the file to write")
     parser.add_argument(
         "--tolerance", type=float, default=PARITY_TOLERANCE, help="largest |exported - eager|"
     )
@@ -35,6 +41,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def _export(args: argparse.Namespace) -> None:
     set_threads(args.threads)
+    check_outputs(args)
     trained = load_model(args.checkpoint)
     threshold, line = model_threshold(trained, trained.preparation(), args)
     # Carried into the export's metadata only when it fits these weights as exported.

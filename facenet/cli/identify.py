@@ -18,7 +18,13 @@ import json
 import sys
 from pathlib import Path
 
-from facenet.cli.common import add_threads_argument, run_command, set_threads
+from facenet.cli.common import (
+    add_out_arguments,
+    add_threads_argument,
+    check_outputs,
+    run_command,
+    set_threads,
+)
 from facenet.errors import DataError
 from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
@@ -59,7 +65,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
     parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")
     parser.add_argument("--set", dest="set_name", help="the --bin set of --metrics to take")
-    parser.add_argument("--out", default="runs/identify", help="folder for the results")
+    add_out_arguments(parser, "folder for the results", "runs/identify")
     add_threads_argument(parser)
     return parser
 
@@ -182,6 +188,7 @@ def report(matches, rates: dict | None, source: str) -> str:
 def _identify(args: argparse.Namespace) -> None:
     """Match the probes, write the results and print the report."""
     set_threads(args.threads)
+    check_outputs(args, "matches.csv", "identification.json")
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
     check_same_making(gallery_arrays, probes, args)
     gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))

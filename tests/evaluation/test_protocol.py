@@ -430,7 +430,9 @@ def test_evaluate_script_bad_csv(tmp_path, capsys, content, message):
 
 def test_evaluate_script_npz_without_issame(tmp_path, capsys):
     np.savez(tmp_path / "d.npz", distances=np.zeros(4))
-    assert evaluate_script.main(["--distances", str(tmp_path / "d.npz")]) == 2
+    # its own --out: a metrics.json left in the default runs/evaluate would be refused first
+    argv = ["--distances", str(tmp_path / "d.npz"), "--out", str(tmp_path / "out")]
+    assert evaluate_script.main(argv) == 2
     assert "no array 'issame'" in capsys.readouterr().err
 
 

@@ -111,6 +111,7 @@ def small_folder(tiny_run, tmp_path) -> Path:
 def test_flip_never_records_a_threshold_chosen_without_flip(tiny_run, tmp_path, capsys):
     root = small_folder(tiny_run, tmp_path)
     argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--images", str(root), "--no-progress"]
+    argv.append("--overwrite")  # each run replaces the last one's file
     out = tmp_path / "o.npz"
     assert embed_script.main([*argv, "--out", str(out), "--flip"]) == 2
     err = capsys.readouterr().err

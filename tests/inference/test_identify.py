@@ -149,6 +149,7 @@ def test_a_matching_stored_threshold_is_used_and_named(tmp_path, capsys):
     record = {"threshold": 0.5, "threshold_distance": "squared", "threshold_for": AT_HAND}
     (tmp_path / "m.json").write_text(json.dumps(record))
     argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    argv.append("--overwrite")  # the second run replaces the first's results
     assert identify_script.main([*argv, "--metrics", str(tmp_path / "m.json")]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("threshold: 0.5000 (squared distance; weights aaaaaaaa; no flip")
@@ -320,7 +321,7 @@ def test_identify_takes_a_set_threshold_of_evaluate_bin(tmp_path, capsys):
     record = {"source": "m.pt", "threshold_for": AT_HAND, "sets": sets}
     (tmp_path / "m.json").write_text(json.dumps(record))
     argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
-    argv += ["--metrics", str(tmp_path / "m.json")]
+    argv += ["--metrics", str(tmp_path / "m.json"), "--overwrite"]  # each run replaces the last
     assert identify_script.main([*argv, "--set", "cfp"]) == 0
     assert capsys.readouterr().out.startswith("threshold: 0.7000 (squared distance; weights aaaa")
     for wrong in ([], ["--set", "agedb"]):  # two sets: one must be named, and be one of them
@@ -331,7 +332,7 @@ def test_identify_takes_a_set_threshold_of_evaluate_bin(tmp_path, capsys):
     (tmp_path / "m.json").write_text(json.dumps({"threshold": 0.5, "threshold_for": AT_HAND}))
     with pytest.raises(DataError, match="holds no sets"):
         read_threshold(tmp_path / "m.json", "lfw")
-    assert identify_script.main([*argv[:6], "--set", "lfw", "--threshold", "1"]) == 0
+    assert identify_script.main([*argv[:6], "--overwrite", "--set", "lfw", "--threshold", "1"]) == 0
 
 
 def declaring(path: Path, shape: tuple) -> Path:
