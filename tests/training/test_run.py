@@ -746,6 +746,7 @@ def test_a_non_square_run_trains_evaluates_embeds_and_exports(tmp_path, capsys):
 
     pairs = tmp_path / "data" / "heldout" / "test_pairs.txt"
     argv = ["--checkpoint", str(checkpoint), "--pairs", str(pairs), "--out", str(tmp_path / "e")]
+    argv.append("--overwrite")  # the second run replaces the first's metrics.json
     for preprocess in ("resize", "crop"):  # crop: the 24 x 24 faces cut to 24 x 20
         assert evaluate_script.main([*argv, "--preprocess", preprocess]) == 0
     assert len(json.loads((tmp_path / "e" / "metrics.json").read_text())["accuracy"]) == 10
