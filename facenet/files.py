@@ -121,7 +121,8 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        tmp.unlink(missing_ok=True)  # a stale or planted one (a link): never written through
+        with open(tmp, "xb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())

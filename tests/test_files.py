@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from facenet.errors import DataError
-from facenet.files import open_regular, read_json, read_npz
+from facenet.files import open_regular, read_json, read_npz, write_atomic
 
 
 def _npy_bytes(shape, dtype="<f8", payload=b""):
@@ -118,3 +118,13 @@ def test_a_single_npy_or_garbage_is_not_an_npz(tmp_path):
     path.write_bytes(buffer.getvalue())
     with pytest.raises(DataError, match="one.npz: not arrays"):
         read_npz(path, "arrays")
+
+
+def test_write_atomic_never_writes_through_a_planted_temporary_name(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    target = tmp_path / "out.json"
+    (tmp_path / f".out.json.{os.getpid()}.tmp").symlink_to(victim)
+    write_atomic(target, lambda fh: fh.write(b"new"))
+    assert victim.read_text() == "keep" and target.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "victim.txt"]

@@ -6,15 +6,10 @@ from facenet.evaluation.protocol import VerificationResult
 from facenet.evaluation.report import val_at_far_label
 
 
-def plot_roc(
-    result: VerificationResult,
-    path=None,
-    log_scale: bool = False,
-    title: str | None = None,
-):
-    """The full ROC with its AUC, the EER point and the VAL @ FAR point, saved as a PNG at
-    ``path``; without ``path``, the ``matplotlib.figure.Figure`` (for TensorBoard's
-    ``add_figure``). Never registered with pyplot: no window opens, nothing stays open."""
+def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | None = None):
+    """The full ROC with its AUC, the EER point and the VAL @ FAR point: a
+    ``matplotlib.figure.Figure`` (``savefig``, TensorBoard's ``add_figure``). Never registered
+    with pyplot: no window opens, nothing stays open."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -37,7 +32,4 @@ def plot_roc(
     ax.set_title(title or f"ROC ({result.n_pairs} pairs, {result.n_folds} folds)")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right")
-    if path is None:
-        return fig
-    fig.savefig(path, format="png")
-    return None
+    return fig

@@ -22,6 +22,7 @@ from facenet.evaluation.plots import plot_roc
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.report import figures
 from facenet.evaluation.verify import verify
+from facenet.files import write_atomic
 from facenet.inference.loading import weights_digest
 
 
@@ -53,7 +54,8 @@ def _plot(run, result, name: str, title: str, step: int) -> None:
         return
     title = f"{run.run_dir.name}: {title}"
     figure = plot_roc(result, log_scale=run.cfg.eval.log_scale_roc, title=title)
-    figure.savefig(run.run_dir / f"roc_{name}.png", format="png")
+    # replaced whole, never written into: a hard link's other names keep their bytes
+    write_atomic(run.run_dir / f"roc_{name}.png", lambda fh: figure.savefig(fh, format="png"))
     run.logger.log_figure(f"eval/{name.split('_')[0]}/roc", figure, step)
 
 
