@@ -93,8 +93,8 @@ def _finite(x: Any, name: str, ndim: int, keep_float: bool = False) -> np.ndarra
     arr = _to_numpy(x)
     if arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s), got shape {arr.shape}")
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    if arr.dtype == bool or arr.dtype.kind not in "iuf":  # complex, strings, dates: refused
+        raise ValueError(f"{name} must be real numbers, got dtype {arr.dtype}")
     if not (keep_float and np.issubdtype(arr.dtype, np.floating)):
         arr = arr.astype(np.float64)
     bad = ~np.isfinite(arr)

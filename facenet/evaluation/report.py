@@ -190,7 +190,9 @@ def _difference(key: str, ours, theirs, our_epoch, their_epoch) -> str:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """An int or float (not a bool) within float's range: a 400-digit int is not a threshold."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and abs(value) < 1e300
 
 
 def _typed(value, kind):

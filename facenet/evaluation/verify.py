@@ -109,7 +109,8 @@ def _checked(source: str, protocol, *args) -> VerificationResult:
     if r.auc < 0.5 - max(REVERSED_AUC_MARGIN, 3 * ((r.n_pairs + 1) / 3) ** 0.5 / r.n_pairs):
         warnings.warn(
             f"{source}: the same identity scores higher than different ones (AUC {r.auc:.4f}): "
-            "similarities read as distances? give --similarities, or negate them",
+            "similarities read as distances, or the other way? give (or drop) --similarities, "
+            "or negate them",
             stacklevel=3,
         )
     return r

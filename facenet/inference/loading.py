@@ -169,7 +169,7 @@ def _trained(architecture: dict, state: Mapping, path, preprocess: tuple, kind: 
     ``preprocess`` its (image size, normalize); NaN or infinite weights are refused (they make
     every embedding NaN)."""
     weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
-    bad = [k for k, v in weights.items() if v.is_floating_point() and not v.isfinite().all()]
+    bad = [k for k, v in weights.items() if not v.isfinite().all()]  # complex NaN included
     if bad:
         raise _bad(
             path, f"{len(bad)} weight tensor(s) hold NaN or infinite values: {some_names(bad)}"
@@ -209,7 +209,9 @@ def _epoch_threshold(state: dict, digest, path) -> dict:
         if isinstance(eval_cfg, Mapping)
         else {}
     )
-    provenance = {"weights_sha256": digest(), **saved, **(validation.get("threshold_for") or {})}
+    given = validation.get("threshold_for")
+    given = given if isinstance(given, Mapping) else {}
+    provenance = {"weights_sha256": digest(), **saved, **given}
     record = ThresholdRecord.from_dict(
         {**validation, **provenance, "epoch": epoch, "chosen_on": "validation pairs"}, str(path)
     )

@@ -310,7 +310,9 @@ def test_the_mobilefacenet_grid_is_the_publishers_similarity_grid():
 
 
 @pytest.mark.parametrize("name", ["d.csv", "d.npz"])
-@pytest.mark.parametrize("hostile", ["FIFO", "folder", "declared terabyte", "missing"])
+@pytest.mark.parametrize(
+    "hostile", ["FIFO", "folder", "declared terabyte", "zero-size huge side", "missing"]
+)
 def test_hostile_distances_files_are_one_line_errors(tmp_path, capsys, name, hostile):
     """Checked before a byte is parsed: a FIFO would block on open, a header declaring a
     terabyte would be allocated."""
@@ -325,7 +327,22 @@ def test_hostile_distances_files_are_one_line_errors(tmp_path, capsys, name, hos
         np.lib.format.write_array_header_1_0(header, declared)
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("distances.npy", header.getvalue() + b"\0" * 64)
+    elif hostile == "zero-size huge side":  # 0 elements: numpy's shape overflows, not the size
+        header = io.BytesIO()
+        declared = {"descr": "<f8", "fortran_order": False, "shape": (2**70, 0)}
+        np.lib.format.write_array_header_2_0(header, declared)
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("distances.npy", header.getvalue())
     assert evaluate_script.main(["--distances", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: ") and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_complex_distances_are_refused(tmp_path, capsys):
+    path = tmp_path / "d.npz"
+    issame = np.arange(40) % 2 == 0
+    np.savez(path, distances=np.linspace(0, 1, 40).astype(np.complex64), issame=issame)
+    assert evaluate_script.main(["--distances", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and "real numbers" in err and "complex64" in err

@@ -389,6 +389,7 @@ def test_a_gallery_threshold_record_nested_past_the_recursion_limit_is_refused(t
         {"threshold": float("inf"), "threshold_for": AT_HAND},
         {"threshold": "0.5", "threshold_for": AT_HAND},
         {"threshold": True, "threshold_for": AT_HAND},
+        {"threshold": 10**400, "threshold_for": AT_HAND},  # float() would overflow
         {"sets": {"lfw": [0.5]}, "threshold_for": AT_HAND},
         [0.5],
     ],

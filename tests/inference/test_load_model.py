@@ -176,6 +176,21 @@ def test_non_finite_weights_are_refused_naming_the_tensors(tiny_run, tmp_path, m
     port["last_linear.weight"][0, 0] = float("nan")
     torch.save(port, tmp_path / "port.pt")
     assert "embedding.linear.weight" in refused(tmp_path / "port.pt", "NaN", monkeypatch)
+    weight = state["model"]["embedding.linear.weight"]
+    complex_nan = torch.full_like(weight, complex("nan"), dtype=torch.complex64)
+    state["model"]["embedding.linear.weight"] = complex_nan
+    torch.save(state, tmp_path / "complex.pt")  # a complex NaN is non-finite too
+    assert "embedding.linear.weight" in refused(tmp_path / "complex.pt", "NaN", monkeypatch)
+
+
+def test_a_malformed_threshold_in_a_checkpoints_history_is_no_threshold(tiny_run, tmp_path):
+    state = load_checkpoint(tiny_run["checkpoint"])
+    record = [r for r in state["history"] if r["epoch"] == state["epoch"]][0]["validation"]
+    for threshold_for, threshold in (([1, 2], 0.5), ("abc", 0.5), ({}, 10**400)):
+        record.update(threshold_for=threshold_for, threshold=threshold)
+        torch.save(state, tmp_path / "odd.pt")
+        trained = load_model(tmp_path / "odd.pt")  # no TypeError or OverflowError
+        assert (trained.threshold_record() is None) == (threshold == 10**400)
 
 
 def test_a_checkpoint_carries_its_own_epochs_threshold(tiny_run, tmp_path):
