@@ -435,6 +435,8 @@ class _BoundedLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base": SafeLoader merges it
+                continue
             if not isinstance(key_node, yaml.ScalarNode):
                 raise _refused(
                     "a key must be a plain value, not a list or mapping", key_node.start_mark

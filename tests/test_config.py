@@ -488,6 +488,15 @@ def test_the_bomb_is_a_few_hundred_bytes_and_refused_at_once(tmp_path):
         load_config(path)
 
 
+def test_a_yaml_merge_key_merges_and_its_own_keys_win(tmp_path):
+    text = "optim: &o\n  lr: 0.01\n  momentum: 0.8\neval:\n  every: 2\n"
+    text += "loss:\n  <<: {margin: 0.3, distance: cosine}\n  margin: 0.4\n"
+    cfg = load_config(write(tmp_path, text))
+    assert (cfg.loss.margin, cfg.loss.distance, cfg.optim.lr) == (0.4, "cosine", 0.01)
+    with pytest.raises(ConfigError, match="duplicate key 'margin'"):
+        load_config(write(tmp_path, "loss:\n  <<: {distance: cosine}\n  margin: 1\n  margin: 2\n"))
+
+
 def test_aliases_within_the_bounds_still_load_and_messages_stay_short(tmp_path):
     text = "train:\n  seed: &s 7\n  epochs: *s\n"
     assert load_config(write(tmp_path, text)).train.epochs == 7
