@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from facenet.cli.common import positive_int, run_command
+from facenet.data.images import IMAGE_EXTENSIONS
 from facenet.data.pairs import generate_pairs, scan_identities, write_pairs
 from facenet.errors import DataError
 
@@ -46,6 +47,8 @@ def _make_pairs(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else root / "pairs.txt"
     if os.path.lexists(out):  # LFW's own pairs.txt, or a user's file: never replaced
         raise DataError(f"{out} exists: remove it or give another --out")
+    if out.suffix.lower() in IMAGE_EXTENSIONS:  # in an identity folder it would be an image
+        raise DataError(f"--out {out}: a pairs file named like an image")
     images = scan_identities(root)
     try:
         folds = generate_pairs(

@@ -314,6 +314,9 @@ def test_make_pairs_script_never_replaces_an_existing_file(tmp_path, capsys):
         assert make_pairs_script.main([str(tmp_path / "lfw"), *argv]) == 2
         assert "exists" in capsys.readouterr().err
     assert official.read_text() == "10\t300\n" and not (tmp_path / "nowhere").exists()
+    fake = tmp_path / "lfw" / "Id0" / "Id0_0009.PNG"
+    assert make_pairs_script.main([str(tmp_path / "lfw"), "--out", str(fake)]) == 2
+    assert "named like an image" in capsys.readouterr().err and not fake.exists()
 
 
 def test_make_pairs_script_messages_name_its_flags(tmp_path, capsys):
