@@ -159,10 +159,10 @@ class Run:
             return err  # the failing rank leaves with a traceback; no collective checkpoint
         if isinstance(err, NonFiniteLossError):
             self.outputs.add(self.run_dir / "nonfinite.pt")
-            err.checkpoint_note = (
-                f"{save_for_error(self, 'nonfinite.pt')} for inspection; "
-                f"{self.run_dir / 'last.pt'} still holds epoch {progress.epoch - 1}"
-            )
+            last = self.run_dir / "last.pt"
+            kept = f"{last} still holds epoch {progress.epoch - 1}" if last.is_file() else ""
+            kept = kept or f"no checkpoint was written before ({last} does not exist)"
+            err.checkpoint_note = f"{save_for_error(self, 'nonfinite.pt')} for inspection; {kept}"
             return err
         if isinstance(err, NonFiniteInputError):
             err = _name_files(err, batches.loader, progress.epoch, batches.start)

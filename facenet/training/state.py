@@ -31,7 +31,7 @@ from facenet.distributed import (
     get_world_size,
     is_main_process,
 )
-from facenet.errors import CheckpointError, ConfigError
+from facenet.errors import CheckpointError, ConfigError, shown
 from facenet.files import json_safe, write_text_atomic
 from facenet.training.engine import Trainer
 
@@ -156,7 +156,7 @@ def _changed_settings(saved: dict, current: dict) -> list[tuple[str, str]]:
             name = f"{section}.{key}"
             old = saved_section.get(key, value) if isinstance(saved_section, dict) else value
             if old != value and not name.startswith(_FREELY_CHANGED):
-                changes.append((name, f"{name}: {old!r} -> {value!r}"))
+                changes.append((name, f"{name}: {shown(old)} -> {shown(value)}"))
     return changes
 
 

@@ -20,6 +20,7 @@ from PIL import Image
 
 from facenet.checkpoint import load_checkpoint, save_checkpoint
 from facenet.cli import train as train_script
+from facenet.training.state import _changed_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -863,3 +864,34 @@ def test_a_checkpoint_whose_config_sections_are_not_mappings_is_one_line(tmp_pat
     code, _, err = train(capsys, run, flags=["--resume"])
     assert code == 2
     assert_one_error_line(err, str(run / "last.pt"), "does not fit this configuration")
+
+
+def test_a_changed_setting_of_any_depth_or_size_is_warned_of_in_bounded_text():
+    deep = []
+    for _ in range(100_000):  # a crafted checkpoint's config: repr() would recurse past the limit
+        deep = [deep]
+    saved = {"optim": {"lr": deep, "momentum": "x" * 10**6}, "train": {"seed": {"a": deep}}}
+    changes = dict(
+        _changed_settings(saved, {"optim": {"lr": 0.1, "momentum": 0.9}, "train": {"seed": 0}})
+    )
+    assert set(changes) == {"optim.lr", "optim.momentum", "train.seed"}
+    assert all(len(text) < 500 for text in changes.values())
+    assert changes["optim.lr"].endswith("-> 0.1")
+
+
+def test_a_non_finite_stop_before_any_checkpoint_says_none_was_written(
+    tmp_path, capsys, synthetic_root
+):
+    run = tmp_path / "run"
+    code, _, err = train(
+        capsys,
+        run,
+        "train.max_nonfinite_steps=1",
+        "optim.lr=1e30",
+        data=synthetic_data(synthetic_root),
+    )
+    assert code == 3
+    line = assert_one_error_line(
+        err, "non-finite loss", "nonfinite.pt", "no checkpoint was written"
+    )
+    assert "still holds" not in line and not (run / "last.pt").exists()
