@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 from collections.abc import Iterable
 from fnmatch import fnmatch
 from pathlib import Path
@@ -26,6 +27,7 @@ from facenet.errors import FacenetError
 from facenet.files import read_json, write_text_atomic
 
 LOCK_NAME = ".lock"
+_LOCK_TEXT = re.compile(rb"\d+\n[^\n]{0,255}\n")
 OUTPUTS_RECORD = "outputs.json"
 _RECORD_FORMAT = "facenet-run-outputs"
 # What runs wrote before they kept a record (removed only where last.pt shows a run).
@@ -78,10 +80,12 @@ class RunDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise RunDirLocked naming the holder's pid (OSError when the lock
-        file cannot be opened)."""
+        """Take the lock, or raise RunDirLocked naming the holder's pid, NotARunOutput when
+        ``.lock`` is not a lock file of a run (left as it is; OSError when it cannot be made)."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
+            if fd is None:
+                continue  # the holder removed its lock file between our two opens
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -93,20 +97,58 @@ class RunDirLock:
                     "it to end, or choose another --out"
                 ) from None
             # The holder may have removed the file between our open and lock: try again.
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
-                    break
+            if self._is_ours(fd):
+                break
             os.close(fd)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n{socket.gethostname()}\n".encode())
         self._fd = fd
         _HELD_FDS.add(fd)
 
+    def _open(self) -> int | None:
+        """The lock file, created exclusively, or an existing regular file; never a link's
+        target (O_NOFOLLOW); None when it vanished meanwhile."""
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
+        with contextlib.suppress(FileExistsError):
+            return os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(self.path, flags)
+        except FileNotFoundError:
+            return None
+        except OSError:  # a symbolic link (ELOOP), a folder
+            fd = None
+        if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+            if fd is not None:
+                os.close(fd)
+            raise NotARunOutput(self._foreign)
+        return fd
+
+    def _is_ours(self, fd: int) -> bool:
+        """Whether the locked ``fd`` is still ``.lock``; NotARunOutput when it holds what a
+        run never writes (a run's: empty, or ``pid`` and host)."""
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                return False
+            text = os.pread(fd, 300, 0)
+            if text and not _LOCK_TEXT.fullmatch(text):
+                os.close(fd)
+                raise NotARunOutput(self._foreign)
+            return True
+        return False
+
+    @property
+    def _foreign(self) -> str:
+        return (
+            f"{self.path} exists and is not a run's lock file (a pid and a host name): move it "
+            "away, or choose another --out"
+        )
+
     def release(self) -> None:
         if self._fd is None:
             return
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # a later opener creates a new file and locks that
+            if os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self._fd).st_ino:
+                self.path.unlink()  # ours: a later opener creates a new file and locks that
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         _HELD_FDS.discard(self._fd)
         os.close(self._fd)

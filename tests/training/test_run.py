@@ -895,3 +895,19 @@ def test_a_non_finite_stop_before_any_checkpoint_says_none_was_written(
         err, "non-finite loss", "nonfinite.pt", "no checkpoint was written"
     )
     assert "still holds" not in line and not (run / "last.pt").exists()
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_a_lock_file_of_the_users_is_left_alone_by_a_refused_run(tmp_path, capsys, link):
+    run, target = tmp_path / "run", tmp_path / "notes.txt"
+    run.mkdir()
+    target.write_text("mine\n")
+    if link:
+        (run / ".lock").symlink_to(target)
+    else:
+        (run / ".lock").write_text("mine\n")
+    code, _, err = train(capsys, run, "data.dataset=folder", f"data.root={tmp_path / 'missing'}")
+    assert code == 2
+    assert_one_error_line(err, str(run / ".lock"), "is not a run's lock file")
+    assert (run / ".lock").is_symlink() == link and (run / ".lock").read_text() == "mine\n"
+    assert target.read_text() == "mine\n" and sorted(p.name for p in run.iterdir()) == [".lock"]

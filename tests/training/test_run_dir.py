@@ -57,12 +57,45 @@ def test_another_live_process_holding_the_lock_is_respected_until_it_dies(tmp_pa
         pass
 
 
-@pytest.mark.parametrize("content", ["{pid}\n{host}\n", "1\nother-host\n", "garbage", ""])
+@pytest.mark.parametrize("content", ["{pid}\n{host}\n", "1\nother-host\n", ""])
 def test_a_lock_file_nobody_holds_is_taken(tmp_path, content):
     (tmp_path / ".lock").write_text(content.format(pid=os.getpid(), host=socket.gethostname()))
     with RunDirLock(tmp_path):
         text = (tmp_path / ".lock").read_text()
         assert text.split("\n")[:2] == [str(os.getpid()), socket.gethostname()]
+
+    assert not (tmp_path / ".lock").exists()
+
+
+@pytest.mark.parametrize(
+    "content", ["garbage", "my notes\n", "1\nhost\nmore\n", "12\n" + "h" * 300 + "\n"]
+)
+def test_a_lock_file_no_run_wrote_is_refused_and_left_as_it_was(tmp_path, content):
+    (tmp_path / ".lock").write_text(content)
+    with pytest.raises(
+        NotARunOutput, match=rf"{tmp_path / '.lock'} exists and is not a run's lock"
+    ):
+        RunDirLock(tmp_path).acquire()
+    assert (tmp_path / ".lock").read_text() == content
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling link", "folder", "fifo"])
+def test_a_lock_entry_that_is_no_regular_file_is_refused_and_never_followed(tmp_path, kind):
+    target, lock = tmp_path / "target.txt", tmp_path / "run" / ".lock"
+    lock.parent.mkdir()
+    target.write_text("1\nhost\n")  # even a lock's content is not written through a link
+    if kind == "link":
+        lock.symlink_to(target)
+    elif kind == "dangling link":
+        lock.symlink_to(tmp_path / "missing")
+    elif kind == "folder":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+    with pytest.raises(NotARunOutput, match="is not a run's lock file"):
+        RunDirLock(lock.parent).acquire()
+    assert target.read_text() == "1\nhost\n" and not (tmp_path / "missing").exists()
+    assert lock.is_symlink() or lock.exists()
 
 
 def _contend(path, barrier, results):
