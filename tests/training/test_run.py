@@ -911,3 +911,28 @@ def test_a_lock_file_of_the_users_is_left_alone_by_a_refused_run(tmp_path, capsy
     assert_one_error_line(err, str(run / ".lock"), "is not a run's lock file")
     assert (run / ".lock").is_symlink() == link and (run / ".lock").read_text() == "mine\n"
     assert target.read_text() == "mine\n" and sorted(p.name for p in run.iterdir()) == [".lock"]
+
+
+@pytest.mark.parametrize(
+    "damage", ["a missing weight", "a misshapen weight", "no optimizer", "a longer cosine"]
+)
+def test_a_checkpoint_that_does_not_fit_on_resume_writes_nothing(
+    tmp_path, capsys, synthetic_root, damage
+):
+    run, data = tmp_path / "run", synthetic_data(synthetic_root)
+    schedule = "optim.schedule=" + ("cosine" if damage == "a longer cosine" else "step")
+    assert train(capsys, run, schedule, data=data)[0] == 0
+    state = load_checkpoint(run / "last.pt")
+    key = next(iter(state["model"]))
+    if damage == "a missing weight":
+        del state["model"][key]
+    elif damage == "a misshapen weight":
+        state["model"][key] = torch.zeros(3, 1, 2)
+    elif damage == "no optimizer":
+        state["optimizer"] = {"state": {}, "param_groups": []}
+    save_checkpoint(state, run / "last.pt")
+    before = _snapshot(run)
+    code, _, err = train(capsys, run, schedule, "train.epochs=2", flags=["--resume"], data=data)
+    assert code == 2
+    assert_one_error_line(err, str(run / "last.pt"))
+    assert _snapshot(run) == before  # config.yaml, outputs.json and metrics.jsonl untouched
