@@ -936,3 +936,26 @@ def test_a_checkpoint_that_does_not_fit_on_resume_writes_nothing(
     assert code == 2
     assert_one_error_line(err, str(run / "last.pt"))
     assert _snapshot(run) == before  # config.yaml, outputs.json and metrics.jsonl untouched
+
+
+@pytest.mark.parametrize(
+    "setting, old",
+    [
+        ("data.synthetic_identities=8", "6"),
+        ("data.synthetic_seed=1", "0"),
+        ("data.synthetic_pairs_per_fold=7", "6"),
+        ("data.image_size=20", "16"),
+    ],
+)
+def test_resume_refuses_a_changed_synthetic_set_before_touching_the_data(
+    tmp_path, capsys, setting, old
+):
+    run, data = tmp_path / "run", synthetic_data(tmp_path / "data")
+    assert train(capsys, run, data=data)[0] == 0
+    assert (tmp_path / "data" / "manifest.json").is_file()
+    before = _snapshot(tmp_path)
+    code, _, err = train(capsys, run, setting, flags=["--resume"], data=data)
+    assert code == 2
+    key = setting.split("=")[0]
+    assert_one_error_line(err, str(run / "last.pt"), f"{key}: {old} -> ")
+    assert _snapshot(tmp_path) == before  # train/, heldout/ and manifest.json as they were
