@@ -47,6 +47,7 @@ LEGACY_RUN_OUTPUTS = (
 )
 # The ROC figures a run writes (older records name them "roc_*.png").
 _RUN_FIGURE = re.compile(r"roc_(val_epoch_\d+|test)\.png")
+_EVENT_FILE = "events.out.tfevents.*"  # TensorBoard's, in the recorded tensorboard/
 
 
 class RunDirLocked(FacenetError):
@@ -197,19 +198,22 @@ def _matches(name: str, recorded: str) -> bool:
     return name == recorded or (fnmatch(name, recorded) and bool(_RUN_FIGURE.fullmatch(name)))
 
 
-def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> list[Path]:
-    """Remove what the previous run recorded writing here, and the record; the removed paths.
+def _foreign_entry(folder: Path) -> Path | None:
+    """The first entry under a recorded ``folder`` that is not a TensorBoard event file, all
+    that runs write in one."""
+    for path in folder.rglob("*"):
+        if path.is_symlink() or not (
+            path.is_dir() or path.is_file() and fnmatch(path.name, _EVENT_FILE)
+        ):
+            return path
+    return None
 
-    Names that leave the run directory, and the paths the new run reads (``keep``, or a
-    folder holding one), stay. A directory without a record loses nothing, unless its
-    ``last.pt`` is a training checkpoint from before records were kept: then the names such
-    runs wrote (``LEGACY_RUN_OUTPUTS``) go.
-    """
-    run_dir = Path(run_dir)
-    names = _previous_outputs(run_dir)
-    base = run_dir.resolve()
-    kept = [Path(os.path.realpath(k)) for k in keep if k]
-    removed = []
+
+def _previous_paths(run_dir: Path, names: list[str], keep: list[Path]) -> list[Path]:
+    """The entries of ``run_dir`` that ``names`` (a record) covers, except those leading out
+    of it or holding a path the new run reads; NotARunOutput when a recorded folder holds an
+    entry no run wrote."""
+    base, paths = run_dir.resolve(), []
     for name in names:
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             continue  # a record names entries of the run directory itself, nothing else
@@ -218,13 +222,35 @@ def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> l
             real = Path(os.path.realpath(path.parent)) / path.name
             if not _inside(real.parent, base):
                 continue  # a name leading out of the run directory
-            if any(_inside(k, Path(os.path.realpath(path))) or _inside(k, real) for k in kept):
+            if any(_inside(k, Path(os.path.realpath(path))) or _inside(k, real) for k in keep):
                 continue  # the new run reads it (or something inside it)
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-            removed.append(path)
+            foreign = _foreign_entry(path) if path.is_dir() and not path.is_symlink() else None
+            if foreign:
+                raise NotARunOutput(
+                    f"{foreign} is in {path}, which --overwrite removes, and no run wrote it: "
+                    "move it away, or choose another --out"
+                )
+            paths.append(path)
+    return paths
+
+
+def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> list[Path]:
+    """Remove what the previous run recorded writing here, and the record; the removed paths.
+
+    Names that leave the run directory, and the paths the new run reads (``keep``, or a
+    folder holding one), stay. A directory without a record loses nothing, unless its
+    ``last.pt`` is a training checkpoint from before records were kept: then the names such
+    runs wrote (``LEGACY_RUN_OUTPUTS``) go. A recorded folder holding anything but TensorBoard
+    event files refuses the whole removal (NotARunOutput), removing nothing.
+    """
+    run_dir = Path(run_dir)
+    kept = [Path(os.path.realpath(k)) for k in keep if k]
+    removed = _previous_paths(run_dir, _previous_outputs(run_dir), kept)
+    for path in removed:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     with contextlib.suppress(FileNotFoundError):
         (run_dir / OUTPUTS_RECORD).unlink()
     return removed
@@ -263,6 +289,8 @@ class RunOutputs:
             return
         if self._previous is None:
             self._previous = _previous_outputs(self.run_dir)
+        if self.clear_previous and self.names is None:  # before anything is removed
+            _previous_paths(self.run_dir, self._previous, self.keep)
         ours = self._previous if self.names is None else self.names
         for name in names:
             target = self.run_dir / name

@@ -959,3 +959,17 @@ def test_resume_refuses_a_changed_synthetic_set_before_touching_the_data(
     key = setting.split("=")[0]
     assert_one_error_line(err, str(run / "last.pt"), f"{key}: {old} -> ")
     assert _snapshot(tmp_path) == before  # train/, heldout/ and manifest.json as they were
+
+
+def test_overwrite_refuses_a_users_file_inside_the_recorded_tensorboard_folder(
+    tmp_path, capsys, synthetic_root
+):
+    run, data = tmp_path / "run", synthetic_data(synthetic_root)
+    assert train(capsys, run, "logging.tensorboard=true", data=data)[0] == 0
+    assert any((run / "tensorboard").glob("events.out.tfevents.*"))
+    (run / "tensorboard" / "my_notes.txt").write_text("mine\n")
+    before = _snapshot(run)
+    code, _, err = train(capsys, run, "logging.tensorboard=true", flags=["--overwrite"], data=data)
+    assert code == 2
+    assert_one_error_line(err, str(run / "tensorboard" / "my_notes.txt"), "--overwrite removes")
+    assert _snapshot(run) == before

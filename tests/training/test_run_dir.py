@@ -148,7 +148,7 @@ def _fill(folder: Path, names=OUTPUT_LIKE) -> None:
     for name in names:
         (folder / name).write_text("mine")
     (folder / "tensorboard").mkdir(exist_ok=True)
-    (folder / "tensorboard" / "events.out").write_text("mine")
+    (folder / "tensorboard" / "events.out.tfevents.1.host").write_text("mine")
 
 
 def _record(folder: Path, *names: str) -> None:
@@ -162,7 +162,7 @@ def test_a_folder_that_never_held_a_run_loses_nothing(tmp_path):
     before = sorted(p.name for p in tmp_path.iterdir())
     assert clear_previous_outputs(tmp_path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == before
-    assert (tmp_path / "tensorboard" / "events.out").read_text() == "mine"
+    assert (tmp_path / "tensorboard" / "events.out.tfevents.1.host").read_text() == "mine"
 
 
 def test_only_what_the_record_names_is_removed_with_the_record(tmp_path):
@@ -185,7 +185,9 @@ def test_only_what_the_record_names_is_removed_with_the_record(tmp_path):
 def test_paths_the_configuration_reads_are_kept(tmp_path):
     _fill(tmp_path)
     _record(tmp_path, "test_pairs.txt", "tensorboard", "summary.json")
-    inside = tmp_path / "tensorboard" / "events.out"  # a folder holding a read file stays too
+    inside = (
+        tmp_path / "tensorboard" / "events.out.tfevents.1.host"
+    )  # a folder holding a read file stays too
     removed = clear_previous_outputs(tmp_path, keep=[tmp_path / "test_pairs.txt", inside])
     assert [p.name for p in removed] == ["summary.json"]
     assert (tmp_path / "test_pairs.txt").exists() and inside.exists()
@@ -202,7 +204,7 @@ def test_names_leading_out_of_the_run_directory_are_not_followed(tmp_path):
     assert sorted(p.name for p in removed) == ["best.pt", "tensorboard"]  # the links only
     assert not (run / "tensorboard").is_symlink() and not (run / "best.pt").is_symlink()
     assert sorted(p.name for p in elsewhere.iterdir()) == sorted([*OUTPUT_LIKE, "tensorboard"])
-    assert (elsewhere / "tensorboard" / "events.out").exists()
+    assert (elsewhere / "tensorboard" / "events.out.tfevents.1.host").exists()
 
 
 def test_a_run_from_before_records_is_recognised_by_its_checkpoint(tmp_path):
@@ -308,7 +310,7 @@ def test_a_planned_name_the_configuration_reads_is_refused_even_inside_a_folder(
     _fill(tmp_path)
     _record(tmp_path, "tensorboard", "best.pt", "summary.json")
     reads = {
-        "tensorboard": tmp_path / "tensorboard" / "events.out",
+        "tensorboard": tmp_path / "tensorboard" / "events.out.tfevents.1.host",
         "best.pt": tmp_path / "best.pt",
     }
     for name, read in reads.items():
@@ -326,3 +328,30 @@ def test_an_outputs_record_that_is_a_fifo_is_no_record(tmp_path):
     os.mkfifo(tmp_path / OUTPUTS_RECORD)  # reading it would wait for a writer
     (tmp_path / "last.pt").write_text("mine")  # not a checkpoint: nothing to remove
     assert clear_previous_outputs(tmp_path) == [] and (tmp_path / "last.pt").exists()
+
+
+@pytest.mark.parametrize("entry", ["my_notes.txt", "sub/my_notes.txt", "link", "fifo"])
+def test_a_recorded_folder_holding_what_no_run_wrote_refuses_removing_nothing(tmp_path, entry):
+    _fill(tmp_path)
+    (tmp_path / "tensorboard" / "old").mkdir()
+    (tmp_path / "tensorboard" / "old" / "events.out.tfevents.2.host").write_text("run's")
+    foreign = tmp_path / "tensorboard" / entry
+    foreign.parent.mkdir(exist_ok=True)
+    if entry == "link":
+        foreign.symlink_to(tmp_path / "best.pt")
+    elif entry == "fifo":
+        os.mkfifo(tmp_path / "tensorboard" / "events.out.tfevents.3.host")
+        foreign = tmp_path / "tensorboard" / "events.out.tfevents.3.host"
+    else:
+        foreign.write_text("mine")
+    _record(tmp_path, "last.pt", "tensorboard")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(NotARunOutput, match=rf"{foreign} is in {tmp_path / 'tensorboard'}"):
+        clear_previous_outputs(tmp_path)
+    outputs = RunOutputs(tmp_path, clear_previous=True)
+    with pytest.raises(NotARunOutput, match="which --overwrite removes"):
+        outputs.plan(["last.pt"])
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    if entry != "fifo":
+        os.unlink(foreign)
+        assert [p.name for p in clear_previous_outputs(tmp_path)] == ["last.pt", "tensorboard"]
