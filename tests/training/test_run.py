@@ -861,7 +861,7 @@ def test_a_checkpoint_whose_config_sections_are_not_mappings_is_one_line(tmp_pat
     run.mkdir()
     state = {"model": {}, "optimizer": {}, "epoch": 1, "rng": {}, "config": config}
     save_checkpoint({**state, "history": [], "best_accuracy": -1.0}, run / "last.pt")
-    code, _, err = train(capsys, run, flags=["--resume"])
+    code, _, err = train(capsys, run, flags=["--resume"], data=synthetic_data(tmp_path / "d"))
     assert code == 2
     assert_one_error_line(err, str(run / "last.pt"), "does not fit this configuration")
 
