@@ -27,7 +27,7 @@ from facenet.errors import FacenetError
 from facenet.files import read_json, write_text_atomic
 
 LOCK_NAME = ".lock"
-_LOCK_TEXT = re.compile(rb"\d+\n[^\n]{0,255}\n")
+_LOCK_TEXT = re.compile(rb"(\d+\n[^\n]{0,255}\n)?")  # pid, host; empty: killed before writing
 OUTPUTS_RECORD = "outputs.json"
 _RECORD_FORMAT = "facenet-run-outputs"
 # What runs wrote before they kept a record (removed only where last.pt shows a run).
@@ -73,6 +73,13 @@ def _close_inherited_locks() -> None:
 os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
+def _not_a_lock(path: Path) -> str:
+    return (
+        f"{path} exists and is not a run's lock file (a pid and a host name): move it away, "
+        "or choose another --out"
+    )
+
+
 class RunDirLock:
     """An exclusive lock on an existing run directory for the life of a ``with`` block."""
 
@@ -107,42 +114,31 @@ class RunDirLock:
         _HELD_FDS.add(fd)
 
     def _open(self) -> int | None:
-        """The lock file, created exclusively, or an existing regular file; never a link's
-        target (O_NOFOLLOW); None when it vanished meanwhile."""
+        """The lock file, created exclusively, or the existing one, never through a link
+        (O_NOFOLLOW); None when it vanished meanwhile."""
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
         with contextlib.suppress(FileExistsError):
             return os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            fd = os.open(self.path, flags)
+            return os.open(self.path, flags)
         except FileNotFoundError:
             return None
         except OSError:  # a symbolic link (ELOOP), a folder
-            fd = None
-        if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
-            if fd is not None:
-                os.close(fd)
-            raise NotARunOutput(self._foreign)
-        return fd
+            raise NotARunOutput(_not_a_lock(self.path)) from None
 
     def _is_ours(self, fd: int) -> bool:
-        """Whether the locked ``fd`` is still ``.lock``; NotARunOutput when it holds what a
-        run never writes (a run's: empty, or ``pid`` and host)."""
+        """Whether the locked ``fd`` is still ``.lock``; NotARunOutput when it is not a regular
+        file holding what runs write (nothing, or a pid and a host)."""
         with contextlib.suppress(FileNotFoundError):
             if os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
                 return False
-            text = os.pread(fd, 300, 0)
-            if text and not _LOCK_TEXT.fullmatch(text):
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or not _LOCK_TEXT.fullmatch(
+                os.pread(fd, 300, 0)
+            ):
                 os.close(fd)
-                raise NotARunOutput(self._foreign)
+                raise NotARunOutput(_not_a_lock(self.path))
             return True
         return False
-
-    @property
-    def _foreign(self) -> str:
-        return (
-            f"{self.path} exists and is not a run's lock file (a pid and a host name): move it "
-            "away, or choose another --out"
-        )
 
     def release(self) -> None:
         if self._fd is None:
