@@ -1,5 +1,6 @@
-"""Every command picks its torch CPU threads itself: ``--threads`` (``train.threads`` for
-training), default 1, set before the command's first torch work; no environment variable."""
+"""Every command picks its torch CPU threads itself: ``--threads`` (for training, a shorthand
+for ``train.threads``), default 1, set before the command's first torch work; no environment
+variable."""
 
 from __future__ import annotations
 
