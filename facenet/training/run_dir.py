@@ -86,6 +86,7 @@ class RunDirLock:
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
+        self._created = False
 
     def acquire(self) -> None:
         """Take the lock, or raise RunDirLocked naming the holder's pid, NotARunOutput when
@@ -118,7 +119,10 @@ class RunDirLock:
         (O_NOFOLLOW); None when it vanished meanwhile."""
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
         with contextlib.suppress(FileExistsError):
-            return os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            self._created = True
+            return fd
+        self._created = False  # a killed run's: taken over, left in place
         try:
             return os.open(self.path, flags)
         except FileNotFoundError:
@@ -144,7 +148,7 @@ class RunDirLock:
         if self._fd is None:
             return
         with contextlib.suppress(FileNotFoundError):
-            if os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self._fd).st_ino:
+            if self._created and self.path.lstat().st_ino == os.fstat(self._fd).st_ino:
                 self.path.unlink()  # ours: a later opener creates a new file and locks that
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         _HELD_FDS.discard(self._fd)
