@@ -12,7 +12,7 @@ import sys
 
 import yaml
 
-from facenet.cli.common import one_line_warnings, report_error
+from facenet.cli.common import int_in, one_line_warnings, report_error
 from facenet.config import add_override_argument, config_to_dict, load_config
 from facenet.errors import ConfigError
 from facenet.training.run import run_training
@@ -22,6 +22,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML run configuration")
     add_override_argument(parser)
+    parser.add_argument(
+        "--threads", type=int_in(0, 1024), metavar="N", help="same as --set train.threads=N"
+    )
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved configuration and exit"
     )
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.resume and args.overwrite:
                 raise ConfigError("--resume and --overwrite exclude each other")
-            cfg = load_config(args.config, args.overrides)
+            threads = [] if args.threads is None else [f"train.threads={args.threads}"]
+            cfg = load_config(args.config, args.overrides + threads)
         except ConfigError as err:
             return report_error(err)
         if args.out is not None:

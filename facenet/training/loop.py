@@ -41,7 +41,6 @@ from facenet.training.run_dir import RunOutputs
 from facenet.training.state import (
     Progress,
     remaining_loader,
-    restore,
     rewrite_metrics,
     save_for_error,
     save_on_main,
@@ -108,16 +107,11 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     logger: RunLogger | None = None
 
-    def start(self, resume_state: dict | None) -> None:
-        """Restore ``resume_state`` (if any), rewrite metrics.jsonl to match and open the
-        logger."""
+    def start(self) -> None:
+        """Rewrite metrics.jsonl to match the (restored) progress and open the logger."""
         cfg, main = self.cfg, is_main_process()
         if main:
             remove_stale_temporary_files(self.run_dir)
-        self.progress = Progress()
-        if resume_state is not None:
-            self.progress = restore(self, resume_state)
-        if main:
             rewrite_metrics(self.run_dir, self.progress.history)
         self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
 
@@ -159,10 +153,10 @@ class Run:
             return err  # the failing rank leaves with a traceback; no collective checkpoint
         if isinstance(err, NonFiniteLossError):
             self.outputs.add(self.run_dir / "nonfinite.pt")
-            err.checkpoint_note = (
-                f"{save_for_error(self, 'nonfinite.pt')} for inspection; "
-                f"{self.run_dir / 'last.pt'} still holds epoch {progress.epoch - 1}"
-            )
+            last = self.run_dir / "last.pt"
+            kept = f"{last} still holds epoch {progress.epoch - 1}" if last.is_file() else ""
+            kept = kept or f"no checkpoint was written before ({last} does not exist)"
+            err.checkpoint_note = f"{save_for_error(self, 'nonfinite.pt')} for inspection; {kept}"
             return err
         if isinstance(err, NonFiniteInputError):
             err = _name_files(err, batches.loader, progress.epoch, batches.start)
@@ -219,11 +213,12 @@ class Run:
         save_on_main(self, *(("best.pt", "last.pt") if is_best else ("last.pt",)))
 
 
-def fit(run: Run, resume_state: dict | None = None) -> dict:
-    """Train the run's epochs, continuing from ``resume_state`` if given; the summary written
-    to ``summary.json`` (``stopped_by``: the signal that stopped the run, or None). An error
-    mid-epoch is raised after a checkpoint whose place its ``checkpoint_note`` says."""
-    run.start(resume_state)
+def fit(run: Run) -> dict:
+    """Train the run's epochs from ``run.progress`` (``state.restore``'s, on resume); the
+    summary written to ``summary.json`` (``stopped_by``: the signal that stopped the run, or
+    None). An error mid-epoch is raised after a checkpoint whose place its ``checkpoint_note``
+    says."""
+    run.start()
     cfg, data, progress, main = run.cfg, run.data, run.progress, is_main_process()
     try:
         for note in data.notes if main else ():

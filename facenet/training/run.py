@@ -31,7 +31,7 @@ from facenet.training.build import build_data, build_device, build_network, buil
 from facenet.training.console import describe_error, final_lines
 from facenet.training.loop import Run, fit, planned_outputs
 from facenet.training.run_dir import RunDirLock, RunOutputs
-from facenet.training.state import read_resume_checkpoint
+from facenet.training.state import read_resume_checkpoint, restore
 
 EXIT_NONFINITE_LOSS = 3
 
@@ -67,8 +67,7 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
             state = read_resume_checkpoint(run_dir, cfg) if resume else None
             outputs = RunOutputs(run_dir, overwrite, _read_paths(cfg), enabled=info.is_main)
             outputs.plan(planned_outputs(cfg, resumed=state is not None))
-            run = _build(cfg, run_dir, info, outputs, check_model_first=overwrite)
-            summary = fit(run, resume_state=state)
+            summary = fit(_build(cfg, run_dir, info, outputs, overwrite, state))
         except KeyboardInterrupt as err:
             print(f"error: {_interrupted_message(err, run_dir)}", file=sys.stderr)
             return 128 + signal.SIGINT
@@ -85,11 +84,17 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
 
 
 def _build(
-    cfg: Config, run_dir: Path, info: DistInfo, outputs: RunOutputs, check_model_first: bool
+    cfg: Config,
+    run_dir: Path,
+    info: DistInfo,
+    outputs: RunOutputs,
+    check_model_first: bool,
+    state: dict | None,
 ) -> Run:
-    """The run's data and trainer on this rank's device, then ``config.yaml``. The first file
-    written removes the previous run under --overwrite: ``check_model_first`` builds the model
-    once before the data, so that a model mistake also leaves the previous run as it was."""
+    """The run's data and trainer on this rank's device, ``state`` (``--resume``) restored,
+    then ``config.yaml``. The first file written removes the previous run under --overwrite:
+    ``check_model_first`` builds the model once before the data, so that a model mistake also
+    leaves the previous run as it was."""
     device = info.device if info.world_size > 1 else build_device(cfg)
     if cfg.train.deterministic and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
@@ -98,6 +103,9 @@ def _build(
     with main_process_first():  # rank 0 writes the synthetic data and the folder index
         data = build_data(cfg, run_dir, info.rank, info.world_size, outputs=outputs)
     trainer = build_trainer(cfg, data.num_classes, device, data.steps_per_epoch)
+    run = Run(trainer, data, cfg, run_dir, outputs)
+    if state is not None:  # a checkpoint that does not fit leaves config.yaml as it was
+        run.progress = restore(run, state)
     if info.is_main:
         outputs.add(run_dir / "config.yaml")
         save_config(cfg, run_dir / "config.yaml")
@@ -108,7 +116,7 @@ def _build(
             f"{', ...' if len(outputs.removed) > 6 else ''})",
             file=sys.stderr,
         )
-    return Run(trainer, data, cfg, run_dir, outputs)
+    return run
 
 
 def _read_paths(cfg: Config) -> list[str]:

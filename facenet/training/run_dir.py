@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 from collections.abc import Iterable
 from fnmatch import fnmatch
 from pathlib import Path
@@ -26,6 +27,7 @@ from facenet.errors import FacenetError
 from facenet.files import read_json, write_text_atomic
 
 LOCK_NAME = ".lock"
+_LOCK_TEXT = re.compile(rb"(\d+\n[^\n]{0,255}\n)?")  # pid, host; empty: killed before writing
 OUTPUTS_RECORD = "outputs.json"
 _RECORD_FORMAT = "facenet-run-outputs"
 # What runs wrote before they kept a record (removed only where last.pt shows a run).
@@ -45,6 +47,7 @@ LEGACY_RUN_OUTPUTS = (
 )
 # The ROC figures a run writes (older records name them "roc_*.png").
 _RUN_FIGURE = re.compile(r"roc_(val_epoch_\d+|test)\.png")
+_EVENT_FILE = "events.out.tfevents.*"  # TensorBoard's, in the recorded tensorboard/
 
 
 class RunDirLocked(FacenetError):
@@ -70,18 +73,28 @@ def _close_inherited_locks() -> None:
 os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
+def _not_a_lock(path: Path) -> str:
+    return (
+        f"{path} exists and is not a run's lock file (a pid and a host name): move it away, "
+        "or choose another --out"
+    )
+
+
 class RunDirLock:
     """An exclusive lock on an existing run directory for the life of a ``with`` block."""
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
+        self._created = False
 
     def acquire(self) -> None:
-        """Take the lock, or raise RunDirLocked naming the holder's pid (OSError when the lock
-        file cannot be opened)."""
+        """Take the lock, or raise RunDirLocked naming the holder's pid, NotARunOutput when
+        ``.lock`` is not a lock file of a run (left as it is; OSError when it cannot be made)."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
+            if fd is None:
+                continue  # the holder removed its lock file between our two opens
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -93,20 +106,50 @@ class RunDirLock:
                     "it to end, or choose another --out"
                 ) from None
             # The holder may have removed the file between our open and lock: try again.
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
-                    break
+            if self._is_ours(fd):
+                break
             os.close(fd)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n{socket.gethostname()}\n".encode())
         self._fd = fd
         _HELD_FDS.add(fd)
 
+    def _open(self) -> int | None:
+        """The lock file, created exclusively, or the existing one, never through a link
+        (O_NOFOLLOW); None when it vanished meanwhile."""
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            self._created = True
+            return fd
+        self._created = False  # a killed run's: taken over, left in place
+        try:
+            return os.open(self.path, flags)
+        except FileNotFoundError:
+            return None
+        except OSError:  # a symbolic link (ELOOP), a folder
+            raise NotARunOutput(_not_a_lock(self.path)) from None
+
+    def _is_ours(self, fd: int) -> bool:
+        """Whether the locked ``fd`` is still ``.lock``; NotARunOutput when it is not a regular
+        file holding what runs write (nothing, or a pid and a host)."""
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                return False
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or not _LOCK_TEXT.fullmatch(
+                os.pread(fd, 300, 0)
+            ):
+                os.close(fd)
+                raise NotARunOutput(_not_a_lock(self.path))
+            return True
+        return False
+
     def release(self) -> None:
         if self._fd is None:
             return
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # a later opener creates a new file and locks that
+            if self._created and self.path.lstat().st_ino == os.fstat(self._fd).st_ino:
+                self.path.unlink()  # ours: a later opener creates a new file and locks that
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         _HELD_FDS.discard(self._fd)
         os.close(self._fd)
@@ -155,19 +198,22 @@ def _matches(name: str, recorded: str) -> bool:
     return name == recorded or (fnmatch(name, recorded) and bool(_RUN_FIGURE.fullmatch(name)))
 
 
-def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> list[Path]:
-    """Remove what the previous run recorded writing here, and the record; the removed paths.
+def _foreign_entry(folder: Path) -> Path | None:
+    """The first entry under a recorded ``folder`` that is not a TensorBoard event file, all
+    that runs write in one."""
+    for path in folder.rglob("*"):
+        if path.is_symlink() or not (
+            path.is_dir() or path.is_file() and fnmatch(path.name, _EVENT_FILE)
+        ):
+            return path
+    return None
 
-    Names that leave the run directory, and the paths the new run reads (``keep``, or a
-    folder holding one), stay. A directory without a record loses nothing, unless its
-    ``last.pt`` is a training checkpoint from before records were kept: then the names such
-    runs wrote (``LEGACY_RUN_OUTPUTS``) go.
-    """
-    run_dir = Path(run_dir)
-    names = _previous_outputs(run_dir)
-    base = run_dir.resolve()
-    kept = [Path(os.path.realpath(k)) for k in keep if k]
-    removed = []
+
+def _previous_paths(run_dir: Path, names: list[str], keep: list[Path]) -> list[Path]:
+    """The entries of ``run_dir`` that ``names`` (a record) covers, except those leading out
+    of it or holding a path the new run reads; NotARunOutput when a recorded folder holds an
+    entry no run wrote."""
+    base, paths = run_dir.resolve(), []
     for name in names:
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             continue  # a record names entries of the run directory itself, nothing else
@@ -176,13 +222,35 @@ def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> l
             real = Path(os.path.realpath(path.parent)) / path.name
             if not _inside(real.parent, base):
                 continue  # a name leading out of the run directory
-            if any(_inside(k, Path(os.path.realpath(path))) or _inside(k, real) for k in kept):
+            if any(_inside(k, Path(os.path.realpath(path))) or _inside(k, real) for k in keep):
                 continue  # the new run reads it (or something inside it)
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-            removed.append(path)
+            foreign = _foreign_entry(path) if path.is_dir() and not path.is_symlink() else None
+            if foreign:
+                raise NotARunOutput(
+                    f"{foreign} is in {path}, which --overwrite removes, and no run wrote it: "
+                    "move it away, or choose another --out"
+                )
+            paths.append(path)
+    return paths
+
+
+def clear_previous_outputs(run_dir: str | os.PathLike, keep: Iterable = ()) -> list[Path]:
+    """Remove what the previous run recorded writing here, and the record; the removed paths.
+
+    Names that leave the run directory, and the paths the new run reads (``keep``, or a
+    folder holding one), stay. A directory without a record loses nothing, unless its
+    ``last.pt`` is a training checkpoint from before records were kept: then the names such
+    runs wrote (``LEGACY_RUN_OUTPUTS``) go. A recorded folder holding anything but TensorBoard
+    event files refuses the whole removal (NotARunOutput), removing nothing.
+    """
+    run_dir = Path(run_dir)
+    kept = [Path(os.path.realpath(k)) for k in keep if k]
+    removed = _previous_paths(run_dir, _previous_outputs(run_dir), kept)
+    for path in removed:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     with contextlib.suppress(FileNotFoundError):
         (run_dir / OUTPUTS_RECORD).unlink()
     return removed
@@ -221,6 +289,8 @@ class RunOutputs:
             return
         if self._previous is None:
             self._previous = _previous_outputs(self.run_dir)
+        if self.clear_previous and self.names is None:  # before anything is removed
+            _previous_paths(self.run_dir, self._previous, self.keep)
         ours = self._previous if self.names is None else self.names
         for name in names:
             target = self.run_dir / name

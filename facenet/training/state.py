@@ -31,7 +31,7 @@ from facenet.distributed import (
     get_world_size,
     is_main_process,
 )
-from facenet.errors import CheckpointError, ConfigError
+from facenet.errors import CheckpointError, ConfigError, shown
 from facenet.files import json_safe, write_text_atomic
 from facenet.training.engine import Trainer
 
@@ -120,8 +120,8 @@ def checkpoint_state(run) -> dict:
 
 def read_resume_checkpoint(run_dir: Path, cfg: Config) -> dict | None:
     """``run_dir/last.pt``, checked to be a training checkpoint (else CheckpointError) of
-    ``cfg``'s ``STATE_SHAPING`` settings (else ConfigError), other changes warned of; None,
-    with a note, if absent."""
+    ``cfg``'s ``STATE_SHAPING`` settings and synthetic data set (else ConfigError), other
+    changes warned of; None, with a note, if absent."""
     path = run_dir / "last.pt"
     if not path.exists():
         print(f"--resume: no checkpoint at {path}; starting a new run", file=sys.stderr)
@@ -135,7 +135,9 @@ def read_resume_checkpoint(run_dir: Path, cfg: Config) -> dict | None:
     if not isinstance(state["config"], dict):
         raise CheckpointError(f"{path}: its config field is not a mapping")
     changes = _changed_settings(state["config"], config_to_dict(cfg))
-    refused = [change for name, change in changes if name in STATE_SHAPING]
+    # A changed synthetic set would be generated anew over the one the run trained on.
+    data = ("data.synthetic_", "data.image_size") if cfg.data.dataset == "synthetic" else ()
+    refused = [change for name, change in changes if name in STATE_SHAPING or name.startswith(data)]
     if refused:
         raise ConfigError(
             f"{path} does not fit this configuration: {'; '.join(refused)} (its state was built "
@@ -156,7 +158,7 @@ def _changed_settings(saved: dict, current: dict) -> list[tuple[str, str]]:
             name = f"{section}.{key}"
             old = saved_section.get(key, value) if isinstance(saved_section, dict) else value
             if old != value and not name.startswith(_FREELY_CHANGED):
-                changes.append((name, f"{name}: {old!r} -> {value!r}"))
+                changes.append((name, f"{name}: {shown(old)} -> {shown(value)}"))
     return changes
 
 

@@ -1,5 +1,6 @@
-"""Every command picks its torch CPU threads itself: ``--threads`` (``train.threads`` for
-training), default 1, set before the command's first torch work; no environment variable."""
+"""Every command picks its torch CPU threads itself: ``--threads`` (for training, a shorthand
+for ``train.threads``), default 1, set before the command's first torch work; no environment
+variable."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from facenet.cli.common import add_threads_argument, set_threads
+from facenet.cli.train import main as train_main
 from facenet.config import load_config
 from facenet.errors import ConfigError
 from facenet.training.run import run_training
@@ -119,3 +121,22 @@ def test_the_makefile_and_readme_commands_need_no_thread_variable():
 
 def test_the_run_records_its_threads(tiny_run):
     assert load_config(str(tiny_run["run"] / "config.yaml")).train.threads == 1
+
+
+def test_train_threads_option_is_train_threads(tmp_path, capsys):
+    demo = str(ROOT / "configs" / "demo.yaml")
+    assert train_main(["--config", demo, "--threads", "4", "--print-config"]) == 0
+    assert "threads: 4" in capsys.readouterr().out
+    # The option wins over --set, as a later --set would.
+    assert (
+        train_main(
+            ["--config", demo, "--set", "train.threads=2", "--threads", "0", "--print-config"]
+        )
+        == 0
+    )
+    assert "threads: 0" in capsys.readouterr().out
+    for bad in ("-1", "1025", "x"):
+        with pytest.raises(SystemExit) as exit_info:
+            train_main(["--config", demo, "--threads", bad])
+        assert exit_info.value.code == 2
+        assert "argument --threads" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from PIL import Image
 
 from facenet.checkpoint import load_checkpoint, save_checkpoint
 from facenet.cli import train as train_script
+from facenet.training.state import _changed_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -860,6 +861,115 @@ def test_a_checkpoint_whose_config_sections_are_not_mappings_is_one_line(tmp_pat
     run.mkdir()
     state = {"model": {}, "optimizer": {}, "epoch": 1, "rng": {}, "config": config}
     save_checkpoint({**state, "history": [], "best_accuracy": -1.0}, run / "last.pt")
-    code, _, err = train(capsys, run, flags=["--resume"])
+    code, _, err = train(capsys, run, flags=["--resume"], data=synthetic_data(tmp_path / "d"))
     assert code == 2
     assert_one_error_line(err, str(run / "last.pt"), "does not fit this configuration")
+
+
+def test_a_changed_setting_of_any_depth_or_size_is_warned_of_in_bounded_text():
+    deep = []
+    for _ in range(100_000):  # a crafted checkpoint's config: repr() would recurse past the limit
+        deep = [deep]
+    saved = {"optim": {"lr": deep, "momentum": "x" * 10**6}, "train": {"seed": {"a": deep}}}
+    changes = dict(
+        _changed_settings(saved, {"optim": {"lr": 0.1, "momentum": 0.9}, "train": {"seed": 0}})
+    )
+    assert set(changes) == {"optim.lr", "optim.momentum", "train.seed"}
+    assert all(len(text) < 500 for text in changes.values())
+    assert changes["optim.lr"].endswith("-> 0.1")
+
+
+def test_a_non_finite_stop_before_any_checkpoint_says_none_was_written(
+    tmp_path, capsys, synthetic_root
+):
+    run = tmp_path / "run"
+    code, _, err = train(
+        capsys,
+        run,
+        "train.max_nonfinite_steps=1",
+        "optim.lr=1e30",
+        data=synthetic_data(synthetic_root),
+    )
+    assert code == 3
+    line = assert_one_error_line(
+        err, "non-finite loss", "nonfinite.pt", "no checkpoint was written"
+    )
+    assert "still holds" not in line and not (run / "last.pt").exists()
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_a_lock_file_of_the_users_is_left_alone_by_a_refused_run(tmp_path, capsys, link):
+    run, target = tmp_path / "run", tmp_path / "notes.txt"
+    run.mkdir()
+    target.write_text("mine\n")
+    if link:
+        (run / ".lock").symlink_to(target)
+    else:
+        (run / ".lock").write_text("mine\n")
+    code, _, err = train(capsys, run, "data.dataset=folder", f"data.root={tmp_path / 'missing'}")
+    assert code == 2
+    assert_one_error_line(err, str(run / ".lock"), "is not a run's lock file")
+    assert (run / ".lock").is_symlink() == link and (run / ".lock").read_text() == "mine\n"
+    assert target.read_text() == "mine\n" and sorted(p.name for p in run.iterdir()) == [".lock"]
+
+
+@pytest.mark.parametrize(
+    "damage", ["a missing weight", "a misshapen weight", "no optimizer", "a longer cosine"]
+)
+def test_a_checkpoint_that_does_not_fit_on_resume_writes_nothing(
+    tmp_path, capsys, synthetic_root, damage
+):
+    run, data = tmp_path / "run", synthetic_data(synthetic_root)
+    schedule = "optim.schedule=" + ("cosine" if damage == "a longer cosine" else "step")
+    assert train(capsys, run, schedule, data=data)[0] == 0
+    state = load_checkpoint(run / "last.pt")
+    key = next(iter(state["model"]))
+    if damage == "a missing weight":
+        del state["model"][key]
+    elif damage == "a misshapen weight":
+        state["model"][key] = torch.zeros(3, 1, 2)
+    elif damage == "no optimizer":
+        state["optimizer"] = {"state": {}, "param_groups": []}
+    save_checkpoint(state, run / "last.pt")
+    before = _snapshot(run)
+    code, _, err = train(capsys, run, schedule, "train.epochs=2", flags=["--resume"], data=data)
+    assert code == 2
+    assert_one_error_line(err, str(run / "last.pt"))
+    assert _snapshot(run) == before  # config.yaml, outputs.json and metrics.jsonl untouched
+
+
+@pytest.mark.parametrize(
+    "setting, old",
+    [
+        ("data.synthetic_identities=8", "6"),
+        ("data.synthetic_seed=1", "0"),
+        ("data.synthetic_pairs_per_fold=7", "6"),
+        ("data.image_size=20", "16"),
+    ],
+)
+def test_resume_refuses_a_changed_synthetic_set_before_touching_the_data(
+    tmp_path, capsys, setting, old
+):
+    run, data = tmp_path / "run", synthetic_data(tmp_path / "data")
+    assert train(capsys, run, data=data)[0] == 0
+    assert (tmp_path / "data" / "manifest.json").is_file()
+    before = _snapshot(tmp_path)
+    code, _, err = train(capsys, run, setting, flags=["--resume"], data=data)
+    assert code == 2
+    key = setting.split("=")[0]
+    assert_one_error_line(err, str(run / "last.pt"), f"{key}: {old} -> ")
+    assert _snapshot(tmp_path) == before  # train/, heldout/ and manifest.json as they were
+
+
+def test_overwrite_refuses_a_users_file_inside_the_recorded_tensorboard_folder(
+    tmp_path, capsys, synthetic_root
+):
+    run, data = tmp_path / "run", synthetic_data(synthetic_root)
+    assert train(capsys, run, "logging.tensorboard=true", data=data)[0] == 0
+    assert any((run / "tensorboard").glob("events.out.tfevents.*"))
+    (run / "tensorboard" / "my_notes.txt").write_text("mine\n")
+    before = _snapshot(run)
+    code, _, err = train(capsys, run, "logging.tensorboard=true", flags=["--overwrite"], data=data)
+    assert code == 2
+    assert_one_error_line(err, str(run / "tensorboard" / "my_notes.txt"), "--overwrite removes")
+    assert _snapshot(run) == before

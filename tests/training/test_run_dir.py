@@ -57,12 +57,44 @@ def test_another_live_process_holding_the_lock_is_respected_until_it_dies(tmp_pa
         pass
 
 
-@pytest.mark.parametrize("content", ["{pid}\n{host}\n", "1\nother-host\n", "garbage", ""])
+@pytest.mark.parametrize("content", ["{pid}\n{host}\n", "1\nother-host\n", ""])
 def test_a_lock_file_nobody_holds_is_taken(tmp_path, content):
     (tmp_path / ".lock").write_text(content.format(pid=os.getpid(), host=socket.gethostname()))
     with RunDirLock(tmp_path):
         text = (tmp_path / ".lock").read_text()
         assert text.split("\n")[:2] == [str(os.getpid()), socket.gethostname()]
+    assert (tmp_path / ".lock").exists()  # removed only by the run that created it
+
+
+@pytest.mark.parametrize(
+    "content", ["garbage", "my notes\n", "1\nhost\nmore\n", "12\n" + "h" * 300 + "\n"]
+)
+def test_a_lock_file_no_run_wrote_is_refused_and_left_as_it_was(tmp_path, content):
+    (tmp_path / ".lock").write_text(content)
+    with pytest.raises(
+        NotARunOutput, match=rf"{tmp_path / '.lock'} exists and is not a run's lock"
+    ):
+        RunDirLock(tmp_path).acquire()
+    assert (tmp_path / ".lock").read_text() == content
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling link", "folder", "fifo"])
+def test_a_lock_entry_that_is_no_regular_file_is_refused_and_never_followed(tmp_path, kind):
+    target, lock = tmp_path / "target.txt", tmp_path / "run" / ".lock"
+    lock.parent.mkdir()
+    target.write_text("1\nhost\n")  # even a lock's content is not written through a link
+    if kind == "link":
+        lock.symlink_to(target)
+    elif kind == "dangling link":
+        lock.symlink_to(tmp_path / "missing")
+    elif kind == "folder":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+    with pytest.raises(NotARunOutput, match="is not a run's lock file"):
+        RunDirLock(lock.parent).acquire()
+    assert target.read_text() == "1\nhost\n" and not (tmp_path / "missing").exists()
+    assert lock.is_symlink() or lock.exists()
 
 
 def _contend(path, barrier, results):
@@ -115,7 +147,7 @@ def _fill(folder: Path, names=OUTPUT_LIKE) -> None:
     for name in names:
         (folder / name).write_text("mine")
     (folder / "tensorboard").mkdir(exist_ok=True)
-    (folder / "tensorboard" / "events.out").write_text("mine")
+    (folder / "tensorboard" / "events.out.tfevents.1.host").write_text("mine")
 
 
 def _record(folder: Path, *names: str) -> None:
@@ -129,7 +161,7 @@ def test_a_folder_that_never_held_a_run_loses_nothing(tmp_path):
     before = sorted(p.name for p in tmp_path.iterdir())
     assert clear_previous_outputs(tmp_path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == before
-    assert (tmp_path / "tensorboard" / "events.out").read_text() == "mine"
+    assert (tmp_path / "tensorboard" / "events.out.tfevents.1.host").read_text() == "mine"
 
 
 def test_only_what_the_record_names_is_removed_with_the_record(tmp_path):
@@ -152,7 +184,9 @@ def test_only_what_the_record_names_is_removed_with_the_record(tmp_path):
 def test_paths_the_configuration_reads_are_kept(tmp_path):
     _fill(tmp_path)
     _record(tmp_path, "test_pairs.txt", "tensorboard", "summary.json")
-    inside = tmp_path / "tensorboard" / "events.out"  # a folder holding a read file stays too
+    inside = (
+        tmp_path / "tensorboard" / "events.out.tfevents.1.host"
+    )  # a folder holding a read file stays too
     removed = clear_previous_outputs(tmp_path, keep=[tmp_path / "test_pairs.txt", inside])
     assert [p.name for p in removed] == ["summary.json"]
     assert (tmp_path / "test_pairs.txt").exists() and inside.exists()
@@ -169,7 +203,7 @@ def test_names_leading_out_of_the_run_directory_are_not_followed(tmp_path):
     assert sorted(p.name for p in removed) == ["best.pt", "tensorboard"]  # the links only
     assert not (run / "tensorboard").is_symlink() and not (run / "best.pt").is_symlink()
     assert sorted(p.name for p in elsewhere.iterdir()) == sorted([*OUTPUT_LIKE, "tensorboard"])
-    assert (elsewhere / "tensorboard" / "events.out").exists()
+    assert (elsewhere / "tensorboard" / "events.out.tfevents.1.host").exists()
 
 
 def test_a_run_from_before_records_is_recognised_by_its_checkpoint(tmp_path):
@@ -275,7 +309,7 @@ def test_a_planned_name_the_configuration_reads_is_refused_even_inside_a_folder(
     _fill(tmp_path)
     _record(tmp_path, "tensorboard", "best.pt", "summary.json")
     reads = {
-        "tensorboard": tmp_path / "tensorboard" / "events.out",
+        "tensorboard": tmp_path / "tensorboard" / "events.out.tfevents.1.host",
         "best.pt": tmp_path / "best.pt",
     }
     for name, read in reads.items():
@@ -293,3 +327,30 @@ def test_an_outputs_record_that_is_a_fifo_is_no_record(tmp_path):
     os.mkfifo(tmp_path / OUTPUTS_RECORD)  # reading it would wait for a writer
     (tmp_path / "last.pt").write_text("mine")  # not a checkpoint: nothing to remove
     assert clear_previous_outputs(tmp_path) == [] and (tmp_path / "last.pt").exists()
+
+
+@pytest.mark.parametrize("entry", ["my_notes.txt", "sub/my_notes.txt", "link", "fifo"])
+def test_a_recorded_folder_holding_what_no_run_wrote_refuses_removing_nothing(tmp_path, entry):
+    _fill(tmp_path)
+    (tmp_path / "tensorboard" / "old").mkdir()
+    (tmp_path / "tensorboard" / "old" / "events.out.tfevents.2.host").write_text("run's")
+    foreign = tmp_path / "tensorboard" / entry
+    foreign.parent.mkdir(exist_ok=True)
+    if entry == "link":
+        foreign.symlink_to(tmp_path / "best.pt")
+    elif entry == "fifo":
+        os.mkfifo(tmp_path / "tensorboard" / "events.out.tfevents.3.host")
+        foreign = tmp_path / "tensorboard" / "events.out.tfevents.3.host"
+    else:
+        foreign.write_text("mine")
+    _record(tmp_path, "last.pt", "tensorboard")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(NotARunOutput, match=rf"{foreign} is in {tmp_path / 'tensorboard'}"):
+        clear_previous_outputs(tmp_path)
+    outputs = RunOutputs(tmp_path, clear_previous=True)
+    with pytest.raises(NotARunOutput, match="which --overwrite removes"):
+        outputs.plan(["last.pt"])
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    if entry != "fifo":
+        os.unlink(foreign)
+        assert [p.name for p in clear_previous_outputs(tmp_path)] == ["last.pt", "tensorboard"]
