@@ -6,6 +6,8 @@ from a model (``--checkpoint``) embedding a pairs.txt (``--pairs``) or insightfa
 (``--bin``, one table row each). Prints a table and writes into ``--out`` ``metrics.json``
 (with the threshold, its distance, ``same_when`` and ``threshold_for``: the weights and
 preparation it was chosen for) and ``roc.png`` (``roc_<name>.png`` per ``--bin``).
+``--retrieval ROOT`` embeds an identity folder instead and writes its Precision@1, R-Precision
+and MAP@R (:mod:`facenet.evaluation.retrieval`) to ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+import numpy as np
 
 from facenet.cli.common import (
     add_device_argument,
@@ -41,8 +45,10 @@ from facenet.evaluation.protocol import (
     VerificationResult,
 )
 from facenet.evaluation.report import result_table, sets_table
+from facenet.evaluation.retrieval import retrieval_metrics
 from facenet.evaluation.verify import verify, verify_distances
 from facenet.files import write_atomic, write_text_atomic
+from facenet.inference.embed import embed_folder
 from facenet.inference.loading import load_model
 
 
@@ -68,6 +74,9 @@ def get_args_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="an insightface .bin verification set (with --checkpoint); repeatable",
+    )
+    parser.add_argument(
+        "--retrieval", help="identity folder: Precision@1, R-Precision, MAP@R (with --checkpoint)"
     )
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
     add_out_arguments(parser, "where metrics.json and roc.png go", "runs/evaluate")
@@ -210,9 +219,31 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
     return Path(args.pairs).name, fields, result
 
 
+def _retrieval(args: argparse.Namespace) -> None:
+    """Every image of ``--retrieval`` embedded as the checkpoint was trained, then retrieved."""
+    check_outputs(args, "metrics.json")
+    trained, device = load_model(args.checkpoint), parse_device(args.device)
+    found = embed_folder(
+        trained.model.to(device), args.retrieval, trained.image_size, VerifySettings.of(args),
+        trained.normalize, device,
+    )  # fmt: skip
+    labels = np.unique(found.labels, return_inverse=True)[1]  # identity names -> 0..C-1
+    record = {
+        "source": f"{args.checkpoint} on {args.retrieval}",
+        "unreadable": len(found.unreadable),
+    }
+    record |= retrieval_metrics(found.embeddings, labels)
+    print(", ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
+                    for key, value in record.items() if key != "source"))  # fmt: skip
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(args.out) / "metrics.json", json.dumps(record, indent=1) + "\n")
+
+
 def _evaluate(args: argparse.Namespace) -> None:
     """Check the options and ``--out``, evaluate, print the table and write the files."""
     set_threads(args.threads)
+    if args.retrieval:
+        return _retrieval(args)
     _check_options(args)
     out = Path(args.out)
     rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
@@ -251,8 +282,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--bin needs --checkpoint")
     if args.similarities and not args.distances:
         parser.error("--similarities goes with --distances")
-    if args.checkpoint and not (args.pairs or args.bin):
-        parser.error("--checkpoint needs --pairs or --bin")
+    if args.retrieval and not args.checkpoint:
+        parser.error("--retrieval needs --checkpoint")
+    if args.checkpoint and not (args.pairs or args.bin or args.retrieval):
+        parser.error("--checkpoint needs --pairs, --bin or --retrieval")
     return args
 
 

@@ -82,3 +82,24 @@ def test_only_lone_labels_give_nan_and_bad_input_is_refused():
         retrieval_metrics(torch.tensor([[0.0], [float("nan")]]), [0, 0])
     with pytest.raises(ValueError, match=r"\(3,\) labels|labels"):
         retrieval_metrics(torch.randn(3, 2), [0, 0])
+
+
+def test_evaluate_retrieval_embeds_an_identity_folder(tiny_run, tmp_path, capsys):
+    import json
+
+    from facenet.cli import evaluate as evaluate_script
+    from facenet.evaluation.presets import CLASSIC
+    from facenet.inference.embed import embed_folder
+    from facenet.inference.loading import load_model
+
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--retrieval", str(tiny_run["heldout"])]
+    assert evaluate_script.main([*argv, "--out", str(tmp_path / "r")]) == 0
+    written = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    trained = load_model(tiny_run["checkpoint"])
+    found = embed_folder(trained.model, tiny_run["heldout"], trained.image_size, CLASSIC)
+    labels = np.unique(found.labels, return_inverse=True)[1]
+    assert written | retrieval_metrics(found.embeddings, labels) == written
+    assert written["queries"] == len(found.paths) and "precision_at_1" in capsys.readouterr().out
+    assert evaluate_script.main([*argv, "--out", str(tmp_path / "r")]) == 2  # not replaced
+    with pytest.raises(SystemExit):
+        evaluate_script.main(["--retrieval", str(tiny_run["heldout"])])  # no --checkpoint
