@@ -153,6 +153,19 @@ def _save_index(path, index):
         )
 
 
+def _splits_listing(index, listing) -> bool:
+    """A saved index divides exactly the listed files into usable and corrupt ones (a hand-made
+    or damaged one, whatever its signature, is rebuilt)."""
+    listed = [(identity, name) for identity, files in listing.items() for name, _, _ in files]
+    try:
+        usable = [(i, n) for i, names in index["identities"].items() for n in names]
+        corrupt = [(i, n) for i, n, reason in index["corrupt"] if isinstance(reason, str)]
+        same_files = sorted(usable + corrupt) == sorted(listed)
+        return index["identities"].keys() == listing.keys() and same_files
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+
+
 def _build_index(root, listing, signature, limits):
     """Check every image short of decoding; split usable and corrupt files."""
     pairs = [(identity, name) for identity, files in listing.items() for name, _, _ in files]
@@ -253,8 +266,8 @@ class IdentityFolder(Dataset):
             index = None
         self.index_reused = (
             isinstance(index, dict)
-            and isinstance(index.get("identities"), dict)
             and index.get("signature") == signature
+            and _splits_listing(index, listing)
         )
         if not self.index_reused:
             index = _build_index(self.root, listing, signature, self.limits)

@@ -224,6 +224,28 @@ def test_corrupt_cache_file_is_rebuilt(root, damage):
     assert not ds.index_reused and len(ds) == 7
 
 
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"identities": {"alice": ["../../outside.png"]}},  # a file the listing does not hold
+        {"identities": {"alice": 5}},
+        {"identities": []},
+        {"corrupt": 5},
+        {"corrupt": [["alice", "a1.png"]]},
+        {"corrupt": [["alice", "a1.png", None]]},
+        {"identities": {"alice": [1, "a"]}},
+    ],
+)
+def test_a_forged_index_with_the_right_signature_is_rebuilt(root, forged):
+    """The signature hashes the listing, which anyone can recompute: the contents are checked."""
+    build(root)
+    index = json.loads((root / INDEX_FILE_NAME).read_text())
+    (root / INDEX_FILE_NAME).write_text(json.dumps({**index, **forged}))
+    ds, _ = build(root)
+    assert not ds.index_reused and len(ds) == 7
+    assert all(root in Path(path).parents for path, _ in ds.samples)
+
+
 def test_fewer_than_two_identities_is_an_error_naming_the_root(tmp_path):
     root = tmp_path / "lonely"
     (root / "only").mkdir(parents=True)
