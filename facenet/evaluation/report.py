@@ -8,7 +8,6 @@ Results are read by attribute: this module imports no other part of evaluation.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -112,7 +111,7 @@ class ThresholdRecord:
         ``threshold_for``) or of a ``summary.json`` entry (``value``, ``distance``, ...); None
         when it holds no finite threshold."""
         value = record.get("value", record.get("threshold"))
-        if not (_is_number(value) and math.isfinite(value)):
+        if not _is_number(value):  # NaN and inf are not numbers here
             return None
         distance = record.get("distance", record.get("threshold_distance", "squared"))
         given = record.get("threshold_for")  # metrics.json keeps the provenance apart
@@ -190,7 +189,7 @@ def _difference(key: str, ours, theirs, our_epoch, their_epoch) -> str:
 
 
 def _is_number(value) -> bool:
-    """An int or float (not a bool) within float's range: a 400-digit int is not a threshold."""
+    """A finite int or float (not a bool) within float's range: not NaN, inf or a 400-digit int."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return number and abs(value) < 1e300
 
