@@ -60,6 +60,9 @@ def source(tmp_path_factory) -> Path:
     return src
 
 
+SANDBERG_182 = ("--image-size", "182", "--margin", "44")
+
+
 def _align(src, dst, *flags) -> tuple[int, str]:
     return align_script.main([str(src), str(dst), "--no-progress", *flags])
 
@@ -72,6 +75,9 @@ def aligned(source, tmp_path_factory) -> dict:
         dst = tmp_path_factory.mktemp(preset)
         assert _align(source, dst, "--preset", preset) == 0
         out[preset] = dst
+    # davidsandberg/facenet's training convention: 182 px, margin 44, centre 160 fed
+    out["sandberg-182"] = tmp_path_factory.mktemp("sandberg-182")
+    assert _align(source, out["sandberg-182"], "--preset", "sandberg", *SANDBERG_182) == 0
     return out
 
 
@@ -82,24 +88,31 @@ def test_one_face_found_and_written_under_the_same_relative_path(aligned):
     dst = aligned["facenet-pytorch"]
     crop = Image.open(dst / "Astronaut" / "Astronaut_0001.png")
     assert crop.size == (160, 160)
-    assert Image.open(aligned["sandberg"] / "Astronaut" / "Astronaut_0001.png").size == (182, 182)
+    assert Image.open(aligned["sandberg"] / "Astronaut" / "Astronaut_0001.png").size == (160, 160)
+    assert Image.open(aligned["sandberg-182"] / "Astronaut" / "Astronaut_0001.png").size == (
+        182,
+        182,
+    )
     written = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*.png"))
     assert written == ["Astronaut/Astronaut_0001.png", "Mirror/Mirror_0001.png"]
 
 
-def _sandberg_crop(image: Image.Image, box) -> np.ndarray:
-    """davidsandberg/facenet's align_dataset_mtcnn.py around ``box``: 44 input px of margin,
-    int32 truncation, clipped, then scipy's imresize (PIL bilinear) to 182."""
+def _sandberg_crop(image: Image.Image, box, size: int, margin: int) -> np.ndarray:
+    """davidsandberg/facenet's align_dataset_mtcnn.py around ``box``: ``margin`` input px,
+    int32 truncation, clipped, then scipy's imresize (PIL bilinear) to ``size``."""
     bb = np.zeros(4, dtype=np.int32)
-    bb[:2] = np.maximum(np.asarray(box[:2]) - 44 / 2, 0)
-    bb[2:] = np.minimum(np.asarray(box[2:]) + 44 / 2, image.size)
+    bb[:2] = np.maximum(np.asarray(box[:2]) - margin / 2, 0)
+    bb[2:] = np.minimum(np.asarray(box[2:]) + margin / 2, image.size)
     cropped = np.asarray(image)[bb[1] : bb[3], bb[0] : bb[2], :]
-    return np.asarray(Image.fromarray(cropped).resize((182, 182), Image.BILINEAR))
+    return np.asarray(Image.fromarray(cropped).resize((size, size), Image.BILINEAR))
 
 
-@pytest.mark.parametrize("preset", ["facenet-pytorch", "sandberg"])
+@pytest.mark.parametrize(
+    "preset, flags",
+    [("facenet-pytorch", ()), ("sandberg", ()), ("sandberg", SANDBERG_182)],
+)
 def test_each_box_preset_gives_its_publishers_crop_with_the_default_command_line(
-    source, tmp_path, preset
+    source, tmp_path, preset, flags
 ):
     # facenet-pytorch's notebook call (examples/lfw_evaluate.ipynb), saving the crop itself;
     # sandberg's crop around facenet-pytorch's box (its MTCNN is the same network, ported).
@@ -111,13 +124,14 @@ def test_each_box_preset_gives_its_publishers_crop_with_the_default_command_line
         theirs = np.asarray(Image.open(tmp_path / "theirs.png"))
     else:
         boxes, _ = mtcnn.detect(image)
-        theirs = _sandberg_crop(image, boxes[0])
+        size, margin = (182, 44) if flags else (160, 32)  # its two conventions
+        theirs = _sandberg_crop(image, boxes[0], size, margin)
     src = tmp_path / "src" / "Astronaut"
     src.mkdir(parents=True)
     (src / "Astronaut_0001.png").write_bytes(
         (source / "Astronaut" / "Astronaut_0001.png").read_bytes()
     )
-    assert _align(tmp_path / "src", tmp_path / "dst", "--preset", preset) == 0
+    assert _align(tmp_path / "src", tmp_path / "dst", "--preset", preset, *flags) == 0
     ours = np.asarray(Image.open(tmp_path / "dst" / "Astronaut" / "Astronaut_0001.png"))
     assert np.array_equal(ours, theirs)
     assert json.loads((tmp_path / "dst" / SETTINGS_FILE).read_text())["detect_size"] == 0
@@ -175,7 +189,7 @@ def test_centre_crop_fallback_and_workers(aligned, source, tmp_path, capsys):
     dst = tmp_path / "dst"
     assert _align(source, dst, "--preset", "sandberg", "--centre-crop", "--workers", "2") == 0
     assert "aligned 2, centre crops 1, no face 0, unreadable 1" in capsys.readouterr().out
-    assert Image.open(dst / "Blank" / "Blank_0001.png").size == (182, 182)
+    assert Image.open(dst / "Blank" / "Blank_0001.png").size == (160, 160)
     assert "centre_crop\t" in (dst / "align_report.tsv").read_text()
     for name in ("Astronaut/Astronaut_0001.png", "Mirror/Mirror_0001.png"):  # same as 1 worker
         assert (dst / name).read_bytes() == (aligned["sandberg"] / name).read_bytes()
@@ -194,10 +208,10 @@ def test_user_errors_are_one_line(source, tmp_path, capsys, monkeypatch):
 
 
 def test_crop_box_margins_hand_computed():
-    # sandberg: 44 input px, half on each side, clipped to the 100 x 80 image, truncated.
+    # sandberg: 32 input px, half on each side, clipped to the 100 x 80 image, truncated.
     sandberg = AlignSettings.from_preset("sandberg")
-    assert crop_box((10.7, 20.2, 50.9, 70.5), 100, 80, sandberg) == (0, 0, 72, 80)
-    assert crop_box((30.0, 30.0, 50.0, 50.0), 100, 80, sandberg) == (8, 8, 72, 72)
+    assert crop_box((10.7, 20.2, 50.9, 70.5), 100, 80, sandberg) == (0, 4, 66, 80)
+    assert crop_box((30.0, 30.0, 50.0, 50.0), 100, 80, sandberg) == (14, 14, 66, 66)
     # facenet-pytorch: 14 of 160 output px: a 146 px box gets 14 px, 7 on each side.
     ours = AlignSettings.from_preset("facenet-pytorch")
     assert crop_box((100.0, 100.0, 246.0, 392.0), 500, 500, ours) == (93, 86, 253, 406)
@@ -261,7 +275,7 @@ def test_facenet_pytorch_preset_embeds_as_facenet_pytorch_does(aligned, tmp_path
 
 def test_sandberg_preset_takes_the_centre_160_of_the_182_crop(aligned, tmp_path):
     port = _port_model(tmp_path / "port.pt")
-    root = aligned["sandberg"]
+    root = aligned["sandberg-182"]
     crop = np.asarray(Image.open(root / "Astronaut" / "Astronaut_0001.png"))  # (182, 182, 3)
     theirs = _theirs(port, crop[11:171, 11:171])  # resize_image_with_crop_or_pad: (182-160)/2
     ours = _ours(tmp_path / "port.pt", root, tmp_path, "crop")
@@ -327,7 +341,8 @@ def test_a_folder_aligned_with_other_settings_is_refused_naming_the_setting(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "was aligned with" in err[0]
     setting = {"--image-size": "image_size", "--margin": "margin", "--select": "select"}
-    name = setting.get(flags[0], "fallback" if flags[0] == "--centre-crop" else "image_size")
+    # --preset sandberg: 160 px as well, margin 32 (input pixels) against 14
+    name = setting.get(flags[0], "fallback" if flags[0] == "--centre-crop" else "margin")
     assert f"{name} = " in err[0]
     assert sorted(p.relative_to(dst) for p in dst.rglob("*")) == before
     recorded = json.loads((dst / SETTINGS_FILE).read_text())
@@ -420,9 +435,9 @@ def test_nonsense_counts_are_argparse_errors(source, tmp_path, capsys, flags):
 
 
 def test_a_margin_not_below_the_image_size_is_one_error_line(source, tmp_path, capsys):
-    assert _align(source, tmp_path / "dst", "--preset", "sandberg", "--margin", "182") == 2
+    assert _align(source, tmp_path / "dst", "--preset", "sandberg", "--margin", "160") == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "--margin 182" in err[0]
+    assert len(err) == 1 and "--margin 160" in err[0]
 
 
 # --------------------------------------------------------------------------- five-point templates
