@@ -26,6 +26,7 @@ from facenet.data.batches import collate_batches, standardize
 from facenet.data.loading import make_loader
 from facenet.errors import ConfigError
 from facenet.models.embedding import build_model
+from facenet.training.build import build_data
 from facenet.training.optim import build_optimizer
 
 
@@ -90,8 +91,11 @@ def _network(cfg):
     return model, build_optimizer(model.parameters(), cfg.optim)
 
 
-def _folder(data):
-    return getattr(data.loader.dataset, "dataset", data.loader.dataset)  # under SeededSamples
+def _folder(cfg, run_dir):
+    """The training folder built anew: its decoded-image cache starts empty, as ours's did
+    (the held-out identities are read back from ``run_dir``)."""
+    loader = build_data(cfg, run_dir).loader
+    return getattr(loader.dataset, "dataset", loader.dataset)  # under SeededSamples
 
 
 def _classes(folder) -> list:
@@ -110,7 +114,7 @@ def setup_pml(cfg, data, run_dir, peer: PeerSettings) -> tuple:
     ``ThresholdReducer(low=0)``, the notebook's loop (zero_grad, forward, mine, loss, backward,
     step; it uses Adam at 0.01), batches drawn by ``MPerClassSampler`` (m images an identity,
     as its docs pair it with miners) instead of the notebook's shuffle."""
-    folder, batch = _folder(data), cfg.data.p * cfg.data.k
+    folder, batch = _folder(cfg, run_dir), cfg.data.p * cfg.data.k
     try:
         sampler = samplers.MPerClassSampler(folder.targets, peer.pml_m, batch, len(folder))
     except AssertionError as err:
@@ -211,7 +215,7 @@ def setup_sandberg(cfg, data, run_dir, peer: PeerSettings) -> tuple:
     """His loop (defaults: 45 people x 40 images a round, batches of 90 images, alpha 0.2,
     Adagrad at 0.1, weight decay 0): each step one batch of triplets, his loss, the update.
     ``epochs_started`` counts his rounds (people sampled)."""
-    folder = _folder(data)
+    folder = _folder(cfg, run_dir)
     if peer.sandberg_batch % 3:
         raise ConfigError(f"--peer sandberg_batch={peer.sandberg_batch}: not whole triplets")
     if peer.people_per_batch * peer.images_per_person > len(folder):
@@ -282,7 +286,7 @@ def setup_tamerthamoqa(cfg, data, run_dir, peer: PeerSettings) -> tuple:
     hinge on those (NaN when none: zero gradients, and the optimizer still steps, as there).
     Triplets are generated batch by batch: the same draws in the same order as its list of an
     epoch (5,000 batches, longer than any budget here)."""
-    folder = _folder(data)
+    folder = _folder(cfg, run_dir)
     classes = _classes(folder)
     if peer.identities_per_batch > len(classes):
         raise ConfigError(

@@ -147,3 +147,15 @@ def test_a_setting_the_data_cannot_meet_is_a_config_error(tiny, method, change, 
     settings = peers.PeerSettings(**{**TINY.__dict__, **change})
     with pytest.raises(ConfigError, match=key):
         peers.PEERS[method](cfg, data, run_dir, settings)
+
+
+def test_every_setup_starts_from_the_same_network(tiny):
+    cfg, data, run_dir = tiny
+    states = {}
+    for method, setup in bench.SETUPS.items():
+        torch.manual_seed(0)  # as bench.train seeds each method
+        states[method] = setup(cfg, data, run_dir, TINY)[0].state_dict()
+    first = states["pml"]
+    for method, state in states.items():  # a classifier where the loop trains one, beside
+        assert set(first) <= set(state), method
+        assert all(torch.equal(first[k], state[k]) for k in first), method
