@@ -92,7 +92,7 @@ def _network(cfg):
 
 
 def _folder(cfg, run_dir):
-    """The training folder built anew: its decoded-image cache starts empty, as ours's did
+    """The training folder built anew: its decoded-image cache starts empty, as ours does
     (the held-out identities are read back from ``run_dir``)."""
     loader = build_data(cfg, run_dir).loader
     return getattr(loader.dataset, "dataset", loader.dataset)  # under SeededSamples
@@ -112,8 +112,8 @@ def setup_pml(cfg, data, run_dir, peer: PeerSettings) -> tuple:
     examples/notebooks/TripletMarginLossMNIST.ipynb (commit 216a792c): CosineSimilarity,
     ``TripletMarginMiner(0.2, type_of_triplets="semihard")``, ``TripletMarginLoss(0.2)`` with
     ``ThresholdReducer(low=0)``, the notebook's loop (zero_grad, forward, mine, loss, backward,
-    step; it uses Adam at 0.01), batches drawn by ``MPerClassSampler`` (m images an identity,
-    as its docs pair it with miners) instead of the notebook's shuffle."""
+    step; it uses Adam at 0.01), on batches drawn by the library's ``MPerClassSampler`` (m
+    images an identity, so that every batch holds positives) instead of a shuffle."""
     folder, batch = _folder(cfg, run_dir), cfg.data.p * cfg.data.k
     try:
         sampler = samplers.MPerClassSampler(folder.targets, peer.pml_m, batch, len(folder))
