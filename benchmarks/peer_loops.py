@@ -196,7 +196,7 @@ def sandberg_loss(embeddings: torch.Tensor, alpha: float) -> torch.Tensor:
 
 def _sandberg_rounds(cfg, folder, classes, model, peer: PeerSettings, rng, pending) -> Iterator:
     """One round of his ``train()``'s loop: people sampled, their embeddings computed in
-    training mode without gradients (as his session ran them, batch norm on each batch),
+    training mode without gradients (as his TensorFlow graph ran them: batch statistics),
     triplets selected; then batches of his ``batch_size`` images of the triplets' images,
     loaded afresh. ``pending[0]`` counts the images embedded."""
     size, normalize = peer.sandberg_batch, cfg.data.normalize
