@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Real faces: the LFW accuracy three training loops reach in one CPU budget, and fine-tuning.
+"""Real faces: the LFW accuracy training loops reach in one CPU budget, and fine-tuning.
 
 Each method (``ours``: the Trainer as ``facenet-train`` builds it; ``seed``: the seed's loop;
-``plain``: the one-pass loop people write) trains the same initial network on an aligned
-identity folder for ``--cpu-seconds`` of process CPU time (every thread: other jobs do not
-change what a method gets; the learning rate follows the schedule over the fraction spent),
-then is evaluated on LFW's pairs and held-out identities. ``--weights``: a published model
-before and after triplet fine-tuning. Figures and commands: docs/real_faces.md.
+``plain``: a one-pass loop; the peers' loops of benchmarks/peer_loops.py) trains the same
+initial network on an aligned identity folder for ``--cpu-seconds`` of process CPU time (every
+thread; the learning rate follows the schedule over the fraction spent), once per seed
+(``--seeds``), then is evaluated on LFW's pairs and held-out identities. ``--weights``: a
+published model before and after triplet fine-tuning. Figures and commands: docs/real_faces.md.
 
     python -m benchmarks.bench_real_faces --train-root celeba_sphereface \\
         --lfw-root lfw_sphereface --pairs pairs.txt [--weights 068.ckpt] --json real_faces.json
@@ -20,6 +20,7 @@ import math
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,7 +41,9 @@ from benchmarks.measure import (
     run_benchmark,
     write_report,
 )
+from benchmarks.peer_loops import PEERS, PeerSettings, peer_setting
 from benchmarks.seed_loop import SeedModel, seed_train_step
+from facenet.cli.common import positive_int
 from facenet.config import Config, config_to_dict, load_config
 from facenet.data.batches import standardize
 from facenet.data.images import build_transform
@@ -59,6 +62,7 @@ FINETUNE_CONFIG = "configs/finetune_mobilefacenet.yaml"
 PUBLISHER_CONFIG = "configs/lfw_mobilefacenet.yaml"
 SCHEDULE_POINTS = 1000  # the budget's fraction spent, in thousandths, is the schedule's "step"
 TRACE_POINTS = 40  # loss values kept per method (evenly over its steps)
+SEED_FIGURES = ("accuracy_mean", "accuracy_std", "val", "auc", "eer")  # summarised over seeds
 
 
 def budget_schedule(optimizer: torch.optim.Optimizer, cfg: Config, fraction) -> LambdaLR:
@@ -115,7 +119,7 @@ def train_for_budget(step, optimizer, cfg: Config, data, seconds: float) -> dict
     }
 
 
-# --------------------------------------------------------------------------- the three loops
+# --------------------------------------------------------------------------- our loops
 
 
 def load_configs(args: argparse.Namespace, path: str, extra: list[str], run_dir: Path) -> Config:
@@ -132,7 +136,7 @@ def load_configs(args: argparse.Namespace, path: str, extra: list[str], run_dir:
     return load_config(REPO / path, overrides)
 
 
-def setup_ours(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
+def setup_ours(cfg: Config, data: TrainingData, run_dir: Path, peer=None) -> tuple:
     """The Trainer of ``facenet-train`` (its default step) on our loader (P x K batches); the
     budget's schedule sets the rates, not the Trainer's."""
     trainer = build_trainer(cfg, data.num_classes, torch.device("cpu"), data.steps_per_epoch)
@@ -147,7 +151,7 @@ def setup_ours(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
     return trainer.core_model, trainer.optimizer, step, data, done
 
 
-def setup_seed(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
+def setup_seed(cfg: Config, data: TrainingData, run_dir: Path, peer=None) -> tuple:
     """The seed's loop (``seed_train_step``, a faithful port: its triplet loss never reaches the
     model, so only its cross-entropy trains) on triplet batches of about P x K images from our
     loader.
@@ -187,7 +191,7 @@ def setup_seed(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
     return network, optimizer, step, data, done
 
 
-def setup_plain(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
+def setup_plain(cfg: Config, data: TrainingData, run_dir: Path, peer=None) -> tuple:
     """The plain one-pass loop on the same P x K batches, each file decoded by torchvision and
     transformed alone as an ``ImageFolder`` does: one forward with grad, our miner on the
     detached embeddings, our triplet loss (+ the cross-entropy on the images the triplets use),
@@ -228,15 +232,18 @@ def setup_plain(cfg: Config, data: TrainingData, run_dir: Path) -> tuple:
     return model, optimizer, step, SimpleNamespace(loader=loader, sampler=data.sampler), dict
 
 
-SETUPS = {"ours": setup_ours, "seed": setup_seed, "plain": setup_plain}
+# Each setup: (cfg, data, run_dir, peer settings) -> (model, optimizer, step, data, done).
+SETUPS = {"ours": setup_ours, "seed": setup_seed, "plain": setup_plain, **PEERS}
 
 
-def train(method: str, cfg: Config, data, run_dir: Path, seconds: float, before=None) -> tuple:
+def train(method: str, cfg: Config, data, run_dir: Path, seconds: float, before=None, peer=None):
     """``(model in eval mode, training record)`` of one method from the seeded initial state;
-    ``before(model)`` is called on the model before it trains (fine-tuning's first figures)."""
+    ``before(model)`` is called on the model before it trains (fine-tuning's first figures);
+    ``peer``: the peers' :class:`PeerSettings` (default: theirs)."""
     torch.manual_seed(cfg.train.seed)  # every method starts from the same initial weights
     np.random.seed(cfg.train.seed)
-    model, optimizer, step, method_data, done = SETUPS[method](cfg, data, run_dir)
+    peer = peer or PeerSettings()
+    model, optimizer, step, method_data, done = SETUPS[method](cfg, data, run_dir, peer)
     if before is not None:
         before(model.eval())
         model.train()
@@ -303,15 +310,51 @@ def describe(cfg: Config, data: TrainingData) -> dict:
 
 
 def from_scratch(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
-    """Train each method for the budget and evaluate it; the report is written after each."""
-    cfg = load_configs(args, SCRATCH_CONFIG, args.overrides, run_dir)
-    data = build_data(cfg, run_dir)
+    """Train each method for the budget once per seed (``train.seed`` onwards) and evaluate
+    it; the report, with each method's figures over its runs so far, is written after each."""
     part = report["scratch"] = {"config": SCRATCH_CONFIG, "overrides": args.overrides}
-    part |= describe(cfg, data)
-    for method in args.methods:
-        model, part[method] = train(method, cfg, data, run_dir, args.cpu_seconds)
-        part[method] |= evaluate_sets(model, data, cfg, method)
-        write_report(args.json, report)
+    first = load_configs(args, SCRATCH_CONFIG, args.overrides, run_dir).train.seed
+    part |= {"seeds": [first + s for s in range(args.seeds)], "peers": asdict(args.peer)}
+    for seed in part["seeds"]:
+        # The held-out identities and pairs are read back from run_dir: the same for each seed.
+        cfg = load_configs(args, SCRATCH_CONFIG, [*args.overrides, f"train.seed={seed}"], run_dir)
+        data = build_data(cfg, run_dir)
+        part |= describe(cfg, data)
+        for method in args.methods:
+            model, run = train(method, cfg, data, run_dir, args.cpu_seconds, peer=args.peer)
+            runs = part.setdefault(method, {"runs": []})["runs"]
+            runs.append(run | {"seed": seed} | evaluate_sets(model, data, cfg, method))
+            part[method]["over_seeds"] = over_seeds(runs)
+            for split in ("lfw", "heldout") if len(runs) > 1 else ():
+                print(over_seeds_line(method, split, part[method]["over_seeds"]), flush=True)
+            write_report(args.json, report)
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """Each split's figures (``accuracy_std``: the spread over the folds) and the images per
+    CPU second: ``{"mean", "std"}`` over the runs (std with ddof 1; None for one run)."""
+
+    def spread(values: list) -> dict:
+        std = float(np.std(values, ddof=1)) if len(values) > 1 else None
+        return {"mean": float(np.mean(values)), "std": std}
+
+    out = {"runs": len(runs)}
+    out["images_per_cpu_second"] = spread([run["images_per_cpu_second"] for run in runs])
+    for split in ("lfw", "heldout"):
+        if all(split in run for run in runs):
+            out[split] = {key: spread([run[split][key] for run in runs]) for key in SEED_FIGURES}
+    return out
+
+
+def over_seeds_line(method: str, split: str, summary: dict) -> str:
+    """``ours lfw over 3 seeds: acc 0.8300 ± 0.0050 (seeds), fold std 0.0163, AUC ...``."""
+    figure = summary[split]
+    acc, auc, speed = figure["accuracy_mean"], figure["auc"], summary["images_per_cpu_second"]
+    return (
+        f"{method} {split} over {summary['runs']} seeds: acc {acc['mean']:.4f} ± "
+        f"{acc['std']:.4f} (seeds), fold std {figure['accuracy_std']['mean']:.4f}, AUC "
+        f"{auc['mean']:.4f} ± {auc['std']:.4f}, {speed['mean']:.0f} images / CPU s"
+    )
 
 
 def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
@@ -340,6 +383,7 @@ def finetune(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
 def measure(args: argparse.Namespace) -> dict:
     """Run the measurements; the JSON report is rewritten after each one."""
     args.finetune_cpu_seconds = args.finetune_cpu_seconds or args.cpu_seconds
+    args.peer = PeerSettings(**dict(args.peer))
     report = {
         "benchmark": "real faces: LFW after the same CPU budget; fine-tuning a published model",
         "command": " ".join(["python -m benchmarks.bench_real_faces", *sys.argv[1:]]),
@@ -368,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--weights", type=input_path, help="a published model to fine-tune")
     add("--cpu-seconds", type=positive_float, default=360.0, help="budget per method")
     add("--finetune-cpu-seconds", type=positive_float, help="default: --cpu-seconds")
+    add("--seeds", type=positive_int, default=1, help="runs of each method: train.seed onwards")
+    add("--peer", type=peer_setting, action="append", default=[], metavar="K=V")
     add("--methods", nargs="*", default=list(SETUPS), choices=SETUPS)
     for part in ("", "finetune-", "publisher-"):  # overrides of each configuration
         dest = part.replace("-", "_") + "overrides"

@@ -1,10 +1,11 @@
 """benchmarks.bench_real_faces end to end on tiny synthetic identity folders at the real layout:
-every method trains (its loss moves), LFW-style and held-out figures come back, and fine-tuning
-reports before and after."""
+every method trains (its loss moves) once per seed, LFW-style and held-out figures come back with
+their spread over seeds, and fine-tuning reports before and after."""
 
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,6 +27,9 @@ SMALL = [
     "eval.heldout_pairs_per_fold=4",
     "eval.batch_size=64",
 ]
+# The peers' batches sized for 8 training identities of 6 images.
+PEERS = ["people_per_batch=3", "images_per_person=4", "sandberg_batch=12"]
+PEERS += ["identities_per_batch=4", "triplets_per_batch=6"]
 
 
 @pytest.fixture(scope="module")
@@ -49,21 +53,45 @@ def run_bench(folders, tmp_path, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_three_methods_train_and_are_evaluated(folders, tmp_path):
-    overrides = [f"--set={item}" for item in SMALL]
-    report = run_bench(folders, tmp_path, "--cpu-seconds", "0.5", *overrides)
-    scratch = report["scratch"]
+def test_every_method_trains_and_is_evaluated_per_seed(folders, tmp_path, capsys):
+    overrides = [f"--set={item}" for item in SMALL] + [f"--peer={item}" for item in PEERS]
+    report = run_bench(folders, tmp_path, "--cpu-seconds", "0.3", "--seeds", "2", *overrides)
+    scratch, printed = report["scratch"], capsys.readouterr().out
     assert scratch["data"]["train_identities"] == 8  # 12 less the 4 held out
+    assert scratch["seeds"] == [0, 1] and scratch["peers"]["sandberg_batch"] == 12
     for method in bench.SETUPS:
-        record = scratch[method]
-        assert record["steps"] > 1 and record["cpu_seconds"] >= 0.5
-        assert record["loss_first"] != record["loss_last"], method  # it trained
+        runs = scratch[method]["runs"]
+        assert [run["seed"] for run in runs] == [0, 1], method
+        for run in runs:
+            assert run["steps"] > 1 and run["cpu_seconds"] >= 0.3
+            assert run["images_per_cpu_second"] > 0
+            assert run["loss_first"] != run["loss_last"], method  # it trained
+            for split in ("lfw", "heldout"):
+                assert all(0.0 <= run[split][key] <= 1.0 for key in FIGURES), (method, split)
+        summary = scratch[method]["over_seeds"]
         for split in ("lfw", "heldout"):
-            assert all(0.0 <= record[split][key] <= 1.0 for key in FIGURES), (method, split)
-    assert scratch["ours"]["step_path"] == "one-pass"
+            for key in bench.SEED_FIGURES:
+                values = [run[split][key] for run in runs]
+                spread = summary[split][key]
+                assert spread["mean"] == pytest.approx(np.mean(values)), (method, split, key)
+                assert spread["std"] == pytest.approx(np.std(values, ddof=1)), (method, key)
+        assert f"{method} lfw over 2 seeds: acc" in printed
+        assert summary["runs"] == 2 and summary["images_per_cpu_second"]["mean"] > 0
+    # Each seed starts from its own weights: the first losses differ.
+    assert len({run["loss_first"] for run in scratch["ours"]["runs"]}) == 2
+    assert scratch["ours"]["runs"][0]["step_path"] == "one-pass"
     assert scratch["data"]["lfw_pairs"] == 24  # 2 folds x (6 same + 6 different)
     assert report["machine"]["cpu_count"] >= 1
     assert (tmp_path / "not" / "yet" / "heldout.json").is_file()
+
+
+def test_over_seeds_of_one_run_has_no_spread():
+    figures = {key: 0.5 for key in bench.SEED_FIGURES}
+    run = {"images_per_cpu_second": 100.0, "lfw": figures}
+    summary = bench.over_seeds([run])
+    assert summary["lfw"]["auc"] == {"mean": 0.5, "std": None} and "heldout" not in summary
+    two = bench.over_seeds([run, run | {"images_per_cpu_second": 200.0}])
+    assert two["images_per_cpu_second"]["std"] == pytest.approx(np.std([100, 200], ddof=1))
 
 
 def test_finetuning_reports_before_and_after(folders, tmp_path):
@@ -133,6 +161,9 @@ def refusal(argv: list[str], capsys) -> str:
         ("--lfw-root", "{file}"),  # a file, not a folder
         ("--pairs", "{fifo}"),  # would block on reading
         ("--weights", "{tmp}/missing.pt"),
+        ("--seeds", "0"),
+        ("--peer", "nope=1"),
+        ("--peer", "margin=nan"),
     ],
 )
 def test_a_bad_argument_is_one_line_before_anything_runs(folders, tmp_path, capsys, flag, value):
