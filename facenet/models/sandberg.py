@@ -1,0 +1,168 @@
+"""davidsandberg/facenet's Inception-ResNet-v1 (src/models/inception_resnet_v1.py) from its
+TensorFlow variables onto :class:`EmbeddingNet` ("inception_resnet_v1"): the name
+correspondence is facenet-pytorch's (models/utils/tensorflow2pytorch.py), whose module names
+are ours. A convolution's BatchNorm comes as its variables (``BatchNorm/beta``,
+``moving_mean``, ``moving_variance``: sandberg's batch norms have no scale) or folded into the
+kernel by TensorFlow's graph tools (a scaled kernel plus ``Conv2D_bn_offset``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from facenet.models.backbones.inception_resnet_v1 import BN_EPS, ResidualBlock
+from facenet.models.embedding import EmbeddingNet
+from facenet.models.tf_graph import Node
+
+ROOT = "InceptionResnetV1"
+# Non-parameter constants a frozen graph may hold: tf.nn.l2_normalize's epsilon.
+GRAPH_EXTRAS = ("embeddings/Maximum/y",)
+_BOTTLENECK = "Bottleneck/weights"
+_LINEAR = "embedding.linear.weight"
+_BLOCKS = {
+    "repeat_1": "Repeat/block35_",
+    "repeat_2": "Repeat_1/block17_",
+    "repeat_3": "Repeat_2/block8_",
+}
+
+
+class MappingError(ValueError):
+    """The variables are not those of this network; the message names the first culprit."""
+
+
+def tf_scope(name: str, conv: nn.Conv2d) -> str:
+    """sandberg's variable scope of our backbone convolution ``name`` ("repeat_1.3.branch1.0.conv"
+    -> "Repeat/block35_4/Branch_1/Conv2d_0a_1x1")."""
+    head, *rest = name.removesuffix(".conv").split(".")
+    kernel = "x".join(map(str, conv.kernel_size))
+    if not rest:  # the stem: conv2d_1a -> Conv2d_1a_3x3
+        return f"{head.capitalize()}_{kernel}"
+    if head in _BLOCKS:
+        head, rest = _BLOCKS[head] + str(int(rest[0]) + 1), rest[1:]
+    else:  # mixed_6a, mixed_7a, block8
+        head = head.capitalize()
+    if rest == ["conv2d"]:  # a residual block's up-projection, with biases
+        return f"{head}/Conv2d_1x1"
+    branch, *index = rest
+    if conv.stride[0] == 2:
+        layer = f"Conv2d_1a_{kernel}"
+    else:
+        layer = f"Conv2d_0{'abc'[int(index[0])]}_{kernel}" if index else "Conv2d_1x1"
+    return f"{head}/Branch_{branch.removeprefix('branch')}/{layer}"
+
+
+class _Taker:
+    """Variables taken by name, each at most once, shapes checked against our tensors."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray]):
+        self.tensors, self.used = tensors, set()
+
+    def has(self, name: str) -> bool:
+        return f"{ROOT}/{name}" in self.tensors
+
+    def __call__(self, name: str, like: torch.Tensor | None = None, perm=None) -> torch.Tensor:
+        full = f"{ROOT}/{name}"
+        if full not in self.tensors:
+            raise MappingError(f"no constant {full!r}: not sandberg's Inception-ResNet-v1")
+        array = np.asarray(self.tensors[full], np.float32)
+        value = torch.from_numpy(np.array(array.transpose(perm) if perm else array, order="C"))
+        if like is not None and value.shape != like.shape:
+            expected = tuple(like.shape[i] for i in np.argsort(perm)) if perm else like.shape
+            raise MappingError(f"{full!r} has shape {array.shape}; expected {tuple(expected)}")
+        self.used.add(full)
+        return value
+
+
+def _conv_bn(take: _Taker, scope: str, prefix: str, like: torch.Tensor) -> dict:
+    """The BatchNorm ``prefix`` after the convolution ``scope``; ``like``: its bias."""
+    if take.has(f"{scope}/Conv2D_bn_offset"):
+        # Folded: the kernel already holds gamma / sqrt(var + eps), so this BatchNorm only adds
+        # the offset; var = 1 - eps makes float32(var + eps) exactly 1, an exact identity.
+        bias = take(f"{scope}/Conv2D_bn_offset", like)
+        mean, var = torch.zeros_like(like), torch.full_like(like, 1 - BN_EPS)
+    else:
+        bias = take(f"{scope}/BatchNorm/beta", like)
+        mean = take(f"{scope}/BatchNorm/moving_mean", like)
+        var = take(f"{scope}/BatchNorm/moving_variance", like)
+    return {
+        f"{prefix}.weight": torch.ones_like(like),  # sandberg's batch norms have no scale
+        f"{prefix}.bias": bias,
+        f"{prefix}.running_mean": mean,
+        f"{prefix}.running_var": var,
+        f"{prefix}.num_batches_tracked": torch.tensor(0),
+    }
+
+
+def _head(take: _Taker, state: Mapping[str, torch.Tensor]) -> dict:
+    """Bottleneck: a fully connected layer (F, D) without bias, then a BatchNorm whose missing
+    scale a frozen graph holds as a constant of ones (``BatchNorm/Const``)."""
+    like = state["embedding.bn.bias"]
+    head = {"embedding.linear.weight": take("Bottleneck/weights", state[_LINEAR], (1, 0))}
+    gamma = "Bottleneck/BatchNorm/Const"
+    head["embedding.bn.weight"] = take(gamma, like) if take.has(gamma) else torch.ones_like(like)
+    for ours, theirs in (("bias", "beta"), ("running_mean", "moving_mean")):
+        head[f"embedding.bn.{ours}"] = take(f"Bottleneck/BatchNorm/{theirs}", like)
+    head["embedding.bn.running_var"] = take("Bottleneck/BatchNorm/moving_variance", like)
+    head["embedding.bn.num_batches_tracked"] = torch.tensor(0)
+    return head
+
+
+def _check_scales(take: _Taker, backbone: nn.Module) -> None:
+    """A frozen graph's residual scales (``mul/x``) must be ours."""
+    for name, block in backbone.named_modules():
+        if not isinstance(block, ResidualBlock):
+            continue
+        scope = tf_scope(f"{name}.conv2d", block.conv2d).removesuffix("/Conv2d_1x1")
+        if take.has(f"{scope}/mul/x"):
+            value = float(take(f"{scope}/mul/x", torch.tensor(0.0)))
+            if value != np.float32(block.scale):
+                raise MappingError(f"'{ROOT}/{scope}/mul/x' is {value:g}; ours is {block.scale}")
+
+
+def sandberg_state_dict(tensors: Mapping[str, np.ndarray]) -> tuple[dict, set[str]]:
+    """``EmbeddingNet("inception_resnet_v1", D)``'s state dict from sandberg's variables (D:
+    the bottleneck's width) and the names used; MappingError names the first missing or
+    wrongly shaped variable. Kernels HWIO -> OIHW, the bottleneck (F, D) -> (D, F)."""
+    weights = np.asarray(tensors.get(f"{ROOT}/{_BOTTLENECK}", np.zeros(0)))
+    if weights.ndim != 2 or not 1 <= weights.shape[1] <= 65536:
+        raise MappingError(f"no constant '{ROOT}/{_BOTTLENECK}' (F, D): not sandberg's network")
+    net = EmbeddingNet("inception_resnet_v1", int(weights.shape[1]))
+    state, take, out = net.state_dict(), _Taker(tensors), {}
+    for name, conv in net.backbone.named_modules():
+        if not isinstance(conv, nn.Conv2d):
+            continue
+        scope, key = tf_scope(name, conv), f"backbone.{name}"
+        out[f"{key}.weight"] = take(f"{scope}/weights", state[f"{key}.weight"], (3, 2, 0, 1))
+        if conv.bias is not None:
+            out[f"{key}.bias"] = take(f"{scope}/biases", state[f"{key}.bias"])
+        else:
+            bn = key.removesuffix(".conv") + ".bn"
+            out.update(_conv_bn(take, scope, bn, state[f"{bn}.bias"]))
+    out.update(_head(take, state))
+    _check_scales(take, net.backbone)
+    return out, take.used
+
+
+def graph_state_dict(nodes: Mapping[str, Node]) -> tuple[dict, int]:
+    """:func:`sandberg_state_dict` of a frozen graph's float constants, every one of them used
+    (l2_normalize's epsilon aside), and the input size its placeholder declares (else 160)."""
+    consts = {
+        name: node.attrs.get("value")
+        for name, node in nodes.items()
+        if node.op == "Const" and getattr(node.attrs.get("value"), "dtype", None) == np.float32
+    }
+    state, used = sandberg_state_dict(consts)
+    unused = [name for name in consts if name not in used and name not in GRAPH_EXTRAS]
+    if unused:
+        raise MappingError(
+            f"{len(unused)} constant(s) sandberg's Inception-ResNet-v1 does not have, such as "
+            f"{unused[0]!r}"
+        )
+    shapes = [n.attrs.get("shape") for n in nodes.values() if n.op == "Placeholder"]
+    dims = shapes[0] if len(shapes) == 1 and isinstance(shapes[0], tuple) else ()
+    size = dims[1] if len(dims) == 4 and dims[1] == dims[2] and 75 <= dims[1] <= 4096 else 160
+    return state, size

@@ -1,0 +1,227 @@
+"""TensorFlow's frozen graphs (``GraphDef`` ``.pb``) read without TensorFlow, from the protobuf
+wire format, field numbers from tensorflow/core/framework/{graph,node_def,attr_value,tensor,
+tensor_shape}.proto. Only what a frozen inference graph needs: nodes (name, op, inputs, attrs)
+and float32/int32 constants. Every length, varint and declared shape is checked against the
+bytes that hold it before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from facenet.errors import WeightsError
+from facenet.files import open_regular
+
+MAX_GRAPH_BYTES = 2**30
+MAX_FILL = 2**20  # elements a one-value constant may be repeated to (TF's version-0 fill)
+_DTYPES = {1: np.dtype("<f4"), 3: np.dtype("<i4")}  # types.proto: DT_FLOAT, DT_INT32
+_VALUES = {1: (5, "<f4"), 3: (7, "<i4")}  # dtype -> (TensorProto's *_val field, packed item)
+
+
+class _Bad(ValueError):
+    """Damaged bytes; :func:`read_graph` adds the file's name."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One ``NodeDef``: ``attrs`` hold str, int, float, bool, shape tuples, arrays (tensors), or
+    lists of these; an unsupported tensor type is None."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    attrs: dict = field(default_factory=dict)
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while pos < end and shift < 70:
+        byte = buf[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            if value >= 2**64:
+                break
+            return (value - 2**64 if value >= 2**63 else value), pos  # int64 two's complement
+    raise _Bad(f"a truncated or overlong varint at byte {pos}")
+
+
+def _fields(buf: bytes, start: int, end: int):
+    """(field number, wire type, value) of a message in ``buf[start:end]``; value: an int
+    (varint), or the (start, end) of the bytes (fixed32/64, length-delimited)."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos, end)
+        elif wire in (1, 2, 5):
+            size = {1: 8, 5: 4}[wire] if wire != 2 else _varint(buf, pos, end)
+            if wire == 2:
+                size, pos = size
+            if not 0 <= size <= end - pos:
+                raise _Bad(f"field {number} at byte {pos} runs {size} bytes past its message")
+            value, pos = (pos, pos + size), pos + size
+        else:
+            raise _Bad(f"field {number} has wire type {wire} at byte {pos}")
+        if number < 1:
+            raise _Bad(f"field number {number} at byte {pos}")
+        yield number, wire, value
+
+
+def _text(buf: bytes, span) -> str:
+    try:
+        return buf[span[0] : span[1]].decode("utf-8")
+    except (TypeError, UnicodeDecodeError):
+        raise _Bad(f"a name or string at byte {span} that is not UTF-8 text") from None
+
+
+def _shape(buf: bytes, span) -> tuple[int, ...]:
+    """TensorShapeProto: dim = 2 (Dim: size = 1)."""
+    dims = []
+    for number, wire, value in _fields(buf, *span):
+        if number == 2 and wire == 2:
+            sizes = [v for n, w, v in _fields(buf, *value) if n == 1 and w == 0]
+            dims.append(sizes[-1] if sizes else 0)
+    return tuple(dims)
+
+
+def _packed(buf: bytes, spans: list, dtype: str) -> np.ndarray:
+    """Packed fixed-width values (float: wire type 2 spans, or 5 one by one), concatenated."""
+    parts = [np.frombuffer(buf, dtype, (e - s) // 4, s) for s, e in spans if (e - s) % 4 == 0]
+    if len(parts) != len(spans):
+        raise _Bad("packed 4-byte values whose length is not a multiple of 4")
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def _int_values(buf: bytes, items: list) -> np.ndarray:
+    values = []
+    for wire, value in items:  # packed varints (2) or one varint each (0)
+        if wire == 0:
+            values.append(value)
+            continue
+        pos, end = value
+        while pos < end:
+            number, pos = _varint(buf, pos, end)
+            values.append(number)
+    return np.array(values, np.int64)
+
+
+def _tensor(buf: bytes, span) -> np.ndarray | None:
+    """TensorProto: dtype 1, tensor_shape 2, tensor_content 4, float_val 5, int_val 7; None for
+    another dtype. The element count is checked against the bytes before allocating."""
+    dtype, shape, content, items = 0, (), None, {5: [], 7: []}
+    for number, wire, value in _fields(buf, *span):
+        if number == 1 and wire == 0:
+            dtype = value
+        elif number == 2 and wire == 2:
+            shape = _shape(buf, value)
+        elif number == 4 and wire == 2:
+            content = value
+        elif number in items:
+            items[number].append((wire, value))
+    if dtype not in _DTYPES:
+        return None
+    if any(d < 0 for d in shape) or len(shape) > 32:
+        raise _Bad(f"a constant of shape {shape[:33]}")
+    count, kind = math.prod(shape), _DTYPES[dtype]
+    if content is not None:
+        if content[1] - content[0] != count * kind.itemsize:
+            raise _Bad(f"a constant of shape {shape} holds {content[1] - content[0]} bytes")
+        return np.frombuffer(buf, kind, count, content[0]).reshape(shape)
+    number, item = _VALUES[dtype]
+    if dtype == 1:
+        spans = [v if w == 2 else v for w, v in items[number] if w in (2, 5)]
+        values = _packed(buf, spans, item)
+    else:
+        values = _int_values(buf, items[number]).astype(item)
+    if len(values) != count and not (len(values) == 1 and count <= MAX_FILL):
+        raise _Bad(f"a constant of shape {shape} holds {len(values)} values")
+    return np.broadcast_to(values, (count,)).reshape(shape) if count else values[:0]
+
+
+def _list(buf: bytes, span) -> list:
+    """AttrValue.ListValue: s 2, i 3, f 4, b 5, type 6, shape 7 (tensors and funcs skipped)."""
+    found: dict[int, list] = {}
+    for number, wire, value in _fields(buf, *span):
+        found.setdefault(number, []).append((wire, value))
+    if 2 in found:
+        return [_text(buf, v) for w, v in found[2] if w == 2]
+    if 4 in found:
+        return _packed(buf, [v for w, v in found[4] if w in (2, 5)], "<f4").tolist()
+    if 7 in found:
+        return [_shape(buf, v) for w, v in found[7] if w == 2]
+    number = next((n for n in (3, 5, 6) if n in found), None)
+    return [] if number is None else _int_values(buf, found[number]).tolist()
+
+
+def _attr(buf: bytes, span):
+    """AttrValue: list 1, s 2, i 3, f 4, b 5, type 6, shape 7, tensor 8; the last field set."""
+    value = None
+    for number, wire, raw in _fields(buf, *span):
+        if number == 1 and wire == 2:
+            value = _list(buf, raw)
+        elif number == 2 and wire == 2:
+            value = _text(buf, raw)
+        elif number in (3, 6) and wire == 0:
+            value = raw
+        elif number == 5 and wire == 0:
+            value = bool(raw)
+        elif number == 4 and wire == 5:
+            value = float(np.frombuffer(buf, "<f4", 1, raw[0])[0])
+        elif number == 7 and wire == 2:
+            value = _shape(buf, raw)
+        elif number == 8 and wire == 2:
+            value = _tensor(buf, raw)
+    return value
+
+
+def _node(buf: bytes, span) -> Node:
+    """NodeDef: name 1, op 2, input 3, attr 5 (map entries: key 1, value 2)."""
+    name, op, inputs, attrs = "", "", [], {}
+    for number, wire, value in _fields(buf, *span):
+        if wire != 2:
+            continue
+        if number == 1:
+            name = _text(buf, value)
+        elif number == 2:
+            op = _text(buf, value)
+        elif number == 3:
+            inputs.append(_text(buf, value))
+        elif number == 5:
+            entry = {n: v for n, w, v in _fields(buf, *value) if w == 2}
+            if 1 in entry:
+                attrs[_text(buf, entry[1])] = _attr(buf, entry[2]) if 2 in entry else None
+    if not name or not op:
+        raise _Bad(f"a node without a name or op at byte {span[0]}")
+    return Node(name, op, tuple(inputs), attrs)
+
+
+def parse_graph(buf: bytes) -> dict[str, Node]:
+    """The nodes of a serialized ``GraphDef`` (node = 1) by name, in file order; ValueError for
+    damaged bytes. Constants' arrays are read-only views into ``buf``."""
+    nodes: dict[str, Node] = {}
+    for number, wire, value in _fields(buf, 0, len(buf)):
+        if number == 1 and wire == 2:
+            node = _node(buf, value)
+            if node.name in nodes:
+                raise _Bad(f"two nodes named {node.name!r}")
+            nodes[node.name] = node
+    return nodes
+
+
+def read_graph(path: str | os.PathLike) -> dict[str, Node]:
+    """:func:`parse_graph` of the file ``path``, a WeightsError naming it for anything else."""
+    with open_regular(path, MAX_GRAPH_BYTES, lambda why: WeightsError(f"{path}: {why}")) as fh:
+        buf = fh.read()
+    try:
+        nodes = parse_graph(buf)
+    except _Bad as err:
+        raise WeightsError(f"{path}: not a TensorFlow GraphDef ({err})") from None
+    if not nodes:
+        raise WeightsError(f"{path}: not a TensorFlow GraphDef (no nodes)")
+    return nodes
