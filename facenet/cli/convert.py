@@ -16,10 +16,13 @@ from pathlib import Path
 
 from facenet.cli.common import add_threads_argument, check_outputs, run_command, set_threads
 from facenet.errors import WeightsError
+from facenet.files import open_regular
 from facenet.inference.loading import TrainedModel, save_weights
 from facenet.models.embedding import EmbeddingNet
 from facenet.models.sandberg import MappingError, graph_state_dict
-from facenet.models.tf_graph import read_graph
+from facenet.models.tf_graph import GraphError, parse_graph
+
+MAX_GRAPH_BYTES = 2**30
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -36,10 +39,12 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def convert_graph(src) -> tuple[TrainedModel, int]:
     """The network a frozen graph holds, and its node count; WeightsError naming ``src``."""
-    nodes = read_graph(src)
+    with open_regular(src, MAX_GRAPH_BYTES, lambda why: WeightsError(f"{src}: {why}")) as fh:
+        buf = fh.read()
     try:
+        nodes = parse_graph(buf)
         state, size = graph_state_dict(nodes)
-    except MappingError as err:
+    except (GraphError, MappingError) as err:
         raise WeightsError(f"{src}: {err}") from None
     dim = state["embedding.linear.weight"].shape[0]
     model = EmbeddingNet("inception_resnet_v1", dim)

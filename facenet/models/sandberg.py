@@ -77,38 +77,33 @@ class _Taker:
         return value
 
 
-def _conv_bn(take: _Taker, scope: str, prefix: str, like: torch.Tensor) -> dict:
-    """The BatchNorm ``prefix`` after the convolution ``scope``; ``like``: its bias."""
-    if take.has(f"{scope}/Conv2D_bn_offset"):
-        # Folded: the kernel already holds gamma / sqrt(var + eps), so this BatchNorm only adds
-        # the offset; var = 1 - eps makes float32(var + eps) exactly 1, an exact identity.
-        bias = take(f"{scope}/Conv2D_bn_offset", like)
-        mean, var = torch.zeros_like(like), torch.full_like(like, 1 - BN_EPS)
-    else:
-        bias = take(f"{scope}/BatchNorm/beta", like)
-        mean = take(f"{scope}/BatchNorm/moving_mean", like)
-        var = take(f"{scope}/BatchNorm/moving_variance", like)
+def _bn(take: _Taker, scope: str, prefix: str, like: torch.Tensor) -> dict:
+    """The BatchNorm variables ``{scope}/BatchNorm/*`` onto our BatchNorm ``prefix`` (``like``:
+    its bias): sandberg's have no scale, which a frozen graph holds as ones (``Const``)."""
+    gamma = f"{scope}/BatchNorm/Const"
     return {
-        f"{prefix}.weight": torch.ones_like(like),  # sandberg's batch norms have no scale
-        f"{prefix}.bias": bias,
-        f"{prefix}.running_mean": mean,
-        f"{prefix}.running_var": var,
+        f"{prefix}.weight": take(gamma, like) if take.has(gamma) else torch.ones_like(like),
+        f"{prefix}.bias": take(f"{scope}/BatchNorm/beta", like),
+        f"{prefix}.running_mean": take(f"{scope}/BatchNorm/moving_mean", like),
+        f"{prefix}.running_var": take(f"{scope}/BatchNorm/moving_variance", like),
         f"{prefix}.num_batches_tracked": torch.tensor(0),
     }
 
 
-def _head(take: _Taker, state: Mapping[str, torch.Tensor]) -> dict:
-    """Bottleneck: a fully connected layer (F, D) without bias, then a BatchNorm whose missing
-    scale a frozen graph holds as a constant of ones (``BatchNorm/Const``)."""
-    like = state["embedding.bn.bias"]
-    head = {"embedding.linear.weight": take("Bottleneck/weights", state[_LINEAR], (1, 0))}
-    gamma = "Bottleneck/BatchNorm/Const"
-    head["embedding.bn.weight"] = take(gamma, like) if take.has(gamma) else torch.ones_like(like)
-    for ours, theirs in (("bias", "beta"), ("running_mean", "moving_mean")):
-        head[f"embedding.bn.{ours}"] = take(f"Bottleneck/BatchNorm/{theirs}", like)
-    head["embedding.bn.running_var"] = take("Bottleneck/BatchNorm/moving_variance", like)
-    head["embedding.bn.num_batches_tracked"] = torch.tensor(0)
-    return head
+def _conv_bn(take: _Taker, scope: str, prefix: str, like: torch.Tensor) -> dict:
+    """The BatchNorm after the convolution ``scope``, as variables or folded."""
+    offset = f"{scope}/Conv2D_bn_offset"
+    if not take.has(offset):
+        return _bn(take, scope, prefix, like)
+    # Folded: the kernel already holds gamma / sqrt(var + eps), so this BatchNorm only adds the
+    # offset; var = 1 - eps makes float32(var + eps) exactly 1, an exact identity.
+    return {
+        f"{prefix}.weight": torch.ones_like(like),
+        f"{prefix}.bias": take(offset, like),
+        f"{prefix}.running_mean": torch.zeros_like(like),
+        f"{prefix}.running_var": torch.full_like(like, 1 - BN_EPS),
+        f"{prefix}.num_batches_tracked": torch.tensor(0),
+    }
 
 
 def _check_scales(take: _Taker, backbone: nn.Module) -> None:
@@ -142,7 +137,8 @@ def sandberg_state_dict(tensors: Mapping[str, np.ndarray]) -> tuple[dict, set[st
         else:
             bn = key.removesuffix(".conv") + ".bn"
             out.update(_conv_bn(take, scope, bn, state[f"{bn}.bias"]))
-    out.update(_head(take, state))
+    out[_LINEAR] = take(_BOTTLENECK, state[_LINEAR], (1, 0))
+    out.update(_bn(take, "Bottleneck", "embedding.bn", state["embedding.bn.bias"]))
     _check_scales(take, net.backbone)
     return out, take.used
 
@@ -156,6 +152,11 @@ def graph_state_dict(nodes: Mapping[str, Node]) -> tuple[dict, int]:
         if node.op == "Const" and getattr(node.attrs.get("value"), "dtype", None) == np.float32
     }
     state, used = sandberg_state_dict(consts)
+    for node in nodes.values():  # the bottleneck's, and the convolutions' when not folded
+        if node.op.startswith("FusedBatchNorm") and node.attrs.get("epsilon") != np.float32(BN_EPS):
+            raise MappingError(
+                f"{node.name!r} has epsilon {node.attrs.get('epsilon')}; ours is {BN_EPS}"
+            )
     unused = [name for name in consts if name not in used and name not in GRAPH_EXTRAS]
     if unused:
         raise MappingError(

@@ -8,22 +8,17 @@ bytes that hold it before anything is allocated.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from facenet.errors import WeightsError
-from facenet.files import open_regular
-
-MAX_GRAPH_BYTES = 2**30
 MAX_FILL = 2**20  # elements a one-value constant may be repeated to (TF's version-0 fill)
 _DTYPES = {1: np.dtype("<f4"), 3: np.dtype("<i4")}  # types.proto: DT_FLOAT, DT_INT32
 _VALUES = {1: (5, "<f4"), 3: (7, "<i4")}  # dtype -> (TensorProto's *_val field, packed item)
 
 
-class _Bad(ValueError):
-    """Damaged bytes; :func:`read_graph` adds the file's name."""
+class GraphError(ValueError):
+    """Damaged bytes, named by position (callers add the file's name)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,7 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
             if value >= 2**64:
                 break
             return (value - 2**64 if value >= 2**63 else value), pos  # int64 two's complement
-    raise _Bad(f"a truncated or overlong varint at byte {pos}")
+    raise GraphError(f"a truncated or overlong varint at byte {pos}")
 
 
 def _fields(buf: bytes, start: int, end: int):
@@ -64,12 +59,12 @@ def _fields(buf: bytes, start: int, end: int):
             if wire == 2:
                 size, pos = size
             if not 0 <= size <= end - pos:
-                raise _Bad(f"field {number} at byte {pos} runs {size} bytes past its message")
+                raise GraphError(f"field {number} at byte {pos} runs {size} bytes past its message")
             value, pos = (pos, pos + size), pos + size
         else:
-            raise _Bad(f"field {number} has wire type {wire} at byte {pos}")
+            raise GraphError(f"field {number} has wire type {wire} at byte {pos}")
         if number < 1:
-            raise _Bad(f"field number {number} at byte {pos}")
+            raise GraphError(f"field number {number} at byte {pos}")
         yield number, wire, value
 
 
@@ -77,7 +72,7 @@ def _text(buf: bytes, span) -> str:
     try:
         return buf[span[0] : span[1]].decode("utf-8")
     except (TypeError, UnicodeDecodeError):
-        raise _Bad(f"a name or string at byte {span} that is not UTF-8 text") from None
+        raise GraphError(f"a name or string at byte {span} that is not UTF-8 text") from None
 
 
 def _shape(buf: bytes, span) -> tuple[int, ...]:
@@ -94,7 +89,7 @@ def _packed(buf: bytes, spans: list, dtype: str) -> np.ndarray:
     """Packed fixed-width values (float: wire type 2 spans, or 5 one by one), concatenated."""
     parts = [np.frombuffer(buf, dtype, (e - s) // 4, s) for s, e in spans if (e - s) % 4 == 0]
     if len(parts) != len(spans):
-        raise _Bad("packed 4-byte values whose length is not a multiple of 4")
+        raise GraphError("packed 4-byte values whose length is not a multiple of 4")
     return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
@@ -127,11 +122,11 @@ def _tensor(buf: bytes, span) -> np.ndarray | None:
     if dtype not in _DTYPES:
         return None
     if any(d < 0 for d in shape) or len(shape) > 32:
-        raise _Bad(f"a constant of shape {shape[:33]}")
+        raise GraphError(f"a constant of shape {shape[:33]}")
     count, kind = math.prod(shape), _DTYPES[dtype]
     if content is not None:
         if content[1] - content[0] != count * kind.itemsize:
-            raise _Bad(f"a constant of shape {shape} holds {content[1] - content[0]} bytes")
+            raise GraphError(f"a constant of shape {shape} holds {content[1] - content[0]} bytes")
         return np.frombuffer(buf, kind, count, content[0]).reshape(shape)
     number, item = _VALUES[dtype]
     if dtype == 1:
@@ -140,7 +135,7 @@ def _tensor(buf: bytes, span) -> np.ndarray | None:
     else:
         values = _int_values(buf, items[number]).astype(item)
     if len(values) != count and not (len(values) == 1 and count <= MAX_FILL):
-        raise _Bad(f"a constant of shape {shape} holds {len(values)} values")
+        raise GraphError(f"a constant of shape {shape} holds {len(values)} values")
     return np.broadcast_to(values, (count,)).reshape(shape) if count else values[:0]
 
 
@@ -197,31 +192,23 @@ def _node(buf: bytes, span) -> Node:
             if 1 in entry:
                 attrs[_text(buf, entry[1])] = _attr(buf, entry[2]) if 2 in entry else None
     if not name or not op:
-        raise _Bad(f"a node without a name or op at byte {span[0]}")
+        raise GraphError(f"a node without a name or op at byte {span[0]}")
     return Node(name, op, tuple(inputs), attrs)
 
 
 def parse_graph(buf: bytes) -> dict[str, Node]:
-    """The nodes of a serialized ``GraphDef`` (node = 1) by name, in file order; ValueError for
+    """The nodes of a serialized ``GraphDef`` (node = 1) by name, in file order; GraphError for
     damaged bytes. Constants' arrays are read-only views into ``buf``."""
     nodes: dict[str, Node] = {}
-    for number, wire, value in _fields(buf, 0, len(buf)):
-        if number == 1 and wire == 2:
-            node = _node(buf, value)
-            if node.name in nodes:
-                raise _Bad(f"two nodes named {node.name!r}")
-            nodes[node.name] = node
-    return nodes
-
-
-def read_graph(path: str | os.PathLike) -> dict[str, Node]:
-    """:func:`parse_graph` of the file ``path``, a WeightsError naming it for anything else."""
-    with open_regular(path, MAX_GRAPH_BYTES, lambda why: WeightsError(f"{path}: {why}")) as fh:
-        buf = fh.read()
     try:
-        nodes = parse_graph(buf)
-    except _Bad as err:
-        raise WeightsError(f"{path}: not a TensorFlow GraphDef ({err})") from None
+        for number, wire, value in _fields(buf, 0, len(buf)):
+            if number == 1 and wire == 2:
+                node = _node(buf, value)
+                if node.name in nodes:
+                    raise GraphError(f"two nodes named {node.name!r}")
+                nodes[node.name] = node
+    except GraphError as err:
+        raise GraphError(f"not a TensorFlow GraphDef ({err})") from None
     if not nodes:
-        raise WeightsError(f"{path}: not a TensorFlow GraphDef (no nodes)")
+        raise GraphError("not a TensorFlow GraphDef (no nodes)")
     return nodes
