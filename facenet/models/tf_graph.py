@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MAX_FILL = 2**20  # elements a one-value constant may be repeated to (TF's version-0 fill)
+MAX_FILL = 2**20  # elements one value may fill (TensorProto's version 0; not fewer than all)
 _DTYPES = {1: np.dtype("<f4"), 3: np.dtype("<i4")}  # types.proto: DT_FLOAT, DT_INT32
-_VALUES = {1: (5, "<f4"), 3: (7, "<i4")}  # dtype -> (TensorProto's *_val field, packed item)
 
 
 class GraphError(ValueError):
@@ -52,20 +51,17 @@ def _fields(buf: bytes, start: int, end: int):
     while pos < end:
         key, pos = _varint(buf, pos, end)
         number, wire = key >> 3, key & 7
+        if number < 1 or wire not in (0, 1, 2, 5):  # 3, 4: groups, which no GraphDef has
+            raise GraphError(f"field {number} has wire type {wire} at byte {pos}")
         if wire == 0:
             value, pos = _varint(buf, pos, end)
-        elif wire in (1, 2, 5):
-            size = {1: 8, 5: 4}[wire] if wire != 2 else _varint(buf, pos, end)
-            if wire == 2:
-                size, pos = size
-            if not 0 <= size <= end - pos:
-                raise GraphError(f"field {number} at byte {pos} runs {size} bytes past its message")
-            value, pos = (pos, pos + size), pos + size
-        else:
-            raise GraphError(f"field {number} has wire type {wire} at byte {pos}")
-        if number < 1:
-            raise GraphError(f"field number {number} at byte {pos}")
-        yield number, wire, value
+            yield number, wire, value
+            continue
+        size, pos = _varint(buf, pos, end) if wire == 2 else (8 if wire == 1 else 4, pos)
+        if not 0 <= size <= end - pos:
+            raise GraphError(f"field {number} at byte {pos} runs {size} bytes past its message")
+        yield number, wire, (pos, pos + size)
+        pos += size
 
 
 def _text(buf: bytes, span) -> str:
@@ -85,12 +81,13 @@ def _shape(buf: bytes, span) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _packed(buf: bytes, spans: list, dtype: str) -> np.ndarray:
-    """Packed fixed-width values (float: wire type 2 spans, or 5 one by one), concatenated."""
-    parts = [np.frombuffer(buf, dtype, (e - s) // 4, s) for s, e in spans if (e - s) % 4 == 0]
-    if len(parts) != len(spans):
-        raise GraphError("packed 4-byte values whose length is not a multiple of 4")
-    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+def _floats(buf: bytes, items: list) -> np.ndarray:
+    """Float32 values of (wire type, span) items: packed (2) or one by one (5), concatenated."""
+    spans = [v for w, v in items if w in (2, 5) and (v[1] - v[0]) % 4 == 0]
+    if len(spans) != len(items):
+        raise GraphError("float values whose length is not a multiple of 4 bytes")
+    parts = [np.frombuffer(buf, "<f4", (e - s) // 4, s) for s, e in spans]
+    return np.concatenate(parts) if parts else np.zeros(0, "<f4")
 
 
 def _int_values(buf: bytes, items: list) -> np.ndarray:
@@ -122,21 +119,19 @@ def _tensor(buf: bytes, span) -> np.ndarray | None:
     if dtype not in _DTYPES:
         return None
     if any(d < 0 for d in shape) or len(shape) > 32:
-        raise GraphError(f"a constant of shape {shape[:33]}")
+        raise GraphError(f"a constant of shape {shape[:33]}")  # TensorFlow's rank limit: 254
     count, kind = math.prod(shape), _DTYPES[dtype]
     if content is not None:
         if content[1] - content[0] != count * kind.itemsize:
             raise GraphError(f"a constant of shape {shape} holds {content[1] - content[0]} bytes")
         return np.frombuffer(buf, kind, count, content[0]).reshape(shape)
-    number, item = _VALUES[dtype]
     if dtype == 1:
-        spans = [v if w == 2 else v for w, v in items[number] if w in (2, 5)]
-        values = _packed(buf, spans, item)
+        values = _floats(buf, items[5])
     else:
-        values = _int_values(buf, items[number]).astype(item)
+        values = _int_values(buf, items[7]).astype(kind)
     if len(values) != count and not (len(values) == 1 and count <= MAX_FILL):
         raise GraphError(f"a constant of shape {shape} holds {len(values)} values")
-    return np.broadcast_to(values, (count,)).reshape(shape) if count else values[:0]
+    return np.broadcast_to(values, (count,)).reshape(shape)
 
 
 def _list(buf: bytes, span) -> list:
@@ -147,7 +142,7 @@ def _list(buf: bytes, span) -> list:
     if 2 in found:
         return [_text(buf, v) for w, v in found[2] if w == 2]
     if 4 in found:
-        return _packed(buf, [v for w, v in found[4] if w in (2, 5)], "<f4").tolist()
+        return _floats(buf, found[4]).tolist()
     if 7 in found:
         return [_shape(buf, v) for w, v in found[7] if w == 2]
     number = next((n for n in (3, 5, 6) if n in found), None)

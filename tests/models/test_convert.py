@@ -4,6 +4,7 @@ graphs generated with random weights (tests/sandberg_graph.py), and its refusals
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import time
@@ -18,7 +19,7 @@ from facenet.cli import convert
 from facenet.inference.loading import load_model
 from facenet.models.embedding import EmbeddingNet
 from facenet.models.sandberg import graph_state_dict, tf_scope
-from facenet.models.tf_graph import MAX_FILL, parse_graph
+from facenet.models.tf_graph import MAX_FILL, GraphError, parse_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SIZE, DIM = 75, 64  # the smallest input the network takes; a head narrower than 512
@@ -185,6 +186,24 @@ def test_a_truncated_file_is_refused(graph, tmp_path, capsys):
 )
 def test_garbled_bytes_are_refused(tmp_path, capsys, data, reason):
     _refused(capsys, tmp_path, data, reason)
+
+
+def test_damaged_bytes_raise_only_graph_errors():
+    conv = {"strides": [1, 2, 2, 1], "padding": "SAME", "epsilon": 1e-3, "shape": (1, 8, 8, 3)}
+    nodes = [
+        node_def("w", "Const", value=np.arange(6, dtype=np.float32).reshape(2, 3)),
+        node_def("k", "Const", value=np.array([-1, 7], np.int32), flag=True),
+        node_def("c", "Conv2D", ["x:0", "^w"], **conv),
+    ]
+    data = b"".join(field(1, n) for n in nodes)
+    assert set(parse_graph(data)) == {"w", "k", "c"}
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        damaged = bytearray(data)
+        for at in rng.integers(0, len(data), rng.integers(1, 4)):
+            damaged[at] = rng.integers(0, 256)
+        with contextlib.suppress(GraphError):  # anything else is a bug
+            parse_graph(bytes(damaged[: rng.integers(1, len(data) + 1)]))
 
 
 def test_a_foreign_graph_is_refused(tmp_path, capsys):
