@@ -1,20 +1,24 @@
-"""sandberg's frozen Inception-ResNet-v1 graph with random weights, serialized as a GraphDef.
+"""sandberg's frozen Inception-ResNet-v1 graph with random weights, serialized as a GraphDef,
+and TensorFlow checkpoints (tensor bundles) of given variables.
 
 Written from davidsandberg/facenet src/models/inception_resnet_v1.py (commit 096ed770f1,
 scopes, layer order, SAME/VALID paddings, residual scales, the bottleneck) and from the frozen
 20180408-102900 graph's node layout (BatchNorms folded into the kernels plus a
 ``Conv2D_bn_offset``, or kept as FusedBatchNorm nodes with ``folded=False``), independently of
-the converter. The wire format follows tensorflow/core/framework/*.proto.
+the converter. The wire format follows tensorflow/core/framework/*.proto; a bundle's index is
+an uncompressed LevelDB table (leveldb's doc/table_format.md) of BundleEntryProto
+(tensorflow/core/protobuf/tensor_bundle.proto).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
 
 _R = "InceptionResnetV1"
-_DTYPE = {np.dtype("float32"): 1, np.dtype("int32"): 3}
+_DTYPE = {np.dtype("float32"): 1, np.dtype("int32"): 3, np.dtype("int64"): 9}
 
 
 def varint(n: int) -> bytes:
@@ -32,11 +36,14 @@ def field(number: int, payload: bytes) -> bytes:
     return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
+def shape_proto(shape) -> bytes:
+    return b"".join(field(2, varint(1 << 3) + varint(d)) for d in shape)
+
+
 def tensor_proto(array: np.ndarray) -> bytes:
     array = np.array(array, order="C")  # ascontiguousarray would make a scalar 1-d
-    shape = b"".join(field(2, varint(1 << 3) + varint(d)) for d in array.shape)
     return (
-        varint(1 << 3) + varint(_DTYPE[array.dtype]) + field(2, shape)
+        varint(1 << 3) + varint(_DTYPE[array.dtype]) + field(2, shape_proto(array.shape))
         + field(4, array.astype(array.dtype.newbyteorder("<")).tobytes())
     )  # fmt: skip
 
@@ -53,7 +60,7 @@ def attr_value(value) -> bytes:
     if isinstance(value, str):
         return field(2, value.encode())
     if isinstance(value, tuple):  # a shape
-        return field(7, b"".join(field(2, varint(1 << 3) + varint(d)) for d in value))
+        return field(7, shape_proto(value))
     return field(1, field(3, b"".join(varint(v) for v in value)))  # list(int), packed
 
 
@@ -70,6 +77,7 @@ class SandbergGraph:
 
     def __init__(self, seed: int = 0, embedding_dim: int = 512, size: int = 160, folded=True):
         self.rng, self.folded, self.nodes = np.random.default_rng(seed), folded, []
+        self.constants: dict[str, np.ndarray] = {}  # the float ones, by name
         self.embedding_dim, self.size = embedding_dim, size
         self.add("input", "Placeholder", dtype=1, shape=(1, size, size, 3))
         self._network()
@@ -82,6 +90,7 @@ class SandbergGraph:
         return b"".join(field(1, body) for _, body in self.nodes)
 
     def const(self, name: str, array) -> str:
+        self.constants[name] = np.asarray(array)
         return self.add(name, "Const", value=np.asarray(array), dtype=1)
 
     def random(self, *shape: int, scale: float = 1.0) -> np.ndarray:
@@ -278,3 +287,37 @@ BLOCKS = [
     ("Repeat_2/block8", _B8, 0.20, 5),
     ("Block8", _B8, 1.0, 1),
 ]  # fmt: skip
+
+
+def table_block(entries: list[tuple[bytes, bytes]]) -> bytes:
+    """A LevelDB block: each key prefix-compressed against the one before, one restart at 0."""
+    out, last = bytearray(), b""
+    for key, value in entries:
+        shared = len(os.path.commonprefix([last, key]))
+        out += varint(shared) + varint(len(key) - shared) + varint(len(value))
+        out += key[shared:] + value
+        last = key
+    return bytes(out) + struct.pack("<II", 0, 1)
+
+
+def bundle(tensors: dict[str, np.ndarray]) -> tuple[bytes, bytes]:
+    """A one-shard tensor bundle of ``tensors``: its ``.index`` and ``.data-00000-of-00001``."""
+    data, entries = bytearray(), [(b"", varint(1 << 3) + varint(1))]  # header: num_shards 1
+    for name in sorted(tensors):
+        array = np.array(tensors[name], order="C")
+        raw = array.astype(array.dtype.newbyteorder("<")).tobytes()
+        entry = varint(1 << 3) + varint(_DTYPE[array.dtype]) + field(2, shape_proto(array.shape))
+        entry += varint(4 << 3) + varint(len(data)) + varint(5 << 3) + varint(len(raw))
+        entries.append((name.encode(), entry))
+        data += raw
+    index = bytearray()
+
+    def put(block: bytes) -> bytes:  # its handle; the trailer: type 0, a crc left at 0
+        offset = len(index)
+        index.extend(block + bytes(5))
+        return varint(offset) + varint(len(block))
+
+    handle = put(table_block(entries))
+    meta, top = put(table_block([])), put(table_block([(entries[-1][0], handle)]))
+    footer = (meta + top).ljust(40, b"\0") + struct.pack("<Q", 0xDB4775248B80FB57)
+    return bytes(index + footer), bytes(data)

@@ -207,3 +207,85 @@ def parse_graph(buf: bytes) -> dict[str, Node]:
     if not nodes:
         raise GraphError("not a TensorFlow GraphDef (no nodes)")
     return nodes
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+_MAGIC = 0xDB4775248B80FB57  # tensorflow/core/lib/io/format.h: kTableMagicNumber
+_FOOTER = 48  # two block handles padded to 40 bytes, then the magic
+
+
+def _block(buf: bytes, handle) -> list[tuple[bytes, tuple[int, int]]]:
+    """(key, value span) of a LevelDB table block (tensorflow/core/lib/io/block.cc): entries of
+    shared, unshared and value lengths, the key's new bytes and the value, then the restart
+    offsets and their count; ``handle``: the (offset, size) before its 5-byte trailer."""
+    start, size = handle
+    end = start + size
+    if size < 4 or end + 5 > len(buf) or buf[end] != 0:  # trailer: type 0 (uncompressed), crc
+        raise GraphError(f"a table block at byte {start} that is compressed or past the end")
+    restarts = end - 4 - 4 * int.from_bytes(buf[end - 4 : end], "little")
+    if restarts < start:
+        raise GraphError(f"a table block at byte {start} with more restarts than bytes")
+    entries, key, pos = [], b"", start
+    while pos < restarts:
+        shared, pos = _varint(buf, pos, restarts)
+        unshared, pos = _varint(buf, pos, restarts)
+        length, pos = _varint(buf, pos, restarts)
+        if shared > len(key) or min(unshared, length) < 0 or pos + unshared + length > restarts:
+            raise GraphError(f"a table entry at byte {pos} runs past its block")
+        key, pos = key[:shared] + buf[pos : pos + unshared], pos + unshared
+        entries.append((key, (pos, pos + length)))
+        pos += length
+    return entries
+
+
+def _handle(buf: bytes, span) -> tuple[int, int]:
+    offset, pos = _varint(buf, *span)
+    size, _ = _varint(buf, pos, span[1])
+    return offset, size
+
+
+def _bundle_entry(index: bytes, span, data: bytes) -> np.ndarray | None:
+    """BundleEntryProto: dtype 1, shape 2, shard_id 3, offset 4, size 5, slices 7; a float32
+    tensor as a read-only view into ``data``, None for another dtype."""
+    ints, spans = {}, {}
+    for number, wire, value in _fields(index, *span):
+        (ints if wire == 0 else spans)[number] = value
+    if 7 in spans or ints.get(3, 0) != 0:
+        raise GraphError("a partitioned or sharded tensor, which this reader does not read")
+    shape = _shape(index, spans[2]) if 2 in spans else ()
+    if ints.get(1) != 1:
+        return None
+    offset, size = ints.get(4, 0), ints.get(5, 0)
+    if any(d < 0 for d in shape) or size != math.prod(shape) * 4:
+        raise GraphError(f"a tensor of shape {shape} stored in {size} bytes")
+    if not 0 <= offset <= len(data) - size:
+        raise GraphError(f"a tensor at byte {offset} of {size} bytes past the data file's end")
+    return np.frombuffer(data, "<f4", size // 4, offset).reshape(shape)
+
+
+def parse_bundle(index: bytes, data: bytes) -> dict[str, np.ndarray]:
+    """The float32 tensors of a TensorFlow checkpoint (a tensor bundle: ``.index``, a LevelDB
+    table of ``BundleEntryProto`` by name, and its one ``.data-00000-of-00001`` shard);
+    GraphError for damaged or unsupported bytes."""
+    try:
+        if len(index) < _FOOTER or int.from_bytes(index[-8:], "little") != _MAGIC:
+            raise GraphError("no table footer")
+        _, pos = _varint(index, len(index) - _FOOTER, len(index) - 8)  # the metaindex handle:
+        _, pos = _varint(index, pos, len(index) - 8)  # offset and size, then the index's
+        entries = [
+            entry
+            for _, handle in _block(index, _handle(index, (pos, len(index) - 8)))
+            for entry in _block(index, _handle(index, handle))
+        ]
+        header = {n: v for key, span in entries if key == b"" for n, w, v in _fields(index, *span)}
+        if header.get(1, 1) != 1 or header.get(2, 0) != 0:
+            raise GraphError("a bundle of several shards or big-endian, not read here")
+        tensors = {
+            _text(key, (0, len(key))): _bundle_entry(index, span, data)
+            for key, span in entries
+            if key
+        }
+    except GraphError as err:
+        raise GraphError(f"not a TensorFlow checkpoint ({err})") from None
+    return {name: value for name, value in tensors.items() if value is not None}

@@ -12,14 +12,14 @@ import time
 import numpy as np
 import pytest
 import torch
-from sandberg_graph import SandbergGraph, field, node_def, varint
+from sandberg_graph import SandbergGraph, bundle, field, node_def, varint
 from tf_graph_reference import run_graph
 
 from facenet.cli import convert
 from facenet.inference.loading import load_model
 from facenet.models.embedding import EmbeddingNet
 from facenet.models.sandberg import graph_state_dict, tf_scope
-from facenet.models.tf_graph import MAX_FILL, GraphError, parse_graph
+from facenet.models.tf_graph import MAX_FILL, GraphError, parse_bundle, parse_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SIZE, DIM = 75, 64  # the smallest input the network takes; a head narrower than 512
@@ -149,6 +149,70 @@ def test_the_published_graph_equals_its_own_operations(tmp_path, capsys):
     diff = np.abs(_ours(trained.model, x) - reference).max()
     print(f"converted in {seconds:.1f} s; max |ours - graph| = {diff:.2g}")
     assert diff <= 1e-5
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+_VARIABLES = ("weights", "biases", "beta", "moving_mean", "moving_variance")
+
+
+def _checkpoint(tmp_path, graph: SandbergGraph, drop: str = "") -> str:
+    """A checkpoint of ``graph``'s variables (less ``drop``) and of a classifier, an optimizer
+    slot and the global step, which are not the network's; its prefix."""
+    names = [n for n in graph.constants if n.endswith(_VARIABLES) and n != drop]
+    variables = {name: graph.constants[name] for name in names}
+    variables["InceptionResnetV1/Logits/weights"] = np.ones((DIM, 3), np.float32)
+    variables["InceptionResnetV1/Bottleneck/weights/RMSProp"] = np.ones((3,), np.float32)
+    variables["global_step"] = np.array(275, np.int64)
+    index, data = bundle(variables)
+    prefix = tmp_path / "model-20180402-114759.ckpt-275"
+    prefix.with_name(prefix.name + ".index").write_bytes(index)
+    prefix.with_name(prefix.name + ".data-00000-of-00001").write_bytes(data)
+    return str(prefix)
+
+
+def test_a_checkpoint_gives_its_frozen_graphs_weights(tmp_path, capsys):
+    graph = SandbergGraph(seed=2, embedding_dim=DIM, size=SIZE, folded=False)
+    prefix = _checkpoint(tmp_path, graph)
+    count = sum(name.endswith(_VARIABLES) for name in graph.constants) + 2
+    state, _ = graph_state_dict(parse_graph(bytes(graph)))
+    for src in (prefix, prefix + ".index"):
+        code, printed, err = _convert(capsys, src, tmp_path / "model.pt", "--overwrite")
+        assert code == 0, err
+        assert f"{count} float variables (2 not the network's)" in printed
+        ours = torch.load(tmp_path / "model.pt", weights_only=True)["state_dict"]
+        assert ours.keys() == state.keys()
+        assert all(torch.equal(ours[k], state[k]) for k in state), src
+
+
+def test_a_damaged_checkpoint_index_raises_only_graph_errors():
+    tensors = {"a/weights": np.ones((2, 3), np.float32), "step": np.array(3, np.int64)}
+    index, data = bundle(tensors)
+    assert list(parse_bundle(index, data)) == ["a/weights"]  # int64 left out
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        damaged = bytearray(index)
+        for at in rng.integers(0, len(index), rng.integers(1, 4)):
+            damaged[at] = rng.integers(0, 256)
+        with contextlib.suppress(GraphError):  # anything else is a bug
+            parse_bundle(bytes(damaged), data[: rng.integers(0, len(data) + 1)])
+
+
+def test_a_damaged_or_incomplete_checkpoint_is_refused(tmp_path, capsys):
+    graph = SandbergGraph(seed=2, embedding_dim=DIM, size=SIZE, folded=False)
+    name = "InceptionResnetV1/Mixed_7a/Branch_2/Conv2d_0b_3x3/BatchNorm/moving_variance"
+    prefix = _checkpoint(tmp_path, graph, drop=name)
+    code, _, err = _convert(capsys, prefix, tmp_path / "model.pt")
+    assert code == 2 and repr(name) in err and err.count("\n") == 1
+    index = prefix + ".index"
+    with open(index, "r+b") as fh:  # the footer's magic
+        fh.seek(-1, os.SEEK_END)
+        fh.write(b"\x00")
+    code, _, err = _convert(capsys, prefix, tmp_path / "model.pt")
+    assert code == 2 and "not a TensorFlow checkpoint (no table footer)" in err
+    os.remove(prefix + ".data-00000-of-00001")
+    code, _, err = _convert(capsys, prefix, tmp_path / "model.pt")
+    assert code == 2 and "data-00000-of-00001" in err
 
 
 # --------------------------------------------------------------------------- refusals
