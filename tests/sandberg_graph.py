@@ -248,7 +248,7 @@ def _residual(width: int, second: tuple, third: tuple) -> list:
     """block35/17/8's branches: a 1x1, then a 1x1 and the ``second`` kernels, (``third``)."""
     one = ("Conv2d_1x1", (1, 1), width, 1)
     a = ("Conv2d_0a_1x1", (1, 1), width, 1)
-    name = lambda letter, k: (f"Conv2d_0{letter}_{k[0]}x{k[1]}", k, width, 1)  # noqa: E731
+    name = lambda letter, k: (f"Conv2d_0{letter}_{k[0]}x{k[1]}", k, width, 1)
     branches = [[one], [a, *(name("bc"[i], k) for i, k in enumerate(second))]]
     return branches + ([[a, *(name("bc"[i], k) for i, k in enumerate(third))]] if third else [])
 
