@@ -56,7 +56,7 @@ def tf_scope(name: str, conv: nn.Conv2d) -> str:
 
 
 class _Taker:
-    """Variables taken by name, each at most once, shapes checked against our tensors."""
+    """Variables taken by name (``used``), their shapes checked against ours."""
 
     def __init__(self, tensors: Mapping[str, np.ndarray]):
         self.tensors, self.used = tensors, set()
@@ -64,17 +64,17 @@ class _Taker:
     def has(self, name: str) -> bool:
         return f"{ROOT}/{name}" in self.tensors
 
-    def __call__(self, name: str, like: torch.Tensor | None = None, perm=None) -> torch.Tensor:
+    def __call__(self, name: str, like: torch.Tensor, perm=None) -> torch.Tensor:
+        """Variable ``ROOT/name`` as a tensor of ``like``'s shape, its axes in ``perm``'s order."""
         full = f"{ROOT}/{name}"
         if full not in self.tensors:
-            raise MappingError(f"no constant {full!r}: not sandberg's Inception-ResNet-v1")
+            raise MappingError(f"no variable {full!r}: not sandberg's Inception-ResNet-v1")
         array = np.asarray(self.tensors[full], np.float32)
-        value = torch.from_numpy(np.array(array.transpose(perm) if perm else array, order="C"))
-        if like is not None and value.shape != like.shape:
-            expected = tuple(like.shape[i] for i in np.argsort(perm)) if perm else like.shape
-            raise MappingError(f"{full!r} has shape {array.shape}; expected {tuple(expected)}")
+        expected = tuple(like.shape[i] for i in np.argsort(perm)) if perm else tuple(like.shape)
+        if array.shape != expected:
+            raise MappingError(f"{full!r} has shape {array.shape}; expected {expected}")
         self.used.add(full)
-        return value
+        return torch.from_numpy(np.array(array.transpose(perm) if perm else array, order="C"))
 
 
 def _bn(take: _Taker, scope: str, prefix: str, like: torch.Tensor) -> dict:
@@ -82,7 +82,7 @@ def _bn(take: _Taker, scope: str, prefix: str, like: torch.Tensor) -> dict:
     its bias): sandberg's have no scale, which a frozen graph holds as ones (``Const``)."""
     gamma = f"{scope}/BatchNorm/Const"
     return {
-        f"{prefix}.weight": take(gamma, like) if take.has(gamma) else torch.ones_like(like),
+        f"{prefix}.weight": take(gamma, like) if take.has(gamma) else torch.ones(like.shape),
         f"{prefix}.bias": take(f"{scope}/BatchNorm/beta", like),
         f"{prefix}.running_mean": take(f"{scope}/BatchNorm/moving_mean", like),
         f"{prefix}.running_var": take(f"{scope}/BatchNorm/moving_variance", like),
@@ -98,10 +98,10 @@ def _conv_bn(take: _Taker, scope: str, prefix: str, like: torch.Tensor) -> dict:
     # Folded: the kernel already holds gamma / sqrt(var + eps), so this BatchNorm only adds the
     # offset; var = 1 - eps makes float32(var + eps) exactly 1, an exact identity.
     return {
-        f"{prefix}.weight": torch.ones_like(like),
+        f"{prefix}.weight": torch.ones(like.shape),
         f"{prefix}.bias": take(offset, like),
-        f"{prefix}.running_mean": torch.zeros_like(like),
-        f"{prefix}.running_var": torch.full_like(like, 1 - BN_EPS),
+        f"{prefix}.running_mean": torch.zeros(like.shape),
+        f"{prefix}.running_var": torch.full(like.shape, 1 - BN_EPS),
         f"{prefix}.num_batches_tracked": torch.tensor(0),
     }
 
@@ -124,8 +124,9 @@ def sandberg_state_dict(tensors: Mapping[str, np.ndarray]) -> tuple[dict, set[st
     wrongly shaped variable. Kernels HWIO -> OIHW, the bottleneck (F, D) -> (D, F)."""
     weights = np.asarray(tensors.get(f"{ROOT}/{_BOTTLENECK}", np.zeros(0)))
     if weights.ndim != 2 or not 1 <= weights.shape[1] <= 65536:
-        raise MappingError(f"no constant '{ROOT}/{_BOTTLENECK}' (F, D): not sandberg's network")
-    net = EmbeddingNet("inception_resnet_v1", int(weights.shape[1]))
+        raise MappingError(f"no variable '{ROOT}/{_BOTTLENECK}' (F, D): not sandberg's network")
+    with torch.device("meta"):  # names and shapes only: nothing allocated
+        net = EmbeddingNet("inception_resnet_v1", int(weights.shape[1]))
     state, take, out = net.state_dict(), _Taker(tensors), {}
     for name, conv in net.backbone.named_modules():
         if not isinstance(conv, nn.Conv2d):

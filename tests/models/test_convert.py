@@ -273,7 +273,7 @@ def test_damaged_bytes_raise_only_graph_errors():
 def test_a_foreign_graph_is_refused(tmp_path, capsys):
     kernel = np.zeros((3, 3, 3, 8), np.float32)
     data = field(1, node_def("conv1/kernel", "Const", value=kernel, dtype=1))
-    _refused(capsys, tmp_path, data, "no constant 'InceptionResnetV1/Bottleneck/weights'")
+    _refused(capsys, tmp_path, data, "no variable 'InceptionResnetV1/Bottleneck/weights'")
 
 
 def test_a_missing_constant_is_named(graph, tmp_path, capsys):
