@@ -285,6 +285,9 @@ def test_a_wrong_shape_is_named(graph, tmp_path, capsys):
     name = "InceptionResnetV1/Mixed_6a/Branch_1/Conv2d_0b_3x3/Conv2D_bn_offset"
     wrong = node_def(name, "Const", value=np.zeros(191, np.float32), dtype=1)
     _refused(capsys, tmp_path, _without(graph, name, wrong), repr(name), "(191,)", "(192,)")
+    name = "InceptionResnetV1/Conv2d_1a_3x3/weights"  # another rank
+    wrong = node_def(name, "Const", value=np.zeros((3, 3, 3), np.float32), dtype=1)
+    _refused(capsys, tmp_path, _without(graph, name, wrong), "(3, 3, 3); expected (3, 3, 3, 32)")
 
 
 def test_an_extra_constant_or_another_scale_is_refused(graph, tmp_path, capsys):
