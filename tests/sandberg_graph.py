@@ -1,7 +1,7 @@
 """sandberg's frozen Inception-ResNet-v1 graph with random weights, serialized as a GraphDef,
 and TensorFlow checkpoints (tensor bundles) of given variables.
 
-Written from davidsandberg/facenet src/models/inception_resnet_v1.py (commit 096ed770f1,
+Written from davidsandberg/facenet src/models/inception_resnet_v1.py (commit 05849dd04c,
 scopes, layer order, SAME/VALID paddings, residual scales, the bottleneck) and from the frozen
 20180408-102900 graph's node layout (BatchNorms folded into the kernels plus a
 ``Conv2D_bn_offset``, or kept as FusedBatchNorm nodes with ``folded=False``), independently of
