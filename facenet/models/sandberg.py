@@ -1,7 +1,7 @@
 """davidsandberg/facenet's Inception-ResNet-v1 (src/models/inception_resnet_v1.py) from its
 TensorFlow variables onto :class:`EmbeddingNet` ("inception_resnet_v1"): the name
-correspondence is facenet-pytorch's (models/utils/tensorflow2pytorch.py), whose module names
-are ours. A convolution's BatchNorm comes as its variables (``BatchNorm/beta``,
+correspondence is facenet-pytorch's (models/utils/tensorflow2pytorch.py at 0093a5a9f0), whose
+module names are ours. A convolution's BatchNorm comes as its variables (``BatchNorm/beta``,
 ``moving_mean``, ``moving_variance``: sandberg's batch norms have no scale) or folded into the
 kernel by TensorFlow's graph tools (a scaled kernel plus ``Conv2D_bn_offset``).
 """
