@@ -99,3 +99,21 @@ def deployable_thresholds(distances, issame, settings: VerifySettings, folds=Non
     on_all = _choices(d, same, np.zeros_like(ids), 1, settings, targets)
     per_fold = _choices(d, same, ids, settings.n_folds, settings, targets)
     return {key: _entry(d, same, ids, on_all[key][0], per_fold[key], settings) for key in on_all}
+
+
+def deployable_lines(entries: dict, name: str = "") -> list[str]:
+    """One line per entry of :func:`deployable_thresholds` (other keys skipped), ``name`` (a
+    set's) before each."""
+    lines = []
+    for key, e in entries.items():
+        if not isinstance(e, dict):
+            continue
+        tested = "accuracy" if key == "accuracy" else "tar"
+        lines.append(
+            f"{name + ' ' if name else ''}deployable {key:<9} threshold {e['threshold']:.4f}: "
+            f"acc {e['accuracy']:.4f} TAR {e['tar']:.4f} FAR {e['far']:.5f} on all pairs; "
+            f"folds {e['fold_threshold_mean']:.4f}±{e['fold_threshold_std']:.4f} "
+            f"[{e['fold_threshold_min']:.4f}, {e['fold_threshold_max']:.4f}], {tested} "
+            f"{e[f'fold_{tested}_mean']:.4f}±{e[f'fold_{tested}_std']:.4f} on their test folds"
+        )
+    return lines
