@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
+from argparse import Namespace
+
 import numpy as np
 import pytest
 import torch
 
+from facenet.cli import embed, evaluate, identify
+from facenet.cli.embed import model_threshold
+from facenet.data.pairs import read_pairs
+from facenet.errors import DataError
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import evaluate_verification, threshold_grids
 from facenet.evaluation.thresholds import deployable_thresholds, far_key
+from facenet.evaluation.verify import verify
+from facenet.inference.loading import load_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def brute_choice(d, same, grid, val_grid, rule, targets):
@@ -155,3 +166,103 @@ def test_far_key_and_refusals():
         deployable_thresholds([0.1, np.nan, 0.2, 0.3], [1, 0, 1, 0], VerifySettings(n_folds=2))
     with pytest.raises(ValueError, match="no positive"):
         deployable_thresholds([0.1, 0.2, 0.3, 0.4], [0, 0, 1, 1], VerifySettings(n_folds=2))
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+def test_evaluate_writes_them_beside_the_protocols_threshold(tmp_path, capsys):
+    rng = np.random.default_rng(11)
+    same = np.tile(np.r_[np.ones(20, bool), np.zeros(20, bool)], 4)
+    d = np.clip(rng.normal(np.where(same, 1.0, 1.8), 0.4), 0, None)
+    np.savez(tmp_path / "d.npz", distances=d, issame=same)
+    argv = ["--distances", str(tmp_path / "d.npz"), "--folds", "4", "--out", str(tmp_path / "o")]
+    assert evaluate.main(argv) == 0
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    settings = VerifySettings(n_folds=4)
+    assert metrics["deployable_thresholds"] == deployable_thresholds(d, same, settings)
+    assert metrics["threshold"] == evaluate_verification(d, same, settings).threshold
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("deployable")]
+    assert [x.split()[1] for x in lines] == ["accuracy", "far_1e-3", "far_1e-4"]
+
+
+def test_a_checkpoints_thresholds_go_to_embed_and_identify(tiny_run, tmp_path, capsys):
+    checkpoint, pairs = str(tiny_run["checkpoint"]), tiny_run["pairs"]
+    out = tmp_path / "eval"
+    argv = ["--checkpoint", checkpoint, "--pairs", str(pairs), "--folds", "2"]
+    # with mean subtraction: the protocol's threshold applies to no plain embedding, the
+    # deployable ones (measured without it) do
+    assert evaluate.main([*argv, "--subtract-mean", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    settings = VerifySettings(n_folds=2, subtract_mean=True)
+    trained, pair_list = load_model(checkpoint), read_pairs(pairs)
+    _, d = verify(trained.model, pair_list, trained.image_size, settings, return_distances=True)
+    want = deployable_thresholds(d, pair_list.issame, settings, pair_list.folds_for(2))
+    assert metrics["deployable_thresholds"] == {**want, "subtract_mean": False}
+    gallery = tmp_path / "gallery.npz"
+    embed_argv = ["--checkpoint", checkpoint, "--images", str(tiny_run["heldout"]), "--no-progress"]
+    metrics_at = ["--metrics", str(out / "metrics.json"), "--threshold-at", "far_1e-3"]
+    assert embed.main([*embed_argv, *metrics_at, "--out", str(gallery)]) == 0
+    recorded = json.loads(str(np.load(gallery)["threshold_record"]))
+    assert recorded["threshold"] == want["far_1e-3"]["threshold"]
+    assert recorded["chosen_on"] == "far_1e-3 over all pairs"
+    ident = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "id")]
+    assert identify.main([*ident, *metrics_at[:2], "--threshold-at", "accuracy"]) == 0
+    written = json.loads((tmp_path / "id" / "identification.json").read_text())
+    assert written["threshold"] == want["accuracy"]["threshold"]
+    capsys.readouterr()
+    # the protocol's own threshold was chosen with mean subtraction: refused, in one line
+    assert identify.main([*ident, *metrics_at[:2], "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "mean subtraction" in err and len(err.splitlines()) == 1
+
+
+def write_metrics(path, threshold_for) -> str:
+    record = {
+        "threshold": 0.5,
+        "threshold_distance": "squared",
+        "threshold_for": threshold_for,
+        "deployable_thresholds": {"subtract_mean": False, "far_1e-3": {"threshold": 0.7}},
+    }
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+def test_identify_refuses_what_does_not_fit_in_one_line(tmp_path, capsys):
+    digest = "ab" * 32
+    made = {"weights_sha256": digest, "flip": False, "preprocess": "resize"}
+    np.savez(tmp_path / "g.npz", embeddings=np.eye(2, dtype=np.float32), labels=["a", "b"], **made)
+    ident = ["--gallery", str(tmp_path / "g.npz"), "--probes", str(tmp_path / "g.npz")]
+    ident += ["--out", str(tmp_path / "id"), "--overwrite"]
+    fits = write_metrics(tmp_path / "m.json", {**made, "subtract_mean": True})
+    assert identify.main([*ident, "--metrics", fits, "--threshold-at", "far_1e-3"]) == 0
+    assert json.loads((tmp_path / "id" / "identification.json").read_text())["threshold"] == 0.7
+    other = write_metrics(tmp_path / "o.json", {**made, "weights_sha256": "cd" * 32})
+    cases = [
+        (["--threshold-at", "far_1e-3"], "--threshold-at goes with --metrics"),
+        (
+            ["--metrics", fits, "--threshold-at", "far_1e-4"],
+            "no deployable threshold 'far_1e-4'; it holds far_1e-3",
+        ),
+        (["--metrics", other, "--threshold-at", "far_1e-3"], "weights: chosen for cdcdcdcd"),
+        (["--metrics", fits], "mean subtraction"),
+    ]
+    capsys.readouterr()
+    for extra, message in cases:
+        assert identify.main([*ident, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_embed_takes_a_metrics_threshold_only_alone():
+    at_hand = {"weights_sha256": "ab" * 32, "epoch": 1, "flip": False, "subtract_mean": False}
+    at_hand |= {"preprocess": "resize", "features": "unit"}
+    none = dict(threshold=None, no_threshold=False, distance=None, set_name=None)
+    with pytest.raises(DataError, match="--threshold and --metrics contradict"):
+        model_threshold(
+            None,
+            at_hand,
+            Namespace(**{**none, "threshold": 0.5}, metrics="m.json", threshold_at=None),
+        )
+    with pytest.raises(DataError, match="--threshold-at goes with --metrics"):
+        model_threshold(None, at_hand, Namespace(**none, metrics=None, threshold_at="far_1e-3"))
