@@ -293,7 +293,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--templates-per-identity",
-        type=int_in(1, 1000),
+        type=int_in(2, 1000),  # one template per identity: no genuine pair
         default=2,
         metavar="K",
         help="templates each identity's media are dealt into (default 2: one genuine pair)",
