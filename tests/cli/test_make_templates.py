@@ -154,6 +154,7 @@ def test_refusals_are_one_line_and_write_nothing(patched, tmp_path, capsys):
     make_folder(src)
     (dst / "meta").mkdir(parents=True)
     (dst / "mine.txt").write_text("keep")
+    (tmp_path / "empty").mkdir()
     lone = tmp_path / "lone"
     touch(lone, "a/1.jpg", "b/1.jpg")
     cases = [
@@ -162,6 +163,7 @@ def test_refusals_are_one_line_and_write_nothing(patched, tmp_path, capsys):
         ([str(src), str(tmp_path / "n"), "--name", "Own"], "--name 'Own'"),
         ([str(tmp_path / "none"), str(tmp_path / "n")], "source folder not found"),
         ([str(lone), str(tmp_path / "n")], "no identity has 2 media"),
+        ([str(tmp_path / "empty"), str(tmp_path / "n")], "the most any has is 0"),
         ([str(src), str(tmp_path / "n"), "--templates-per-identity", "5"], "the most any has is 4"),
     ]
     for argv, message in cases:

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import json
+import pickle
 from argparse import Namespace
 
 import numpy as np
 import pytest
 import torch
+from torchvision.io import encode_png
 
 from facenet.cli import embed, evaluate, identify
 from facenet.cli.embed import model_threshold
+from facenet.data.folder import list_images
+from facenet.data.images import read_image
+from facenet.data.insightface_bin import read_bin
 from facenet.data.pairs import read_pairs
 from facenet.errors import DataError
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import evaluate_verification, threshold_grids
 from facenet.evaluation.thresholds import deployable_thresholds, far_key
 from facenet.evaluation.verify import verify
+from facenet.inference.identify import read_threshold
 from facenet.inference.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -266,3 +272,26 @@ def test_embed_takes_a_metrics_threshold_only_alone():
         )
     with pytest.raises(DataError, match="--threshold-at goes with --metrics"):
         model_threshold(None, at_hand, Namespace(**none, metrics=None, threshold_at="far_1e-3"))
+
+
+def test_each_bin_set_gets_its_own(tiny_run, tmp_path):
+    # a .bin of held-out faces: (encoded images, issame), pair i is images 2i and 2i + 1
+    paths, labels = list_images(tiny_run["heldout"])
+    by_id = [[p for p, lab in zip(paths, labels) if lab == name] for name in sorted(set(labels))]
+    images, issame = [], []
+    for i in range(20):  # alternating: same (two images of one identity), different
+        a, b = by_id[i % len(by_id)], by_id[(i + 1) % len(by_id)]
+        pair = (a[0], a[1]) if i % 2 == 0 else (a[0], b[0])
+        images += [encode_png(read_image(path)).numpy().tobytes() for path in pair]
+        issame.append(i % 2 == 0)
+    (tmp_path / "mini.bin").write_bytes(pickle.dumps((images, issame)))
+    out = tmp_path / "out"
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--bin", str(tmp_path / "mini.bin")]
+    assert evaluate.main([*argv, "--folds", "2", "--out", str(out)]) == 0
+    got = json.loads((out / "metrics.json").read_text())["sets"]["mini"]["deployable_thresholds"]
+    trained, settings = load_model(tiny_run["checkpoint"]), VerifySettings(n_folds=2)
+    pairs = read_bin(tmp_path / "mini.bin", 2)
+    _, d = verify(trained.model, pairs, trained.image_size, settings, return_distances=True)
+    assert got == {**deployable_thresholds(d, pairs.issame, settings), "subtract_mean": False}
+    record = read_threshold(out / "metrics.json", "mini", "far_1e-4")
+    assert record.value == got["far_1e-4"]["threshold"] and record.subtract_mean is False
