@@ -4,8 +4,8 @@ DIR holds identity folders (the folder name is the label) or images directly; un
 are named on stderr and left out. ``--out FILE.npz`` holds ``embeddings`` (N, D) float32,
 ``paths``, ``labels`` ((0,) for a flat folder), how they were made (``flip``, ``preprocess``,
 ``weights_sha256``) and the threshold recorded for them (``--threshold``, or the one saved
-with the model when chosen for these weights and this preparation; otherwise an error saying
-what differs: give ``--threshold`` or ``--no-threshold``).
+with the model, or facenet-evaluate's in ``--metrics``, e.g. ``--threshold-at far_1e-3``, when
+chosen for these weights and this preparation; otherwise an error saying what differs).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import PROVENANCE, ThresholdRecord
 from facenet.files import write_atomic
 from facenet.inference.embed import FolderEmbeddings, embed_folder
-from facenet.inference.identify import checked_threshold
+from facenet.inference.identify import checked_threshold, read_threshold
 from facenet.inference.loading import load_model
 
 
@@ -53,21 +53,36 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--threshold``, ``--distance``, ``--no-threshold``: the threshold to record."""
+    """``--threshold``, ``--distance``, ``--no-threshold``, ``--metrics`` (``--set``,
+    ``--threshold-at``): the threshold to record."""
     parser.add_argument("--threshold", type=float, help="record this threshold instead")
     parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
     parser.add_argument(
         "--no-threshold", action="store_true", help="record no threshold (identify asks for one)"
+    )
+    parser.add_argument(
+        "--metrics", help="record facenet-evaluate's threshold of this metrics.json"
+    )
+    parser.add_argument("--set", dest="set_name", help="the --bin set of --metrics to take")
+    parser.add_argument(
+        "--threshold-at",
+        metavar="KEY",
+        help="a deployable threshold of --metrics: accuracy, far_1e-3, far_1e-4",
     )
 
 
 def model_threshold(trained, at_hand: dict, args) -> tuple[ThresholdRecord | None, str]:
     """The threshold to record with a model's embeddings or export, and a line saying which:
     ``--threshold`` (recorded as chosen for ``at_hand``), none with ``--no-threshold``, else
-    the one saved with ``trained`` when it fits ``at_hand``."""
+    the one of ``--metrics`` or saved with ``trained``, when it fits ``at_hand``."""
     threshold, none = args.threshold, args.no_threshold
-    if threshold is not None and none:
-        raise DataError("--threshold and --no-threshold contradict each other")
+    chosen = [("--threshold", threshold is not None), ("--no-threshold", none)]
+    given = [flag for flag, on in (*chosen, ("--metrics", args.metrics)) if on]
+    if len(given) > 1:
+        raise DataError(f"{' and '.join(given)} contradict each other")
+    for flag, value in (("--set", args.set_name), ("--threshold-at", args.threshold_at)):
+        if value and not args.metrics:
+            raise DataError(f"{flag} goes with --metrics (the file whose threshold to take)")
     if args.distance is not None and threshold is None:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
     if threshold is not None:
@@ -79,6 +94,12 @@ def model_threshold(trained, at_hand: dict, args) -> tuple[ThresholdRecord | Non
         )
     elif none:
         return None, "threshold: none recorded (--no-threshold)"
+    elif args.metrics:
+        record = read_threshold(args.metrics, args.set_name, args.threshold_at)
+        if record is None:
+            raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
+        what = f"the embeddings of {trained.path} made here"
+        record = checked_threshold(record, at_hand, what, "give another --metrics or --threshold")
     elif (stored := trained.threshold_record()) is None:
         return None, f"threshold: none saved with {trained.path} (identify will need --threshold)"
     else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ from facenet.evaluation.protocol import (
 )
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.retrieval import retrieval_metrics
+from facenet.evaluation.thresholds import deployable_lines, deployable_thresholds
 from facenet.evaluation.verify import verify, verify_distances
 from facenet.files import write_atomic, write_text_atomic
 from facenet.inference.embed import embed_folder
@@ -178,8 +180,8 @@ def _embedding_setup(args: argparse.Namespace) -> tuple:
         **settings.provenance(),
     }
     model, size = trained.model.to(device), trained.image_size
-    measure = lambda pairs: verify(
-        model, pairs, size, settings, normalize=trained.normalize, device=device
+    measure = lambda pairs, **kw: verify(
+        model, pairs, size, settings, normalize=trained.normalize, device=device, **kw
     )
     return measure, threshold_for
 
@@ -196,8 +198,13 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
     data = load_config(args.config).data if args.config else DataConfig()
     limits = (data.max_image_pixels, data.max_aspect_ratio)  # data.*: the config's, if given
     measure, threshold_for = _embedding_setup(args)
-    results = {name: measure(read_bin(p, args.n_folds, limits)) for name, p in paths.items()}
-    sets = {name: r.to_dict(curves=False) for name, r in results.items()}
+    results, sets = {}, {}
+    for name, path in paths.items():
+        pairs = read_bin(path, args.n_folds, limits)
+        results[name], distances = measure(pairs, return_distances=True)
+        deployable = deployable_thresholds(distances, pairs.issame, VerifySettings.of(args))
+        deployable["subtract_mean"] = False  # measured as identify measures, whatever the flag
+        sets[name] = {**results[name].to_dict(curves=False), "deployable_thresholds": deployable}
     return {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}, results
 
 
@@ -208,14 +215,21 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
         source = str(args.distances)
         scores, issame = read_distances(source)
         distances = 1 - scores if args.similarities else scores
-        result = verify_distances(distances, issame, VerifySettings.of(args), source)
+        settings = replace(VerifySettings.of(args), flip=False)  # as verify_distances grids
+        result = verify_distances(distances, issame, settings, source)
         # measured elsewhere: the weights and preparation are not known
         fields = {"source": source, "threshold_for": {"distances": source}}
+        fields["deployable_thresholds"] = deployable_thresholds(distances, issame, settings)
         return Path(args.distances).name, fields, result
 
     measure, threshold_for = _embedding_setup(args)
-    result = measure(read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing))
+    pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
+    result, distances = measure(pairs, return_distances=True)
     fields = {"source": f"{args.checkpoint} on {args.pairs}", "threshold_for": threshold_for}
+    folds = pairs.folds_for(args.n_folds)
+    deployable = deployable_thresholds(distances, pairs.issame, VerifySettings.of(args), folds)
+    deployable["subtract_mean"] = False  # measured as identify measures, whatever the flag
+    fields["deployable_thresholds"] = deployable
     return Path(args.pairs).name, fields, result
 
 
@@ -252,10 +266,13 @@ def _evaluate(args: argparse.Namespace) -> None:
     if args.bin:
         record, results = _bin_sets(args)
         print(sets_table(results))
+        for name, values in record["sets"].items():
+            print("\n".join(deployable_lines(values["deployable_thresholds"], name)))
         wrote = "a roc_<set>.png for each set"
     else:
         name, fields, result = _single(args)
         print(result_table(name, result))
+        print("\n".join(deployable_lines(fields["deployable_thresholds"])))
         record, results, wrote = {**fields, **result.to_dict()}, {"": result}, out / "roc.png"
     record["same_when"] = f"{'1 - similarity' if args.similarities else 'distance'} < threshold"
     out.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,10 @@
 
 Both files come from ``facenet-embed`` (the gallery from identity folders). The threshold is,
 in order: ``--threshold`` (with ``--distance``), the one in ``--metrics`` (facenet-evaluate's
-metrics.json, of set ``--set`` after ``--bin``, or a run's summary.json), or the one recorded in
-the gallery file; a stored one is used only when chosen for the gallery's weights, flip setting
-and preprocessing, without mean subtraction. Writes ``matches.csv`` and ``identification.json``
+metrics.json, of set ``--set`` after ``--bin``, or its deployable threshold ``--threshold-at
+far_1e-3``; or a run's summary.json), or the one recorded in the gallery file; a stored one is
+used only when chosen for the gallery's weights, flip setting and preprocessing, without mean
+subtraction. Writes ``matches.csv`` and ``identification.json``
 into ``--out``; prints rank-1, detection-and-identification and open-set rejection rates for
 labelled probes.
 """
@@ -65,6 +66,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
     parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")
     parser.add_argument("--set", dest="set_name", help="the --bin set of --metrics to take")
+    parser.add_argument(
+        "--threshold-at",
+        metavar="KEY",
+        help="a deployable threshold of --metrics: accuracy, far_1e-3, far_1e-4 (metrics.json's "
+        "deployable_thresholds; default: its threshold, the mean of the folds')",
+    )
     add_out_arguments(parser, "folder for the results", "runs/identify")
     add_threads_argument(parser)
     return parser
@@ -135,10 +142,11 @@ def choose_threshold(args, gallery: dict) -> ThresholdRecord:
         return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
     if args.distance:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
-    if args.set_name and not args.metrics:
-        raise DataError("--set goes with --metrics (the set whose threshold to take)")
+    for flag, value in (("--set", args.set_name), ("--threshold-at", args.threshold_at)):
+        if value and not args.metrics:
+            raise DataError(f"{flag} goes with --metrics (the file whose threshold to take)")
     if args.metrics:
-        record = read_threshold(args.metrics, args.set_name)
+        record = read_threshold(args.metrics, args.set_name, args.threshold_at)
         if record is None:
             raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
     else:

@@ -318,24 +318,50 @@ class Aligner:
         region = crop_box(box, *image.size, self.settings)
         return image.crop(region).resize(self.settings.crop_size[::-1], Image.BILINEAR)
 
+    def _decoded(self, sources):
+        """Lists of ``(source, image or CorruptImageError)``, each holding at most
+        ``_HELD_PIXELS`` decoded pixels (one image more)."""
+        held, pixels = [], 0
+        for source in sources:
+            try:
+                image = Image.fromarray(read_image(source).permute(1, 2, 0).numpy())
+                pixels += image.width * image.height
+            except CorruptImageError as err:
+                image = err
+            held.append((source, image))
+            if pixels >= _HELD_PIXELS:
+                yield held
+                held, pixels = [], 0
+        yield held
+        _glibc("malloc_trim", 0)
+
     def align(self, jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
         """Align ``(source, target)`` pairs, decoding at most ``_HELD_PIXELS`` at a time; each
         crop is written atomically."""
-        outcomes, held, pixels = [], [], 0
-        for source, target in jobs:
-            try:
-                image = Image.fromarray(read_image(source).permute(1, 2, 0).numpy())
-            except CorruptImageError as err:
-                outcomes.append(AlignOutcome(source, target, "unreadable", err.reason))
-                continue
-            held.append((image, source, target))
-            pixels += image.width * image.height
-            if pixels >= _HELD_PIXELS:
-                outcomes += self._align_held(held)
-                held, pixels = [], 0
-        outcomes += self._align_held(held)
-        _glibc("malloc_trim", 0)
+        targets, outcomes = dict(jobs), []
+        for held in self._decoded(targets):
+            for source, image in held:
+                if isinstance(image, CorruptImageError):
+                    outcomes.append(
+                        AlignOutcome(source, targets[source], "unreadable", image.reason)
+                    )
+            images = [(i, s, targets[s]) for s, i in held if isinstance(i, Image.Image)]
+            outcomes += self._align_held(images)
         return outcomes
+
+    def detect_files(self, sources: list[str]) -> list[Face | AlignOutcome]:
+        """The chosen face of each image file, or an "unreadable" or "no_face" outcome saying
+        why there is none, decoding at most ``_HELD_PIXELS`` at a time."""
+        found = {}
+        for held in self._decoded(sources):
+            images = [(s, i) for s, i in held if isinstance(i, Image.Image)]
+            faces = self.detect([image for _, image in images])
+            for s, i in held:
+                if isinstance(i, CorruptImageError):
+                    found[s] = AlignOutcome(s, "", "unreadable", i.reason)
+            for (s, image), face in zip(images, faces):
+                found[s] = face or AlignOutcome(s, "", "no_face", self.too_small(image))
+        return [found[source] for source in sources]
 
     def _align_held(self, held: list[tuple[Image.Image, str, str]]) -> list[AlignOutcome]:
         if not held:

@@ -131,10 +131,13 @@ def identification_rates(matches: Matches, probe_labels, gallery: Gallery) -> di
     }
 
 
-def read_threshold(path: str | os.PathLike, set_name: str | None = None) -> ThresholdRecord | None:
+def read_threshold(
+    path: str | os.PathLike, set_name: str | None = None, at: str | None = None
+) -> ThresholdRecord | None:
     """The threshold record of facenet-evaluate's ``metrics.json`` (of set ``set_name`` when it
-    evaluated ``--bin`` sets; a lone set needs no name) or a run's ``summary.json`` (its
-    ``threshold`` entry), or None when it holds none."""
+    evaluated ``--bin`` sets; a lone set needs no name; with ``at``, its deployable threshold of
+    that name, e.g. "far_1e-3") or a run's ``summary.json`` (its ``threshold`` entry), or None
+    when it holds none."""
     record = read_json(path)
     sets = record.get("sets") if isinstance(record, dict) else None
     if isinstance(sets, dict):  # evaluate --bin: a threshold per set, one threshold_for
@@ -146,8 +149,30 @@ def read_threshold(path: str | os.PathLike, set_name: str | None = None) -> Thre
         raise DataError(f"{path}: --set {set_name}, but it holds no sets (evaluate --bin's)")
     if not isinstance(record, dict):
         return None
+    if at is not None:
+        record = _deployable(record, at, path)
     found = record.get("threshold")  # a dict in summary.json
     return ThresholdRecord.from_dict(found if isinstance(found, dict) else record, str(path))
+
+
+def _deployable(record: dict, at: str, path) -> dict:
+    """The record of deployable threshold ``at``: its value, the evaluation's distance and
+    provenance, and the block's own ``subtract_mean`` (measured without, whatever the flag)."""
+    block = record.get("deployable_thresholds")
+    block = block if isinstance(block, dict) else {}
+    if not isinstance(block.get(at), dict):
+        names = ", ".join(k for k, v in block.items() if isinstance(v, dict))
+        held = f"it holds {names}" if names else "it holds none (facenet-evaluate writes them)"
+        raise DataError(f"{path}: no deployable threshold {at!r}; {held}")
+    given = record.get("threshold_for")
+    own = {k: block[k] for k in ("subtract_mean",) if k in block}
+    return {
+        **(given if isinstance(given, dict) else {}),
+        **own,
+        "threshold": block[at].get("threshold"),
+        "threshold_distance": record.get("threshold_distance", record.get("distance")),
+        "chosen_on": f"{at} over all pairs",
+    }
 
 
 def checked_threshold(
