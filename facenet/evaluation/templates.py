@@ -28,7 +28,7 @@ from facenet.evaluation.presets import TEMPLATES
 from facenet.sizes import ImageSize, image_hw
 
 FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # eval_ijbc.py's x_labels
-PAIR_CHUNK = 2**16  # pairs scored at once: (chunk, D) float64 twice
+PAIR_CHUNK = 2**14  # pairs scored at once: two (chunk, D) float64, 64 MiB each at D = 512
 
 
 @dataclass(frozen=True)
@@ -172,5 +172,5 @@ def plot_tar(result: TemplateResult, title: str):
     ax.set(xlim=(FARS[0] / 2, 1.0), ylim=(0.0, 1.01), title=title)
     ax.set(xlabel="false accept rate (FAR)", ylabel="true accept rate (TAR)")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     return fig
