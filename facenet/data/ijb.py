@@ -16,7 +16,7 @@ import io
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -65,14 +65,17 @@ def set_name(root, name: str | None = None) -> str:
     return names[0]
 
 
-def _rows(path: Path, columns: int, max_bytes: int):
-    """(line number, fields) of each non-blank line of ``path``, which must have ``columns``."""
+def _read(path: Path, max_bytes: int) -> bytes:
     if not path.is_file():
         raise DataError(f"{path}: missing meta file")
     with open_regular(path, max_bytes) as fh:
-        raw = fh.read()
+        return fh.read()
+
+
+def _rows(path: Path, columns: int, max_bytes: int):
+    """(line number, fields) of each non-blank line of ``path``, which must have ``columns``."""
     try:
-        lines = raw.decode("utf-8").splitlines()
+        lines = _read(path, max_bytes).decode("utf-8").splitlines()
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text (byte {err.start})") from None
     for number, line in enumerate(lines, 1):
@@ -95,32 +98,37 @@ def _number(path, number: int, value: str, kind=float):
     return parsed
 
 
-def _image_names(path, rows) -> dict[str, int]:
-    """{name: line} of the first column; names that leave ROOT or repeat are refused."""
-    lines: dict[str, int] = {}
-    for number, fields in rows:
-        name = fields[0]
-        if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
-            raise DataError(f"{path}:{number}: image {shown(name)} is not a path inside ROOT")
-        if name in lines:
-            raise DataError(f"{path}:{number}: image {shown(name)} again (line {lines[name]})")
-        lines[name] = number
-    return lines
+def _table(path: Path, columns: int) -> tuple[np.ndarray, list[int]]:
+    """(fields (R, columns) str, line numbers (R,)) of a meta file's non-blank lines."""
+    rows = list(_rows(path, columns, MAX_META_BYTES))
+    return np.array([f for _, f in rows], dtype=str).reshape(-1, columns), [n for n, _ in rows]
 
 
-def _faces(path) -> tuple[dict, np.ndarray]:
-    """({name: line}, (N, 2) template and media ids) of the face list."""
-    rows = list(_rows(path, 3, MAX_META_BYTES))
-    ids = [[_number(path, n, f[1], int), _number(path, n, f[2], int)] for n, f in rows]
-    return _image_names(path, rows), np.array(ids, dtype=np.int64).reshape(-1, 2)
+def _numbers(path, fields: np.ndarray, lines: list[int], kind=float) -> np.ndarray:
+    """``fields`` (R, K) as finite float64 (or int64); value by value only to name a bad one."""
+    try:
+        values = fields.astype(np.int64 if kind is int else np.float64)
+        if np.isfinite(values).all():
+            return values
+    except (ValueError, OverflowError):
+        pass
+    for row, number in zip(fields.tolist(), lines):
+        for value in row:
+            _number(path, number, value, kind)
+    raise DataError(f"{path}: a number NumPy cannot read")
 
 
-def _landmarks(path) -> tuple[dict, dict]:
-    """({name: line}, {name: 10 landmark numbers then the detector score}) of the landmark
-    list."""
-    rows = list(_rows(path, 12, MAX_META_BYTES))
-    values = {f[0]: [_number(path, n, v) for v in f[1:]] for n, f in rows}
-    return _image_names(path, rows), values
+def _image_names(path, names: np.ndarray, lines: list[int]) -> dict[str, int]:
+    """{name: row}; names that leave ROOT or repeat are refused."""
+    rows: dict[str, int] = {}
+    for row, name in enumerate(names.tolist()):
+        if name.startswith("/") or ".." in name.split("/"):
+            raise DataError(f"{path}:{lines[row]}: image {shown(name)} is not a path inside ROOT")
+        if rows.setdefault(name, row) != row:
+            raise DataError(
+                f"{path}:{lines[row]}: image {shown(name)} again (line {lines[rows[name]]})"
+            )
+    return rows
 
 
 def _bad_pair(path, known: set) -> DataError:
@@ -138,10 +146,7 @@ def _bad_pair(path, known: set) -> DataError:
 def _pairs(path, known: np.ndarray) -> np.ndarray:
     """(P, 3) template, template, label; NumPy's parser first, lines read one by one only to
     name the first bad one (IJB-C's 15.7 million pairs in seconds)."""
-    if not path.is_file():
-        raise DataError(f"{path}: missing meta file")
-    with open_regular(path, MAX_PAIRS_BYTES) as fh:
-        raw = fh.read()
+    raw = _read(path, MAX_PAIRS_BYTES)
     table = np.zeros((0, 3), dtype=np.int64)
     if raw.strip():
         try:
@@ -161,13 +166,15 @@ def _pairs(path, known: np.ndarray) -> np.ndarray:
     return table
 
 
-def _check_image(root: Path, path, number: int, name: str) -> None:
+def _check_images(root: Path, path, names: np.ndarray, lines: list[int]) -> None:
     """Refuse an image that is missing or reached through a link leaving ``root``."""
-    real = os.path.realpath(root / "loose_crop" / name)
-    if not real.startswith(os.path.realpath(root) + os.sep):
-        raise DataError(f"{path}:{number}: image {shown(name)} leaves {root} (a link)")
-    if not os.path.isfile(real):
-        raise DataError(f"{path}:{number}: image {root / 'loose_crop' / name} not found")
+    inside = os.path.realpath(root) + os.sep
+    for name, number in zip(names.tolist(), lines):
+        real = os.path.realpath(root / "loose_crop" / name)
+        if not real.startswith(inside):
+            raise DataError(f"{path}:{number}: image {shown(name)} leaves {root} (a link)")
+        if not os.path.isfile(real):
+            raise DataError(f"{path}:{number}: image {root / 'loose_crop' / name} not found")
 
 
 def read_template_set(root, name: str | None = None) -> TemplateSet:
@@ -176,22 +183,27 @@ def read_template_set(root, name: str | None = None) -> TemplateSet:
     name = set_name(root, name)
     meta = root / "meta"
     faces_path, marks_path = meta / f"{name}{FACES}", meta / f"{name}{LANDMARKS}"
-    lines, ids = _faces(faces_path)
-    mark_lines, marks = _landmarks(marks_path)
-    for path, names, other, others in ((faces_path, lines, marks_path, mark_lines),
-                                       (marks_path, mark_lines, faces_path, lines)):  # fmt: skip
-        missing = next((n for n in names if n not in others), None)
+    faces, face_lines = _table(faces_path, 3)
+    marks, mark_lines = _table(marks_path, 12)
+    ids = _numbers(faces_path, faces[:, 1:], face_lines, int)  # (N, 2)
+    face_rows = _image_names(faces_path, faces[:, 0], face_lines)
+    values = _numbers(marks_path, marks[:, 1:], mark_lines)  # (N, 11)
+    mark_rows = _image_names(marks_path, marks[:, 0], mark_lines)
+    for path, rows, lines, other, others in (
+        (faces_path, face_rows, face_lines, marks_path, mark_rows),
+        (marks_path, mark_rows, mark_lines, faces_path, face_rows),
+    ):
+        missing = next((n for n in rows if n not in others), None)
         if missing is not None:
-            raise DataError(f"{path}:{names[missing]}: image {shown(missing)} is not in {other}")
-    for image, number in lines.items():
-        _check_image(root, faces_path, number, image)
-    images = np.array(list(lines), dtype=str)
+            raise DataError(
+                f"{path}:{lines[rows[missing]]}: image {shown(missing)} is not in {other}"
+            )
+    values = values[[mark_rows[n] for n in face_rows]]  # in the face list's order
+    _check_images(root, faces_path, faces[:, 0], face_lines)
     table = _pairs(meta / f"{name}{PAIRS}", np.unique(ids[:, 0]))
     return TemplateSet(
-        root, name, images, ids[:, 0], ids[:, 1],
-        np.array([marks[i][:10] for i in images], dtype=np.float64).reshape(-1, 5, 2),
-        np.array([marks[i][10] for i in images], dtype=np.float64),
-        table[:, :2], table[:, 2],
+        root, name, faces[:, 0], ids[:, 0], ids[:, 1], values[:, :10].reshape(-1, 5, 2),
+        values[:, 10], table[:, :2], table[:, 2],
     )  # fmt: skip
 
 
