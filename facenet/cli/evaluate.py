@@ -372,10 +372,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     """The arguments, with defaults from ``--config`` and then ``--preset``."""
     parser = get_args_parser()
     known, _ = parser.parse_known_args(argv)
-    if known.ijb:  # insightface's networks give raw features; --config, --preset, flags win
-        parser.set_defaults(features="raw")
     if known.config:  # the file gives defaults; flags on the command line still win
         parser.set_defaults(**config_defaults(known.config))
+    if known.ijb:  # insightface's networks give raw features; --preset and flags still win
+        parser.set_defaults(features="raw")
     if known.preset:  # after --config: the preset names the publisher's whole evaluation
         preset = EVAL_PRESETS[known.preset]
         parser.set_defaults(**{key: getattr(preset, key) for key in PUBLISHER_FIELDS})

@@ -57,15 +57,14 @@ class TemplateSettings:
 @dataclass(frozen=True)
 class TemplateResult:
     """``template_ids`` (T,) ascending, their unit ``template_features`` (T, D) float64, the
-    pairs' cosine ``scores`` (P,), sklearn's ROC (``fpr``, ``tpr``, ``thresholds``), its
-    ``auc`` and ``tar`` {FAR: TAR}."""
+    pairs' cosine ``scores`` (P,), sklearn's ROC (``fpr``, ``tpr``), its ``auc`` and ``tar``
+    {FAR: TAR}."""
 
     template_ids: np.ndarray
     template_features: np.ndarray
     scores: np.ndarray
     fpr: np.ndarray
     tpr: np.ndarray
-    thresholds: np.ndarray
     auc: float
     tar: dict
 
@@ -138,13 +137,13 @@ def template_features(features, scores, templates, media, settings: TemplateSett
 
 
 def read_tar(labels, scores) -> tuple:
-    """(fpr, tpr, thresholds, AUC, {FAR: TAR}) of sklearn's ``roc_curve``: each TAR at the ROC
+    """(fpr, tpr, AUC, {FAR: TAR}) of sklearn's ``roc_curve``: each TAR at the ROC
     point nearest the FAR, a tie to the later point (insightface flips the curve and takes the
     first minimum)."""
-    fpr, tpr, thresholds = roc_curve(labels, scores)
+    fpr, tpr, _ = roc_curve(labels, scores)
     back_fpr, back_tpr = fpr[::-1], tpr[::-1]
     tar = {far: float(back_tpr[np.argmin(np.abs(back_fpr - far))]) for far in FARS}
-    return fpr, tpr, thresholds, float(auc(fpr, tpr)), tar
+    return fpr, tpr, float(auc(fpr, tpr)), tar
 
 
 def verify_templates(faces: TemplateSet, features, settings: TemplateSettings) -> TemplateResult:

@@ -71,7 +71,7 @@ def test_tar_is_read_at_the_nearest_far_ties_to_the_larger_tar():
     impostors = np.arange(20) / 20  # FPR moves in steps of 0.05
     scores = np.r_[0.97, 0.93, 0.88, 0.5, impostors]
     labels = np.r_[1, 1, 1, 1, np.zeros(20, int)]
-    fpr, tpr, _, auc, tar = read_tar(labels, scores)
+    _, _, auc, tar = read_tar(labels, scores)
     # FPR 0 holds TPR 0 and 0.25, FPR 0.1 holds 0.5 and 0.75: the larger of each
     assert tar == {**dict.fromkeys(FARS, 0.25), 0.1: 0.75}
     # genuine above impostors, counted pair by pair; 0.5 ties the impostor 0.5: half a pair
@@ -111,7 +111,11 @@ def write_astronaut_set(root, rng, templates=6):
                 face_lines.append(f"{name} {t + 1} {100 * t + m}")
                 marks = " ".join(f"{v:.3f}" for v in points.ravel())
                 mark_lines.append(f"{name} {marks} {rng.uniform(0.5, 1):.4f}")
-    pairs = [f"{a} {b} {int(rng.random() < 0.4)}" for a in range(1, 7) for b in range(a + 1, 7)]
+    pairs = [
+        f"{a} {b} {int(rng.random() < 0.4)}"
+        for a in range(1, templates + 1)
+        for b in range(a + 1, templates + 1)
+    ]
     (root / "meta").mkdir()
     for suffix, lines in (("face_tid_mid", face_lines), ("name_5pts_score", mark_lines),
                           ("template_pair_label", pairs)):  # fmt: skip
@@ -196,3 +200,19 @@ def test_the_synthetic_landmarks_follow_the_face(flip):
     wrong = align_face(image, points[[1, 0, 2, 4, 3]]).astype(float)
     want = original[:, ::-1] if flip else original
     assert np.abs(crop - want).mean() < 15 < np.abs(wrong - want).mean()
+
+
+def test_bad_input_stops_the_command_before_any_output(tiny_run, tmp_path, capsys):
+    root = write_astronaut_set(tmp_path / "set", np.random.default_rng(2), templates=2)
+    (root / "meta/syn_template_pair_label.txt").write_text("1 2 0\n1 9 1\n")
+    argv = [
+        "--checkpoint",
+        str(tiny_run["checkpoint"]),
+        "--ijb",
+        str(root),
+        "--template",
+        "arcface",
+    ]
+    assert evaluate_script.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().endswith("label.txt:2: template 9 has no image")
+    assert not (tmp_path / "out").exists()
