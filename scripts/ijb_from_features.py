@@ -31,6 +31,18 @@ def image2template_feature(img_feats, templates, medias):
     return template_feats / np.where(norms == 0, 1, norms), unique_templates
 
 
+def tpr_fpr_row(label, score):
+    """({FAR: TAR}, AUC): the TPR at the ROC point nearest each FPR, as insightface's table."""
+    fpr, tpr, _ = roc_curve(label, score)
+    roc_auc = auc(fpr, tpr)
+    fpr, tpr = np.flipud(fpr), np.flipud(tpr)  # select largest tpr at same fpr
+    row = {}
+    for x in X_LABELS:
+        _, min_index = min(zip(abs(fpr - x), range(len(fpr))))
+        row[f"{x:g}"] = float(tpr[min_index])
+    return row, float(roc_auc)
+
+
 def recompute(features_file, pair_file=None):
     """{"tar_at_far": {FAR: TAR}, "auc": AUC, "scores": (P,) cosines} from the written
     features."""
@@ -51,14 +63,8 @@ def recompute(features_file, pair_file=None):
     ids1 = np.array([template2id[t] for t in p1.tolist()], dtype=np.int64)
     ids2 = np.array([template2id[t] for t in p2.tolist()], dtype=np.int64)
     score = np.sum(feats[ids1] * feats[ids2], -1)
-    fpr, tpr, _ = roc_curve(label, score)
-    roc_auc = auc(fpr, tpr)
-    fpr, tpr = np.flipud(fpr), np.flipud(tpr)  # select largest tpr at same fpr
-    row = {}
-    for x in X_LABELS:
-        _, min_index = min(zip(abs(fpr - x), range(len(fpr))))
-        row[f"{x:g}"] = float(tpr[min_index])
-    return {"tar_at_far": row, "auc": float(roc_auc), "scores": score}
+    row, roc_auc = tpr_fpr_row(label, score)
+    return {"tar_at_far": row, "auc": roc_auc, "scores": score}
 
 
 if __name__ == "__main__":

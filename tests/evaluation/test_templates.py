@@ -78,6 +78,22 @@ def test_tar_is_read_at_the_nearest_far_ties_to_the_larger_tar():
     assert auc == pytest.approx((20 + 19 + 18 + 10.5) / 80, abs=1e-15)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_pooling_and_tar_equal_the_loop_reference_on_random_data(seed):
+    rng = np.random.default_rng(seed)
+    x, scores = rng.standard_normal((300, 8)), rng.uniform(0.1, 1, 300)
+    templates, media = rng.integers(0, 40, 300), rng.integers(0, 4, 300)  # media ids repeat
+    reference = _script()
+    for settings, weighted in ((OFF, x), (TemplateSettings(), x * scores[:, None])):
+        ids, pooled = template_features(x, scores, templates, media, settings)
+        want, want_ids = reference.image2template_feature(weighted, templates, media)
+        assert np.array_equal(ids, want_ids) and np.allclose(pooled, want, rtol=0, atol=1e-12)
+    labels, tied = rng.integers(0, 2, 500), rng.integers(0, 30, 500) / 30  # many ties
+    _, _, auc, tar = read_tar(labels, tied)
+    row, want_auc = reference.tpr_fpr_row(labels, tied)
+    assert list(tar.values()) == list(row.values()) and auc == want_auc
+
+
 def test_the_template_follows_the_model_input_size():
     assert choose_template(112) == "arcface" and choose_template((112, 96)) == "sphereface"
     assert choose_template(32, "sphereface") == "sphereface"
