@@ -27,6 +27,7 @@ from facenet.cli.common import (
     add_out_arguments,
     add_threads_argument,
     check_outputs,
+    int_in,
     parse_device,
     positive_int,
     run_command,
@@ -59,6 +60,7 @@ from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.retrieval import retrieval_metrics
 from facenet.evaluation.templates import (
     TemplateSettings,
+    WarpedFaces,
     choose_template,
     embed_faces,
     plot_tar,
@@ -197,6 +199,9 @@ def _add_ijb_arguments(ijb) -> None:
         action="store_false",
         help="image features made unit length before pooling",
     )
+    ijb.add_argument(
+        "--workers", type=int_in(0), default=0, help="processes reading and warping faces"
+    )
 
 
 def config_defaults(path: str) -> dict:
@@ -312,10 +317,10 @@ def _ijb(args: argparse.Namespace) -> None:
     trained, device = load_model(args.checkpoint), parse_device(args.device)
     template = choose_template(trained.image_size, args.template)
     settings = replace(TemplateSettings.of(args), template=template)
-    features = embed_faces(
-        trained.model.to(device), faces, partial(align_face, template=template),
-        trained.image_size, trained.normalize, device, settings,
-    )  # fmt: skip
+    warped = WarpedFaces(
+        faces, partial(align_face, template=template), trained.image_size, trained.normalize
+    )
+    features = embed_faces(trained.model.to(device), warped, device, settings)
     result = verify_templates(faces, features, settings)
     record = _ijb_record(args, faces, result, settings, trained.weights_sha256())
     print("  ".join(f"TAR@FAR={far} {tar:.4f}" for far, tar in record["tar_at_far"].items()))

@@ -22,7 +22,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from facenet.data.ijb import TemplateSet, read_face
 from facenet.data.images import normalize_steps
-from facenet.errors import ConfigError
+from facenet.errors import ConfigError, DataError
 from facenet.evaluation.embedding import embed_batches
 from facenet.evaluation.presets import TEMPLATES
 from facenet.sizes import ImageSize, image_hw
@@ -38,7 +38,7 @@ class TemplateSettings:
     ``norm_score`` (``use_norm_score``: the feature's norm kept; False: unit length before
     pooling); ``features``: "raw" (the network's output before L2 normalisation, as
     insightface's networks give it) or "unit"; ``template``: a name in ``TEMPLATES``, None for
-    the one of the model's input size."""
+    the one of the model's input size; ``workers``: processes reading and warping faces."""
 
     flip_test: bool = True
     detector_score: bool = True
@@ -46,6 +46,7 @@ class TemplateSettings:
     features: str = "raw"
     template: str | None = None
     batch_size: int = 128
+    workers: int = 0
 
     @classmethod
     def of(cls, source) -> TemplateSettings:
@@ -86,27 +87,39 @@ def choose_template(image_size: ImageSize, name: str | None = None) -> str:
     return found[0]
 
 
-def embed_faces(model, faces: TemplateSet, warp: Callable, image_size, normalize: str, device,
-                settings: TemplateSettings) -> np.ndarray:  # fmt: skip
-    """(N, D) float32 feature of every face (image and mirror added with ``flip_test``).
+class WarpedFaces(torch.utils.data.Dataset):
+    """The faces of a :class:`TemplateSet`, each warped by ``warp(image, landmarks)`` ((H, W, 3)
+    uint8 and (5, 2) -> the (h, w, 3) uint8 crop), resized (bilinear, antialiased) to
+    ``image_size`` where the template has another size, and standardised."""
 
-    ``warp(image, landmarks)``: (H, W, 3) uint8 and (5, 2) -> the (h, w, 3) uint8 crop, resized
-    (bilinear, antialiased) to ``image_size`` where the template has another size.
-    """
-    height, width = image_hw(image_size)
-    standardise = v2.Compose(normalize_steps(normalize))
+    def __init__(self, faces: TemplateSet, warp: Callable, image_size, normalize: str):
+        self.faces, self.warp, self.size = faces, warp, image_hw(image_size)
+        self.standardise = v2.Compose(normalize_steps(normalize))
 
-    def prepared(index: int) -> torch.Tensor:  # (3, H, W)
-        image = read_face(faces, index).permute(1, 2, 0).numpy()
-        crop = torch.from_numpy(warp(image, faces.landmarks[index])).permute(2, 0, 1)
-        if crop.shape[1:] != (height, width):
-            crop = TF.resize(crop, [height, width], antialias=True)
-        return standardise(crop)
+    def __len__(self) -> int:
+        return len(self.faces.images)
 
-    n, step = len(faces.images), settings.batch_size
-    batches = (torch.stack([prepared(i) for i in range(s, min(s + step, n))])
-               for s in range(0, n, step))  # fmt: skip
-    out = embed_batches(model, batches, device, settings.flip_test, settings.features)
+    def __getitem__(self, index: int) -> torch.Tensor:  # (3, H, W)
+        image = read_face(self.faces, index).permute(1, 2, 0).numpy()
+        crop = torch.from_numpy(self.warp(image, self.faces.landmarks[index])).permute(2, 0, 1)
+        if crop.shape[1:] != self.size:
+            crop = TF.resize(crop, list(self.size), antialias=True)
+        return self.standardise(crop)
+
+
+def embed_faces(model, faces: WarpedFaces, device, settings: TemplateSettings) -> np.ndarray:
+    """(N, D) float32 feature of every face (image and mirror added with ``flip_test``), the
+    faces read by ``settings.workers`` processes (0: this one)."""
+    loader = torch.utils.data.DataLoader(
+        faces, batch_size=settings.batch_size, num_workers=settings.workers
+    )
+    try:
+        out = embed_batches(model, loader, device, settings.flip_test, settings.features)
+    except DataError as err:
+        if not settings.workers:
+            raise
+        # a worker's error comes back with its traceback; the last line ends in its message
+        raise DataError(str(err).strip().splitlines()[-1].split(": ", 1)[-1]) from None
     if settings.flip_test:  # (N, 2D): each image's feature, then its mirror's
         out = out[:, : out.shape[1] // 2] + out[:, out.shape[1] // 2 :]
     return out.numpy()

@@ -4,6 +4,8 @@ scripts/ijb_from_features.py."""
 
 import importlib.util
 import json
+import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +17,15 @@ from skimage import transform as sktf
 from torchvision.transforms.v2 import functional as TF
 
 from facenet.cli import evaluate as evaluate_script
+from facenet.data.ijb import read_template_set
 from facenet.data.images import normalize_steps, read_image
-from facenet.errors import ConfigError
+from facenet.errors import ConfigError, DataError
 from facenet.evaluation.templates import (
     FARS,
     TemplateSettings,
+    WarpedFaces,
     choose_template,
+    embed_faces,
     read_tar,
     template_features,
 )
@@ -232,3 +237,21 @@ def test_bad_input_stops_the_command_before_any_output(tiny_run, tmp_path, capsy
     assert evaluate_script.main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip().endswith("label.txt:2: template 9 has no image")
     assert not (tmp_path / "out").exists()
+
+
+def test_workers_give_the_same_features_and_a_one_line_error(tiny_run, astronauts, tmp_path):
+    faces = read_template_set(astronauts)
+    trained = load_model(tiny_run["checkpoint"])
+    warped = WarpedFaces(faces, partial(align_face, template="arcface"), 32, trained.normalize)
+    alone = embed_faces(trained.model, warped, "cpu", TemplateSettings(batch_size=4))
+    two = embed_faces(trained.model, warped, "cpu", TemplateSettings(batch_size=4, workers=2))
+    assert np.array_equal(alone, two)
+    shutil.copytree(astronauts, tmp_path / "set")
+    (tmp_path / "set/loose_crop" / faces.images[3]).write_bytes(b"\xff\xd8\xff broken")
+    broken = WarpedFaces(read_template_set(tmp_path / "set"), warped.warp, 32, "fixed")
+    for workers in (0, 2):
+        with pytest.raises(DataError) as caught:
+            embed_faces(trained.model, broken, "cpu", TemplateSettings(workers=workers))
+        message = str(caught.value)
+        assert message.startswith(str(tmp_path)) and "face_tid_mid.txt: corrupt" in message
+        assert "\n" not in message and faces.images[3] in message
