@@ -134,14 +134,14 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def template_features(features, scores, templates, media, settings: TemplateSettings):
     """(template ids (T,) ascending, (T, D) float64 unit features) from image ``features``
     (N, D) after the flip sum, detector ``scores``, ``templates`` and ``media`` (N,)."""
-    x = np.asarray(features, dtype=np.float64)
-    if not settings.norm_score:
-        x = _unit(x)
-    if settings.detector_score:
-        x = x * np.asarray(scores, dtype=np.float64)[:, None]
     ids, t = np.unique(templates, return_inverse=True)
     order = np.lexsort((media, t))  # by template, then media: each media one run
-    t, m, x = t[order], np.asarray(media)[order], x[order]
+    t, m = t[order], np.asarray(media)[order]
+    x = np.take(features, order, axis=0).astype(np.float64)  # one float64 copy, then in place
+    if not settings.norm_score:
+        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), np.finfo(float).tiny)
+    if settings.detector_score:
+        x *= np.asarray(scores, dtype=np.float64)[order, None]
     starts = np.flatnonzero(np.r_[True, (t[1:] != t[:-1]) | (m[1:] != m[:-1])])
     counts = np.diff(np.r_[starts, len(t)])
     means = np.add.reduceat(x, starts) / counts[:, None]  # (M, D) one row per media
