@@ -54,6 +54,8 @@ def test_the_set_name_is_found_or_chosen(tmp_path):
     assert read_template_set(tmp_path, "two").name == "two"
     with pytest.raises(DataError, match="no <name>_face_tid_mid.txt"):
         set_name(tmp_path / "elsewhere")
+    with pytest.raises(DataError, match="set name '../one': expected the <name> of"):
+        set_name(tmp_path, "../one")
 
 
 def _error(tmp_path, **texts) -> str:
