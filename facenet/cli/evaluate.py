@@ -7,14 +7,17 @@ from a model (``--checkpoint``) embedding a pairs.txt (``--pairs``) or insightfa
 (with the threshold, its distance, ``same_when`` and ``threshold_for``: the weights and
 preparation it was chosen for) and ``roc.png`` (``roc_<name>.png`` per ``--bin``).
 ``--retrieval ROOT`` embeds an identity folder instead and writes its Precision@1, R-Precision
-and MAP@R (:mod:`facenet.evaluation.retrieval`) to ``metrics.json``.
+and MAP@R (:mod:`facenet.evaluation.retrieval`) to ``metrics.json``; ``--ijb ROOT`` verifies the
+templates of a set in insightface's IJB layout (:mod:`facenet.evaluation.templates`,
+docs/templates.md) and writes ``metrics.json``, ``roc.png`` and ``features.npz``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +27,14 @@ from facenet.cli.common import (
     add_out_arguments,
     add_threads_argument,
     check_outputs,
+    int_in,
     parse_device,
     positive_int,
     run_command,
     set_threads,
 )
 from facenet.config import DataConfig, load_config
+from facenet.data.ijb import read_template_set
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.insightface_bin import read_bin
 from facenet.data.pairs import read_pairs
@@ -37,7 +42,13 @@ from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import FEATURES
 from facenet.evaluation.plots import plot_roc
-from facenet.evaluation.presets import CLASSIC, EVAL_PRESETS, PUBLISHER_FIELDS, VerifySettings
+from facenet.evaluation.presets import (
+    CLASSIC,
+    EVAL_PRESETS,
+    PUBLISHER_FIELDS,
+    TEMPLATES,
+    VerifySettings,
+)
 from facenet.evaluation.protocol import (
     DISTANCES,
     GRIDS,
@@ -47,9 +58,18 @@ from facenet.evaluation.protocol import (
 )
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.retrieval import retrieval_metrics
+from facenet.evaluation.templates import (
+    TemplateSettings,
+    WarpedFaces,
+    choose_template,
+    embed_faces,
+    plot_tar,
+    verify_templates,
+)
 from facenet.evaluation.thresholds import deployable_lines, deployable_thresholds
 from facenet.evaluation.verify import verify, verify_distances
 from facenet.files import write_atomic, write_text_atomic
+from facenet.inference.align import align_face
 from facenet.inference.embed import embed_folder
 from facenet.inference.loading import load_model
 
@@ -80,6 +100,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--retrieval", help="identity folder: Precision@1, R-Precision, MAP@R (with --checkpoint)"
     )
+    parser.add_argument(
+        "--ijb", help="a set in insightface's IJB layout: TAR@FAR of templates (with --checkpoint)"
+    )
     parser.add_argument("--root", help="image folder of --pairs (default: its folder)")
     add_out_arguments(parser, "where metrics.json and roc.png go", "runs/evaluate")
     _add_protocol_arguments(parser)
@@ -92,6 +115,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--title", default=None, help="ROC plot title")
     add_threads_argument(parser)
     _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
+    _add_ijb_arguments(parser.add_argument_group("--ijb (docs/templates.md)"))
     parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
     return parser
 
@@ -151,6 +175,34 @@ def _add_embedding_arguments(embed) -> None:
     embed.add_argument("--batch-size", type=positive_int, help="images per forward")
     add_device_argument(embed, "cpu")
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
+
+
+def _add_ijb_arguments(ijb) -> None:
+    """insightface's flags of eval_ijbc.py, on by default as there."""
+    ijb.add_argument("--ijb-set", help="the <name> of ROOT/meta/<name>_*.txt (default: the only)")
+    ijb.add_argument(
+        "--template",
+        choices=tuple(TEMPLATES),
+        help="landmark template (default: the one of the model's input size)",
+    )
+    ijb.add_argument(
+        "--no-flip-test", dest="flip_test", action="store_false", help="no mirror features added"
+    )
+    ijb.add_argument(
+        "--no-detector-score",
+        dest="detector_score",
+        action="store_false",
+        help="features not weighted by the detector score",
+    )
+    ijb.add_argument(
+        "--no-norm-score",
+        dest="norm_score",
+        action="store_false",
+        help="image features made unit length before pooling",
+    )
+    ijb.add_argument(
+        "--workers", type=int_in(0), default=0, help="processes reading and warping faces"
+    )
 
 
 def config_defaults(path: str) -> dict:
@@ -253,11 +305,90 @@ def _retrieval(args: argparse.Namespace) -> None:
     write_text_atomic(Path(args.out) / "metrics.json", json.dumps(record, indent=1) + "\n")
 
 
+def _ijb_record(args, faces, result, settings: TemplateSettings, weights: str) -> dict:
+    """metrics.json of ``--ijb``: TAR at each FAR, AUC, counts, settings and source."""
+    return {
+        "source": f"{args.checkpoint} on {faces.meta('_*.txt')}",
+        "tar_at_far": {f"{far:g}": tar for far, tar in result.tar.items()},
+        "auc": result.auc,
+        "counts": {
+            "images": len(faces.images),
+            "media": len(np.unique(np.c_[faces.templates, faces.media], axis=0)),
+            "templates": len(result.template_ids),
+            "genuine_pairs": int(faces.labels.sum()),
+            "impostor_pairs": int((faces.labels == 0).sum()),
+        },
+        "settings": asdict(settings),
+        "weights_sha256": weights,
+    }
+
+
+def _template_thresholds(args: argparse.Namespace, labels: np.ndarray, scores: np.ndarray):
+    """Deployable thresholds on 1 - cosine of the template pairs; folds dealt round-robin within
+    each kind, since a template pair list need not mix kinds in contiguous runs; none (``{}``)
+    with fewer than two pairs of a kind."""
+    n_folds = min(args.n_folds, int(labels.sum()), int((labels == 0).sum()))
+    if n_folds < 2:  # a fold needs a pair of each kind
+        return {}
+    settings = replace(VerifySettings.of(args), distance="cosine", grid="default", n_folds=n_folds)
+    folds = np.empty(len(labels), dtype=np.int64)
+    for kind in (0, 1):
+        members = np.flatnonzero(labels == kind)
+        folds[members] = np.arange(len(members)) % n_folds
+    return deployable_thresholds(1 - scores, labels, settings, folds)
+
+
+def _ijb(args: argparse.Namespace) -> None:
+    """The templates of ``--ijb`` pooled from the checkpoint's features, their pairs verified."""
+    check_outputs(args, "metrics.json", "roc.png", "features.npz")
+    faces = read_template_set(args.ijb, args.ijb_set)
+    trained, device = load_model(args.checkpoint), parse_device(args.device)
+    template = choose_template(trained.image_size, args.template)
+    settings = replace(TemplateSettings.of(args), template=template)
+    warped = WarpedFaces(
+        faces, partial(align_face, template=template), trained.image_size, trained.normalize
+    )
+    features = embed_faces(trained.model.to(device), warped, device, settings)
+    result = verify_templates(faces, features, settings)
+    record = _ijb_record(args, faces, result, settings, trained.weights_sha256())
+    record["threshold_for"] = {
+        "checkpoint": str(args.checkpoint),
+        "weights_sha256": record["weights_sha256"],
+        "epoch": trained.epoch,
+        "flip": settings.flip_test,
+        "subtract_mean": False,
+        "preprocess": f"template {template}",  # pooled template features: identify refuses them
+        "features": settings.features,
+    }
+    record["deployable_thresholds"] = _template_thresholds(args, faces.labels, result.scores)
+    print("  ".join(f"TAR@FAR={far} {tar:.4f}" for far, tar in record["tar_at_far"].items()))
+    print(f"AUC {result.auc:.4f}: {len(faces.labels)} pairs, {len(result.template_ids)} templates")
+    for line in deployable_lines(record["deployable_thresholds"]):
+        print(line)
+    # everything a figure is computed from (scripts/ijb_from_features.py recomputes them)
+    arrays = {
+        "image_names": faces.images, "image_templates": faces.templates,
+        "image_media": faces.media, "image_scores": faces.scores, "image_features": features,
+        "template_ids": result.template_ids, "template_features": result.template_features,
+        "pairs": faces.pairs, "labels": faces.labels, "scores": result.scores,
+        "detector_score": settings.detector_score, "norm_score": settings.norm_score,
+    }  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "features.npz", lambda fh: np.savez(fh, **arrays))
+    figure = plot_tar(result, args.title or f"{faces.name} ({len(faces.labels)} pairs)")
+    write_atomic(out / "roc.png", lambda fh: figure.savefig(fh, format="png"))
+    write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out / 'metrics.json'}, roc.png and features.npz")
+
+
 def _evaluate(args: argparse.Namespace) -> None:
     """Check the options and ``--out``, evaluate, print the table and write the files."""
     set_threads(args.threads)
     if args.retrieval:
         return _retrieval(args)
+    if args.ijb:
+        return _ijb(args)
     _check_options(args)
     out = Path(args.out)
     rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
@@ -291,6 +422,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     known, _ = parser.parse_known_args(argv)
     if known.config:  # the file gives defaults; flags on the command line still win
         parser.set_defaults(**config_defaults(known.config))
+    if known.ijb:  # insightface's networks give raw features; --preset and flags still win
+        parser.set_defaults(features="raw")
     if known.preset:  # after --config: the preset names the publisher's whole evaluation
         preset = EVAL_PRESETS[known.preset]
         parser.set_defaults(**{key: getattr(preset, key) for key in PUBLISHER_FIELDS})
@@ -301,8 +434,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--similarities goes with --distances")
     if args.retrieval and not args.checkpoint:
         parser.error("--retrieval needs --checkpoint")
-    if args.checkpoint and not (args.pairs or args.bin or args.retrieval):
-        parser.error("--checkpoint needs --pairs, --bin or --retrieval")
+    if args.ijb and (not args.checkpoint or args.retrieval):
+        parser.error("--ijb needs --checkpoint, and goes without --retrieval")
+    if args.checkpoint and not (args.pairs or args.bin or args.retrieval or args.ijb):
+        parser.error("--checkpoint needs --pairs, --bin, --retrieval or --ijb")
     return args
 
 

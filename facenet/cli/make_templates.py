@@ -58,7 +58,7 @@ _NAME = re.compile(r"[a-z0-9_]+")  # insightface's scripts lower-case the set's 
 
 
 @dataclass(frozen=True)
-class TemplateSettings:
+class GroupingSettings:
     """How images become templates and pairs (detection aside)."""
 
     templates_per_identity: int = 2
@@ -99,7 +99,7 @@ def scan(src: Path) -> tuple[dict[str, dict[str, list[str]]], list[tuple[str, st
     return media, left_out
 
 
-def group_templates(media: dict[str, dict[str, list[str]]], settings: TemplateSettings, rng):
+def group_templates(media: dict[str, dict[str, list[str]]], settings: GroupingSettings, rng):
     """Each identity's media (sorted by identity) dealt into its templates after a shuffle:
     ``[(identity, [media, ...]), ...]``, and the identities with too few media."""
     k, templates, dropped = settings.templates_per_identity, [], []
@@ -137,7 +137,7 @@ def impostor_pairs(identity_of: np.ndarray, count: int, rng) -> np.ndarray:
     return np.stack([codes // n, codes % n], axis=1)
 
 
-def pair_rows(identity_of: np.ndarray, settings: TemplateSettings, rng) -> np.ndarray:
+def pair_rows(identity_of: np.ndarray, settings: GroupingSettings, rng) -> np.ndarray:
     """``(P, 3)`` rows ``template index, template index, label`` (1 genuine, 0 impostor), by
     first and second index: every pair of one identity's templates and the drawn impostors."""
     k = settings.templates_per_identity  # each identity's k templates lie together
@@ -253,7 +253,7 @@ def _write_set(src: Path, dst: Path, name: str, lines, report) -> None:
 def _make(args: Namespace) -> int:
     set_threads(args.threads)
     start, src, dst = time.perf_counter(), Path(args.src), Path(args.dst)
-    settings = TemplateSettings(args.templates_per_identity, args.impostor_pairs, args.seed)
+    settings = GroupingSettings(args.templates_per_identity, args.impostor_pairs, args.seed)
     k = settings.templates_per_identity
     if not _NAME.fullmatch(args.name):
         raise DataError(f"--name {args.name!r}: expected lower-case letters, digits and _")

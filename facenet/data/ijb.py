@@ -1,0 +1,215 @@
+"""Template sets in insightface's IJB layout (IJB-B, IJB-C, or sets made the same way):
+
+    ROOT/meta/<name>_face_tid_mid.txt          image template_id media_id
+    ROOT/meta/<name>_name_5pts_score.txt       image x1 y1 ... x5 y5 detector_score
+    ROOT/meta/<name>_template_pair_label.txt   template_id template_id label (1: same person)
+    ROOT/loose_crop/<image>                    the photo or frame; landmarks count pixels from 0
+
+Columns are split by white space, blank lines skipped. Images are matched by name (insightface
+matches the two lists by row); a name is a relative path that stays inside ROOT. Every problem
+is a DataError naming the file, its line and the value.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from facenet.data.images import CorruptImageError, read_image
+from facenet.errors import DataError, shown
+from facenet.files import open_regular
+
+FACES, LANDMARKS, PAIRS = "_face_tid_mid.txt", "_name_5pts_score.txt", "_template_pair_label.txt"
+MAX_META_BYTES = 2**28  # IJB-C's face and landmark lists: about 20 and 40 MB
+MAX_PAIRS_BYTES = 2**30  # IJB-C's 15.7 million template pairs: about 250 MB
+
+
+@dataclass(frozen=True)
+class TemplateSet:
+    """One set: ``images`` (N,) names under ``root/loose_crop`` in the face list's order, their
+    ``templates`` and ``media`` (N,) int64, ``landmarks`` (N, 5, 2) float64 (x, y) and detector
+    ``scores`` (N,) float64; ``pairs`` (P, 2) int64 template ids and ``labels`` (P,) int64."""
+
+    root: Path
+    name: str
+    images: np.ndarray
+    templates: np.ndarray
+    media: np.ndarray
+    landmarks: np.ndarray
+    scores: np.ndarray
+    pairs: np.ndarray
+    labels: np.ndarray
+
+    def meta(self, suffix: str) -> Path:
+        """The meta file ``<name><suffix>``."""
+        return self.root / "meta" / f"{self.name}{suffix}"
+
+
+def set_name(root, name: str | None = None) -> str:
+    """``name``, or the only ``<name>`` of a ``*_face_tid_mid.txt`` in ``root/meta``."""
+    meta = Path(root) / "meta"
+    if name is not None and (not name or "/" in name or name in (".", "..")):
+        raise DataError(f"set name {shown(name)}: expected the <name> of {meta}/<name>{FACES}")
+    if name is not None:
+        return name
+    names = sorted(p.name[: -len(FACES)] for p in meta.glob(f"*{FACES}")) if meta.is_dir() else []
+    if len(names) != 1:
+        found = f"sets {', '.join(names)}: choose one" if names else f"no <name>{FACES} in it"
+        raise DataError(f"{meta}: {found}")
+    return names[0]
+
+
+def _read(path: Path, max_bytes: int) -> bytes:
+    if not path.is_file():
+        raise DataError(f"{path}: missing meta file")
+    with open_regular(path, max_bytes) as fh:
+        return fh.read()
+
+
+def _rows(path: Path, columns: int, max_bytes: int):
+    """(line number, fields) of each non-blank line of ``path``, which must have ``columns``."""
+    try:
+        lines = _read(path, max_bytes).decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    for number, line in enumerate(lines, 1):
+        fields = line.split()
+        if fields and len(fields) != columns:
+            raise DataError(f"{path}:{number}: {len(fields)} columns, expected {columns}")
+        if fields:
+            yield number, fields
+
+
+def _number(path, number: int, value: str, kind=float):
+    """``value`` as a finite ``kind`` (float or int), else a DataError naming the line."""
+    try:
+        parsed = kind(value)
+    except ValueError:
+        parsed = math.nan
+    if not math.isfinite(parsed):
+        what = "an integer" if kind is int else "a finite number"
+        raise DataError(f"{path}:{number}: {shown(value)} is not {what}")
+    return parsed
+
+
+def _table(path: Path, columns: int) -> tuple[np.ndarray, list[int]]:
+    """(fields (R, columns) str, line numbers (R,)) of a meta file's non-blank lines."""
+    rows = list(_rows(path, columns, MAX_META_BYTES))
+    return np.array([f for _, f in rows], dtype=str).reshape(-1, columns), [n for n, _ in rows]
+
+
+def _numbers(path, fields: np.ndarray, lines: list[int], kind=float) -> np.ndarray:
+    """``fields`` (R, K) as finite float64 (or int64); value by value only to name a bad one."""
+    try:
+        values = fields.astype(np.int64 if kind is int else np.float64)
+        if np.isfinite(values).all():
+            return values
+    except (ValueError, OverflowError):
+        pass
+    for row, number in zip(fields.tolist(), lines):
+        for value in row:
+            _number(path, number, value, kind)
+    raise DataError(f"{path}: a number NumPy cannot read")
+
+
+def _image_names(path, names: np.ndarray, lines: list[int]) -> dict[str, int]:
+    """{name: row}; names that leave ROOT or repeat are refused."""
+    rows: dict[str, int] = {}
+    for row, name in enumerate(names.tolist()):
+        if name.startswith("/") or ".." in name.split("/"):
+            raise DataError(f"{path}:{lines[row]}: image {shown(name)} is not a path inside ROOT")
+        if rows.setdefault(name, row) != row:
+            raise DataError(
+                f"{path}:{lines[row]}: image {shown(name)} again (line {lines[rows[name]]})"
+            )
+    return rows
+
+
+def _bad_pair(path, known: set) -> DataError:
+    """The first line of a pair list that does not parse or names an unknown template."""
+    for number, fields in _rows(path, 3, MAX_PAIRS_BYTES):
+        first, second, label = (_number(path, number, v, int) for v in fields)
+        if label not in (0, 1):
+            return DataError(f"{path}:{number}: label {label}, expected 0 or 1")
+        for template in (first, second):
+            if template not in known:
+                return DataError(f"{path}:{number}: template {template} has no image")
+    return DataError(f"{path}: not a list of 'template template label' lines")
+
+
+def _pairs(path, known: np.ndarray) -> np.ndarray:
+    """(P, 3) template, template, label; NumPy's parser first, lines read one by one only to
+    name the first bad one (IJB-C's 15.7 million pairs in seconds)."""
+    raw = _read(path, MAX_PAIRS_BYTES)
+    table = np.zeros((0, 3), dtype=np.int64)
+    if raw.strip():
+        try:
+            table = np.loadtxt(io.BytesIO(raw), dtype=np.int64, comments=None, ndmin=2)
+        except (ValueError, OverflowError):
+            table = None
+        if (
+            table is None
+            or table.shape[1:] != (3,)
+            or not np.isin(table[:, 2], (0, 1)).all()
+            or not np.isin(table[:, :2], known).all()
+        ):
+            raise _bad_pair(path, set(known.tolist()))
+    for label, kind in ((1, "genuine"), (0, "impostor")):
+        if not (table[:, 2] == label).any():
+            raise DataError(f"{path}: no {kind} pair (label {label})")
+    return table
+
+
+def _check_images(root: Path, path, names: np.ndarray, lines: list[int]) -> None:
+    """Refuse an image that is missing or reached through a link leaving ``root``."""
+    inside = os.path.realpath(root) + os.sep
+    for name, number in zip(names.tolist(), lines):
+        real = os.path.realpath(root / "loose_crop" / name)
+        if not real.startswith(inside):
+            raise DataError(f"{path}:{number}: image {shown(name)} leaves {root} (a link)")
+        if not os.path.isfile(real):
+            raise DataError(f"{path}:{number}: image {root / 'loose_crop' / name} not found")
+
+
+def read_template_set(root, name: str | None = None) -> TemplateSet:
+    """The set ``name`` (by default the only one) of ``root``, every image checked to exist."""
+    root = Path(root)
+    name = set_name(root, name)
+    meta = root / "meta"
+    faces_path, marks_path = meta / f"{name}{FACES}", meta / f"{name}{LANDMARKS}"
+    faces, face_lines = _table(faces_path, 3)
+    marks, mark_lines = _table(marks_path, 12)
+    ids = _numbers(faces_path, faces[:, 1:], face_lines, int)  # (N, 2)
+    face_rows = _image_names(faces_path, faces[:, 0], face_lines)
+    values = _numbers(marks_path, marks[:, 1:], mark_lines)  # (N, 11)
+    mark_rows = _image_names(marks_path, marks[:, 0], mark_lines)
+    for path, rows, lines, other, others in (
+        (faces_path, face_rows, face_lines, marks_path, mark_rows),
+        (marks_path, mark_rows, mark_lines, faces_path, face_rows),
+    ):
+        missing = next((n for n in rows if n not in others), None)
+        if missing is not None:
+            raise DataError(
+                f"{path}:{lines[rows[missing]]}: image {shown(missing)} is not in {other}"
+            )
+    values = values[[mark_rows[n] for n in face_rows]]  # in the face list's order
+    _check_images(root, faces_path, faces[:, 0], face_lines)
+    table = _pairs(meta / f"{name}{PAIRS}", np.unique(ids[:, 0]))
+    return TemplateSet(
+        root, name, faces[:, 0], ids[:, 0], ids[:, 1], values[:, :10].reshape(-1, 5, 2),
+        values[:, 10], table[:, :2], table[:, 2],
+    )  # fmt: skip
+
+
+def read_face(faces: TemplateSet, index: int) -> torch.Tensor:
+    """Image ``index`` as uint8 RGB (3, H, W), decoded with the project's limits."""
+    try:
+        return read_image(faces.root / "loose_crop" / faces.images[index])
+    except CorruptImageError as err:
+        raise DataError(f"{faces.meta(FACES)}: {err}") from None
