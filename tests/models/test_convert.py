@@ -19,7 +19,14 @@ from facenet.cli import convert
 from facenet.inference.loading import load_model
 from facenet.models.embedding import EmbeddingNet
 from facenet.models.sandberg import graph_state_dict, tf_scope
-from facenet.models.tf_graph import MAX_FILL, GraphError, live_nodes, parse_bundle, parse_graph
+from facenet.models.tf_graph import (
+    MAX_FILL,
+    GraphError,
+    Node,
+    live_nodes,
+    parse_bundle,
+    parse_graph,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SIZE, DIM = 75, 64  # the smallest input the network takes; a head narrower than 512
@@ -164,6 +171,12 @@ def test_tf_cond_runs_the_branch_its_predicate_picks(train):
         assert ancestors == set(nodes)
         assert ancestors - live == ({"a", "two"} if train else {"b", "three", "switch_t", "p"})
     assert run_graph(placeholder, {"x": 5.0, **feed}, "m") == (15 if train else 10)
+    floor = {**placeholder, "b": Node("b", "Floor", ("s:1",))}  # an op the interpreter lacks
+    if train:
+        with pytest.raises(NotImplementedError, match="'b': Floor on a live path"):
+            run_graph(floor, {"x": 5.0, **feed}, "m")
+    else:
+        assert run_graph(floor, {"x": 5.0, **feed}, "m") == 10
     with pytest.raises(GraphError, match="switches on 'x', which is neither"):
         live_nodes(_cond_graph(node_def("phase_train", "Identity", ["x"])), "m", feed)
 
