@@ -4,11 +4,12 @@ and TensorFlow checkpoints (tensor bundles) of given variables.
 Written from davidsandberg/facenet src/models/inception_resnet_v1.py (commit 05849dd04c,
 scopes, layer order, SAME/VALID paddings, residual scales, the bottleneck) and from the frozen
 20180408-102900 graph's node layout (BatchNorms folded into the kernels plus a
-``Conv2D_bn_offset``, or kept as FusedBatchNorm nodes with ``folded=False``), independently of
-the converter. The wire format follows tensorflow/core/framework/*.proto; a bundle's index is
-an uncompressed LevelDB table (leveldb's doc/table_format.md) of BundleEntryProto
-(tensorflow/core/protobuf/tensor_bundle.proto).
-"""
+``Conv2D_bn_offset``; "variables": kept as FusedBatchNorm nodes), independently of the
+converter. "release": what src/freeze_graph.py (at 096ed770f1) writes, from TF 1.x slim's
+batch_norm (fused, updates_collections None), dropout and tf.cond: both branches of each cond
+on ``phase_train``. Wire format: tensorflow/core/framework/*.proto; a bundle's index is an
+uncompressed LevelDB table (leveldb's doc/table_format.md) of BundleEntryProto
+(tensorflow/core/protobuf/tensor_bundle.proto)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import struct
 import numpy as np
 
 _R = "InceptionResnetV1"
-_DTYPE = {np.dtype("float32"): 1, np.dtype("int32"): 3, np.dtype("int64"): 9}
+_DTYPE = {np.dtype("float32"): 1, np.dtype("int32"): 3, np.dtype("int64"): 9, np.dtype(bool): 10}
+PHASE = "phase_train"
 
 
 def varint(n: int) -> bytes:
@@ -72,14 +74,22 @@ def node_def(name: str, op: str, inputs=(), **attrs) -> bytes:
     return body
 
 
+def _nth(i: int) -> str:
+    """TensorFlow's suffix for the i-th node of one name: "", "_1", "_2", ..."""
+    return f"_{i}" if i else ""
+
+
 class SandbergGraph:
     """The graph's nodes as (name, NodeDef bytes), in building order; ``bytes()`` joins them."""
 
-    def __init__(self, seed: int = 0, embedding_dim: int = 512, size: int = 160, folded=True):
-        self.rng, self.folded, self.nodes = np.random.default_rng(seed), folded, []
+    def __init__(self, seed=0, embedding_dim=512, size=160, form="folded"):
+        self.rng, self.form, self.nodes = np.random.default_rng(seed), form, []
         self.constants: dict[str, np.ndarray] = {}  # the float ones, by name
+        self.training: set[str] = set()  # float constants on the training branches
         self.embedding_dim, self.size = embedding_dim, size
         self.add("input", "Placeholder", dtype=1, shape=(1, size, size, 3))
+        if form == "release":
+            self.add(PHASE, "Placeholder", dtype=10, shape=())
         self._network()
 
     def add(self, name: str, op: str, inputs=(), **attrs) -> str:
@@ -89,9 +99,18 @@ class SandbergGraph:
     def __bytes__(self) -> bytes:
         return b"".join(field(1, body) for _, body in self.nodes)
 
-    def const(self, name: str, array) -> str:
+    def const(self, name: str, array, control: str = "") -> str:
+        """A float constant; ``control``: the cond branch (``switch_t``) it lives on."""
         self.constants[name] = np.asarray(array)
-        return self.add(name, "Const", value=np.asarray(array), dtype=1)
+        if control.endswith("switch_t"):
+            self.training.add(name)
+        inputs = [f"^{control}"] if control else []
+        return self.add(name, "Const", inputs, value=np.asarray(array), dtype=1)
+
+    def variable(self, name: str, array) -> str:
+        """A frozen variable, read through its ``/read`` Identity in a release graph."""
+        self.const(name, array)
+        return self.add(f"{name}/read", "Identity", [name]) if self.form == "release" else name
 
     def random(self, *shape: int, scale: float = 1.0) -> np.ndarray:
         return (self.rng.standard_normal(shape) * scale).astype(np.float32)
@@ -103,33 +122,110 @@ class SandbergGraph:
         conv = self.add(
             f"{scope}/Conv2D",
             "Conv2D",
-            [x, self.const(f"{scope}/weights", w)],
+            [x, self.variable(f"{scope}/weights", w)],
             strides=[1, stride, stride, 1],
             padding=padding,
             data_format="NHWC",
         )
         bn = f"{scope}/BatchNorm/cond/FusedBatchNorm_1"
-        if self.folded:
+        if self.form == "folded":
             self.add(
                 bn,
                 "BiasAdd",
                 [conv, self.const(f"{scope}/Conv2D_bn_offset", self.random(cout, scale=0.1))],
             )
+        elif self.form == "release":
+            bn = self.cond_batch_norm(scope, conv, cout)
         else:
             self.batch_norm(scope, conv, cout, bn)
         return self.add(f"{scope}/Relu", "Relu", [bn])
 
+    def bn_params(self, scope, depth) -> list[str]:
+        """gamma (ones: no scale), beta, moving mean and variance of ``scope``'s BatchNorm."""
+        return [
+            self.const(f"{scope}/BatchNorm/Const", np.ones(depth, np.float32)),
+            self.variable(f"{scope}/BatchNorm/beta", self.random(depth, scale=0.1)),
+            self.variable(f"{scope}/BatchNorm/moving_mean", self.random(depth, scale=0.1)),
+            self.variable(
+                f"{scope}/BatchNorm/moving_variance", 0.5 + self.rng.random(depth, np.float32)
+            ),
+        ]
+
     def batch_norm(self, scope, x, depth, name) -> str:
-        gamma = self.const(f"{scope}/BatchNorm/Const", np.ones(depth, np.float32))
-        beta = self.const(f"{scope}/BatchNorm/beta", self.random(depth, scale=0.1))
-        mean = self.const(f"{scope}/BatchNorm/moving_mean", self.random(depth, scale=0.1))
-        var = self.const(
-            f"{scope}/BatchNorm/moving_variance", 0.5 + self.rng.random(depth, np.float32)
-        )
-        inputs = [x, gamma, beta, mean, var]
+        inputs = [x, *self.bn_params(scope, depth)]
         return self.add(
             name, "FusedBatchNorm", inputs, epsilon=1e-3, is_training=False, data_format="NHWC"
         )
+
+    def cond(self, scope) -> str:
+        """tf.cond's predicate nodes under ``scope``; returns ``pred_id``."""
+        switch = self.add(f"{scope}/Switch", "Switch", [PHASE, PHASE])
+        self.add(f"{scope}/switch_t", "Identity", [f"{switch}:1"])
+        self.add(f"{scope}/switch_f", "Identity", [switch])
+        return self.add(f"{scope}/pred_id", "Identity", [PHASE])
+
+    def switch(self, name, x, pred, branch: int) -> str:
+        """``x`` taken into a cond branch: the Switch's output 1 (true) or 0 (false)."""
+        self.add(name, "Switch", [x, pred])
+        return f"{name}:1" if branch else name
+
+    def cond_batch_norm(self, scope, x, depth) -> str:
+        """slim.batch_norm(is_training=phase_train): the batch's statistics (empty mean and
+        variance constants) when true, the moving ones when false, merged; then cond_1."""
+        params, at = self.bn_params(scope, depth), f"{scope}/BatchNorm/cond"
+        pred, attrs = self.cond(at), {"epsilon": 1e-3, "data_format": "NHWC"}
+        train = [self.switch(f"{at}/FusedBatchNorm/Switch" + _nth(i), v, pred, 1)
+                 for i, v in enumerate([x, *params[:2]])]  # fmt: skip
+        train += [self.const(f"{at}/Const{s}", np.zeros(0, np.float32), f"{at}/switch_t")
+                  for s in ("", "_1")]  # fmt: skip
+        train = self.add(f"{at}/FusedBatchNorm", "FusedBatchNorm", train, is_training=True, **attrs)
+        infer = [self.switch(f"{at}/FusedBatchNorm_1/Switch" + _nth(i), v, pred, 0)
+                 for i, v in enumerate([x, *params])]  # fmt: skip
+        infer = self.add(
+            f"{at}/FusedBatchNorm_1", "FusedBatchNorm", infer, is_training=False, **attrs
+        )
+        merges = [
+            self.add(f"{at}/Merge{s}", "Merge", [f"{infer}{p}", f"{train}{p}"], N=2)
+            for s, p in ((_nth(i), f":{i}" if i else "") for i in range(3))
+        ]
+        return self.forced_updates(f"{scope}/BatchNorm/cond_1", merges, params[2:])
+
+    def forced_updates(self, at, merges, moving) -> str:
+        """updates_collections None: a second cond whose true branch assigns the moving
+        averages (AssignSub, made Sub by freeze_graph.py) before passing the output on."""
+        pred, updates = self.cond(at), []
+        for i, (variable, stat) in enumerate(zip(moving, merges[1:])):
+            scope = f"{at}/AssignMovingAvg" + _nth(i)
+            variable = self.switch(f"{scope}/Switch", variable, pred, 1)  # a RefSwitch, renamed
+            stat = self.switch(f"{scope}/sub/Switch", stat, pred, 1)
+            decay = self.const(f"{scope}/decay", np.float32(1 - 0.995), f"{at}/switch_t")
+            delta = self.add(f"{scope}/sub", "Sub", [variable, stat])
+            delta = self.add(f"{scope}/mul", "Mul", [delta, decay])
+            updates.append(self.add(scope, "Sub", [variable, delta]))
+        out = self.switch(f"{at}/Identity/Switch", merges[0], pred, 1)
+        out = self.add(f"{at}/Identity", "Identity", [out, *(f"^{u}" for u in updates)])
+        kept = self.switch(f"{at}/Switch_1", merges[0], pred, 0)
+        return self.add(f"{at}/Merge", "Merge", [kept, out], N=2)
+
+    def dropout(self, x) -> str:
+        """slim.dropout(keep_prob 0.8, is_training=phase_train): x / keep * floor(keep + U[0, 1))
+        when true, x when false."""
+        at = f"{_R}/Logits/Dropout/cond"
+        pred, branch = self.cond(at), f"{at}/switch_t"
+        kept = self.switch(f"{at}/Identity/Switch", x, pred, 0)
+        kept = self.add(f"{at}/Identity", "Identity", [kept])
+        x, d = self.switch(f"{at}/dropout/Shape/Switch", x, pred, 1), f"{at}/dropout"
+        keep = self.const(f"{d}/keep_prob", np.float32(0.8), branch)
+        low = self.const(f"{d}/random_uniform/min", np.float32(0), branch)
+        high = self.const(f"{d}/random_uniform/max", np.float32(1), branch)
+        u = self.add(f"{d}/random_uniform/RandomUniform", "RandomUniform",
+                     [self.add(f"{d}/Shape", "Shape", [x])], dtype=1)  # fmt: skip
+        span = self.add(f"{d}/random_uniform/sub", "Sub", [high, low])
+        u = self.add(f"{d}/random_uniform/mul", "Mul", [u, span])
+        u = self.add(f"{d}/random_uniform", "Add", [u, low])
+        mask = self.add(f"{d}/Floor", "Floor", [self.add(f"{d}/add", "Add", [keep, u])])
+        out = self.add(f"{d}/mul", "Mul", [self.add(f"{d}/div", "RealDiv", [x, keep]), mask])
+        return self.add(f"{at}/Merge", "Merge", [kept, out], N=2)
 
     def pool(self, scope, x, op="MaxPool", k=3, stride=2) -> str:
         attrs = {"ksize": [1, k, k, 1], "strides": [1, stride, stride, 1], "padding": "VALID"}
@@ -163,7 +259,7 @@ class SandbergGraph:
         conv = self.add(
             f"{up}/Conv2D",
             "Conv2D",
-            [self.concat(scope, outs), self.const(f"{up}/weights", w)],
+            [self.concat(scope, outs), self.variable(f"{up}/weights", w)],
             strides=[1, 1, 1, 1],
             padding="SAME",
             data_format="NHWC",
@@ -171,7 +267,7 @@ class SandbergGraph:
         up = self.add(
             f"{up}/BiasAdd",
             "BiasAdd",
-            [conv, self.const(f"{up}/biases", self.random(cin, scale=0.1))],
+            [conv, self.variable(f"{up}/biases", self.random(cin, scale=0.1))],
         )
         mul = self.add(f"{scope}/mul", "Mul", [self.const(f"{scope}/mul/x", np.float32(scale)), up])
         out = self.add(f"{scope}/add", "Add", [x, mul])
@@ -205,8 +301,9 @@ class SandbergGraph:
             f"{_R}/Logits/Flatten/shape", "Const", value=np.array([-1, features], np.int32), dtype=3
         )
         x = self.add(f"{_R}/Logits/Flatten/Reshape", "Reshape", [x, flat])
+        x = self.dropout(x) if self.form == "release" else x
         d, scope = self.embedding_dim, f"{_R}/Bottleneck"
-        w = self.const(f"{scope}/weights", self.random(features, d, scale=features**-0.5))
+        w = self.variable(f"{scope}/weights", self.random(features, d, scale=features**-0.5))
         x = self.add(f"{scope}/MatMul", "MatMul", [x, w], transpose_a=False, transpose_b=False)
         shape4 = self.add(
             f"{scope}/BatchNorm/Reshape/shape",
@@ -215,7 +312,10 @@ class SandbergGraph:
             dtype=3,
         )
         x = self.add(f"{scope}/BatchNorm/Reshape", "Reshape", [x, shape4])
-        x = self.batch_norm(scope, x, d, f"{scope}/BatchNorm/cond/FusedBatchNorm_1")
+        if self.form == "release":
+            x = self.cond_batch_norm(scope, x, d)
+        else:
+            x = self.batch_norm(scope, x, d, f"{scope}/BatchNorm/cond/FusedBatchNorm_1")
         shape2 = self.add(
             f"{scope}/BatchNorm/Shape", "Const", value=np.array([-1, d], np.int32), dtype=3
         )

@@ -4,7 +4,9 @@ Written from TensorFlow's op definitions (tensorflow/core/ops/nn_ops.cc, math_op
 array_ops.cc: NHWC tensors, HWIO kernels, "SAME" padding of ceil(in / stride) outputs with the
 odd pixel after, pooling that averages over the window's valid pixels only) and independent of
 the converter: it runs the graph's nodes as they are, folded BatchNorms, Mul/Add residuals and
-l2_normalize's Square/Sum/Maximum/Rsqrt included.
+l2_normalize's Square/Sum/Maximum/Rsqrt included. tf.cond's Switch and Merge follow
+TensorFlow's dead-tensor rule (tensorflow/core/common_runtime/executor.cc, control_flow_ops.py):
+only the branch its predicate picks runs; an op on a live path outside OPS is refused.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def pool(x: np.ndarray, attrs: dict, reduce) -> np.ndarray:
 
 def _batch_norm(x, scale, offset, mean, var, attrs):
     assert not attrs.get("is_training", True), "only inference BatchNorms"
-    return (x - mean) / np.sqrt(var + attrs.get("epsilon", 1e-4)) * scale + offset
+    return (x - mean) / np.sqrt(var + attrs.get("epsilon", 1e-4)) * scale + offset, mean, var
 
 
 def _concat(*args):
@@ -82,26 +84,59 @@ OPS = {
 }
 
 
+DEAD = None  # a node none of whose outputs TensorFlow computes
+
+
+def _input(text: str) -> tuple[str, int, bool]:
+    """``name``, ``name:port`` or ``^name`` -> (name, port, is a control input)."""
+    name, _, port = text.lstrip("^").partition(":")
+    return name, int(port or 0), text.startswith("^")
+
+
+def _run(node, args: list, control_dead: bool):
+    """The node's outputs (a tuple), or DEAD."""
+    if node.op == "Merge":  # (the first live input, its index)
+        live = [(a, i) for i, a in enumerate(args) if a is not DEAD]
+        return live[0] if live else DEAD
+    if control_dead or any(a is DEAD for a in args):
+        return DEAD
+    if node.op == "Switch":  # (output_false, output_true)
+        x, pred = args
+        return (DEAD, x) if bool(pred) else (x, DEAD)
+    if node.op == "Const":
+        value = node.attrs["value"]
+        return (value.astype(np.float64) if value.dtype.kind == "f" else value,)
+    if node.op not in OPS:
+        raise NotImplementedError(f"{node.name!r}: {node.op} on a live path")
+    out = OPS[node.op](node.attrs, *args)
+    return out if isinstance(out, tuple) else (out,)
+
+
 def run_graph(nodes: dict, feeds: dict[str, np.ndarray], output: str) -> np.ndarray:
-    """The value of node ``output``, every node it depends on evaluated once in topological
-    order (float64 throughout; control inputs ``^name`` only order)."""
-    values = {name: np.asarray(v, np.float64) for name, v in feeds.items()}
+    """The value of node ``output``, every node it depends on (data and control inputs)
+    evaluated once in topological order (float64 throughout; a boolean feed such as
+    ``phase_train`` as it is)."""
+    values = {}
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        values[name] = (value.astype(np.float64) if value.dtype.kind == "f" else value,)
     stack = [output]
     while stack:
         name = stack[-1]
         if name in values:
             stack.pop()
             continue
-        node = nodes[name]
-        inputs = [i.split(":")[0] for i in node.inputs if not i.startswith("^")]
-        pending = [i for i in inputs if i not in values]
+        refs = [_input(i) for i in nodes[name].inputs]
+        pending = [ref[0] for ref in refs if ref[0] not in values]
         if pending:
             stack.extend(pending)
             continue
-        if node.op == "Const":
-            value = node.attrs["value"]
-            values[name] = value if value.dtype.kind == "i" else value.astype(np.float64)
-        else:
-            values[name] = OPS[node.op](node.attrs, *(values[i] for i in inputs))
+        args = [
+            DEAD if values[n] is DEAD else values[n][port]
+            for n, port, control in refs
+            if not control
+        ]
+        control_dead = any(values[n] is DEAD for n, _, control in refs if control)
+        values[name] = _run(nodes[name], args, control_dead)
         stack.pop()
-    return values[output]
+    return values[output][0]

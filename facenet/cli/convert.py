@@ -1,13 +1,13 @@
 """Convert sandberg's Inception-ResNet-v1 to our weights: ``SRC DST``, without TensorFlow.
 
-SRC is davidsandberg/facenet's frozen graph ``.pb`` (its batch norms as variables, or folded
-into the kernels by TensorFlow's graph tools) or checkpoint (``model-*.ckpt-N`` or its
-``.index``, next to its ``.data-00000-of-00001``; other variables, such as the classifier's
-and the optimizer's, are left out); DST is a weights export
-(``facenet.inference.loading.save_weights``: inception_resnet_v1, the graph's embedding width,
-its input size, "fixed" standardisation (x - 127.5) / 128) that ``load_model``,
-``--checkpoint`` and ``model.weights`` read. Every parameter comes from SRC, and every float
-constant of a graph is used, or nothing is written.
+SRC is davidsandberg/facenet's frozen graph ``.pb`` (a release graph, run with phase_train
+False: its training branches are left out; or its batch norms folded into the kernels by
+TensorFlow's graph tools) or checkpoint (``model-*.ckpt-N`` or its ``.index``, next to its
+``.data-00000-of-00001``; other variables, such as the classifier's and the optimizer's, are
+left out); DST is a weights export (``facenet.inference.loading.save_weights``:
+inception_resnet_v1, the graph's embedding width, its input size, "fixed" standardisation
+(x - 127.5) / 128) that ``load_model``, ``--checkpoint`` and ``model.weights`` read. Every
+parameter comes from SRC, and every float constant a graph runs is used, or nothing is written.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ def read_sandberg(src) -> tuple[dict, int, str]:
     try:
         if str(src).endswith(".pb"):
             nodes = parse_graph(_read(src))
-            state, size = graph_state_dict(nodes)
-            return state, size, f"{len(nodes)} nodes"
+            state, size, ignored = graph_state_dict(nodes)
+            dead = f" ({ignored} constants of phase_train's training branches left out)"
+            return state, size, f"{len(nodes)} nodes" + (dead if ignored else "")
         prefix = str(src).removesuffix(".index")
         tensors = parse_bundle(_read(f"{prefix}.index"), _read(f"{prefix}.data-00000-of-00001"))
         state, used = sandberg_state_dict(tensors)

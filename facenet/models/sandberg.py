@@ -3,7 +3,8 @@ TensorFlow variables onto :class:`EmbeddingNet` ("inception_resnet_v1"): the nam
 correspondence is facenet-pytorch's (models/utils/tensorflow2pytorch.py at 0093a5a9f0), whose
 module names are ours. A convolution's BatchNorm comes as its variables (``BatchNorm/beta``,
 ``moving_mean``, ``moving_variance``: sandberg's batch norms have no scale) or folded into the
-kernel by TensorFlow's graph tools (a scaled kernel plus ``Conv2D_bn_offset``).
+kernel by TensorFlow's graph tools (a scaled kernel plus ``Conv2D_bn_offset``); a release
+graph's training branches (tf.cond on ``phase_train``) are left out.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from torch import nn
 
 from facenet.models.backbones.inception_resnet_v1 import BN_EPS, ResidualBlock
 from facenet.models.embedding import EmbeddingNet
-from facenet.models.tf_graph import Node
+from facenet.models.tf_graph import Node, live_nodes
 
 ROOT = "InceptionResnetV1"
+OUTPUT, PHASE_TRAIN = "embeddings", "phase_train"  # sandberg's train_softmax.py names
 # Non-parameter constants a frozen graph may hold: tf.nn.l2_normalize's epsilon.
 GRAPH_EXTRAS = ("embeddings/Maximum/y",)
 _BOTTLENECK = "Bottleneck/weights"
@@ -144,27 +146,44 @@ def sandberg_state_dict(tensors: Mapping[str, np.ndarray]) -> tuple[dict, set[st
     return out, take.used
 
 
-def graph_state_dict(nodes: Mapping[str, Node]) -> tuple[dict, int]:
-    """:func:`sandberg_state_dict` of a frozen graph's float constants, every one of them used
-    (l2_normalize's epsilon aside), and the input size its placeholder declares (else 160)."""
-    consts = {
-        name: node.attrs.get("value")
+def _check_batch_norms(nodes: Mapping[str, Node], live: set) -> None:
+    """The live FusedBatchNorms (the bottleneck's, and the convolutions' when not folded) must
+    use the moving statistics and our epsilon."""
+    for name, node in nodes.items():
+        if name not in live or not node.op.startswith("FusedBatchNorm"):
+            continue
+        if node.attrs.get("is_training", True):  # TensorFlow's default
+            raise MappingError(f"{name!r} normalises with the batch's statistics: a training graph")
+        if node.attrs.get("epsilon") != np.float32(BN_EPS):
+            raise MappingError(
+                f"{name!r} has epsilon {node.attrs.get('epsilon')}; ours is {BN_EPS}"
+            )
+
+
+def graph_state_dict(nodes: Mapping[str, Node]) -> tuple[dict, int, int]:
+    """:func:`sandberg_state_dict` of the float constants TensorFlow runs to compute
+    ``embeddings`` with ``phase_train`` False, every one of them used (l2_normalize's epsilon
+    aside); the input size a 4-d placeholder declares (else 160); and the number of constants
+    ignored on dead branches (sandberg's release graphs keep each batch norm's and dropout's
+    training branch as a tf.cond on ``phase_train``)."""
+    if OUTPUT not in nodes:
+        raise MappingError(f"no node {OUTPUT!r}: not sandberg's Inception-ResNet-v1")
+    ancestors, live = live_nodes(dict(nodes), OUTPUT, {PHASE_TRAIN: False})
+    floats = [
+        name
         for name, node in nodes.items()
         if node.op == "Const" and getattr(node.attrs.get("value"), "dtype", None) == np.float32
-    }
-    state, used = sandberg_state_dict(consts)
-    for node in nodes.values():  # the bottleneck's, and the convolutions' when not folded
-        if node.op.startswith("FusedBatchNorm") and node.attrs.get("epsilon") != np.float32(BN_EPS):
-            raise MappingError(
-                f"{node.name!r} has epsilon {node.attrs.get('epsilon')}; ours is {BN_EPS}"
-            )
-    unused = [name for name in consts if name not in used and name not in GRAPH_EXTRAS]
+    ]
+    _check_batch_norms(nodes, live)
+    state, used = sandberg_state_dict({n: nodes[n].attrs["value"] for n in floats if n in live})
+    ignored = {name for name in floats if name in ancestors and name not in live}
+    unused = [n for n in floats if n not in used and n not in ignored and n not in GRAPH_EXTRAS]
     if unused:
         raise MappingError(
             f"{len(unused)} constant(s) sandberg's Inception-ResNet-v1 does not have, such as "
             f"{unused[0]!r}"
         )
     shapes = [n.attrs.get("shape") for n in nodes.values() if n.op == "Placeholder"]
-    dims = shapes[0] if len(shapes) == 1 and isinstance(shapes[0], tuple) else ()
-    size = dims[1] if len(dims) == 4 and dims[1] == dims[2] and 75 <= dims[1] <= 4096 else 160
-    return state, size
+    dims = [s for s in shapes if isinstance(s, tuple) and len(s) == 4]
+    size = dims[0][1] if len(dims) == 1 and dims[0][1] == dims[0][2] else 160
+    return state, size if 75 <= size <= 4096 else 160, len(ignored)

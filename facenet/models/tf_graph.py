@@ -1,7 +1,8 @@
 """TensorFlow's frozen graphs (``GraphDef`` ``.pb``) read without TensorFlow, from the protobuf
 wire format, field numbers from tensorflow/core/framework/{graph,node_def,attr_value,tensor,
-tensor_shape}.proto. Only what a frozen inference graph needs: nodes (name, op, inputs, attrs)
-and float32/int32 constants. Every length, varint and declared shape is checked against the
+tensor_shape}.proto. Only what a frozen inference graph needs: nodes (name, op, inputs, attrs),
+float32/int32/bool constants, and which nodes TensorFlow runs when its boolean placeholders are
+fed (tf.cond's Switch/Merge). Every length, varint and declared shape is checked against the
 bytes that hold it before anything is allocated.
 """
 
@@ -13,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAX_FILL = 2**20  # elements one value may fill (TensorProto's version 0; not fewer than all)
-_DTYPES = {1: np.dtype("<f4"), 3: np.dtype("<i4")}  # types.proto: DT_FLOAT, DT_INT32
+DT_BOOL = 10
+_DTYPES = {1: np.dtype("<f4"), 3: np.dtype("<i4"), DT_BOOL: np.dtype("?")}  # types.proto
 
 
 class GraphError(ValueError):
@@ -104,9 +106,10 @@ def _int_values(buf: bytes, items: list) -> np.ndarray:
 
 
 def _tensor(buf: bytes, span) -> np.ndarray | None:
-    """TensorProto: dtype 1, tensor_shape 2, tensor_content 4, float_val 5, int_val 7; None for
-    another dtype. The element count is checked against the bytes before allocating."""
-    dtype, shape, content, items = 0, (), None, {5: [], 7: []}
+    """TensorProto: dtype 1, tensor_shape 2, tensor_content 4, float_val 5, int_val 7, bool_val
+    11; None for another dtype. The element count is checked against the bytes before
+    allocating."""
+    dtype, shape, content, items = 0, (), None, {5: [], 7: [], 11: []}
     for number, wire, value in _fields(buf, *span):
         if number == 1 and wire == 0:
             dtype = value
@@ -128,7 +131,7 @@ def _tensor(buf: bytes, span) -> np.ndarray | None:
     if dtype == 1:
         values = _floats(buf, items[5])
     else:
-        values = _int_values(buf, items[7]).astype(kind)
+        values = _int_values(buf, items[11 if dtype == DT_BOOL else 7]).astype(kind)
     if len(values) != count and not (len(values) == 1 and count <= MAX_FILL):
         raise GraphError(f"a constant of shape {shape} holds {len(values)} values")
     return np.broadcast_to(values, (count,)).reshape(shape)
@@ -207,6 +210,80 @@ def parse_graph(buf: bytes) -> dict[str, Node]:
     if not nodes:
         raise GraphError("not a TensorFlow GraphDef (no nodes)")
     return nodes
+
+
+def _ref(text: str) -> tuple[str, int, bool]:
+    """An input ``name``, ``name:port`` or ``^name`` (a control input) as (name, port, control)."""
+    if text.startswith("^"):
+        return text[1:], 0, True
+    name, _, port = text.partition(":")
+    if not (port or "0").isdigit():
+        raise GraphError(f"an input {text!r} whose output port is not a number")
+    return name, int(port or 0), False
+
+
+def _predicate(nodes: dict[str, Node], switch: Node, feeds: dict[str, bool]) -> bool:
+    """The value of ``switch``'s predicate: a boolean placeholder in ``feeds`` or a boolean
+    constant, reached through Identity nodes (tf.cond's ``pred_id``)."""
+    name, seen = (_ref(switch.inputs[1])[0] if len(switch.inputs) == 2 else ""), set()
+    while name in nodes and nodes[name].op == "Identity" and nodes[name].inputs:
+        if name in seen:
+            break
+        seen.add(name)
+        name = _ref(nodes[name].inputs[0])[0]
+    node = nodes.get(name, Node("?", "?", ()))
+    if name in feeds and node.op.startswith("Placeholder") and node.attrs.get("dtype") == DT_BOOL:
+        return feeds[name]
+    value = node.attrs.get("value") if node.op == "Const" else None
+    if isinstance(value, np.ndarray) and value.dtype == bool and value.size == 1:
+        return bool(value.reshape(()))
+    raise GraphError(
+        f"{switch.name!r} switches on {name!r}, which is neither the boolean placeholder "
+        f"{' or '.join(map(repr, feeds))} nor a boolean constant"
+    )
+
+
+def live_nodes(nodes: dict[str, Node], output: str, feeds: dict[str, bool]) -> tuple[set, set]:
+    """(ancestors, live): the nodes ``output`` depends on (data and control inputs), and those
+    of them whose values reach it when TensorFlow runs with ``feeds`` giving its boolean
+    placeholders. TensorFlow's dead-tensor rule (control_flow_ops.py, executor.cc): a Switch
+    forwards its input to output 1 when its predicate is true, else to output 0, the other
+    output is dead; a node with a dead input is dead, except a Merge, live when any data input
+    is. Inputs that are not in the graph count as live (whoever needs them names them).
+    GraphError for a cycle (a loop) or a Switch on another predicate."""
+    dead: dict[str, bool] = {}
+    ports: dict[str, int] = {}  # each Switch's live output
+    state: dict[str, int] = {}  # 1: its inputs being visited, 2: done
+
+    def live(name: str, port: int, control: bool) -> bool:
+        if name not in nodes:
+            return True
+        return not dead[name] and (control or ports.get(name, port) == port)
+
+    stack = [(output, False)]
+    while stack:
+        name, expanded = stack.pop()
+        if name not in nodes or state.get(name) == 2:
+            continue
+        node, refs = nodes[name], [_ref(i) for i in nodes[name].inputs]
+        if not expanded:
+            if state.get(name) == 1:
+                raise GraphError(f"a cycle through {name!r}, which a frozen graph does not have")
+            state[name] = 1
+            stack.append((name, True))
+            stack.extend((ref[0], False) for ref in refs if state.get(ref[0]) != 2)
+            continue
+        flags = [live(*ref) for ref in refs if node.op != "Merge" or not ref[2]]
+        dead[name], state[name] = not (any if node.op == "Merge" else all)(flags), 2
+        if node.op == "Switch":
+            ports[name] = int(_predicate(nodes, node, feeds))
+    reached, stack = set(), [output] if not dead.get(output, True) else []
+    while stack:  # back from the output along live tensors only
+        name = stack.pop()
+        if name in nodes and name not in reached:
+            reached.add(name)
+            stack.extend(ref[0] for ref in map(_ref, nodes[name].inputs) if live(*ref))
+    return set(dead), reached
 
 
 # --------------------------------------------------------------------------- checkpoints

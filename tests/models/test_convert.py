@@ -19,7 +19,14 @@ from facenet.cli import convert
 from facenet.inference.loading import load_model
 from facenet.models.embedding import EmbeddingNet
 from facenet.models.sandberg import graph_state_dict, tf_scope
-from facenet.models.tf_graph import MAX_FILL, GraphError, parse_bundle, parse_graph
+from facenet.models.tf_graph import (
+    MAX_FILL,
+    GraphError,
+    Node,
+    live_nodes,
+    parse_bundle,
+    parse_graph,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SIZE, DIM = 75, 64  # the smallest input the network takes; a head narrower than 512
@@ -35,6 +42,13 @@ def graph_file(graph, tmp_path_factory):
     path = tmp_path_factory.mktemp("graph") / "frozen.pb"
     path.write_bytes(bytes(graph))
     return path
+
+
+@pytest.fixture(scope="module")
+def release() -> SandbergGraph:
+    """The form sandberg's freeze_graph.py writes: tf.cond on phase_train in every batch norm
+    and in dropout, both branches kept."""
+    return SandbergGraph(seed=4, embedding_dim=DIM, size=SIZE, form="release")
 
 
 def _inputs(n: int = 2, size: int = SIZE) -> np.ndarray:
@@ -115,14 +129,107 @@ def test_the_converted_graph_equals_its_own_operations(graph, graph_file, tmp_pa
 
 
 def test_batch_norms_kept_as_variables_convert_too():
-    graph = SandbergGraph(seed=1, embedding_dim=DIM, size=SIZE, folded=False)
+    graph = SandbergGraph(seed=1, embedding_dim=DIM, size=SIZE, form="variables")
     nodes = parse_graph(bytes(graph))
-    state, size = graph_state_dict(nodes)
+    state, size, ignored = graph_state_dict(nodes)
     model = EmbeddingNet("inception_resnet_v1", DIM).eval()
     model.load_state_dict(state)
     x = _inputs(1)
-    assert size == SIZE
+    assert (size, ignored) == (SIZE, 0)
     assert np.abs(_ours(model, x) - run_graph(nodes, {"input": x}, "embeddings")).max() <= 1e-5
+
+
+# --------------------------------------------------------------------------- release graphs
+
+
+def _cond_graph(predicate: bytes) -> dict:
+    """m = Merge(2 x on phase_train's false branch, 3 x on its true one), ``predicate`` the
+    node named phase_train; 3 a constant of the true branch (a control input)."""
+    nodes = [
+        node_def("x", "Placeholder", dtype=1),
+        predicate,
+        node_def("pred_id", "Identity", ["phase_train"]),
+        node_def("s", "Switch", ["x", "pred_id"]),
+        node_def("p", "Switch", ["phase_train", "phase_train"]),
+        node_def("switch_t", "Identity", ["p:1"]),
+        node_def("two", "Const", value=np.array(2, np.float32), dtype=1),
+        node_def("three", "Const", ["^switch_t"], value=np.array(3, np.float32), dtype=1),
+        node_def("a", "Mul", ["s", "two"]),
+        node_def("b", "Mul", ["s:1", "three"]),
+        node_def("m", "Merge", ["a", "b"], N=2),
+    ]
+    return parse_graph(b"".join(field(1, n) for n in nodes))
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_tf_cond_runs_the_branch_its_predicate_picks(train):
+    feed = {"phase_train": train}
+    placeholder = _cond_graph(node_def("phase_train", "Placeholder", dtype=10))
+    constant = _cond_graph(node_def("phase_train", "Const", value=np.array(train), dtype=10))
+    for nodes in (placeholder, constant):
+        ancestors, live = live_nodes(nodes, "m", feed)
+        assert ancestors == set(nodes)
+        assert ancestors - live == ({"a", "two"} if train else {"b", "three", "switch_t", "p"})
+    assert run_graph(placeholder, {"x": 5.0, **feed}, "m") == (15 if train else 10)
+    floor = {**placeholder, "b": Node("b", "Floor", ("s:1",))}  # an op the interpreter lacks
+    if train:
+        with pytest.raises(NotImplementedError, match="'b': Floor on a live path"):
+            run_graph(floor, {"x": 5.0, **feed}, "m")
+    else:
+        assert run_graph(floor, {"x": 5.0, **feed}, "m") == 10
+    with pytest.raises(GraphError, match="switches on 'x', which is neither"):
+        live_nodes(_cond_graph(node_def("phase_train", "Identity", ["x"])), "m", feed)
+
+
+def test_a_release_graph_runs_its_inference_branches(release, tmp_path, capsys):
+    src, out = tmp_path / "release.pb", tmp_path / "model.pt"
+    src.write_bytes(bytes(release))
+    code, printed, err = _convert(capsys, src, out)
+    assert code == 0, err
+    # 4 per batch norm (the batch's empty statistics, two decays; 111 convolutions' and the
+    # bottleneck's) and dropout's 3 (keep_prob, the uniform's bounds)
+    assert len(release.training) == 4 * 112 + 3
+    assert f"({len(release.training)} constants of phase_train's training branches" in printed
+    x = _inputs(1)
+    reference = run_graph(
+        parse_graph(bytes(release)), {"input": x, "phase_train": False}, "embeddings"
+    )
+    assert np.abs(_ours(load_model(out).model, x) - reference).max() <= 1e-5
+    # The same with phase_train the constant False, or a training-branch constant that runs
+    # (no control input) but feeds only the dead branch: what reaches the output counts.
+    ours = torch.load(out, weights_only=True)["state_dict"]
+    name = "InceptionResnetV1/Repeat/block35_2/Branch_2/Conv2d_0b_3x3/BatchNorm/cond/Const_1"
+    for node, body in [
+        ("phase_train", node_def("phase_train", "Const", value=np.array(False), dtype=10)),
+        (name, node_def(name, "Const", value=np.zeros(0, np.float32), dtype=1)),
+    ]:
+        state, _, ignored = graph_state_dict(parse_graph(_without(release, node, body)))
+        assert ignored == len(release.training), node
+        assert all(torch.equal(ours[k], state[k]) for k in state)
+
+
+_BN = "InceptionResnetV1/Repeat/block35_2/Branch_2/Conv2d_0b_3x3/BatchNorm"
+
+
+@pytest.mark.parametrize(
+    "name, replacement, expected",
+    [
+        (f"{_BN}/moving_mean", None, [f"no variable '{_BN}/moving_mean'"]),
+        (
+            f"{_BN}/cond/pred_id",
+            node_def(f"{_BN}/cond/pred_id", "Identity", ["input"]),
+            [f"'{_BN}/cond/FusedBatchNorm", "switches on 'input', which is neither the boolean"],
+        ),
+        (
+            "phase_train",
+            node_def("phase_train", "Const", value=np.array(True)),
+            ["FusedBatchNorm' normalises with the batch's statistics: a training graph"],
+        ),
+    ],
+)
+def test_a_release_graph_is_refused(release, tmp_path, capsys, name, replacement, expected):
+    """A live constant missing, a Switch on another predicate, phase_train the constant True."""
+    _refused(capsys, tmp_path, _without(release, name, replacement), *expected)
 
 
 @pytest.mark.slow
@@ -172,10 +279,10 @@ def _checkpoint(tmp_path, graph: SandbergGraph, drop: str = "") -> str:
 
 
 def test_a_checkpoint_gives_its_frozen_graphs_weights(tmp_path, capsys):
-    graph = SandbergGraph(seed=2, embedding_dim=DIM, size=SIZE, folded=False)
+    graph = SandbergGraph(seed=2, embedding_dim=DIM, size=SIZE, form="variables")
     prefix = _checkpoint(tmp_path, graph)
     count = sum(name.endswith(_VARIABLES) for name in graph.constants) + 2
-    state, _ = graph_state_dict(parse_graph(bytes(graph)))
+    state, _, _ = graph_state_dict(parse_graph(bytes(graph)))
     for src in (prefix, prefix + ".index"):
         code, printed, err = _convert(capsys, src, tmp_path / "model.pt", "--overwrite")
         assert code == 0, err
@@ -199,7 +306,7 @@ def test_a_damaged_checkpoint_index_raises_only_graph_errors():
 
 
 def test_a_damaged_or_incomplete_checkpoint_is_refused(tmp_path, capsys):
-    graph = SandbergGraph(seed=2, embedding_dim=DIM, size=SIZE, folded=False)
+    graph = SandbergGraph(seed=2, embedding_dim=DIM, size=SIZE, form="variables")
     name = "InceptionResnetV1/Mixed_7a/Branch_2/Conv2d_0b_3x3/BatchNorm/moving_variance"
     prefix = _checkpoint(tmp_path, graph, drop=name)
     code, _, err = _convert(capsys, prefix, tmp_path / "model.pt")
@@ -273,7 +380,7 @@ def test_damaged_bytes_raise_only_graph_errors():
 def test_a_foreign_graph_is_refused(tmp_path, capsys):
     kernel = np.zeros((3, 3, 3, 8), np.float32)
     data = field(1, node_def("conv1/kernel", "Const", value=kernel, dtype=1))
-    _refused(capsys, tmp_path, data, "no variable 'InceptionResnetV1/Bottleneck/weights'")
+    _refused(capsys, tmp_path, data, "no node 'embeddings'")
 
 
 def test_a_missing_constant_is_named(graph, tmp_path, capsys):
