@@ -365,7 +365,7 @@ def _ijb(args: argparse.Namespace) -> None:
     print(f"AUC {result.auc:.4f}: {len(faces.labels)} pairs, {len(result.template_ids)} templates")
     for line in deployable_lines(record["deployable_thresholds"]):
         print(line)
-    # everything a figure is computed from (scripts/ijb_from_features.py recomputes them)
+    # everything a figure is computed from (tools/ijb_from_features.py recomputes them)
     arrays = {
         "image_names": faces.images, "image_templates": faces.templates,
         "image_media": faces.media, "image_scores": faces.scores, "image_features": features,

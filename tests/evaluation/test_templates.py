@@ -1,6 +1,6 @@
 """Template verification: pooling and TAR reading on hand-computed cases, and the command on a
 synthetic set in insightface's layout, its figures recomputed from features.npz alone by
-scripts/ijb_from_features.py."""
+tools/ijb_from_features.py."""
 
 import importlib.util
 import json
@@ -42,7 +42,7 @@ OFF = TemplateSettings(detector_score=False)
 
 def _script():
     spec = importlib.util.spec_from_file_location(
-        "ijb_script", ROOT / "scripts/ijb_from_features.py"
+        "ijb_script", ROOT / "tools/ijb_from_features.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -4,7 +4,7 @@ insightface's recognition/arcface_torch/eval_ijbc.py (deepinsight/insightface, c
 7fadd420c2351d0ffa8cac403421c1a3ed733365): image2template_feature, verification and the
 TPR@FPR table, in float64 (insightface pools in float32).
 
-    python scripts/ijb_from_features.py OUT/features.npz [ROOT/meta/<name>_template_pair_label.txt]
+    python tools/ijb_from_features.py OUT/features.npz [ROOT/meta/<name>_template_pair_label.txt]
 
 prints the TAR at each FAR and the AUC as JSON.
 """
