@@ -55,6 +55,11 @@ def read_sandberg(src) -> tuple[dict, int, str]:
             dead = f" ({ignored} constants of phase_train's training branches left out)"
             return state, size, f"{len(nodes)} nodes" + (dead if ignored else "")
         prefix = str(src).removesuffix(".index")
+        if not Path(f"{prefix}.index").exists():
+            raise WeightsError(
+                f"{src}: neither a frozen graph (.pb) nor a TensorFlow checkpoint "
+                f"({prefix}.index not found)"
+            )
         tensors = parse_bundle(_read(f"{prefix}.index"), _read(f"{prefix}.data-00000-of-00001"))
         state, used = sandberg_state_dict(tensors)
     except (GraphError, MappingError) as err:

@@ -292,6 +292,14 @@ def test_a_checkpoint_gives_its_frozen_graphs_weights(tmp_path, capsys):
         assert all(torch.equal(ours[k], state[k]) for k in state), src
 
 
+def test_a_file_that_is_neither_a_graph_nor_a_checkpoint_is_one_line(tmp_path, capsys):
+    (tmp_path / "model.pth").write_bytes(b"not TensorFlow")
+    code, _, err = _convert(capsys, tmp_path / "model.pth", tmp_path / "out.pt")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "neither a frozen graph (.pb) nor a TensorFlow checkpoint" in err
+    assert not (tmp_path / "out.pt").exists()
+
+
 def test_a_damaged_checkpoint_index_raises_only_graph_errors():
     tensors = {"a/weights": np.ones((2, 3), np.float32), "step": np.array(3, np.int64)}
     index, data = bundle(tensors)
