@@ -41,9 +41,7 @@ OFF = TemplateSettings(detector_score=False)
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "ijb_script", ROOT / "tools/ijb_from_features.py"
-    )
+    spec = importlib.util.spec_from_file_location("ijb_script", ROOT / "tools/ijb_from_features.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
