@@ -405,9 +405,11 @@ def test_evaluate_script_npz_and_csv_agree(tmp_path, capsys):
     npz = json.loads((tmp_path / "npz" / "metrics.json").read_text())
     csv = json.loads((tmp_path / "csv" / "metrics.json").read_text())
     expected = evaluate_verification(distances, issame).to_dict()
-    provenance = ("source", "threshold_for", "same_when")  # where from, what it is for, which way
+    # where from, what it is for, which way, and the thresholds to deploy (tested on their own)
+    provenance = ("source", "threshold_for", "same_when", "deployable_thresholds")
     assert {k: v for k, v in npz.items() if k not in provenance} == expected
     assert {k: v for k, v in csv.items() if k not in provenance} == expected
+    assert npz["deployable_thresholds"] == csv["deployable_thresholds"]
     assert (tmp_path / "csv" / "roc.png").stat().st_size > 0
 
 
