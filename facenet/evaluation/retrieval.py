@@ -19,8 +19,8 @@ GROUP = 32  # columns per group whose minimum screens the candidates of the near
 
 def _cdist_operands(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, D + 2) operands whose product ``left[rows] @ right.T`` is the squared distance matrix
-    before ``clamp_min(0).sqrt()``, exactly as torch.cdist forms it (PyTorch 2.x,
-    aten/src/ATen/native/Distance.cpp, ``_euclidean_dist``)."""
+    before ``clamp_min(0).sqrt()``, bit for bit as torch.cdist forms it (PyTorch 2.14,
+    aten/src/ATen/native/Distance.cpp, ``_euclidean_dist``; the tests hold them equal)."""
     norms = x.pow(2).sum(-1, keepdim=True)
     ones = torch.ones_like(norms)
     return torch.cat([x.mul(-2), norms, ones], -1), torch.cat([x, ones, norms], -1)
@@ -43,7 +43,8 @@ def _candidates(squared: torch.Tensor, m: int) -> torch.Tensor:
 
 def _nearest(squared: torch.Tensor, n: int) -> torch.Tensor:
     """Indices (C, n) of each row's n smallest distances ``squared.clamp_min(0).sqrt()``, ties
-    broken by the lower index."""
+    broken by the lower index. Candidates are ranked on ``squared``: the square root keeps its
+    order but may merge neighbouring values, so ties are judged on the distances."""
     m = min(n + 1, squared.shape[1])
     columns = _candidates(squared, m)
     best = squared.gather(1, columns).topk(m, largest=False)  # sorted: (C, m)
