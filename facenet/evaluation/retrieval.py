@@ -10,11 +10,12 @@ by the lower row index) and every figure is a plain mean over the queries used.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 CHUNK_BYTES = 2**26  # squared distances of one chunk of queries against every row: 64 MiB
-GROUP = 32  # columns per group whose minimum screens the candidates of the nearest
 
 
 def _cdist_operands(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,13 +32,14 @@ def _candidates(squared: torch.Tensor, m: int) -> torch.Tensor:
     every value below the m-th smallest group minimum lies in one of the m groups of smallest
     minimum, and a value equal to it is interchangeable with that minimum."""
     rows, n = squared.shape
-    length = n // GROUP
-    if length < m:
-        return torch.arange(n).expand(rows, n)
-    minima = squared[:, : length * GROUP].view(rows, GROUP, length).amin(1)  # (C, L)
+    # about sqrt(N / m) columns a group balance the (C, L) minima against the (C, m * group)
+    # candidates; beyond 32 the scattered reads of the candidates cost more than they save
+    group = max(1, min(32, math.isqrt(n // m)))
+    length = n // group  # >= m, as group * m <= n
+    minima = squared[:, : length * group].view(rows, group, length).amin(1)  # (C, L)
     groups = minima.topk(m, largest=False, sorted=False).indices  # (C, m)
-    members = (groups.unsqueeze(2) + length * torch.arange(GROUP)).flatten(1)  # (C, m * GROUP)
-    rest = torch.arange(length * GROUP, n).expand(rows, -1)  # the columns no group holds
+    members = (groups.unsqueeze(2) + length * torch.arange(group)).flatten(1)  # (C, m * group)
+    rest = torch.arange(length * group, n).expand(rows, -1)  # the columns no group holds
     return torch.cat([members, rest], 1)
 
 

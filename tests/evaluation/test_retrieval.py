@@ -78,9 +78,9 @@ def test_distances_are_torch_cdists_bit_for_bit():
 
 
 def test_screened_nearest_keep_ties_at_the_boundary_by_the_lower_index():
-    # 64 distinct points among 2000 rows: ties cross the n-th place in most rows; rows are long
-    # enough (2000 // 32 groups >= n + 1) for the group screening to run, and the last 16
-    # columns (the queries' own rows among them) belong to no group
+    # 64 distinct points among 2000 rows: ties cross the n-th place in most rows; for each n the
+    # group screening runs and the last few columns (the queries' own rows among them) belong
+    # to no group
     g = torch.Generator().manual_seed(5)
     x = torch.randint(0, 4, (2000, 3), generator=g).float()
     for points in (x, torch.randn(2000, 3, generator=g)):
