@@ -130,9 +130,9 @@ class PairList:
         return (
             f"{self.source}: skipped {len(self.skipped)} of {len(self) + len(self.skipped)} "
             f"pairs with missing images (per fold: {per_fold.tolist()}). "
-            f"Evaluated with contiguous folds, the remaining {len(self)} pairs are re-split into "
-            f"{self.n_folds} folds, so pairs near fold boundaries move to a neighbouring fold; "
-            "pass folds=pair_list.fold_ids to the evaluation to keep the file's folds instead."
+            "verify and the commands keep each pair in its file's fold; an evaluation with "
+            f"contiguous folds re-splits the remaining {len(self)} pairs into {self.n_folds}, "
+            "moving pairs near fold boundaries (pass folds=pair_list.fold_ids to keep them)."
         )
 
 
