@@ -89,9 +89,11 @@ def _rows(path: Path, columns: int, max_bytes: int):
 def _number(path, number: int, value: str, kind=float):
     """``value`` as a finite ``kind`` (float or int), else a DataError naming the line."""
     try:
-        parsed = kind(value)
+        parsed = kind(value) if "_" not in value else math.nan  # Python reads "1_0" as 10
     except ValueError:
         parsed = math.nan
+    if kind is int and math.isfinite(parsed) and not -(2**63) <= parsed < 2**63:
+        raise DataError(f"{path}:{number}: {shown(value)} is past int64's range")
     if not math.isfinite(parsed):
         what = "an integer" if kind is int else "a finite number"
         raise DataError(f"{path}:{number}: {shown(value)} is not {what}")
@@ -108,7 +110,7 @@ def _numbers(path, fields: np.ndarray, lines: list[int], kind=float) -> np.ndarr
     """``fields`` (R, K) as finite float64 (or int64); value by value only to name a bad one."""
     try:
         values = fields.astype(np.int64 if kind is int else np.float64)
-        if np.isfinite(values).all():
+        if np.isfinite(values).all() and not np.char.count(fields, "_").any():
             return values
     except (ValueError, OverflowError):
         pass

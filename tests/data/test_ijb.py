@@ -73,6 +73,12 @@ BAD = {
         "face_tid_mid.txt:2: 2 columns, expected 3",
     ),
     "template id": ({"faces": "a/1.jpg 1.5 10\n"}, "face_tid_mid.txt:1: '1.5' is not an integer"),
+    "int64 overflow": (
+        {"faces": "a/1.jpg 99999999999999999999 10\n"},
+        "face_tid_mid.txt:1: '99999999999999999999' is past int64's range",
+    ),
+    "underscore id": ({"faces": "a/1.jpg 1_0 10\n"}, "face_tid_mid.txt:1: '1_0' is not an integer"),
+    "underscore pair": ({"pairs": PAIRS + "1_0 2 0\n"}, "label.txt:3: '1_0' is not an integer"),
     "landmark": (
         {"marks": MARKS.replace(" 8 9 0.9", " 8 x 0.9")},
         "name_5pts_score.txt:2: 'x' is not a finite number",
