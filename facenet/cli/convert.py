@@ -13,6 +13,7 @@ parameter comes from SRC, and every float constant a graph runs is used, or noth
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -78,9 +79,18 @@ def convert(src) -> tuple[TrainedModel, str]:
     return TrainedModel(model.eval(), size, "fixed", "weights", str(src), architecture), read
 
 
+def _check_not_src(src: str, out: str) -> None:
+    """Refuse a DST that is SRC or one of its checkpoint's files (--overwrite would lose it)."""
+    prefix = src.removesuffix(".index")
+    for path in (src, f"{prefix}.index", f"{prefix}.data-00000-of-00001"):
+        if os.path.isfile(path) and os.path.isfile(out) and os.path.samefile(path, out):
+            raise WeightsError(f"{out}: is the source file {path}; choose another DST")
+
+
 def _convert(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     check_outputs(args)
+    _check_not_src(args.src, args.out)
     trained, read = convert(args.src)
     params = sum(p.numel() for p in trained.model.parameters())
     save_weights(trained, args.out)
