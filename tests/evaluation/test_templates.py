@@ -199,6 +199,7 @@ def test_evaluate_ijb_figures_recompute_from_the_features_file(tiny_run, astrona
     else:
         assert deployable == {}
     assert metrics["threshold_for"]["preprocess"] == "template arcface"
+    assert metrics["threshold_distance"] == "cosine"  # what identify's --threshold-at reads
     assert metrics["threshold_for"]["weights_sha256"] == trained.weights_sha256()
     assert evaluate_script.main([*argv, "--out", str(out)]) == 2  # outputs not replaced
 
