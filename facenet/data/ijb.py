@@ -176,7 +176,8 @@ def _check_images(root: Path, path, names: np.ndarray, lines: list[int]) -> None
         if not real.startswith(inside):
             raise DataError(f"{path}:{number}: image {shown(name)} leaves {root} (a link)")
         if not os.path.isfile(real):
-            raise DataError(f"{path}:{number}: image {root / 'loose_crop' / name} not found")
+            why = "is not a regular file" if os.path.exists(real) else "not found"
+            raise DataError(f"{path}:{number}: image {root / 'loose_crop' / name} {why}")
 
 
 def read_template_set(root, name: str | None = None) -> TemplateSet:

@@ -133,6 +133,10 @@ def test_missing_images_and_links_leaving_the_root_are_refused(tmp_path):
     os.symlink(tmp_path / "outside.png", root / "loose_crop" / "a" / "2.png")
     with pytest.raises(DataError, match=r":2: image 'a/2.png' leaves .* \(a link\)"):
         read_template_set(root)
+    os.remove(root / "loose_crop" / "a" / "2.png")
+    os.mkfifo(root / "loose_crop" / "a" / "2.png")  # never opened: no wait for a writer
+    with pytest.raises(DataError, match=r":2: image .*a/2.png is not a regular file"):
+        read_template_set(root)
 
 
 def test_an_undecodable_image_names_the_face_list_and_the_image(tmp_path):
