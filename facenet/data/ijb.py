@@ -192,6 +192,10 @@ def read_template_set(root, name: str | None = None) -> TemplateSet:
     face_rows = _image_names(faces_path, faces[:, 0], face_lines)
     values = _numbers(marks_path, marks[:, 1:], mark_lines)  # (N, 11)
     mark_rows = _image_names(marks_path, marks[:, 0], mark_lines)
+    negative = np.flatnonzero(values[:, 10] < 0)  # a weight that would flip a feature's sign
+    if len(negative):
+        score = marks[negative[0], 11]
+        raise DataError(f"{marks_path}:{mark_lines[negative[0]]}: detector score {score} < 0")
     for path, rows, lines, other, others in (
         (faces_path, face_rows, face_lines, marks_path, mark_rows),
         (marks_path, mark_rows, mark_lines, faces_path, face_rows),

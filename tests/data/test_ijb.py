@@ -91,6 +91,10 @@ BAD = {
         {"marks": MARKS.replace("1e-1", "inf")},
         "name_5pts_score.txt:3: 'inf' is not a finite number",
     ),
+    "negative score": (
+        {"marks": MARKS.replace("0.9", "-0.9")},
+        "name_5pts_score.txt:2: detector score -0.9 < 0",
+    ),
     "duplicate": (
         {"faces": FACES + "a/1.jpg 3 30\n"},
         "face_tid_mid.txt:5: image 'a/1.jpg' again (line 1)",
