@@ -139,6 +139,8 @@ def _bad_pair(path, known: set) -> DataError:
         first, second, label = (_number(path, number, v, int) for v in fields)
         if label not in (0, 1):
             return DataError(f"{path}:{number}: label {label}, expected 0 or 1")
+        if first == second:  # it would score a cosine of 1 whatever the model
+            return DataError(f"{path}:{number}: template {first} paired with itself")
         for template in (first, second):
             if template not in known:
                 return DataError(f"{path}:{number}: template {template} has no image")
@@ -160,6 +162,7 @@ def _pairs(path, known: np.ndarray) -> np.ndarray:
             or table.shape[1:] != (3,)
             or not np.isin(table[:, 2], (0, 1)).all()
             or not np.isin(table[:, :2], known).all()
+            or (table[:, 0] == table[:, 1]).any()
         ):
             raise _bad_pair(path, set(known.tolist()))
     for label, kind in ((1, "genuine"), (0, "impostor")):

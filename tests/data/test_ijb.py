@@ -16,7 +16,7 @@ MARKS = (
     "a/1.jpg 0 1 2 3 4 5 6 7 8 9 0.9\n"
     "a/2.png 10 11 12 13 14 15 16 17 18 19 1e-1\n"
 )
-PAIRS = "1 2 0\n1 1 1\n"
+PAIRS = "1 2 0\n2 1 1\n"
 
 
 def write_layout(root, faces=FACES, marks=MARKS, pairs=PAIRS, name="ijbx"):
@@ -41,7 +41,7 @@ def test_a_set_is_read_in_the_face_lists_order(tmp_path):
     assert faces.templates.tolist() == [1, 1, 2] and faces.media.tolist() == [10, 11, 20]
     assert faces.landmarks[0].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
     assert faces.landmarks[2, 4].tolist() == [9, 10] and faces.scores.tolist() == [0.9, 0.1, 0.5]
-    assert faces.pairs.tolist() == [[1, 2], [1, 1]] and faces.labels.tolist() == [0, 1]
+    assert faces.pairs.tolist() == [[1, 2], [2, 1]] and faces.labels.tolist() == [0, 1]
     assert read_face(faces, 1).shape == (3, 20, 24)
 
 
@@ -114,10 +114,11 @@ BAD = {
     "absolute": ({"faces": "/etc/passwd 1 1\n"}, "image '/etc/passwd' is not a path inside"),
     "dots": ({"faces": "a/../../x.png 1 1\n"}, ":1: image 'a/../../x.png' is not a path inside"),
     "unknown template": ({"pairs": PAIRS + "2 7 0\n"}, "label.txt:3: template 7 has no image"),
+    "self pair": ({"pairs": PAIRS + "2 2 1\n"}, "label.txt:3: template 2 paired with itself"),
     "label": ({"pairs": PAIRS + "2 1 2\n"}, "label.txt:3: label 2, expected 0 or 1"),
     "pair columns": ({"pairs": "1 2 0 5\n"}, "label.txt:1: 4 columns, expected 3"),
     "no genuine": ({"pairs": "1 2 0\n"}, "label.txt: no genuine pair (label 1)"),
-    "no impostor": ({"pairs": "1 1 1\n2 2 1\n"}, "label.txt: no impostor pair (label 0)"),
+    "no impostor": ({"pairs": "1 2 1\n2 1 1\n"}, "label.txt: no impostor pair (label 0)"),
     "empty pairs": ({"pairs": "\n"}, "label.txt: no genuine pair"),
 }
 
@@ -152,7 +153,7 @@ def test_an_undecodable_image_names_the_face_list_and_the_image(tmp_path):
 
 
 def test_a_large_pair_list_parses_fast_and_its_bad_line_is_found(tmp_path):
-    pairs = np.tile([[1, 2, 0], [1, 1, 1], [2, 2, 1]], (20_000, 1))
+    pairs = np.tile([[1, 2, 0], [2, 1, 1], [1, 2, 1]], (20_000, 1))
     text = "\n".join(f"{a} {b} {c}" for a, b, c in pairs.tolist()) + "\n"
     faces = read_template_set(write_layout(tmp_path / "good", pairs=text))
     assert np.array_equal(faces.pairs, pairs[:, :2]) and np.array_equal(faces.labels, pairs[:, 2])
