@@ -75,7 +75,7 @@ def _read(path: Path, max_bytes: int) -> bytes:
 def _rows(path: Path, columns: int, max_bytes: int):
     """(line number, fields) of each non-blank line of ``path``, which must have ``columns``."""
     try:
-        lines = _read(path, max_bytes).decode("utf-8").splitlines()
+        lines = _read(path, max_bytes).decode("utf-8-sig").splitlines()  # a BOM: dropped
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text (byte {err.start})") from None
     for number, line in enumerate(lines, 1):
@@ -150,7 +150,7 @@ def _bad_pair(path, known: set) -> DataError:
 def _pairs(path, known: np.ndarray) -> np.ndarray:
     """(P, 3) template, template, label; NumPy's parser first, lines read one by one only to
     name the first bad one (IJB-C's 15.7 million pairs in seconds)."""
-    raw = _read(path, MAX_PAIRS_BYTES)
+    raw = _read(path, MAX_PAIRS_BYTES).removeprefix(b"\xef\xbb\xbf")  # a BOM, as _rows drops it
     table = np.zeros((0, 3), dtype=np.int64)
     if raw.strip():
         try:

@@ -45,6 +45,20 @@ def test_a_set_is_read_in_the_face_lists_order(tmp_path):
     assert read_face(faces, 1).shape == (3, 20, 24)
 
 
+def test_windows_text_reads_the_same(tmp_path):
+    want = read_template_set(write_layout(tmp_path))
+    for path in (tmp_path / "meta").iterdir():  # a BOM and CRLF line ends, as Notepad saves
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    faces = read_template_set(tmp_path)
+    assert faces.images.tolist() == want.images.tolist()
+    assert np.array_equal(faces.landmarks, want.landmarks)
+    assert np.array_equal(faces.pairs, want.pairs) and np.array_equal(faces.labels, want.labels)
+    with open(tmp_path / "meta" / "ijbx_template_pair_label.txt", "ab") as fh:
+        fh.write(b"2 7 0\r\n")
+    with pytest.raises(DataError, match="label.txt:3: template 7 has no image"):
+        read_template_set(tmp_path)
+
+
 def test_the_set_name_is_found_or_chosen(tmp_path):
     write_layout(tmp_path, name="one")
     assert set_name(tmp_path) == "one"
