@@ -27,6 +27,9 @@ from facenet.files import open_regular
 
 FACES, LANDMARKS, PAIRS = "_face_tid_mid.txt", "_name_5pts_score.txt", "_template_pair_label.txt"
 MAX_META_BYTES = 2**28  # IJB-C's face and landmark lists: about 20 and 40 MB
+# 4.5 x IJB-C's 469,375 faces; rows are held as Python strings: 2**21 short rows of 3 or 12
+# columns peaked at 0.6 and 0.7 GB (tracemalloc), where 2**28 bytes of them took over 10 GB
+MAX_META_ROWS = 2**21
 MAX_PAIRS_BYTES = 2**30  # IJB-C's 15.7 million template pairs: about 250 MB
 
 
@@ -72,10 +75,14 @@ def _read(path: Path, max_bytes: int) -> bytes:
         return fh.read()
 
 
-def _rows(path: Path, columns: int, max_bytes: int):
-    """(line number, fields) of each non-blank line of ``path``, which must have ``columns``."""
+def _rows(path: Path, columns: int, max_bytes: int, max_rows: int | None = None):
+    """(line number, fields) of each non-blank line of ``path``, which must have ``columns``;
+    lines end at ``\n`` (a ``\r`` before it is white space) and are read one at a time."""
+    raw = _read(path, max_bytes)
+    if max_rows is not None and raw.count(b"\n") > max_rows:
+        raise DataError(f"{path}: more than {max_rows} lines")
     try:
-        lines = _read(path, max_bytes).decode("utf-8-sig").splitlines()  # a BOM: dropped
+        lines = io.StringIO(raw.decode("utf-8-sig"), newline="\n")  # a BOM: dropped
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text (byte {err.start})") from None
     for number, line in enumerate(lines, 1):
@@ -102,7 +109,7 @@ def _number(path, number: int, value: str, kind=float):
 
 def _table(path: Path, columns: int) -> tuple[np.ndarray, list[int]]:
     """(fields (R, columns) str, line numbers (R,)) of a meta file's non-blank lines."""
-    rows = list(_rows(path, columns, MAX_META_BYTES))
+    rows = list(_rows(path, columns, MAX_META_BYTES, MAX_META_ROWS))
     return np.array([f for _, f in rows], dtype=str).reshape(-1, columns), [n for n, _ in rows]
 
 

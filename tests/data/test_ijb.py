@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from facenet.data import ijb
 from facenet.data.ijb import read_face, read_template_set, set_name
 from facenet.errors import DataError
 
@@ -57,6 +58,12 @@ def test_windows_text_reads_the_same(tmp_path):
         fh.write(b"2 7 0\r\n")
     with pytest.raises(DataError, match="label.txt:3: template 7 has no image"):
         read_template_set(tmp_path)
+
+
+def test_a_meta_file_of_too_many_lines_is_refused_before_splitting(tmp_path, monkeypatch):
+    monkeypatch.setattr(ijb, "MAX_META_ROWS", 4)  # blank lines count: each would be a string
+    with pytest.raises(DataError, match="face_tid_mid.txt: more than 4 lines"):
+        read_template_set(write_layout(tmp_path, faces=FACES + "\n\n"))
 
 
 def test_the_set_name_is_found_or_chosen(tmp_path):
