@@ -28,7 +28,7 @@ from facenet.files import open_regular
 FACES, LANDMARKS, PAIRS = "_face_tid_mid.txt", "_name_5pts_score.txt", "_template_pair_label.txt"
 MAX_META_BYTES = 2**28  # IJB-C's face and landmark lists: about 20 and 40 MB
 # 4.5 x IJB-C's 469,375 faces; rows are held as Python strings: 2**21 short rows of 3 or 12
-# columns peaked at 0.6 and 0.7 GB (tracemalloc), where 2**28 bytes of them took over 10 GB
+# columns peaked at 0.6 and 0.7 GB (tracemalloc); 2**28 bytes of them would take about 10 GB
 MAX_META_ROWS = 2**21
 MAX_PAIRS_BYTES = 2**30  # IJB-C's 15.7 million template pairs: about 250 MB
 
