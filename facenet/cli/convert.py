@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from facenet.cli.common import add_threads_argument, check_outputs, run_command, set_threads
-from facenet.errors import WeightsError
+from facenet.errors import DataError, WeightsError
 from facenet.files import open_regular
 from facenet.inference.loading import TrainedModel, save_weights
 from facenet.models.embedding import EmbeddingNet
@@ -90,6 +90,8 @@ def _check_not_src(src: str, out: str) -> None:
 def _convert(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     check_outputs(args)
+    if not Path(args.out).parent.is_dir():  # found before the conversion, not after
+        raise DataError(f"{args.out}: its folder {Path(args.out).parent} does not exist")
     _check_not_src(args.src, args.out)
     trained, read = convert(args.src)
     params = sum(p.numel() for p in trained.model.parameters())

@@ -339,6 +339,8 @@ def test_a_dst_that_is_the_source_is_refused_even_with_overwrite(graph_file, tmp
     index.write_bytes(b"an index")
     code, _, err = _convert(capsys, tmp_path / "model.ckpt-1", index, "--overwrite")
     assert code == 2 and "is the source file" in err and index.read_bytes() == b"an index"
+    code, printed, err = _convert(capsys, graph_file, tmp_path / "missing" / "model.pt")
+    assert code == 2 and printed == "" and "its folder" in err and "does not exist" in err
 
 
 # --------------------------------------------------------------------------- refusals
