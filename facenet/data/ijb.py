@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,14 +129,16 @@ def _numbers(path, fields: np.ndarray, lines: list[int], kind=float) -> np.ndarr
 
 
 def _image_names(path, names: np.ndarray, lines: list[int]) -> dict[str, int]:
-    """{name: row}; names that leave ROOT or repeat are refused."""
+    """{name: row}, names normalised ("./a//1.jpg" is "a/1.jpg"); names that leave ROOT or
+    repeat are refused."""
     rows: dict[str, int] = {}
     for row, name in enumerate(names.tolist()):
         if name.startswith("/") or ".." in name.split("/"):
             raise DataError(f"{path}:{lines[row]}: image {shown(name)} is not a path inside ROOT")
-        if rows.setdefault(name, row) != row:
+        key = posixpath.normpath(name)
+        if rows.setdefault(key, row) != row:
             raise DataError(
-                f"{path}:{lines[row]}: image {shown(name)} again (line {lines[rows[name]]})"
+                f"{path}:{lines[row]}: image {shown(name)} again (line {lines[rows[key]]})"
             )
     return rows
 

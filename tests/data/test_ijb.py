@@ -120,6 +120,10 @@ BAD = {
         {"faces": FACES + "a/1.jpg 3 30\n"},
         "face_tid_mid.txt:5: image 'a/1.jpg' again (line 1)",
     ),
+    "duplicate spelt otherwise": (
+        {"faces": FACES + "./a//1.jpg 3 30\n"},
+        "face_tid_mid.txt:5: image './a//1.jpg' again (line 1)",
+    ),
     "duplicate mark": (
         {"marks": MARKS + MARKS.splitlines()[0] + "\n"},
         "name_5pts_score.txt:4: image 'b/3.png' again (line 1)",
