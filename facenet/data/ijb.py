@@ -205,6 +205,12 @@ def read_template_set(root, name: str | None = None) -> TemplateSet:
     face_rows = _image_names(faces_path, faces[:, 0], face_lines)
     values = _numbers(marks_path, marks[:, 1:], mark_lines)  # (N, 11)
     mark_rows = _image_names(marks_path, marks[:, 0], mark_lines)
+    one_point = np.flatnonzero(np.ptp(values[:, :10].reshape(-1, 5, 2), axis=1).max(axis=1) == 0)
+    if len(one_point):  # no face can be warped from them ("0 0 ... 0" for an undetected one)
+        where = f"{marks_path}:{mark_lines[one_point[0]]}"
+        raise DataError(
+            f"{where}: the five landmarks are one point ({' '.join(marks[one_point[0], 1:3])})"
+        )
     negative = np.flatnonzero(values[:, 10] < 0)  # a weight that would flip a feature's sign
     if len(negative):
         score = marks[negative[0], 11]

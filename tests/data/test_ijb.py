@@ -112,6 +112,10 @@ BAD = {
         {"marks": MARKS.replace("1e-1", "inf")},
         "name_5pts_score.txt:3: 'inf' is not a finite number",
     ),
+    "one point": (
+        {"marks": MARKS.replace("0 1 2 3 4 5 6 7 8 9", "0 0 0 0 0 0 0 0 0 0")},
+        "name_5pts_score.txt:2: the five landmarks are one point (0 0)",
+    ),
     "negative score": (
         {"marks": MARKS.replace("0.9", "-0.9")},
         "name_5pts_score.txt:2: detector score -0.9 < 0",
