@@ -13,11 +13,12 @@ parameter comes from SRC, and every float constant a graph runs is used, or noth
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from facenet.cli.common import add_threads_argument, check_outputs, run_command, set_threads
-from facenet.errors import WeightsError
+from facenet.errors import DataError, WeightsError
 from facenet.files import open_regular
 from facenet.inference.loading import TrainedModel, save_weights
 from facenet.models.embedding import EmbeddingNet
@@ -78,9 +79,20 @@ def convert(src) -> tuple[TrainedModel, str]:
     return TrainedModel(model.eval(), size, "fixed", "weights", str(src), architecture), read
 
 
+def _check_not_src(src: str, out: str) -> None:
+    """Refuse a DST that is SRC or one of its checkpoint's files (--overwrite would lose it)."""
+    prefix = src.removesuffix(".index")
+    for path in (src, f"{prefix}.index", f"{prefix}.data-00000-of-00001"):
+        if os.path.isfile(path) and os.path.isfile(out) and os.path.samefile(path, out):
+            raise WeightsError(f"{out}: is the source file {path}; choose another DST")
+
+
 def _convert(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     check_outputs(args)
+    if not Path(args.out).parent.is_dir():  # found before the conversion, not after
+        raise DataError(f"{args.out}: its folder {Path(args.out).parent} does not exist")
+    _check_not_src(args.src, args.out)
     trained, read = convert(args.src)
     params = sum(p.numel() for p in trained.model.parameters())
     save_weights(trained, args.out)

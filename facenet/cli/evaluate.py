@@ -361,6 +361,7 @@ def _ijb(args: argparse.Namespace) -> None:
         "features": settings.features,
     }
     record["deployable_thresholds"] = _template_thresholds(args, faces.labels, result.scores)
+    record["threshold_distance"] = "cosine"  # the deployable thresholds are on 1 - score
     print("  ".join(f"TAR@FAR={far} {tar:.4f}" for far, tar in record["tar_at_far"].items()))
     print(f"AUC {result.auc:.4f}: {len(faces.labels)} pairs, {len(result.template_ids)} templates")
     for line in deployable_lines(record["deployable_thresholds"]):

@@ -92,10 +92,12 @@ def scan(src: Path) -> tuple[dict[str, dict[str, list[str]]], list[tuple[str, st
             reason = f"a link out of {src}"
         elif any(c.isspace() for c in name):
             reason = "the name holds white space (the meta files are space-separated)"
+        elif not name.isprintable():  # undecodable bytes arrive as surrogates
+            reason = "the name is not printable UTF-8 (the meta files are UTF-8 text)"
         else:
             media[parts[0]][parts[1] if len(parts) > 2 else name].append(name)
             continue
-        left_out.append(("left_out", path, reason))
+        left_out.append(("left_out", os.fsencode(path).decode("utf-8", "backslashreplace"), reason))
     return media, left_out
 
 

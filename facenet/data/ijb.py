@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from facenet.files import open_regular
 
 FACES, LANDMARKS, PAIRS = "_face_tid_mid.txt", "_name_5pts_score.txt", "_template_pair_label.txt"
 MAX_META_BYTES = 2**28  # IJB-C's face and landmark lists: about 20 and 40 MB
+# 4.5 x IJB-C's 469,375 faces; rows are held as Python strings: 2**21 short rows of 3 or 12
+# columns peaked at 0.6 and 0.7 GB (tracemalloc); 2**28 bytes of them would take about 10 GB
+MAX_META_ROWS = 2**21
 MAX_PAIRS_BYTES = 2**30  # IJB-C's 15.7 million template pairs: about 250 MB
 
 
@@ -72,10 +76,14 @@ def _read(path: Path, max_bytes: int) -> bytes:
         return fh.read()
 
 
-def _rows(path: Path, columns: int, max_bytes: int):
-    """(line number, fields) of each non-blank line of ``path``, which must have ``columns``."""
+def _rows(path: Path, columns: int, max_bytes: int, max_rows: int | None = None):
+    """(line number, fields) of each non-blank line of ``path``, which must have ``columns``;
+    lines end at ``\n`` (a ``\r`` before it is white space) and are read one at a time."""
+    raw = _read(path, max_bytes)
+    if max_rows is not None and raw.count(b"\n") > max_rows:
+        raise DataError(f"{path}: more than {max_rows} lines")
     try:
-        lines = _read(path, max_bytes).decode("utf-8").splitlines()
+        lines = io.StringIO(raw.decode("utf-8-sig"), newline="\n")  # a BOM: dropped
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text (byte {err.start})") from None
     for number, line in enumerate(lines, 1):
@@ -89,9 +97,11 @@ def _rows(path: Path, columns: int, max_bytes: int):
 def _number(path, number: int, value: str, kind=float):
     """``value`` as a finite ``kind`` (float or int), else a DataError naming the line."""
     try:
-        parsed = kind(value)
+        parsed = kind(value) if "_" not in value else math.nan  # Python reads "1_0" as 10
     except ValueError:
         parsed = math.nan
+    if kind is int and math.isfinite(parsed) and not -(2**63) <= parsed < 2**63:
+        raise DataError(f"{path}:{number}: {shown(value)} is past int64's range")
     if not math.isfinite(parsed):
         what = "an integer" if kind is int else "a finite number"
         raise DataError(f"{path}:{number}: {shown(value)} is not {what}")
@@ -100,7 +110,7 @@ def _number(path, number: int, value: str, kind=float):
 
 def _table(path: Path, columns: int) -> tuple[np.ndarray, list[int]]:
     """(fields (R, columns) str, line numbers (R,)) of a meta file's non-blank lines."""
-    rows = list(_rows(path, columns, MAX_META_BYTES))
+    rows = list(_rows(path, columns, MAX_META_BYTES, MAX_META_ROWS))
     return np.array([f for _, f in rows], dtype=str).reshape(-1, columns), [n for n, _ in rows]
 
 
@@ -108,7 +118,7 @@ def _numbers(path, fields: np.ndarray, lines: list[int], kind=float) -> np.ndarr
     """``fields`` (R, K) as finite float64 (or int64); value by value only to name a bad one."""
     try:
         values = fields.astype(np.int64 if kind is int else np.float64)
-        if np.isfinite(values).all():
+        if np.isfinite(values).all() and not np.char.count(fields, "_").any():
             return values
     except (ValueError, OverflowError):
         pass
@@ -119,14 +129,16 @@ def _numbers(path, fields: np.ndarray, lines: list[int], kind=float) -> np.ndarr
 
 
 def _image_names(path, names: np.ndarray, lines: list[int]) -> dict[str, int]:
-    """{name: row}; names that leave ROOT or repeat are refused."""
+    """{name: row}, names normalised ("./a//1.jpg" is "a/1.jpg"); names that leave ROOT or
+    repeat are refused."""
     rows: dict[str, int] = {}
     for row, name in enumerate(names.tolist()):
         if name.startswith("/") or ".." in name.split("/"):
             raise DataError(f"{path}:{lines[row]}: image {shown(name)} is not a path inside ROOT")
-        if rows.setdefault(name, row) != row:
+        key = posixpath.normpath(name)
+        if rows.setdefault(key, row) != row:
             raise DataError(
-                f"{path}:{lines[row]}: image {shown(name)} again (line {lines[rows[name]]})"
+                f"{path}:{lines[row]}: image {shown(name)} again (line {lines[rows[key]]})"
             )
     return rows
 
@@ -137,6 +149,8 @@ def _bad_pair(path, known: set) -> DataError:
         first, second, label = (_number(path, number, v, int) for v in fields)
         if label not in (0, 1):
             return DataError(f"{path}:{number}: label {label}, expected 0 or 1")
+        if first == second:  # it would score a cosine of 1 whatever the model
+            return DataError(f"{path}:{number}: template {first} paired with itself")
         for template in (first, second):
             if template not in known:
                 return DataError(f"{path}:{number}: template {template} has no image")
@@ -146,7 +160,7 @@ def _bad_pair(path, known: set) -> DataError:
 def _pairs(path, known: np.ndarray) -> np.ndarray:
     """(P, 3) template, template, label; NumPy's parser first, lines read one by one only to
     name the first bad one (IJB-C's 15.7 million pairs in seconds)."""
-    raw = _read(path, MAX_PAIRS_BYTES)
+    raw = _read(path, MAX_PAIRS_BYTES).removeprefix(b"\xef\xbb\xbf")  # a BOM, as _rows drops it
     table = np.zeros((0, 3), dtype=np.int64)
     if raw.strip():
         try:
@@ -158,6 +172,7 @@ def _pairs(path, known: np.ndarray) -> np.ndarray:
             or table.shape[1:] != (3,)
             or not np.isin(table[:, 2], (0, 1)).all()
             or not np.isin(table[:, :2], known).all()
+            or (table[:, 0] == table[:, 1]).any()
         ):
             raise _bad_pair(path, set(known.tolist()))
     for label, kind in ((1, "genuine"), (0, "impostor")):
@@ -174,7 +189,8 @@ def _check_images(root: Path, path, names: np.ndarray, lines: list[int]) -> None
         if not real.startswith(inside):
             raise DataError(f"{path}:{number}: image {shown(name)} leaves {root} (a link)")
         if not os.path.isfile(real):
-            raise DataError(f"{path}:{number}: image {root / 'loose_crop' / name} not found")
+            why = "is not a regular file" if os.path.exists(real) else "not found"
+            raise DataError(f"{path}:{number}: image {root / 'loose_crop' / name} {why}")
 
 
 def read_template_set(root, name: str | None = None) -> TemplateSet:
@@ -189,6 +205,16 @@ def read_template_set(root, name: str | None = None) -> TemplateSet:
     face_rows = _image_names(faces_path, faces[:, 0], face_lines)
     values = _numbers(marks_path, marks[:, 1:], mark_lines)  # (N, 11)
     mark_rows = _image_names(marks_path, marks[:, 0], mark_lines)
+    one_point = np.flatnonzero(np.ptp(values[:, :10].reshape(-1, 5, 2), axis=1).max(axis=1) == 0)
+    if len(one_point):  # no face can be warped from them ("0 0 ... 0" for an undetected one)
+        where = f"{marks_path}:{mark_lines[one_point[0]]}"
+        raise DataError(
+            f"{where}: the five landmarks are one point ({' '.join(marks[one_point[0], 1:3])})"
+        )
+    negative = np.flatnonzero(values[:, 10] < 0)  # a weight that would flip a feature's sign
+    if len(negative):
+        score = marks[negative[0], 11]
+        raise DataError(f"{marks_path}:{mark_lines[negative[0]]}: detector score {score} < 0")
     for path, rows, lines, other, others in (
         (faces_path, face_rows, face_lines, marks_path, mark_rows),
         (marks_path, mark_rows, mark_lines, faces_path, face_rows),

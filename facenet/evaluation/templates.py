@@ -20,7 +20,7 @@ from sklearn.metrics import auc, roc_curve
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from facenet.data.ijb import TemplateSet, read_face
+from facenet.data.ijb import LANDMARKS, TemplateSet, read_face
 from facenet.data.images import normalize_steps
 from facenet.errors import ConfigError, DataError
 from facenet.evaluation.embedding import embed_batches
@@ -101,7 +101,12 @@ class WarpedFaces(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:  # (3, H, W)
         image = read_face(self.faces, index).permute(1, 2, 0).numpy()
-        crop = torch.from_numpy(self.warp(image, self.faces.landmarks[index])).permute(2, 0, 1)
+        try:
+            crop = torch.from_numpy(self.warp(image, self.faces.landmarks[index]))
+        except ValueError as err:  # landmarks no similarity fits: all on one point or line
+            where = f"{self.faces.meta(LANDMARKS)}: image {self.faces.images[index]!r}"
+            raise DataError(f"{where}: {err}") from None
+        crop = crop.permute(2, 0, 1)  # (3, h, w)
         if crop.shape[1:] != self.size:
             crop = TF.resize(crop, list(self.size), antialias=True)
         return self.standardise(crop)

@@ -192,6 +192,19 @@ def test_links_out_of_src_and_spaced_names_are_left_out(patched, tmp_path):
     assert "a link out of" in report and "white space" in report
 
 
+def test_an_undecodable_name_is_left_out_not_a_traceback(patched, tmp_path):
+    src = tmp_path / "src"
+    touch(src, "a/1.jpg", "a/2.jpg", "b/1.jpg", "b/2.jpg")
+    os.mkdir(os.fsencode(src / "c"))
+    with open(os.fsencode(src / "c") + b"/\xff.jpg", "wb") as fh:
+        fh.write(b"x")
+    assert mt.main([str(src), str(tmp_path / "dst"), "--no-progress"]) == 0
+    assert len(read_set(tmp_path / "dst")[0]) == 4
+    assert (
+        "c/\\xff.jpg\tthe name is not printable UTF-8" in (tmp_path / "dst" / mt.REPORT).read_text()
+    )
+
+
 def astronaut_canvas(offset, scale=1.0) -> Image.Image:
     """scikit-image's astronaut's head on a grey 400 x 400 canvas at (x, y) ``offset``."""
     skimage_data = pytest.importorskip("skimage.data")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from facenet.data import ijb
 from facenet.data.ijb import read_face, read_template_set, set_name
 from facenet.errors import DataError
 
@@ -16,7 +17,7 @@ MARKS = (
     "a/1.jpg 0 1 2 3 4 5 6 7 8 9 0.9\n"
     "a/2.png 10 11 12 13 14 15 16 17 18 19 1e-1\n"
 )
-PAIRS = "1 2 0\n1 1 1\n"
+PAIRS = "1 2 0\n2 1 1\n"
 
 
 def write_layout(root, faces=FACES, marks=MARKS, pairs=PAIRS, name="ijbx"):
@@ -41,8 +42,28 @@ def test_a_set_is_read_in_the_face_lists_order(tmp_path):
     assert faces.templates.tolist() == [1, 1, 2] and faces.media.tolist() == [10, 11, 20]
     assert faces.landmarks[0].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
     assert faces.landmarks[2, 4].tolist() == [9, 10] and faces.scores.tolist() == [0.9, 0.1, 0.5]
-    assert faces.pairs.tolist() == [[1, 2], [1, 1]] and faces.labels.tolist() == [0, 1]
+    assert faces.pairs.tolist() == [[1, 2], [2, 1]] and faces.labels.tolist() == [0, 1]
     assert read_face(faces, 1).shape == (3, 20, 24)
+
+
+def test_windows_text_reads_the_same(tmp_path):
+    want = read_template_set(write_layout(tmp_path))
+    for path in (tmp_path / "meta").iterdir():  # a BOM and CRLF line ends, as Notepad saves
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    faces = read_template_set(tmp_path)
+    assert faces.images.tolist() == want.images.tolist()
+    assert np.array_equal(faces.landmarks, want.landmarks)
+    assert np.array_equal(faces.pairs, want.pairs) and np.array_equal(faces.labels, want.labels)
+    with open(tmp_path / "meta" / "ijbx_template_pair_label.txt", "ab") as fh:
+        fh.write(b"2 7 0\r\n")
+    with pytest.raises(DataError, match="label.txt:3: template 7 has no image"):
+        read_template_set(tmp_path)
+
+
+def test_a_meta_file_of_too_many_lines_is_refused_before_splitting(tmp_path, monkeypatch):
+    monkeypatch.setattr(ijb, "MAX_META_ROWS", 4)  # blank lines count: each would be a string
+    with pytest.raises(DataError, match="face_tid_mid.txt: more than 4 lines"):
+        read_template_set(write_layout(tmp_path, faces=FACES + "\n\n"))
 
 
 def test_the_set_name_is_found_or_chosen(tmp_path):
@@ -73,6 +94,12 @@ BAD = {
         "face_tid_mid.txt:2: 2 columns, expected 3",
     ),
     "template id": ({"faces": "a/1.jpg 1.5 10\n"}, "face_tid_mid.txt:1: '1.5' is not an integer"),
+    "int64 overflow": (
+        {"faces": "a/1.jpg 99999999999999999999 10\n"},
+        "face_tid_mid.txt:1: '99999999999999999999' is past int64's range",
+    ),
+    "underscore id": ({"faces": "a/1.jpg 1_0 10\n"}, "face_tid_mid.txt:1: '1_0' is not an integer"),
+    "underscore pair": ({"pairs": PAIRS + "1_0 2 0\n"}, "label.txt:3: '1_0' is not an integer"),
     "landmark": (
         {"marks": MARKS.replace(" 8 9 0.9", " 8 x 0.9")},
         "name_5pts_score.txt:2: 'x' is not a finite number",
@@ -85,9 +112,21 @@ BAD = {
         {"marks": MARKS.replace("1e-1", "inf")},
         "name_5pts_score.txt:3: 'inf' is not a finite number",
     ),
+    "one point": (
+        {"marks": MARKS.replace("0 1 2 3 4 5 6 7 8 9", "0 0 0 0 0 0 0 0 0 0")},
+        "name_5pts_score.txt:2: the five landmarks are one point (0 0)",
+    ),
+    "negative score": (
+        {"marks": MARKS.replace("0.9", "-0.9")},
+        "name_5pts_score.txt:2: detector score -0.9 < 0",
+    ),
     "duplicate": (
         {"faces": FACES + "a/1.jpg 3 30\n"},
         "face_tid_mid.txt:5: image 'a/1.jpg' again (line 1)",
+    ),
+    "duplicate spelt otherwise": (
+        {"faces": FACES + "./a//1.jpg 3 30\n"},
+        "face_tid_mid.txt:5: image './a//1.jpg' again (line 1)",
     ),
     "duplicate mark": (
         {"marks": MARKS + MARKS.splitlines()[0] + "\n"},
@@ -104,10 +143,11 @@ BAD = {
     "absolute": ({"faces": "/etc/passwd 1 1\n"}, "image '/etc/passwd' is not a path inside"),
     "dots": ({"faces": "a/../../x.png 1 1\n"}, ":1: image 'a/../../x.png' is not a path inside"),
     "unknown template": ({"pairs": PAIRS + "2 7 0\n"}, "label.txt:3: template 7 has no image"),
+    "self pair": ({"pairs": PAIRS + "2 2 1\n"}, "label.txt:3: template 2 paired with itself"),
     "label": ({"pairs": PAIRS + "2 1 2\n"}, "label.txt:3: label 2, expected 0 or 1"),
     "pair columns": ({"pairs": "1 2 0 5\n"}, "label.txt:1: 4 columns, expected 3"),
     "no genuine": ({"pairs": "1 2 0\n"}, "label.txt: no genuine pair (label 1)"),
-    "no impostor": ({"pairs": "1 1 1\n2 2 1\n"}, "label.txt: no impostor pair (label 0)"),
+    "no impostor": ({"pairs": "1 2 1\n2 1 1\n"}, "label.txt: no impostor pair (label 0)"),
     "empty pairs": ({"pairs": "\n"}, "label.txt: no genuine pair"),
 }
 
@@ -127,6 +167,10 @@ def test_missing_images_and_links_leaving_the_root_are_refused(tmp_path):
     os.symlink(tmp_path / "outside.png", root / "loose_crop" / "a" / "2.png")
     with pytest.raises(DataError, match=r":2: image 'a/2.png' leaves .* \(a link\)"):
         read_template_set(root)
+    os.remove(root / "loose_crop" / "a" / "2.png")
+    os.mkfifo(root / "loose_crop" / "a" / "2.png")  # never opened: no wait for a writer
+    with pytest.raises(DataError, match=r":2: image .*a/2.png is not a regular file"):
+        read_template_set(root)
 
 
 def test_an_undecodable_image_names_the_face_list_and_the_image(tmp_path):
@@ -138,7 +182,7 @@ def test_an_undecodable_image_names_the_face_list_and_the_image(tmp_path):
 
 
 def test_a_large_pair_list_parses_fast_and_its_bad_line_is_found(tmp_path):
-    pairs = np.tile([[1, 2, 0], [1, 1, 1], [2, 2, 1]], (20_000, 1))
+    pairs = np.tile([[1, 2, 0], [2, 1, 1], [1, 2, 1]], (20_000, 1))
     text = "\n".join(f"{a} {b} {c}" for a, b, c in pairs.tolist()) + "\n"
     faces = read_template_set(write_layout(tmp_path / "good", pairs=text))
     assert np.array_equal(faces.pairs, pairs[:, :2]) and np.array_equal(faces.labels, pairs[:, 2])

@@ -5,6 +5,7 @@ tools/ijb_from_features.py."""
 import importlib.util
 import json
 import shutil
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -199,6 +200,7 @@ def test_evaluate_ijb_figures_recompute_from_the_features_file(tiny_run, astrona
     else:
         assert deployable == {}
     assert metrics["threshold_for"]["preprocess"] == "template arcface"
+    assert metrics["threshold_distance"] == "cosine"  # what identify's --threshold-at reads
     assert metrics["threshold_for"]["weights_sha256"] == trained.weights_sha256()
     assert evaluate_script.main([*argv, "--out", str(out)]) == 2  # outputs not replaced
 
@@ -245,6 +247,18 @@ def test_bad_input_stops_the_command_before_any_output(tiny_run, tmp_path, capsy
     assert evaluate_script.main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip().endswith("label.txt:2: template 9 has no image")
     assert not (tmp_path / "out").exists()
+
+
+def test_landmarks_no_similarity_fits_are_one_line_naming_the_image(astronauts):
+    faces = read_template_set(astronauts)
+    on_one_point = np.broadcast_to(faces.landmarks[:1, :1], faces.landmarks.shape)  # all equal
+    faces = replace(faces, landmarks=on_one_point)
+    warped = WarpedFaces(faces, partial(align_face, template="arcface"), 32, "fixed")
+    with pytest.raises(DataError) as caught:
+        warped[1]
+    message = str(caught.value)
+    assert "syn_name_5pts_score.txt: image " + repr(faces.images[1]) in message
+    assert "no similarity transform fits landmarks" in message and "\n" not in message
 
 
 def test_workers_give_the_same_features_and_a_one_line_error(tiny_run, astronauts, tmp_path):
