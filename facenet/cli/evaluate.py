@@ -238,6 +238,13 @@ def _embedding_setup(args: argparse.Namespace) -> tuple:
     return measure, threshold_for
 
 
+def _deployable(distances, issame, args: argparse.Namespace, folds=None) -> dict:
+    """Deployable thresholds of a model's pair distances, measured without mean subtraction
+    (as identify measures), whatever the flag."""
+    found = deployable_thresholds(distances, issame, VerifySettings.of(args), folds)
+    return found | {"subtract_mean": False}
+
+
 def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
     """(metrics.json, ``{set name: result}``) of every ``--bin`` set; two sets of one name are
     refused."""
@@ -254,8 +261,7 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
     for name, path in paths.items():
         pairs = read_bin(path, args.n_folds, limits)
         results[name], distances = measure(pairs, return_distances=True)
-        deployable = deployable_thresholds(distances, pairs.issame, VerifySettings.of(args))
-        deployable["subtract_mean"] = False  # measured as identify measures, whatever the flag
+        deployable = _deployable(distances, pairs.issame, args)
         sets[name] = {**results[name].to_dict(curves=False), "deployable_thresholds": deployable}
     return {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}, results
 
@@ -279,9 +285,7 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
     result, distances = measure(pairs, return_distances=True)
     fields = {"source": f"{args.checkpoint} on {args.pairs}", "threshold_for": threshold_for}
     folds = pairs.folds_for(args.n_folds)
-    deployable = deployable_thresholds(distances, pairs.issame, VerifySettings.of(args), folds)
-    deployable["subtract_mean"] = False  # measured as identify measures, whatever the flag
-    fields["deployable_thresholds"] = deployable
+    fields["deployable_thresholds"] = _deployable(distances, pairs.issame, args, folds)
     return Path(args.pairs).name, fields, result
 
 
