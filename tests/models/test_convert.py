@@ -300,17 +300,23 @@ def test_a_file_that_is_neither_a_graph_nor_a_checkpoint_is_one_line(tmp_path, c
     assert not (tmp_path / "out.pt").exists()
 
 
+def _damaged(data: bytes, rng) -> bytes:
+    """``data`` with one to three bytes set at random."""
+    damaged = bytearray(data)
+    for at in rng.integers(0, len(data), rng.integers(1, 4)):
+        damaged[at] = rng.integers(0, 256)
+    return bytes(damaged)
+
+
 def test_a_damaged_checkpoint_index_raises_only_graph_errors():
     tensors = {"a/weights": np.ones((2, 3), np.float32), "step": np.array(3, np.int64)}
     index, data = bundle(tensors)
     assert list(parse_bundle(index, data)) == ["a/weights"]  # int64 left out
     rng = np.random.default_rng(0)
     for _ in range(300):
-        damaged = bytearray(index)
-        for at in rng.integers(0, len(index), rng.integers(1, 4)):
-            damaged[at] = rng.integers(0, 256)
+        damaged = _damaged(index, rng)
         with contextlib.suppress(GraphError):  # anything else is a bug
-            parse_bundle(bytes(damaged), data[: rng.integers(0, len(data) + 1)])
+            parse_bundle(damaged, data[: rng.integers(0, len(data) + 1)])
 
 
 def test_a_damaged_or_incomplete_checkpoint_is_refused(tmp_path, capsys):
@@ -391,11 +397,9 @@ def test_damaged_bytes_raise_only_graph_errors():
     assert set(parse_graph(data)) == {"w", "k", "c"}
     rng = np.random.default_rng(0)
     for _ in range(300):
-        damaged = bytearray(data)
-        for at in rng.integers(0, len(data), rng.integers(1, 4)):
-            damaged[at] = rng.integers(0, 256)
+        damaged = _damaged(data, rng)
         with contextlib.suppress(GraphError):  # anything else is a bug
-            parse_graph(bytes(damaged[: rng.integers(1, len(data) + 1)]))
+            parse_graph(damaged[: rng.integers(1, len(data) + 1)])
 
 
 def test_a_foreign_graph_is_refused(tmp_path, capsys):
