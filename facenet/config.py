@@ -114,6 +114,11 @@ class LossConfig:
     soft_margin: bool = False
     swap: bool = False
     ce_weight: float = 0.0  # > 0 adds a classifier head and weight x cross-entropy
+    # softmax: a linear classifier on the prelogits; cosface, arcface: a cosine classifier
+    # (unit weights and embeddings), its target's logit given a margin, all logits x ce_scale.
+    ce: Literal["softmax", "cosface", "arcface"] = "softmax"
+    ce_scale: float = 64.0
+    ce_margin: float | None = None  # None: 0.35 cosface, 0.5 arcface (radians)
 
 
 @dataclass
@@ -251,7 +256,8 @@ RANGES: dict[str, Range] = {
         "data.synthetic_heldout_identities data.synthetic_heldout_images_per_identity",
         Range(0, math.inf): "mining.margin loss.margin loss.ce_weight optim.weight_decay "
         "optim.grad_clip optim.backbone_lr_scale",
-        Range(0, math.inf, True): "optim.lr optim.gamma",
+        Range(0, math.inf, True): "optim.lr optim.gamma loss.ce_scale",
+        Range(0, math.pi, False, True): "loss.ce_margin",
         Range(0, 1, False, True): "model.dropout optim.momentum",
         Range(0, 1): "optim.min_lr_ratio",
         Range(0, 1, True): "eval.far_target",

@@ -52,10 +52,13 @@ def _forward(model, images, ce):
     return model(images), None
 
 
-def _loss(loss_fn, embeddings, triplets, logits, labels, ce_weight):
+def _loss(loss_fn, embeddings, triplets, logits, labels, ce_weight, margin_softmax=None):
+    """Triplet loss + ce_weight x the mean cross-entropy: plain, or ``margin_softmax``'s (a
+    cosine classifier's ``loss``, (N,) losses)."""
     loss = loss_fn(embeddings, triplets)
     if ce_weight > 0:
-        loss = loss + ce_weight * F.cross_entropy(logits, labels)
+        ce = F.cross_entropy if margin_softmax is None else margin_softmax
+        loss = loss + ce_weight * ce(logits, labels).mean()
     return loss
 
 
@@ -77,6 +80,7 @@ def stated_backward(model, images, labels, path, miner, loss_fn, *, world=1, chu
     """Autograd through the stated forward of ``path`` for ``world`` ranks; returns the loss."""
     parts = list(images.chunk(world))
     count = parts[0].shape[0]
+    margin_softmax = getattr(getattr(model, "classifier", None), "loss", None)
     if path in ("one-pass", "chunked"):
         pieces = [piece for part in parts for piece in (_chunks(part, chunk) if chunk else [part])]
         outputs = [_forward(model, piece, ce > 0) for piece in pieces]
@@ -84,7 +88,7 @@ def stated_backward(model, images, labels, path, miner, loss_fn, *, world=1, chu
         triplets = miner(embeddings.detach(), labels)
         used, _ = _unique(triplets)
         logits = torch.cat([lg for _, lg in outputs])[used] if ce > 0 else None
-        loss = _loss(loss_fn, embeddings, triplets, logits, labels[used], ce)
+        loss = _loss(loss_fn, embeddings, triplets, logits, labels[used], ce, margin_softmax)
     else:  # two-pass: mining per rank on a copy; each rank's selected images a BN batch
         mining_model = copy.deepcopy(model)
         with torch.no_grad():
@@ -103,7 +107,7 @@ def stated_backward(model, images, labels, path, miner, loss_fn, *, world=1, chu
                 outputs.append(_forward(model, part[rows], ce > 0))
         embeddings = torch.cat([e for e, _ in outputs])  # (U, D)
         logits = torch.cat([lg for _, lg in outputs]) if ce > 0 else None
-        loss = _loss(loss_fn, embeddings, local, logits, labels[unique], ce)
+        loss = _loss(loss_fn, embeddings, local, logits, labels[unique], ce, margin_softmax)
     loss.backward()
     return loss.detach()
 

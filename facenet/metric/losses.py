@@ -1,4 +1,4 @@
-"""Triplet losses that index the live graph, so the gradient reaches the model.
+"""Triplet losses that index the live graph, and the margin softmax of a cosine classifier.
 
 ``TripletMarginLoss`` takes a forward pass's (B, D) embeddings and index triplets (this
 package's :class:`~facenet.metric.miners.Triplets` or any 3-tuple, such as a
@@ -6,10 +6,12 @@ pytorch-metric-learning miner's output) and reduces ``max(0, d(a,p) - d(a,n) + m
 them. With no triplets the loss is a zero still connected to the graph, so ``backward()``
 always works. A NaN or inf embedding makes the loss NaN (``on_nonfinite="defer"``), so the
 caller's check of its loss refuses the step (:mod:`facenet.metric.checks`).
+``MarginSoftmaxLoss``: CosFace's or ArcFace's cross-entropy on (N, C) cosines.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
     from facenet.config import LossConfig
 
 REDUCTIONS = ("mean_active", "mean", "sum")
+# Margins of the papers and of insightface's arcface_torch: CosFace's on the cosine, ArcFace's
+# on the angle (radians).
+MARGINS = {"cosface": 0.35, "arcface": 0.5}
 
 
 def _reduce(losses: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -194,6 +199,53 @@ def batch_all_triplet_loss(
     return torch.where(finite, loss, float("nan"))
 
 
+class MarginSoftmaxLoss(nn.Module):
+    """Per-row cross-entropy of ``scale x`` (N, C) cosines with a margin on each row's target:
+    ``cos - margin`` (CosFace, Wang et al. 2018) or ``cos(theta + margin)`` (ArcFace, Deng et
+    al. 2019). Past ``theta + margin = pi``, where ``cos(theta + margin)`` would rise again,
+    ArcFace's target is ``cos - margin sin(margin)`` (insightface's arcface_torch/losses.py at
+    2e2e8c9 and pytorch-metric-learning 2.9.0's ArcFaceLoss; not their "easy margin").
+    Returns (N,) losses: the caller reduces."""
+
+    def __init__(self, kind: str = "cosface", scale: float = 64.0, margin: float | None = None):
+        super().__init__()
+        self.kind = check_choice(kind, tuple(MARGINS), "MarginSoftmaxLoss", "kind")
+        self.scale = float(scale)
+        self.margin = MARGINS[kind] if margin is None else float(margin)
+        if not 0.0 <= self.margin < math.pi or not self.scale > 0:
+            raise ValueError(
+                f"MarginSoftmaxLoss: margin must be in [0, pi) and scale > 0, got "
+                f"margin={self.margin!r}, scale={self.scale!r}"
+            )
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}, scale={self.scale}, margin={self.margin}"
+
+    def forward(self, cosines: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """(N, C) cosines (a cosine classifier's output) and (N,) labels -> (N,) losses."""
+        rows = labels[:, None]  # (N, 1)
+        target = cosines.gather(1, rows)  # (N, 1)
+        m = self.margin
+        if self.kind == "cosface":
+            target_logit = target - m
+        else:  # cos(theta + m); the floor keeps sqrt's gradient finite at cos = 1
+            sine = (1 - target.square()).clamp_min(1e-12).sqrt()
+            past_pi = target <= math.cos(math.pi - m)  # theta + m >= pi
+            target_logit = torch.where(
+                past_pi, target - m * math.sin(m), target * math.cos(m) - sine * math.sin(m)
+            )
+        logits = self.scale * cosines.scatter(1, rows, target_logit)  # (N, C)
+        return F.cross_entropy(logits, labels, reduction="none")
+
+
 def build_loss(cfg: LossConfig) -> TripletMarginLoss:
     """The triplet loss ``cfg`` describes (its ``ce_weight`` is the model's classifier's)."""
     return TripletMarginLoss(cfg.margin, cfg.distance, cfg.reduction, cfg.soft_margin, cfg.swap)
+
+
+def build_margin_loss(cfg: LossConfig) -> MarginSoftmaxLoss | None:
+    """The margin softmax of ``loss.ce`` (for a cosine classifier), or None for plain
+    cross-entropy on a linear classifier's logits."""
+    if cfg.ce == "softmax":
+        return None
+    return MarginSoftmaxLoss(cfg.ce, cfg.ce_scale, cfg.ce_margin)

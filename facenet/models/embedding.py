@@ -179,12 +179,26 @@ class EmbeddingHead(nn.Module):
         return _l2_normalize(self.prelogits(features))
 
 
+class CosineClassifier(nn.Linear):
+    """(B, D) -> (B, C) cosines between the unit input and each unit weight row, read by the
+    margin softmax it holds as ``loss`` ((B, C) cosines, (B,) labels -> (B,) losses): the
+    layer and the loss that reads its cosines travel together, as in insightface's PartialFC."""
+
+    def __init__(self, in_features: int, num_classes: int, loss: nn.Module):
+        super().__init__(in_features, num_classes, bias=False)
+        self.loss = loss
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(_l2_normalize(x), F.normalize(self.weight, dim=1))
+
+
 class EmbeddingNet(nn.Module):
     """Backbone (B, C, H, W) -> (B, F) -> embedding head (B, D) (-> classifier).
 
     The classifier reads the embedding before L2 normalisation (FaceNet's "prelogits"): unit
     vectors would bound every logit by its weight row's norm, which slows cross-entropy
-    training; it is also the ports' ``logits`` layout.
+    training; it is also the ports' ``logits`` layout. A :class:`CosineClassifier` put in its
+    place (``build_model``'s ``margin_loss``) returns cosines instead.
 
     Args:
         weights: a local state-dict file (``torch.load(weights_only=True)``) for the backbone:
@@ -250,10 +264,14 @@ class EmbeddingNet(nn.Module):
 
 
 def build_model(
-    cfg: ModelConfig, num_classes: int | None = None, image_size: ImageSize | None = None
+    cfg: ModelConfig,
+    num_classes: int | None = None,
+    image_size: ImageSize | None = None,
+    margin_loss: nn.Module | None = None,
 ) -> EmbeddingNet:
     """The :class:`EmbeddingNet` of a run's ``model`` section, built for ``data.image_size``
-    (read by size-bound backbones)."""
+    (read by size-bound backbones); with ``margin_loss`` (``loss.ce``'s margin softmax) its
+    classifier is a :class:`CosineClassifier` holding it."""
     model = EmbeddingNet(
         backbone=cfg.backbone,
         embedding_dim=cfg.embedding_dim,
@@ -263,6 +281,8 @@ def build_model(
         weights_head=cfg.weights_head,
         input_size=image_size,
     )
+    if num_classes and margin_loss is not None:
+        model.classifier = CosineClassifier(cfg.embedding_dim, num_classes, margin_loss)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model

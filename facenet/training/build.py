@@ -29,7 +29,7 @@ from facenet.data.synthetic import prepare_synthetic_data
 from facenet.distributed import is_distributed, is_main_process, resolve_device
 from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.files import write_text_atomic
-from facenet.metric.losses import build_loss
+from facenet.metric.losses import build_loss, build_margin_loss
 from facenet.metric.miners import build_miner
 from facenet.models.embedding import build_model
 from facenet.training.engine import Trainer, TrainerSettings
@@ -291,8 +291,14 @@ def build_data(
 def build_network(cfg: Config, num_classes: int | None = None):
     """The network of the ``model`` section on the CPU, its weights file read; ``num_classes``
     sizes a classifier head. Built once first, a mistake there is found before a run writes."""
+    margin_loss = _from_section("loss", build_margin_loss, cfg.loss)  # loss.ce's, or None
     return _from_section(
-        "model", build_model, cfg.model, num_classes=num_classes, image_size=cfg.data.image_size
+        "model",
+        build_model,
+        cfg.model,
+        num_classes=num_classes,
+        image_size=cfg.data.image_size,
+        margin_loss=margin_loss,
     )
 
 

@@ -6,7 +6,8 @@ is what that path's grad forward sees, and autograd goes through its statistics.
 ``tests/step_reference.py`` writes each stated forward in plain autograd and the tests hold
 every path against it in float64. With W processes each rank backpropagates W x its share and
 DDP averages, so the parameters receive the gradient of the stated loss. Cross-entropy
-(``ce_weight > 0``) is the mean over the selected images of the same grad forward's logits.
+(``ce_weight > 0``) is the mean over the selected images of the same grad forward's logits:
+plain, or the margin softmax a cosine classifier holds as its ``loss``.
 The path is decided in ``choose_step`` alone.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -77,8 +79,13 @@ class _Step:
 
     def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none", chunk_size=0):
         self.model, self.core = model, getattr(model, "module", model)
-        if ce_weight > 0 and getattr(self.core, "classifier", None) is None:
+        classifier = getattr(self.core, "classifier", None)
+        if ce_weight > 0 and classifier is None:
             raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
+        # (N, C) logits, (N,) labels -> (N,) losses: a cosine classifier's margin softmax
+        self.ce_loss = getattr(classifier, "loss", None) or partial(
+            F.cross_entropy, reduction="none"
+        )
         self.miner, self.loss_fn, self.ce_weight = miner, loss_fn, float(ce_weight)
         self.chunk_size = int(chunk_size)
         self.autocast_dtype = _AUTOCAST[amp]
@@ -122,7 +129,7 @@ class _Step:
         triplet_loss = loss = self.loss_fn(embeddings, triplets)
         ce_sum = None
         if logits is not None:
-            ce_sum = F.cross_entropy(logits, ce_labels, reduction="sum")
+            ce_sum = self.ce_loss(logits, ce_labels).sum()
             loss = loss + self.ce_weight * ce_sum / selected
         # DDP averages the ranks' gradients; each rank's share is 1/W of the sum.
         self.scale(loss * get_world_size()).backward()  # frees every tensor saved for backward
@@ -289,7 +296,7 @@ class ChunkedStep(_Step):
                 embeddings, logits = self.forward(images[chunk], with_logits)  # = cached rows
                 surrogate = (embeddings * row_grads[chunk]).sum()  # d/d(embeddings) = grads
                 if logits is not None:  # masked, not indexed: the head stays in the graph
-                    ce = F.cross_entropy(logits, labels[chunk], reduction="none")
+                    ce = self.ce_loss(logits, labels[chunk])
                     ce = (ce * selected[chunk]).sum()
                     ce_sum += ce.detach()
                     surrogate = surrogate + self.scale(ce * ce_scale)

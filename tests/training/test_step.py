@@ -11,8 +11,9 @@ from torch import nn
 
 from facenet.errors import ConfigError
 from facenet.memory import GraphMemoryMeter
-from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.losses import MarginSoftmaxLoss, TripletMarginLoss
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
+from facenet.models.embedding import CosineClassifier
 from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.step import ChunkedStep, OnePassStep, TwoPassStep, build_step, choose_step
 
@@ -34,6 +35,17 @@ def sparse_miner():
 
 
 MINERS = {"batch_hard": BatchHardMiner, "sparse": sparse_miner}
+# No cross-entropy, plain cross-entropy (weight 0.5), a margin softmax's kind (weight 0.5)
+CE = [0.0, 0.5, "cosface", "arcface"]
+
+
+def with_ce(model, ce):
+    """``model`` (8-d prelogits, 6 classes) and its ce_weight for a ``CE`` case: a kind puts a
+    cosine classifier holding that margin softmax in place of the linear one."""
+    if isinstance(ce, str):
+        model.classifier = CosineClassifier(8, 6, MarginSoftmaxLoss(ce, scale=8.0))
+        return model, 0.5
+    return model, ce
 
 
 def bn_buffers(model):
@@ -48,7 +60,8 @@ def bn_buffers(model):
 def compare_one_step(path, miner, ce, chunk=0, dropout=0.0, passes=None):
     """One trainer step against autograd through the stated forward, from the same state."""
     torch.manual_seed(0)
-    model = BNNet(num_classes=6 if ce else None, dropout=dropout).double()
+    model, ce = with_ce(BNNet(num_classes=6 if ce else None, dropout=dropout), ce)
+    model = model.double()
     reference = copy.deepcopy(model)
     images, labels = make_batch()
     optimizer = RecordingSGD(model.parameters(), lr=0.1)
@@ -89,7 +102,7 @@ def compare_one_step(path, miner, ce, chunk=0, dropout=0.0, passes=None):
     return stats
 
 
-@pytest.mark.parametrize("ce", [0.0, 0.5])
+@pytest.mark.parametrize("ce", CE)
 @pytest.mark.parametrize("miner", ["batch_hard", "sparse"])
 @pytest.mark.parametrize("path", ["one-pass", "two-pass"])
 def test_one_and_two_pass_equal_autograd_through_their_forward(path, miner, ce):
@@ -98,7 +111,7 @@ def test_one_and_two_pass_equal_autograd_through_their_forward(path, miner, ce):
         assert stats["selected_images"] < 24  # a subset: its own BatchNorm batch
 
 
-@pytest.mark.parametrize("ce", [0.0, 0.5])
+@pytest.mark.parametrize("ce", CE)
 @pytest.mark.parametrize("miner", ["batch_hard", "sparse"])
 @pytest.mark.parametrize("chunk", [5, 8, 23, 24])  # 23: 23 + 1, one chunk of 24
 def test_chunked_equals_autograd_through_per_chunk_forwards(chunk, miner, ce):
@@ -232,10 +245,11 @@ class GroupNormNet(nn.Module):
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 5, 18, 64])
-@pytest.mark.parametrize("ce", [0.0, 0.5])
+@pytest.mark.parametrize("ce", CE)
 def test_without_batch_dependence_chunked_equals_unchunked(chunk, ce):
     torch.manual_seed(0)
-    model = GroupNormNet().double()
+    model, ce = with_ce(GroupNormNet(), ce)
+    model = model.double()
     images, labels = make_batch(p=6, k=3, size=12)
     recorded = []
     for chunk_size, passes in ((0, 1), (chunk, 2)):
