@@ -307,7 +307,7 @@ def _registries() -> dict:
     from facenet.evaluation.embedding import FEATURES
     from facenet.evaluation.protocol import DISTANCES, SCORINGS, THRESHOLD_RULES
     from facenet.metric.distances import DISTANCE_NAMES
-    from facenet.metric.losses import REDUCTIONS
+    from facenet.metric.losses import CROSS_ENTROPIES, REDUCTIONS
     from facenet.metric.miners import FALLBACKS, MINERS, TRIPLET_TYPES
     from facenet.models.embedding import BACKBONES
     from facenet.training import step
@@ -321,6 +321,7 @@ def _registries() -> dict:
         "mining.distance": DISTANCE_NAMES,
         "loss.distance": DISTANCE_NAMES,
         "loss.reduction": REDUCTIONS,
+        "loss.ce": CROSS_ENTROPIES,
         "optim.name": tuple(OPTIMIZERS),
         "optim.schedule": SCHEDULES,
         "train.amp": tuple(step._AUTOCAST),  # the step's autocast table

@@ -37,6 +37,7 @@ REDUCTIONS = ("mean_active", "mean", "sum")
 # Margins of the papers and of insightface's arcface_torch: CosFace's on the cosine, ArcFace's
 # on the angle (radians).
 MARGINS = {"cosface": 0.35, "arcface": 0.5}
+CROSS_ENTROPIES = ("softmax", *MARGINS)  # loss.ce: plain (a linear classifier's), or a margin
 
 
 def _reduce(losses: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -1,11 +1,14 @@
-"""Triplet losses: hand-computed values, brute force, pytorch-metric-learning, gradients."""
+"""Triplet losses and the margin softmax: hand-computed values, brute force,
+pytorch-metric-learning, gradients."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
@@ -13,7 +16,13 @@ from pytorch_metric_learning import reducers as pml_reducers
 
 from facenet.config import LossConfig
 from facenet.metric.distances import pairwise_distance
-from facenet.metric.losses import TripletMarginLoss, batch_all_triplet_loss, build_loss
+from facenet.metric.losses import (
+    MarginSoftmaxLoss,
+    TripletMarginLoss,
+    batch_all_triplet_loss,
+    build_loss,
+    build_margin_loss,
+)
 from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
 
 REDUCTIONS = ("mean_active", "mean", "sum")
@@ -391,3 +400,86 @@ def test_build_loss_maps_the_config():
     assert loss_fn.soft_margin and loss_fn.swap
     with pytest.raises(ValueError, match="unknown reduction"):
         build_loss(LossConfig(reduction="max"))
+
+
+# --------------------------------------------------------------------------- margin softmax
+
+
+def test_margin_softmax_hand_computed():
+    """Two classes: each row's loss is log(1 + exp(s x (other cosine - target logit)))."""
+    cosines = torch.tensor([[0.6, 0.8], [0.1, -0.95]], dtype=torch.float64)
+    labels = torch.tensor([0, 1])
+    cosface = MarginSoftmaxLoss("cosface", scale=2.0, margin=0.1)(cosines, labels)
+    want = [math.log1p(math.exp(2 * (0.8 - 0.5))), math.log1p(math.exp(2 * (0.1 + 1.05)))]
+    torch.testing.assert_close(cosface, torch.tensor(want, dtype=torch.float64))
+    # ArcFace: row 0 at theta = acos(0.6) gets cos(theta + 0.5); row 1 at acos(-0.95) = 2.82
+    # > pi - 0.5 gets -0.95 - 0.5 sin(0.5).
+    arcface = MarginSoftmaxLoss("arcface", scale=2.0, margin=0.5)(cosines, labels)
+    targets = (math.cos(math.acos(0.6) + 0.5), -0.95 - 0.5 * math.sin(0.5))
+    want = [
+        math.log1p(math.exp(2 * (0.8 - targets[0]))),
+        math.log1p(math.exp(2 * (0.1 - targets[1]))),
+    ]
+    torch.testing.assert_close(arcface, torch.tensor(want, dtype=torch.float64))
+
+
+def margin_softmax_case(seed: int, num=16, dim=6, classes=5):
+    """Embeddings (N, D), labels, pml's (D, C) class weights; four rows point away from their
+    class (angle past pi - margin: ArcFace's other branch)."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = torch.randn(dim, classes, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, classes, (num,), generator=gen)
+    x = torch.randn(num, dim, generator=gen, dtype=torch.float64)
+    x[:4] = -weights[:, labels[:4]].T + 0.05 * x[:4]
+    return x, labels, weights
+
+
+@pytest.mark.parametrize(
+    "kind, scale, margin", [("cosface", 64.0, 0.35), ("cosface", 8.0, 0.2), ("arcface", 64.0, 0.5),
+                            ("arcface", 10.0, 0.3)]
+)  # fmt: skip
+def test_margin_softmax_equals_pml_and_its_gradients(kind, scale, margin):
+    """pytorch-metric-learning 2.9.0's CosFaceLoss / ArcFaceLoss (weights (D, C), degrees for
+    ArcFace, the mean over rows) on the same weights: loss and gradients."""
+    x, labels, weights = margin_softmax_case(seed=int(scale))
+    if kind == "cosface":
+        pml = pml_losses.CosFaceLoss(5, 6, margin=margin, scale=scale)
+    else:
+        pml = pml_losses.ArcFaceLoss(5, 6, margin=math.degrees(margin), scale=scale)
+    pml = pml.double()
+    pml.W.data.copy_(weights)
+    x_pml = x.clone().requires_grad_()
+    want = pml(x_pml, labels)
+    want.backward()
+    x_ours, w_ours = x.clone().requires_grad_(), weights.clone().requires_grad_()
+    cosines = F.normalize(x_ours, dim=1) @ F.normalize(w_ours, dim=0)  # (N, C)
+    if kind == "arcface":
+        assert (cosines.gather(1, labels[:, None])[:4] < math.cos(math.pi - margin)).all()
+    got = MarginSoftmaxLoss(kind, scale, margin)(cosines, labels).mean()
+    got.backward()
+    torch.testing.assert_close(got, want.detach(), rtol=1e-9, atol=0)
+    torch.testing.assert_close(x_ours.grad, x_pml.grad, rtol=1e-7, atol=1e-12)
+    torch.testing.assert_close(w_ours.grad, pml.W.grad, rtol=1e-7, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["cosface", "arcface"])
+def test_margin_softmax_gradient_matches_finite_differences(kind):
+    x, labels, weights = margin_softmax_case(seed=3)
+    cosines = (F.normalize(x, dim=1) @ F.normalize(weights, dim=0)).requires_grad_()
+    loss = MarginSoftmaxLoss(kind, scale=4.0)
+    assert torch.autograd.gradcheck(lambda c: loss(c, labels), (cosines,))
+
+
+def test_build_margin_loss_maps_the_config():
+    assert build_margin_loss(LossConfig()) is None  # softmax: the linear classifier's
+    cosface = build_margin_loss(LossConfig(ce="cosface"))
+    assert (cosface.kind, cosface.scale, cosface.margin) == ("cosface", 64.0, 0.35)
+    arcface = build_margin_loss(LossConfig(ce="arcface", ce_scale=30.0, ce_margin=0.4))
+    assert (arcface.kind, arcface.scale, arcface.margin) == ("arcface", 30.0, 0.4)
+    assert build_margin_loss(LossConfig(ce="arcface")).margin == 0.5
+    with pytest.raises(ValueError, match=r"margin must be in \[0, pi\).*margin=3.5"):
+        MarginSoftmaxLoss("arcface", margin=3.5)
+    with pytest.raises(ValueError, match="scale > 0.*scale=0.0"):
+        MarginSoftmaxLoss("cosface", scale=0.0)
+    with pytest.raises(ValueError, match="unknown kind 'sphereface'"):
+        MarginSoftmaxLoss("sphereface")

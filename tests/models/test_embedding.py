@@ -15,6 +15,7 @@ from facenet.errors import WeightsError
 from facenet.models.backbones import TinyCNN
 from facenet.models.embedding import (
     BACKBONES,
+    CosineClassifier,
     EmbeddingHead,
     EmbeddingNet,
     build_model,
@@ -429,6 +430,24 @@ def test_build_model_honours_the_config():
     assert model.embedding.dropout.p == 0.25
     assert model.classifier.in_features == 24 and model.classifier.out_features == 7
     assert build_model(cfg).classifier is None
+
+
+def test_build_model_with_a_margin_loss_puts_a_cosine_classifier_holding_it():
+    """Its logits are the cosines between each unit embedding and each unit weight row."""
+    margin_loss = nn.Identity()  # any module: the classifier only holds it
+    model = build_model(ModelConfig(embedding_dim=24), num_classes=7, margin_loss=margin_loss)
+    assert isinstance(model.classifier, CosineClassifier) and model.classifier.loss is margin_loss
+    assert set(model.state_dict()) - set(build_model(ModelConfig(embedding_dim=24))
+                                         .state_dict()) == {"classifier.weight"}  # fmt: skip
+    with torch.no_grad():
+        model.classifier.weight.mul_(torch.arange(1.0, 8.0)[:, None])  # rows of norms 1x..7x
+    model.eval()
+    embeddings, cosines = model(images(3, 32), return_logits=True)
+    weights = model.classifier.weight
+    for i, j in [(0, 0), (1, 3), (2, 6)]:
+        want = embeddings[i].dot(weights[j]) / weights[j].norm()
+        torch.testing.assert_close(cosines[i, j], want)
+    assert build_model(ModelConfig(), margin_loss=margin_loss).classifier is None
 
 
 def test_count_parameters_against_a_hand_count():
