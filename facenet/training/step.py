@@ -82,10 +82,9 @@ class _Step:
         classifier = getattr(self.core, "classifier", None)
         if ce_weight > 0 and classifier is None:
             raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
-        # (N, C) logits, (N,) labels -> (N,) losses: a cosine classifier's margin softmax
-        self.ce_loss = getattr(classifier, "loss", None) or partial(
-            F.cross_entropy, reduction="none"
-        )
+        # (N, C) logits, (N,) labels -> (N,) losses: a cosine classifier's margin softmax, or plain
+        plain = partial(F.cross_entropy, reduction="none")
+        self.ce_loss = getattr(classifier, "loss", None) or plain
         self.miner, self.loss_fn, self.ce_weight = miner, loss_fn, float(ce_weight)
         self.chunk_size = int(chunk_size)
         self.autocast_dtype = _AUTOCAST[amp]
