@@ -10,7 +10,13 @@ from facenet.metric.distances import (
     paired_distance,
     pairwise_distance,
 )
-from facenet.metric.losses import TripletMarginLoss, batch_all_triplet_loss, build_loss
+from facenet.metric.losses import (
+    MarginSoftmaxLoss,
+    TripletMarginLoss,
+    batch_all_triplet_loss,
+    build_loss,
+    build_margin_loss,
+)
 from facenet.metric.miners import (
     BatchHardMiner,
     SemiHardNegativeMiner,
@@ -23,12 +29,14 @@ __all__ = [
     "DISTANCE_NAMES",
     "BatchHardMiner",
     "Distance",
+    "MarginSoftmaxLoss",
     "SemiHardNegativeMiner",
     "TripletMarginLoss",
     "TripletMarginMiner",
     "Triplets",
     "batch_all_triplet_loss",
     "build_loss",
+    "build_margin_loss",
     "build_miner",
     "get_distance",
     "paired_distance",

@@ -56,6 +56,7 @@ STATE_SHAPING = (
     "optim.freeze_up_to",
     "model.backbone",
     "model.embedding_dim",
+    "loss.ce",
     "loss.ce_weight",
 )
 
