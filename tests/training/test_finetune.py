@@ -42,7 +42,7 @@ def snapshot(model) -> dict:
 def test_stages_frozen_for_the_run_have_no_grad_and_no_optimizer_state():
     trainer = trainer_for("optim.freeze_backbone_epochs=all", "optim.freeze_up_to='1'")
     model, before = trainer.core_model, snapshot(trainer.core_model)
-    frozen = {n for n, _ in model.named_parameters() if n.startswith(("backbone.0.", "backbone.1."))}
+    frozen = {n for n, _ in model.named_parameters() if n.startswith(("backbone.0.", "backbone.1"))}
     assert frozen and all(not p.requires_grad for n, p in model.named_parameters() if n in frozen)
     in_optimizer = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
     named = dict(model.named_parameters())
@@ -155,7 +155,8 @@ def progress_with(accuracies: list[float | None]) -> Progress:
 def test_patience_counts_validations_since_the_best_one():
     assert patience_spent(progress_with([0.6, 0.7, 0.7]), 2) is None  # equal is not better
     spent = patience_spent(progress_with([0.6, 0.7, 0.7, 0.65]), 2)
-    assert spent.startswith("early stop after epoch 4: 2 validations") and "epoch 2's 0.7000" in spent
+    assert spent.startswith("early stop after epoch 4: 2 validations")
+    assert "than epoch 2's 0.7000" in spent
     # Epochs without validation (eval.every > 1) do not count.
     assert patience_spent(progress_with([0.6, 0.7, None, 0.5, None]), 2) is None
     assert patience_spent(progress_with([0.6, 0.7, None, 0.5, None, 0.6]), 2) is not None
