@@ -32,6 +32,7 @@ from facenet.files import write_text_atomic
 from facenet.metric.losses import build_loss
 from facenet.metric.miners import build_miner
 from facenet.models.embedding import build_model
+from facenet.training.cache import FeatureHead, check_cache_settings
 from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.optim import (
     build_optimizer,
@@ -310,6 +311,9 @@ def build_trainer(
     # Named groups when fine-tuning (backbone lr scale, frozen stages); read before DDP wraps it.
     params = _from_section("optim", parameter_groups, model, cfg.optim)
     frozen_bn = _frozen_bn(cfg, model)
+    if cfg.train.cache_frozen:  # the step sees the frozen stages' outputs, not images
+        check_cache_settings(cfg)
+        model = _from_section("optim", FeatureHead, model, cfg.optim.freeze_up_to)
     if is_distributed():
         # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
         model = DistributedDataParallel(

@@ -116,9 +116,11 @@ class Trainer:
         self.global_step = 0
         self.nonfinite_in_a_row = 0
         self.counts = {"steps": 0, "trained": 0, "no_triplets": 0, "nonfinite": 0}
+        # A FeatureHead (train.cache_frozen) trains part of its ``whole`` network.
+        self._whole = getattr(step.core, "whole", step.core)
         batchnorms = [
             (name, module)
-            for name, module in step.core.named_modules()
+            for name, module in self._whole.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
         ]
         self._bn_buffers = [
@@ -137,8 +139,9 @@ class Trainer:
 
     @property
     def core_model(self) -> nn.Module:
-        """The model without a DistributedDataParallel wrapper (what checkpoints hold)."""
-        return self.step.core
+        """The whole model without a DistributedDataParallel wrapper (what checkpoints hold
+        and validation embeds with)."""
+        return self._whole
 
     def train_step(
         self,

@@ -198,3 +198,100 @@ def test_patience_stops_the_run_keeps_the_best_and_a_resume_stops_at_the_same_ep
     resumed, resumed_history = read_run(parts)
     assert [r["validation"]["accuracy_mean"] for r in resumed_history] == accuracies
     assert (resumed["best_epoch"], resumed["early_stop"]) == (best, summary["early_stop"])
+
+
+# --------------------------------------------------------------------------- cached frozen outputs
+
+CACHED = [
+    "optim.freeze_backbone_epochs=all",
+    "optim.freeze_up_to='1'",
+    "optim.bn=frozen_stages",
+    "data.random_crop=false",
+]
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("ce_weight", [0.0, 1.0])
+def test_a_step_on_cached_outputs_is_the_step_on_the_images(passes, ce_weight):
+    """Loss and every gradient of the step on the frozen stages' outputs equal, in float64,
+    those of the same step on the images the outputs were computed from."""
+    settings = [*CACHED, f"mining.passes={passes}", f"loss.ce_weight={ce_weight}"]
+    images, labels = batch(seed=3)
+    results = {}
+    for cached in (False, True):
+        torch.manual_seed(0)  # the same initial weights
+        cfg = load_config(None, ["train.device=cpu", "data.image_size=32", *settings])
+        cfg.train.cache_frozen = cached
+        trainer = build_trainer(cfg, num_classes=4, device=CPU, steps_per_epoch=4)
+        trainer.step.core.double()
+        trainer.train_mode()
+        inputs = images.double()
+        if cached:
+            inputs = trainer.step.core.frozen_outputs(inputs)
+            assert inputs.shape == (8, 64, 8, 8)  # after stage 1 of the tiny backbone
+        result = trainer.step(inputs, labels)
+        grads = {n: p.grad for n, p in trainer.core_model.named_parameters() if p.grad is not None}
+        results[cached] = result.loss, grads
+    (loss, grads), (cached_loss, cached_grads) = results[False], results[True]
+    assert loss.dtype == torch.float64 and loss > 0
+    torch.testing.assert_close(cached_loss, loss, rtol=1e-12, atol=1e-12)
+    assert set(cached_grads) == set(grads) and "backbone.2.0.weight" in grads
+    assert not any(n.startswith(("backbone.0.", "backbone.1.")) for n in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(cached_grads[name], grad, rtol=1e-10, atol=1e-12)
+
+
+def test_cached_batches_are_the_frozen_outputs_of_the_uncropped_batches_flips_included(
+    tmp_path,
+):
+    from facenet.training.build import build_data
+    from facenet.training.cache import cached_loader
+
+    cfg = load_config(
+        None,
+        [
+            *CACHED,
+            *synthetic_data(tmp_path / "data"),
+            "train.device=cpu",
+            "data.image_size=16",
+            "data.p=3",
+            "data.k=2",
+        ],
+    )
+    cfg.data.num_workers = 0
+    data = build_data(cfg, tmp_path / "run")
+    cfg.train.cache_frozen = True
+    trainer = build_trainer(cfg, num_classes=None, device=CPU, steps_per_epoch=2)
+    head = trainer.step.core
+    loader, note = cached_loader(head, data.loader, cfg)
+    assert note.startswith("train.cache_frozen: the frozen stages' outputs of 18 images")
+    data.sampler.set_epoch(3)
+    flipped = 0
+    for (images, labels), (outputs, cached_labels) in zip(data.loader, loader, strict=True):
+        assert torch.equal(labels, cached_labels)
+        images = images.float().sub(127.5).div(128)  # data.normalize: fixed
+        expected = head.frozen_outputs(images)
+        torch.testing.assert_close(outputs, expected, rtol=1e-5, atol=1e-5)
+        mirrored = head.frozen_outputs(images.flip(-1))
+        flipped += sum(not torch.allclose(o, e, atol=1e-5) for o, e in zip(outputs, mirrored))
+    assert flipped > 0  # the draws that kept the image differ from their mirror's outputs
+
+
+def test_the_cache_refuses_settings_that_change_the_frozen_outputs_naming_them():
+    with pytest.raises(ConfigError, match="optim.bn: frozen or .*data.random_crop: false"):
+        trainer_for("train.cache_frozen=true", "optim.freeze_backbone_epochs=all")
+
+
+def test_a_cached_run_trains_validates_and_saves_the_whole_network(tmp_path, capsys):
+    data = synthetic_data(tmp_path / "data")
+    runs = {}
+    for cached in ("false", "true"):
+        run = tmp_path / f"cached_{cached}"
+        settings = [*CACHED, f"train.cache_frozen={cached}", "eval.every=1", "train.epochs=2"]
+        code, out, err = train(capsys, run, *settings, data=data)
+        assert code == 0, err
+        assert ("train.cache_frozen: the frozen" in err) == (cached == "true")
+        runs[cached] = read_run(run)[1]
+    for plain, cached in zip(runs["false"], runs["true"], strict=True):
+        assert cached["loss"] == pytest.approx(plain["loss"], rel=1e-4)
+        assert cached["validation"]["accuracy_mean"] == plain["validation"]["accuracy_mean"]
