@@ -352,7 +352,9 @@ def _validation_of(progress: Progress, epoch: int | None) -> dict | None:
     return None
 
 
-def _summary(progress: Progress, stopped_by: str | None, test: dict | None, early: str | None):
+def _summary(
+    progress: Progress, stopped_by: str | None, test: dict | None, early: str | None
+) -> dict:
     """What ``summary.json`` holds: selection, threshold, test figures, time, memory;
     ``early``: why ``eval.patience`` stopped the run before its last epoch, or None."""
     history = progress.history
