@@ -136,10 +136,14 @@ class OptimConfig:
     min_lr_ratio: float = 0.01  # cosine's floor, a fraction of each group's starting rate
     grad_clip: float = 0.0  # 0: off
     # Fine-tuning: the backbone learns at lr x backbone_lr_scale, and not at all for the first
-    # freeze_backbone_epochs epochs (only its stages up to freeze_up_to, if named).
+    # freeze_backbone_epochs epochs ("all": the whole run) (only its stages up to freeze_up_to,
+    # if named: a stage, or an element of a sequential stage such as blocks.9).
     backbone_lr_scale: float = 1.0
-    freeze_backbone_epochs: int = 0
+    freeze_backbone_epochs: int | Literal["all"] = 0
     freeze_up_to: str | None = None
+    # BatchNorm in training: adapt (batch statistics, running ones follow the data); frozen:
+    # eval mode (the running statistics used and kept), for every layer or the frozen stages'.
+    bn: Literal["adapt", "frozen_stages", "frozen"] = "adapt"
 
 
 @dataclass
@@ -154,6 +158,8 @@ class TrainConfig:
     log_interval: int = 10
     max_nonfinite_steps: int = 5
     chunk_size: int = 0  # gradient caching: grad pass in chunks of N images; 0 = off
+    # The frozen stages' outputs computed once per image (and its mirror) and trained on.
+    cache_frozen: bool = False
 
 
 @dataclass
@@ -161,6 +167,7 @@ class EvalConfig:
     # Validation pairs choose best.pt and the threshold every `every` epochs (0: never); test
     # pairs are evaluated once at the end. None: the synthetic or held-out pairs.
     every: int = 1
+    patience: int = 0  # evaluations without a better validation accuracy that stop; 0: off
     val_pairs: str | None = None
     val_root: str | None = None  # None: the folder of val_pairs
     pairs: str | None = None  # e.g. LFW's pairs.txt
@@ -248,7 +255,7 @@ RANGES: dict[str, Range] = {
     for allowed, keys in {
         Range(0): "data.decoded_cache_mib mining.max_triplets optim.warmup_epochs "
         "optim.warmup_steps optim.freeze_backbone_epochs train.steps_per_epoch train.chunk_size "
-        "eval.every eval.heldout_identities",
+        "eval.every eval.heldout_identities eval.patience",
         Range(1): "data.triplets_per_epoch data.triplet_batch_size data.max_image_pixels "
         "data.synthetic_pairs_per_fold optim.step_size train.epochs train.log_interval "
         "train.max_nonfinite_steps eval.heldout_pairs_per_fold eval.batch_size",

@@ -32,8 +32,14 @@ from facenet.files import write_text_atomic
 from facenet.metric.losses import build_loss, build_margin_loss
 from facenet.metric.miners import build_miner
 from facenet.models.embedding import build_model
+from facenet.training.cache import FeatureHead, check_cache_settings
 from facenet.training.engine import Trainer, TrainerSettings
-from facenet.training.optim import build_optimizer, build_scheduler, parameter_groups
+from facenet.training.optim import (
+    build_optimizer,
+    build_scheduler,
+    frozen_prefixes,
+    parameter_groups,
+)
 from facenet.training.step import build_step
 
 
@@ -310,6 +316,10 @@ def build_trainer(
     model = build_network(cfg, num_classes if cfg.loss.ce_weight > 0 else None).to(device)
     # Named groups when fine-tuning (backbone lr scale, frozen stages); read before DDP wraps it.
     params = _from_section("optim", parameter_groups, model, cfg.optim)
+    frozen_bn = _frozen_bn(cfg, model)
+    if cfg.train.cache_frozen:  # the step sees the frozen stages' outputs, not images
+        check_cache_settings(cfg)
+        model = _from_section("optim", FeatureHead, model, cfg.optim.freeze_up_to)
     if is_distributed():
         # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
         model = DistributedDataParallel(
@@ -340,5 +350,21 @@ def build_trainer(
         max_nonfinite_steps=cfg.train.max_nonfinite_steps,
         channels_last=cfg.model.channels_last,
         graph_memory=cfg.logging.graph_memory,
+        frozen_bn=frozen_bn,
     )
     return Trainer(step, optimizer, scheduler, settings)
+
+
+def _frozen_bn(cfg: Config, model) -> tuple[str, ...]:
+    """The module names whose BatchNorm layers ``optim.bn`` keeps in eval mode."""
+    if cfg.optim.bn == "adapt":
+        return ()
+    if cfg.optim.bn == "frozen":
+        return ("",)
+    prefixes = _from_section("optim", frozen_prefixes, model, cfg.optim)
+    if not prefixes:
+        raise ConfigError(
+            "optim.bn: frozen_stages needs frozen stages: set optim.freeze_backbone_epochs "
+            "(> 0, or all) and optim.freeze_up_to"
+        )
+    return tuple(prefixes)

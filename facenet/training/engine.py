@@ -23,6 +23,7 @@ from facenet.data.loading import count_images, prefetch_to_device
 from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, memory_figures, reset_cuda_peaks
+from facenet.training.optim import under
 
 # Per-step statistics kept on the device and averaged over the steps that trained.
 STAT_KEYS = (
@@ -83,7 +84,9 @@ class TrainerSettings:
     ``input_normalize``: how uint8 batches are standardised on the device, "fixed" or
     "imagenet" (float batches are taken as standardised); ``grad_clip``: max gradient norm (0:
     off); ``max_nonfinite_steps``: non-finite losses in a row that stop the run;
-    ``graph_memory``: count saved-tensor bytes during epochs (a hook call per saved tensor).
+    ``graph_memory``: count saved-tensor bytes during epochs (a hook call per saved tensor);
+    ``frozen_bn``: module names whose BatchNorm layers train in eval mode (their running
+    statistics used and kept; "" names every one).
     """
 
     input_normalize: str = "fixed"
@@ -91,6 +94,7 @@ class TrainerSettings:
     max_nonfinite_steps: int = 5
     channels_last: bool = False
     graph_memory: bool = False
+    frozen_bn: tuple[str, ...] = ()
 
 
 class Trainer:
@@ -112,18 +116,32 @@ class Trainer:
         self.global_step = 0
         self.nonfinite_in_a_row = 0
         self.counts = {"steps": 0, "trained": 0, "no_triplets": 0, "nonfinite": 0}
+        # A FeatureHead (train.cache_frozen) trains part of its ``whole`` network.
+        self._whole = getattr(step.core, "whole", step.core)
+        batchnorms = [
+            (name, module)
+            for name, module in self._whole.named_modules()
+            if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        ]
         self._bn_buffers = [
             buffer
-            for module in step.core.modules()
-            if isinstance(module, nn.modules.batchnorm._BatchNorm)
+            for _, module in batchnorms
             for buffer in (module.running_mean, module.running_var, module.num_batches_tracked)
             if buffer is not None
         ]
+        self._frozen_bn = [m for name, m in batchnorms if under(name, self.settings.frozen_bn)]
+
+    def train_mode(self) -> None:
+        """The model in training mode, the frozen BatchNorm layers in eval mode."""
+        self.model.train()
+        for layer in self._frozen_bn:
+            layer.eval()
 
     @property
     def core_model(self) -> nn.Module:
-        """The model without a DistributedDataParallel wrapper (what checkpoints hold)."""
-        return self.step.core
+        """The whole model without a DistributedDataParallel wrapper (what checkpoints hold
+        and validation embeds with)."""
+        return self._whole
 
     def train_step(
         self,
@@ -247,7 +265,7 @@ class Trainer:
         ``on_interval(global_step, batches_done, running means)``; ``should_stop()`` is agreed
         across ranks after every step, so all stop after the same one.
         """
-        self.model.train()
+        self.train_mode()
         if self.meter is not None:
             self.meter.reset_peak()
         reset_cuda_peaks(self.device)

@@ -120,7 +120,11 @@ class Run:
         progress, cfg = self.progress, self.cfg
         saved = False  # last.pt holds the current state
         # any_rank: a collective, so that every rank leaves the loop at the same epoch.
-        while progress.epoch <= cfg.train.epochs and not any_rank(signals.received()):
+        while (
+            progress.epoch <= cfg.train.epochs
+            and not any_rank(signals.received())
+            and patience_spent(progress, cfg.eval.patience) is None
+        ):
             epoch, skip = progress.epoch, progress.steps_done
             self.data.sampler.set_epoch(epoch)
             loader = remaining_loader(self.data.loader, skip)
@@ -211,6 +215,24 @@ class Run:
         progress.epoch, progress.steps_done = epoch + 1, 0
         # best.pt first: last.pt never names a best epoch whose best.pt is not on disk.
         save_on_main(self, *(("best.pt", "last.pt") if is_best else ("last.pt",)))
+        spent = patience_spent(progress, cfg.eval.patience)
+        if spent is not None and epoch < cfg.train.epochs:
+            print(spent, flush=True)
+
+
+def patience_spent(progress: Progress, patience: int) -> str | None:
+    """Why the run stops early, or None: ``patience`` (> 0) validations since the best one
+    without a higher accuracy. Read from the history, so a resumed run decides the same."""
+    if patience <= 0 or progress.best_epoch is None:
+        return None
+    since = [r for r in progress.history if "validation" in r and r["epoch"] > progress.best_epoch]
+    if len(since) < patience:
+        return None
+    return (
+        f"early stop after epoch {since[-1]['epoch']}: {len(since)} validations without a "
+        f"better accuracy than epoch {progress.best_epoch}'s {progress.best:.4f} (eval.patience: "
+        f"{patience}); best.pt holds epoch {progress.best_epoch}"
+    )
 
 
 def fit(run: Run) -> dict:
@@ -233,7 +255,8 @@ def fit(run: Run) -> dict:
             # A first signal lets the test finish; after a second, --resume runs the test.
             with StopSignals("finishing the test evaluation; the training is saved"):
                 test = test_selected(run, _validation_of(progress, progress.best_epoch))
-        summary = _summary(progress, stopped_by, test)
+        early = progress.epoch <= cfg.train.epochs and patience_spent(progress, cfg.eval.patience)
+        summary = _summary(progress, stopped_by, test, early or None)
         run.logger.log_hparams(config_to_dict(cfg), _final_metrics(summary))
     finally:
         run.logger.close()
@@ -329,8 +352,11 @@ def _validation_of(progress: Progress, epoch: int | None) -> dict | None:
     return None
 
 
-def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> dict:
-    """What ``summary.json`` holds: selection, threshold, test figures, time, memory."""
+def _summary(
+    progress: Progress, stopped_by: str | None, test: dict | None, early: str | None
+) -> dict:
+    """What ``summary.json`` holds: selection, threshold, test figures, time, memory;
+    ``early``: why ``eval.patience`` stopped the run before its last epoch, or None."""
     history = progress.history
     best = _validation_of(progress, progress.best_epoch)
     validated = [r["validation"] for r in history if "validation" in r]
@@ -338,6 +364,7 @@ def _summary(progress: Progress, stopped_by: str | None, test: dict | None) -> d
     summary: dict[str, Any] = {
         "epochs": len(history),
         "stopped_by": stopped_by,
+        "early_stop": early,
         "before_training": progress.before_training and {"validation": progress.before_training},
         "best_epoch": progress.best_epoch,
         "best_validation": best,

@@ -2,7 +2,8 @@
 
 A schedule sets every parameter group's rate to that group's own starting rate times one
 factor of the step, so a backbone started at ``lr x backbone_lr_scale`` keeps that ratio to the
-head throughout; the ``backbone_frozen`` group has rate 0 for ``freeze_backbone_epochs``.
+head throughout; the ``backbone_frozen`` group has rate 0 for ``freeze_backbone_epochs``. Frozen
+for the whole run (``freeze_backbone_epochs: all``), those stages are no group at all.
 """
 
 from __future__ import annotations
@@ -22,37 +23,71 @@ _PER_EPOCH = (
 )
 
 
-def _frozen_stages(backbone: nn.Module, up_to: str | None) -> set[str]:
-    names = [name for name, _ in backbone.named_children()]
+def backbone_units(backbone: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The backbone's stages in forward order, a sequential stage split into its elements
+    (``blocks.0``, ``blocks.1``, ...): the places where it can be cut."""
+    units = []
+    for name, child in backbone.named_children():
+        if type(child) is nn.Sequential:  # a subclass may change what its forward does
+            units += [(f"{name}.{i}", element) for i, element in enumerate(child)]
+        else:
+            units.append((name, child))
+    return units
+
+
+def frozen_units(backbone: nn.Module, up_to: str | None) -> list[str]:
+    """The units (of :func:`backbone_units`) up to and including ``up_to``: a stage (all its
+    elements) or one element of a sequential stage (``blocks.9``); every unit for None."""
+    units = [name for name, _ in backbone_units(backbone)]
     if up_to is None:
-        return set(names)
-    if up_to not in names:
+        return units
+    last = [i for i, name in enumerate(units) if name == up_to or name.startswith(up_to + ".")]
+    if not last:
+        stages = [name for name, _ in backbone.named_children()]
         raise ValueError(
             f"freeze_up_to: {up_to!r} is not a stage of this backbone; its stages, in order: "
-            + ", ".join(names)
+            + ", ".join(stages)
+            + " (or an element of a sequential one, such as "
+            + next((u for u in units if "." in u), "none here")
+            + ")"
         )
-    return set(names[: names.index(up_to) + 1])
+    return units[: last[-1] + 1]
+
+
+def frozen_prefixes(model: nn.Module, cfg: OptimConfig) -> list[str]:
+    """Module names (``backbone.blocks.3``) of the stages ``optim`` freezes, [] for none."""
+    if cfg.freeze_backbone_epochs == 0:
+        return []
+    return [f"backbone.{unit}" for unit in frozen_units(model.backbone, cfg.freeze_up_to)]
+
+
+def under(name: str, prefixes) -> bool:
+    """Whether the module or parameter ``name`` lies in one of the modules ``prefixes``."""
+    return any(name == p or name.startswith(p + ".") or not p for p in prefixes)
 
 
 def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict] | list[nn.Parameter]:
     """The parameters of an (unwrapped) EmbeddingNet, in named groups when fine-tuning:
     ``backbone_frozen`` (the stages up to ``freeze_up_to``, frozen for the first epochs) and
     ``backbone`` at ``lr x backbone_lr_scale``, ``head`` (embedding head, classifier) at ``lr``.
+    With ``freeze_backbone_epochs: all`` the frozen stages' parameters get ``requires_grad``
+    False here and join no group: no gradient, no optimizer state.
     """
     if cfg.backbone_lr_scale <= 0:  # 0 passes the configuration's range check
         raise ValueError(f"backbone_lr_scale must be > 0, got {cfg.backbone_lr_scale}")
     if cfg.backbone_lr_scale == 1.0 and cfg.freeze_backbone_epochs == 0:
         return list(model.parameters())
-    frozen = _frozen_stages(model.backbone, cfg.freeze_up_to)
-    if cfg.freeze_backbone_epochs == 0:
-        frozen = set()
+    frozen = frozen_prefixes(model, cfg)
     groups = {FROZEN_GROUP: [], "backbone": [], "head": []}
     for name, param in model.named_parameters():
-        parts = name.split(".")
-        if parts[0] != "backbone":
+        if not name.startswith("backbone."):
             groups["head"].append(param)
+        elif not under(name, frozen):
+            groups["backbone"].append(param)
+        elif cfg.freeze_backbone_epochs == "all":
+            param.requires_grad_(False)
         else:
-            groups[FROZEN_GROUP if parts[1] in frozen else "backbone"].append(param)
+            groups[FROZEN_GROUP].append(param)
     backbone_lr = cfg.lr * cfg.backbone_lr_scale
     lrs = {FROZEN_GROUP: backbone_lr, "backbone": backbone_lr, "head": cfg.lr}
     return [
@@ -200,7 +235,9 @@ def build_scheduler(
 ) -> StepSchedule | None:
     """The schedule of ``optim.schedule`` (None for a constant rate without a freeze)."""
     shape = schedule_shape(cfg, epochs, steps_per_epoch)
-    if shape.kind == "none" and cfg.freeze_backbone_epochs == 0:
+    # "all": the frozen stages are in no group; the schedule holds nothing at rate 0.
+    frozen_epochs = 0 if cfg.freeze_backbone_epochs == "all" else cfg.freeze_backbone_epochs
+    if shape.kind == "none" and frozen_epochs == 0:
         return None
-    frozen_steps = cfg.freeze_backbone_epochs * steps_per_epoch
+    frozen_steps = frozen_epochs * steps_per_epoch
     return StepSchedule(optimizer, shape, steps_per_epoch, frozen_steps)

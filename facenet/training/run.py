@@ -10,6 +10,7 @@ the guarantees.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -28,6 +29,7 @@ from facenet.distributed import (
 )
 from facenet.errors import EXIT_BAD_INPUT, FacenetError, NonFiniteLossError
 from facenet.training.build import build_data, build_device, build_network, build_trainer
+from facenet.training.cache import cached_loader
 from facenet.training.console import describe_error, final_lines
 from facenet.training.loop import Run, fit, planned_outputs
 from facenet.training.run_dir import RunDirLock, RunOutputs
@@ -106,6 +108,9 @@ def _build(
     run = Run(trainer, data, cfg, run_dir, outputs)
     if state is not None:  # a checkpoint that does not fit leaves config.yaml as it was
         run.progress = restore(run, state)
+    if cfg.train.cache_frozen:  # from the restored weights (the frozen ones never change)
+        loader, note = cached_loader(trainer.step.core, data.loader, cfg, info.rank)
+        run.data = dataclasses.replace(data, loader=loader, notes=[*data.notes, note])
     if info.is_main:
         outputs.add(run_dir / "config.yaml")
         save_config(cfg, run_dir / "config.yaml")
