@@ -341,6 +341,7 @@ _NO_REGISTRY = {
     "mining.passes",
     "train.device",
     "eval.grid",
+    "optim.bn",
 }
 
 
