@@ -222,8 +222,9 @@ class MarginSoftmaxLoss(nn.Module):
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, scale={self.scale}, margin={self.margin}"
 
-    def forward(self, cosines: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """(N, C) cosines (a cosine classifier's output) and (N,) labels -> (N,) losses."""
+    def forward(self, cosines: torch.Tensor, labels: torch.Tensor, reduction="none"):
+        """(N, C) cosines (a cosine classifier's output) and (N,) labels -> (N,) losses
+        (``reduction`` as ``F.cross_entropy``'s)."""
         rows = labels[:, None]  # (N, 1)
         target = cosines.gather(1, rows)  # (N, 1)
         m = self.margin
@@ -236,7 +237,7 @@ class MarginSoftmaxLoss(nn.Module):
                 past_pi, target - m * math.sin(m), target * math.cos(m) - sine * math.sin(m)
             )
         logits = self.scale * cosines.scatter(1, rows, target_logit)  # (N, C)
-        return F.cross_entropy(logits, labels, reduction="none")
+        return F.cross_entropy(logits, labels, reduction=reduction)
 
 
 def build_loss(cfg: LossConfig) -> TripletMarginLoss:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -82,9 +81,9 @@ class _Step:
         classifier = getattr(self.core, "classifier", None)
         if ce_weight > 0 and classifier is None:
             raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
-        # (N, C) logits, (N,) labels -> (N,) losses: a cosine classifier's margin softmax, or plain
-        plain = partial(F.cross_entropy, reduction="none")
-        self.ce_loss = getattr(classifier, "loss", None) or plain
+        # (logits, labels, reduction): a cosine classifier's margin softmax, or plain; "sum" is
+        # not "none" summed in float32 (another order), and the one-pass path has always summed so
+        self.ce_loss = getattr(classifier, "loss", None) or F.cross_entropy
         self.miner, self.loss_fn, self.ce_weight = miner, loss_fn, float(ce_weight)
         self.chunk_size = int(chunk_size)
         self.autocast_dtype = _AUTOCAST[amp]
@@ -128,7 +127,7 @@ class _Step:
         triplet_loss = loss = self.loss_fn(embeddings, triplets)
         ce_sum = None
         if logits is not None:
-            ce_sum = self.ce_loss(logits, ce_labels).sum()
+            ce_sum = self.ce_loss(logits, ce_labels, reduction="sum")
             loss = loss + self.ce_weight * ce_sum / selected
         # DDP averages the ranks' gradients; each rank's share is 1/W of the sum.
         self.scale(loss * get_world_size()).backward()  # frees every tensor saved for backward
@@ -295,7 +294,7 @@ class ChunkedStep(_Step):
                 embeddings, logits = self.forward(images[chunk], with_logits)  # = cached rows
                 surrogate = (embeddings * row_grads[chunk]).sum()  # d/d(embeddings) = grads
                 if logits is not None:  # masked, not indexed: the head stays in the graph
-                    ce = self.ce_loss(logits, labels[chunk])
+                    ce = self.ce_loss(logits, labels[chunk], reduction="none")
                     ce = (ce * selected[chunk]).sum()
                     ce_sum += ce.detach()
                     surrogate = surrogate + self.scale(ce * ce_scale)
