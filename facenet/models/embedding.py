@@ -250,12 +250,15 @@ class EmbeddingNet(nn.Module):
     def forward(self, x: torch.Tensor, return_logits: bool = False):
         """Images (B, C, H, W) -> unit embeddings (B, D), or ``(embeddings, logits)`` with
         logits (B, num_classes) from the same backbone pass."""
-        if return_logits and self.classifier is None:
+        if return_logits and self.classifier is None:  # before the backbone's cost
             raise ValueError(
                 "EmbeddingNet: return_logits=True needs a classifier head; build the model "
                 "with num_classes=N (in a run: loss.ce_weight > 0)"
             )
-        features = self.backbone(x)  # (B, F)
+        return self.from_features(self.backbone(x), return_logits)
+
+    def from_features(self, features: torch.Tensor, return_logits: bool = False):
+        """The backbone's (B, F) features -> what :meth:`forward` returns."""
         prelogits = self.embedding.prelogits(features)  # (B, D)
         embeddings = _l2_normalize(prelogits)  # (B, D), unit norm
         if not return_logits:

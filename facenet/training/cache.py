@@ -49,13 +49,7 @@ class FeatureHead(nn.Module):
     def forward(self, features: torch.Tensor, return_logits: bool = False):
         for module in self.rest:
             features = module(features)
-        prelogits = self.whole.embedding.prelogits(features.flatten(1))  # (B, D)
-        # As EmbeddingNet: unit vectors in at least float32.
-        wider = prelogits.to(torch.promote_types(prelogits.dtype, torch.float32))
-        embeddings = nn.functional.normalize(wider, dim=1)
-        if not return_logits:
-            return embeddings
-        return embeddings, self.whole.classifier(prelogits)
+        return self.whole.from_features(features.flatten(1), return_logits)  # (B, F) in
 
     @property
     def classifier(self) -> nn.Module | None:
