@@ -108,30 +108,27 @@ class AlignOutcome:
 
 
 def select_face(boxes: np.ndarray, probs: np.ndarray, width: int, height: int, method: str) -> int:
-    """Index of the face to keep among K detections: ``boxes`` (K, 4), ``probs`` (K,)."""
+    """Index of the face to keep among K detections: ``boxes`` (K, 4), ``probs`` (K,);
+    ``method``: one of ``SELECTIONS``."""
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])  # (K,)
-    if method == "largest":
-        return int(np.argmax(area))
-    if method == "probability":
-        return int(np.argmax(probs))
-    if method == "center_weighted_size":
-        centres = (boxes[:, :2] + boxes[:, 2:]) / 2  # (K, 2)
-        offset_sq = np.sum((centres - [width / 2, height / 2]) ** 2, axis=1)  # (K,)
-        return int(np.argmax(area - _CENTER_WEIGHT * offset_sq))
-    raise ValueError(f"select={method!r}: expected one of {SELECTIONS}")
+    centres = (boxes[:, :2] + boxes[:, 2:]) / 2  # (K, 2)
+    offset_sq = np.sum((centres - [width / 2, height / 2]) ** 2, axis=1)  # (K,)
+    scores = {
+        "largest": area,
+        "probability": probs,
+        "center_weighted_size": area - _CENTER_WEIGHT * offset_sq,
+    }
+    return int(np.argmax(scores[method]))
 
 
 def crop_box(box, width: int, height: int, settings: AlignSettings) -> tuple[int, int, int, int]:
     """The integer crop (x0, y0, x1, y1): the float ``box`` plus the margin, clipped."""
     start, end = np.asarray(box, dtype=np.float64).reshape(2, 2)  # (x, y) each
     m = settings.margin
-    if settings.margin_in == "output":
-        # m pixels of an S-pixel crop: the box spans S - m of them (facenet-pytorch).
-        half = m * (end - start) / (settings.image_size - m) / 2  # (x, y)
-    elif settings.margin_in == "input":
+    if settings.margin_in == "input":
         half = m / 2  # davidsandberg/facenet
-    else:
-        raise ValueError(f"margin_in={settings.margin_in!r}: expected 'output' or 'input'")
+    else:  # m pixels of an S-pixel crop: the box spans S - m of them (facenet-pytorch)
+        half = m * (end - start) / (settings.image_size - m) / 2  # (x, y)
     # int() truncates towards zero, as both publishers' conversions do
     corners = [*np.maximum(start - half, 0), *np.minimum(end + half, [width, height])]
     return tuple(int(v) for v in corners)
@@ -288,25 +285,25 @@ class Aligner:
     def detect(self, images: list[Image.Image]) -> list[Face | None]:
         """The chosen face of each image, searched on its reduced copy, in the image's own
         pixels; None where none is found or the image is too small."""
-        size = self.settings.detect_size
-        copies = [_detection_copy(image, size, self.smallest) for image in images]
         by_size = defaultdict(list)  # MTCNN batches only images of one size
         for i, image in enumerate(images):
             if not self.too_small(image):
-                by_size[copies[i][0].size].append(i)
+                copy, factors = _detection_copy(image, self.settings.detect_size, self.smallest)
+                by_size[copy.size].append((i, copy, factors))
         found: list[Face | None] = [None] * len(images)
-        for indices in by_size.values():
-            boxes, probs, points = self.mtcnn.detect(
-                [copies[i][0] for i in indices], landmarks=True
-            )
-            for i, b, p, lm in zip(indices, boxes, probs, points):
+        for group in by_size.values():
+            indices, copies, factors = zip(*group)
+            boxes, probs, points = self.mtcnn.detect(list(copies), landmarks=True)
+            for i, f, b, p, lm in zip(indices, factors, boxes, probs, points):
                 if b is None:
                     continue
-                b = to_full_image(np.reshape(b, (-1, 2, 2)), copies[i][1], _MTCNN_ORIGIN)
+                # (K, 7, 2): the boxes' two corners, then the five landmarks
+                xy = to_full_image(
+                    np.concatenate([np.reshape(b, (-1, 2, 2)), lm], 1), f, _MTCNN_ORIGIN
+                )
+                k = select_face(xy[:, :2].reshape(-1, 4), p, *images[i].size, self.settings.select)
                 # landmarks counted from 0 from here on, as align_face and insightface count
-                lm = to_full_image(np.reshape(lm, (-1, 5, 2)), copies[i][1], _MTCNN_ORIGIN) - 1
-                k = select_face(b.reshape(-1, 4), p, *images[i].size, self.settings.select)
-                found[i] = Face(tuple(b[k].ravel().tolist()), float(p[k]), lm[k])
+                found[i] = Face(tuple(xy[k, :2].ravel().tolist()), float(p[k]), xy[k, 2:] - 1)
         return found
 
     def crop(self, image: Image.Image, face: Face | tuple) -> Image.Image:
@@ -332,44 +329,36 @@ class Aligner:
             if pixels >= _HELD_PIXELS:
                 yield held
                 held, pixels = [], 0
-        yield held
+        if held:
+            yield held
         _glibc("malloc_trim", 0)
+
+    def _found(self, sources):
+        """``(source, image or CorruptImageError, face or None)`` of each file, in order."""
+        for held in self._decoded(sources):
+            faces = iter(self.detect([i for _, i in held if isinstance(i, Image.Image)]))
+            for source, image in held:
+                yield source, image, next(faces) if isinstance(image, Image.Image) else None
 
     def align(self, jobs: list[tuple[str, str]]) -> list[AlignOutcome]:
         """Align ``(source, target)`` pairs, decoding at most ``_HELD_PIXELS`` at a time; each
         crop is written atomically."""
-        targets, outcomes = dict(jobs), []
-        for held in self._decoded(targets):
-            for source, image in held:
-                if isinstance(image, CorruptImageError):
-                    outcomes.append(
-                        AlignOutcome(source, targets[source], "unreadable", image.reason)
-                    )
-            images = [(i, s, targets[s]) for s, i in held if isinstance(i, Image.Image)]
-            outcomes += self._align_held(images)
-        return outcomes
+        targets = dict(jobs)
+        return [self._write(s, targets[s], image, face) for s, image, face in self._found(targets)]
 
     def detect_files(self, sources: list[str]) -> list[Face | AlignOutcome]:
         """The chosen face of each image file, or an "unreadable" or "no_face" outcome saying
         why there is none, decoding at most ``_HELD_PIXELS`` at a time."""
-        found = {}
-        for held in self._decoded(sources):
-            images = [(s, i) for s, i in held if isinstance(i, Image.Image)]
-            faces = self.detect([image for _, image in images])
-            for s, i in held:
-                if isinstance(i, CorruptImageError):
-                    found[s] = AlignOutcome(s, "", "unreadable", i.reason)
-            for (s, image), face in zip(images, faces):
-                found[s] = face or AlignOutcome(s, "", "no_face", self.too_small(image))
-        return [found[source] for source in sources]
+        return [
+            AlignOutcome(s, "", "unreadable", image.reason)
+            if isinstance(image, CorruptImageError)
+            else face or AlignOutcome(s, "", "no_face", self.too_small(image))
+            for s, image, face in self._found(sources)
+        ]
 
-    def _align_held(self, held: list[tuple[Image.Image, str, str]]) -> list[AlignOutcome]:
-        if not held:
-            return []
-        faces = self.detect([image for image, _, _ in held])
-        return [self._write(*held_image, face) for held_image, face in zip(held, faces)]
-
-    def _write(self, image: Image.Image, source: str, target: str, face) -> AlignOutcome:
+    def _write(self, source: str, target: str, image, face) -> AlignOutcome:
+        if isinstance(image, CorruptImageError):
+            return AlignOutcome(source, target, "unreadable", image.reason)
         reason = self.too_small(image)
         if face is None and not self.settings.fallback:
             return AlignOutcome(source, target, "no_face", reason)
@@ -437,12 +426,11 @@ def _check_settings(dst, settings: AlignSettings, done: list[Path]) -> None:
     old = read_json(path) if recorded else {**wanted, **_RECORD_DEFAULTS} if done else wanted
     if not isinstance(old, dict):
         raise DataError(f"{path}: expected the alignment settings as a JSON object")
-    old = {**_RECORD_DEFAULTS, **old}
     for name, want in wanted.items():
-        if old.get(name) != want:
+        if (have := old.get(name, _RECORD_DEFAULTS.get(name))) != want:
             hint = " (--detect-size; 0 searches the full image)" * (name == "detect_size")
             raise DataError(
-                f"{dst} was aligned with {name} = {old.get(name)!r}; "
+                f"{dst} was aligned with {name} = {have!r}; "
                 f"this run asks for {want!r}{hint} ({path}): align into another folder, or give "
                 "the same settings"
             )
