@@ -176,7 +176,7 @@ def graph_state_dict(nodes: Mapping[str, Node]) -> tuple[dict, int, int]:
     ]
     _check_batch_norms(nodes, live)
     state, used = sandberg_state_dict({n: nodes[n].attrs["value"] for n in floats if n in live})
-    ignored = {name for name in floats if name in ancestors and name not in live}
+    ignored = (ancestors - live).intersection(floats)
     unused = [n for n in floats if n not in used and n not in ignored and n not in GRAPH_EXTRAS]
     if unused:
         raise MappingError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
 
@@ -225,11 +226,8 @@ def _ref(text: str) -> tuple[str, int, bool]:
 def _predicate(nodes: dict[str, Node], switch: Node, feeds: dict[str, bool]) -> bool:
     """The value of ``switch``'s predicate: a boolean placeholder in ``feeds`` or a boolean
     constant, reached through Identity nodes (tf.cond's ``pred_id``)."""
-    name, seen = (_ref(switch.inputs[1])[0] if len(switch.inputs) == 2 else ""), set()
-    while name in nodes and nodes[name].op == "Identity" and nodes[name].inputs:
-        if name in seen:
-            break
-        seen.add(name)
+    name = _ref(switch.inputs[1])[0] if len(switch.inputs) == 2 else ""
+    while name in nodes and nodes[name].op == "Identity" and nodes[name].inputs:  # no cycle
         name = _ref(nodes[name].inputs[0])[0]
     node = nodes.get(name, Node("?", "?", ()))
     if name in feeds and node.op.startswith("Placeholder") and node.attrs.get("dtype") == DT_BOOL:
@@ -243,6 +241,17 @@ def _predicate(nodes: dict[str, Node], switch: Node, feeds: dict[str, bool]) -> 
     )
 
 
+def _upstream(nodes: dict[str, Node], output: str, follow) -> set:
+    """The nodes reached back from ``output`` along inputs where ``follow(name, port, control)``."""
+    reached, stack = set(), [output]
+    while stack:
+        name = stack.pop()
+        if name in nodes and name not in reached:
+            reached.add(name)
+            stack.extend(ref[0] for ref in map(_ref, nodes[name].inputs) if follow(*ref))
+    return reached
+
+
 def live_nodes(nodes: dict[str, Node], output: str, feeds: dict[str, bool]) -> tuple[set, set]:
     """(ancestors, live): the nodes ``output`` depends on (data and control inputs), and those
     of them whose values reach it when TensorFlow runs with ``feeds`` giving its boolean
@@ -251,39 +260,25 @@ def live_nodes(nodes: dict[str, Node], output: str, feeds: dict[str, bool]) -> t
     output is dead; a node with a dead input is dead, except a Merge, live when any data input
     is. Inputs that are not in the graph count as live (whoever needs them names them).
     GraphError for a cycle (a loop) or a Switch on another predicate."""
-    dead: dict[str, bool] = {}
-    ports: dict[str, int] = {}  # each Switch's live output
-    state: dict[str, int] = {}  # 1: its inputs being visited, 2: done
+    ancestors = _upstream(nodes, output, lambda *ref: True)
+    inputs = {name: [_ref(i)[0] for i in nodes[name].inputs] for name in ancestors}
+    try:
+        order = [name for name in TopologicalSorter(inputs).static_order() if name in nodes]
+    except CycleError as err:
+        cycle = err.args[1][0]
+        raise GraphError(f"a cycle through {cycle!r}, which a frozen graph does not have") from None
+    dead, ports = {}, {}  # ports: each Switch's live output
 
     def live(name: str, port: int, control: bool) -> bool:
-        if name not in nodes:
-            return True
-        return not dead[name] and (control or ports.get(name, port) == port)
+        return name not in nodes or not dead[name] and (control or ports.get(name, port) == port)
 
-    stack = [(output, False)]
-    while stack:
-        name, expanded = stack.pop()
-        if name not in nodes or state.get(name) == 2:
-            continue
+    for name in order:
         node, refs = nodes[name], [_ref(i) for i in nodes[name].inputs]
-        if not expanded:
-            if state.get(name) == 1:
-                raise GraphError(f"a cycle through {name!r}, which a frozen graph does not have")
-            state[name] = 1
-            stack.append((name, True))
-            stack.extend((ref[0], False) for ref in refs if state.get(ref[0]) != 2)
-            continue
         flags = [live(*ref) for ref in refs if node.op != "Merge" or not ref[2]]
-        dead[name], state[name] = not (any if node.op == "Merge" else all)(flags), 2
+        dead[name] = not (any if node.op == "Merge" else all)(flags)
         if node.op == "Switch":
             ports[name] = int(_predicate(nodes, node, feeds))
-    reached, stack = set(), [output] if not dead.get(output, True) else []
-    while stack:  # back from the output along live tensors only
-        name = stack.pop()
-        if name in nodes and name not in reached:
-            reached.add(name)
-            stack.extend(ref[0] for ref in map(_ref, nodes[name].inputs) if live(*ref))
-    return set(dead), reached
+    return ancestors, set() if dead.get(output, True) else _upstream(nodes, output, live)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -316,10 +311,11 @@ def _block(buf: bytes, handle) -> list[tuple[bytes, tuple[int, int]]]:
     return entries
 
 
-def _handle(buf: bytes, span) -> tuple[int, int]:
-    offset, pos = _varint(buf, *span)
-    size, _ = _varint(buf, pos, span[1])
-    return offset, size
+def _handle(buf: bytes, pos: int, end: int) -> tuple[tuple[int, int], int]:
+    """A block handle (offset, size) and the position after it."""
+    offset, pos = _varint(buf, pos, end)
+    size, pos = _varint(buf, pos, end)
+    return (offset, size), pos
 
 
 def _bundle_entry(index: bytes, span, data: bytes) -> np.ndarray | None:
@@ -348,12 +344,13 @@ def parse_bundle(index: bytes, data: bytes) -> dict[str, np.ndarray]:
     try:
         if len(index) < _FOOTER or int.from_bytes(index[-8:], "little") != _MAGIC:
             raise GraphError("no table footer")
-        _, pos = _varint(index, len(index) - _FOOTER, len(index) - 8)  # the metaindex handle:
-        _, pos = _varint(index, pos, len(index) - 8)  # offset and size, then the index's
+        end = len(index) - 8
+        # the metaindex's handle, then the index's
+        _, pos = _handle(index, len(index) - _FOOTER, end)
         entries = [
             entry
-            for _, handle in _block(index, _handle(index, (pos, len(index) - 8)))
-            for entry in _block(index, _handle(index, handle))
+            for _, span in _block(index, _handle(index, pos, end)[0])
+            for entry in _block(index, _handle(index, *span)[0])
         ]
         header = {n: v for key, span in entries if key == b"" for n, w, v in _fields(index, *span)}
         if header.get(1, 1) != 1 or header.get(2, 0) != 0:
