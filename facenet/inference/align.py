@@ -40,7 +40,7 @@ _CENTER_WEIGHT = 2.0  # of the squared offset from the image centre (both publis
 # 250 px images centre a face about 110-130 px wide).
 _FALLBACK_FRACTION = 0.5
 SETTINGS_FILE = "align_settings.json"
-REPORT_HEADER = b"status\tsource\treason\n"  # the first line of every report written
+REPORT_HEADER = b"status\tsource\treason\n"
 # 320 px keeps LFW's 250 px originals untouched and finds faces down to 20/320 of the longer
 # side; docs/reproduce.md has the measured cost.
 DEFAULT_DETECT_SIZE = 320
@@ -50,8 +50,7 @@ _RECORD_DEFAULTS = {"template": None, "detect_size": 0}
 # image and of its mirror image add up to width + 1).
 _MTCNN_ORIGIN = 1.0
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-# Decoded pixels one Aligner holds at once (about 3 bytes each): a worker's memory does not
-# grow with the photos' size.
+# Decoded pixels one Aligner holds at once (3 bytes each), whatever the photos' size
 _HELD_PIXELS = 16_000_000
 
 
@@ -108,8 +107,7 @@ class AlignOutcome:
 
 
 def select_face(boxes: np.ndarray, probs: np.ndarray, width: int, height: int, method: str) -> int:
-    """Index of the face to keep among K detections: ``boxes`` (K, 4), ``probs`` (K,);
-    ``method``: one of ``SELECTIONS``."""
+    """Index of the face to keep among K detections: ``boxes`` (K, 4), ``probs`` (K,)."""
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])  # (K,)
     centres = (boxes[:, :2] + boxes[:, 2:]) / 2  # (K, 2)
     offset_sq = np.sum((centres - [width / 2, height / 2]) ** 2, axis=1)  # (K,)
