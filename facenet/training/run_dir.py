@@ -218,7 +218,8 @@ def _previous_paths(run_dir: Path, names: list[str], keep: list[Path]) -> list[P
             real = Path(os.path.realpath(path.parent)) / path.name
             if not real.parent.is_relative_to(base):
                 continue  # a name leading out of the run directory
-            if any(k.is_relative_to(os.path.realpath(path)) or k.is_relative_to(real) for k in keep):
+            target = os.path.realpath(path)
+            if any(k.is_relative_to(target) or k.is_relative_to(real) for k in keep):
                 continue  # the new run reads it (or something inside it)
             foreign = _foreign_entry(path) if path.is_dir() and not path.is_symlink() else None
             if foreign:
