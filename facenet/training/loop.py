@@ -9,6 +9,7 @@ the current step, every rank agreeing (``any_rank``). When an epoch ends with an
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -31,7 +32,6 @@ from facenet.training.console import (
     describe_error,
     epoch_line,
     idle_warning,
-    interval_logger,
     show_bar,
     stop_message,
 )
@@ -82,10 +82,8 @@ class StopSignals:
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: leave the handlers
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave the handlers alone
-                pass
         return self
 
     def __exit__(self, *exc):
@@ -136,7 +134,7 @@ class Run:
                     log_interval=cfg.train.log_interval,
                     progress=show_bar(cfg),
                     should_stop=signals.received,
-                    on_interval=interval_logger(cfg, self.logger, epoch, skip, batches.end),
+                    on_interval=self.log_interval,
                 )
             except _EPOCH_ERRORS as err:
                 raise self.checkpoint_at_error(err, batches) from None
@@ -146,6 +144,17 @@ class Run:
             self.finish_epoch(record)
             saved = True
         return self.stopped_by(signals, saved)
+
+    def log_interval(self, global_step: int, done: int, means: dict) -> None:
+        """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
+        self.logger.log_scalars("train", means, global_step)
+        if self.cfg.logging.progress and is_main_process() and not show_bar(self.cfg):
+            print(
+                f"epoch {self.progress.epoch} step {self.progress.steps_done + done}/"
+                f"{self.data.steps_per_epoch}: loss {means['loss']:.4f} active "
+                f"{means['active_fraction']:.2f} {means['images_per_second']:.0f} img/s",
+                flush=True,
+            )
 
     def checkpoint_at_error(self, err: Exception, batches: _CountedBatches) -> Exception:
         """Checkpoint where the epoch stopped; the error to raise. A batch with non-finite
@@ -326,7 +335,7 @@ def _agree_on_fetch(error: Exception | None) -> None:
 
 def _name_files(err: NonFiniteInputError, loader, epoch: int, first_step: int):
     """The error, its message naming the epoch, the step and (PK batches) the files."""
-    position = getattr(err, "batch_index", 0)
+    position = err.batch_index  # set by Trainer.train_one_epoch
     dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
     dataset = getattr(dataset, "dataset", dataset)  # under SeededSamples
     items = None
