@@ -124,12 +124,8 @@ class Trainer:
             for name, module in self.core_model.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
         ]
-        self._bn_buffers = [
-            buffer
-            for _, module in batchnorms
-            for buffer in (module.running_mean, module.running_var, module.num_batches_tracked)
-            if buffer is not None
-        ]
+        # running_mean, running_var, num_batches_tracked (absent without running statistics)
+        self._bn_buffers = [b for _, module in batchnorms for b in module.buffers(recurse=False)]
         self._frozen_bn = [m for name, m in batchnorms if under(name, self.settings.frozen_bn)]
 
     def train_mode(self) -> None:
