@@ -105,14 +105,6 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     logger: RunLogger | None = None
 
-    def start(self) -> None:
-        """Rewrite metrics.jsonl to match the (restored) progress and open the logger."""
-        cfg, main = self.cfg, is_main_process()
-        if main:
-            remove_stale_temporary_files(self.run_dir)
-            rewrite_metrics(self.run_dir, self.progress.history)
-        self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
-
     def train_epochs(self, signals: StopSignals) -> str | None:
         """The epochs left; None when every epoch ran, else the name of the stopping signal."""
         progress, cfg = self.progress, self.cfg
@@ -249,8 +241,11 @@ def fit(run: Run) -> dict:
     summary written to ``summary.json`` (``stopped_by``: the signal that stopped the run, or
     None). An error mid-epoch is raised after a checkpoint whose place its ``checkpoint_note``
     says."""
-    run.start()
     cfg, data, progress, main = run.cfg, run.data, run.progress, is_main_process()
+    if main:  # metrics.jsonl as the (restored) progress knows it
+        remove_stale_temporary_files(run.run_dir)
+        rewrite_metrics(run.run_dir, progress.history)
+    run.logger = RunLogger(run.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
     try:
         for note in data.notes if main else ():
             print(note, file=sys.stderr)
