@@ -63,22 +63,6 @@ def show_bar(cfg: Config) -> bool:
     return cfg.logging.progress and is_main_process() and sys.stderr.isatty()
 
 
-def interval_logger(cfg: Config, logger, epoch: int, skip: int, length: int):
-    """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
-    line = cfg.logging.progress and is_main_process() and not show_bar(cfg)
-
-    def on_interval(global_step: int, done: int, means: dict) -> None:
-        logger.log_scalars("train", means, global_step)
-        if line:
-            print(
-                f"epoch {epoch} step {skip + done}/{length}: loss {means['loss']:.4f} active "
-                f"{means['active_fraction']:.2f} {means['images_per_second']:.0f} img/s",
-                flush=True,
-            )
-
-    return on_interval
-
-
 def stop_message(signal_name: str, progress: Progress, path: Path) -> str:
     if progress.steps_done:
         where = f"after step {progress.steps_done} of epoch {progress.epoch}"

@@ -116,19 +116,16 @@ class Trainer:
         self.global_step = 0
         self.nonfinite_in_a_row = 0
         self.counts = {"steps": 0, "trained": 0, "no_triplets": 0, "nonfinite": 0}
-        # A FeatureHead (train.cache_frozen) trains part of its ``whole`` network.
-        self._whole = getattr(step.core, "whole", step.core)
+        # The whole model without a DistributedDataParallel wrapper (what checkpoints hold and
+        # validation embeds with); a FeatureHead (train.cache_frozen) trains part of its whole.
+        self.core_model: nn.Module = getattr(step.core, "whole", step.core)
         batchnorms = [
             (name, module)
-            for name, module in self._whole.named_modules()
+            for name, module in self.core_model.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
         ]
-        self._bn_buffers = [
-            buffer
-            for _, module in batchnorms
-            for buffer in (module.running_mean, module.running_var, module.num_batches_tracked)
-            if buffer is not None
-        ]
+        # running_mean, running_var, num_batches_tracked (absent without running statistics)
+        self._bn_buffers = [b for _, module in batchnorms for b in module.buffers(recurse=False)]
         self._frozen_bn = [m for name, m in batchnorms if under(name, self.settings.frozen_bn)]
 
     def train_mode(self) -> None:
@@ -136,12 +133,6 @@ class Trainer:
         self.model.train()
         for layer in self._frozen_bn:
             layer.eval()
-
-    @property
-    def core_model(self) -> nn.Module:
-        """The whole model without a DistributedDataParallel wrapper (what checkpoints hold
-        and validation embeds with)."""
-        return self._whole
 
     def train_step(
         self,

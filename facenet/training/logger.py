@@ -26,11 +26,9 @@ class RunLogger:
     ``enabled``)."""
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True, enabled: bool = True):
-        self.run_dir = Path(run_dir)
-        self.enabled = enabled
-        self.writer = None
-        if enabled and tensorboard:
-            self.writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        self.run_dir, self.enabled = Path(run_dir), enabled
+        tensorboard = enabled and tensorboard
+        self.writer = SummaryWriter(self.run_dir / "tensorboard") if tensorboard else None
 
     def log_scalars(self, prefix: str, values: dict, step: int) -> None:
         if self.writer is not None:

@@ -9,6 +9,7 @@ the current step, every rank agreeing (``any_rank``). When an epoch ends with an
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -31,7 +32,6 @@ from facenet.training.console import (
     describe_error,
     epoch_line,
     idle_warning,
-    interval_logger,
     show_bar,
     stop_message,
 )
@@ -82,10 +82,8 @@ class StopSignals:
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: leave the handlers
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave the handlers alone
-                pass
         return self
 
     def __exit__(self, *exc):
@@ -106,14 +104,6 @@ class Run:
     outputs: RunOutputs
     progress: Progress = field(default_factory=Progress)
     logger: RunLogger | None = None
-
-    def start(self) -> None:
-        """Rewrite metrics.jsonl to match the (restored) progress and open the logger."""
-        cfg, main = self.cfg, is_main_process()
-        if main:
-            remove_stale_temporary_files(self.run_dir)
-            rewrite_metrics(self.run_dir, self.progress.history)
-        self.logger = RunLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
 
     def train_epochs(self, signals: StopSignals) -> str | None:
         """The epochs left; None when every epoch ran, else the name of the stopping signal."""
@@ -136,7 +126,7 @@ class Run:
                     log_interval=cfg.train.log_interval,
                     progress=show_bar(cfg),
                     should_stop=signals.received,
-                    on_interval=interval_logger(cfg, self.logger, epoch, skip, batches.end),
+                    on_interval=self.log_interval,
                 )
             except _EPOCH_ERRORS as err:
                 raise self.checkpoint_at_error(err, batches) from None
@@ -146,6 +136,17 @@ class Run:
             self.finish_epoch(record)
             saved = True
         return self.stopped_by(signals, saved)
+
+    def log_interval(self, global_step: int, done: int, means: dict) -> None:
+        """Every log interval: ``train/`` scalars by global step, and without a bar one line."""
+        self.logger.log_scalars("train", means, global_step)
+        if self.cfg.logging.progress and is_main_process() and not show_bar(self.cfg):
+            print(
+                f"epoch {self.progress.epoch} step {self.progress.steps_done + done}/"
+                f"{self.data.steps_per_epoch}: loss {means['loss']:.4f} active "
+                f"{means['active_fraction']:.2f} {means['images_per_second']:.0f} img/s",
+                flush=True,
+            )
 
     def checkpoint_at_error(self, err: Exception, batches: _CountedBatches) -> Exception:
         """Checkpoint where the epoch stopped; the error to raise. A batch with non-finite
@@ -240,8 +241,11 @@ def fit(run: Run) -> dict:
     summary written to ``summary.json`` (``stopped_by``: the signal that stopped the run, or
     None). An error mid-epoch is raised after a checkpoint whose place its ``checkpoint_note``
     says."""
-    run.start()
     cfg, data, progress, main = run.cfg, run.data, run.progress, is_main_process()
+    if main:  # metrics.jsonl as the (restored) progress knows it
+        remove_stale_temporary_files(run.run_dir)
+        rewrite_metrics(run.run_dir, progress.history)
+    run.logger = RunLogger(run.run_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
     try:
         for note in data.notes if main else ():
             print(note, file=sys.stderr)
@@ -326,7 +330,7 @@ def _agree_on_fetch(error: Exception | None) -> None:
 
 def _name_files(err: NonFiniteInputError, loader, epoch: int, first_step: int):
     """The error, its message naming the epoch, the step and (PK batches) the files."""
-    position = getattr(err, "batch_index", 0)
+    position = err.batch_index  # set by Trainer.train_one_epoch
     dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
     dataset = getattr(dataset, "dataset", dataset)  # under SeededSamples
     items = None

@@ -125,20 +125,10 @@ def _build(
 
 
 def _read_paths(cfg: Config) -> list[str]:
-    """Every path the configuration reads: never removed by --overwrite."""
-    return [
-        p
-        for p in (
-            cfg.data.root,
-            cfg.data.cache_dir,
-            cfg.model.weights,
-            cfg.eval.val_pairs,
-            cfg.eval.val_root,
-            cfg.eval.pairs,
-            cfg.eval.root,
-        )
-        if p
-    ]
+    """Every path the configuration reads (None where unset): never removed by --overwrite."""
+    data, ev = cfg.data, cfg.eval
+    read = [data.root, data.cache_dir, cfg.model.weights]
+    return read + [ev.val_pairs, ev.val_root, ev.pairs, ev.root]
 
 
 @contextlib.contextmanager

@@ -189,10 +189,6 @@ def _previous_outputs(run_dir: Path) -> list[str]:
     return [n for n in LEGACY_RUN_OUTPUTS if any(run_dir.glob(n))]
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
 def _matches(name: str, recorded: str) -> bool:
     """A recorded pattern (``roc_*.png`` of older records) covers only names runs write."""
     return name == recorded or (fnmatch(name, recorded) and bool(_RUN_FIGURE.fullmatch(name)))
@@ -220,9 +216,10 @@ def _previous_paths(run_dir: Path, names: list[str], keep: list[Path]) -> list[P
         for path in sorted(p for p in run_dir.glob(name) if _matches(p.name, name)):
             # The entry itself (a link, not its target) must lie in the run directory.
             real = Path(os.path.realpath(path.parent)) / path.name
-            if not _inside(real.parent, base):
+            if not real.parent.is_relative_to(base):
                 continue  # a name leading out of the run directory
-            if any(_inside(k, Path(os.path.realpath(path))) or _inside(k, real) for k in keep):
+            target = os.path.realpath(path)
+            if any(k.is_relative_to(target) or k.is_relative_to(real) for k in keep):
                 continue  # the new run reads it (or something inside it)
             foreign = _foreign_entry(path) if path.is_dir() and not path.is_symlink() else None
             if foreign:
@@ -300,7 +297,7 @@ class RunOutputs:
                     f"{target} exists and no run recorded writing it (in {OUTPUTS_RECORD}); "
                     "the run would replace it: move it away, or choose another --out"
                 )
-            read = [k for k in self.keep if _inside(k, Path(os.path.realpath(target)))]
+            read = [k for k in self.keep if k.is_relative_to(os.path.realpath(target))]
             if read:
                 raise NotARunOutput(
                     f"{target} would be replaced by the run, and its configuration reads "

@@ -11,7 +11,6 @@ import copy
 from dataclasses import replace
 
 import numpy as np
-import torch
 
 from facenet.checkpoint import load_checkpoint
 from facenet.config import Config
@@ -34,8 +33,10 @@ def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:
 
 
 def _verify(run, model, pairs):
-    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` of the run's images."""
+    """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` of the run's images,
+    every rank embedding with rank 0's statistics."""
     data, device = run.cfg.data, run.trainer.device
+    broadcast_buffers(model)
     settings = verify_settings(run.cfg, device.type)
     return verify(
         model,
@@ -59,23 +60,18 @@ def _plot(run, result, name: str, title: str, step: int) -> None:
     run.logger.log_figure(f"eval/{name.split('_')[0]}/roc", figure, step)
 
 
-def threshold_for(model, cfg: Config) -> dict:
-    """What a validation threshold is chosen for: the weights' content hash (the epoch's
-    checkpoint, written right after from these weights, gives the same digest) and the
-    preparation."""
-    return {"weights_sha256": weights_digest(model), **VerifySettings.of(cfg.eval).provenance()}
-
-
 def validate(run, epoch: int) -> dict:
     """Validation figures of the run's model as it is (epoch 0: before training), with the
-    threshold, its distance and ``threshold_for``; ``roc_val_epoch_<epoch>.png``."""
+    threshold, its distance and ``threshold_for``: the weights' content hash (the epoch's
+    checkpoint, written right after from them, gives the same) and the preparation;
+    ``roc_val_epoch_<epoch>.png``."""
     model = run.trainer.core_model
-    broadcast_buffers(model)  # every rank embeds with rank 0's statistics
     result, _ = _verify(run, model, run.data.val_pairs)
     _plot(run, result, f"val_epoch_{epoch}", f"validation, epoch {epoch}", epoch)
     values = figures(result)
     run.logger.log_scalars("eval/val", values, epoch)
-    values["threshold_for"] = threshold_for(model, run.cfg)
+    provenance = VerifySettings.of(run.cfg.eval).provenance()
+    values["threshold_for"] = {"weights_sha256": weights_digest(model), **provenance}
     return values
 
 
@@ -112,9 +108,7 @@ def test_selected(run, best: dict | None) -> dict:
     they are one model, absent without a selection)."""
     best_epoch, last_epoch = run.progress.best_epoch, run.progress.history[-1]["epoch"]
     threshold = (best or {}).get("threshold")
-    broadcast_buffers(run.trainer.core_model)  # every rank embeds with rank 0's statistics
-    with torch.no_grad():
-        result, last = _test_one(run, run.trainer.core_model, threshold)
+    result, last = _test_one(run, run.trainer.core_model, threshold)
     last, out = {"epoch": last_epoch, **last}, {}
     if best_epoch is not None and best_epoch != last_epoch:
         result, figures_best = _test_one(run, _selected_model(run, best_epoch), threshold)
