@@ -77,7 +77,7 @@ _REFUSED_OPERATION = "its pickle uses operations that weights_only loading does 
 MAX_CHECKPOINT_BYTES = 16 * 2**30
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 
@@ -188,7 +188,7 @@ def load_weights_only(
             unsafe = zipped and torch.serialization.get_unsafe_globals_in_checkpoint(path)
             declared = _declared_bytes(fh, zipped, names)
         except Exception as err:
-            detail = _first_line(err) if zipped else "not a torch.save file, or a damaged one"
+            detail = first_line(err) if zipped else "not a torch.save file, or a damaged one"
             raise fail(detail) from None
     if unsafe:
         raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
@@ -204,7 +204,7 @@ def load_weights_only(
         )
         raise error(_refusal(path, what, detail if names else _REFUSED_OPERATION)) from None
     except Exception as err:  # torch's reader on a damaged file: EOF, struct or index errors
-        raise fail(_first_line(err)) from None
+        raise fail(first_line(err)) from None
     _check_tensors(obj, size, fail)
     return obj
 

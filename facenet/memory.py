@@ -9,7 +9,6 @@ state. The figures' names (``MEMORY_KEYS``) are those metrics.jsonl files carry:
 
 from __future__ import annotations
 
-import math
 import os
 import resource
 import sys
@@ -280,15 +279,11 @@ def memory_figures(
     return figures
 
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def format_bytes(n: int | float) -> str:
+def format_bytes(n: int) -> str:
     """``512 B``, ``1.5 KiB``, ``-12.3 MiB`` (powers of 1024)."""
-    if isinstance(n, float) and not math.isfinite(n):
-        return f"{n} B"
-    size, unit = float(n), 0
-    while abs(size) >= 1024 and unit < len(_UNITS) - 1:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(size) < 1024 or unit == "PiB":
+            break
         size /= 1024
-        unit += 1
-    return f"{int(size)} B" if unit == 0 else f"{size:.1f} {_UNITS[unit]}"
+    return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
