@@ -98,23 +98,19 @@ class GraphMemoryMeter:
             kind = type(exclude).__name__
             raise TypeError(f"GraphMemoryMeter(exclude=...): expected an nn.Module, got a {kind}")
         self._exclude = nn.Module() if exclude is None else exclude
-        self._local = threading.local()  # saved-tensor hooks are per thread
+        # Stateless: entering pushes the hooks on this thread's stack, leaving pops them.
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self.timeline: list[TimelineEntry] = []
 
     def __enter__(self) -> GraphMemoryMeter:
         # Read at each entry: a model moved to another device has new storages.
         tensors = [*self._exclude.parameters(), *self._exclude.buffers()]
         self._excluded = {_storage(t)[0] for t in tensors} - {None}
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        hooks.__enter__()
-        self._contexts().append(hooks)
+        self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._contexts().pop().__exit__(*exc_info)
-
-    def _contexts(self) -> list:
-        return self._local.__dict__.setdefault("stack", [])
+        self._hooks.__exit__(*exc_info)
 
     def reset_peak(self) -> None:
         with self._lock:
