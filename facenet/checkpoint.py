@@ -59,14 +59,10 @@ def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
     removed = []
     for entry in Path(folder).iterdir() if Path(folder).is_dir() else ():
         match = TEMPORARY_NAME.match(entry.name)
-        if not match or not entry.is_file():
-            continue
-        pid = int(match["pid"])
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        with contextlib.suppress(OSError):
-            entry.unlink()
-            removed.append(entry)
+        if match and entry.is_file() and not _pid_alive(int(match["pid"])):  # this process too
+            with contextlib.suppress(OSError):
+                entry.unlink()
+                removed.append(entry)
     return removed
 
 
