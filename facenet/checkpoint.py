@@ -88,9 +88,8 @@ class _Inert:
 
 
 class _Scanner(pickle._Unpickler):
-    """Builds one pickle from inert stand-ins, recording its globals (``module.name``) and
-    persistent ids (torch's storages): no global the file names is looked up or run. The
-    pure-Python unpickler keeps its memo in a dict: a crafted memo index allocates nothing."""
+    """Builds one pickle from inert stand-ins, recording its globals and persistent ids (torch's
+    storages); nothing the file names runs. Pure Python: a dict memo, not sized by the file."""
 
     def __init__(self, fh: BinaryIO, names: set[str], persistent_ids: list):
         super().__init__(fh)
