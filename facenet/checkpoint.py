@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import pickletools
 import random
 import zipfile
 from collections.abc import Mapping
@@ -60,14 +59,10 @@ def remove_stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
     removed = []
     for entry in Path(folder).iterdir() if Path(folder).is_dir() else ():
         match = TEMPORARY_NAME.match(entry.name)
-        if not match or not entry.is_file():
-            continue
-        pid = int(match["pid"])
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        with contextlib.suppress(OSError):
-            entry.unlink()
-            removed.append(entry)
+        if match and entry.is_file() and not _pid_alive(int(match["pid"])):  # this process too
+            with contextlib.suppress(OSError):
+                entry.unlink()
+                removed.append(entry)
     return removed
 
 
@@ -78,44 +73,34 @@ _REFUSED_OPERATION = "its pickle uses operations that weights_only loading does 
 MAX_CHECKPOINT_BYTES = 16 * 2**30
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _scan_pickle(fh: BinaryIO, names: set[str], persistent_ids: list) -> None:
-    """Add the globals (``module.name``) and persistent ids (torch's storages) of the pickle at
-    ``fh``'s position to ``names`` and ``persistent_ids``, read statically by following its
-    stack (nothing runs); ValueError or IndexError for no pickle or a damaged one."""
-    stack, marks, memo = [], [], {}
-    for op, arg, _ in pickletools.genops(fh):
-        before, name = op.stack_before, op.name
-        if name == "MARK":
-            marks.append(len(stack))
-            continue
-        mark = pickletools.markobject
-        start = marks.pop() - before.index(mark) if mark in before else len(stack) - len(before)
-        if start < 0:
-            raise ValueError("stack underflow")
-        popped, stack[start:] = stack[start:], []
-        pushed = [None if before else arg] * len(op.stack_after)  # literals keep their value
-        if name.startswith("TUPLE"):
-            pushed = [tuple(popped)]
-        elif name.endswith("PERSID"):
-            persistent_ids.append(popped[0] if popped else arg)
-        elif name == "GLOBAL":  # protocols 0-3: "module name" in the argument
-            names.add(arg.replace(" ", "."))
-        elif name == "STACK_GLOBAL" and all(isinstance(s, str) for s in popped):
-            names.add(".".join(popped))
-        elif name.endswith("GET"):
-            pushed = [memo.get(arg)]
-        elif name.endswith("PUT"):
-            memo[arg] = stack[-1]
-        elif name == "MEMOIZE":
-            memo[len(memo)] = popped[0]
-        if name in ("MEMOIZE", "DUP"):
-            pushed = popped * len(op.stack_after)
-        stack += pushed
+class _Inert:
+    """What a scanned pickle's globals become: it takes any arguments, items and state."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    __setstate__ = __setitem__ = append = extend = __init__
+
+
+class _Scanner(pickle._Unpickler):
+    """Builds one pickle from inert stand-ins, recording its globals and persistent ids (torch's
+    storages); nothing the file names runs. Pure Python: a dict memo, not sized by the file."""
+
+    def __init__(self, fh: BinaryIO, names: set[str], persistent_ids: list):
+        super().__init__(fh)
+        self.names, self.persistent_ids = names, persistent_ids
+
+    def find_class(self, module: str, name: str) -> type:
+        self.names.add(f"{module}.{name}")
+        return _Inert
+
+    def persistent_load(self, pid: Any) -> None:
+        self.persistent_ids.append(pid)
 
 
 def _refusal(path: Path, what: str, detail: str) -> str:
@@ -149,7 +134,7 @@ def _declared_bytes(fh: BinaryIO, zipped: bool, names: set[str]) -> int:
     for index in range(_LEGACY_PICKLES):
         if index and not fh.peek(1):  # a plain pickle ends here, a legacy file not
             break
-        _scan_pickle(fh, names, storages)
+        _Scanner(fh, names, storages).load()
     # ("storage", storage type, key, location, elements, view): elements once per key
     declared = {pid[2]: pid[4] for pid in storages if isinstance(pid, tuple) and len(pid) > 4}
     return sum(n for n in declared.values() if isinstance(n, int))
@@ -198,7 +183,7 @@ def load_weights_only(
             unsafe = zipped and torch.serialization.get_unsafe_globals_in_checkpoint(path)
             declared = _declared_bytes(fh, zipped, names)
         except Exception as err:
-            detail = _first_line(err) if zipped else "not a torch.save file, or a damaged one"
+            detail = first_line(err) if zipped else "not a torch.save file, or a damaged one"
             raise fail(detail) from None
     if unsafe:
         raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
@@ -214,7 +199,7 @@ def load_weights_only(
         )
         raise error(_refusal(path, what, detail if names else _REFUSED_OPERATION)) from None
     except Exception as err:  # torch's reader on a damaged file: EOF, struct or index errors
-        raise fail(_first_line(err)) from None
+        raise fail(first_line(err)) from None
     _check_tensors(obj, size, fail)
     return obj
 

@@ -9,7 +9,6 @@ state. The figures' names (``MEMORY_KEYS``) are those metrics.jsonl files carry:
 
 from __future__ import annotations
 
-import math
 import os
 import resource
 import sys
@@ -99,23 +98,19 @@ class GraphMemoryMeter:
             kind = type(exclude).__name__
             raise TypeError(f"GraphMemoryMeter(exclude=...): expected an nn.Module, got a {kind}")
         self._exclude = nn.Module() if exclude is None else exclude
-        self._local = threading.local()  # saved-tensor hooks are per thread
+        # Stateless: entering pushes the hooks on this thread's stack, leaving pops them.
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self.timeline: list[TimelineEntry] = []
 
     def __enter__(self) -> GraphMemoryMeter:
         # Read at each entry: a model moved to another device has new storages.
         tensors = [*self._exclude.parameters(), *self._exclude.buffers()]
         self._excluded = {_storage(t)[0] for t in tensors} - {None}
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        hooks.__enter__()
-        self._contexts().append(hooks)
+        self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._contexts().pop().__exit__(*exc_info)
-
-    def _contexts(self) -> list:
-        return self._local.__dict__.setdefault("stack", [])
+        self._hooks.__exit__(*exc_info)
 
     def reset_peak(self) -> None:
         with self._lock:
@@ -280,15 +275,11 @@ def memory_figures(
     return figures
 
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def format_bytes(n: int | float) -> str:
+def format_bytes(n: int) -> str:
     """``512 B``, ``1.5 KiB``, ``-12.3 MiB`` (powers of 1024)."""
-    if isinstance(n, float) and not math.isfinite(n):
-        return f"{n} B"
-    size, unit = float(n), 0
-    while abs(size) >= 1024 and unit < len(_UNITS) - 1:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(size) < 1024 or unit == "PiB":
+            break
         size /= 1024
-        unit += 1
-    return f"{int(size)} B" if unit == 0 else f"{size:.1f} {_UNITS[unit]}"
+    return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"

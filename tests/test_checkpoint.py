@@ -68,7 +68,7 @@ def test_legacy_format_loads_with_weights_only(tmp_path):
 
 
 def test_torch_lists_unsafe_globals_of_zip_files_only(tmp_path):
-    """Why legacy files are read statically here: torch's static check needs a zip archive."""
+    """Why legacy files are scanned here: torch's static check needs a zip archive."""
     _legacy_save({"w": torch.ones(2)}, tmp_path / "legacy.pt")
     with pytest.raises(ValueError):
         torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "legacy.pt")

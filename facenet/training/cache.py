@@ -103,17 +103,15 @@ class CachedOutputs(Dataset):
 def frozen_outputs_of(head: FeatureHead, folder, cfg: Config, device) -> torch.Tensor:
     """(N, 2, C, h, w) float32 on the CPU: each image of ``folder`` (an IdentityFolder) and
     its mirror through the frozen units, in batches of ``eval.batch_size``."""
-    crops = TrainCrops(cfg.data.image_size, random_crop=False, hflip=False)
-    out, batch = [], []
-    for index, (path, _) in enumerate(folder.samples):
-        batch.append(crops(crops.prepare(read_image(path, *folder.limits))))
-        if len(batch) == cfg.eval.batch_size or index == len(folder.samples) - 1:
-            images = standardize(collate_crops(batch), cfg.data.normalize).to(device)
-            if not out:
-                head.check_split(images[:2])
-            pair = torch.stack([head.frozen_outputs(im) for im in (images, images.flip(-1))], 1)
-            out.append(pair.cpu())
-            batch = []
+    crops, out = TrainCrops(cfg.data.image_size, random_crop=False, hflip=False), []
+    for start in range(0, len(folder.samples), cfg.eval.batch_size):
+        paths = [path for path, _ in folder.samples[start : start + cfg.eval.batch_size]]
+        batch = [crops(crops.prepare(read_image(path, *folder.limits))) for path in paths]
+        images = standardize(collate_crops(batch), cfg.data.normalize).to(device)
+        if not out:
+            head.check_split(images[:2])
+        pair = torch.stack([head.frozen_outputs(im) for im in (images, images.flip(-1))], 1)
+        out.append(pair.cpu())
     return torch.cat(out)
 
 

@@ -43,13 +43,11 @@ def frozen_units(backbone: nn.Module, up_to: str | None) -> list[str]:
         return units
     last = [i for i, name in enumerate(units) if name == up_to or name.startswith(up_to + ".")]
     if not last:
-        stages = [name for name, _ in backbone.named_children()]
+        stages = ", ".join(name for name, _ in backbone.named_children())
+        example = next((u for u in units if "." in u), "none here")
         raise ValueError(
             f"freeze_up_to: {up_to!r} is not a stage of this backbone; its stages, in order: "
-            + ", ".join(stages)
-            + " (or an element of a sequential one, such as "
-            + next((u for u in units if "." in u), "none here")
-            + ")"
+            f"{stages} (or an element of a sequential one, such as {example})"
         )
     return units[: last[-1] + 1]
 

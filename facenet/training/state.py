@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from facenet.checkpoint import (
+    first_line,
     load_checkpoint,
     rng_state,
     save_checkpoint,
@@ -178,7 +179,7 @@ def restore(run, state: dict) -> Progress:
             generator.set_state(own["miner_rng"])
         set_rng_state(own["rng"])
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         raise CheckpointError(f"{path} does not fit this configuration: {reason}") from None
     try:
         progress = _progress_of(state)

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from facenet.distributed import all_gather_tensor, gather_variable_rows, get_rank, get_world_size
-from facenet.errors import ConfigError
 from facenet.metric.miners import Triplets
 
 _AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -78,11 +77,9 @@ class _Step:
 
     def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none", chunk_size=0):
         self.model, self.core = model, getattr(model, "module", model)
-        classifier = getattr(self.core, "classifier", None)
-        if ce_weight > 0 and classifier is None:
-            raise ValueError("ce_weight > 0 needs a model with a classifier head (num_classes)")
         # (logits, labels, reduction): a cosine classifier's margin softmax, or plain; "sum" is
         # not "none" summed in float32 (another order), and the one-pass path has always summed so
+        classifier = getattr(self.core, "classifier", None)
         self.ce_loss = getattr(classifier, "loss", None) or F.cross_entropy
         self.miner, self.loss_fn, self.ce_weight = miner, loss_fn, float(ce_weight)
         self.chunk_size = int(chunk_size)
@@ -199,16 +196,16 @@ class TwoPassStep(_Step):
         return self.loss_and_backward(embeddings, local, unique.numel(), logits, labels[rows])
 
     def _grad_forward(self, images, rows):
-        with_logits = self.ce_weight > 0
-        if rows.numel() == 0:
+        with_logits, count = self.ce_weight > 0, rows.numel()
+        if count == 0:
             with frozen_bn_running_stats(self.core):
                 embeddings, logits = self.forward(images, with_logits)
-            return embeddings[:0], None if logits is None else logits[:0]
-        if rows.numel() == 1 and images.shape[0] > 1:
+        elif count == 1 and images.shape[0] > 1:
             other = rows.new_tensor([int(rows[0] == 0)])  # image 0, or 1 if 0 is selected
             embeddings, logits = self.forward(images[torch.cat([rows, other])], with_logits)
-            return embeddings[:1], None if logits is None else logits[:1]
-        return self.forward(images[rows], with_logits)
+        else:
+            return self.forward(images[rows], with_logits)
+        return embeddings[:count], None if logits is None else logits[:count]
 
 
 @contextlib.contextmanager
@@ -307,36 +304,18 @@ def choose_step(
 ) -> str:
     """The path: "one-pass", "two-pass" or "chunked". ``passes="auto"``: chunked when
     ``chunk_size > 0``; one pass when the miner selects every image (a selection-only pass
-    would forward the same images again); else two, always for seed-style triplet lists."""
-    if isinstance(passes, bool) or passes not in ("auto", 1, 2):
-        raise ConfigError(f"passes must be 'auto', 1 or 2, got {passes!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 0:
-        raise ConfigError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
+    would forward the same images again); else two, always for seed-style triplet lists.
+    The configuration has checked both values (``passes=1`` excludes chunks)."""
     if chunk_size > 0:
-        if passes == 1:
-            raise ConfigError(
-                f"passes=1 and chunk_size={chunk_size} exclude each other: a chunked step "
-                "is a two-pass step (passes: 2 or auto)"
-            )
         return "chunked"
     if passes == "auto":
         return "one-pass" if selects_every_image and not triplet_lists else "two-pass"
     return "one-pass" if passes == 1 else "two-pass"
 
 
-def build_step(
-    model,
-    miner,
-    loss_fn,
-    *,
-    passes: int | str = "auto",
-    chunk_size: int = 0,
-    triplet_lists: bool = False,
-    ce_weight: float = 0.0,
-    amp: str = "none",
-) -> _Step:
-    """The step of :func:`choose_step`'s path, built (the keywords as for ``_Step``)."""
+def build_step(model, miner, loss_fn, *, passes="auto", triplet_lists=False, **settings) -> _Step:
+    """The step of :func:`choose_step`'s path, built (``settings``: ``_Step``'s keywords)."""
     every = getattr(miner, "selects_every_image", False)
-    name = choose_step(passes, chunk_size, every, triplet_lists)
+    name = choose_step(passes, settings.get("chunk_size", 0), every, triplet_lists)
     path = {"one-pass": OnePassStep, "two-pass": TwoPassStep, "chunked": ChunkedStep}[name]
-    return path(model, miner, loss_fn, ce_weight=ce_weight, amp=amp, chunk_size=chunk_size)
+    return path(model, miner, loss_fn, **settings)

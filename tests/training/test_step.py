@@ -9,6 +9,7 @@ import torch
 from step_reference import BNNet, assert_relative_close, make_batch, stated_backward
 from torch import nn
 
+from facenet.config import load_config
 from facenet.errors import ConfigError
 from facenet.memory import GraphMemoryMeter
 from facenet.metric.losses import MarginSoftmaxLoss, TripletMarginLoss
@@ -163,15 +164,15 @@ def test_triplet_lists_take_two_passes_unless_told_otherwise():
 
 
 def test_one_pass_with_chunks_is_refused_naming_both():
-    with pytest.raises(ConfigError, match="passes=1 and chunk_size=4"):
-        choose_step(1, 4, True)
-    with pytest.raises(ConfigError, match="passes"):
-        choose_step(3, 0, True)
-    with pytest.raises(ConfigError, match="passes"):
-        choose_step(True, 0, True)
-    for bad in (-1, 2.5, "4", True):
+    """choose_step's inputs are checked once, by the configuration."""
+    with pytest.raises(ConfigError, match="mining.passes: 1 .*train.chunk_size: 4"):
+        load_config(None, ["mining.passes=1", "train.chunk_size=4"])
+    for bad in ("3", "true"):
+        with pytest.raises(ConfigError, match="passes"):
+            load_config(None, [f"mining.passes={bad}"])
+    for bad in ("-1", "2.5", "'4'", "true"):
         with pytest.raises(ConfigError, match="chunk_size"):
-            choose_step(2, bad, True)
+            load_config(None, [f"train.chunk_size={bad}"])
 
 
 @pytest.mark.parametrize(
