@@ -99,19 +99,18 @@ def _walk(root, max_depth=None):
     dropped = []
     for path, info in linked:  # a link to an image listed already (or through a link) is dropped
         key = (info.st_dev, info.st_ino)
-        (dropped if key in files_seen else real).append((path, info))
+        if key in files_seen:
+            dropped.append(path)
+        else:
+            real.append((path, info))
         files_seen.add(key)
-    _warn(
-        root,
-        _skipped_links(root, skipped, "folders already listed or holding it"),
-        _skipped_links(root, [p for p, _ in dropped], "files already listed"),
-    )
+    skips = {"folders already listed or holding it": skipped, "files already listed": dropped}
+    _warn(root, *(
+        (f"skipped {_count(len(links), 'link', 'links')} to {what}",
+         [link.relative_to(root).as_posix() for link in links])
+        for what, links in skips.items()
+    ))  # fmt: skip
     return folders, real
-
-
-def _skipped_links(root, links, what):
-    names = [p.relative_to(root).as_posix() for p in links]
-    return f"skipped {_count(len(links), 'link', 'links')} to {what}", names
 
 
 def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
