@@ -48,15 +48,6 @@ def _key(path):
     return info.st_dev, info.st_ino
 
 
-def _sorted_entries(folder):
-    """The entries of ``folder`` not hidden, by name; none if it cannot be read (as os.walk)."""
-    try:
-        with os.scandir(folder) as entries:
-            return sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
-    except OSError:
-        return []
-
-
 def _walk(root, max_depth=None):
     """``(folders, [(image path, stat), ...])`` under ``root``, folders down to ``max_depth``.
 
@@ -80,8 +71,15 @@ def _walk(root, max_depth=None):
             stack.append((link, depth))
             folders.append(link)
         folder, depth = stack.pop()
+        try:  # the entries not hidden, by name; none if it cannot be read (as os.walk)
+            with os.scandir(folder) as found:
+                entries = sorted(
+                    (e for e in found if not e.name.startswith(".")), key=lambda e: e.name
+                )
+        except OSError:
+            entries = []
         subfolders = []
-        for entry in _sorted_entries(folder):
+        for entry in entries:
             path = Path(folder, entry.name)
             if entry.is_dir():
                 if max_depth is not None and depth + 1 >= max_depth:

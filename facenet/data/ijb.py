@@ -58,9 +58,9 @@ class TemplateSet:
 def set_name(root, name: str | None = None) -> str:
     """``name``, or the only ``<name>`` of a ``*_face_tid_mid.txt`` in ``root/meta``."""
     meta = Path(root) / "meta"
-    if name is not None and (not name or "/" in name or name in (".", "..")):
-        raise DataError(f"set name {shown(name)}: expected the <name> of {meta}/<name>{FACES}")
     if name is not None:
+        if not name or "/" in name or name in (".", ".."):
+            raise DataError(f"set name {shown(name)}: expected the <name> of {meta}/<name>{FACES}")
         return name
     names = sorted(p.name[: -len(FACES)] for p in meta.glob(f"*{FACES}")) if meta.is_dir() else []
     if len(names) != 1:
