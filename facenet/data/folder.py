@@ -61,16 +61,15 @@ def _walk(root, max_depth=None):
     stack, links, folders, skipped = [(root, 0)], [], [], []
     real, linked = [], []  # (path, stat) of image files, not links and links
     while stack or links:
-        if not stack:
-            link, depth = links.pop(0)
-            key = _key(link)
-            if key is None or key in seen:
-                skipped.append(link)
+        if stack:
+            folder, depth = stack.pop()
+        else:
+            folder, depth = links.pop(0)
+            if (key := _key(folder)) is None or key in seen:
+                skipped.append(folder)
                 continue
             seen.add(key)
-            stack.append((link, depth))
-            folders.append(link)
-        folder, depth = stack.pop()
+        folders.append(folder)
         try:  # the entries not hidden, by name; none if it cannot be read (as os.walk)
             with os.scandir(folder) as found:
                 entries = sorted(
@@ -91,7 +90,6 @@ def _walk(root, max_depth=None):
                     subfolders.append((path, depth + 1))
             elif entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS):
                 (linked if entry.is_symlink() else real).append((path, entry.stat()))
-        folders += [path for path, _ in subfolders]
         stack.extend(reversed(subfolders))  # depth first, in name order
     files_seen = {(s.st_dev, s.st_ino) for _, s in real}
     dropped = []
@@ -108,7 +106,7 @@ def _walk(root, max_depth=None):
          [link.relative_to(root).as_posix() for link in links])
         for what, links in skips.items()
     ))  # fmt: skip
-    return folders, real
+    return folders[1:], real  # root is the first
 
 
 def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
