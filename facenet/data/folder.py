@@ -48,6 +48,15 @@ def _key(path):
     return info.st_dev, info.st_ino
 
 
+def _sorted_entries(folder):
+    """The entries of ``folder`` not hidden, by name; none if it cannot be read (as os.walk)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError:
+        return []
+
+
 def _walk(root, max_depth=None):
     """``(folders, [(image path, stat), ...])`` under ``root``, folders down to ``max_depth``.
 
@@ -70,15 +79,8 @@ def _walk(root, max_depth=None):
                 continue
             seen.add(key)
         folders.append(folder)
-        try:  # the entries not hidden, by name; none if it cannot be read (as os.walk)
-            with os.scandir(folder) as found:
-                entries = sorted(
-                    (e for e in found if not e.name.startswith(".")), key=lambda e: e.name
-                )
-        except OSError:
-            entries = []
         subfolders = []
-        for entry in entries:
+        for entry in _sorted_entries(folder):
             path = Path(folder, entry.name)
             if entry.is_dir():
                 if max_depth is not None and depth + 1 >= max_depth:
@@ -95,18 +97,19 @@ def _walk(root, max_depth=None):
     dropped = []
     for path, info in linked:  # a link to an image listed already (or through a link) is dropped
         key = (info.st_dev, info.st_ino)
-        if key in files_seen:
-            dropped.append(path)
-        else:
-            real.append((path, info))
+        (dropped if key in files_seen else real).append((path, info))
         files_seen.add(key)
-    skips = {"folders already listed or holding it": skipped, "files already listed": dropped}
-    _warn(root, *(
-        (f"skipped {_count(len(links), 'link', 'links')} to {what}",
-         [link.relative_to(root).as_posix() for link in links])
-        for what, links in skips.items()
-    ))  # fmt: skip
+    _warn(
+        root,
+        _skipped_links(root, skipped, "folders already listed or holding it"),
+        _skipped_links(root, [p for p, _ in dropped], "files already listed"),
+    )
     return folders[1:], real  # root is the first
+
+
+def _skipped_links(root, links, what):
+    names = [p.relative_to(root).as_posix() for p in links]
+    return f"skipped {_count(len(links), 'link', 'links')} to {what}", names
 
 
 def list_images(root: str | os.PathLike) -> tuple[list[str], list[str]]:
