@@ -109,8 +109,7 @@ def _number(path, number: int, value: str, kind=float):
 
 
 def _table(path: Path, columns: int, kind=float) -> tuple:
-    """A meta file's non-blank lines: (fields (R, columns) str, line numbers (R,), the columns
-    after the image name as ``kind`` (R, columns - 1), {image name: row})."""
+    """(fields (R, columns) str, line numbers, columns 1.. as ``kind``, {image name: row})."""
     rows = list(_rows(path, columns, MAX_META_BYTES, MAX_META_ROWS))
     fields = np.array([f for _, f in rows], dtype=str).reshape(-1, columns)
     lines = [n for n, _ in rows]
