@@ -49,7 +49,7 @@ class TrainCrops:
         tensors take the same numbers in the same order (both sides in one call when their
         ranges are equal) at a third of the cost.
         """
-        (side_h, side_w), top, left = self.size, 0, 0
+        side_h, side_w = self.size
         if not self.random_crop:  # v2.CenterCrop's rounding; nothing drawn
             top, left = round((height - side_h) / 2.0), round((width - side_w) / 2.0)
         else:
@@ -58,10 +58,10 @@ class TrainCrops:
             if span_h and span_h == span_w:
                 top, left = torch.empty(2, dtype=torch.int64).random_(0, span_h).tolist()
             else:
-                if span_h:
-                    top = torch.empty((), dtype=torch.int64).random_(0, span_h).item()
-                if span_w:
-                    left = torch.empty((), dtype=torch.int64).random_(0, span_w).item()
+                top, left = [
+                    torch.empty((), dtype=torch.int64).random_(0, span).item() if span else 0
+                    for span in (span_h, span_w)
+                ]
         # torch.rand(1)'s dtype is the default dtype, as torch.empty's.
         flip = torch.empty(()).uniform_().item() < 0.5 if self.hflip else False
         return top, left, flip

@@ -70,16 +70,15 @@ def _walk(root, max_depth=None):
     stack, links, folders, skipped = [(root, 0)], [], [], []
     real, linked = [], []  # (path, stat) of image files, not links and links
     while stack or links:
-        if not stack:
-            link, depth = links.pop(0)
-            key = _key(link)
-            if key is None or key in seen:
-                skipped.append(link)
+        if stack:
+            folder, depth = stack.pop()
+        else:
+            folder, depth = links.pop(0)
+            if (key := _key(folder)) is None or key in seen:
+                skipped.append(folder)
                 continue
             seen.add(key)
-            stack.append((link, depth))
-            folders.append(link)
-        folder, depth = stack.pop()
+        folders.append(folder)
         subfolders = []
         for entry in _sorted_entries(folder):
             path = Path(folder, entry.name)
@@ -93,7 +92,6 @@ def _walk(root, max_depth=None):
                     subfolders.append((path, depth + 1))
             elif entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS):
                 (linked if entry.is_symlink() else real).append((path, entry.stat()))
-        folders += [path for path, _ in subfolders]
         stack.extend(reversed(subfolders))  # depth first, in name order
     files_seen = {(s.st_dev, s.st_ino) for _, s in real}
     dropped = []
@@ -106,7 +104,7 @@ def _walk(root, max_depth=None):
         _skipped_links(root, skipped, "folders already listed or holding it"),
         _skipped_links(root, [p for p, _ in dropped], "files already listed"),
     )
-    return folders, real
+    return folders[1:], real  # root is the first
 
 
 def _skipped_links(root, links, what):

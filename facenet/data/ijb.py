@@ -58,9 +58,9 @@ class TemplateSet:
 def set_name(root, name: str | None = None) -> str:
     """``name``, or the only ``<name>`` of a ``*_face_tid_mid.txt`` in ``root/meta``."""
     meta = Path(root) / "meta"
-    if name is not None and (not name or "/" in name or name in (".", "..")):
-        raise DataError(f"set name {shown(name)}: expected the <name> of {meta}/<name>{FACES}")
     if name is not None:
+        if not name or "/" in name or name in (".", ".."):
+            raise DataError(f"set name {shown(name)}: expected the <name> of {meta}/<name>{FACES}")
         return name
     names = sorted(p.name[: -len(FACES)] for p in meta.glob(f"*{FACES}")) if meta.is_dir() else []
     if len(names) != 1:
@@ -108,10 +108,13 @@ def _number(path, number: int, value: str, kind=float):
     return parsed
 
 
-def _table(path: Path, columns: int) -> tuple[np.ndarray, list[int]]:
-    """(fields (R, columns) str, line numbers (R,)) of a meta file's non-blank lines."""
+def _table(path: Path, columns: int, kind=float) -> tuple:
+    """(fields (R, columns) str, line numbers, columns 1.. as ``kind``, {image name: row})."""
     rows = list(_rows(path, columns, MAX_META_BYTES, MAX_META_ROWS))
-    return np.array([f for _, f in rows], dtype=str).reshape(-1, columns), [n for n, _ in rows]
+    fields = np.array([f for _, f in rows], dtype=str).reshape(-1, columns)
+    lines = [n for n, _ in rows]
+    numbers = _numbers(path, fields[:, 1:], lines, kind)
+    return fields, lines, numbers, _image_names(path, fields[:, 0], lines)
 
 
 def _numbers(path, fields: np.ndarray, lines: list[int], kind=float) -> np.ndarray:
@@ -199,12 +202,8 @@ def read_template_set(root, name: str | None = None) -> TemplateSet:
     name = set_name(root, name)
     meta = root / "meta"
     faces_path, marks_path = meta / f"{name}{FACES}", meta / f"{name}{LANDMARKS}"
-    faces, face_lines = _table(faces_path, 3)
-    marks, mark_lines = _table(marks_path, 12)
-    ids = _numbers(faces_path, faces[:, 1:], face_lines, int)  # (N, 2)
-    face_rows = _image_names(faces_path, faces[:, 0], face_lines)
-    values = _numbers(marks_path, marks[:, 1:], mark_lines)  # (N, 11)
-    mark_rows = _image_names(marks_path, marks[:, 0], mark_lines)
+    faces, face_lines, ids, face_rows = _table(faces_path, 3, int)  # ids (N, 2)
+    marks, mark_lines, values, mark_rows = _table(marks_path, 12)  # values (N, 11)
     one_point = np.flatnonzero(np.ptp(values[:, :10].reshape(-1, 5, 2), axis=1).max(axis=1) == 0)
     if len(one_point):  # no face can be warped from them ("0 0 ... 0" for an undetected one)
         where = f"{marks_path}:{mark_lines[one_point[0]]}"

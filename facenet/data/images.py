@@ -108,15 +108,6 @@ def _decode_with_pillow(raw, max_pixels, max_aspect_ratio):
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
-def _decode_jpeg(raw, source):
-    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # (n_bytes,)
-    try:
-        image = decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except RuntimeError as err:
-        raise CorruptImageError(source, _short_reason(err)) from None
-    return TF.to_dtype(image, torch.uint8, scale=True)  # 12-bit JPEGs decode to uint16
-
-
 def decode_image_bytes(
     raw: bytes,
     source: str,
@@ -137,7 +128,13 @@ def decode_image_bytes(
     except ValueError as err:
         raise CorruptImageError(source, str(err)) from None
     if header.format == "jpeg":
-        return _decode_jpeg(raw, source)
+        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)  # (n_bytes,)
+        try:
+            image = decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+        except RuntimeError as err:  # the message's last line, without the C++ source location
+            reason = str(err).strip().split("\n")[-1].rsplit(", ", 1)[-1]
+            raise CorruptImageError(source, reason) from None
+        return TF.to_dtype(image, torch.uint8, scale=True)  # 12-bit JPEGs decode to uint16
     try:
         return _decode_with_pillow(raw, max_pixels, max_aspect_ratio)
     except _PIL_ERRORS + (Image.DecompressionBombError,) as err:
@@ -180,12 +177,6 @@ def inspect_image(
     except OSError as err:
         return err.strerror or str(err)
     return None
-
-
-def _short_reason(err):
-    """The last line of a torchvision decoder message, without the C++ source location."""
-    text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-    return text.rsplit(", ", 1)[-1]
 
 
 def looks_like_image(path: str | os.PathLike) -> bool:
@@ -231,14 +222,10 @@ def crop_or_pad(image: torch.Tensor, size: ImageSize) -> torch.Tensor:
     offset ``(H - S) // 2`` rounds down where ``v2.CenterCrop`` rounds to nearest.
     """
     out_h, out_w = image_hw(size)
-    _, height, width = image.shape
-    top, left = max(height - out_h, 0) // 2, max(width - out_w, 0) // 2
-    image = image[:, top : top + out_h, left : left + out_w]  # (C, min(H, S_h), min(W, S_w))
-    pad_h, pad_w = out_h - image.shape[1], out_w - image.shape[2]
-    if pad_h or pad_w:  # (left, right, top, bottom), the smaller half first as TensorFlow does
-        pad = (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2)
-        image = torch.nn.functional.pad(image, pad)
-    return image
+    d_h, d_w = out_h - image.shape[1], out_w - image.shape[2]  # > 0: padded, < 0: cropped
+    # A negative pad crops; int() rounds towards 0: the smaller half first, as TensorFlow does.
+    top, left = int(d_h / 2), int(d_w / 2)
+    return torch.nn.functional.pad(image, (left, d_w - left, top, d_h - top))
 
 
 def cover_size(height: int, width: int, target: tuple[int, int]) -> tuple[int, int]:
@@ -282,8 +269,6 @@ def build_transform(
     (:func:`crop_or_pad`), for crops aligned at that size as the publishers' models expect.
     """
     size = image_hw(image_size)  # (S_h, S_w)
-    if preprocess not in EVAL_PREPROCESS:
-        raise ValueError(f"preprocess={preprocess!r}: expected one of {EVAL_PREPROCESS}")
     if not train and preprocess == "crop":
         steps = [partial(crop_or_pad, size=size)]
     else:

@@ -128,20 +128,15 @@ def check_pickle_lengths(raw: bytes, source: str) -> None:
         BinFormatError: an opcode runs past the end, no STOP, or a memo index larger than the
             file could hold.
     """
-    size, problem = len(raw), None
+    size = len(raw)
     try:
         for opcode, arg, _ in pickletools.genops(io.BytesIO(raw)):
             if opcode.name in _MEMO_PUTS and not 0 <= int(arg) <= size:
-                problem = f"memo index {arg} in a {size}-byte file"
-            elif opcode.name == "FRAME" and arg > size:
-                problem = f"a frame of {arg} bytes in a {size}-byte file"
-            if problem:
-                break
-        else:
-            return
-    except ValueError as err:  # a declared length past the end, an unknown opcode, no STOP
-        problem = str(err)
-    raise BinFormatError(f"{source}: not a readable pickle ({problem})")
+                raise ValueError(f"memo index {arg} in a {size}-byte file")
+            if opcode.name == "FRAME" and arg > size:
+                raise ValueError(f"a frame of {arg} bytes in a {size}-byte file")
+    except ValueError as err:  # genops': a declared length past the end, an unknown opcode, no STOP
+        raise BinFormatError(f"{source}: not a readable pickle ({err})") from None
 
 
 def read_bin(

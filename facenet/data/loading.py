@@ -51,7 +51,7 @@ class SeededBatches:
     ``epoch_of.epoch`` (default: the batch sampler's)."""
 
     def __init__(self, batch_sampler, seed: int, rank: int = 0, epoch_of=None):
-        self.batch_sampler, self.seed, self.rank = batch_sampler, int(seed), int(rank)
+        self.batch_sampler, self.seed, self.rank = batch_sampler, seed, rank
         self.epoch_of = batch_sampler if epoch_of is None else epoch_of
 
     def __len__(self):

@@ -41,9 +41,6 @@ class PKSampler(Sampler[list[int]]):
     (P x K)))`` over all ranks, rounded up to a multiple of ``world_size``.
     """
 
-    # False leaves the last group of a pass short (single-process runs only: ranks keep step).
-    drop_last = True
-
     def __init__(
         self,
         labels: Sequence[int] | np.ndarray | torch.Tensor,
@@ -121,10 +118,9 @@ class PKSampler(Sampler[list[int]]):
             full = len(order) // self.p
             groups += list(order[: full * self.p].reshape(full, self.p))
             rest = order[full * self.p :]
-            if len(rest) and (self.drop_last or self.world_size > 1):
+            if len(rest):
                 others = np.setdiff1d(np.arange(self.num_identities), rest)
                 rest = np.concatenate([rest, rng.choice(others, self.p - len(rest), replace=False)])
-            if len(rest):
                 groups.append(rest)
         return groups[:n_batches]
 

@@ -84,8 +84,5 @@ class TripletListDataset(Dataset):
 
     def __getitem__(self, i: int) -> tuple:
         a, p, n = self.triplets[i].tolist()
-        label_p, label_n = int(self.labels[p]), int(self.labels[n])
-        if self.dataset is None:
-            return a, p, n, label_p, label_n
-        images = [self.dataset[index][0] for index in (a, p, n)]
-        return *images, label_p, label_n
+        items = (a, p, n) if self.dataset is None else [self.dataset[j][0] for j in (a, p, n)]
+        return *items, int(self.labels[p]), int(self.labels[n])

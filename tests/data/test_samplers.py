@@ -149,13 +149,11 @@ def test_ranks_get_disjoint_equal_shares_covering_every_identity(world_size):
             check_batch(batch, labels, p, k)
 
 
-def test_drop_last_false_yields_a_shorter_last_batch():
+def test_the_last_group_of_a_pass_is_completed_from_the_others():
     labels = np.repeat(np.arange(7), 3)
     sampler = PKSampler(labels, p=3, k=3)
-    assert [len(b) for b in sampler] == [9, 9, 9]
-    sampler.drop_last = False
     batches = list(sampler)
-    assert [len(b) for b in batches] == [9, 9, 3]
+    assert [len(b) for b in batches] == [9, 9, 9]
     assert {labels[i] for b in batches for i in b} == set(range(7))
 
 
