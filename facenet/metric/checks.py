@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 ON_NONFINITE = ("defer", "raise")
+INPUTS = ("embeddings", "ref_embeddings")  # what a loss's anchors, and its p and n, index
 
 _SHOWN = 5  # offending values or rows quoted in a message
 
@@ -57,10 +58,12 @@ def _quote(values: list) -> str:
 
 def finite_flag(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor on the device (no host read): every value of the (B, D)
-    ``embeddings`` (and ``ref_embeddings``) is finite. Under "raise", a ``ValueError`` names
-    the rows holding NaN or inf (one host read)."""
-    checked = ("embeddings", "ref_embeddings") if on_nonfinite == "raise" else ()
-    for name, t in zip(checked, tensors):
+    ``embeddings`` (and ``ref_embeddings``) is finite. Each must be 2-D; under "raise", a
+    ``ValueError`` names the rows holding NaN or inf (one host read)."""
+    for name, t in zip(INPUTS, tensors):
+        check_embeddings(t, who, name)
+        if on_nonfinite != "raise":
+            continue
         rows = (~torch.isfinite(t).all(dim=1)).nonzero().flatten().tolist()  # (bad rows,)
         if rows:
             raise ValueError(
@@ -114,7 +117,7 @@ def check_index_triplets(
             f"{who}: {what} index tensors must be 1-D and equally long, got shapes "
             f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
         )
-    of = ("embeddings", ("embeddings", "ref_embeddings")[len(inputs) - 1])
-    for name, t, i in zip(names, tensors, (0, -1, -1)):  # p and n index the last input
-        check_index_range(t, inputs[i].shape[0], who, prefix + name, of[i])
+    last = len(inputs) - 1  # p and n index the last input
+    for name, t, i in zip(names, tensors, (0, last, last)):
+        check_index_range(t, inputs[i].shape[0], who, prefix + name, INPUTS[i])
     return tuple(t.long() for t in tensors)

@@ -22,7 +22,6 @@ from torch import nn
 from facenet.metric.checks import (
     ON_NONFINITE,
     check_choice,
-    check_embeddings,
     check_index_triplets,
     check_labels,
     finite_flag,
@@ -97,10 +96,8 @@ class TripletMarginLoss(nn.Module):
         ``ref_embeddings`` (M, D) when given; an index outside its rows is refused."""
         who = type(self).__name__
         inputs = (embeddings,) if ref_embeddings is None else (embeddings, ref_embeddings)
-        for name, t in zip(("embeddings", "ref_embeddings"), inputs):
-            check_embeddings(t, who, name)
-        a, p, n = check_index_triplets(triplets, who, *inputs)
         finite = finite_flag(self.on_nonfinite, who, *inputs)  # 0-dim bool
+        a, p, n = check_index_triplets(triplets, who, *inputs)
         # With no triplets the sums below are zeros still connected to the graph.
         dist = self.distance(embeddings, ref_embeddings)  # (B, M)
         d_ap, d_an = dist[a, p], dist[a, n]  # (T,), (T,)
@@ -186,13 +183,12 @@ def batch_all_triplet_loss(
     all"), without listing them: O(B^2) memory (autograd through chunks would keep
     O(B^3 / identities)), with ``chunk_size`` anchors per chunk of working space."""
     who = "batch_all_triplet_loss"
-    check_embeddings(embeddings, who)
+    finite = finite_flag(on_nonfinite, who, embeddings)  # 0-dim bool
     check_choice(reduction, REDUCTIONS, who, "reduction")
     check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{who}: chunk_size must be an int >= 1, got {chunk_size!r}")
     labels = check_labels(labels, embeddings, who)  # (B,)
-    finite = finite_flag(on_nonfinite, who, embeddings)  # 0-dim bool
     dist = get_distance(distance)(embeddings)  # (B, B)
     loss = _BatchAllTripletHinge.apply(
         dist, labels, float(margin), reduction, bool(soft_margin), chunk_size

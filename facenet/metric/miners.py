@@ -23,7 +23,6 @@ import torch
 from facenet.metric.checks import (
     ON_NONFINITE,
     check_choice,
-    check_embeddings,
     check_index_triplets,
     check_labels,
     finite_flag,
@@ -206,17 +205,15 @@ class _Miner:
         """Triplets of the (B, D) batch, or those of the (T,) ``candidates`` that pass (then
         ``labels`` are not needed); none when an embedding holds NaN or inf."""
         who = type(self).__name__
-        check_embeddings(embeddings, who)
         with torch.no_grad():
+            finite = finite_flag(self.on_nonfinite, who, embeddings)  # 0-dim bool
             if candidates is not None:
                 checked = check_index_triplets(candidates, who, embeddings, what="candidate")
-                finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._filter_candidates(embeddings, Triplets(*checked), finite)
             else:
                 labels = check_labels(labels, embeddings, who)
                 if embeddings.shape[0] == 0:
                     return Triplets(*labels.new_zeros(3, 0, dtype=torch.int64))
-                finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._mine(embeddings, labels, finite)
         return _cap(triplets, self.max_triplets, self.generator)
 
