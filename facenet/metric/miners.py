@@ -36,9 +36,9 @@ TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 FALLBACKS = ("hardest", "skip")
 MINERS = ("semihard", "batch_hard", "triplet_margin")
 
-# Output triplets written per step of _expand_ranges: max(B^2, this), so its temporaries stay
-# O(B^2) while the number of operations stays small.
-_MIN_EXPAND_STEP = 1 << 18
+# A step of _expand_ranges writes max(B, this // B) pairs, at most max(B^2, this) triplets: its
+# temporaries stay O(B^2) while the number of operations stays small.
+_MIN_EXPAND_TRIPLETS = 1 << 18
 _CANDIDATE_CHUNK = 1 << 14  # candidate triplets per chunk of row-by-row distances
 
 
@@ -123,36 +123,30 @@ def _searcher(negatives: _SortedNegatives, pair_a: torch.Tensor):
 
 
 def _expand_step(batch_size: int) -> int:
-    return max(batch_size**2, _MIN_EXPAND_STEP)
+    return max(_MIN_EXPAND_TRIPLETS // batch_size, batch_size)
 
 
 def _expand_ranges(negatives, pair_a, pair_p, start, length) -> Triplets:
     """Triplets (a, p, n), n in each pair's range [start, start + length) of sorted negatives,
-    written in steps of ``_expand_step`` triplets into an output allocated once."""
+    written ``_expand_step`` pairs at a time into an output allocated once."""
     device = pair_a.device
     end = length.cumsum(0)  # (P,) where each pair's triplets end in the output
     total = int(end[-1]) if end.shape[0] else 0
     out = Triplets(*(torch.empty(total, dtype=torch.int64, device=device) for _ in range(3)))
-    if total == 0:
-        return out
     batch_size = negatives.index.shape[0]
-    step = _expand_step(batch_size)
     begin = end - length  # (P,) where each pair's triplets begin in the output
     # Output position t of pair i maps to flat sorted index a*B + start + (t - begin(i)).
     flat_base = pair_a * batch_size + start - begin  # (P,)
     flat_index = negatives.index.reshape(-1)  # (B * B,)
-    steps = torch.arange(step, max(total, step), step, device=device)
-    # (S,) pairs whose triplets end by a step; each < P, as every step is < total
-    cut = torch.searchsorted(end, steps, right=True)
-    pair_bounds = [0, *cut.tolist(), end.shape[0]]
-    out_bounds = [0, *begin[cut].tolist(), total]
-    for s, e, os_, oe in zip(pair_bounds, pair_bounds[1:], out_bounds, out_bounds[1:]):
-        if oe == os_:
-            continue
-        row = torch.repeat_interleave(length[s:e], output_size=oe - os_)  # (k,) pair of each
-        torch.index_select(pair_a[s:e], 0, row, out=out.anchor[os_:oe])
-        torch.index_select(pair_p[s:e], 0, row, out=out.positive[os_:oe])
-        position = flat_base[s:e].index_select(0, row)  # (k,)
+    step = _expand_step(batch_size)
+    firsts = list(range(0, end.shape[0], step))
+    bounds = [*begin[firsts].tolist(), total]
+    for first, os_, oe in zip(firsts, bounds, bounds[1:]):
+        pairs = slice(first, first + step)
+        row = torch.repeat_interleave(length[pairs], output_size=oe - os_)  # (k,) pair of each
+        torch.index_select(pair_a[pairs], 0, row, out=out.anchor[os_:oe])
+        torch.index_select(pair_p[pairs], 0, row, out=out.positive[os_:oe])
+        position = flat_base[pairs].index_select(0, row)  # (k,)
         position += torch.arange(os_, oe, device=device)
         torch.index_select(flat_index, 0, position, out=out.negative[os_:oe])
     return out
