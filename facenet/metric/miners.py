@@ -370,10 +370,9 @@ def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> 
     common = dict(distance=cfg.distance, max_triplets=cfg.max_triplets, generator=generator)
     if cfg.miner == "semihard":
         return SemiHardNegativeMiner(cfg.margin, fallback=cfg.fallback, **common)
-    if cfg.miner == "batch_hard":
-        return BatchHardMiner(**common)
     if cfg.miner == "triplet_margin":
         return TripletMarginMiner(
             cfg.margin, cfg.type_of_triplets, strict_margin=cfg.strict_margin, **common
         )
-    raise ValueError(f"mining.miner: unknown miner {cfg.miner!r}; valid: " + ", ".join(MINERS))
+    check_choice(cfg.miner, MINERS, "mining.miner", "miner")
+    return BatchHardMiner(**common)
