@@ -1,13 +1,11 @@
-"""Input checks of distances, miners and losses: one wording for each mistake.
+"""Input checks of distances, miners and losses: one wording for each mistake, ``who`` first.
 
-``who`` (the class or function name) starts each message. Shapes, dtypes and labels are read
-from metadata, free. Index ranges are checked with ``torch._assert_async``, with no host read:
-on the CPU a bad index raises an ``IndexError`` at once; on CUDA it is a device-side assert,
-fatal to the CUDA context as CUDA's own indexing assert is (a bad index is a caller's bug).
+Shapes, dtypes and labels are read from metadata, free. Index ranges are checked with
+``torch._assert_async``, with no host read: on the CPU a bad index raises an ``IndexError`` at
+once; on CUDA it is a device-side assert, fatal to the context as CUDA's own indexing assert is.
 NaN or inf embeddings are a data condition and never end a context: under ``"defer"`` (what
 the Trainer relies on) a miner selects nothing and a loss is NaN, at the cost of one
-``isfinite`` reduction; ``"raise"`` names the rows at once, a host read per call on an
-accelerator.
+``isfinite`` reduction; ``"raise"`` names the rows at once (a host read per call).
 """
 
 from __future__ import annotations

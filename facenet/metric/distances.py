@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from facenet.metric.checks import check_embeddings
+from facenet.metric.checks import check_choice, check_embeddings
 
 MatrixFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -175,12 +175,7 @@ def get_distance(name_or_callable: DistanceLike) -> Distance:
     if isinstance(name_or_callable, Distance):
         return name_or_callable
     if isinstance(name_or_callable, str):
-        try:
-            return _NAMED[name_or_callable]
-        except KeyError:
-            raise ValueError(
-                f"unknown distance {name_or_callable!r}; valid: " + ", ".join(DISTANCE_NAMES)
-            ) from None
+        return _NAMED[check_choice(name_or_callable, DISTANCE_NAMES, "get_distance", "distance")]
     if callable(name_or_callable):
         return Distance(name_or_callable, name=getattr(name_or_callable, "__name__", "custom"))
     raise TypeError(

@@ -1,16 +1,12 @@
 """Triplet miners: which (anchor, positive, negative) triplets of a batch to train on.
 
-A miner runs under ``torch.no_grad()`` on the embeddings' device and returns :class:`Triplets`,
-int64 index tensors into the batch, so the loss indexes the live graph. ``Triplets`` is a plain
-3-tuple: pytorch-metric-learning's losses take it as ``indices_tuple``. Memory is O(B^2): each
-anchor's negatives are sorted once, and a triplet condition selects a contiguous range of that
-order per anchor-positive pair, found by binary search.
-
-``miner(embeddings, labels)`` mines a P x K batch; ``miner(embeddings, candidates=(a, p, n))``
-keeps the given triplets that pass the condition (the seed script's mode:
-``TripletMarginMiner(margin, "all", distance="seed_l2", strict_margin=True)`` reproduces its
-selection bit for bit). A batch holding a NaN or inf embedding yields no triplet
-(``on_nonfinite="defer"``, :mod:`facenet.metric.checks`).
+A miner runs under ``torch.no_grad()`` and returns :class:`Triplets`, int64 indices into the
+batch (pytorch-metric-learning's ``indices_tuple``), so the loss indexes the live graph. Memory
+is O(B^2): each anchor's negatives are sorted once; a triplet condition is a contiguous range of
+that order per anchor-positive pair, found by binary search. ``miner(embeddings, labels)`` mines
+a P x K batch; ``miner(embeddings, candidates=(a, p, n))`` keeps the given triplets that pass
+(``TripletMarginMiner(margin, "all", distance="seed_l2", strict_margin=True)``: the seed
+script's selection, bit for bit). A NaN or inf embedding yields no triplet (``on_nonfinite``).
 """
 
 from __future__ import annotations
@@ -361,7 +357,7 @@ class SemiHardNegativeMiner(_Miner):
         drawn = first + torch.minimum((uniform * band).long(), (band - 1).clamp_min(0))
         drawn = drawn.masked_fill(band == 0, 0)  # sorted position 0: the hardest negative
         keep = negatives.count[pair_a] > 0 if self.fallback == "hardest" else band > 0
-        negative = negatives.index.reshape(-1)[pair_a * embeddings.shape[0] + drawn]  # (P,)
+        negative = negatives.index[pair_a, drawn]  # (P,)
         return _filter(Triplets(pair_a, pair_p, negative), keep & finite)
 
 
