@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import operator
 import os
 import re
 import types
@@ -300,8 +301,7 @@ def _check_values(cfg: Config, source: str) -> None:
             "(a square input) or [height, width]"
         ) from None
     for dotted, allowed in RANGES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
+        value = operator.attrgetter(dotted)(cfg)
         for element in value if isinstance(value, list) else [value]:
             if isinstance(element, (int, float)) and element not in allowed:
                 what = shown(value) + ("" if element is value else f": side {shown(element)}")

@@ -104,18 +104,16 @@ def check_index_triplets(
             f"got {count} (a 4-tuple of pairs (a1, p, a2, n) is not a triplet list)"
         )
     tensors = [torch.as_tensor(t, device=inputs[0].device) for t in triplets]  # (T,) each
-    names = ("anchor", "positive", "negative")
-    prefix = "" if what == "triplet" else f"{what} "
-    for name, t in zip(names, tensors):
-        if t.is_floating_point() or t.dtype == torch.bool:
-            raise ValueError(f"{who}: {prefix}{name} indices must be integers, got dtype {t.dtype}")
     a, p, n = tensors
     if a.dim() != 1 or not a.shape == p.shape == n.shape:  # then all are 1-D
         raise ValueError(
             f"{who}: {what} index tensors must be 1-D and equally long, got shapes "
             f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
         )
+    prefix = "" if what == "triplet" else f"{what} "
     last = len(inputs) - 1  # p and n index the last input
-    for name, t, i in zip(names, tensors, (0, last, last)):
+    for name, t, i in zip(("anchor", "positive", "negative"), tensors, (0, last, last)):
+        if t.is_floating_point() or t.dtype == torch.bool:
+            raise ValueError(f"{who}: {prefix}{name} indices must be integers, got dtype {t.dtype}")
         check_index_range(t, inputs[i].shape[0], who, prefix + name, INPUTS[i])
     return tuple(t.long() for t in tensors)
