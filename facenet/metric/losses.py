@@ -129,17 +129,14 @@ class _BatchAllTripletHinge(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, dist, labels, margin, reduction, soft_margin, chunk_size):
-        batch_size = dist.shape[0]
         same, positive = identity_masks(labels)  # (B, B) each
         grad = torch.zeros_like(dist)  # (B, B) d(sum of losses)/dD
         total = dist.new_zeros(())
         num_active = dist.new_zeros((), dtype=torch.int64)
         num_valid = dist.new_zeros((), dtype=torch.int64)
-        for start in range(0, batch_size, chunk_size):
-            rows = slice(start, min(start + chunk_size, batch_size))
-            pair_a, pair_p = positive[rows].nonzero(as_tuple=True)  # (c,), anchors chunk-local
-            if pair_a.shape[0] == 0:
-                continue
+        for start in range(0, dist.shape[0], chunk_size):
+            # (c,) each, anchors chunk-local; a chunk without pairs adds zeros
+            pair_a, pair_p = positive[start : start + chunk_size].nonzero(as_tuple=True)
             pair_a = pair_a + start
             negative = ~same[pair_a]  # (c, B)
             d_ap = dist[pair_a, pair_p]  # (c,)
