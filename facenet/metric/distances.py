@@ -44,7 +44,7 @@ def _squared_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """||x_i - y_j||^2 by the Gram expansion, clamped at 0 against rounding. (B, M)"""
     x_sq = (x * x).sum(1)  # (B,)
     y_sq = (y * y).sum(1)  # (M,)
-    sq = torch.addmm(x_sq[:, None] + y_sq[None, :], x, y.T, beta=1.0, alpha=-2.0)
+    sq = torch.addmm(x_sq[:, None] + y_sq, x, y.T, alpha=-2.0)
     return sq.clamp_min(0)
 
 
