@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import operator
 import os
 import re
 import types
@@ -216,7 +217,8 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
-_SECTION_TYPES = typing.get_type_hints(Config)
+_SECTIONS = typing.get_type_hints(Config)
+_HINTS = {name: typing.get_type_hints(section) for name, section in _SECTIONS.items()}
 
 
 _INT_MAX = 2**31 - 1  # counts and sizes; larger values overflow somewhere downstream
@@ -238,12 +240,7 @@ class Range:
 
     def __str__(self) -> str:
         left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"{left}{_number(self.low)}, {_number(self.high)}{right}"
-
-
-def _number(value: float) -> str:
-    """``2147483647`` rather than ``2.14748e+09``."""
-    return str(int(value)) if math.isfinite(value) and value == int(value) else f"{value:g}"
+        return f"{left}{self.low}, {self.high}{right}"
 
 
 # Every int and float key, by the range it accepts (tests/test_config.py checks that none is
@@ -304,8 +301,7 @@ def _check_values(cfg: Config, source: str) -> None:
             "(a square input) or [height, width]"
         ) from None
     for dotted, allowed in RANGES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
+        value = operator.attrgetter(dotted)(cfg)
         for element in value if isinstance(value, list) else [value]:
             if isinstance(element, (int, float)) and element not in allowed:
                 what = shown(value) + ("" if element is value else f": side {shown(element)}")
@@ -368,9 +364,9 @@ def _sections(data: Any, source: str) -> dict[str, dict]:
         )
     sections = {}
     for name, values in (data or {}).items():
-        if name not in _SECTION_TYPES:
+        if name not in _HINTS:
             raise ConfigError(
-                f"{source}: unknown section '{name}'; valid sections: " + ", ".join(_SECTION_TYPES)
+                f"{source}: unknown section '{name}'; valid sections: " + ", ".join(_HINTS)
             )
         if not isinstance(values, (dict, type(None))):
             raise ConfigError(f"{source}: section '{name}' must be a mapping, got {shown(values)}")
@@ -388,14 +384,13 @@ def config_from_dict(data: Any, source: str = "<dict>") -> Config:
     ``source`` names the file in messages."""
     cfg = Config()
     for name, values in _sections(data, source).items():
-        hints = typing.get_type_hints(_SECTION_TYPES[name])
         for key, value in values.items():
-            if key not in hints:
+            if key not in _HINTS[name]:
                 raise ConfigError(
                     f"{source}: unknown key '{name}.{key}'; valid keys in '{name}': "
-                    + ", ".join(hints)
+                    + ", ".join(_HINTS[name])
                 )
-            value = _coerce(value, hints[key], f"{source}: {name}.{key}")
+            value = _coerce(value, _HINTS[name][key], f"{source}: {name}.{key}")
             setattr(getattr(cfg, name), key, value)
     _check_values(cfg, source)
     return cfg
@@ -414,11 +409,9 @@ def _apply_overrides(data: dict[str, dict], overrides: list[str]) -> None:
         if not equals or len(parts) != 2 or not all(parts):
             raise ConfigError(f"--set {shown(item)}: expected section.key=value")
         try:
-            value = _parse_yaml(raw) if raw.strip() else None
+            value = _parse_yaml(raw)  # "" is None; a list, a value for list keys ([112,96])
         except yaml.YAMLError as err:
             raise ConfigError(f"--set {shown(item)}: value is not a YAML scalar ({err})") from None
-        if isinstance(value, dict):  # a list is a value for list keys (data.image_size=[112,96])
-            raise ConfigError(f"--set {shown(item)}: value must be a scalar or a list")
         data.setdefault(parts[0], {})[_current_key(*parts, f"--set {item}")] = value
 
 

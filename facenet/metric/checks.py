@@ -1,13 +1,11 @@
-"""Input checks of distances, miners and losses: one wording for each mistake.
+"""Input checks of distances, miners and losses: one wording for each mistake, ``who`` first.
 
-``who`` (the class or function name) starts each message. Shapes, dtypes and labels are read
-from metadata, free. Index ranges are checked with ``torch._assert_async``, with no host read:
-on the CPU a bad index raises an ``IndexError`` at once; on CUDA it is a device-side assert,
-fatal to the CUDA context as CUDA's own indexing assert is (a bad index is a caller's bug).
+Shapes, dtypes and labels are read from metadata, free. Index ranges are checked with
+``torch._assert_async``, with no host read: on the CPU a bad index raises an ``IndexError`` at
+once; on CUDA it is a device-side assert, fatal to the context as CUDA's own indexing assert is.
 NaN or inf embeddings are a data condition and never end a context: under ``"defer"`` (what
 the Trainer relies on) a miner selects nothing and a loss is NaN, at the cost of one
-``isfinite`` reduction; ``"raise"`` names the rows at once, a host read per call on an
-accelerator.
+``isfinite`` reduction; ``"raise"`` names the rows at once (a host read per call).
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 ON_NONFINITE = ("defer", "raise")
+INPUTS = ("embeddings", "ref_embeddings")  # what a loss's anchors, and its p and n, index
 
 _SHOWN = 5  # offending values or rows quoted in a message
 
@@ -57,10 +56,12 @@ def _quote(values: list) -> str:
 
 def finite_flag(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor on the device (no host read): every value of the (B, D)
-    ``embeddings`` (and ``ref_embeddings``) is finite. Under "raise", a ``ValueError`` names
-    the rows holding NaN or inf (one host read)."""
-    checked = ("embeddings", "ref_embeddings") if on_nonfinite == "raise" else ()
-    for name, t in zip(checked, tensors):
+    ``embeddings`` (and ``ref_embeddings``) is finite. Each must be 2-D; under "raise", a
+    ``ValueError`` names the rows holding NaN or inf (one host read)."""
+    for name, t in zip(INPUTS, tensors):
+        check_embeddings(t, who, name)
+        if on_nonfinite != "raise":
+            continue
         rows = (~torch.isfinite(t).all(dim=1)).nonzero().flatten().tolist()  # (bad rows,)
         if rows:
             raise ValueError(
@@ -103,18 +104,16 @@ def check_index_triplets(
             f"got {count} (a 4-tuple of pairs (a1, p, a2, n) is not a triplet list)"
         )
     tensors = [torch.as_tensor(t, device=inputs[0].device) for t in triplets]  # (T,) each
-    names = ("anchor", "positive", "negative")
-    prefix = "" if what == "triplet" else f"{what} "
-    for name, t in zip(names, tensors):
-        if t.is_floating_point() or t.dtype == torch.bool:
-            raise ValueError(f"{who}: {prefix}{name} indices must be integers, got dtype {t.dtype}")
     a, p, n = tensors
     if a.dim() != 1 or not a.shape == p.shape == n.shape:  # then all are 1-D
         raise ValueError(
             f"{who}: {what} index tensors must be 1-D and equally long, got shapes "
             f"{tuple(a.shape)}, {tuple(p.shape)}, {tuple(n.shape)}"
         )
-    of = ("embeddings", ("embeddings", "ref_embeddings")[len(inputs) - 1])
-    for name, t, i in zip(names, tensors, (0, -1, -1)):  # p and n index the last input
-        check_index_range(t, inputs[i].shape[0], who, prefix + name, of[i])
+    prefix = "" if what == "triplet" else f"{what} "
+    last = len(inputs) - 1  # p and n index the last input
+    for name, t, i in zip(("anchor", "positive", "negative"), tensors, (0, last, last)):
+        if t.is_floating_point() or t.dtype == torch.bool:
+            raise ValueError(f"{who}: {prefix}{name} indices must be integers, got dtype {t.dtype}")
+        check_index_range(t, inputs[i].shape[0], who, prefix + name, INPUTS[i])
     return tuple(t.long() for t in tensors)

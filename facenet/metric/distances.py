@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from facenet.metric.checks import check_embeddings
+from facenet.metric.checks import check_choice, check_embeddings
 
 MatrixFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -44,7 +44,7 @@ def _squared_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """||x_i - y_j||^2 by the Gram expansion, clamped at 0 against rounding. (B, M)"""
     x_sq = (x * x).sum(1)  # (B,)
     y_sq = (y * y).sum(1)  # (M,)
-    sq = torch.addmm(x_sq[:, None] + y_sq[None, :], x, y.T, beta=1.0, alpha=-2.0)
+    sq = torch.addmm(x_sq[:, None] + y_sq, x, y.T, alpha=-2.0)
     return sq.clamp_min(0)
 
 
@@ -175,12 +175,7 @@ def get_distance(name_or_callable: DistanceLike) -> Distance:
     if isinstance(name_or_callable, Distance):
         return name_or_callable
     if isinstance(name_or_callable, str):
-        try:
-            return _NAMED[name_or_callable]
-        except KeyError:
-            raise ValueError(
-                f"unknown distance {name_or_callable!r}; valid: " + ", ".join(DISTANCE_NAMES)
-            ) from None
+        return _NAMED[check_choice(name_or_callable, DISTANCE_NAMES, "get_distance", "distance")]
     if callable(name_or_callable):
         return Distance(name_or_callable, name=getattr(name_or_callable, "__name__", "custom"))
     raise TypeError(

@@ -22,7 +22,6 @@ from torch import nn
 from facenet.metric.checks import (
     ON_NONFINITE,
     check_choice,
-    check_embeddings,
     check_index_triplets,
     check_labels,
     finite_flag,
@@ -97,10 +96,8 @@ class TripletMarginLoss(nn.Module):
         ``ref_embeddings`` (M, D) when given; an index outside its rows is refused."""
         who = type(self).__name__
         inputs = (embeddings,) if ref_embeddings is None else (embeddings, ref_embeddings)
-        for name, t in zip(("embeddings", "ref_embeddings"), inputs):
-            check_embeddings(t, who, name)
-        a, p, n = check_index_triplets(triplets, who, *inputs)
         finite = finite_flag(self.on_nonfinite, who, *inputs)  # 0-dim bool
+        a, p, n = check_index_triplets(triplets, who, *inputs)
         # With no triplets the sums below are zeros still connected to the graph.
         dist = self.distance(embeddings, ref_embeddings)  # (B, M)
         d_ap, d_an = dist[a, p], dist[a, n]  # (T,), (T,)
@@ -132,17 +129,14 @@ class _BatchAllTripletHinge(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, dist, labels, margin, reduction, soft_margin, chunk_size):
-        batch_size = dist.shape[0]
         same, positive = identity_masks(labels)  # (B, B) each
         grad = torch.zeros_like(dist)  # (B, B) d(sum of losses)/dD
         total = dist.new_zeros(())
         num_active = dist.new_zeros((), dtype=torch.int64)
         num_valid = dist.new_zeros((), dtype=torch.int64)
-        for start in range(0, batch_size, chunk_size):
-            rows = slice(start, min(start + chunk_size, batch_size))
-            pair_a, pair_p = positive[rows].nonzero(as_tuple=True)  # (c,), anchors chunk-local
-            if pair_a.shape[0] == 0:
-                continue
+        for start in range(0, dist.shape[0], chunk_size):
+            # (c,) each, anchors chunk-local; a chunk without pairs adds zeros
+            pair_a, pair_p = positive[start : start + chunk_size].nonzero(as_tuple=True)
             pair_a = pair_a + start
             negative = ~same[pair_a]  # (c, B)
             d_ap = dist[pair_a, pair_p]  # (c,)
@@ -186,13 +180,12 @@ def batch_all_triplet_loss(
     all"), without listing them: O(B^2) memory (autograd through chunks would keep
     O(B^3 / identities)), with ``chunk_size`` anchors per chunk of working space."""
     who = "batch_all_triplet_loss"
-    check_embeddings(embeddings, who)
+    finite = finite_flag(on_nonfinite, who, embeddings)  # 0-dim bool
     check_choice(reduction, REDUCTIONS, who, "reduction")
     check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{who}: chunk_size must be an int >= 1, got {chunk_size!r}")
     labels = check_labels(labels, embeddings, who)  # (B,)
-    finite = finite_flag(on_nonfinite, who, embeddings)  # 0-dim bool
     dist = get_distance(distance)(embeddings)  # (B, B)
     loss = _BatchAllTripletHinge.apply(
         dist, labels, float(margin), reduction, bool(soft_margin), chunk_size

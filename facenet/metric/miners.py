@@ -1,16 +1,12 @@
 """Triplet miners: which (anchor, positive, negative) triplets of a batch to train on.
 
-A miner runs under ``torch.no_grad()`` on the embeddings' device and returns :class:`Triplets`,
-int64 index tensors into the batch, so the loss indexes the live graph. ``Triplets`` is a plain
-3-tuple: pytorch-metric-learning's losses take it as ``indices_tuple``. Memory is O(B^2): each
-anchor's negatives are sorted once, and a triplet condition selects a contiguous range of that
-order per anchor-positive pair, found by binary search.
-
-``miner(embeddings, labels)`` mines a P x K batch; ``miner(embeddings, candidates=(a, p, n))``
-keeps the given triplets that pass the condition (the seed script's mode:
-``TripletMarginMiner(margin, "all", distance="seed_l2", strict_margin=True)`` reproduces its
-selection bit for bit). A batch holding a NaN or inf embedding yields no triplet
-(``on_nonfinite="defer"``, :mod:`facenet.metric.checks`).
+A miner runs under ``torch.no_grad()`` and returns :class:`Triplets`, int64 indices into the
+batch (pytorch-metric-learning's ``indices_tuple``), so the loss indexes the live graph. Memory
+is O(B^2): each anchor's negatives are sorted once; a triplet condition is a contiguous range of
+that order per anchor-positive pair, found by binary search. ``miner(embeddings, labels)`` mines
+a P x K batch; ``miner(embeddings, candidates=(a, p, n))`` keeps the given triplets that pass
+(``TripletMarginMiner(margin, "all", distance="seed_l2", strict_margin=True)``: the seed
+script's selection, bit for bit). A NaN or inf embedding yields no triplet (``on_nonfinite``).
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ import torch
 from facenet.metric.checks import (
     ON_NONFINITE,
     check_choice,
-    check_embeddings,
     check_index_triplets,
     check_labels,
     finite_flag,
@@ -37,9 +32,9 @@ TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 FALLBACKS = ("hardest", "skip")
 MINERS = ("semihard", "batch_hard", "triplet_margin")
 
-# Output triplets written per step of _expand_ranges: max(B^2, this), so its temporaries stay
-# O(B^2) while the number of operations stays small.
-_MIN_EXPAND_STEP = 1 << 18
+# A step of _expand_ranges writes max(B, this // B) pairs, at most max(B^2, this) triplets: its
+# temporaries stay O(B^2) while the number of operations stays small.
+_MIN_EXPAND_TRIPLETS = 1 << 18
 _CANDIDATE_CHUNK = 1 << 14  # candidate triplets per chunk of row-by-row distances
 
 
@@ -124,36 +119,30 @@ def _searcher(negatives: _SortedNegatives, pair_a: torch.Tensor):
 
 
 def _expand_step(batch_size: int) -> int:
-    return max(batch_size**2, _MIN_EXPAND_STEP)
+    return max(_MIN_EXPAND_TRIPLETS // batch_size, batch_size)
 
 
 def _expand_ranges(negatives, pair_a, pair_p, start, length) -> Triplets:
     """Triplets (a, p, n), n in each pair's range [start, start + length) of sorted negatives,
-    written in steps of ``_expand_step`` triplets into an output allocated once."""
+    written ``_expand_step`` pairs at a time into an output allocated once."""
     device = pair_a.device
     end = length.cumsum(0)  # (P,) where each pair's triplets end in the output
     total = int(end[-1]) if end.shape[0] else 0
     out = Triplets(*(torch.empty(total, dtype=torch.int64, device=device) for _ in range(3)))
-    if total == 0:
-        return out
     batch_size = negatives.index.shape[0]
-    step = _expand_step(batch_size)
     begin = end - length  # (P,) where each pair's triplets begin in the output
     # Output position t of pair i maps to flat sorted index a*B + start + (t - begin(i)).
     flat_base = pair_a * batch_size + start - begin  # (P,)
     flat_index = negatives.index.reshape(-1)  # (B * B,)
-    steps = torch.arange(step, max(total, step), step, device=device)
-    # (S,) pairs whose triplets end by a step; each < P, as every step is < total
-    cut = torch.searchsorted(end, steps, right=True)
-    pair_bounds = [0, *cut.tolist(), end.shape[0]]
-    out_bounds = [0, *begin[cut].tolist(), total]
-    for s, e, os_, oe in zip(pair_bounds, pair_bounds[1:], out_bounds, out_bounds[1:]):
-        if oe == os_:
-            continue
-        row = torch.repeat_interleave(length[s:e], output_size=oe - os_)  # (k,) pair of each
-        torch.index_select(pair_a[s:e], 0, row, out=out.anchor[os_:oe])
-        torch.index_select(pair_p[s:e], 0, row, out=out.positive[os_:oe])
-        position = flat_base[s:e].index_select(0, row)  # (k,)
+    step = _expand_step(batch_size)
+    firsts = list(range(0, end.shape[0], step))
+    bounds = [*begin[firsts].tolist(), total]
+    for first, os_, oe in zip(firsts, bounds, bounds[1:]):
+        pairs = slice(first, first + step)
+        row = torch.repeat_interleave(length[pairs], output_size=oe - os_)  # (k,) pair of each
+        torch.index_select(pair_a[pairs], 0, row, out=out.anchor[os_:oe])
+        torch.index_select(pair_p[pairs], 0, row, out=out.positive[os_:oe])
+        position = flat_base[pairs].index_select(0, row)  # (k,)
         position += torch.arange(os_, oe, device=device)
         torch.index_select(flat_index, 0, position, out=out.negative[os_:oe])
     return out
@@ -206,17 +195,15 @@ class _Miner:
         """Triplets of the (B, D) batch, or those of the (T,) ``candidates`` that pass (then
         ``labels`` are not needed); none when an embedding holds NaN or inf."""
         who = type(self).__name__
-        check_embeddings(embeddings, who)
         with torch.no_grad():
+            finite = finite_flag(self.on_nonfinite, who, embeddings)  # 0-dim bool
             if candidates is not None:
                 checked = check_index_triplets(candidates, who, embeddings, what="candidate")
-                finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._filter_candidates(embeddings, Triplets(*checked), finite)
             else:
                 labels = check_labels(labels, embeddings, who)
                 if embeddings.shape[0] == 0:
                     return Triplets(*labels.new_zeros(3, 0, dtype=torch.int64))
-                finite = finite_flag(self.on_nonfinite, who, embeddings)
                 triplets = self._mine(embeddings, labels, finite)
         return _cap(triplets, self.max_triplets, self.generator)
 
@@ -370,7 +357,7 @@ class SemiHardNegativeMiner(_Miner):
         drawn = first + torch.minimum((uniform * band).long(), (band - 1).clamp_min(0))
         drawn = drawn.masked_fill(band == 0, 0)  # sorted position 0: the hardest negative
         keep = negatives.count[pair_a] > 0 if self.fallback == "hardest" else band > 0
-        negative = negatives.index.reshape(-1)[pair_a * embeddings.shape[0] + drawn]  # (P,)
+        negative = negatives.index[pair_a, drawn]  # (P,)
         return _filter(Triplets(pair_a, pair_p, negative), keep & finite)
 
 
@@ -379,10 +366,9 @@ def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> 
     common = dict(distance=cfg.distance, max_triplets=cfg.max_triplets, generator=generator)
     if cfg.miner == "semihard":
         return SemiHardNegativeMiner(cfg.margin, fallback=cfg.fallback, **common)
-    if cfg.miner == "batch_hard":
-        return BatchHardMiner(**common)
     if cfg.miner == "triplet_margin":
         return TripletMarginMiner(
             cfg.margin, cfg.type_of_triplets, strict_margin=cfg.strict_margin, **common
         )
-    raise ValueError(f"mining.miner: unknown miner {cfg.miner!r}; valid: " + ", ".join(MINERS))
+    check_choice(cfg.miner, MINERS, "mining.miner", "miner")
+    return BatchHardMiner(**common)
