@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -71,39 +72,47 @@ def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def flag_threshold(args) -> ThresholdRecord | None:
+    """The threshold the flags give: ``--threshold`` (squared unless ``--distance``), else the
+    one of ``--metrics`` (its ``--set``, ``--threshold-at``), else None; a DataError for a flag
+    without the one it goes with."""
+    for flag, value in (("--set", args.set_name), ("--threshold-at", args.threshold_at)):
+        if value and not args.metrics:
+            raise DataError(f"{flag} goes with --metrics (the file whose threshold to take)")
+    if args.distance is not None and args.threshold is None:
+        raise DataError("--distance goes with --threshold (a saved threshold has its own)")
+    if args.threshold is not None:
+        if not math.isfinite(args.threshold):
+            raise DataError(f"--threshold {args.threshold!r} is not a finite number")
+        return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
+    if not args.metrics:
+        return None
+    record = read_threshold(args.metrics, args.set_name, args.threshold_at)
+    if record is None:
+        raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
+    return record
+
+
 def model_threshold(trained, at_hand: dict, args) -> tuple[ThresholdRecord | None, str]:
     """The threshold to record with a model's embeddings or export, and a line saying which:
     ``--threshold`` (recorded as chosen for ``at_hand``), none with ``--no-threshold``, else
     the one of ``--metrics`` or saved with ``trained``, when it fits ``at_hand``."""
-    threshold, none = args.threshold, args.no_threshold
-    chosen = [("--threshold", threshold is not None), ("--no-threshold", none)]
-    given = [flag for flag, on in (*chosen, ("--metrics", args.metrics)) if on]
+    flags = {"--threshold": args.threshold is not None, "--no-threshold": args.no_threshold}
+    given = [flag for flag, on in {**flags, "--metrics": args.metrics}.items() if on]
     if len(given) > 1:
         raise DataError(f"{' and '.join(given)} contradict each other")
-    for flag, value in (("--set", args.set_name), ("--threshold-at", args.threshold_at)):
-        if value and not args.metrics:
-            raise DataError(f"{flag} goes with --metrics (the file whose threshold to take)")
-    if args.distance is not None and threshold is None:
-        raise DataError("--distance goes with --threshold (a saved threshold has its own)")
-    if threshold is not None:
-        if not math.isfinite(threshold):
-            raise DataError(f"--threshold {threshold!r} is not a finite number")
+    record = flag_threshold(args)
+    what = f"the embeddings of {trained.path} made here"
+    if args.threshold is not None:
         given = {k: at_hand.get(k) for k in (*PROVENANCE, "epoch")}
-        record = ThresholdRecord(
-            threshold, args.distance or "squared", **given, chosen_on="--threshold"
-        )
-    elif none:
+        record = replace(record, **given)
+    elif args.no_threshold:
         return None, "threshold: none recorded (--no-threshold)"
-    elif args.metrics:
-        record = read_threshold(args.metrics, args.set_name, args.threshold_at)
-        if record is None:
-            raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
-        what = f"the embeddings of {trained.path} made here"
+    elif record is not None:
         record = checked_threshold(record, at_hand, what, "give another --metrics or --threshold")
     elif (stored := trained.threshold_record()) is None:
         return None, f"threshold: none saved with {trained.path} (identify will need --threshold)"
     else:
-        what = f"the embeddings of {trained.path} made here"
         remedy = "give --threshold (and --distance) chosen for them, or --no-threshold"
         record = checked_threshold(stored, at_hand, what, remedy)
     return record, f"threshold: {record.describe()}"

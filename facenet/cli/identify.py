@@ -26,6 +26,7 @@ from facenet.cli.common import (
     run_command,
     set_threads,
 )
+from facenet.cli.embed import flag_threshold
 from facenet.errors import DataError
 from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
@@ -36,7 +37,6 @@ from facenet.inference.identify import (
     identification_rates,
     match,
     non_finite_rows,
-    read_threshold,
 )
 
 UNKNOWN = "unknown"
@@ -138,19 +138,9 @@ def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
 def choose_threshold(args, gallery: dict) -> ThresholdRecord:
     """The threshold, in the module's order; a DataError for none, or for a stored one chosen
     for other embeddings."""
-    if args.threshold is not None:
+    if args.threshold is not None:  # taken as given, whatever else the flags say
         return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
-    if args.distance:
-        raise DataError("--distance goes with --threshold (a saved threshold has its own)")
-    for flag, value in (("--set", args.set_name), ("--threshold-at", args.threshold_at)):
-        if value and not args.metrics:
-            raise DataError(f"{flag} goes with --metrics (the file whose threshold to take)")
-    if args.metrics:
-        record = read_threshold(args.metrics, args.set_name, args.threshold_at)
-        if record is None:
-            raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
-    else:
-        record = _gallery_threshold(gallery, args.gallery)
+    record = flag_threshold(args) or _gallery_threshold(gallery, args.gallery)
     if record is None:
         raise DataError(
             "no threshold: give --threshold, or --metrics with facenet-evaluate's metrics.json "
@@ -180,16 +170,22 @@ def report(matches, rates: dict | None, source: str) -> str:
         f"{len(matches.identity)} probes: {len(matches.identity) - unknown} matched, {unknown} "
         f"unknown at threshold {matches.threshold:.4f} ({matches.distance_name}; from {source})"
     ]
-    if rates is not None:
-        fmt = lambda rate: "n/a" if rate is None else f"{rate:.4f}"
-        lines += [
-            f"rank-1 accuracy                {fmt(rates['rank1'])} ({rates['n_known']} probes "
-            "of enrolled identities)",
-            f"detection and identification   {fmt(rates['detection_identification'])} "
-            "(right identity and below the threshold)",
-            f"open-set rejection rate        {fmt(rates['open_set_rejection'])} "
-            f"({rates['n_unknown']} probes of identities not enrolled)",
-        ]
+    rows = (
+        ("rank-1 accuracy", "rank1", "{n_known} probes of enrolled identities"),
+        (
+            "detection and identification",
+            "detection_identification",
+            "right identity and below the threshold",
+        ),
+        (
+            "open-set rejection rate",
+            "open_set_rejection",
+            "{n_unknown} probes of identities not enrolled",
+        ),
+    )
+    for name, key, what in rows if rates is not None else ():
+        rate = "n/a" if rates[key] is None else f"{rates[key]:.4f}"
+        lines.append(f"{name:<30} {rate} ({what.format(**rates)})")
     return "\n".join(lines)
 
 
