@@ -52,12 +52,6 @@ def _metadata(trained: TrainedModel) -> dict:
     return meta
 
 
-def _example(trained: TrainedModel, batch: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    height, width = image_hw(trained.image_size)
-    return torch.randn(batch, 3, height, width, generator=generator)
-
-
 def _export_onnx(trained: TrainedModel, example: torch.Tensor) -> bytes:
     if onnxruntime is None:
         raise ExportError(
@@ -114,8 +108,13 @@ def export_model(
         raise ExportError(f"--format {fmt!r}: valid formats: {', '.join(FORMATS)}")
     export, run = exporters[fmt]
     model = trained.model.eval().cpu()
-    data = export(trained, _example(trained, _TRACE_BATCH, seed=0))
-    images = _example(trained, CHECK_BATCH, seed=1)
+    trace, images = (
+        torch.randn(
+            n, 3, *image_hw(trained.image_size), generator=torch.Generator().manual_seed(seed)
+        )
+        for n, seed in ((_TRACE_BATCH, 0), (CHECK_BATCH, 1))
+    )
+    data = export(trained, trace)
     with torch.inference_mode():
         eager = model(images)  # (B, D)
     diff = float((run(data, images).float() - eager).abs().max())
