@@ -101,22 +101,16 @@ def _read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: str) -> None:
     expected = module.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    mismatched = [
-        f"{k}: file {tuple(state[k].shape)}, model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    problems = [
-        f"{len(keys)} {kind}: {some_names(keys)}"
-        for kind, keys in (
-            ("missing keys", missing),
-            ("unexpected keys", unexpected),
-            ("shape mismatches", mismatched),
-        )
-        if keys
-    ]
+    found = {
+        "missing keys": [k for k in expected if k not in state],
+        "unexpected keys": [k for k in state if k not in expected],
+        "shape mismatches": [
+            f"{k}: file {tuple(state[k].shape)}, model {tuple(v.shape)}"
+            for k, v in expected.items()
+            if k in state and state[k].shape != v.shape
+        ],
+    }
+    problems = [f"{len(keys)} {kind}: {some_names(keys)}" for kind, keys in found.items() if keys]
     if problems:
         raise WeightsError(f"weights file {path} does not fit {what}: " + "; ".join(problems))
 
@@ -223,8 +217,7 @@ class EmbeddingNet(nn.Module):
     ):
         super().__init__()
         sizes = {"embedding_dim": embedding_dim, "in_channels": in_channels}
-        if num_classes is not None:
-            sizes["num_classes"] = num_classes
+        sizes["num_classes"] = 1 if num_classes is None else num_classes
         for what, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EmbeddingNet: {what} must be a positive integer, got {value!r}")
@@ -239,8 +232,7 @@ class EmbeddingNet(nn.Module):
             )
         # images (B, C, H, W) -> pooled features (B, F), random weights
         self.backbone = _BUILDERS[backbone](in_channels, input_size)
-        self.feature_dim = self.backbone.feature_dim
-        self.embed_dim = embedding_dim
+        self.feature_dim, self.embed_dim = self.backbone.feature_dim, embedding_dim
         eps = getattr(self.backbone, "head_bn_eps", HEAD_BN_EPS)
         self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, eps)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
