@@ -145,9 +145,8 @@ def _embed(args: argparse.Namespace) -> None:
     # before the work: a saved threshold that does not fit stops here
     threshold, line = model_threshold(trained, at_hand, args)
     settings = VerifySettings(flip=args.flip, batch_size=args.batch_size)
-    model = trained.model.to(device)
     result = embed_folder(
-        model,
+        trained.model.to(device),
         args.images,
         trained.image_size,
         settings,

@@ -41,15 +41,14 @@ class ExportError(FacenetError):
 
 
 def _metadata(trained: TrainedModel) -> dict:
-    meta = {
+    return {
         # "64" for a square input, "[112, 96]" (H, W; JSON) otherwise
         "image_size": json.dumps(plain_size(trained.image_size)),
         "normalize": trained.normalize,
         "embedding_dim": str(trained.embedding_dim),
         "backbone": str(trained.architecture.get("backbone")),
+        **{k: str(v) for k, v in trained.verification.items() if v is not None},
     }
-    meta.update({k: str(v) for k, v in trained.verification.items() if v is not None})
-    return meta
 
 
 def _export_onnx(trained: TrainedModel, example: torch.Tensor) -> bytes:
