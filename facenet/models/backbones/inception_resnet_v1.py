@@ -8,7 +8,7 @@ maps a whole port state dict (head included) onto :class:`facenet.models.embeddi
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import partial
 
 import torch
@@ -38,7 +38,7 @@ class BasicConv2d(nn.Module):
 class Branches(nn.Module):
     """Parallel branches ``branch0``, ``branch1``, ... concatenated on channels."""
 
-    def __init__(self, branches: Sequence[nn.Module]):
+    def __init__(self, *branches: nn.Module):
         super().__init__()
         self.num_branches = len(branches)
         for i, branch in enumerate(branches):
@@ -53,7 +53,7 @@ class ResidualBlock(Branches):
     block (``block8``) has no ReLU."""
 
     def __init__(self, channels, branches, branch_channels, scale, activate=True):
-        super().__init__(branches)
+        super().__init__(*branches)
         self.scale = scale
         self.conv2d = nn.Conv2d(branch_channels, channels, kernel_size=1)
         self.relu = nn.ReLU() if activate else nn.Identity()
@@ -112,11 +112,9 @@ class InceptionResnetV1(nn.Sequential):
             ),
             # Reduction-A: 256 -> 384 + 256 + 256 = 896 channels, H and W halved
             mixed_6a=Branches(
-                [
-                    BasicConv2d(256, 384, 3, stride=2),
-                    _reduction_branch(256, 192, 192, 256),
-                    nn.MaxPool2d(3, stride=2),
-                ]
+                BasicConv2d(256, 384, 3, stride=2),
+                _reduction_branch(256, 192, 192, 256),
+                nn.MaxPool2d(3, stride=2),
             ),
             # block17: Inception-ResNet-B on 896 channels, factorised 1 x 7 and 7 x 1
             repeat_2=nn.Sequential(
@@ -124,12 +122,10 @@ class InceptionResnetV1(nn.Sequential):
             ),
             # Reduction-B: 896 -> 384 + 256 + 256 + 896 = 1792 channels, H and W halved
             mixed_7a=Branches(
-                [
-                    _reduction_branch(896, 256, 384),
-                    _reduction_branch(896, 256, 256),
-                    _reduction_branch(896, 256, 256, 256),
-                    nn.MaxPool2d(3, stride=2),
-                ]
+                _reduction_branch(896, 256, 384),
+                _reduction_branch(896, 256, 256),
+                _reduction_branch(896, 256, 256, 256),
+                nn.MaxPool2d(3, stride=2),
             ),
             # block8: Inception-ResNet-C on 1792 channels, factorised 1 x 3 and 3 x 1
             repeat_3=nn.Sequential(*[block8(0.20) for _ in range(5)]),
