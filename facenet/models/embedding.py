@@ -9,7 +9,7 @@ in our layout or a publisher's. See docs/models.md.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,6 @@ from facenet.models.backbones import (
     InceptionResnetV1,
     MobileFaceNet,
     TinyCNN,
-    convert_facenet_pytorch_state_dict,  # noqa: F401 (imported from here: docs/models.md)
 )
 from facenet.models.ports import PORTS, find_port
 from facenet.sizes import ImageSize
@@ -71,13 +70,13 @@ def _torchvision(name: str, in_channels: int, input_size: ImageSize | None) -> n
 # (C, input size or None) -> a module with its feature size F as ``feature_dim``; a backbone
 # may also name ``source_head_keys`` (dropped when loading its weights) and ``head_bn_eps`` (its
 # source's, so a published head loads with the same outputs).
-_BUILDERS: dict[str, Callable[[int, ImageSize | None], nn.Module]] = {
+_BUILDERS = {
     "tiny": lambda c, size: TinyCNN(c),
     **{name: partial(_torchvision, name) for name in _TORCHVISION},
     "inception_resnet_v1": lambda c, size: InceptionResnetV1(c),
     "mobilefacenet": MobileFaceNet,
 }
-BACKBONES: tuple[str, ...] = tuple(_BUILDERS)
+BACKBONES = tuple(_BUILDERS)
 
 
 # --------------------------------------------------------------------------- weights
