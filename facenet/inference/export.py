@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -98,7 +97,6 @@ def export_model(
         ExportError: an unknown format, a missing export extra, or a parity failure (then
             nothing is written).
     """
-    path = Path(path)
     if fmt == "weights":
         save_weights(trained, path)
         return 0.0

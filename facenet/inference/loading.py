@@ -43,9 +43,9 @@ def weights_digest(model: torch.nn.Module) -> str:
     for key, tensor in sorted(model.state_dict().items()):
         if key.startswith("classifier."):
             continue
-        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        flat = tensor.detach().cpu().reshape(-1)
         digest.update(f"{key}:{flat.dtype}:{tuple(tensor.shape)};".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
+        digest.update(flat.view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -209,7 +209,6 @@ def _epoch_threshold(state: dict, digest, path) -> dict:
         if isinstance(eval_cfg, Mapping)
         else {}
     )
-    # from_dict lays the record's own threshold_for over the saved eval section
     record = {**validation, "weights_sha256": digest(), **saved, "epoch": epoch}
     record = ThresholdRecord.from_dict({**record, "chosen_on": "validation pairs"}, str(path))
     return {} if record is None else record.to_dict()
