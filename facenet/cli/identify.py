@@ -158,22 +158,16 @@ def report(matches, rates: dict | None, source: str) -> str:
         f"{len(matches.identity)} probes: {len(matches.identity) - unknown} matched, {unknown} "
         f"unknown at threshold {matches.threshold:.4f} ({matches.distance_name}; from {source})"
     ]
-    rows = (
-        ("rank-1 accuracy", "rank1", "{n_known} probes of enrolled identities"),
-        (
-            "detection and identification",
-            "detection_identification",
-            "right identity and below the threshold",
-        ),
-        (
-            "open-set rejection rate",
-            "open_set_rejection",
-            "{n_unknown} probes of identities not enrolled",
-        ),
-    )
-    for name, key, what in rows if rates is not None else ():
-        rate = "n/a" if rates[key] is None else f"{rates[key]:.4f}"
-        lines.append(f"{name:<30} {rate} ({what.format(**rates)})")
+    if rates is not None:
+        fmt = lambda rate: "n/a" if rate is None else f"{rate:.4f}"
+        lines += [
+            f"rank-1 accuracy                {fmt(rates['rank1'])} ({rates['n_known']} probes "
+            "of enrolled identities)",
+            f"detection and identification   {fmt(rates['detection_identification'])} "
+            "(right identity and below the threshold)",
+            f"open-set rejection rate        {fmt(rates['open_set_rejection'])} "
+            f"({rates['n_unknown']} probes of identities not enrolled)",
+        ]
     return "\n".join(lines)
 
 
