@@ -31,15 +31,13 @@ def one_line(err: BaseException | str) -> str:
     return text or type(err).__name__
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"warning: {message}", file=sys.stderr if file is None else file)
-
-
 @contextlib.contextmanager
 def one_line_warnings():
     """Within the block, warnings print as one ``warning: <message>`` line on stderr."""
     with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning
+        warnings.showwarning = lambda message, *_, file=None, **__: print(
+            f"warning: {message}", file=sys.stderr if file is None else file
+        )
         yield
 
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -36,6 +37,8 @@ from facenet.inference.embed import FolderEmbeddings, embed_folder
 from facenet.inference.identify import checked_threshold, read_threshold
 from facenet.inference.loading import load_model
 
+MADE_WITH = ("weights_sha256", "flip", "preprocess")  # how the file's embeddings were made
+
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``facenet-embed``."""
@@ -52,60 +55,64 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--threshold``, ``--distance``, ``--no-threshold``, ``--metrics`` (``--set``,
-    ``--threshold-at``): the threshold to record."""
-    parser.add_argument("--threshold", type=float, help="record this threshold instead")
+def add_threshold_arguments(parser: argparse.ArgumentParser, recorded: bool = True) -> None:
+    """``--threshold``, ``--distance``, ``--metrics`` (``--set``, ``--threshold-at``) and, for
+    a threshold ``recorded`` with the output, ``--no-threshold``."""
+    parser.add_argument("--threshold", type=float, help="this threshold, not a stored one")
     parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
-    parser.add_argument(
-        "--no-threshold", action="store_true", help="record no threshold (identify asks for one)"
-    )
-    parser.add_argument(
-        "--metrics", help="record facenet-evaluate's threshold of this metrics.json"
-    )
+    if recorded:
+        parser.add_argument("--no-threshold", action="store_true", help="record no threshold")
+    parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")
     parser.add_argument("--set", dest="set_name", help="the --bin set of --metrics to take")
     parser.add_argument(
         "--threshold-at",
         metavar="KEY",
-        help="a deployable threshold of --metrics: accuracy, far_1e-3, far_1e-4",
+        help="a deployable threshold of --metrics: accuracy, far_1e-3, far_1e-4 (metrics.json's "
+        "deployable_thresholds; default: its threshold, the mean of the folds')",
     )
 
 
-def model_threshold(trained, at_hand: dict, args) -> tuple[ThresholdRecord | None, str]:
-    """The threshold to record with a model's embeddings or export, and a line saying which:
-    ``--threshold`` (recorded as chosen for ``at_hand``), none with ``--no-threshold``, else
-    the one of ``--metrics`` or saved with ``trained``, when it fits ``at_hand``."""
-    threshold, none = args.threshold, args.no_threshold
-    chosen = [("--threshold", threshold is not None), ("--no-threshold", none)]
-    given = [flag for flag, on in (*chosen, ("--metrics", args.metrics)) if on]
-    if len(given) > 1:
-        raise DataError(f"{' and '.join(given)} contradict each other")
+def flag_threshold(args) -> ThresholdRecord | None:
+    """``--threshold`` (squared unless ``--distance``), else the threshold of ``--metrics``, else
+    None; a DataError for a flag without the one it goes with."""
     for flag, value in (("--set", args.set_name), ("--threshold-at", args.threshold_at)):
         if value and not args.metrics:
             raise DataError(f"{flag} goes with --metrics (the file whose threshold to take)")
-    if args.distance is not None and threshold is None:
+    if args.distance is not None and args.threshold is None:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
-    if threshold is not None:
-        if not math.isfinite(threshold):
-            raise DataError(f"--threshold {threshold!r} is not a finite number")
-        given = {k: at_hand.get(k) for k in (*PROVENANCE, "epoch")}
-        record = ThresholdRecord(
-            threshold, args.distance or "squared", **given, chosen_on="--threshold"
-        )
-    elif none:
+    if args.threshold is not None:
+        if not math.isfinite(args.threshold):
+            raise DataError(f"--threshold {args.threshold!r} is not a finite number")
+        return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
+    if not args.metrics:
+        return None
+    record = read_threshold(args.metrics, args.set_name, args.threshold_at)
+    if record is None:
+        raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
+    return record
+
+
+def model_threshold(trained, at_hand: dict, args) -> tuple[ThresholdRecord | None, str]:
+    """The threshold to record with a model's embeddings or export (``--threshold`` as chosen
+    for ``at_hand``; else one of ``--metrics`` or ``trained`` that fits it), and a line on it."""
+    on = {"--threshold": args.threshold is not None, "--no-threshold": args.no_threshold}
+    given = [flag for flag, value in {**on, "--metrics": args.metrics}.items() if value]
+    if len(given) > 1:
+        raise DataError(f"{' and '.join(given)} contradict each other")
+    record = flag_threshold(args)
+    if args.no_threshold:
         return None, "threshold: none recorded (--no-threshold)"
-    elif args.metrics:
-        record = read_threshold(args.metrics, args.set_name, args.threshold_at)
-        if record is None:
-            raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
-        what = f"the embeddings of {trained.path} made here"
-        record = checked_threshold(record, at_hand, what, "give another --metrics or --threshold")
-    elif (stored := trained.threshold_record()) is None:
-        return None, f"threshold: none saved with {trained.path} (identify will need --threshold)"
-    else:
-        what = f"the embeddings of {trained.path} made here"
+    if args.threshold is not None:
+        record = replace(record, **{k: at_hand.get(k) for k in (*PROVENANCE, "epoch")})
+        return record, f"threshold: {record.describe()}"
+    remedy = "give another --metrics or --threshold"
+    if record is None:
         remedy = "give --threshold (and --distance) chosen for them, or --no-threshold"
-        record = checked_threshold(stored, at_hand, what, remedy)
+        record = trained.threshold_record()
+    if record is None:
+        return None, f"threshold: none saved with {trained.path} (identify will need --threshold)"
+    what = f"the embeddings of {trained.path} made here"
+    record = checked_threshold(record, at_hand, what, remedy)
     return record, f"threshold: {record.describe()}"
 
 
@@ -114,10 +121,10 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
     ``TrainedModel.preparation``."""
     labelled = any(result.labels)
     arrays = {
-        "embeddings": result.embeddings.numpy().astype(np.float32),
+        "embeddings": result.embeddings.numpy(),
         "paths": np.array(result.paths, dtype=str),
         "labels": np.array(result.labels if labelled else [], dtype=str),
-        **{key: np.array(at_hand[key]) for key in ("flip", "preprocess", "weights_sha256")},
+        **{key: np.array(at_hand[key]) for key in MADE_WITH},
     }
     if threshold is not None:
         arrays["threshold"] = np.array(threshold.value)
@@ -136,9 +143,8 @@ def _embed(args: argparse.Namespace) -> None:
     # before the work: a saved threshold that does not fit stops here
     threshold, line = model_threshold(trained, at_hand, args)
     settings = VerifySettings(flip=args.flip, batch_size=args.batch_size)
-    model = trained.model.to(device)
     result = embed_folder(
-        model,
+        trained.model.to(device),
         args.images,
         trained.image_size,
         settings,

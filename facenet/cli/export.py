@@ -44,7 +44,6 @@ def _export(args: argparse.Namespace) -> None:
     check_outputs(args)
     trained = load_model(args.checkpoint)
     threshold, line = model_threshold(trained, trained.preparation(), args)
-    # Carried into the export's metadata only when it fits these weights as exported.
     trained.verification = {} if threshold is None else threshold.to_dict()
     diff = export_model(trained, args.format, args.out, args.tolerance)
     height, width = image_hw(trained.image_size)

@@ -26,8 +26,8 @@ from facenet.cli.common import (
     run_command,
     set_threads,
 )
+from facenet.cli.embed import MADE_WITH, add_threshold_arguments, flag_threshold
 from facenet.errors import DataError
-from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
 from facenet.files import json_safe, read_npz, write_text_atomic
 from facenet.inference.identify import (
@@ -36,7 +36,6 @@ from facenet.inference.identify import (
     identification_rates,
     match,
     non_finite_rows,
-    read_threshold,
 )
 
 UNKNOWN = "unknown"
@@ -54,7 +53,6 @@ _ARRAYS = {
     "threshold_record": ("U", 0),
 }
 _SHAPES = ("single value", "(N,) array", "(N, D) array")
-_MADE_WITH = ("weights_sha256", "flip", "preprocess")  # load_embeddings checked their kinds
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -62,16 +60,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gallery", required=True, help="facenet-embed file of identity folders")
     parser.add_argument("--probes", required=True, help="facenet-embed file of the probe images")
-    parser.add_argument("--threshold", type=float, help="accept a match below this distance")
-    parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
-    parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")
-    parser.add_argument("--set", dest="set_name", help="the --bin set of --metrics to take")
-    parser.add_argument(
-        "--threshold-at",
-        metavar="KEY",
-        help="a deployable threshold of --metrics: accuracy, far_1e-3, far_1e-4 (metrics.json's "
-        "deployable_thresholds; default: its threshold, the mean of the folds')",
-    )
+    add_threshold_arguments(parser, recorded=False)
     add_out_arguments(parser, "folder for the results", "runs/identify")
     add_threads_argument(parser)
     return parser
@@ -96,15 +85,14 @@ def load_embeddings(path: str) -> dict:
         if ndim == 1 and len(value) != n and not (key == "labels" and len(value) == 0):
             # shorter would cut matches.csv short, longer misname the probes
             raise DataError(f"{path}: {len(value)} {key} for {n} embeddings")
-    names = arrays.get("paths")
-    non_finite_rows(arrays["embeddings"], str(path), None if names is None else names.tolist())
+    non_finite_rows(arrays["embeddings"], str(path), arrays.get("paths"))
     return arrays
 
 
 def provenance(arrays: dict) -> dict:
     """How a facenet-embed file's embeddings were made; None where it does not say (files
     written before it recorded this). Nothing in it subtracts a mean embedding."""
-    made = {k: arrays[k].item() if k in arrays else None for k in _MADE_WITH}
+    made = {k: arrays[k].item() if k in arrays else None for k in MADE_WITH}
     return {**made, "subtract_mean": False}
 
 
@@ -112,7 +100,7 @@ def check_same_making(gallery: dict, probes: dict, args) -> None:
     """Gallery and probes embedded by the same weights with the same flip setting, where
     both files say; distances between embeddings of different models mean nothing."""
     ours, theirs = provenance(gallery), provenance(probes)
-    for key in _MADE_WITH:
+    for key in MADE_WITH:  # load_embeddings checked their kinds
         if None not in (ours[key], theirs[key]) and ours[key] != theirs[key]:
             raise DataError(
                 f"--gallery {args.gallery} and --probes {args.probes} were embedded with "
@@ -140,17 +128,7 @@ def choose_threshold(args, gallery: dict) -> ThresholdRecord:
     for other embeddings."""
     if args.threshold is not None:
         return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
-    if args.distance:
-        raise DataError("--distance goes with --threshold (a saved threshold has its own)")
-    for flag, value in (("--set", args.set_name), ("--threshold-at", args.threshold_at)):
-        if value and not args.metrics:
-            raise DataError(f"{flag} goes with --metrics (the file whose threshold to take)")
-    if args.metrics:
-        record = read_threshold(args.metrics, args.set_name, args.threshold_at)
-        if record is None:
-            raise DataError(f"{args.metrics}: holds no threshold and threshold_distance")
-    else:
-        record = _gallery_threshold(gallery, args.gallery)
+    record = flag_threshold(args) or _gallery_threshold(gallery, args.gallery)
     if record is None:
         raise DataError(
             "no threshold: give --threshold, or --metrics with facenet-evaluate's metrics.json "

@@ -57,15 +57,19 @@ def embed_folder(
     loader = torch.utils.data.DataLoader(
         _ReadableImages(paths, transform), batch_size=settings.batch_size, collate_fn=list
     )
-    kept, unreadable, chunks = [], [], []
-    for items in tqdm(loader, desc="embedding", unit="batch", disable=not progress, leave=False):
-        unreadable += [(paths[i], reason) for i, image, reason in items if image is None]
-        good = [(i, image) for i, image, _ in items if image is not None]
-        if good:
-            kept += [i for i, _ in good]
-            images = torch.stack([image for _, image in good])  # (b, 3, H, W)
-            chunks.append(embed_batches(model, [images], device, settings.flip, settings.features))
-    embeddings = torch.cat(chunks) if chunks else torch.zeros(0, 0)
+    kept, unreadable = [], []
+
+    def readable_batches():  # (b, 3, H, W): each batch's decodable images
+        for items in tqdm(
+            loader, desc="embedding", unit="batch", disable=not progress, leave=False
+        ):
+            unreadable.extend((paths[i], reason) for i, image, reason in items if image is None)
+            good = [(i, image) for i, image, _ in items if image is not None]
+            kept.extend(i for i, _ in good)
+            if good:
+                yield torch.stack([image for _, image in good])
+
+    embeddings = embed_batches(model, readable_batches(), device, settings.flip, settings.features)
     kept_paths = [paths[i] for i in kept]
     # a NaN row would be written, then silently never match (or match nothing) later
     non_finite_rows(embeddings.numpy(), f"embeddings of {root}", kept_paths)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,21 +40,14 @@ class ExportError(FacenetError):
 
 
 def _metadata(trained: TrainedModel) -> dict:
-    meta = {
+    return {
         # "64" for a square input, "[112, 96]" (H, W; JSON) otherwise
         "image_size": json.dumps(plain_size(trained.image_size)),
         "normalize": trained.normalize,
         "embedding_dim": str(trained.embedding_dim),
         "backbone": str(trained.architecture.get("backbone")),
+        **{k: str(v) for k, v in trained.verification.items() if v is not None},
     }
-    meta.update({k: str(v) for k, v in trained.verification.items() if v is not None})
-    return meta
-
-
-def _example(trained: TrainedModel, batch: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    height, width = image_hw(trained.image_size)
-    return torch.randn(batch, 3, height, width, generator=generator)
 
 
 def _export_onnx(trained: TrainedModel, example: torch.Tensor) -> bytes:
@@ -105,7 +97,6 @@ def export_model(
         ExportError: an unknown format, a missing export extra, or a parity failure (then
             nothing is written).
     """
-    path = Path(path)
     if fmt == "weights":
         save_weights(trained, path)
         return 0.0
@@ -114,8 +105,13 @@ def export_model(
         raise ExportError(f"--format {fmt!r}: valid formats: {', '.join(FORMATS)}")
     export, run = exporters[fmt]
     model = trained.model.eval().cpu()
-    data = export(trained, _example(trained, _TRACE_BATCH, seed=0))
-    images = _example(trained, CHECK_BATCH, seed=1)
+    trace, images = (
+        torch.randn(
+            n, 3, *image_hw(trained.image_size), generator=torch.Generator().manual_seed(seed)
+        )
+        for n, seed in ((_TRACE_BATCH, 0), (CHECK_BATCH, 1))
+    )
+    data = export(trained, trace)
     with torch.inference_mode():
         eager = model(images)  # (B, D)
     diff = float((run(data, images).float() - eager).abs().max())

@@ -43,9 +43,9 @@ def weights_digest(model: torch.nn.Module) -> str:
     for key, tensor in sorted(model.state_dict().items()):
         if key.startswith("classifier."):
             continue
-        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        flat = tensor.detach().cpu().reshape(-1)
         digest.update(f"{key}:{flat.dtype}:{tuple(tensor.shape)};".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
+        digest.update(flat.view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -164,10 +164,10 @@ def _check_state(state, architecture: dict, path, name: str) -> dict:
     return state
 
 
-def _trained(architecture: dict, state: Mapping, path, preprocess: tuple, kind: str, **fields):
+def _trained(architecture: dict, state: Mapping, path, preprocess: tuple, kind: str, *fields):
     """A TrainedModel whose EmbeddingNet of ``architecture`` holds ``state`` less its classifier,
-    ``preprocess`` its (image size, normalize); NaN or infinite weights are refused (they make
-    every embedding NaN)."""
+    ``preprocess`` its (image size, normalize), ``fields`` its verification and epoch; NaN or
+    infinite weights are refused (they make every embedding NaN)."""
     weights = {k: v for k, v in state.items() if not k.startswith("classifier.")}
     bad = [k for k, v in weights.items() if not v.isfinite().all()]  # complex NaN included
     if bad:
@@ -182,7 +182,7 @@ def _trained(architecture: dict, state: Mapping, path, preprocess: tuple, kind: 
             f"{path}: its weights do not fit its saved architecture: "
             + " ".join(line.strip() for line in str(err).splitlines()[:2])
         ) from None
-    return TrainedModel(model.eval(), *preprocess, kind, str(path), architecture, **fields)
+    return TrainedModel(model.eval(), *preprocess, kind, str(path), architecture, *fields)
 
 
 def _section(config: Mapping, name: str, path) -> Mapping:
@@ -209,12 +209,8 @@ def _epoch_threshold(state: dict, digest, path) -> dict:
         if isinstance(eval_cfg, Mapping)
         else {}
     )
-    given = validation.get("threshold_for")
-    given = given if isinstance(given, Mapping) else {}
-    provenance = {"weights_sha256": digest(), **saved, **given}
-    record = ThresholdRecord.from_dict(
-        {**validation, **provenance, "epoch": epoch, "chosen_on": "validation pairs"}, str(path)
-    )
+    record = {**validation, "weights_sha256": digest(), **saved, "epoch": epoch}
+    record = ThresholdRecord.from_dict({**record, "chosen_on": "validation pairs"}, str(path))
     return {} if record is None else record.to_dict()
 
 
@@ -230,34 +226,28 @@ def _from_saved(state: dict, path) -> TrainedModel:
             )
         names = ("architecture", "preprocess", "state_dict")
         architecture, preprocess, weights = _fields(state, names, path)
-        architecture = _check_architecture(architecture, path)
         preprocess = _mapping(preprocess, "preprocess", path)
         preprocess = _fields(preprocess, ("image_size", "normalize"), path, "preprocess.")
-        verification = _mapping(state.get("verification") or {}, "verification", path)
+        verification = dict(_mapping(state.get("verification") or {}, "verification", path))
     else:
         names = ("model", "data", "model")
-        architecture = _check_architecture(_section(state["config"], "model", path), path)
-        weights = state["model"]
+        architecture = _section(state["config"], "model", path)
         data_cfg = _section(state["config"], "data", path)
+        weights = state["model"]
         preprocess = data_cfg.get("image_size", 64), data_cfg.get("normalize", "fixed")
         verification = {}
+    architecture = _check_architecture(architecture, path)
     size, normalize = _size_in(preprocess[0], f"{names[1]}.image_size", path), preprocess[1]
     if normalize not in _NORMALIZE:
         raise _bad(path, f"{names[1]}.normalize {shown(normalize)}: expected one of {_NORMALIZE}")
     weights = _check_state(weights, architecture, path, names[2])
     record = ThresholdRecord.from_dict(verification, str(path))
     if verification and record is None:
-        raise _bad(path, f"verification holds no numeric threshold: {shown(dict(verification))}")
+        raise _bad(path, f"verification holds no numeric threshold: {shown(verification)}")
     epoch = getattr(record, "epoch", None) if export else state.get("epoch")
-    trained = _trained(
-        architecture,
-        weights,
-        path,
-        (size, normalize),
-        "weights" if export else "checkpoint",
-        verification=dict(verification),
-        epoch=epoch if isinstance(epoch, int) else None,
-    )
+    kind = "weights" if export else "checkpoint"
+    epoch = epoch if isinstance(epoch, int) else None
+    trained = _trained(architecture, weights, path, (size, normalize), kind, verification, epoch)
     if not export:
         trained.verification = _epoch_threshold(state, trained.weights_sha256, path)
     return trained
@@ -279,14 +269,8 @@ def _from_port(port: Port, weights: dict, contents: dict, path) -> TrainedModel:
         {"backbone": port.backbone, "embedding_dim": head.shape[0]}, path
     )
     epoch = contents.get("epoch")
-    return _trained(
-        architecture,
-        ours,
-        path,
-        (size, "fixed"),
-        port.kind,
-        epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
-    )
+    epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+    return _trained(architecture, ours, path, (size, "fixed"), port.kind, {}, epoch)
 
 
 def load_model(path: str | os.PathLike) -> TrainedModel:

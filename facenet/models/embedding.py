@@ -9,7 +9,7 @@ in our layout or a publisher's. See docs/models.md.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,6 @@ from facenet.models.backbones import (
     InceptionResnetV1,
     MobileFaceNet,
     TinyCNN,
-    convert_facenet_pytorch_state_dict,  # noqa: F401 (imported from here: docs/models.md)
 )
 from facenet.models.ports import PORTS, find_port
 from facenet.sizes import ImageSize
@@ -71,13 +70,13 @@ def _torchvision(name: str, in_channels: int, input_size: ImageSize | None) -> n
 # (C, input size or None) -> a module with its feature size F as ``feature_dim``; a backbone
 # may also name ``source_head_keys`` (dropped when loading its weights) and ``head_bn_eps`` (its
 # source's, so a published head loads with the same outputs).
-_BUILDERS: dict[str, Callable[[int, ImageSize | None], nn.Module]] = {
+_BUILDERS = {
     "tiny": lambda c, size: TinyCNN(c),
     **{name: partial(_torchvision, name) for name in _TORCHVISION},
     "inception_resnet_v1": lambda c, size: InceptionResnetV1(c),
     "mobilefacenet": MobileFaceNet,
 }
-BACKBONES: tuple[str, ...] = tuple(_BUILDERS)
+BACKBONES = tuple(_BUILDERS)
 
 
 # --------------------------------------------------------------------------- weights
@@ -101,22 +100,16 @@ def _read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: str) -> None:
     expected = module.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    mismatched = [
-        f"{k}: file {tuple(state[k].shape)}, model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    problems = [
-        f"{len(keys)} {kind}: {some_names(keys)}"
-        for kind, keys in (
-            ("missing keys", missing),
-            ("unexpected keys", unexpected),
-            ("shape mismatches", mismatched),
-        )
-        if keys
-    ]
+    found = {
+        "missing keys": [k for k in expected if k not in state],
+        "unexpected keys": [k for k in state if k not in expected],
+        "shape mismatches": [
+            f"{k}: file {tuple(state[k].shape)}, model {tuple(v.shape)}"
+            for k, v in expected.items()
+            if k in state and state[k].shape != v.shape
+        ],
+    }
+    problems = [f"{len(keys)} {kind}: {some_names(keys)}" for kind, keys in found.items() if keys]
     if problems:
         raise WeightsError(f"weights file {path} does not fit {what}: " + "; ".join(problems))
 
@@ -223,8 +216,7 @@ class EmbeddingNet(nn.Module):
     ):
         super().__init__()
         sizes = {"embedding_dim": embedding_dim, "in_channels": in_channels}
-        if num_classes is not None:
-            sizes["num_classes"] = num_classes
+        sizes["num_classes"] = 1 if num_classes is None else num_classes
         for what, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EmbeddingNet: {what} must be a positive integer, got {value!r}")
@@ -239,8 +231,7 @@ class EmbeddingNet(nn.Module):
             )
         # images (B, C, H, W) -> pooled features (B, F), random weights
         self.backbone = _BUILDERS[backbone](in_channels, input_size)
-        self.feature_dim = self.backbone.feature_dim
-        self.embed_dim = embedding_dim
+        self.feature_dim, self.embed_dim = self.backbone.feature_dim, embedding_dim
         eps = getattr(self.backbone, "head_bn_eps", HEAD_BN_EPS)
         self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, eps)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None

@@ -12,14 +12,13 @@ from torch import nn
 
 from facenet.config import ModelConfig
 from facenet.errors import WeightsError
-from facenet.models.backbones import TinyCNN
+from facenet.models.backbones import TinyCNN, convert_facenet_pytorch_state_dict
 from facenet.models.embedding import (
     BACKBONES,
     CosineClassifier,
     EmbeddingHead,
     EmbeddingNet,
     build_model,
-    convert_facenet_pytorch_state_dict,
     count_parameters,
 )
 

@@ -8,7 +8,8 @@ maps a whole port state dict (head included) onto :class:`facenet.models.embeddi
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from functools import partial
 
 import torch
 from torch import nn
@@ -37,7 +38,7 @@ class BasicConv2d(nn.Module):
 class Branches(nn.Module):
     """Parallel branches ``branch0``, ``branch1``, ... concatenated on channels."""
 
-    def __init__(self, branches: Sequence[nn.Module]):
+    def __init__(self, *branches: nn.Module):
         super().__init__()
         self.num_branches = len(branches)
         for i, branch in enumerate(branches):
@@ -52,7 +53,7 @@ class ResidualBlock(Branches):
     block (``block8``) has no ReLU."""
 
     def __init__(self, channels, branches, branch_channels, scale, activate=True):
-        super().__init__(branches)
+        super().__init__(*branches)
         self.scale = scale
         self.conv2d = nn.Conv2d(branch_channels, channels, kernel_size=1)
         self.relu = nn.ReLU() if activate else nn.Identity()
@@ -85,33 +86,6 @@ def _reduction_branch(*channels: int) -> nn.Sequential:
     )
 
 
-def _mixed_6a() -> Branches:
-    """Reduction-A: 256 -> 384 + 256 + 256 = 896 channels, H and W halved."""
-    return Branches(
-        [
-            BasicConv2d(256, 384, 3, stride=2),
-            _reduction_branch(256, 192, 192, 256),
-            nn.MaxPool2d(3, stride=2),
-        ]
-    )
-
-
-def _mixed_7a() -> Branches:
-    """Reduction-B: 896 -> 384 + 256 + 256 + 896 = 1792 channels, H and W halved."""
-    return Branches(
-        [
-            _reduction_branch(896, 256, 384),
-            _reduction_branch(896, 256, 256),
-            _reduction_branch(896, 256, 256, 256),
-            nn.MaxPool2d(3, stride=2),
-        ]
-    )
-
-
-def _block8(scale: float, activate: bool = True) -> ResidualBlock:
-    return _residual_block(1792, 192, [(), [(1, 3), (3, 1)]], scale, activate)
-
-
 class InceptionResnetV1(nn.Sequential):
     """Inception-ResNet-v1 up to global average pooling: (B, C, H, W) -> (B, 1792); 160 x 160
     crops leave a 3 x 3 grid before pooling."""
@@ -120,6 +94,7 @@ class InceptionResnetV1(nn.Sequential):
     feature_dim = 1792
 
     def __init__(self, in_channels: int = 3):
+        block8 = partial(_residual_block, 1792, 192, [(), [(1, 3), (3, 1)]])
         layers = OrderedDict(
             conv2d_1a=BasicConv2d(in_channels, 32, 3, stride=2),
             conv2d_2a=BasicConv2d(32, 32, 3),
@@ -135,15 +110,26 @@ class InceptionResnetV1(nn.Sequential):
                     for _ in range(5)
                 ]
             ),
-            mixed_6a=_mixed_6a(),
+            # Reduction-A: 256 -> 384 + 256 + 256 = 896 channels, H and W halved
+            mixed_6a=Branches(
+                BasicConv2d(256, 384, 3, stride=2),
+                _reduction_branch(256, 192, 192, 256),
+                nn.MaxPool2d(3, stride=2),
+            ),
             # block17: Inception-ResNet-B on 896 channels, factorised 1 x 7 and 7 x 1
             repeat_2=nn.Sequential(
                 *[_residual_block(896, 128, [(), [(1, 7), (7, 1)]], 0.10) for _ in range(10)]
             ),
-            mixed_7a=_mixed_7a(),
+            # Reduction-B: 896 -> 384 + 256 + 256 + 896 = 1792 channels, H and W halved
+            mixed_7a=Branches(
+                _reduction_branch(896, 256, 384),
+                _reduction_branch(896, 256, 256),
+                _reduction_branch(896, 256, 256, 256),
+                nn.MaxPool2d(3, stride=2),
+            ),
             # block8: Inception-ResNet-C on 1792 channels, factorised 1 x 3 and 3 x 1
-            repeat_3=nn.Sequential(*[_block8(0.20) for _ in range(5)]),
-            block8=_block8(1.0, activate=False),
+            repeat_3=nn.Sequential(*[block8(0.20) for _ in range(5)]),
+            block8=block8(1.0, activate=False),
             avgpool_1a=nn.AdaptiveAvgPool2d(1),
             flatten=nn.Flatten(1),
         )

@@ -17,7 +17,7 @@ from torch import nn
 from facenet.sizes import image_hw
 
 # (expansion t, output channels c, repeats n, first stride s) of each stage: 112 x 96 -> 7 x 6.
-MOBILEFACENET_BLOCKS: tuple[tuple[int, int, int, int], ...] = (
+MOBILEFACENET_BLOCKS = (
     (2, 64, 5, 2),
     (4, 128, 1, 2),
     (2, 128, 6, 1),
@@ -47,11 +47,10 @@ class ConvUnit(nn.Module):
             in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=False
         )
         self.bn = nn.BatchNorm2d(out_channels)
-        self.act = None if linear else nn.PReLU(out_channels)
+        self.act = nn.Identity() if linear else nn.PReLU(out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.bn(self.conv(x))
-        return x if self.act is None else self.act(x)
+        return self.act(self.bn(self.conv(x)))
 
 
 class Bottleneck(nn.Module):
@@ -98,12 +97,9 @@ class MobileFaceNet(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self.conv_1x1 = ConvUnit(128, 512)
         self.gdc = ConvUnit(512, 512, self.gdc_size, depthwise=True, linear=True)
-        for m in self.modules():  # the publisher's initialisation
+        for m in self.modules():  # the publisher's initialisation (its BatchNorm's is torch's)
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         input_hw = tuple(x.shape[-2:])

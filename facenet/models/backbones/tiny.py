@@ -13,12 +13,9 @@ class TinyCNN(nn.Sequential):
     (B, C, H, W) -> (B, widths[-1]); about 0.24 M parameters."""
 
     def __init__(self, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128, 128)):
-        if not widths:
-            raise ValueError("TinyCNN: widths must name at least one stage")
-        stages = []
-        channels = in_channels
-        for width in widths:
-            stages.append(Conv2dNormActivation(channels, width, kernel_size=3, stride=2))
-            channels = width
+        stages = [
+            Conv2dNormActivation(c_in, c_out, kernel_size=3, stride=2)
+            for c_in, c_out in zip((in_channels, *widths), widths)
+        ]
         super().__init__(*stages, nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
-        self.feature_dim = channels
+        self.feature_dim = widths[-1]
