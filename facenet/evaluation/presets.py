@@ -13,8 +13,18 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 
+class FromAttributes:
+    """``cls.of(source)``: a dataclass's settings read by attribute from ``source`` (a config
+    section, parsed arguments); attributes it lacks keep their defaults."""
+
+    @classmethod
+    def of(cls, source):
+        names = [f.name for f in fields(cls) if hasattr(source, f.name)]
+        return cls(**{name: getattr(source, name) for name in names})
+
+
 @dataclass(frozen=True)
-class VerifySettings:
+class VerifySettings(FromAttributes):
     """How pairs are embedded and measured (the config's ``eval`` keys of the same names).
 
     ``grid``: "default" (from the distance), "classic" ([0, 4) whatever the distance) or
@@ -36,13 +46,6 @@ class VerifySettings:
     batch_size: int = 128
     num_workers: int = 0
     skip_missing: bool = False
-
-    @classmethod
-    def of(cls, source) -> VerifySettings:
-        """The settings read by attribute from ``source`` (a config's ``eval`` section, parsed
-        arguments); attributes it lacks keep their defaults."""
-        names = [f.name for f in fields(cls) if hasattr(source, f.name)]
-        return cls(**{name: getattr(source, name) for name in names})
 
     def provenance(self) -> dict:
         """What a threshold chosen under these settings applies to, besides the weights."""
