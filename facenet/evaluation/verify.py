@@ -51,7 +51,8 @@ def verify(
     else:  # a pairs file's own folds (they differ from contiguous blocks once pairs were skipped)
         found = embed_pair_list(model, pairs, image_size, settings, normalize, device)
         emb1, emb2 = (embeddings.numpy() for embeddings in found)
-        folds, source = pairs.folds_for(settings.n_folds), str(pairs.source or "pairs")
+        folds = pairs.folds_for(settings.n_folds) if hasattr(pairs, "folds_for") else None
+        source = str(getattr(pairs, "source", "") or "pairs")
     result = _checked(source, evaluate_embeddings, emb1, emb2, pairs.issame, settings, folds)
     if not return_distances:
         return result
