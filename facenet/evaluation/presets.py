@@ -100,9 +100,8 @@ def mobilefacenet_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(N,) 1 - lfw_eval.py's ``evaluation_10_fold`` score of (N, D) mean-subtracted features:
     its operations in its order, in the features' own dtype, so the scores are its scores bit
     for bit (1 - s is exact in float64 for a float32 s: "1 - s < 1 - t" decides as "s > t")."""
-    a = a / np.expand_dims(np.sqrt(np.sum(np.power(a, 2), 1)), 1)
-    b = b / np.expand_dims(np.sqrt(np.sum(np.power(b, 2), 1)), 1)
-    return 1.0 - np.sum(np.multiply(a, b), 1).astype(np.float64)
+    unit = lambda x: x / np.expand_dims(np.sqrt(np.sum(np.power(x, 2), 1)), 1)
+    return 1.0 - np.sum(np.multiply(unit(a), unit(b)), 1).astype(np.float64)
 
 
 # Grid name: () -> (accuracy grid, VAL grid); mobilefacenet has no VAL: its one grid serves both.

@@ -57,8 +57,8 @@ def _entry(d, same, ids, threshold: float, chosen: np.ndarray, settings) -> dict
     rule = settings.threshold_rule
     tested = [_rates(d[ids == f], same[ids == f], t, rule) for f, t in enumerate(chosen)]
     entry = {"threshold": float(threshold), **_rates(d, same, threshold, rule)}
-    for name, f in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max)):
-        entry[f"fold_threshold_{name}"] = float(f(chosen))
+    for name in ("mean", "std", "min", "max"):
+        entry[f"fold_threshold_{name}"] = float(getattr(np, name)(chosen))
     for what in ("accuracy", "tar", "far"):
         entry[f"fold_{what}_mean"] = float(np.mean([r[what] for r in tested]))
         entry[f"fold_{what}_std"] = float(np.std([r[what] for r in tested]))
