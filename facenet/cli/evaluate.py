@@ -37,11 +37,11 @@ from facenet.config import DataConfig, load_config
 from facenet.data.ijb import read_template_set
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.insightface_bin import read_bin
-from facenet.data.pairs import read_pairs
+from facenet.data.pairs import PairList, read_pairs
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import FEATURES
-from facenet.evaluation.plots import plot_roc
+from facenet.evaluation.plots import plot_roc, plot_tar
 from facenet.evaluation.presets import (
     CLASSIC,
     EVAL_PRESETS,
@@ -63,7 +63,6 @@ from facenet.evaluation.templates import (
     WarpedFaces,
     choose_template,
     embed_faces,
-    plot_tar,
     verify_templates,
 )
 from facenet.evaluation.thresholds import deployable_lines, deployable_thresholds
@@ -221,28 +220,42 @@ def _check_options(args: argparse.Namespace) -> None:
         raise DataError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
-def _embedding_setup(args: argparse.Namespace) -> tuple:
-    """(pairs -> ``VerificationResult`` of the checkpoint's model, ``threshold_for``)."""
+def _load(args: argparse.Namespace) -> tuple:
+    """(the checkpoint's ``TrainedModel``, its network on ``--device``, the device)."""
     trained, device = load_model(args.checkpoint), parse_device(args.device)
+    return trained, trained.model.to(device), device
+
+
+def _threshold_for(args: argparse.Namespace, trained, provenance: dict) -> dict:
+    """metrics.json's ``threshold_for``: the weights and preparation a threshold was chosen for."""
+    weights = {"checkpoint": str(args.checkpoint), "weights_sha256": trained.weights_sha256()}
+    return {**weights, "epoch": trained.epoch, **provenance}
+
+
+def _write_metrics(args: argparse.Namespace, record: dict) -> Path:
+    """``record`` as ``--out``/metrics.json (the folder made first); returns the folder."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
+    return out
+
+
+def _embedding_setup(args: argparse.Namespace) -> tuple:
+    """(pairs -> (``VerificationResult``, deployable thresholds) of the checkpoint's model,
+    ``threshold_for``)."""
+    trained, model, device = _load(args)
     settings = VerifySettings.of(args)
-    threshold_for = {
-        "checkpoint": str(args.checkpoint),
-        "weights_sha256": trained.weights_sha256(),
-        "epoch": trained.epoch,
-        **settings.provenance(),
-    }
-    model, size = trained.model.to(device), trained.image_size
-    measure = lambda pairs, **kw: verify(
-        model, pairs, size, settings, normalize=trained.normalize, device=device, **kw
-    )
-    return measure, threshold_for
 
+    def measure(pairs):  # the thresholds on distances without mean subtraction, as identify's
+        result, distances = verify(
+            model, pairs, trained.image_size, settings, normalize=trained.normalize,
+            device=device, return_distances=True,
+        )  # fmt: skip
+        folds = pairs.folds_for(args.n_folds) if isinstance(pairs, PairList) else None
+        found = deployable_thresholds(distances, pairs.issame, settings, folds)
+        return result, found | {"subtract_mean": False}
 
-def _deployable(distances, issame, args: argparse.Namespace, folds=None) -> dict:
-    """Deployable thresholds of a model's pair distances, measured without mean subtraction
-    (as identify measures), whatever the flag."""
-    found = deployable_thresholds(distances, issame, VerifySettings.of(args), folds)
-    return found | {"subtract_mean": False}
+    return measure, _threshold_for(args, trained, settings.provenance())
 
 
 def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
@@ -260,8 +273,7 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
     results, sets = {}, {}
     for name, path in paths.items():
         pairs = read_bin(path, args.n_folds, limits)
-        results[name], distances = measure(pairs, return_distances=True)
-        deployable = _deployable(distances, pairs.issame, args)
+        results[name], deployable = measure(pairs)
         sets[name] = {**results[name].to_dict(curves=False), "deployable_thresholds": deployable}
     return {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}, results
 
@@ -275,27 +287,27 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
         distances = 1 - scores if args.similarities else scores
         settings = replace(VerifySettings.of(args), flip=False)  # as verify_distances grids
         result = verify_distances(distances, issame, settings, source)
-        # measured elsewhere: the weights and preparation are not known
-        fields = {"source": source, "threshold_for": {"distances": source}}
-        fields["deployable_thresholds"] = deployable_thresholds(distances, issame, settings)
+        fields = {
+            "source": source,
+            "threshold_for": {"distances": source},  # measured elsewhere: weights not known
+            "deployable_thresholds": deployable_thresholds(distances, issame, settings),
+        }
         return Path(args.distances).name, fields, result
 
     measure, threshold_for = _embedding_setup(args)
     pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
-    result, distances = measure(pairs, return_distances=True)
+    result, deployable = measure(pairs)
     fields = {"source": f"{args.checkpoint} on {args.pairs}", "threshold_for": threshold_for}
-    folds = pairs.folds_for(args.n_folds)
-    fields["deployable_thresholds"] = _deployable(distances, pairs.issame, args, folds)
-    return Path(args.pairs).name, fields, result
+    return Path(args.pairs).name, fields | {"deployable_thresholds": deployable}, result
 
 
 def _retrieval(args: argparse.Namespace) -> None:
     """Every image of ``--retrieval`` embedded as the checkpoint was trained, then retrieved."""
     check_outputs(args, "metrics.json")
-    trained, device = load_model(args.checkpoint), parse_device(args.device)
+    trained, model, device = _load(args)
     found = embed_folder(
-        trained.model.to(device), args.retrieval, trained.image_size, VerifySettings.of(args),
-        trained.normalize, device,
+        model, args.retrieval, trained.image_size, VerifySettings.of(args), trained.normalize,
+        device,
     )  # fmt: skip
     labels = np.unique(found.labels, return_inverse=True)[1]  # identity names -> 0..C-1
     record = {
@@ -305,12 +317,18 @@ def _retrieval(args: argparse.Namespace) -> None:
     record |= retrieval_metrics(found.embeddings, labels)
     print(", ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
                     for key, value in record.items() if key != "source"))  # fmt: skip
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(args.out) / "metrics.json", json.dumps(record, indent=1) + "\n")
+    _write_metrics(args, record)
 
 
-def _ijb_record(args, faces, result, settings: TemplateSettings, weights: str) -> dict:
-    """metrics.json of ``--ijb``: TAR at each FAR, AUC, counts, settings and source."""
+def _ijb_record(args, faces, result, settings: TemplateSettings, trained) -> dict:
+    """metrics.json of ``--ijb``: TAR at each FAR, AUC, counts, settings, source, and the
+    deployable thresholds on 1 - score with what they were chosen for."""
+    provenance = {
+        "flip": settings.flip_test,
+        "subtract_mean": False,
+        "preprocess": f"template {settings.template}",  # pooled features: identify refuses them
+        "features": settings.features,
+    }
     return {
         "source": f"{args.checkpoint} on {faces.meta('_*.txt')}",
         "tar_at_far": {f"{far:g}": tar for far, tar in result.tar.items()},
@@ -323,7 +341,10 @@ def _ijb_record(args, faces, result, settings: TemplateSettings, weights: str) -
             "impostor_pairs": int((faces.labels == 0).sum()),
         },
         "settings": asdict(settings),
-        "weights_sha256": weights,
+        "weights_sha256": trained.weights_sha256(),
+        "threshold_for": _threshold_for(args, trained, provenance),
+        "deployable_thresholds": _template_thresholds(args, faces.labels, result.scores),
+        "threshold_distance": "cosine",  # the deployable thresholds are on 1 - score
     }
 
 
@@ -335,10 +356,8 @@ def _template_thresholds(args: argparse.Namespace, labels: np.ndarray, scores: n
     if n_folds < 2:  # a fold needs a pair of each kind
         return {}
     settings = replace(VerifySettings.of(args), distance="cosine", grid="default", n_folds=n_folds)
-    folds = np.empty(len(labels), dtype=np.int64)
-    for kind in (0, 1):
-        members = np.flatnonzero(labels == kind)
-        folds[members] = np.arange(len(members)) % n_folds
+    same = labels == 1
+    folds = (np.where(same, np.cumsum(same), np.cumsum(~same)) - 1) % n_folds  # rank in its kind
     return deployable_thresholds(1 - scores, labels, settings, folds)
 
 
@@ -346,26 +365,15 @@ def _ijb(args: argparse.Namespace) -> None:
     """The templates of ``--ijb`` pooled from the checkpoint's features, their pairs verified."""
     check_outputs(args, "metrics.json", "roc.png", "features.npz")
     faces = read_template_set(args.ijb, args.ijb_set)
-    trained, device = load_model(args.checkpoint), parse_device(args.device)
+    trained, model, device = _load(args)
     template = choose_template(trained.image_size, args.template)
     settings = replace(TemplateSettings.of(args), template=template)
     warped = WarpedFaces(
         faces, partial(align_face, template=template), trained.image_size, trained.normalize
     )
-    features = embed_faces(trained.model.to(device), warped, device, settings)
+    features = embed_faces(model, warped, device, settings)
     result = verify_templates(faces, features, settings)
-    record = _ijb_record(args, faces, result, settings, trained.weights_sha256())
-    record["threshold_for"] = {
-        "checkpoint": str(args.checkpoint),
-        "weights_sha256": record["weights_sha256"],
-        "epoch": trained.epoch,
-        "flip": settings.flip_test,
-        "subtract_mean": False,
-        "preprocess": f"template {template}",  # pooled template features: identify refuses them
-        "features": settings.features,
-    }
-    record["deployable_thresholds"] = _template_thresholds(args, faces.labels, result.scores)
-    record["threshold_distance"] = "cosine"  # the deployable thresholds are on 1 - score
+    record = _ijb_record(args, faces, result, settings, trained)
     print("  ".join(f"TAR@FAR={far} {tar:.4f}" for far, tar in record["tar_at_far"].items()))
     print(f"AUC {result.auc:.4f}: {len(faces.labels)} pairs, {len(result.template_ids)} templates")
     for line in deployable_lines(record["deployable_thresholds"]):
@@ -383,7 +391,7 @@ def _ijb(args: argparse.Namespace) -> None:
     write_atomic(out / "features.npz", lambda fh: np.savez(fh, **arrays))
     figure = plot_tar(result, args.title or f"{faces.name} ({len(faces.labels)} pairs)")
     write_atomic(out / "roc.png", lambda fh: figure.savefig(fh, format="png"))
-    write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
+    _write_metrics(args, record)
     print(f"wrote {out / 'metrics.json'}, roc.png and features.npz")
 
 
@@ -411,8 +419,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         print("\n".join(deployable_lines(fields["deployable_thresholds"])))
         record, results, wrote = {**fields, **result.to_dict()}, {"": result}, out / "roc.png"
     record["same_when"] = f"{'1 - similarity' if args.similarities else 'distance'} < threshold"
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "metrics.json", json.dumps(record, indent=1) + "\n")
+    _write_metrics(args, record)
     for file, (name, result) in zip(rocs, results.items()):  # name "": --pairs or --distances
         title = f"{name} ({result.n_pairs} pairs)" if name else None
         roc = plot_roc(result, log_scale=args.log_scale, title=args.title or title)  # a Figure

@@ -20,7 +20,6 @@ import sys
 import time
 from argparse import Namespace
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,15 +54,6 @@ DEFAULT_IMPOSTOR_PAIRS = 100_000
 MAX_IMPOSTOR_PAIRS = 10_000_000
 REPORT = "make_templates_report.tsv"
 _NAME = re.compile(r"[a-z0-9_]+")  # insightface's scripts lower-case the set's name
-
-
-@dataclass(frozen=True)
-class GroupingSettings:
-    """How images become templates and pairs (detection aside)."""
-
-    templates_per_identity: int = 2
-    impostor_pairs: int = DEFAULT_IMPOSTOR_PAIRS
-    seed: int = 0
 
 
 def meta_files(name: str) -> dict[str, str]:
@@ -101,10 +91,15 @@ def scan(src: Path) -> tuple[dict[str, dict[str, list[str]]], list[tuple[str, st
     return media, left_out
 
 
-def group_templates(media: dict[str, dict[str, list[str]]], settings: GroupingSettings, rng):
-    """Each identity's media (sorted by identity) dealt into its templates after a shuffle:
-    ``[(identity, [media, ...]), ...]``, and the identities with too few media."""
-    k, templates, dropped = settings.templates_per_identity, [], []
+def _images(media: dict[str, dict[str, list[str]]]) -> list[str]:
+    """Every image name of ``{identity: {media: [image name, ...]}}``, sorted."""
+    return sorted(name for m in media.values() for names in m.values() for name in names)
+
+
+def group_templates(media: dict[str, dict[str, list[str]]], k: int, rng):
+    """Each identity's media (sorted by identity) dealt into its ``k`` templates after a
+    shuffle: ``[(identity, [media, ...]), ...]``, and the identities with too few media."""
+    templates, dropped = [], []
     for identity in sorted(media):
         keys = sorted(media[identity])
         if len(keys) < k:
@@ -139,15 +134,15 @@ def impostor_pairs(identity_of: np.ndarray, count: int, rng) -> np.ndarray:
     return np.stack([codes // n, codes % n], axis=1)
 
 
-def pair_rows(identity_of: np.ndarray, settings: GroupingSettings, rng) -> np.ndarray:
+def pair_rows(identity_of: np.ndarray, args: Namespace, rng) -> np.ndarray:
     """``(P, 3)`` rows ``template index, template index, label`` (1 genuine, 0 impostor), by
-    first and second index: every pair of one identity's templates and the drawn impostors."""
-    k = settings.templates_per_identity  # each identity's k templates lie together
-    a, b = np.triu_indices(k, 1)
-    starts = np.arange(0, len(identity_of), k)[:, None]  # (I, 1)
+    first and second index: every pair of one identity's templates (the
+    ``--templates-per-identity`` of each lie together) and the drawn ``--impostor-pairs``."""
+    a, b = np.triu_indices(args.templates_per_identity, 1)
+    starts = np.arange(0, len(identity_of), args.templates_per_identity)[:, None]  # (I, 1)
     genuine = np.stack([(starts + a).ravel(), (starts + b).ravel()], axis=1)
     genuine = np.column_stack([genuine, np.ones(len(genuine), np.int64)])
-    other = impostor_pairs(identity_of, settings.impostor_pairs, rng)
+    other = impostor_pairs(identity_of, args.impostor_pairs, rng)
     rows = np.concatenate([genuine, np.column_stack([other, np.zeros(len(other), np.int64)])])
     return rows[np.lexsort((rows[:, 1], rows[:, 0]))]
 
@@ -230,7 +225,7 @@ def _enough(media, k: int, what: str) -> None:
 
 def _faces(src: Path, media, args: Namespace):
     """``media`` cut to the images with a face, their faces, and the report rows of the rest."""
-    found = detect(src, sorted(n for m in media.values() for v in m.values() for n in v), args)
+    found = detect(src, _images(media), args)
     report = [(o.status, o.source, o.reason) for o in found.values() if not isinstance(o, Face)]
     kept = {
         i: {k: [n for n in v if isinstance(found[n], Face)] for k, v in m.items()}
@@ -255,23 +250,22 @@ def _write_set(src: Path, dst: Path, name: str, lines, report) -> None:
 def _make(args: Namespace) -> int:
     set_threads(args.threads)
     start, src, dst = time.perf_counter(), Path(args.src), Path(args.dst)
-    settings = GroupingSettings(args.templates_per_identity, args.impostor_pairs, args.seed)
-    k = settings.templates_per_identity
+    k = args.templates_per_identity
     if not _NAME.fullmatch(args.name):
         raise DataError(f"--name {args.name!r}: expected lower-case letters, digits and _")
     if not src.is_dir():
         raise DataError(f"source folder not found: {src}")
     media, report = scan(src)
-    check_dst(src, dst, args, sorted(n for m in media.values() for v in m.values() for n in v))
+    check_dst(src, dst, args, _images(media))
     _enough(media, k, str(src))
     media, found, missed = _faces(src, media, args)
     _enough(media, k, f"{src} (images with a face)")
-    templates, dropped = group_templates(media, settings, np.random.default_rng(settings.seed))
+    templates, dropped = group_templates(media, k, np.random.default_rng(args.seed))
     report += missed + [
         ("too_few_media", str(src / i), f"{len(media[i])} media with a face") for i in dropped
     ]
     identity_of = np.unique([identity for identity, _ in templates], return_inverse=True)[1]
-    rows = pair_rows(identity_of, settings, np.random.default_rng(settings.seed))
+    rows = pair_rows(identity_of, args, np.random.default_rng(args.seed))
     lines = meta_lines(templates, media, found, rows)
     _write_set(src, dst, args.name, lines, report)
     n = Counter(status for status, _, _ in report)

@@ -17,8 +17,6 @@ FEATURES = ("unit", "raw")
 
 def _gather_shards(local: torch.Tensor, total: int, world: int) -> torch.Tensor:
     """Embeddings sharded round-robin over ranks, back in input order: (U, D)."""
-    if world == 1:
-        return local.cpu()
     shards = gather_variable_rows(local)
     out = torch.empty((total, shards[0].shape[1]), dtype=local.dtype)
     for rank, shard in enumerate(shards):
@@ -86,17 +84,16 @@ def embed_pair_list(
     """``(emb1, emb2)``, (N, D) float32 on the CPU ((N, 2D) with ``settings.flip``), of both
     sides of a ``PairList``, each unique image embedded once; image size S or (H, W)."""
     paths, index1, index2 = pair_list.unique_paths()  # index: (N,) int64 into paths
-    s = settings
-    transform = build_transform(image_size, False, normalize, preprocess=s.preprocess)
+    transform = build_transform(image_size, False, normalize, preprocess=settings.preprocess)
     # rank r embeds images r, r + W, ...; the shards are gathered unpadded and interleaved back
     rank, world = get_rank(), get_world_size()
     loader = torch.utils.data.DataLoader(
         PathImages(paths[rank::world], transform),
-        batch_size=s.batch_size,
-        num_workers=s.num_workers,
+        batch_size=settings.batch_size,
+        num_workers=settings.num_workers,
     )
     try:
-        local, error = embed_batches(model, loader, device, s.flip, s.features), None
+        local, error = embed_batches(model, loader, device, settings.flip, settings.features), None
     except Exception as err:  # e.g. an unreadable image in this rank's shard
         local, error = None, err
     agree_on_error(error)  # a rank that failed does not leave the others in the gather

@@ -1,4 +1,4 @@
-"""The ROC figure of a verification result (matplotlib's object API on the Agg canvas)."""
+"""The ROC figures of verification results (matplotlib's object API on the Agg canvas)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,25 @@ from facenet.evaluation.protocol import VerificationResult
 from facenet.evaluation.report import val_at_far_label
 
 
-def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | None = None):
-    """The full ROC with its AUC, the EER point and the VAL @ FAR point: a
-    ``matplotlib.figure.Figure`` (``savefig``, TensorBoard's ``add_figure``). Never registered
-    with pyplot: no window opens, nothing stays open."""
+def _roc_axes(fpr, tpr, auc: float, rate: str):
+    """A ``matplotlib.figure.Figure`` (``savefig``, TensorBoard's ``add_figure``) and its axes
+    holding the ROC with its AUC, true accept ``rate`` against FAR. Never registered with
+    pyplot: no window opens, nothing stays open."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5.5, 5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.plot(result.roc_fpr, result.roc_tpr, lw=1.5, label=f"ROC (AUC = {result.auc:.4f})")
+    ax.plot(fpr, tpr, lw=1.5, label=f"ROC (AUC = {auc:.4f})")
+    ax.set(ylim=(0.0, 1.01), xlabel="false accept rate (FAR)", ylabel=f"true accept rate ({rate})")
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | None = None):
+    """The full ROC with its AUC, the EER point and the VAL @ FAR point: a Figure."""
+    fig, ax = _roc_axes(result.roc_fpr, result.roc_tpr, result.auc, "VAL")
     ax.plot([result.eer], [1 - result.eer], "o", label=f"EER = {result.eer:.4f}")
     label = val_at_far_label(result.val, result.far_target, result.far)
     far = max(result.far, 1e-12) if log_scale else result.far  # a log axis has no 0
@@ -28,8 +36,16 @@ def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | N
     else:
         ax.plot([0, 1], [0, 1], ":", color="grey", lw=1)
         ax.set_xlim(0.0, 1.0)
-    ax.set(ylim=(0.0, 1.01), xlabel="false accept rate (FAR)", ylabel="true accept rate (VAL)")
     ax.set_title(title or f"ROC ({result.n_pairs} pairs, {result.n_folds} folds)")
-    ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right")
+    return fig
+
+
+def plot_tar(result, title: str):
+    """A ``TemplateResult``'s ROC, on a log FAR axis, with the TAR read at each FAR: a Figure."""
+    fig, ax = _roc_axes(result.fpr, result.tpr, result.auc, "TAR")
+    ax.plot(list(result.tar), list(result.tar.values()), "s", label="TAR read at each FAR")
+    ax.set_xscale("log")
+    ax.set(xlim=(min(result.tar) / 2, 1.0), title=title)
+    ax.legend(loc="upper left")
     return fig

@@ -13,8 +13,18 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 
+class FromAttributes:
+    """``cls.of(source)``: a dataclass's settings read by attribute from ``source`` (a config
+    section, parsed arguments); attributes it lacks keep their defaults."""
+
+    @classmethod
+    def of(cls, source):
+        names = [f.name for f in fields(cls) if hasattr(source, f.name)]
+        return cls(**{name: getattr(source, name) for name in names})
+
+
 @dataclass(frozen=True)
-class VerifySettings:
+class VerifySettings(FromAttributes):
     """How pairs are embedded and measured (the config's ``eval`` keys of the same names).
 
     ``grid``: "default" (from the distance), "classic" ([0, 4) whatever the distance) or
@@ -36,13 +46,6 @@ class VerifySettings:
     batch_size: int = 128
     num_workers: int = 0
     skip_missing: bool = False
-
-    @classmethod
-    def of(cls, source) -> VerifySettings:
-        """The settings read by attribute from ``source`` (a config's ``eval`` section, parsed
-        arguments); attributes it lacks keep their defaults."""
-        names = [f.name for f in fields(cls) if hasattr(source, f.name)]
-        return cls(**{name: getattr(source, name) for name in names})
 
     def provenance(self) -> dict:
         """What a threshold chosen under these settings applies to, besides the weights."""
@@ -97,9 +100,8 @@ def mobilefacenet_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(N,) 1 - lfw_eval.py's ``evaluation_10_fold`` score of (N, D) mean-subtracted features:
     its operations in its order, in the features' own dtype, so the scores are its scores bit
     for bit (1 - s is exact in float64 for a float32 s: "1 - s < 1 - t" decides as "s > t")."""
-    a = a / np.expand_dims(np.sqrt(np.sum(np.power(a, 2), 1)), 1)
-    b = b / np.expand_dims(np.sqrt(np.sum(np.power(b, 2), 1)), 1)
-    return 1.0 - np.sum(np.multiply(a, b), 1).astype(np.float64)
+    unit = lambda x: x / np.expand_dims(np.sqrt(np.sum(np.power(x, 2), 1)), 1)
+    return 1.0 - np.sum(np.multiply(unit(a), unit(b)), 1).astype(np.float64)
 
 
 # Grid name: () -> (accuracy grid, VAL grid); mobilefacenet has no VAL: its one grid serves both.

@@ -127,13 +127,14 @@ def _labels(issame: Any, n_pairs: int) -> np.ndarray:
 
 
 def _check_settings(s: VerifySettings) -> None:
-    for name, value, valid in (
-        ("distance", s.distance, DISTANCES),
-        ("threshold_rule", s.threshold_rule, THRESHOLD_RULES),
-        ("scoring", s.scoring, SCORINGS),
+    for name, valid in (
+        ("distance", DISTANCES),
+        ("grid", GRIDS),
+        ("threshold_rule", THRESHOLD_RULES),
+        ("scoring", SCORINGS),
     ):
-        if value not in valid:
-            raise ValueError(f"{name}={value!r}: valid options: {', '.join(valid)}")
+        if getattr(s, name) not in valid:
+            raise ValueError(f"{name}={getattr(s, name)!r}: valid options: {', '.join(valid)}")
     measured = PUBLISHER_SCORINGS.get(s.scoring, (s.distance,))[0]
     if measured != s.distance:
         raise ValueError(f"scoring={s.scoring!r} measures {measured} distances, not {s.distance!r}")
@@ -168,19 +169,20 @@ def _fold_ids(n_pairs: int, n_folds: int, folds=None) -> np.ndarray:
 
 
 def _folds(issame, n_pairs: int, settings: VerifySettings, folds=None):
-    """(issame as (N,) bool, (N,) fold ids), every fold holding both kinds of pair."""
+    """(issame as (N,) bool, (N,) fold ids, (F, 2) pairs [negative, positive] of each fold),
+    every fold holding both kinds of pair."""
     same, n_folds = _labels(issame, n_pairs), settings.n_folds
     ids = _fold_ids(n_pairs, n_folds, folds)
-    for fold in range(n_folds):  # else its VAL or FAR is 0 / 0
+    n = np.stack([np.bincount(ids[same == k], minlength=n_folds) for k in (0, 1)], 1)
+    for fold, kind in np.argwhere(n == 0)[:1]:  # else its VAL or FAR is 0 / 0
         members = np.flatnonzero(ids == fold)
-        for positive, kind in ((True, "positive (same)"), (False, "negative (diff.)")):
-            if not (same[members] == positive).any():
-                raise ValueError(
-                    f"fold {fold} of {n_folds} (pairs {members[0]}-{members[-1]}) has no {kind} "
-                    "pair, so its VAL or FAR is undefined; the folds are contiguous in input "
-                    "order, so keep the pairs in pairs.txt order (same and different per fold)"
-                )
-    return same, ids
+        raise ValueError(
+            f"fold {fold} of {n_folds} (pairs {members[0]}-{members[-1]}) has no "
+            f"{('negative (diff.)', 'positive (same)')[kind]} pair, so its VAL or FAR is "
+            "undefined; the folds are contiguous in input order, so keep the pairs in pairs.txt "
+            "order (same and different per fold)"
+        )
+    return same, ids, n
 
 
 # --------------------------------------------------------------------------- grids
@@ -189,8 +191,6 @@ def _folds(issame, n_pairs: int, settings: VerifySettings, folds=None):
 def default_thresholds(distance: str = "squared", fine: bool = False) -> np.ndarray:
     """The distance's own grid (``fine``: the VAL grid, ten times finer); squared distances get
     the classic ``arange(0, 4, 0.01)``, the others their range in as many steps."""
-    if distance not in DISTANCES:
-        raise ValueError(f"distance={distance!r}: valid options: {', '.join(DISTANCES)}")
     top = _GRID_TOPS[distance]
     return np.arange(0, top, top / (4000 if fine else 400))
 
@@ -202,8 +202,6 @@ def threshold_grids(settings: VerifySettings) -> tuple[np.ndarray, np.ndarray]:
     norm-dependent distance then runs on, in the same steps, over the doubled range (squared
     distances up to 8). The publishers' grids stay as their code had them.
     """
-    if settings.grid not in GRIDS:
-        raise ValueError(f"unknown threshold grid {settings.grid!r}; expected one of {GRIDS}")
     if settings.grid in PUBLISHER_GRIDS:
         return PUBLISHER_GRIDS[settings.grid]()
     unit = default_thresholds(settings.distance), default_thresholds(settings.distance, True)
@@ -235,20 +233,33 @@ def _counts(distances, issame, fold_ids, n_folds, grid, inclusive=False):
     return both[0], both[1]
 
 
-def _fold_accuracy(correct, grid, test_distances, issame, fold_ids, n, rule: str):
-    """(accuracy, threshold) per fold from ``correct``, the (F, T) right training pairs per
-    threshold. "first": the classic first best threshold; "mean": Xiaoccer/MobileFaceNet_Pytorch's
-    getThreshold and getAccuracy, the mean of every best one, a pair exactly at it wrong for
-    either kind."""
+def _curves(count, n_train: np.ndarray, grids, rule: str):
+    """((F, T) right training pairs at each accuracy-grid threshold, (F, T') training FAR at
+    each VAL-grid threshold, the (F, 2, T) test counts); ``count(grid, inclusive)``: the
+    (train, test) counts of :func:`_counts`, ``n_train``: (F, 2) training pairs."""
+    grid, val_grid = grids
+    train, test = count(grid)
+    # the mean rule counts a negative pair at a threshold as wrong: those at or below it
+    negative = count(grid, True)[0] if rule == "mean" else train
+    correct = train[:, 1] + n_train[:, :1] - negative[:, 0]
+    return correct, count(val_grid)[0][:, 0] / n_train[:, :1], test
+
+
+def _best_thresholds(correct: np.ndarray, grid: np.ndarray, rule: str) -> np.ndarray:
+    """(F,) threshold of the (F, T) right training pairs per threshold. "first": the classic
+    first best (its np.argmax); "mean": Xiaoccer/MobileFaceNet_Pytorch's getThreshold, the mean
+    of every best one."""
     if rule == "first":
-        chosen = grid[np.argmax(correct, axis=1)]  # the first maximum, as the classic np.argmax
-    else:
-        best = correct == correct.max(axis=1, keepdims=True)
-        chosen = np.array([np.mean(grid[row]) for row in best])  # (F,), its np.mean
-    threshold = chosen[fold_ids]  # (N,) each pair against its own fold's
-    rejected = test_distances >= threshold if rule == "first" else test_distances > threshold
-    right = np.where(issame, test_distances < threshold, rejected)
-    return np.bincount(fold_ids[right], minlength=len(n)) / n.sum(axis=1), chosen
+        return grid[np.argmax(correct, axis=1)]
+    best = correct == correct.max(axis=1, keepdims=True)
+    return np.array([np.mean(grid[row]) for row in best])
+
+
+def _right(distances, issame, threshold, rule: str) -> np.ndarray:
+    """(N,) bool: the pairs the threshold gets right ("mean": getAccuracy's, a pair exactly at
+    the threshold wrong for either kind)."""
+    rejected = distances >= threshold if rule == "first" else distances > threshold
+    return np.where(issame, distances < threshold, rejected)
 
 
 def _far_thresholds(far_train: np.ndarray, grid: np.ndarray, far_target: float) -> np.ndarray:
@@ -277,23 +288,18 @@ def _roc_auc_eer(distances: np.ndarray, issame: np.ndarray):
     return fpr, tpr, float(area_under_curve(fpr, tpr)), eer
 
 
-def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> VerificationResult:
-    """The protocol on checked inputs; ``distances`` (N,) or (F, N) (see :func:`_counts`)."""
+def _protocol(distances, issame, fold_ids, n, s: VerifySettings, grids) -> VerificationResult:
+    """The protocol on checked inputs (see :func:`_folds`); ``distances`` (N,) or (F, N) (see
+    :func:`_counts`)."""
     grid, val_grid = map(_check_grid, grids or threshold_grids(s), ("thresholds", "val_thresholds"))
     n_folds, pairs = s.n_folds, np.arange(len(issame))
     count = partial(_counts, distances, issame, fold_ids, n_folds)  # (grid, inclusive)
     test_distances = distances if distances.ndim == 1 else distances[fold_ids, pairs]  # (N,)
-    n = np.stack([np.bincount(fold_ids[issame == k], minlength=n_folds) for k in (0, 1)], 1)
-    n_train = n.sum(axis=0) - n  # (F, 2) [negative, positive]
-    train, test = count(grid)
-    # the mean rule counts a negative pair at a threshold as wrong: those at or below it
-    below = count(grid, True)[0] if s.threshold_rule == "mean" else train
-    correct = train[:, 1] + n_train[:, :1] - below[:, 0]  # (F, T) right training pairs
-    accuracy, best = _fold_accuracy(
-        correct, grid, test_distances, issame, fold_ids, n, s.threshold_rule
-    )
-    val_train, _ = count(val_grid)
-    chosen = _far_thresholds(val_train[:, 0] / n_train[:, :1], val_grid, s.far_target)
+    correct, far_train, test = _curves(count, n.sum(axis=0) - n, (grid, val_grid), s.threshold_rule)
+    best = _best_thresholds(correct, grid, s.threshold_rule)
+    right = _right(test_distances, issame, best[fold_ids], s.threshold_rule)
+    accuracy = np.bincount(fold_ids[right], minlength=n_folds) / n.sum(axis=1)
+    chosen = _far_thresholds(far_train, val_grid, s.far_target)
     accepted = test_distances < chosen[fold_ids]
     val = np.bincount(fold_ids[accepted & issame], minlength=n_folds) / n[:, 1]
     far = np.bincount(fold_ids[accepted & ~issame], minlength=n_folds) / n[:, 0]
@@ -327,19 +333,6 @@ def _protocol(distances, issame, fold_ids, s: VerifySettings, grids) -> Verifica
 # --------------------------------------------------------------------------- distances
 
 
-def _check_nonzero(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> None:
-    """The angle of a zero-length embedding is undefined: refused rather than measured as 1."""
-    if np.any(np.linalg.norm(emb1, axis=1) * np.linalg.norm(emb2, axis=1) == 0):
-        raise ValueError(f"{metric} distance of a zero-length embedding is undefined")
-
-
-def _metric_distance(emb1: np.ndarray, emb2: np.ndarray, metric: str) -> np.ndarray:
-    """(N,) float64: training's ``paired_distance`` on (N, D) float64 rows."""
-    if metric in ("cosine", "angular"):
-        _check_nonzero(emb1, emb2, metric)
-    return paired_distance(torch.from_numpy(emb1), torch.from_numpy(emb2), metric).numpy()
-
-
 def _embeddings(emb1: Any, emb2: Any, keep_float: bool = False):
     a = _finite(emb1, "emb1", ndim=2, keep_float=keep_float)
     b = _finite(emb2, "emb2", ndim=2, keep_float=keep_float)
@@ -350,11 +343,15 @@ def _embeddings(emb1: Any, emb2: Any, keep_float: bool = False):
 
 
 def _scores(a, b, s: VerifySettings) -> np.ndarray:
-    """(N,) distances of the rows of ``a`` and ``b`` as ``s.scoring`` measures them."""
-    if s.scoring in PUBLISHER_SCORINGS:  # in the features' own dtype
-        _check_nonzero(a, b, s.distance)  # its division would give NaN scores
+    """(N,) distances of the rows of ``a`` and ``b`` as ``s.scoring`` measures them: training's
+    ``paired_distance`` in float64, or a publisher's in the features' own dtype. The angle of
+    a zero-length embedding is undefined: refused rather than measured as 1 (or NaN)."""
+    angle = s.distance in ("cosine", "angular")
+    if angle and np.any(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) == 0):
+        raise ValueError(f"{s.distance} distance of a zero-length embedding is undefined")
+    if s.scoring in PUBLISHER_SCORINGS:
         return PUBLISHER_SCORINGS[s.scoring][1](a, b)
-    return _metric_distance(a, b, s.distance)
+    return paired_distance(torch.from_numpy(a), torch.from_numpy(b), s.distance).numpy()
 
 
 def _distances(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
@@ -371,8 +368,9 @@ def pair_distances(emb1, emb2, metric="squared") -> np.ndarray:
     """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip),
     ``metric`` a name in ``DISTANCES``; mean subtraction needs the folds: see
     :func:`evaluate_embeddings`."""
-    _check_settings(VerifySettings(distance=metric))
-    return _metric_distance(*_embeddings(emb1, emb2), metric)
+    settings = VerifySettings(distance=metric)
+    _check_settings(settings)
+    return _scores(*_embeddings(emb1, emb2), settings)
 
 
 # --------------------------------------------------------------------------- public API
@@ -391,8 +389,7 @@ def evaluate_verification(distances, issame, settings=CLASSIC, folds=None, grids
     """
     _check_settings(settings)
     dist = _finite(distances, "distances", ndim=1)
-    same, fold_ids = _folds(issame, len(dist), settings, folds)
-    return _protocol(dist, same, fold_ids, settings, grids)
+    return _protocol(dist, *_folds(issame, len(dist), settings, folds), settings, grids)
 
 
 def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=None):
@@ -405,5 +402,5 @@ def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=
     """
     _check_settings(settings)
     a, b = _embeddings(emb1, emb2, keep_float=settings.scoring != "float64")
-    same, fold_ids = _folds(issame, len(a), settings, folds)
-    return _protocol(_distances(a, b, fold_ids, settings), same, fold_ids, settings, grids)
+    same, fold_ids, n = _folds(issame, len(a), settings, folds)
+    return _protocol(_distances(a, b, fold_ids, settings), same, fold_ids, n, settings, grids)

@@ -12,7 +12,7 @@ run in float64 (insightface: float32 until the template sum).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from facenet.data.ijb import LANDMARKS, TemplateSet, read_face
 from facenet.data.images import normalize_steps
 from facenet.errors import ConfigError, DataError
 from facenet.evaluation.embedding import embed_batches
-from facenet.evaluation.presets import TEMPLATES
+from facenet.evaluation.presets import TEMPLATES, FromAttributes
 from facenet.sizes import ImageSize, image_hw
 
 FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # eval_ijbc.py's x_labels
@@ -32,7 +32,7 @@ PAIR_CHUNK = 2**14  # pairs scored at once: two (chunk, D) float64, 64 MiB each 
 
 
 @dataclass(frozen=True)
-class TemplateSettings:
+class TemplateSettings(FromAttributes):
     """insightface's flags: ``flip_test`` (``use_flip_test``: image and mirror features added),
     ``detector_score`` (``use_detector_score``: each feature times its detector score),
     ``norm_score`` (``use_norm_score``: the feature's norm kept; False: unit length before
@@ -47,12 +47,6 @@ class TemplateSettings:
     template: str | None = None
     batch_size: int = 128
     workers: int = 0
-
-    @classmethod
-    def of(cls, source) -> TemplateSettings:
-        """The settings read by attribute from ``source`` (parsed arguments)."""
-        names = [f.name for f in fields(cls) if hasattr(source, f.name)]
-        return cls(**{name: getattr(source, name) for name in names})
 
 
 @dataclass(frozen=True)
@@ -71,10 +65,9 @@ class TemplateResult:
 
 
 def choose_template(image_size: ImageSize, name: str | None = None) -> str:
-    """``name``, or the template whose (H, W) is the model's input size."""
+    """``name`` (one of ``TEMPLATES``, as --template's choices check), or the template whose
+    (H, W) is the model's input size."""
     if name is not None:
-        if name not in TEMPLATES:
-            raise ConfigError(f"template {name!r}: expected one of {tuple(TEMPLATES)}")
         return name
     size = image_hw(image_size)
     found = [key for key, t in TEMPLATES.items() if (t.height, t.width) == size]
@@ -174,20 +167,3 @@ def verify_templates(faces: TemplateSet, features, settings: TemplateSettings) -
         scores[s : s + PAIR_CHUNK] = np.einsum("pd,pd->p", a, b)
     return TemplateResult(ids, pooled, scores, *read_tar(faces.labels, scores))
 
-
-def plot_tar(result: TemplateResult, title: str):
-    """The ROC on a logarithmic FAR axis with the TAR read at each FAR: a matplotlib Figure."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.5, 5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.plot(result.fpr, result.tpr, lw=1.5, label=f"ROC (AUC = {result.auc:.4f})")
-    ax.plot(list(result.tar), list(result.tar.values()), "s", label="TAR read at each FAR")
-    ax.set_xscale("log")
-    ax.set(xlim=(FARS[0] / 2, 1.0), ylim=(0.0, 1.01), title=title)
-    ax.set(xlabel="false accept rate (FAR)", ylabel="true accept rate (TAR)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left")
-    return fig

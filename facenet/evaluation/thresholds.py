@@ -15,11 +15,13 @@ import numpy as np
 
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import (
+    _best_thresholds,
     _check_settings,
     _counts,
+    _curves,
     _finite,
-    _fold_accuracy,
     _folds,
+    _right,
     threshold_grids,
 )
 
@@ -39,29 +41,11 @@ def _at_most(far: np.ndarray, grid: np.ndarray, target: float) -> np.ndarray:
     return grid[np.maximum(last, 0)]
 
 
-def _choices(d, same, ids, n_folds: int, settings: VerifySettings, targets) -> dict:
-    """``{entry: (F,) threshold}`` chosen on each fold's training pairs; with ``n_folds`` 1
-    (``ids`` all 0) on every pair."""
-    grid, val_grid = threshold_grids(settings)
-    part = 1 if n_folds == 1 else 0  # _counts gives (training, test); one fold: all are test
-    count = lambda g, inclusive=False: _counts(d, same, ids, n_folds, g, inclusive)[part]
-    n = np.stack([np.bincount(ids[same == k], minlength=n_folds) for k in (0, 1)], 1)
-    n_train = n if n_folds == 1 else n.sum(axis=0) - n  # (F, 2) [negative, positive]
-    below = count(grid)  # (F, 2, T) pairs below each threshold
-    # the mean rule counts a negative pair at a threshold as wrong: those at or below it
-    negative = count(grid, True) if settings.threshold_rule == "mean" else below
-    correct = below[:, 1] + n_train[:, :1] - negative[:, 0]  # (F, T)
-    best = _fold_accuracy(correct, grid, d, same, ids, n, settings.threshold_rule)[1]
-    far = count(val_grid)[:, 0] / n_train[:, :1]  # (F, T')
-    return {"accuracy": best, **{far_key(t): _at_most(far, val_grid, t) for t in targets}}
-
-
 def _rates(d, same, threshold: float, rule: str) -> dict[str, float]:
     """Accuracy, TAR and FAR of the (N,) pairs at ``threshold``."""
     accepted = d < threshold
-    rejected = d >= threshold if rule == "first" else d > threshold
     return {
-        "accuracy": float(np.mean(np.where(same, accepted, rejected))),
+        "accuracy": float(np.mean(_right(d, same, threshold, rule))),
         "tar": float(np.mean(accepted[same])),
         "far": float(np.mean(accepted[~same])),
     }
@@ -73,8 +57,8 @@ def _entry(d, same, ids, threshold: float, chosen: np.ndarray, settings) -> dict
     rule = settings.threshold_rule
     tested = [_rates(d[ids == f], same[ids == f], t, rule) for f, t in enumerate(chosen)]
     entry = {"threshold": float(threshold), **_rates(d, same, threshold, rule)}
-    for name, f in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max)):
-        entry[f"fold_threshold_{name}"] = float(f(chosen))
+    for name in ("mean", "std", "min", "max"):
+        entry[f"fold_threshold_{name}"] = float(getattr(np, name)(chosen))
     for what in ("accuracy", "tar", "far"):
         entry[f"fold_{what}_mean"] = float(np.mean([r[what] for r in tested]))
         entry[f"fold_{what}_std"] = float(np.std([r[what] for r in tested]))
@@ -94,11 +78,18 @@ def deployable_thresholds(distances, issame, settings: VerifySettings, folds=Non
     """
     _check_settings(settings)
     d = _finite(distances, "distances", ndim=1)
-    same, ids = _folds(issame, len(d), settings, folds)
+    same, ids, n = _folds(issame, len(d), settings, folds)
     targets = sorted({*FAR_TARGETS, float(settings.far_target)}, reverse=True)
-    on_all = _choices(d, same, np.zeros_like(ids), 1, settings, targets)
-    per_fold = _choices(d, same, ids, settings.n_folds, settings, targets)
-    return {key: _entry(d, same, ids, on_all[key][0], per_fold[key], settings) for key in on_all}
+    # fold F holds no pair: its training pairs are all the pairs
+    n_train = n.sum(axis=0) - np.vstack([n, [0, 0]])  # (F + 1, 2)
+    count = lambda grid, inclusive=False: _counts(d, same, ids, len(n_train), grid, inclusive)
+    grid, val_grid = threshold_grids(settings)
+    correct, far, _ = _curves(count, n_train, (grid, val_grid), settings.threshold_rule)
+    chosen = {  # (F + 1,): on each fold's training pairs, then on all
+        "accuracy": _best_thresholds(correct, grid, settings.threshold_rule),
+        **{far_key(t): _at_most(far, val_grid, t) for t in targets},
+    }
+    return {key: _entry(d, same, ids, c[-1], c[:-1], settings) for key, c in chosen.items()}
 
 
 def deployable_lines(entries: dict, name: str = "") -> list[str]:

@@ -25,25 +25,6 @@ from facenet.evaluation.protocol import (
 from facenet.sizes import ImageSize
 
 
-def embed_pairs(
-    model: nn.Module,
-    pairs,
-    image_size: ImageSize,
-    settings: VerifySettings = CLASSIC,
-    normalize: str = "fixed",
-    device: str | torch.device = "cpu",
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(emb1, emb2)``, (N, D) float32 ((N, 2D) with flip), of a ``PairList`` (sharded over
-    ranks) or a ``BinPairs`` (in this process, faces resized whole: no ``preprocess``)."""
-    if isinstance(pairs, BinPairs):  # images 2i and 2i + 1 are pair i
-        images = BinImages(pairs, image_size, normalize)
-        loader = torch.utils.data.DataLoader(images, batch_size=settings.batch_size)
-        embeddings = embed_batches(model, loader, device, settings.flip, settings.features).numpy()
-        return embeddings[0::2], embeddings[1::2]
-    emb1, emb2 = embed_pair_list(model, pairs, image_size, settings, normalize, device)
-    return emb1.numpy(), emb2.numpy()
-
-
 def verify(
     model: nn.Module,
     pairs,
@@ -54,19 +35,24 @@ def verify(
     device: str | torch.device = "cpu",
     return_distances: bool = False,
 ) -> VerificationResult | tuple[VerificationResult, np.ndarray]:
-    """The protocol's figures of ``model`` (on ``device``) on a ``PairList`` or ``BinPairs``;
+    """The protocol's figures of ``model`` (on ``device``) on a ``PairList`` (embedded sharded
+    over ranks) or a ``BinPairs`` (in this process, faces resized whole: no ``preprocess``);
     with ``return_distances`` also the (N,) pair distances without mean subtraction (what a
     fixed threshold, such as a run's validation threshold, applies to).
 
     Raises:
         DataError: pairs the protocol cannot use (e.g. a fold without both kinds), named.
     """
-    emb1, emb2 = embed_pairs(model, pairs, image_size, settings, normalize, device)
-    # a pairs file's own folds (they differ from contiguous blocks once pairs were skipped);
-    # a .bin set alternates kinds: contiguous folds
-    folds = pairs.folds_for(settings.n_folds) if hasattr(pairs, "folds_for") else None
-    source = getattr(pairs, "source", "") or "pairs"
-    source = f"{pairs.name}.bin" if isinstance(pairs, BinPairs) else str(source)
+    if isinstance(pairs, BinPairs):  # images 2i and 2i + 1 are pair i; kinds alternate
+        images = BinImages(pairs, image_size, normalize)
+        loader = torch.utils.data.DataLoader(images, batch_size=settings.batch_size)
+        embeddings = embed_batches(model, loader, device, settings.flip, settings.features).numpy()
+        emb1, emb2, folds, source = embeddings[0::2], embeddings[1::2], None, f"{pairs.name}.bin"
+    else:  # a pairs file's own folds (they differ from contiguous blocks once pairs were skipped)
+        found = embed_pair_list(model, pairs, image_size, settings, normalize, device)
+        emb1, emb2 = (embeddings.numpy() for embeddings in found)
+        folds = pairs.folds_for(settings.n_folds) if hasattr(pairs, "folds_for") else None
+        source = str(getattr(pairs, "source", "") or "pairs")
     result = _checked(source, evaluate_embeddings, emb1, emb2, pairs.issame, settings, folds)
     if not return_distances:
         return result

@@ -80,8 +80,8 @@ def test_verify_takes_the_classic_grids_by_name(tiny):
     result = verify(trained.model, pairs, trained.image_size, S(grid="classic", n_folds=3))
     assert np.array_equal(result.thresholds, np.arange(0, 4, 0.01))
     assert np.array_equal(threshold_grids(S())[1], default_thresholds(fine=True))
-    with pytest.raises(ValueError, match="unknown threshold grid"):
-        threshold_grids(S(grid="fine"))
+    with pytest.raises(ValueError, match="grid='fine': valid options"):
+        evaluate_verification(np.arange(4.0), [1, 0, 1, 0], S(grid="fine", n_folds=2))
 
 
 @pytest.mark.parametrize("distance, top", [("squared", 8.0), ("euclidean", 2 * 2**0.5)])
