@@ -101,7 +101,7 @@ class PairList:
         unique, inverse = np.unique(
             np.asarray(self.paths1 + self.paths2, dtype=str), return_inverse=True
         )
-        inverse = inverse.reshape(-1).astype(np.int64)
+        inverse = inverse.astype(np.int64)
         return unique.tolist(), inverse[: len(self)], inverse[len(self) :]
 
     def folds_for(self, n_folds: int) -> np.ndarray | None:
@@ -116,7 +116,7 @@ class PairList:
             return self.fold_ids
         ids = np.empty(len(self), dtype=np.int64)
         for kind in (True, False):
-            members = np.flatnonzero(np.asarray(self.issame, dtype=bool) == kind)
+            members = np.flatnonzero(self.issame == kind)
             if len(members) < n_folds:
                 return None
             ids[members] = np.arange(len(members)) * n_folds // len(members)
@@ -296,11 +296,8 @@ def read_pairs(
     return pair_list
 
 
-def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
-    """``{identity: [image file name, ...]}`` of every ``root/<identity>/``, both sorted, as
-    :func:`facenet.data.folder.list_identities` lists them (hidden entries left out);
-    FileNotFoundError when ``root`` is not a folder."""
-    return list_identities(root)
+# ``{identity: [image file name, ...]}`` of every ``root/<identity>/``, both sorted.
+scan_identities = list_identities
 
 
 def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
@@ -488,7 +485,7 @@ def _sample_group(indices, names, per_kind: int, rng, where: str):
     a same pair is a uniform identity with 2+ images and two distinct images of it, a
     different pair two distinct uniform identities and one image of each."""
     multi = [n for n in names if len(indices[n]) >= 2]
-    sizes = np.array([len(indices[n]) for n in names], dtype=np.int64)
+    same_possible = sum(math.comb(len(indices[n]), 2) for n in multi)
 
     def draw_same():
         name = _pick(multi, rng)
@@ -501,7 +498,7 @@ def _sample_group(indices, names, per_kind: int, rng, where: str):
 
     same = _sample_distinct(
         per_kind,
-        sum(math.comb(len(indices[n]), 2) for n in multi),
+        same_possible,
         draw_same,
         lambda: [(n, a, b) for n in multi for a, b in combinations(indices[n], 2)],
         rng,
@@ -509,7 +506,7 @@ def _sample_group(indices, names, per_kind: int, rng, where: str):
     )
     different = _sample_distinct(
         per_kind,
-        int((sizes.sum() ** 2 - (sizes**2).sum()) // 2),
+        math.comb(sum(len(indices[n]) for n in names), 2) - same_possible,
         draw_different,
         lambda: [
             (n1, a, n2, b)
