@@ -156,13 +156,13 @@ def _is_file_name(ref: str) -> bool:
 def _image_ref(token: str, what: str) -> int | str:
     if not _is_file_name(token):
         return _number(token, what)
-    if "/" in token or "\\" in token:
+    if re.search(r"[/\\]", token):
         raise _BadLine(f"{what} must be a file name inside its identity folder, got {token!r}")
     return token
 
 
 def _identity(name: str) -> str:
-    if "/" in name or "\\" in name or name in (".", ".."):
+    if re.search(r"[/\\]", name) or name in (".", ".."):
         raise _BadLine(f"identity {name!r} must be a folder name")
     return name
 
@@ -370,16 +370,13 @@ class _Search:
         self.left_among = left(sizes * np.array(self.left_images[1:] + [0]))
         self.nodes, self.gave_up = 0, False
 
-    def _hopeless(self, k: int, short: list[_FoldLoad]) -> bool:
-        """The identities from ``k`` on cannot cover what the short folds miss."""
+    def _choices(self, k: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
+        """The short folds in distinct states, those identity ``k`` helps most first; none
+        when the identities from ``k`` on (none past the last) cannot cover what they miss."""
         same, different = map(sum, zip(*[f.deficit(self.per_fold) for f in short]))
         dealt = sum(f.images for f in self.folds)
         can_differ = self.left_images[k] * dealt + self.left_among[k]
-        return same > self.left_same[k] or different > can_differ
-
-    def _choices(self, k: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
-        """The short folds in distinct states, those identity ``k`` helps most first."""
-        if k == len(self.counts) or self._hopeless(k, short):
+        if same > self.left_same[k] or different > can_differ:
             return []
         count, states = self.counts[k][1], {}
         for fold in short:
