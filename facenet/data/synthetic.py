@@ -15,7 +15,7 @@ import math
 import os
 import re
 import shutil
-from dataclasses import make_dataclass, replace
+from dataclasses import dataclass, make_dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -169,12 +169,15 @@ def _rotated(dx: np.ndarray, dy: np.ndarray, angle: float) -> tuple[np.ndarray, 
     return dx * c + dy * s, -dx * s + dy * c
 
 
+@dataclass(eq=False)
 class _Painter:
     """Paints shapes given by signed distances (< 0 inside) onto ``canvas`` (S, S, 3), whose
     pixels lie at ``x``, ``y`` (S, S); ``pixel`` is a pixel's side in those units."""
 
-    def __init__(self, canvas: np.ndarray, x: np.ndarray, y: np.ndarray, pixel: float):
-        self.canvas, self.x, self.y, self.pixel = canvas, x, y, pixel
+    canvas: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    pixel: float
 
     def paint(self, sd: np.ndarray, colour, opacity: float = 1.0) -> None:
         """Composite ``colour`` over the canvas with the shape's anti-aliased coverage."""
@@ -202,15 +205,17 @@ class _Painter:
 _PARTS = "hair_back ears head hair_front beard eyes brows nose mouth moles glasses".split()
 
 
+@dataclass(eq=False)
 class _FaceDrawer(_Painter):
     """Draws one face, back to front, at canonical face coordinates ``x``, ``y``."""
 
-    def __init__(self, canvas, x, y, pixel: float, t: FaceTemplate, n: Nuisance):
-        super().__init__(canvas, x, y, pixel)
-        self.t, self.n = t, n
-        self.feature_dx = 0.18 * n.yaw
-        self.narrow = 1.0 - 0.25 * abs(n.yaw)
-        self.skin = np.asarray(n.skin)
+    t: FaceTemplate
+    n: Nuisance
+
+    def __post_init__(self) -> None:
+        self.feature_dx = 0.18 * self.n.yaw
+        self.narrow = 1.0 - 0.25 * abs(self.n.yaw)
+        self.skin = np.asarray(self.n.skin)
         self.shadow = self.skin * 0.72
 
     def fx(self, value: float) -> float:
