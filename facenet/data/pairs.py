@@ -418,7 +418,7 @@ class _Search:
         """Why no dealing was found, with the numbers that decide it."""
         n_folds, per_fold = len(self.folds), self.per_fold
         multi = sum(1 for _, c in self.counts if c >= 2)
-        same = sum(math.comb(c, 2) for _, c in self.counts)
+        same = self.left_same[0]
         head = (
             f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
             f"from {len(self.counts)} identities ({multi} with 2+ images)"
@@ -442,8 +442,9 @@ def _assign_folds(indices: dict[str, list], n_folds: int, per_fold: int, rng) ->
     the search did not need then go, largest first, to the fold with the fewest identities,
     then the fewest same pairs, as LFW's folds are balanced.
     """
-    shuffled = [list(indices)[i] for i in rng.permutation(len(indices))]
-    counts = sorted(((n, len(indices[n])) for n in shuffled), key=lambda nc: -nc[1])  # stable
+    names = list(indices)
+    counts = [(names[i], len(indices[names[i]])) for i in rng.permutation(len(names))]
+    counts.sort(key=lambda nc: -nc[1])  # stable
     search = _Search(counts, n_folds, per_fold)
     dealt = search.run()
     if dealt is None:
@@ -486,8 +487,8 @@ def _sample_group(indices, names, per_kind: int, rng, where: str):
 
     def draw_same():
         name = _pick(multi, rng)
-        first, second = rng.choice(len(indices[name]), size=2, replace=False).tolist()
-        return (name, *sorted((indices[name][first], indices[name][second])))
+        keys = indices[name]
+        return (name, *sorted(keys[i] for i in rng.choice(len(keys), size=2, replace=False)))
 
     def draw_different():
         n1, n2 = sorted(names[i] for i in rng.choice(len(names), size=2, replace=False).tolist())
