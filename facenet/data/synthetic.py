@@ -417,18 +417,27 @@ class SyntheticIdentities(Dataset):
         """Write every image as ``root/<identity>/<file name>``; returns :meth:`file_names`.
 
         Raises:
-            OSError: a file could not be written whole (naming it).
+            OSError: a file could not be written whole or reads back different.
         """
         written = self.file_names()
         for label, (name, file_names) in enumerate(written.items()):
             folder = Path(root) / name
             folder.mkdir(parents=True, exist_ok=True)
             for i, file_name in enumerate(file_names):
-                try:  # torchvision's write_png ignored errors: a full disk left 0-byte files
-                    (folder / file_name).write_bytes(encode_png(self.image(label, i)).numpy())
-                except OSError as err:
-                    raise OSError(err.errno, err.strerror, str(folder / file_name)) from None
+                png = encode_png(self.image(label, i)).numpy().tobytes()
+                _write_verified(folder / file_name, png)
         return written
+
+
+def _write_verified(path: Path, data: bytes) -> None:
+    """Write ``data`` and read it back: a short or failed write raises OSError naming the file
+    (torchvision's ``write_png`` ignores write errors: a full disk left 0-byte files)."""
+    try:
+        path.write_bytes(data)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    if path.read_bytes() != data:
+        raise OSError(f"{path}: the file reads back different from what was written")
 
 
 def drawn_side(image_size) -> int:
