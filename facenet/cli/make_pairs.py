@@ -21,8 +21,8 @@ from facenet.errors import DataError
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``facenet-make-pairs``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", help="image folder holding one sub-folder per identity")
-    parser.add_argument("--out", default=None, help="pairs file (default: <root>/pairs.txt)")
+    parser.add_argument("root", type=Path, help="image folder holding one sub-folder per identity")
+    parser.add_argument("--out", type=Path, help="pairs file (default: <root>/pairs.txt)")
     parser.add_argument(
         "--folds", type=positive_int, default=10, help="number of folds (default 10)"
     )
@@ -43,8 +43,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def _make_pairs(args: argparse.Namespace) -> int:
     """Draw the folds, write the file and say what it holds; returns the exit code."""
-    root = Path(args.root)
-    out = Path(args.out) if args.out else root / "pairs.txt"
+    root = args.root
+    out = args.out or root / "pairs.txt"
     if os.path.lexists(out):  # LFW's own pairs.txt, or a user's file: never replaced
         raise DataError(f"{out} exists: remove it or give another --out")
     if out.suffix.lower() in IMAGE_EXTENSIONS:  # in an identity folder it would be an image

@@ -42,9 +42,9 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
     """A PNG grid of the first 8 training identities (one a row), 8 images of side
     ``image_size`` each."""
     data = SyntheticIdentities(8, 8, image_size=image_size, seed=seed)
-    images = torch.stack([data[i][0] for i in range(len(data))])  # (64, 3, S, S) uint8
-    data = encode_png(make_grid(images, nrow=8, padding=2)).numpy().tobytes()
-    write_atomic(path, lambda fh: fh.write(data))  # raises OSError (torchvision's did not)
+    images = torch.stack([image for image, _ in data])  # (64, 3, S, S) uint8
+    png = encode_png(make_grid(images, nrow=8, padding=2)).numpy()
+    write_atomic(path, lambda fh: fh.write(png))  # raises OSError (torchvision's did not)
 
 
 def _make_synthetic(args: argparse.Namespace) -> int:

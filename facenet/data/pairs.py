@@ -101,7 +101,7 @@ class PairList:
         unique, inverse = np.unique(
             np.asarray(self.paths1 + self.paths2, dtype=str), return_inverse=True
         )
-        inverse = inverse.reshape(-1).astype(np.int64)
+        inverse = inverse.astype(np.int64)
         return unique.tolist(), inverse[: len(self)], inverse[len(self) :]
 
     def folds_for(self, n_folds: int) -> np.ndarray | None:
@@ -116,7 +116,7 @@ class PairList:
             return self.fold_ids
         ids = np.empty(len(self), dtype=np.int64)
         for kind in (True, False):
-            members = np.flatnonzero(np.asarray(self.issame, dtype=bool) == kind)
+            members = np.flatnonzero(self.issame == kind)
             if len(members) < n_folds:
                 return None
             ids[members] = np.arange(len(members)) * n_folds // len(members)
@@ -156,13 +156,13 @@ def _is_file_name(ref: str) -> bool:
 def _image_ref(token: str, what: str) -> int | str:
     if not _is_file_name(token):
         return _number(token, what)
-    if "/" in token or "\\" in token:
+    if re.search(r"[/\\]", token):
         raise _BadLine(f"{what} must be a file name inside its identity folder, got {token!r}")
     return token
 
 
 def _identity(name: str) -> str:
-    if "/" in name or "\\" in name or name in (".", ".."):
+    if re.search(r"[/\\]", name) or name in (".", ".."):
         raise _BadLine(f"identity {name!r} must be a folder name")
     return name
 
@@ -296,11 +296,8 @@ def read_pairs(
     return pair_list
 
 
-def scan_identities(root: str | os.PathLike) -> dict[str, list[str]]:
-    """``{identity: [image file name, ...]}`` of every ``root/<identity>/``, both sorted, as
-    :func:`facenet.data.folder.list_identities` lists them (hidden entries left out);
-    FileNotFoundError when ``root`` is not a folder."""
-    return list_identities(root)
+# ``{identity: [image file name, ...]}`` of every ``root/<identity>/``, both sorted.
+scan_identities = list_identities
 
 
 def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
@@ -373,16 +370,13 @@ class _Search:
         self.left_among = left(sizes * np.array(self.left_images[1:] + [0]))
         self.nodes, self.gave_up = 0, False
 
-    def _hopeless(self, k: int, short: list[_FoldLoad]) -> bool:
-        """The identities from ``k`` on cannot cover what the short folds miss."""
+    def _choices(self, k: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
+        """The short folds in distinct states, those identity ``k`` helps most first; none
+        when the identities from ``k`` on (none past the last) cannot cover what they miss."""
         same, different = map(sum, zip(*[f.deficit(self.per_fold) for f in short]))
         dealt = sum(f.images for f in self.folds)
         can_differ = self.left_images[k] * dealt + self.left_among[k]
-        return same > self.left_same[k] or different > can_differ
-
-    def _choices(self, k: int, short: list[_FoldLoad]) -> list[_FoldLoad]:
-        """The short folds in distinct states, those identity ``k`` helps most first."""
-        if k == len(self.counts) or self._hopeless(k, short):
+        if same > self.left_same[k] or different > can_differ:
             return []
         count, states = self.counts[k][1], {}
         for fold in short:
@@ -424,7 +418,7 @@ class _Search:
         """Why no dealing was found, with the numbers that decide it."""
         n_folds, per_fold = len(self.folds), self.per_fold
         multi = sum(1 for _, c in self.counts if c >= 2)
-        same = sum(math.comb(c, 2) for _, c in self.counts)
+        same = self.left_same[0]
         head = (
             f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
             f"from {len(self.counts)} identities ({multi} with 2+ images)"
@@ -448,8 +442,9 @@ def _assign_folds(indices: dict[str, list], n_folds: int, per_fold: int, rng) ->
     the search did not need then go, largest first, to the fold with the fewest identities,
     then the fewest same pairs, as LFW's folds are balanced.
     """
-    shuffled = [list(indices)[i] for i in rng.permutation(len(indices))]
-    counts = sorted(((n, len(indices[n])) for n in shuffled), key=lambda nc: -nc[1])  # stable
+    names = list(indices)
+    counts = [(names[i], len(indices[names[i]])) for i in rng.permutation(len(names))]
+    counts.sort(key=lambda nc: -nc[1])  # stable
     search = _Search(counts, n_folds, per_fold)
     dealt = search.run()
     if dealt is None:
@@ -488,12 +483,12 @@ def _sample_group(indices, names, per_kind: int, rng, where: str):
     a same pair is a uniform identity with 2+ images and two distinct images of it, a
     different pair two distinct uniform identities and one image of each."""
     multi = [n for n in names if len(indices[n]) >= 2]
-    sizes = np.array([len(indices[n]) for n in names], dtype=np.int64)
+    same_possible = sum(math.comb(len(indices[n]), 2) for n in multi)
 
     def draw_same():
         name = _pick(multi, rng)
-        first, second = rng.choice(len(indices[name]), size=2, replace=False).tolist()
-        return (name, *sorted((indices[name][first], indices[name][second])))
+        keys = indices[name]
+        return (name, *sorted(keys[i] for i in rng.choice(len(keys), size=2, replace=False)))
 
     def draw_different():
         n1, n2 = sorted(names[i] for i in rng.choice(len(names), size=2, replace=False).tolist())
@@ -501,7 +496,7 @@ def _sample_group(indices, names, per_kind: int, rng, where: str):
 
     same = _sample_distinct(
         per_kind,
-        sum(math.comb(len(indices[n]), 2) for n in multi),
+        same_possible,
         draw_same,
         lambda: [(n, a, b) for n in multi for a, b in combinations(indices[n], 2)],
         rng,
@@ -509,7 +504,7 @@ def _sample_group(indices, names, per_kind: int, rng, where: str):
     )
     different = _sample_distinct(
         per_kind,
-        int((sizes.sum() ** 2 - (sizes**2).sum()) // 2),
+        math.comb(sum(len(indices[n]) for n in names), 2) - same_possible,
         draw_different,
         lambda: [
             (n1, a, n2, b)

@@ -15,7 +15,7 @@ import math
 import os
 import re
 import shutil
-from dataclasses import make_dataclass, replace
+from dataclasses import dataclass, make_dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -33,12 +33,12 @@ from facenet.files import TEMPORARY_NAME, read_json, write_text_atomic
 from facenet.sizes import image_hw
 
 MANIFEST_NAME = "manifest.json"
-# What prepare_synthetic_data writes in train/ or heldout/ besides identity folders, and the
-# index training writes there.
-_OWN_FILES = {"val_pairs.txt", "test_pairs.txt", INDEX_FILE_NAME}
 _NOT_OURS = "not written by prepare_synthetic_data; choose another data.root for the synthetic data"
 GENERATOR_VERSION = 3  # bump whenever the rendering changes: regenerates old folders
 PAIRS_FOLDS = 10  # held-out pairs.txt: folds, as in LFW
+_PAIRS_FILES = ["val_pairs.txt", "test_pairs.txt"]  # identity-disjoint halves
+_PART_KEYS = ("identities", "images_per_identity", "identity_offset")  # a manifest's part
+_OWN_FILES = {*_PAIRS_FILES, INDEX_FILE_NAME}  # and identity folders, in train/ or heldout/
 
 # Pose nuisance in canonical units (the image spans [-1, 1]): what an aligned crop leaves over.
 # Twice this pose made the demo's tiny CNN need far more than its few CPU minutes to generalise.
@@ -169,12 +169,15 @@ def _rotated(dx: np.ndarray, dy: np.ndarray, angle: float) -> tuple[np.ndarray, 
     return dx * c + dy * s, -dx * s + dy * c
 
 
+@dataclass(eq=False)
 class _Painter:
     """Paints shapes given by signed distances (< 0 inside) onto ``canvas`` (S, S, 3), whose
     pixels lie at ``x``, ``y`` (S, S); ``pixel`` is a pixel's side in those units."""
 
-    def __init__(self, canvas: np.ndarray, x: np.ndarray, y: np.ndarray, pixel: float):
-        self.canvas, self.x, self.y, self.pixel = canvas, x, y, pixel
+    canvas: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    pixel: float
 
     def paint(self, sd: np.ndarray, colour, opacity: float = 1.0) -> None:
         """Composite ``colour`` over the canvas with the shape's anti-aliased coverage."""
@@ -198,15 +201,21 @@ class _Painter:
         return best - radius
 
 
+# The face's parts, back to front: methods of _FaceDrawer.
+_PARTS = "hair_back ears head hair_front beard eyes brows nose mouth moles glasses".split()
+
+
+@dataclass(eq=False)
 class _FaceDrawer(_Painter):
     """Draws one face, back to front, at canonical face coordinates ``x``, ``y``."""
 
-    def __init__(self, canvas, x, y, pixel: float, t: FaceTemplate, n: Nuisance):
-        super().__init__(canvas, x, y, pixel)
-        self.t, self.n = t, n
-        self.feature_dx = 0.18 * n.yaw
-        self.narrow = 1.0 - 0.25 * abs(n.yaw)
-        self.skin = np.asarray(n.skin)
+    t: FaceTemplate
+    n: Nuisance
+
+    def __post_init__(self) -> None:
+        self.feature_dx = 0.18 * self.n.yaw
+        self.narrow = 1.0 - 0.25 * abs(self.n.yaw)
+        self.skin = np.asarray(self.n.skin)
         self.shadow = self.skin * 0.72
 
     def fx(self, value: float) -> float:
@@ -214,20 +223,8 @@ class _FaceDrawer(_Painter):
         return value * self.narrow + self.feature_dx
 
     def draw(self) -> None:
-        for part in (
-            self.hair_back,
-            self.ears,
-            self.head,
-            self.hair_front,
-            self.beard,
-            self.eyes,
-            self.brows,
-            self.nose,
-            self.mouth,
-            self.moles,
-            self.glasses,
-        ):
-            part()
+        for part in _PARTS:
+            getattr(self, part)()
 
     def hair_back(self):
         t = self.t
@@ -449,59 +446,61 @@ def drawn_side(image_size) -> int:
     return max(image_hw(image_size))
 
 
-def _manifest(cfg) -> dict:
-    """What the folders written by :func:`prepare_synthetic_data` are made from."""
+def _parts(cfg) -> dict[str, SyntheticIdentities]:
+    """The training and held-out identities of a DataConfig, held-out numbered after training."""
+    side, seed, n_train = drawn_side(cfg.image_size), cfg.synthetic_seed, cfg.synthetic_identities
     return {
-        "generator_version": GENERATOR_VERSION,
-        "seed": cfg.synthetic_seed,
-        "image_size": drawn_side(cfg.image_size),
-        "train": {
-            "identities": cfg.synthetic_identities,
-            "images_per_identity": cfg.synthetic_images_per_identity,
-            "identity_offset": 0,
-        },
-        "heldout": {
-            "identities": cfg.synthetic_heldout_identities,
-            "images_per_identity": cfg.synthetic_heldout_images_per_identity,
-            "identity_offset": cfg.synthetic_identities,
-        },
-        "pairs": {
-            "n_folds": PAIRS_FOLDS,
-            "pairs_per_fold": cfg.synthetic_pairs_per_fold,
-            "files": ["val_pairs.txt", "test_pairs.txt"],  # identity-disjoint halves
-        },
+        "train": SyntheticIdentities(n_train, cfg.synthetic_images_per_identity, side, seed),
+        "heldout": SyntheticIdentities(
+            cfg.synthetic_heldout_identities,
+            cfg.synthetic_heldout_images_per_identity,
+            side,
+            seed,
+            identity_offset=n_train,
+        ),
     }
 
 
-def _folder_complete(folder: Path, part: dict) -> bool:
-    """``part["identities"]`` identity folders of ``part["images_per_identity"]`` PNGs each."""
+def _manifest(parts: dict[str, SyntheticIdentities], pairs_per_fold: int) -> dict:
+    """What the folders written by :func:`prepare_synthetic_data` are made from."""
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "seed": parts["train"].seed,
+        "image_size": parts["train"].image_size,
+        **{
+            name: dict(
+                zip(_PART_KEYS, (d.num_identities, d.images_per_identity, d.identity_offset))
+            )
+            for name, d in parts.items()
+        },
+        "pairs": {"n_folds": PAIRS_FOLDS, "pairs_per_fold": pairs_per_fold, "files": _PAIRS_FILES},
+    }
+
+
+def _folder_complete(folder: Path, part: SyntheticIdentities) -> bool:
+    """``part.num_identities`` identity folders of ``part.images_per_identity`` PNGs each."""
     identities = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
-    return len(identities) == part["identities"] and all(
-        len(images) == part["images_per_identity"] and all(map(looks_like_image, images))
+    return len(identities) == part.num_identities and all(
+        len(images) == part.images_per_identity and all(map(looks_like_image, images))
         for images in (list(identity.glob("*.png")) for identity in identities)
     )  # looks_like_image: e.g. no 0-byte files
 
 
-def _read_manifest(path: Path) -> dict | None:
-    """The manifest at ``path`` (None: there is none); a DataError if this module did not
-    write it."""
+def _read_manifest(path: Path) -> dict:
+    """The manifest at ``path`` ({}: there is none); a DataError if this module did not write
+    it (its train and heldout parts do not hold the counts)."""
     if not os.path.lexists(path):
-        return None
+        return {}
     try:
         found = read_json(path)
     except DataError:
         found = None
-    if not _part(found, "train") or not _part(found, "heldout"):
+    specs = [found.get(part) if isinstance(found, dict) else None for part in ("train", "heldout")]
+    if not all(
+        isinstance(s, dict) and all(type(s.get(k)) is int for k in _PART_KEYS) for s in specs
+    ):
         raise DataError(f"{path}: {_NOT_OURS}")
     return found
-
-
-def _part(manifest, part: str) -> dict | None:
-    """``manifest[part]`` if it holds the three counts a manifest records for a part."""
-    spec = manifest.get(part) if isinstance(manifest, dict) else None
-    keys = ("identities", "images_per_identity", "identity_offset")
-    ok = isinstance(spec, dict) and all(type(spec.get(k)) is int for k in keys)
-    return spec if ok else None
 
 
 def _numbered(name: str, template: str, first: int, count: int) -> bool:
@@ -532,37 +531,32 @@ def _listed(path: Path, parts: tuple, spec: dict | None) -> bool:
     )
 
 
-def _clear_previous(root: Path, found: dict | None) -> None:
+def _clear_previous(root: Path, found: dict) -> None:
     """Remove ``root/train`` and ``root/heldout`` when they hold only what the manifest
     ``found`` lists, else refuse with a DataError naming the first thing it does not list."""
     folders = [root / "train", root / "heldout"]
     for folder in folders:
         if folder.is_symlink() or folder.exists() and not folder.is_dir():
             raise DataError(f"{folder}: {_NOT_OURS}")
-        spec = _part(found, folder.name)
         for path in folder.rglob("*"):  # links are not followed
-            if not _listed(path, path.relative_to(folder).parts, spec):
+            if not _listed(path, path.relative_to(folder).parts, found.get(folder.name)):
                 raise DataError(f"{path}: {_NOT_OURS}")
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _heldout_pairs(files: dict[str, list[str]], cfg) -> list[str]:
+def _heldout_pairs(heldout: SyntheticIdentities, pairs_per_fold: int) -> list[str]:
     """The texts of ``val_pairs.txt`` and ``test_pairs.txt``: pairs of the two
-    identity-disjoint halves of the held-out identities ``files``."""
+    identity-disjoint halves of the held-out identities."""
+    files = heldout.file_names()
     names = sorted(files)
-    half = len(names) // 2
+    halves = (names[: len(names) // 2], names[len(names) // 2 :])
     try:
         return [
             pairs_text(
-                draw_folds(
-                    {n: files[n] for n in group},
-                    PAIRS_FOLDS,
-                    cfg.synthetic_pairs_per_fold,
-                    cfg.synthetic_seed,
-                )
+                draw_folds({n: files[n] for n in half}, PAIRS_FOLDS, pairs_per_fold, heldout.seed)
             )
-            for group in (names[:half], names[half:])
+            for half in halves
         ]
     except DataError as problem:
         raise ConfigError(
@@ -590,36 +584,28 @@ def prepare_synthetic_data(root: str | Path, cfg) -> dict:
         DataError: ``root`` holds a ``manifest.json``, ``train`` or ``heldout`` this function
             did not write; nothing is then removed.
     """
-    root, wanted = Path(root), _manifest(cfg)
-    paths = {"train_root": root / "train", "heldout_root": root / "heldout"}
-    paths |= {key: root / "heldout" / f"{key}.txt" for key in ("val_pairs", "test_pairs")}
-    written_paths = {key: str(path) for key, path in paths.items()}
+    root, parts = Path(root), _parts(cfg)
+    wanted = _manifest(parts, cfg.synthetic_pairs_per_fold)
+    pairs = {file[:-4]: root / "heldout" / file for file in _PAIRS_FILES}
+    paths = {f"{name}_root": str(root / name) for name in parts} | {
+        k: str(p) for k, p in pairs.items()
+    }
     manifest_path = root / MANIFEST_NAME
     found = _read_manifest(manifest_path)
     if (
         found == {**wanted, "complete": True}
-        and all(paths[k].is_file() for k in ("val_pairs", "test_pairs"))
-        and all(_folder_complete(root / part, wanted[part]) for part in ("train", "heldout"))
+        and all(path.is_file() for path in pairs.values())
+        and all(_folder_complete(root / name, part) for name, part in parts.items())
     ):
-        return written_paths
-    parts = {
-        part: SyntheticIdentities(
-            wanted[part]["identities"],
-            wanted[part]["images_per_identity"],
-            wanted["image_size"],
-            wanted["seed"],
-            wanted[part]["identity_offset"],
-        )
-        for part in ("train", "heldout")
-    }
+        return paths
     # Every check that can refuse the call comes before anything is removed.
-    texts = _heldout_pairs(parts["heldout"].file_names(), cfg)
+    texts = _heldout_pairs(parts["heldout"], cfg.synthetic_pairs_per_fold)
     _clear_previous(root, found)
     root.mkdir(parents=True, exist_ok=True)
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": False}, indent=2))
-    for part, identities in parts.items():
-        identities.write_to_disk(root / part)
-    for key, text in zip(("val_pairs", "test_pairs"), texts):
-        write_text_atomic(paths[key], text)
+    for name, part in parts.items():
+        part.write_to_disk(root / name)
+    for path, text in zip(pairs.values(), texts):
+        write_text_atomic(path, text)
     write_text_atomic(manifest_path, json.dumps({**wanted, "complete": True}, indent=2))
-    return written_paths
+    return paths
