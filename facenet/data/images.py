@@ -268,6 +268,8 @@ def build_transform(
     ``preprocess="crop"`` (evaluation only) skips the resize and takes the centre
     (:func:`crop_or_pad`), for crops aligned at that size as the publishers' models expect.
     """
+    if preprocess not in EVAL_PREPROCESS:
+        raise ValueError(f"preprocess={preprocess!r}: expected one of {EVAL_PREPROCESS}")
     size = image_hw(image_size)  # (S_h, S_w)
     if not train and preprocess == "crop":
         steps = [partial(crop_or_pad, size=size)]

@@ -64,6 +64,11 @@ class AlignSettings(AlignPreset):
     preset: str = "facenet-pytorch"
     detect_size: int = 0
 
+    def __post_init__(self):
+        for name, allowed in (("select", SELECTIONS), ("margin_in", ("output", "input"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
+
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AlignSettings:
         """A publisher's settings, ``overrides`` that are not None replacing them. Box presets

@@ -456,3 +456,8 @@ def test_non_square_evaluation_transforms_give_height_by_width():
     assert torch.equal(build_transform(16, False)(image), build_transform((16, 16), False)(image))
     with pytest.raises(ValueError, match="height, width"):
         build_transform([24, 20, 3], False)
+
+
+def test_build_transform_refuses_an_unknown_preprocess():
+    with pytest.raises(ValueError, match=r"preprocess='stretch': expected one of"):
+        build_transform(16, train=False, preprocess="stretch")

@@ -763,3 +763,9 @@ def test_a_hostile_settings_record_is_one_error_line(source, tmp_path, capsys, m
 )
 def test_each_preset_chooses_among_faces_by_its_publishers_rule(preset, rule):
     assert AlignSettings.from_preset(preset).select == rule
+
+
+@pytest.mark.parametrize("key", ["select", "margin_in"])
+def test_settings_refuse_an_unknown_rule_naming_it(key):
+    with pytest.raises(ValueError, match=rf"{key}='sideways': expected one of"):
+        AlignSettings.from_preset("facenet-pytorch", **{key: "sideways"})
