@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from facenet.data.images import inspect_image
+from facenet.data.images import DEFAULT_MAX_ASPECT_RATIO, DEFAULT_MAX_PIXELS, inspect_image
 from facenet.data.pairs import draw_folds, pairs_text, scan_identities
 from facenet.errors import ConfigError, DataError
 from facenet.files import read_json
@@ -30,8 +30,8 @@ class HeldOutSettings:
     n_folds: int = 10
     pairs_per_fold: int = 300
     seed: int = 0
-    max_pixels: int | None = None
-    max_aspect_ratio: float | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS  # the images the training index keeps
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO
 
 
 @dataclass

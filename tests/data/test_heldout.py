@@ -4,8 +4,9 @@ import json
 import os
 
 import pytest
+from PIL import Image
 
-from facenet.data.heldout import HeldOutSettings, choose_held_out
+from facenet.data.heldout import HeldOutSettings, choose_held_out, hold_out
 from facenet.errors import DataError
 
 LISTING = {f"person{i:02d}": ["a.png", "b.png"] for i in range(12)}
@@ -40,3 +41,15 @@ def test_a_fifo_named_as_the_record_is_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "heldout.json")
     with pytest.raises(DataError, match="not a regular file"):
         choose_held_out(LISTING, tmp_path, ["val"], HeldOutSettings(4), False)
+
+
+def test_hold_out_with_the_default_image_limits(tmp_path):
+    root = tmp_path / "faces"
+    for person in range(6):
+        for index in range(3):
+            (root / f"p{person}").mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (8, 8), (person * 40, index * 80, 0)).save(
+                root / f"p{person}/{index}.png"
+            )
+    held = hold_out(root, tmp_path, ["val"], HeldOutSettings(4, n_folds=2, pairs_per_fold=2), True)
+    assert len(held.identities) == 4 and set(held.pairs) == {"val"}
