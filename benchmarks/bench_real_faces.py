@@ -52,7 +52,7 @@ from facenet.evaluation.verify import verify
 from facenet.metric.losses import build_loss
 from facenet.metric.miners import build_miner
 from facenet.models.embedding import build_model
-from facenet.training.build import TrainingData, build_data, build_trainer
+from facenet.training.build import TrainingData, build_data, build_network, build_trainer
 from facenet.training.optim import ScheduleShape, build_optimizer
 from facenet.training.validation import verify_settings
 
@@ -205,7 +205,8 @@ def setup_plain(cfg: Config, data: TrainingData, run_dir: Path, peer=None) -> tu
         return torch.stack(images), torch.tensor([label for _, label in samples])
 
     loader = DataLoader(folder.samples, batch_sampler=data.sampler, collate_fn=load)
-    model = build_model(cfg.model, data.num_classes if ce_weight > 0 else None, d.image_size)
+    model = build_network(cfg, data.num_classes if ce_weight > 0 else None)  # loss.ce's head
+    ce_loss = getattr(getattr(model, "classifier", None), "loss", None) or F.cross_entropy
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     miner = build_miner(cfg.mining, torch.Generator().manual_seed(cfg.train.seed))
     loss_fn = build_loss(cfg.loss)
@@ -222,7 +223,7 @@ def setup_plain(cfg: Config, data: TrainingData, run_dir: Path, peer=None) -> tu
             loss = loss_fn(embeddings, triplets)
             if logits is not None:
                 used = torch.unique(torch.cat(list(triplets)))  # (U,) images the triplets use
-                loss = loss + ce_weight * F.cross_entropy(logits[used], labels[used])
+                loss = loss + ce_weight * ce_loss(logits[used], labels[used], reduction="mean")
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

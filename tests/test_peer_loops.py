@@ -2,6 +2,7 @@
 every parameter of the network, one step of each setup on tiny synthetic identity folders."""
 
 import argparse
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +13,7 @@ from test_bench_real_faces import SMALL, folders  # noqa: F401 (the module's fix
 from benchmarks import bench_real_faces as bench
 from benchmarks import peer_loops as peers
 from facenet.errors import ConfigError
+from facenet.models.embedding import CosineClassifier
 from facenet.training.build import build_data
 
 # Sized for 8 training identities of 6 images (the fixture's 12 less 4 held out).
@@ -159,3 +161,13 @@ def test_every_setup_starts_from_the_same_network(tiny):
     for method, state in states.items():  # a classifier where the loop trains one, beside
         assert set(first) <= set(state), method
         assert all(torch.equal(first[k], state[k]) for k in first), method
+
+
+@pytest.mark.parametrize("ce", ["softmax", "cosface"])
+def test_the_plain_loop_builds_the_configured_cross_entropy_head(tiny, ce):
+    cfg, data, run_dir = tiny
+    cfg = copy.deepcopy(cfg)
+    cfg.loss.ce = ce
+    torch.manual_seed(0)
+    model, _, _, _, _ = bench.setup_plain(cfg, data, run_dir, TINY)
+    assert isinstance(model.classifier, CosineClassifier) == (ce == "cosface")
