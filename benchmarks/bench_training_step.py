@@ -94,7 +94,6 @@ class Case:
         return f"{self.backbone} {self.image_size}px {shape} {self.selection}{amp}"
 
 
-
 def cpu_cases(quick: bool) -> list[Case]:
     """The step on resnet18 and tiny, then gradient caching on growing P x K batches."""
     if quick:

@@ -120,8 +120,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         "processes (default 1: on a shared machine an op split over threads waits for "
         "descheduled siblings)")  # fmt: skip
     add("--gpu-json", type=input_path, nargs="+", default=[], help="gpu_check.sh's reports")
-    add("--tables-only", action="store_true", help="run nothing: fill BENCHMARKS.md's tables "
-        "from the existing results.json (with --gpu-json, add gpu_check.sh's figures first)")
+    add(
+        "--tables-only",
+        action="store_true",
+        help="run nothing: fill BENCHMARKS.md's tables "
+        "from the existing results.json (with --gpu-json, add gpu_check.sh's figures first)",
+    )
     return parser
 
 

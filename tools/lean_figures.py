@@ -22,8 +22,15 @@ LIMITS = {
     "widest signature (parameters)": 8,
     "image-extension lists": 1,
 }
-_SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-         tokenize.ENCODING, tokenize.ENDMARKER}
+_SKIP = {
+    tokenize.COMMENT,
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENCODING,
+    tokenize.ENDMARKER,
+}
 _EXTENSION = re.compile(r"\.?(jpe?g|png|bmp|gif|webp|tiff?|pgm|ppm)", re.I)
 
 
@@ -60,8 +67,12 @@ def measure_file(path: Path) -> dict:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             where = f"{path}:{node.lineno} {node.name}"
-            doc = node.body[0] if isinstance(node.body[0], ast.Expr) and isinstance(
-                node.body[0].value, ast.Constant) else None
+            doc = (
+                node.body[0]
+                if isinstance(node.body[0], ast.Expr)
+                and isinstance(node.body[0].value, ast.Constant)
+                else None
+            )
             lines = node.end_lineno - node.lineno + 1
             lines -= doc.end_lineno - doc.lineno + 1 if doc else 0
             a = node.args
@@ -70,8 +81,13 @@ def measure_file(path: Path) -> dict:
             longest, widest = max(longest, (lines, where)), max(widest, (width, where))
     sequences = (n for n in ast.walk(tree) if isinstance(n, (ast.Tuple, ast.Set, ast.List)))
     lists = sum(map(_is_extension_list, sequences))
-    return {"tokens": tokens, "prose": len(doc_lines | comments), "longest": longest,
-            "widest": widest, "lists": lists}
+    return {
+        "tokens": tokens,
+        "prose": len(doc_lines | comments),
+        "longest": longest,
+        "widest": widest,
+        "lists": lists,
+    }
 
 
 def measure_tree(root: str) -> dict:
