@@ -5,9 +5,9 @@ our own loop re-implementation of davidsandberg/facenet's lfw.evaluate
 from pathlib import Path
 
 import numpy as np
+import publisher_evaluation_reference as ref  # tests/ is on the path (pyproject.toml)
 import pytest
 
-from benchmarks import reference_evaluation as ref
 from facenet.cli import evaluate as evaluate_script
 from facenet.evaluation import protocol
 from facenet.evaluation.presets import (
