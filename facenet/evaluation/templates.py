@@ -166,4 +166,3 @@ def verify_templates(faces: TemplateSet, features, settings: TemplateSettings) -
         a, b = pooled[rows[s : s + PAIR_CHUNK, 0]], pooled[rows[s : s + PAIR_CHUNK, 1]]
         scores[s : s + PAIR_CHUNK] = np.einsum("pd,pd->p", a, b)
     return TemplateResult(ids, pooled, scores, *read_tar(faces.labels, scores))
-
