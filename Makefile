@@ -33,6 +33,7 @@ test-slow: install
 
 lint: install
 	$(PY) -m ruff check facenet scripts tests benchmarks tools
+	$(PY) -m ruff format --check facenet scripts tests benchmarks tools
 
 bench: install
 	$(PY) -m benchmarks.run_all
