@@ -28,6 +28,16 @@ def shown(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+def one_line(err: BaseException | str) -> str:
+    """A message on one line: an ``OSError`` as ``file: reason``; lines joined, caret lines (a
+    YAML error's) dropped."""
+    if isinstance(err, OSError) and err.filename and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    lines = [line.strip() for line in str(err).splitlines()]
+    text = " ".join(line for line in lines if line and set(line) != {"^"})
+    return text or type(err).__name__
+
+
 class FacenetError(Exception):
     """A problem with the input or the environment, reported in one line.
 

@@ -18,17 +18,7 @@ from pathlib import Path
 import torch
 
 from facenet.distributed import resolve_device
-from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError
-
-
-def one_line(err: BaseException | str) -> str:
-    """A message on one line: an ``OSError`` as ``file: reason``; lines joined, caret lines (a
-    YAML error's) dropped."""
-    if isinstance(err, OSError) and err.filename and err.strerror:
-        return f"{err.filename}: {err.strerror}"
-    lines = [line.strip() for line in str(err).splitlines()]
-    text = " ".join(line for line in lines if line and set(line) != {"^"})
-    return text or type(err).__name__
+from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError, one_line
 
 
 @contextlib.contextmanager
