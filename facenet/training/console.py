@@ -10,6 +10,7 @@ from pathlib import Path
 from facenet.config import Config
 from facenet.data.pairs import MissingImagesError
 from facenet.distributed import is_main_process
+from facenet.errors import one_line
 from facenet.evaluation.report import figures_line
 from facenet.memory import format_bytes
 from facenet.training.state import Progress
@@ -110,10 +111,7 @@ def describe_error(err: BaseException) -> str:
             f"{head}; first: {first} (line {err.lines[first][0]}); "
             "eval.skip_missing: true skips those pairs"
         )
-    elif isinstance(err, OSError) and err.filename and err.strerror:
-        text = f"{err.filename}: {err.strerror}"
     else:
-        text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        text = text or type(err).__name__
+        text = one_line(err)
     note = getattr(err, "checkpoint_note", None)
     return f"{text} ({note})" if note else text
