@@ -43,6 +43,13 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def set_threads(threads: int) -> None:
+    """torch's intra-op CPU threads; 0 keeps torch's default (one per core). On a shared machine
+    an op split over several threads waits for descheduled siblings (README measures it)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def _initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 

@@ -26,8 +26,8 @@ from facenet.cli.common import (
     parse_device,
     positive_int,
     run_command,
-    set_threads,
 )
+from facenet.distributed import set_threads
 from facenet.errors import FacenetError
 from facenet.evaluation.presets import ALIGN_PRESETS, PRESET_NAMES
 from facenet.files import open_regular

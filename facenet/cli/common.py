@@ -55,13 +55,6 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
     )
 
 
-def set_threads(threads: int) -> None:
-    """torch's intra-op CPU threads; 0 keeps torch's default (one per core). On a shared machine
-    an op split over several threads waits for descheduled siblings (README measures it)."""
-    if threads:
-        torch.set_num_threads(threads)
-
-
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads",

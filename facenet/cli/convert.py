@@ -17,7 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from facenet.cli.common import add_threads_argument, check_outputs, run_command, set_threads
+from facenet.cli.common import add_threads_argument, check_outputs, run_command
+from facenet.distributed import set_threads
 from facenet.errors import DataError, WeightsError
 from facenet.files import open_regular
 from facenet.inference.loading import TrainedModel, save_weights

@@ -26,8 +26,8 @@ from facenet.cli.common import (
     parse_device,
     positive_int,
     run_command,
-    set_threads,
 )
+from facenet.distributed import set_threads
 from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import DISTANCES

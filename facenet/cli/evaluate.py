@@ -31,13 +31,13 @@ from facenet.cli.common import (
     parse_device,
     positive_int,
     run_command,
-    set_threads,
 )
 from facenet.config import DataConfig, load_config
 from facenet.data.ijb import read_template_set
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.insightface_bin import read_bin
 from facenet.data.pairs import PairList, read_pairs
+from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
 from facenet.evaluation.embedding import FEATURES

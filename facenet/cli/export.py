@@ -17,9 +17,9 @@ from facenet.cli.common import (
     add_threads_argument,
     check_outputs,
     run_command,
-    set_threads,
 )
 from facenet.cli.embed import add_threshold_arguments, model_threshold
+from facenet.distributed import set_threads
 from facenet.inference.export import CHECK_BATCH, FORMATS, PARITY_TOLERANCE, export_model
 from facenet.inference.loading import load_model
 from facenet.sizes import image_hw

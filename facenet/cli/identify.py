@@ -24,9 +24,9 @@ from facenet.cli.common import (
     add_threads_argument,
     check_outputs,
     run_command,
-    set_threads,
 )
 from facenet.cli.embed import MADE_WITH, add_threshold_arguments, flag_threshold
+from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.report import ThresholdRecord
 from facenet.files import json_safe, read_npz, write_text_atomic

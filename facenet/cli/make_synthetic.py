@@ -15,9 +15,10 @@ import torch
 from torchvision.io import encode_png
 from torchvision.utils import make_grid
 
-from facenet.cli.common import add_threads_argument, run_command, set_threads
+from facenet.cli.common import add_threads_argument, run_command
 from facenet.config import add_override_argument, load_config
 from facenet.data.synthetic import SyntheticIdentities, drawn_side, prepare_synthetic_data
+from facenet.distributed import set_threads
 from facenet.errors import FacenetError
 from facenet.files import write_atomic
 

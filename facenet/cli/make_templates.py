@@ -34,9 +34,9 @@ from facenet.cli.common import (
     parse_device,
     positive_int,
     run_command,
-    set_threads,
 )
 from facenet.data.folder import list_images
+from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.files import write_atomic, write_text_atomic
 from facenet.inference.align import (

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from facenet.cli.common import add_threads_argument, set_threads
+from facenet.cli.common import add_threads_argument
 from facenet.cli.train import main as train_main
 from facenet.config import load_config
+from facenet.distributed import set_threads
 from facenet.errors import ConfigError
 from facenet.training.run import run_training
 
