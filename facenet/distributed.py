@@ -73,8 +73,8 @@ def is_main_process() -> bool:
 
 def init_distributed(device: str = "auto", timeout_minutes: int = 30) -> DistInfo:
     """Initialise the process group from torchrun's environment, if there is one; CUDA
-    ranks use ``cuda:LOCAL_RANK``."""
-    target = torch.device(resolve_device(device).type)  # the type only: a rank uses LOCAL_RANK
+    ranks use ``cuda:LOCAL_RANK``, one process the ``device`` resolved."""
+    target = resolve_device(device)
     use_cuda = target.type == "cuda"
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return DistInfo(device=target)

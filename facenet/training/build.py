@@ -26,7 +26,7 @@ from facenet.data.pairs import (
     read_pairs,
 )
 from facenet.data.synthetic import prepare_synthetic_data
-from facenet.distributed import is_distributed, is_main_process, resolve_device
+from facenet.distributed import is_distributed, is_main_process
 from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.files import write_text_atomic
 from facenet.metric.losses import build_loss, build_margin_loss
@@ -57,14 +57,6 @@ class TrainingData:
     test_pairs: Any  # a PairList, or None
     notes: list = field(default_factory=list)
     steps_per_epoch: int = 0
-
-
-def build_device(cfg: Config) -> torch.device:
-    """The device of ``train.device`` ("auto": CUDA when present)."""
-    try:
-        return resolve_device(cfg.train.device)
-    except FacenetError as err:
-        raise ConfigError(f"train.device: {err}") from None
 
 
 def _from_section(section: str, build, *args, **kwargs):
@@ -144,10 +136,9 @@ def _identity_folder(cfg: Config, train_root: str, exclude=()):
         raise DataError(f"data.root: {err}") from None
 
 
-def _batch_loader(cfg: Config, dataset, rank: int, world_size: int):
+def _batch_loader(cfg: Config, dataset, rank: int, world_size: int, device_type: str = "cpu"):
     """(loader, sampler): P x K batches, or seed-style triplet batches (data.dataset: triplets)."""
     data, seed = cfg.data, cfg.train.seed
-    device_type = build_device(cfg).type
     workers, pin = resolve_loader_settings(data.num_workers, data.pin_memory, device_type)
     if data.dataset == "triplets":
         try:
@@ -261,7 +252,12 @@ def _evaluation_notes(cfg: Config, val, test) -> list[str]:
 
 
 def build_data(
-    cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, outputs=None
+    cfg: Config,
+    run_dir: Path,
+    rank: int = 0,
+    world_size: int = 1,
+    outputs=None,
+    device_type: str = "cpu",
 ) -> TrainingData:
     """Datasets, sampler, loader and evaluation sets from the ``data`` and ``eval`` sections.
 
@@ -271,7 +267,7 @@ def build_data(
     fresh = outputs is not None and outputs.clear_previous
     train_root, sources, held = _data_roots(cfg, Path(run_dir), fresh)
     dataset = _identity_folder(cfg, train_root, exclude=held.identities if held else ())
-    loader, sampler = _batch_loader(cfg, dataset, rank, world_size)
+    loader, sampler = _batch_loader(cfg, dataset, rank, world_size, device_type)
     keys = {"val": ("eval.val_pairs", "eval.val_root"), "test": ("eval.pairs", "eval.root")}
     written = held.pairs if held else {}
     # Given pairs files are read (checked) before the run's first write: the held-out files.

@@ -26,9 +26,10 @@ from facenet.distributed import (
     init_distributed,
     is_main_process,
     main_process_first,
+    set_threads,
 )
 from facenet.errors import EXIT_BAD_INPUT, FacenetError, NonFiniteLossError
-from facenet.training.build import build_data, build_device, build_network, build_trainer
+from facenet.training.build import build_data, build_network, build_trainer
 from facenet.training.cache import cached_loader
 from facenet.training.console import describe_error, final_lines
 from facenet.training.loop import Run, fit, planned_outputs
@@ -43,8 +44,7 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
     Ctrl-C outside the training loop). ``resume``: continue from its ``last.pt`` (a new run if
     there is none); ``overwrite``: start a new run in place of the previous one, whose outputs
     are removed when the new run first writes."""
-    if cfg.train.threads:  # before any torch work; 0: torch's default
-        torch.set_num_threads(cfg.train.threads)
+    set_threads(cfg.train.threads)  # before any torch work
     cfg.train.threads = torch.get_num_threads()  # config.yaml records the count used
     try:
         info = init_distributed(cfg.train.device)
@@ -97,13 +97,13 @@ def _build(
     then ``config.yaml``. The first file written removes the previous run under --overwrite:
     ``check_model_first`` builds the model once before the data, so that a model mistake also
     leaves the previous run as it was."""
-    device = info.device if info.world_size > 1 else build_device(cfg)
+    device = info.device
     if cfg.train.deterministic and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     if check_model_first:
         build_network(cfg)
     with main_process_first():  # rank 0 writes the synthetic data and the folder index
-        data = build_data(cfg, run_dir, info.rank, info.world_size, outputs=outputs)
+        data = build_data(cfg, run_dir, info.rank, info.world_size, outputs, device.type)
     trainer = build_trainer(cfg, data.num_classes, device, data.steps_per_epoch)
     run = Run(trainer, data, cfg, run_dir, outputs)
     if state is not None:  # a checkpoint that does not fit leaves config.yaml as it was
