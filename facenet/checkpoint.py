@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from facenet.errors import CheckpointError
+from facenet.errors import CheckpointError, some_names
 from facenet.files import TEMPORARY_NAME, open_regular, write_atomic
 
 
@@ -116,12 +116,6 @@ def is_state_dict(obj: Any) -> bool:
     return isinstance(obj, Mapping) and all(
         isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items()
     )
-
-
-def some_names(names: list[str], shown: int = 8) -> str:
-    """The first ``shown`` names and how many more: enough to recognise, one line at most."""
-    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
 
 
 def _declared_bytes(fh: BinaryIO, zipped: bool, names: set[str]) -> int:

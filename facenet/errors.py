@@ -28,6 +28,12 @@ def shown(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+def some_names(names: list[str], shown: int = 8) -> str:
+    """The first ``shown`` names and how many more: enough to recognise, one line at most."""
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def one_line(err: BaseException | str) -> str:
     """A message on one line: an ``OSError`` as ``file: reason``; lines joined, caret lines (a
     YAML error's) dropped."""

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from facenet.checkpoint import is_state_dict, load_checkpoint, save_checkpoint, some_names
+from facenet.checkpoint import is_state_dict, load_checkpoint, save_checkpoint
 from facenet.data.images import build_transform
-from facenet.errors import CheckpointError, shown
+from facenet.errors import CheckpointError, shown, some_names
 from facenet.evaluation.report import ThresholdRecord
 from facenet.models.embedding import BACKBONES, EmbeddingNet
 from facenet.models.ports import Port, find_port

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from facenet.checkpoint import is_state_dict, load_weights_only, some_names
-from facenet.errors import WeightsError
+from facenet.checkpoint import is_state_dict, load_weights_only
+from facenet.errors import WeightsError, some_names
 from facenet.models.backbones import (
     InceptionResnetV1,
     MobileFaceNet,
