@@ -28,10 +28,10 @@ def shown(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def some_names(names: list[str], shown: int = 8) -> str:
-    """The first ``shown`` names and how many more: enough to recognise, one line at most."""
-    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
+def some_names(names: list, shown: int = 8) -> str:
+    """The first ``shown`` names (or values) and how many more, as "a, b (and 7 more)"."""
+    more = f" (and {len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(map(str, names[:shown])) + more
 
 
 def one_line(err: BaseException | str) -> str:

@@ -30,7 +30,7 @@ from facenet.data.images import (
     inspect_image,
     read_image,
 )
-from facenet.errors import DataError
+from facenet.errors import DataError, some_names
 from facenet.files import read_json, write_text_atomic
 
 INDEX_FILE_NAME = ".facenet_index.json"
@@ -192,11 +192,7 @@ def _count(n, singular, plural):
 def _warn(root, *parts):
     """One warning of the ``(what, names)`` parts that have names, up to 10 names each."""
     text = "; ".join(
-        f"{what}: "
-        + ", ".join(names[:_NAMES_IN_WARNING])
-        + (f" and {len(names) - _NAMES_IN_WARNING} more" if len(names) > _NAMES_IN_WARNING else "")
-        for what, names in parts
-        if names
+        f"{what}: {some_names(names, _NAMES_IN_WARNING)}" for what, names in parts if names
     )
     if text:
         warnings.warn(f"{root}: {text}", stacklevel=4)

@@ -26,7 +26,7 @@ import numpy as np
 
 from facenet.data.folder import list_identities
 from facenet.data.images import IMAGE_EXTENSIONS
-from facenet.errors import DataError
+from facenet.errors import DataError, some_names
 from facenet.files import open_regular, write_text_atomic
 
 _LISTED_MISSING = 20  # missing images quoted in an error message
@@ -321,9 +321,9 @@ def _image_keys(images_by_identity: dict[str, list[str]]) -> dict[str, list]:
         keys[identity] = sorted(set(indices if None not in indices else names))
     empty = [name for name, found in keys.items() if not found]
     if empty:
-        shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
         warnings.warn(
-            f"ignored {len(empty)} identity folder(s) without images: {shown}", stacklevel=3
+            f"ignored {len(empty)} identity folder(s) without images: {some_names(empty, 10)}",
+            stacklevel=3,
         )
     return {name: found for name, found in keys.items() if found}
 

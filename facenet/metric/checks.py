@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from facenet.errors import some_names
+
 ON_NONFINITE = ("defer", "raise")
 INPUTS = ("embeddings", "ref_embeddings")  # what a loss's anchors, and its p and n, index
 
@@ -48,12 +50,6 @@ def check_choice(value: str, choices: tuple[str, ...], who: str, name: str) -> s
     return value
 
 
-def _quote(values: list) -> str:
-    """The first few values, as "1, 2, 3 (and 7 more)"."""
-    shown = ", ".join(str(v) for v in values[:_SHOWN])
-    return shown + (f" (and {len(values) - _SHOWN} more)" if len(values) > _SHOWN else "")
-
-
 def finite_flag(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor on the device (no host read): every value of the (B, D)
     ``embeddings`` (and ``ref_embeddings``) is finite. Each must be 2-D; under "raise", a
@@ -66,7 +62,7 @@ def finite_flag(on_nonfinite: str, who: str, *tensors: torch.Tensor) -> torch.Te
         if rows:
             raise ValueError(
                 f"{who}: {len(rows)} of {t.shape[0]} {name} rows hold NaN or infinite values "
-                f"(rows {_quote(rows)}); no triplet can be mined from them or "
+                f"(rows {some_names(rows, _SHOWN)}); no triplet can be mined from them or "
                 "trained on"
             )
     return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
@@ -88,7 +84,7 @@ def check_index_range(index: torch.Tensor, rows: int, who: str, name: str, of: s
             raise RuntimeError(message)
     except RuntimeError:
         bad = index[(index < 0) | (index >= rows)].tolist()  # only once refused: the details
-        raise IndexError(f"{message}; got {_quote(bad)}") from None
+        raise IndexError(f"{message}; got {some_names(bad, _SHOWN)}") from None
 
 
 def check_index_triplets(
