@@ -191,6 +191,7 @@ def _folds(issame, n_pairs: int, settings: VerifySettings, folds=None):
 def default_thresholds(distance: str = "squared", fine: bool = False) -> np.ndarray:
     """The distance's own grid (``fine``: the VAL grid, ten times finer); squared distances get
     the classic ``arange(0, 4, 0.01)``, the others their range in as many steps."""
+    _check_settings(VerifySettings(distance=distance))
     top = _GRID_TOPS[distance]
     return np.arange(0, top, top / (4000 if fine else 400))
 
@@ -202,6 +203,7 @@ def threshold_grids(settings: VerifySettings) -> tuple[np.ndarray, np.ndarray]:
     norm-dependent distance then runs on, in the same steps, over the doubled range (squared
     distances up to 8). The publishers' grids stay as their code had them.
     """
+    _check_settings(settings)
     if settings.grid in PUBLISHER_GRIDS:
         return PUBLISHER_GRIDS[settings.grid]()
     unit = default_thresholds(settings.distance), default_thresholds(settings.distance, True)

@@ -65,9 +65,10 @@ class TemplateResult:
 
 
 def choose_template(image_size: ImageSize, name: str | None = None) -> str:
-    """``name`` (one of ``TEMPLATES``, as --template's choices check), or the template whose
-    (H, W) is the model's input size."""
+    """``name`` (one of ``TEMPLATES``), or the template whose (H, W) is the model's input size."""
     if name is not None:
+        if name not in TEMPLATES:
+            raise ConfigError(f"template {name!r}: expected one of {tuple(TEMPLATES)}")
         return name
     size = image_hw(image_size)
     found = [key for key, t in TEMPLATES.items() if (t.height, t.width) == size]

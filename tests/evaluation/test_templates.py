@@ -103,6 +103,8 @@ def test_the_template_follows_the_model_input_size():
     assert choose_template(32, "sphereface") == "sphereface"
     with pytest.raises(ConfigError, match="takes 32 x 32 images .* give --template"):
         choose_template(32)
+    with pytest.raises(ConfigError, match="template 'nope': expected one of"):
+        choose_template(112, "nope")
 
 
 def _moved(image, points, rng, flip):

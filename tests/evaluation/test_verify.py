@@ -82,6 +82,10 @@ def test_verify_takes_the_classic_grids_by_name(tiny):
     assert np.array_equal(threshold_grids(S())[1], default_thresholds(fine=True))
     with pytest.raises(ValueError, match="grid='fine': valid options"):
         evaluate_verification(np.arange(4.0), [1, 0, 1, 0], S(grid="fine", n_folds=2))
+    with pytest.raises(ValueError, match="grid='fine': valid options"):
+        threshold_grids(S(grid="fine"))
+    with pytest.raises(ValueError, match="distance='manhattan': valid options"):
+        default_thresholds("manhattan")
 
 
 @pytest.mark.parametrize("distance, top", [("squared", 8.0), ("euclidean", 2 * 2**0.5)])
