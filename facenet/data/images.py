@@ -132,7 +132,7 @@ def decode_image_bytes(
         try:
             image = decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
         except RuntimeError as err:  # the message's last line, without the C++ source location
-            reason = str(err).strip().split("\n")[-1].rsplit(", ", 1)[-1]
+            reason = str(err).strip().split("\n")[-1].rsplit(", ", 1)[-1] or type(err).__name__
             raise CorruptImageError(source, reason) from None
         return TF.to_dtype(image, torch.uint8, scale=True)  # 12-bit JPEGs decode to uint16
     try:
