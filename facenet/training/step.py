@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from facenet.distributed import all_gather_tensor, gather_variable_rows, get_rank, get_world_size
+from facenet.errors import ConfigError
 from facenet.metric.miners import Triplets
 
 _AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -304,9 +305,17 @@ def choose_step(
 ) -> str:
     """The path: "one-pass", "two-pass" or "chunked". ``passes="auto"``: chunked when
     ``chunk_size > 0``; one pass when the miner selects every image (a selection-only pass
-    would forward the same images again); else two, always for seed-style triplet lists.
-    The configuration has checked both values (``passes=1`` excludes chunks)."""
+    would forward the same images again); else two, always for seed-style triplet lists."""
+    if isinstance(passes, bool) or passes not in ("auto", 1, 2):
+        raise ConfigError(f"passes must be 'auto', 1 or 2, got {passes!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 0:
+        raise ConfigError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
     if chunk_size > 0:
+        if passes == 1:
+            raise ConfigError(
+                f"passes=1 and chunk_size={chunk_size} exclude each other: a chunked step "
+                "is a two-pass step (passes: 2 or auto)"
+            )
         return "chunked"
     if passes == "auto":
         return "one-pass" if selects_every_image and not triplet_lists else "two-pass"

@@ -164,7 +164,15 @@ def test_triplet_lists_take_two_passes_unless_told_otherwise():
 
 
 def test_one_pass_with_chunks_is_refused_naming_both():
-    """choose_step's inputs are checked once, by the configuration."""
+    """choose_step refuses what the configuration refuses, for callers of build_step."""
+    with pytest.raises(ConfigError, match="passes=1 and chunk_size=4"):
+        choose_step(1, 4, True)
+    for bad in (3, True):
+        with pytest.raises(ConfigError, match="passes"):
+            choose_step(bad, 0, True)
+    for bad in (-1, 2.5, "4", True):
+        with pytest.raises(ConfigError, match="chunk_size"):
+            choose_step(2, bad, True)
     with pytest.raises(ConfigError, match="mining.passes: 1 .*train.chunk_size: 4"):
         load_config(None, ["mining.passes=1", "train.chunk_size=4"])
     for bad in ("3", "true"):
