@@ -35,7 +35,7 @@ from benchmarks.measure import (
     timed,
 )
 from facenet.config import load_config
-from facenet.data import IdentityFolder, PKSampler, SyntheticIdentities, build_transform
+from facenet.data import IdentityFolder, PKSampler, build_transform
 from facenet.data.batches import TrainCrops, standardize
 from facenet.data.loading import (
     count_images,
@@ -44,6 +44,7 @@ from facenet.data.loading import (
     resolve_loader_settings,
 )
 from facenet.training.build import build_trainer
+from facenet.wings.demo.synthetic import SyntheticIdentities
 
 REPO = Path(__file__).resolve().parents[1]
 VGGFACE2_FILES = 3_300_000

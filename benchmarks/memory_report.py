@@ -47,7 +47,8 @@ from facenet.memory import (
 )
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner
-from facenet.models.embedding import BACKBONES, EmbeddingNet
+from facenet.models.backbones import BACKBONES
+from facenet.models.embedding import EmbeddingNet
 from facenet.sizes import ImageSize, image_hw, plain_size
 from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.step import build_step

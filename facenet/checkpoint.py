@@ -10,6 +10,7 @@ allocated.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pickle
 import random
@@ -241,3 +242,16 @@ def set_rng_state(state: dict) -> None:
     random.setstate((py[0], tuple(py[1]), py[2]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of an :class:`EmbeddingNet`'s weights (names, dtypes, shapes, bytes), the
+    classifier left out: a training model, its checkpoint and their export give one digest."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        if key.startswith("classifier."):
+            continue
+        flat = tensor.detach().cpu().reshape(-1)
+        digest.update(f"{key}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()

@@ -1,6 +1,6 @@
 """Xiaoccer/MobileFaceNet_Pytorch's network, re-implemented from reading its ``core/model.py``.
 
-Written independently of ``facenet.models.backbones.mobilefacenet``: the publisher's module
+Written independently of ``facenet.wings.publishers.mobilefacenet``: the publisher's module
 names (``conv1``, ``dw_conv1``, ``blocks.i.conv.j``, ``conv2``, ``linear7``, ``linear1``,
 ``prelu``), its layer order and PyTorch's default BatchNorm epsilon, so that its
 ``state_dict()`` has exactly the keys and shapes of the published ``068.ckpt`` and its forward

@@ -1,7 +1,7 @@
 """A network's weights in the facenet-pytorch layout, for the tests of loading ports."""
 
-from facenet.models.backbones.inception_resnet_v1 import _PORT_HEAD_TO_EMBEDDING_NET
 from facenet.models.embedding import EmbeddingNet
+from facenet.wings.publishers.inception_resnet_v1 import _PORT_HEAD_TO_EMBEDDING_NET
 
 
 def port_state_dict(model: EmbeddingNet) -> dict:

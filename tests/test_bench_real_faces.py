@@ -11,8 +11,8 @@ import torch
 
 from benchmarks import bench_real_faces as bench
 from facenet.data.pairs import generate_pairs, scan_identities, write_pairs
-from facenet.data.synthetic import SyntheticIdentities
 from facenet.models.embedding import EmbeddingNet
+from facenet.wings.demo.synthetic import SyntheticIdentities
 
 FIGURES = ("accuracy_mean", "accuracy_std", "val", "far", "auc", "eer")
 # A tiny network at 32 px, half a second of CPU per method: fast, not meaningful.

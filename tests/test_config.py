@@ -309,7 +309,7 @@ def _registries() -> dict:
     from facenet.metric.distances import DISTANCE_NAMES
     from facenet.metric.losses import CROSS_ENTROPIES, REDUCTIONS
     from facenet.metric.miners import FALLBACKS, MINERS, TRIPLET_TYPES
-    from facenet.models.embedding import BACKBONES
+    from facenet.models.backbones import BACKBONES
     from facenet.training import step
     from facenet.training.optim import OPTIMIZERS, SCHEDULES
 

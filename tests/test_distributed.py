@@ -49,7 +49,7 @@ def torchrun(nproc, *args, timeout=240, env=None):
 def write_pairs_folder(root):
     """Five identities of three 16 px images and an LFW-style pairs.txt (odd image count)."""
     from facenet.data.pairs import generate_pairs, write_pairs
-    from facenet.data.synthetic import SyntheticIdentities
+    from facenet.wings.demo.synthetic import SyntheticIdentities
 
     written = SyntheticIdentities(5, 3, image_size=16, seed=1).write_to_disk(root)
     write_pairs(root / "pairs.txt", generate_pairs(written, n_folds=2, pairs_per_fold=3, seed=0))

@@ -1,17 +1,22 @@
-"""The package's import graph: no cycle (imports inside functions count), and the library
-layer imports neither the configuration nor the training layer."""
+"""The package's import graph: no cycle (imports inside functions count), the library layer
+imports neither the configuration nor the training layer, and the wings (optional features)
+are imported by no core or run-layer module: importing the training command or the protocol
+loads none of them."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "facenet"
 # The small shared pieces at the top of the package: modules, not folders.
-SHARED = {"errors", "files", "sizes", "distributed", "memory", "checkpoint", "config"}
+SHARED = {"errors", "files", "sizes", "distributed", "memory", "checkpoint", "config", "registry"}
 # What each folder (or shared module) may import, by the first name under facenet. A folder
 # may import the shared pieces listed here and the folders below it; the library folders
 # import neither the configuration nor the training layer.
 ALLOWED = {
     "errors": set(),
+    "registry": set(),
     "files": {"errors"},
     "sizes": set(),
     "distributed": {"errors"},
@@ -19,21 +24,14 @@ ALLOWED = {
     "checkpoint": {"errors", "files"},
     "config": {"errors", "files", "sizes"},
     "metric": {"errors"},
-    "models": {"errors", "checkpoint", "sizes"},
+    "models": {"errors", "checkpoint", "sizes", "registry"},
     "data": {"errors", "files", "sizes"},
     "evaluation": {"errors", "files", "sizes", "distributed", "metric", "data"},
-    "inference": {
-        "errors",
-        "files",
-        "sizes",
-        "checkpoint",
-        "metric",
-        "models",
-        "data",
-        "evaluation",
-    },
-    "training": SHARED | {"metric", "models", "data", "evaluation", "inference"},
-    "cli": SHARED | {"metric", "models", "data", "evaluation", "inference", "training"},
+    # optional features: below the commands, above the library; nothing but a command or
+    # another wing imports them (a run loads one through facenet.registry)
+    "wings": {"errors", "files", "sizes", "checkpoint", "metric", "models", "data", "evaluation"},
+    "training": SHARED | {"metric", "models", "data", "evaluation"},
+    "cli": SHARED | {"metric", "models", "data", "evaluation", "wings", "training"},
 }
 # Inside facenet.training imports go one way: a module imports none after it.
 TRAINING_ORDER = [
@@ -169,3 +167,27 @@ def test_the_training_layer_imports_one_way():
     for lower, name in enumerate(TRAINING_ORDER):
         later = set(TRAINING_ORDER[lower + 1 :])
         assert not graph[name] & later, f"{name} imports {graph[name] & later}"
+
+
+def _loaded_by(statement: str) -> list[str]:
+    """The facenet modules a fresh interpreter has loaded after ``statement``."""
+    code = f"import sys; {statement}; print(*sorted(m for m in sys.modules if 'facenet' in m))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def test_training_and_the_protocol_load_no_wing():
+    for statement in ("import facenet.cli.train", "import facenet.evaluation.protocol"):
+        loaded = _loaded_by(statement)
+        assert statement.split()[1] in loaded
+        assert not [m for m in loaded if m.startswith("facenet.wings")], statement
+
+
+def test_a_run_that_names_a_wing_loads_it():
+    # the demo's data and the publishers' networks: loaded when asked for, not before
+    loaded = _loaded_by(
+        "from facenet.models.embedding import EmbeddingNet; "
+        "EmbeddingNet('mobilefacenet', 8, input_size=(112, 96))"
+    )
+    assert "facenet.wings.publishers.mobilefacenet" in loaded
+    assert "facenet.wings.demo.synthetic" not in loaded

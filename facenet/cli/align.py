@@ -29,15 +29,15 @@ from facenet.cli.common import (
 )
 from facenet.distributed import set_threads
 from facenet.errors import FacenetError
-from facenet.evaluation.presets import ALIGN_PRESETS, PRESET_NAMES
 from facenet.files import open_regular
-from facenet.inference.align import (
+from facenet.wings.align.aligner import (
     REPORT_HEADER,
     SELECTIONS,
     AlignSettings,
     align_folder,
     write_report,
 )
+from facenet.wings.align.presets import ALIGN_PRESETS, PRESET_NAMES
 
 # The largest crop side: a crop is resized from the face's box, and 4096 px is already 50 MB.
 MAX_IMAGE_SIZE = 4096

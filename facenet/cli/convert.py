@@ -4,7 +4,7 @@ SRC is davidsandberg/facenet's frozen graph ``.pb`` (a release graph, run with p
 False: its training branches are left out; or its batch norms folded into the kernels by
 TensorFlow's graph tools) or checkpoint (``model-*.ckpt-N`` or its ``.index``, next to its
 ``.data-00000-of-00001``; other variables, such as the classifier's and the optimizer's, are
-left out); DST is a weights export (``facenet.inference.loading.save_weights``:
+left out); DST is a weights export (``facenet.wings.after_training.loading.save_weights``:
 inception_resnet_v1, the graph's embedding width, its input size, "fixed" standardisation
 (x - 127.5) / 128) that ``load_model``, ``--checkpoint`` and ``model.weights`` read. Every
 parameter comes from SRC, and every float constant a graph runs is used, or nothing is written.
@@ -21,10 +21,10 @@ from facenet.cli.common import add_threads_argument, check_outputs, run_command
 from facenet.distributed import set_threads
 from facenet.errors import DataError, WeightsError
 from facenet.files import open_regular
-from facenet.inference.loading import TrainedModel, save_weights
 from facenet.models.embedding import EmbeddingNet
-from facenet.models.sandberg import MappingError, graph_state_dict, sandberg_state_dict
-from facenet.models.tf_graph import GraphError, parse_bundle, parse_graph
+from facenet.wings.after_training.loading import TrainedModel, save_weights
+from facenet.wings.publishers.sandberg import MappingError, graph_state_dict, sandberg_state_dict
+from facenet.wings.publishers.tf_graph import GraphError, parse_bundle, parse_graph
 
 MAX_BYTES = 2**31  # sandberg's graphs are about 95 MB
 

@@ -33,9 +33,9 @@ from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import PROVENANCE, ThresholdRecord
 from facenet.files import write_atomic
-from facenet.inference.embed import FolderEmbeddings, embed_folder
-from facenet.inference.identify import checked_threshold, read_threshold
-from facenet.inference.loading import load_model
+from facenet.wings.after_training.embed import FolderEmbeddings, embed_folder
+from facenet.wings.after_training.identify import checked_threshold, read_threshold
+from facenet.wings.after_training.loading import load_model
 
 MADE_WITH = ("weights_sha256", "flip", "preprocess")  # how the file's embeddings were made
 

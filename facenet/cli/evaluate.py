@@ -7,8 +7,8 @@ from a model (``--checkpoint``) embedding a pairs.txt (``--pairs``) or insightfa
 (with the threshold, its distance, ``same_when`` and ``threshold_for``: the weights and
 preparation it was chosen for) and ``roc.png`` (``roc_<name>.png`` per ``--bin``).
 ``--retrieval ROOT`` embeds an identity folder instead and writes its Precision@1, R-Precision
-and MAP@R (:mod:`facenet.evaluation.retrieval`) to ``metrics.json``; ``--ijb ROOT`` verifies the
-templates of a set in insightface's IJB layout (:mod:`facenet.evaluation.templates`,
+and MAP@R (:mod:`facenet.wings.retrieval`) to ``metrics.json``; ``--ijb ROOT`` verifies the
+templates of a set in insightface's IJB layout (:mod:`facenet.wings.templates.protocol`,
 docs/templates.md) and writes ``metrics.json``, ``roc.png`` and ``features.npz``.
 """
 
@@ -33,9 +33,7 @@ from facenet.cli.common import (
     run_command,
 )
 from facenet.config import DataConfig, load_config
-from facenet.data.ijb import read_template_set
 from facenet.data.images import EVAL_PREPROCESS
-from facenet.data.insightface_bin import read_bin
 from facenet.data.pairs import PairList, read_pairs
 from facenet.distributed import set_threads
 from facenet.errors import DataError
@@ -46,7 +44,6 @@ from facenet.evaluation.presets import (
     CLASSIC,
     EVAL_PRESETS,
     PUBLISHER_FIELDS,
-    TEMPLATES,
     VerifySettings,
 )
 from facenet.evaluation.protocol import (
@@ -57,20 +54,23 @@ from facenet.evaluation.protocol import (
     VerificationResult,
 )
 from facenet.evaluation.report import result_table, sets_table
-from facenet.evaluation.retrieval import retrieval_metrics
-from facenet.evaluation.templates import (
+from facenet.evaluation.verify import verify, verify_distances
+from facenet.files import write_atomic, write_text_atomic
+from facenet.wings.after_training.embed import embed_folder
+from facenet.wings.after_training.loading import load_model
+from facenet.wings.after_training.thresholds import deployable_lines, deployable_thresholds
+from facenet.wings.align.aligner import align_face
+from facenet.wings.align.presets import TEMPLATES
+from facenet.wings.publishers.insightface_bin import read_bin
+from facenet.wings.retrieval import retrieval_metrics
+from facenet.wings.templates.ijb import read_template_set
+from facenet.wings.templates.protocol import (
     TemplateSettings,
     WarpedFaces,
     choose_template,
     embed_faces,
     verify_templates,
 )
-from facenet.evaluation.thresholds import deployable_lines, deployable_thresholds
-from facenet.evaluation.verify import verify, verify_distances
-from facenet.files import write_atomic, write_text_atomic
-from facenet.inference.align import align_face
-from facenet.inference.embed import embed_folder
-from facenet.inference.loading import load_model
 
 
 def get_args_parser() -> argparse.ArgumentParser:

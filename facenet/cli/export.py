@@ -20,9 +20,9 @@ from facenet.cli.common import (
 )
 from facenet.cli.embed import add_threshold_arguments, model_threshold
 from facenet.distributed import set_threads
-from facenet.inference.export import CHECK_BATCH, FORMATS, PARITY_TOLERANCE, export_model
-from facenet.inference.loading import load_model
 from facenet.sizes import image_hw
+from facenet.wings.after_training.export import CHECK_BATCH, FORMATS, PARITY_TOLERANCE, export_model
+from facenet.wings.after_training.loading import load_model
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.report import ThresholdRecord
 from facenet.files import json_safe, read_npz, write_text_atomic
-from facenet.inference.identify import (
+from facenet.wings.after_training.identify import (
     Gallery,
     checked_threshold,
     identification_rates,

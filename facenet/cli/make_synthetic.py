@@ -17,10 +17,10 @@ from torchvision.utils import make_grid
 
 from facenet.cli.common import add_threads_argument, run_command
 from facenet.config import add_override_argument, load_config
-from facenet.data.synthetic import SyntheticIdentities, drawn_side, prepare_synthetic_data
 from facenet.distributed import set_threads
 from facenet.errors import FacenetError
 from facenet.files import write_atomic
+from facenet.wings.demo.synthetic import SyntheticIdentities, drawn_side, prepare_synthetic_data
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -39,7 +39,7 @@ from facenet.data.folder import list_images
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.files import write_atomic, write_text_atomic
-from facenet.inference.align import (
+from facenet.wings.align.aligner import (
     DEFAULT_DETECT_SIZE,
     REPORT_HEADER,
     Aligner,

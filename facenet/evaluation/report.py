@@ -85,7 +85,7 @@ _IMPLIED = {"features": "unit"}  # records from before ``features`` were all on 
 @dataclass(frozen=True)
 class ThresholdRecord:
     """A verification threshold ("same" below ``value``, in ``distance``) and what it was
-    chosen for: the weights' content hash (``facenet.inference.loading.weights_digest``) and
+    chosen for: the weights' content hash (``facenet.checkpoint.weights_digest``) and
     the preparation (``VerifySettings.provenance``); None where a record does not say."""
 
     value: float

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from facenet.data.insightface_bin import BinImages, BinPairs
 from facenet.errors import DataError
 from facenet.evaluation.embedding import embed_batches, embed_pair_list
 from facenet.evaluation.presets import CLASSIC, VerifySettings
@@ -43,8 +42,8 @@ def verify(
     Raises:
         DataError: pairs the protocol cannot use (e.g. a fold without both kinds), named.
     """
-    if isinstance(pairs, BinPairs):  # images 2i and 2i + 1 are pair i; kinds alternate
-        images = BinImages(pairs, image_size, normalize)
+    if hasattr(pairs, "images_for"):  # a .bin set: images 2i and 2i + 1 are pair i
+        images = pairs.images_for(image_size, normalize)
         loader = torch.utils.data.DataLoader(images, batch_size=settings.batch_size)
         embeddings = embed_batches(model, loader, device, settings.flip, settings.features).numpy()
         emb1, emb2, folds, source = embeddings[0::2], embeddings[1::2], None, f"{pairs.name}.bin"

@@ -1,20 +1,4 @@
-"""Embedding networks: ``EmbeddingNet`` (a backbone, an L2-normalised embedding head and an
-optional classifier), the backbones (torchvision's and ours in ``backbones/``) and loading
-published backbone weights from local files.
+"""Embedding networks: ``embedding.EmbeddingNet`` (a backbone, an L2-normalised embedding head
+and an optional classifier), the backbones by name (``backbones``; the tiny CNN in ``tiny``) and
+initial weights from local files (``weights``). Import from the submodules: a name has one home.
 """
-
-from facenet.models.embedding import (
-    BACKBONES,
-    EmbeddingHead,
-    EmbeddingNet,
-    build_model,
-    count_parameters,
-)
-
-__all__ = [
-    "BACKBONES",
-    "EmbeddingHead",
-    "EmbeddingNet",
-    "build_model",
-    "count_parameters",
-]

@@ -9,23 +9,14 @@ in our layout or a publisher's. See docs/models.md.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
 
-from facenet.checkpoint import is_state_dict, load_weights_only
-from facenet.errors import WeightsError, some_names
-from facenet.models.backbones import (
-    InceptionResnetV1,
-    MobileFaceNet,
-    TinyCNN,
-)
-from facenet.models.ports import PORTS, find_port
+from facenet.models.backbones import build_backbone
+from facenet.models.weights import load_weights
 from facenet.sizes import ImageSize
 
 if TYPE_CHECKING:
@@ -33,111 +24,6 @@ if TYPE_CHECKING:
 
 
 HEAD_BN_EPS = 1e-3  # FaceNet's, so heads converted from its ports give the same outputs
-# torchvision backbones: their classifier (replaced by nn.Identity; its keys are dropped from
-# weight files) and their first convolution (replaced to read other than 3 channels).
-_TORCHVISION = {
-    **dict.fromkeys(("resnet18", "resnet34", "resnet50"), ("fc", "conv1")),
-    "mobilenet_v3_large": ("classifier", "features.0.0"),
-}
-
-
-# --------------------------------------------------------------------------- backbones
-
-
-def _torchvision(name: str, in_channels: int, input_size: ImageSize | None) -> nn.Module:
-    """A torchvision classifier with random weights, ending at its pooled features."""
-    model = torchvision.models.get_model(name, weights=None)
-    head, stem = _TORCHVISION[name]
-    linear = next(m for m in getattr(model, head).modules() if isinstance(m, nn.Linear))
-    model.feature_dim = linear.in_features  # 512 (resnet18/34), 2048 (resnet50), 960
-    setattr(model, head, nn.Identity())
-    model.source_head_keys = (f"{head}.",)
-    if in_channels != 3:
-        conv = model.get_submodule(stem)
-        parent, _, leaf = stem.rpartition(".")
-        new = nn.Conv2d(
-            in_channels,
-            conv.out_channels,
-            conv.kernel_size,
-            conv.stride,
-            conv.padding,
-            bias=conv.bias is not None,
-        )
-        setattr(model.get_submodule(parent), leaf, new)
-    return model
-
-
-# (C, input size or None) -> a module with its feature size F as ``feature_dim``; a backbone
-# may also name ``source_head_keys`` (dropped when loading its weights) and ``head_bn_eps`` (its
-# source's, so a published head loads with the same outputs).
-_BUILDERS = {
-    "tiny": lambda c, size: TinyCNN(c),
-    **{name: partial(_torchvision, name) for name in _TORCHVISION},
-    "inception_resnet_v1": lambda c, size: InceptionResnetV1(c),
-    "mobilefacenet": MobileFaceNet,
-}
-BACKBONES = tuple(_BUILDERS)
-
-
-# --------------------------------------------------------------------------- weights
-
-
-def _read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The state dict a weights file holds, itself or under "model"/"state_dict"."""
-    obj = load_weights_only(path, what="weights file", error=WeightsError)
-    if isinstance(obj, Mapping) and not is_state_dict(obj):
-        for key in ("model", "state_dict", *(port.file_key for port in PORTS if port.file_key)):
-            if isinstance(obj.get(key), Mapping):
-                obj = obj[key]
-                break
-    if not is_state_dict(obj):
-        raise WeightsError(
-            f"weights file {path}: expected a state dict (a mapping of parameter names to "
-            f"tensors), or a checkpoint holding one under 'model' or 'state_dict'"
-        )
-    return dict(obj)
-
-
-def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: str) -> None:
-    expected = module.state_dict()
-    found = {
-        "missing keys": [k for k in expected if k not in state],
-        "unexpected keys": [k for k in state if k not in expected],
-        "shape mismatches": [
-            f"{k}: file {tuple(state[k].shape)}, model {tuple(v.shape)}"
-            for k, v in expected.items()
-            if k in state and state[k].shape != v.shape
-        ],
-    }
-    problems = [f"{len(keys)} {kind}: {some_names(keys)}" for kind, keys in found.items() if keys]
-    if problems:
-        raise WeightsError(f"weights file {path} does not fit {what}: " + "; ".join(problems))
-
-
-def _load_weights(net: EmbeddingNet, path, head: bool) -> None:
-    """The backbone (and with ``head`` the embedding head) of ``net`` from a weights file in our
-    layout or a publisher's; a backbone's own state dict is read as it is."""
-    state = _read_state_dict(path)
-    port = find_port(state)
-    state = state if port is None else port[0].convert(state)
-    prefix = "backbone." if any(k.startswith("backbone.") for k in state) else ""
-    drop = getattr(net.backbone, "source_head_keys", ())
-    parts = [(net.backbone, prefix, drop, f"backbone {net.backbone_name!r}")]
-    if head:
-        parts.append((net.embedding, "embedding.", (), "the embedding head (model.embedding_dim)"))
-    for module, prefix, drop, what in parts:
-        part = {
-            k.removeprefix(prefix): v
-            for k, v in state.items()
-            if k.startswith(prefix) and not k.removeprefix(prefix).startswith(drop)
-        }
-        if not part and prefix == "embedding.":
-            raise WeightsError(
-                f"weights file {path} holds no embedding head (last_linear.*/last_bn.* or "
-                "embedding.*); set model.weights_head: false to start the head afresh"
-            )
-        _check_fits(module, part, path, what)
-        module.load_state_dict(part)
 
 
 # --------------------------------------------------------------------------- the network
@@ -225,18 +111,14 @@ class EmbeddingNet(nn.Module):
         self.backbone_name = backbone
         if weights_head and weights is None:
             raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
-        if backbone not in _BUILDERS:
-            raise ValueError(
-                f"unknown backbone {backbone!r}; valid backbones: {', '.join(BACKBONES)}"
-            )
         # images (B, C, H, W) -> pooled features (B, F), random weights
-        self.backbone = _BUILDERS[backbone](in_channels, input_size)
+        self.backbone = build_backbone(backbone, in_channels, input_size)
         self.feature_dim, self.embed_dim = self.backbone.feature_dim, embedding_dim
         eps = getattr(self.backbone, "head_bn_eps", HEAD_BN_EPS)
         self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, eps)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
         if weights is not None:
-            _load_weights(self, weights, weights_head)
+            load_weights(self, weights, weights_head)
 
     def forward(self, x: torch.Tensor, return_logits: bool = False):
         """Images (B, C, H, W) -> unit embeddings (B, D), or ``(embeddings, logits)`` with

@@ -25,13 +25,13 @@ from facenet.data.pairs import (
     PairsFormatError,
     read_pairs,
 )
-from facenet.data.synthetic import prepare_synthetic_data
 from facenet.distributed import is_distributed, is_main_process
 from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.files import write_text_atomic
 from facenet.metric.losses import build_loss, build_margin_loss
 from facenet.metric.miners import build_miner
 from facenet.models.embedding import build_model
+from facenet.registry import load
 from facenet.training.cache import FeatureHead, check_cache_settings
 from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.optim import (
@@ -41,6 +41,9 @@ from facenet.training.optim import (
     parameter_groups,
 )
 from facenet.training.step import build_step
+
+# The demo's data (data.dataset: synthetic) is a wing, loaded when a run asks for it.
+_SYNTHETIC = "facenet.wings.demo.synthetic:prepare_synthetic_data"
 
 
 @dataclass
@@ -81,7 +84,7 @@ def _data_roots(cfg: Config, run_dir: Path, fresh: bool):
     if data.dataset == "synthetic":
         root = Path(data.root) if data.root else run_dir / "data"
         try:
-            prepared = prepare_synthetic_data(root, data)
+            prepared = load(_SYNTHETIC)(root, data)
         except OSError as err:
             raise OSError(err.errno, f"data.root: cannot write the synthetic data: {err}") from err
         given["val"] = given["val"] or (prepared["val_pairs"], ev.val_root)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from facenet.checkpoint import load_checkpoint
+from facenet.checkpoint import load_checkpoint, weights_digest
 from facenet.config import Config
 from facenet.data.loading import resolve_loader_settings
 from facenet.distributed import broadcast_buffers, is_main_process
@@ -22,7 +22,6 @@ from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.report import figures
 from facenet.evaluation.verify import verify
 from facenet.files import write_atomic
-from facenet.inference.loading import weights_digest
 
 
 def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:

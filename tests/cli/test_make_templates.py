@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from facenet.cli import make_templates as mt
-from facenet.inference.align import AlignOutcome, Face
+from facenet.wings.align.aligner import AlignOutcome, Face
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -17,7 +17,7 @@ from facenet.data.batches import (
 )
 from facenet.data.images import build_transform, cover_size, resize_to_cover
 from facenet.data.loading import batch_seeds, make_loader, resolve_loader_settings
-from facenet.data.synthetic import SyntheticIdentities
+from facenet.wings.demo.synthetic import SyntheticIdentities
 
 # Square crops as aligned faces are stored, and other sizes: each its own resize group.
 SHAPES = [(32, 32)] * 5 + [(40, 30), (30, 41), (100, 100), (17, 60)]

@@ -20,7 +20,7 @@ from facenet.data.images import (
     CorruptImageError,
     build_transform,
 )
-from facenet.inference.embed import embed_folder
+from facenet.wings.after_training.embed import embed_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 

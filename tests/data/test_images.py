@@ -23,11 +23,11 @@ from facenet.data.images import (
     looks_like_image,
     read_image,
 )
-from facenet.data.insightface_bin import BinFormatError, BinImages, BinPairs
 from facenet.data.pairs import PairList
 from facenet.evaluation.embedding import embed_pair_list
 from facenet.evaluation.presets import VerifySettings
-from facenet.inference.embed import embed_folder
+from facenet.wings.after_training.embed import embed_folder
+from facenet.wings.publishers.insightface_bin import BinFormatError, BinImages, BinPairs
 
 # torchvision 0.29 announces the move of its decoders to TorchCodec on every call.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")

@@ -11,10 +11,8 @@ import pytest
 from facenet.cli import evaluate as evaluate_script
 from facenet.evaluation import protocol
 from facenet.evaluation.presets import (
-    ALIGN_PRESETS,
     EVAL_PRESETS,
     PUBLISHER_FIELDS,
-    TEMPLATES,
     classic_thresholds,
     mobilefacenet_thresholds,
 )
@@ -25,7 +23,8 @@ from facenet.evaluation.protocol import (
     evaluate_verification,
     pair_distances,
 )
-from facenet.inference.identify import Gallery, match
+from facenet.wings.after_training.identify import Gallery, match
+from facenet.wings.align.presets import ALIGN_PRESETS, TEMPLATES
 
 ROOT = Path(__file__).resolve().parents[2]
 

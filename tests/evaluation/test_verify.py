@@ -28,7 +28,7 @@ from facenet.evaluation.protocol import (
 )
 from facenet.evaluation.report import ThresholdRecord, figures, figures_line, sets_table
 from facenet.evaluation.verify import REVERSED_AUC_MARGIN, _checked, verify, verify_distances
-from facenet.inference.loading import load_model
+from facenet.wings.after_training.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -12,15 +12,16 @@ from torch import nn
 
 from facenet.config import ModelConfig
 from facenet.errors import WeightsError
-from facenet.models.backbones import TinyCNN, convert_facenet_pytorch_state_dict
+from facenet.models.backbones import BACKBONES
 from facenet.models.embedding import (
-    BACKBONES,
     CosineClassifier,
     EmbeddingHead,
     EmbeddingNet,
     build_model,
     count_parameters,
 )
+from facenet.models.tiny import TinyCNN
+from facenet.wings.publishers.inception_resnet_v1 import convert_facenet_pytorch_state_dict
 
 NUM_CLASSES = 5
 EXPECTED_FEATURE_DIM = {

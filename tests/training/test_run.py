@@ -733,7 +733,7 @@ def test_a_non_square_run_trains_evaluates_embeds_and_exports(tmp_path, capsys):
     from facenet.cli import embed as embed_script
     from facenet.cli import evaluate as evaluate_script
     from facenet.cli import export as export_script
-    from facenet.inference.loading import load_model
+    from facenet.wings.after_training.loading import load_model
 
     out = tmp_path / "run"
     data = [*synthetic_data(tmp_path / "data"), "eval.every=1"]

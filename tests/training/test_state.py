@@ -48,7 +48,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
-    from facenet.data.synthetic import prepare_synthetic_data
+    from facenet.wings.demo.synthetic import prepare_synthetic_data
 
     root = tmp_path_factory.mktemp("synthetic")
     prepare_synthetic_data(root, load_config(None, TINY).data)

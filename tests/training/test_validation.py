@@ -19,9 +19,9 @@ from facenet.evaluation.embedding import embed_pair_list
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import evaluate_embeddings
 from facenet.evaluation.report import ThresholdRecord, val_at_far_label
-from facenet.inference.loading import load_model
 from facenet.models.embedding import build_model
 from facenet.training.build import build_data
+from facenet.wings.after_training.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,7 +171,7 @@ def test_tensorboard_groups_steps_hparams(run):
 
 
 def test_heldout_identities_of_a_folder_never_train(tmp_path):
-    from facenet.data.synthetic import SyntheticIdentities
+    from facenet.wings.demo.synthetic import SyntheticIdentities
 
     SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(tmp_path / "faces")
     cfg = load_config(
@@ -199,7 +199,7 @@ def test_heldout_identities_of_a_folder_never_train(tmp_path):
 
 
 def test_a_folder_without_pairs_says_nothing_will_be_evaluated(tmp_path):
-    from facenet.data.synthetic import SyntheticIdentities
+    from facenet.wings.demo.synthetic import SyntheticIdentities
 
     SyntheticIdentities(4, 3, image_size=16, seed=0).write_to_disk(tmp_path / "faces")
     cfg = load_config(
@@ -288,7 +288,7 @@ def folder_config(root, *extra):
 def write_test_identities(root: Path) -> Path:
     """Six other identities of 3 images with an LFW-style pairs.txt (3 folds x 1 + 1)."""
     from facenet.data.pairs import generate_pairs, write_pairs
-    from facenet.data.synthetic import SyntheticIdentities
+    from facenet.wings.demo.synthetic import SyntheticIdentities
 
     written = SyntheticIdentities(6, 3, image_size=16, seed=2, identity_offset=90).write_to_disk(
         root
@@ -298,7 +298,7 @@ def write_test_identities(root: Path) -> Path:
 
 
 def test_the_held_out_identities_stay_held_out_when_the_folder_changes(tmp_path):
-    from facenet.data.synthetic import SyntheticIdentities
+    from facenet.wings.demo.synthetic import SyntheticIdentities
 
     faces = tmp_path / "faces"
     SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(faces)
@@ -316,7 +316,7 @@ def test_the_held_out_identities_stay_held_out_when_the_folder_changes(tmp_path)
 
 
 def test_holdout_with_given_test_pairs_holds_out_for_validation_only(tmp_path):
-    from facenet.data.synthetic import SyntheticIdentities
+    from facenet.wings.demo.synthetic import SyntheticIdentities
 
     faces, lfw = tmp_path / "faces", write_test_identities(tmp_path / "lfw")
     SyntheticIdentities(12, 3, image_size=16, seed=0).write_to_disk(faces)
@@ -338,7 +338,7 @@ def test_holdout_with_given_test_pairs_holds_out_for_validation_only(tmp_path):
 
 
 def test_the_same_pairs_for_validation_and_test_are_refused(tmp_path):
-    from facenet.data.synthetic import SyntheticIdentities
+    from facenet.wings.demo.synthetic import SyntheticIdentities
 
     faces, lfw = tmp_path / "faces", write_test_identities(tmp_path / "lfw")
     SyntheticIdentities(4, 3, image_size=16, seed=0).write_to_disk(faces)
@@ -352,7 +352,7 @@ def test_the_same_pairs_for_validation_and_test_are_refused(tmp_path):
 
 
 def test_a_corrupt_held_out_image_is_left_out_of_the_pairs(tmp_path):
-    from facenet.data.synthetic import SyntheticIdentities
+    from facenet.wings.demo.synthetic import SyntheticIdentities
 
     faces = tmp_path / "faces"
     written = SyntheticIdentities(12, 4, image_size=16, seed=0).write_to_disk(faces)

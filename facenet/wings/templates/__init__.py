@@ -1,0 +1,2 @@
+"""IJB-B/C-style template verification: the meta files (``ijb``) and the protocol on templates
+(``protocol``: media pooling, TAR at FAR)."""
