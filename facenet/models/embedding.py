@@ -16,13 +16,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from facenet.models.backbones import build_backbone
-from facenet.models.weights import load_weights
+from facenet.registry import load
 from facenet.sizes import ImageSize
 
 if TYPE_CHECKING:
     from facenet.config import ModelConfig
 
 
+# Initial weights from a file (fine-tuning), in our layout or a publisher's: loaded when asked.
+_LOAD_WEIGHTS = "facenet.models.weights:load_weights"
 HEAD_BN_EPS = 1e-3  # FaceNet's, so heads converted from its ports give the same outputs
 
 
@@ -118,7 +120,7 @@ class EmbeddingNet(nn.Module):
         self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, eps)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
         if weights is not None:
-            load_weights(self, weights, weights_head)
+            load(_LOAD_WEIGHTS)(self, weights, weights_head)
 
     def forward(self, x: torch.Tensor, return_logits: bool = False):
         """Images (B, C, H, W) -> unit embeddings (B, D), or ``(embeddings, logits)`` with
