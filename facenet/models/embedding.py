@@ -111,15 +111,13 @@ class EmbeddingNet(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"EmbeddingNet: dropout must be in [0, 1), got {dropout!r}")
         self.backbone_name = backbone
-        if weights_head and weights is None:
-            raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
         # images (B, C, H, W) -> pooled features (B, F), random weights
         self.backbone = build_backbone(backbone, in_channels, input_size)
         self.feature_dim, self.embed_dim = self.backbone.feature_dim, embedding_dim
         eps = getattr(self.backbone, "head_bn_eps", HEAD_BN_EPS)
         self.embedding = EmbeddingHead(self.feature_dim, embedding_dim, dropout, eps)
         self.classifier = nn.Linear(embedding_dim, num_classes) if num_classes else None
-        if weights is not None:
+        if weights is not None or weights_head:
             load(_LOAD_WEIGHTS)(self, weights, weights_head)
 
     def forward(self, x: torch.Tensor, return_logits: bool = False):

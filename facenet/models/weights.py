@@ -54,9 +54,11 @@ def _check_fits(module: nn.Module, state: dict[str, torch.Tensor], path, what: s
         raise WeightsError(f"weights file {path} does not fit {what}: " + "; ".join(problems))
 
 
-def load_weights(net: nn.Module, path: str | os.PathLike, head: bool) -> None:
+def load_weights(net: nn.Module, path: str | os.PathLike | None, head: bool) -> None:
     """The backbone (and with ``head`` the embedding head) of ``net`` from a weights file in our
     layout or a publisher's; a backbone's own state dict is read as it is."""
+    if path is None:
+        raise ValueError("EmbeddingNet: weights_head=True needs a weights file")
     state = _read_state_dict(path)
     port = load(_FIND_PORT)(state)
     state = state if port is None else port[0].convert(state)
