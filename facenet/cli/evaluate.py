@@ -115,7 +115,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     add_threads_argument(parser)
     _add_embedding_arguments(parser.add_argument_group("checkpoint mode"))
     _add_ijb_arguments(parser.add_argument_group("--ijb (docs/templates.md)"))
-    parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
     return parser
 
 
@@ -248,9 +247,14 @@ def _embedding_setup(args: argparse.Namespace) -> tuple:
 
     def measure(pairs):  # the thresholds on distances without mean subtraction, as identify's
         result, distances = verify(
-            model, pairs, trained.image_size, settings, normalize=trained.normalize,
-            device=device, return_distances=True,
-        )  # fmt: skip
+            model,
+            pairs,
+            trained.image_size,
+            settings,
+            normalize=trained.normalize,
+            device=device,
+            return_distances=True,
+        )
         folds = pairs.folds_for(args.n_folds) if isinstance(pairs, PairList) else None
         found = deployable_thresholds(distances, pairs.issame, settings, folds)
         return result, found | {"subtract_mean": False}
@@ -281,7 +285,7 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
 def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
     """(name, metrics.json's source fields, result) of ``--distances`` or of ``--checkpoint``
     on ``--pairs``."""
-    if args.distances:
+    if args.mode == "distances":
         source = str(args.distances)
         scores, issame = read_distances(source)
         distances = 1 - scores if args.similarities else scores
@@ -305,18 +309,23 @@ def _retrieval(args: argparse.Namespace) -> None:
     """Every image of ``--retrieval`` embedded as the checkpoint was trained, then retrieved."""
     check_outputs(args, "metrics.json")
     trained, model, device = _load(args)
+    settings = VerifySettings.of(args)
     found = embed_folder(
-        model, args.retrieval, trained.image_size, VerifySettings.of(args), trained.normalize,
-        device,
-    )  # fmt: skip
+        model, args.retrieval, trained.image_size, settings, trained.normalize, device
+    )
     labels = np.unique(found.labels, return_inverse=True)[1]  # identity names -> 0..C-1
     record = {
         "source": f"{args.checkpoint} on {args.retrieval}",
         "unreadable": len(found.unreadable),
     }
     record |= retrieval_metrics(found.embeddings, labels)
-    print(", ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
-                    for key, value in record.items() if key != "source"))  # fmt: skip
+    shown = {key: value for key, value in record.items() if key != "source"}
+    print(
+        ", ".join(
+            f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
+            for key, value in shown.items()
+        )
+    )
     _write_metrics(args, record)
 
 
@@ -380,12 +389,19 @@ def _ijb(args: argparse.Namespace) -> None:
         print(line)
     # everything a figure is computed from (tools/ijb_from_features.py recomputes them)
     arrays = {
-        "image_names": faces.images, "image_templates": faces.templates,
-        "image_media": faces.media, "image_scores": faces.scores, "image_features": features,
-        "template_ids": result.template_ids, "template_features": result.template_features,
-        "pairs": faces.pairs, "labels": faces.labels, "scores": result.scores,
-        "detector_score": settings.detector_score, "norm_score": settings.norm_score,
-    }  # fmt: skip
+        "image_names": faces.images,
+        "image_templates": faces.templates,
+        "image_media": faces.media,
+        "image_scores": faces.scores,
+        "image_features": features,
+        "template_ids": result.template_ids,
+        "template_features": result.template_features,
+        "pairs": faces.pairs,
+        "labels": faces.labels,
+        "scores": result.scores,
+        "detector_score": settings.detector_score,
+        "norm_score": settings.norm_score,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "features.npz", lambda fh: np.savez(fh, **arrays))
@@ -398,16 +414,16 @@ def _ijb(args: argparse.Namespace) -> None:
 def _evaluate(args: argparse.Namespace) -> None:
     """Check the options and ``--out``, evaluate, print the table and write the files."""
     set_threads(args.threads)
-    if args.retrieval:
+    if args.mode == "retrieval":
         return _retrieval(args)
-    if args.ijb:
+    if args.mode == "ijb":
         return _ijb(args)
     _check_options(args)
     out = Path(args.out)
     rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
     # before the work, not after it
     check_outputs(args, "metrics.json", *rocs)
-    if args.bin:
+    if args.mode == "bin":
         record, results = _bin_sets(args)
         print(sets_table(results))
         for name, values in record["sets"].items():
@@ -428,9 +444,52 @@ def _evaluate(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'metrics.json'} and {wrote}")
 
 
+# The option naming what is evaluated (its mode) -> the options that belong to that mode alone
+# (argparse destinations). One mode per call: --distances, or --checkpoint with one of the
+# others (``pairs`` may also come from --config's eval.pairs, and gives way to a mode named on
+# the command line).
+MODES = {
+    "distances": ("similarities",),
+    "pairs": ("root", "skip_missing"),
+    "bin": (),
+    "retrieval": (),
+    "ijb": ("ijb_set", "template", "flip_test", "detector_score", "norm_score"),
+}
+
+
+def _flag(dest: str) -> str:
+    """The option a destination is given by (``flip_test``: ``--no-flip-test``)."""
+    negated = dest in ("flip_test", "detector_score", "norm_score")
+    return "--" + ("no-" if negated else "") + dest.replace("_", "-")
+
+
+def _given(argv: list[str] | None) -> set[str]:
+    """The destinations the command line itself sets (not defaults from --config or --preset)."""
+    probe = get_args_parser()
+    for action in probe._actions:  # argparse keeps its options there
+        action.default = argparse.SUPPRESS
+    return set(vars(probe.parse_args(argv)))
+
+
+def _choose_mode(args: argparse.Namespace, given: set[str]) -> str:
+    """The one mode ``args`` ask for, its options checked against :data:`MODES`."""
+    named = [name for name in MODES if name in given]
+    chosen = named or (["pairs"] if args.pairs else [])
+    if len(chosen) > 1:
+        raise DataError(f"{' and '.join(map(_flag, chosen))}: one evaluation at a time")
+    if not chosen:  # --distances is a mode, so this is --checkpoint alone
+        raise DataError("--checkpoint needs --pairs, --bin, --retrieval or --ijb")
+    for name, own in MODES.items():
+        for dest in set(own) & given if name != chosen[0] else ():
+            raise DataError(f"{_flag(dest)} goes with {_flag(name)}")
+    return chosen[0]
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    """The arguments, with defaults from ``--config`` and then ``--preset``."""
+    """The arguments, with defaults from ``--config`` and then ``--preset``; ``args.mode``: the
+    evaluation they ask for."""
     parser = get_args_parser()
+    parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
     known, _ = parser.parse_known_args(argv)
     if known.config:  # the file gives defaults; flags on the command line still win
         parser.set_defaults(**config_defaults(known.config))
@@ -440,16 +499,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         preset = EVAL_PRESETS[known.preset]
         parser.set_defaults(**{key: getattr(preset, key) for key in PUBLISHER_FIELDS})
     args = parser.parse_args(argv)
-    if args.bin and not args.checkpoint:
-        parser.error("--bin needs --checkpoint")
-    if args.similarities and not args.distances:
-        parser.error("--similarities goes with --distances")
-    if args.retrieval and not args.checkpoint:
-        parser.error("--retrieval needs --checkpoint")
-    if args.ijb and (not args.checkpoint or args.retrieval):
-        parser.error("--ijb needs --checkpoint, and goes without --retrieval")
-    if args.checkpoint and not (args.pairs or args.bin or args.retrieval or args.ijb):
-        parser.error("--checkpoint needs --pairs, --bin, --retrieval or --ijb")
+    args.mode = _choose_mode(args, _given(argv))
     return args
 
 

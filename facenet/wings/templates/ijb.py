@@ -226,10 +226,11 @@ def read_template_set(root, name: str | None = None) -> TemplateSet:
     values = values[[mark_rows[n] for n in face_rows]]  # in the face list's order
     _check_images(root, faces_path, faces[:, 0], face_lines)
     table = _pairs(meta / f"{name}{PAIRS}", np.unique(ids[:, 0]))
+    landmarks, scores = values[:, :10].reshape(-1, 5, 2), values[:, 10]  # (M, 5, 2), (M,)
+    images, templates, media = faces[:, 0], ids[:, 0], ids[:, 1]
     return TemplateSet(
-        root, name, faces[:, 0], ids[:, 0], ids[:, 1], values[:, :10].reshape(-1, 5, 2),
-        values[:, 10], table[:, :2], table[:, 2],
-    )  # fmt: skip
+        root, name, images, templates, media, landmarks, scores, table[:, :2], table[:, 2]
+    )
 
 
 def read_face(faces: TemplateSet, index: int) -> torch.Tensor:
