@@ -208,7 +208,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
 
 
 def rng_state() -> dict:
-    """The random generators' states (torch CPU and CUDA, numpy, random) as plain contents."""
+    """The random generators' states (torch CPU, this process's CUDA device, numpy, random) as
+    plain contents. Each rank saves its own device's generator (the checkpoint gathers the
+    ranks'), so a run resumes on any number of visible GPUs."""
     np_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
@@ -221,7 +223,7 @@ def rng_state() -> dict:
         "python": random.getstate(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's: set_device's
     return state
 
 
@@ -240,8 +242,12 @@ def set_rng_state(state: dict) -> None:
     )
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda") if torch.cuda.is_available() else None
+    if isinstance(saved, (list, tuple)):  # older checkpoints: every visible device's state
+        index = torch.cuda.current_device()
+        saved = saved[index] if index < len(saved) else None  # fewer devices saved: fresh
+    if saved is not None:
+        torch.cuda.set_rng_state(saved)
 
 
 def weights_digest(model: torch.nn.Module) -> str:

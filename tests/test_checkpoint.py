@@ -229,3 +229,47 @@ def test_shared_and_nested_contents_are_checked_once_each(tmp_path):
     contents = {"a": [shared] * 1000, "b": [[[[shared]]]]}
     torch.save(contents, tmp_path / "shared.pt")
     assert len(load_checkpoint(tmp_path / "shared.pt")["a"]) == 1000
+
+
+class _StandInCuda:
+    """torch.cuda's generator functions for a machine with ``count`` devices, device ``current``
+    set (as set_device does per rank): each device's state a distinct tensor."""
+
+    def __init__(self, count: int, current: int):
+        self.states = {i: torch.full((4,), i, dtype=torch.uint8) for i in range(count)}
+        self.current, self.count = current, count
+
+    def install(self, monkeypatch):
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(cuda, "get_rng_state", lambda: self.states[self.current].clone())
+        monkeypatch.setattr(
+            cuda, "set_rng_state", lambda s: self.states.__setitem__(self.current, s.clone())
+        )
+        monkeypatch.setattr(cuda, "get_rng_state_all", lambda: list(self.states.values()))
+
+
+def test_each_rank_saves_and_restores_its_own_device_generator(monkeypatch, tmp_path):
+    saver = _StandInCuda(count=4, current=2)  # rank 2 of 4 GPUs
+    saver.install(monkeypatch)
+    state = rng_state()
+    assert torch.equal(state["cuda"], saver.states[2])  # its own device's, not all four
+    save_checkpoint({"rng": state}, tmp_path / "rng.pt")
+    resumer = _StandInCuda(count=1, current=0)  # resumed on a machine with one visible GPU
+    resumer.install(monkeypatch)
+    set_rng_state(load_checkpoint(tmp_path / "rng.pt")["rng"])
+    assert torch.equal(resumer.states[0], torch.full((4,), 2, dtype=torch.uint8))
+
+
+def test_an_older_checkpoint_with_every_device_resumes_on_fewer_devices(monkeypatch):
+    older = {**rng_state(), "cuda": [torch.full((4,), i, dtype=torch.uint8) for i in range(4)]}
+    for current, expected in ((1, 1), (0, 0)):
+        stand_in = _StandInCuda(count=2, current=current)
+        stand_in.install(monkeypatch)
+        set_rng_state(older)  # no IndexError: this device's entry is restored
+        assert torch.equal(stand_in.states[current], torch.full((4,), expected, dtype=torch.uint8))
+    beyond = _StandInCuda(count=8, current=6)  # more devices now than saved: left as it was
+    beyond.install(monkeypatch)
+    set_rng_state(older)
+    assert torch.equal(beyond.states[6], torch.full((4,), 6, dtype=torch.uint8))
