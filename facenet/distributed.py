@@ -34,12 +34,16 @@ class DistInfo:
 
 def resolve_device(name: str = "auto") -> torch.device:
     """The device of "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"; a FacenetError
-    when CUDA is asked for and absent."""
+    when CUDA is asked for and absent, or N is not a visible device (found here, at start,
+    rather than as "invalid device ordinal" at the first kernel)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise FacenetError(f"device {name!r} was asked for but no CUDA device is available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise FacenetError(f"device {name!r}: {count} CUDA device(s) visible (cuda:0..{count - 1})")
     return device
 
 
@@ -71,22 +75,29 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
-def init_distributed(device: str = "auto", timeout_minutes: int = 30) -> DistInfo:
+def init_distributed(device: str = "auto", timeout_minutes: float = 30) -> DistInfo:
     """Initialise the process group from torchrun's environment, if there is one; CUDA
-    ranks use ``cuda:LOCAL_RANK``, one process the ``device`` resolved."""
+    ranks use ``cuda:LOCAL_RANK``, one process the ``device`` resolved. Every CUDA process
+    makes its device the current one (else pinned-memory threads and the RNG open a context on
+    GPU 0). ``timeout_minutes`` bounds each collective's wait, a barrier's included."""
     target = resolve_device(device)
     use_cuda = target.type == "cuda"
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        if use_cuda:
+            torch.cuda.set_device(target)
         return DistInfo(device=target)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if use_cuda:
-        torch.cuda.set_device(local_rank)
-        target = torch.device("cuda", local_rank)
+        target = resolve_device(f"cuda:{local_rank}")
+        torch.cuda.set_device(target)
     if not dist.is_initialized():
-        # env:// (the default) reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+        # env:// (the default) reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; device_id
+        # binds NCCL's communicator to this rank's GPU at once (no guessing at first use).
         dist.init_process_group(
-            "nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=timeout_minutes)
+            "nccl" if use_cuda else "gloo",
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+            **({"device_id": target} if use_cuda else {}),
         )
     return DistInfo(rank, world_size, local_rank, target)
 

@@ -424,3 +424,32 @@ def test_a_name_the_run_may_not_write_stops_every_rank_with_one_message(tmp_path
     assert len(errors) == 1 and "summary.json exists" in errors[0], proc.stderr[-3000:]
     assert (out / "summary.json").read_text() == "mine"
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def _stand_in_gpus(monkeypatch, count: int) -> list:
+    """torch.cuda as a machine with ``count`` GPUs; returns the devices set_device was given."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_a_device_past_the_visible_ones_is_refused_at_start(monkeypatch):
+    from facenet.distributed import resolve_device
+    from facenet.errors import FacenetError
+
+    _stand_in_gpus(monkeypatch, 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(FacenetError, match=r"'cuda:2': 2 CUDA device\(s\) visible \(cuda:0..1\)"):
+        resolve_device("cuda:2")
+
+
+def test_one_process_on_a_gpu_makes_it_the_current_device(monkeypatch):
+    from facenet.distributed import init_distributed
+
+    chosen = _stand_in_gpus(monkeypatch, 4)
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    info = init_distributed("cuda:3")
+    assert info.device == torch.device("cuda", 3) and chosen == [torch.device("cuda", 3)]
