@@ -33,11 +33,10 @@ def _safe_sqrt(sq: torch.Tensor) -> torch.Tensor:
 
 def _safe_arccos(cos: torch.Tensor) -> torch.Tensor:
     """arccos(cos) / pi, cos clipped to [-1, 1] (rounding puts cos(x, x) above 1), with a zero
-    gradient at the ends, where arccos' derivative is infinite."""
+    gradient at the ends, where arccos' derivative is infinite: there the input is detached
+    (``where``'s backward selects, so the infinite derivative is dropped, not multiplied)."""
     inside = cos.abs() < 1
-    clipped = torch.where(inside, cos, 0.0)
-    angle = torch.where(inside, torch.arccos(clipped), torch.arccos(cos.clamp(-1, 1).detach()))
-    return angle / math.pi
+    return torch.where(inside, cos, cos.detach()).clamp(-1, 1).arccos() / math.pi
 
 
 def _squared_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
