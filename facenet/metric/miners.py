@@ -52,10 +52,10 @@ class Triplets(NamedTuple):
 
 
 def _draw(sample, size: int, generator: torch.Generator | None, device: torch.device):
-    """``sample(size)`` (torch.rand, torch.randperm) from ``generator`` (on its device)."""
-    if generator is None:
-        return sample(size, device=device)
-    return sample(size, generator=generator, device=generator.device).to(device)
+    """``sample(size)`` (torch.rand, torch.randperm) from ``generator`` (on its device), or
+    from the default generator of ``device``."""
+    source = device if generator is None else generator.device
+    return sample(size, generator=generator, device=source).to(device)
 
 
 def _cap(triplets: Triplets, max_triplets: int, generator: torch.Generator | None) -> Triplets:
@@ -223,9 +223,10 @@ class SemiHardNegativeMiner(Miner):
         stop = search(d_ap + self.margin, False)
         band = (stop - first).clamp_min(0).masked_fill(d_ap.isnan(), 0)  # (P,)
         uniform = _draw(torch.rand, pair_a.shape[0], self.generator, embeddings.device)
-        # floor(u * band) is uniform over 0..band-1; the clamp guards u * band rounding up.
-        drawn = first + torch.minimum((uniform * band).long(), (band - 1).clamp_min(0))
-        drawn = drawn.masked_fill(band == 0, 0)  # sorted position 0: the hardest negative
+        # floor(u * band) is uniform over 0..band-1; the clamp guards u * band rounding up. An
+        # empty band draws sorted position 0: the hardest negative.
+        offset = (uniform * band).long().clamp_max(band - 1)  # (P,)
+        drawn = (first + offset).masked_fill(band == 0, 0)
         keep = negatives.count[pair_a] > 0 if self.fallback == "hardest" else band > 0
         negative = negatives.index[pair_a, drawn]  # (P,)
         return Triplets(pair_a, pair_p, negative).subset(keep & finite)
