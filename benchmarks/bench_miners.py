@@ -24,7 +24,9 @@ from pytorch_metric_learning import miners as pml_miners
 from benchmarks.forking import run_forked
 from benchmarks.measure import benchmark_parser, run_benchmark, show, timed
 from facenet.errors import FacenetError
-from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
+from facenet.metric.batch_hard_miner import BatchHardMiner
+from facenet.metric.miners import SemiHardNegativeMiner
+from facenet.metric.triplet_margin_miner import TripletMarginMiner
 
 MARGIN = 0.2
 DIM = 128

@@ -49,8 +49,7 @@ from facenet.data.batches import standardize
 from facenet.data.images import build_transform
 from facenet.evaluation.report import figures, figures_line
 from facenet.evaluation.verify import verify
-from facenet.metric.losses import build_loss
-from facenet.metric.miners import build_miner
+from facenet.metric import build_loss, build_miner
 from facenet.models.embedding import build_model
 from facenet.training.build import TrainingData, build_data, build_network, build_trainer
 from facenet.training.optim import ScheduleShape, build_optimizer

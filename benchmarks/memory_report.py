@@ -46,7 +46,8 @@ from facenet.memory import (
     reset_cuda_peaks,
 )
 from facenet.metric.losses import TripletMarginLoss
-from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner
+from facenet.metric.miners import SemiHardNegativeMiner
+from facenet.metric.triplet_margin_miner import TripletMarginMiner
 from facenet.models.backbones import BACKBONES
 from facenet.models.embedding import EmbeddingNet
 from facenet.sizes import ImageSize, image_hw, plain_size

@@ -21,8 +21,10 @@ from facenet.distributed import (
 from facenet.errors import NonFiniteInputError
 from facenet.evaluation.embedding import embed_pair_list
 from facenet.evaluation.presets import VerifySettings
+from facenet.metric.batch_hard_miner import BatchHardMiner
 from facenet.metric.losses import TripletMarginLoss
-from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
+from facenet.metric.miners import Triplets
+from facenet.metric.triplet_margin_miner import TripletMarginMiner
 from facenet.training.engine import Trainer
 from facenet.training.step import build_step
 

@@ -306,9 +306,12 @@ def _registries() -> dict:
     from facenet.data.images import EVAL_PREPROCESS
     from facenet.evaluation.embedding import FEATURES
     from facenet.evaluation.protocol import DISTANCES, SCORINGS, THRESHOLD_RULES
+    from facenet.metric import MINERS
     from facenet.metric.distances import DISTANCE_NAMES
-    from facenet.metric.losses import CROSS_ENTROPIES, REDUCTIONS
-    from facenet.metric.miners import FALLBACKS, MINERS, TRIPLET_TYPES
+    from facenet.metric.losses import REDUCTIONS
+    from facenet.metric.margin_softmax import CROSS_ENTROPIES
+    from facenet.metric.miners import FALLBACKS
+    from facenet.metric.triplet_margin_miner import TRIPLET_TYPES
     from facenet.models.backbones import BACKBONES
     from facenet.training import step
     from facenet.training.optim import OPTIMIZERS, SCHEDULES

@@ -15,8 +15,8 @@ from facenet.memory import (
     MEMORY_KEYS,
     PEAK_RSS_BYTES,
 )
+from facenet.metric.batch_hard_miner import BatchHardMiner
 from facenet.metric.losses import TripletMarginLoss
-from facenet.metric.miners import BatchHardMiner
 from facenet.models.embedding import EmbeddingNet
 from facenet.training import logger
 from facenet.training.engine import Trainer, TrainerSettings

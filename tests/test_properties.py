@@ -21,8 +21,10 @@ from facenet.evaluation.protocol import (
     evaluate_embeddings,
     evaluate_verification,
 )
+from facenet.metric.batch_hard_miner import BatchHardMiner
 from facenet.metric.distances import get_distance
-from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
+from facenet.metric.miners import SemiHardNegativeMiner
+from facenet.metric.triplet_margin_miner import TripletMarginMiner
 
 FEW = settings(max_examples=40, deadline=None, derandomize=True)
 MINER_EXAMPLES = settings(max_examples=100, deadline=None, derandomize=True)

@@ -1,44 +1,59 @@
-"""Metric learning: distances, triplet miners and losses, for any training loop.
+"""Metric learning for any training loop: distances, triplet miners and losses.
 
-``triplets = miner(embeddings.detach(), labels); loss = loss_fn(embeddings, triplets)``.
+``triplets = miner(embeddings.detach(), labels); loss = loss_fn(embeddings, triplets)``. The
+core is FaceNet's: :mod:`~facenet.metric.distances`, the semi-hard miner in
+:mod:`~facenet.metric.miners`, the triplet loss in :mod:`~facenet.metric.losses` and the input
+checks in :mod:`~facenet.metric.checks`; the other miners and losses have a module each.
+
+Here: the objects a run's configuration names (``mining`` and ``loss`` sections). A miner or
+loss that a default run does not use is imported when a configuration names it, so a run loads
+only the modules it uses.
 """
 
-from facenet.metric.distances import (
-    DISTANCE_NAMES,
-    Distance,
-    get_distance,
-    paired_distance,
-    pairwise_distance,
-)
-from facenet.metric.losses import (
-    MarginSoftmaxLoss,
-    TripletMarginLoss,
-    batch_all_triplet_loss,
-    build_loss,
-    build_margin_loss,
-)
-from facenet.metric.miners import (
-    BatchHardMiner,
-    SemiHardNegativeMiner,
-    TripletMarginMiner,
-    Triplets,
-    build_miner,
-)
+from __future__ import annotations
 
-__all__ = [
-    "DISTANCE_NAMES",
-    "BatchHardMiner",
-    "Distance",
-    "MarginSoftmaxLoss",
-    "SemiHardNegativeMiner",
-    "TripletMarginLoss",
-    "TripletMarginMiner",
-    "Triplets",
-    "batch_all_triplet_loss",
-    "build_loss",
-    "build_margin_loss",
-    "build_miner",
-    "get_distance",
-    "paired_distance",
-    "pairwise_distance",
-]
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+import torch
+
+from facenet.metric.checks import check_choice
+from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.miners import Miner, SemiHardNegativeMiner
+
+if TYPE_CHECKING:
+    from facenet.config import LossConfig, MiningConfig
+    from facenet.metric.margin_softmax import MarginSoftmaxLoss
+
+MINERS = ("semihard", "batch_hard", "triplet_margin")  # mining.miner
+
+
+def _named(module: str, name: str):
+    """``name`` of ``facenet.metric.<module>``, that module imported on first use."""
+    return getattr(import_module(f"facenet.metric.{module}"), name)
+
+
+def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> Miner:
+    """The miner ``cfg`` describes (non-finite embeddings deferred to the Trainer)."""
+    common = dict(distance=cfg.distance, max_triplets=cfg.max_triplets, generator=generator)
+    miner = check_choice(cfg.miner, MINERS, "mining.miner", "miner")
+    if miner == "semihard":
+        return SemiHardNegativeMiner(cfg.margin, fallback=cfg.fallback, **common)
+    if miner == "triplet_margin":
+        return _named("triplet_margin_miner", "TripletMarginMiner")(
+            cfg.margin, cfg.type_of_triplets, strict_margin=cfg.strict_margin, **common
+        )
+    return _named("batch_hard_miner", "BatchHardMiner")(**common)
+
+
+def build_loss(cfg: LossConfig) -> TripletMarginLoss:
+    """The triplet loss ``cfg`` describes (its ``ce_weight`` is the model's classifier's)."""
+    return TripletMarginLoss(cfg.margin, cfg.distance, cfg.reduction, cfg.soft_margin, cfg.swap)
+
+
+def build_margin_loss(cfg: LossConfig) -> MarginSoftmaxLoss | None:
+    """The margin softmax of ``loss.ce`` (for a cosine classifier), or None for plain
+    cross-entropy on a linear classifier's logits."""
+    if cfg.ce == "softmax":
+        return None
+    return _named("margin_softmax", "MarginSoftmaxLoss")(cfg.ce, cfg.ce_scale, cfg.ce_margin)

@@ -28,6 +28,29 @@ def check_embeddings(embeddings: torch.Tensor, who: str, name: str = "embeddings
         raise ValueError(f"{who}: {name} must be a 2-D tensor (B, D), got {shape}")
 
 
+def check_distance_inputs(x: torch.Tensor, y: torch.Tensor, who: str, paired: bool) -> None:
+    """(B, D) ``x`` and (M, D) ``y`` of one width; ``paired``: also B == M."""
+    check_embeddings(x, who, "x")
+    check_embeddings(y, who, "y")
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"{who}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}")
+    if paired and x.shape[0] != y.shape[0]:
+        raise ValueError(f"{who}: paired rows differ in number: {x.shape[0]} vs {y.shape[0]}")
+
+
+def check_matrix(matrix: torch.Tensor, rows: int, columns: int, who: str) -> None:
+    """What a distance callable returned: (rows, columns) distances."""
+    if matrix.shape != (rows, columns):
+        raise ValueError(f"{who} returned shape {tuple(matrix.shape)}, expected {(rows, columns)}")
+
+
+def check_count(value, minimum: int, who: str, name: str) -> int:
+    """An int (not a bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{who}: {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
 def check_labels(labels, embeddings: torch.Tensor, who: str) -> torch.Tensor:
     """Identity labels as a (B,) integer tensor on the embeddings' device."""
     if labels is None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from facenet.metric.checks import check_choice, check_embeddings
+from facenet.metric.checks import check_choice, check_distance_inputs, check_matrix
 
 MatrixFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -33,11 +33,10 @@ def _safe_sqrt(sq: torch.Tensor) -> torch.Tensor:
 
 def _safe_arccos(cos: torch.Tensor) -> torch.Tensor:
     """arccos(cos) / pi, cos clipped to [-1, 1] (rounding puts cos(x, x) above 1), with a zero
-    gradient at the ends, where arccos' derivative is infinite."""
+    gradient at the ends, where arccos' derivative is infinite: there the input is detached
+    (``where``'s backward selects, so the infinite derivative is dropped, not multiplied)."""
     inside = cos.abs() < 1
-    clipped = torch.where(inside, cos, 0.0)
-    angle = torch.where(inside, torch.arccos(clipped), torch.arccos(cos.clamp(-1, 1).detach()))
-    return angle / math.pi
+    return torch.where(inside, cos, cos.detach()).clamp(-1, 1).arccos() / math.pi
 
 
 def _squared_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -53,11 +52,11 @@ def _squared_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (diff * diff).sum(1)
 
 
-def _seed_l2_paired(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # The seed's operations in the seed's order, so float32 results are bit-identical.
-    eps = 1e-4 / x.size(1)
-    out = torch.pow(torch.abs(x - y), 2).sum(dim=1)
-    return torch.pow(out + eps, 1.0 / 2)
+def _seed_l2(squared: MatrixFn) -> MatrixFn:
+    """sqrt(squared(x, y) + 1e-4 / D). Row by row these are the seed's float32 results bit for
+    bit: its ``pow(abs(diff), 2)`` is ``diff * diff`` and its ``pow(., 1 / 2)`` is ``sqrt`` in
+    torch's kernels, the row sums in the same order."""
+    return lambda x, y: (squared(x, y) + 1e-4 / x.shape[1]).sqrt()
 
 
 def _cos_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -96,28 +95,19 @@ class Distance:
             return get_distance, (self.name,)
         return super().__reduce__()
 
-    def _widened(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        who = f"distance {self.name!r}"
-        check_embeddings(x, who, "x")
-        check_embeddings(y, who, "y")
-        if x.shape[1] != y.shape[1]:
-            raise ValueError(
-                f"{who}: embedding widths differ: {tuple(x.shape)} vs {tuple(y.shape)}"
-            )
+    def _widened(self, x: torch.Tensor, y: torch.Tensor, paired: bool):
+        """``x`` and ``y``, checked, in their common dtype and at least float32."""
+        check_distance_inputs(x, y, f"distance {self.name!r}", paired)
         dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
         return x.to(dtype), y.to(dtype)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """The (B, M) distances between rows of ``x`` (B, D) and ``y`` (M, D; None: ``x``)."""
         self_distance = y is None
-        x, y = self._widened(x, x if y is None else y)
+        x, y = self._widened(x, x if y is None else y, paired=False)
         with torch.autocast(device_type=x.device.type, enabled=False):
             out = self.matrix_fn(x, y)
-        if out.shape != (x.shape[0], y.shape[0]):
-            raise ValueError(
-                f"distance {self.name!r} returned shape {tuple(out.shape)}, expected "
-                f"{(x.shape[0], y.shape[0])}"
-            )
+        check_matrix(out, x.shape[0], y.shape[0], f"distance {self.name!r}")
         if self_distance and self.zero_diagonal:
             # The Gram expansion leaves rounding residue. In place is safe: neither clamp_min
             # nor where saves its output for backward.
@@ -126,12 +116,7 @@ class Distance:
 
     def paired(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``d(x[i], y[i])`` of (T, D) rows, shape (T,)."""
-        x, y = self._widened(x, y)
-        if x.shape[0] != y.shape[0]:
-            raise ValueError(
-                f"distance {self.name!r}: paired rows differ in number: {x.shape[0]} vs "
-                f"{y.shape[0]}"
-            )
+        x, y = self._widened(x, y, paired=True)
         with torch.autocast(device_type=x.device.type, enabled=False):
             if self.paired_fn is not None:
                 return self.paired_fn(x, y)
@@ -159,9 +144,7 @@ _NAMED = {
     "cosine": _derived(lambda cos: 1 - cos, _cos_matrix, _cos_paired, "cosine"),
     # arccos magnifies the rounding of cos(x, x) ~ 1 - 1e-16 to 1e-8: the diagonal is set to 0.
     "angular": _derived(_safe_arccos, _cos_matrix, _cos_paired, "angular", True),
-    "seed_l2": Distance(
-        lambda x, y: (_squared_matrix(x, y) + 1e-4 / x.shape[1]).sqrt(), _seed_l2_paired, "seed_l2"
-    ),
+    "seed_l2": Distance(_seed_l2(_squared_matrix), _seed_l2(_squared_paired), "seed_l2"),
 }
 
 DISTANCE_NAMES = tuple(_NAMED)

@@ -4,37 +4,34 @@ A miner runs under ``torch.no_grad()`` and returns :class:`Triplets`, int64 indi
 batch (pytorch-metric-learning's ``indices_tuple``), so the loss indexes the live graph. Memory
 is O(B^2): each anchor's negatives are sorted once; a triplet condition is a contiguous range of
 that order per anchor-positive pair, found by binary search. ``miner(embeddings, labels)`` mines
-a P x K batch; ``miner(embeddings, candidates=(a, p, n))`` keeps the given triplets that pass
-(``TripletMarginMiner(margin, "all", distance="seed_l2", strict_margin=True)``: the seed
-script's selection, bit for bit). A NaN or inf embedding yields no triplet (``on_nonfinite``).
+a P x K batch; ``miner(embeddings, candidates=(a, p, n))`` keeps the given triplets that pass.
+A NaN or inf embedding yields no triplet (``on_nonfinite``).
+
+Here: the protocol every miner follows (:class:`Miner`) and FaceNet's semi-hard selection.
+pytorch-metric-learning's miners are :mod:`facenet.metric.triplet_margin_miner` (with
+``distance="seed_l2", strict_margin=True`` the seed script's selection, bit for bit) and
+:mod:`facenet.metric.batch_hard_miner`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from facenet.metric.checks import (
     ON_NONFINITE,
     check_choice,
+    check_count,
     check_index_triplets,
     check_labels,
     finite_flag,
 )
 from facenet.metric.distances import Distance, DistanceLike, get_distance
 
-if TYPE_CHECKING:
-    from facenet.config import MiningConfig
-
-TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 FALLBACKS = ("hardest", "skip")
-MINERS = ("semihard", "batch_hard", "triplet_margin")
 
-# A step of _expand_ranges writes max(B, this // B) pairs, at most max(B^2, this) triplets: its
-# temporaries stay O(B^2) while the number of operations stays small.
-_MIN_EXPAND_TRIPLETS = 1 << 18
 _CANDIDATE_CHUNK = 1 << 14  # candidate triplets per chunk of row-by-row distances
 
 
@@ -49,12 +46,16 @@ class Triplets(NamedTuple):
     def num_triplets(self) -> int:
         return self.anchor.shape[0]
 
+    def subset(self, keep: torch.Tensor) -> Triplets:
+        """The triplets ``keep`` (a (T,) mask or positions) selects."""
+        return Triplets(*(t[keep] for t in self))
+
 
 def _draw(sample, size: int, generator: torch.Generator | None, device: torch.device):
-    """``sample(size)`` (torch.rand, torch.randperm) from ``generator`` (on its device)."""
-    if generator is None:
-        return sample(size, device=device)
-    return sample(size, generator=generator, device=generator.device).to(device)
+    """``sample(size)`` (torch.rand, torch.randperm) from ``generator`` (on its device), or
+    from the default generator of ``device``."""
+    source = device if generator is None else generator.device
+    return sample(size, generator=generator, device=source).to(device)
 
 
 def _cap(triplets: Triplets, max_triplets: int, generator: torch.Generator | None) -> Triplets:
@@ -63,14 +64,10 @@ def _cap(triplets: Triplets, max_triplets: int, generator: torch.Generator | Non
     if max_triplets == 0 or total <= max_triplets:
         return triplets
     order = _draw(torch.randperm, total, generator, triplets.anchor.device)
-    return _filter(triplets, order[:max_triplets].sort().values)
+    return triplets.subset(order[:max_triplets].sort().values)
 
 
-def _filter(triplets: Triplets, keep: torch.Tensor) -> Triplets:
-    return Triplets(*(t[keep] for t in triplets))
-
-
-class _SortedNegatives(NamedTuple):
+class SortedNegatives(NamedTuple):
     """Each anchor's negatives by increasing distance: (B, B) ``distance`` (+inf past
     ``count``), (B, B) ``index`` (the batch column of each), (B,) ``count`` of comparable ones."""
 
@@ -85,7 +82,7 @@ def identity_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return same, same.clone().fill_diagonal_(False)
 
 
-def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: torch.Tensor):
+def pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: torch.Tensor):
     """Every anchor-positive pair (sorted by anchor, positive), its d(a,p), sorted negatives,
     and their :func:`_searcher`."""
     same, positive = identity_masks(labels)
@@ -94,13 +91,13 @@ def _pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: t
     # NaN sorts last: it marks the same-identity columns (and any NaN distance).
     values, index = dist.masked_fill(same, float("nan")).sort(dim=1, stable=True)
     missing = values.isnan()
-    negatives = _SortedNegatives(
+    negatives = SortedNegatives(
         values.masked_fill_(missing, float("inf")), index, (~missing).sum(1)
     )
     return pair_a, pair_p, dist[pair_a, pair_p], negatives, _searcher(negatives, pair_a)
 
 
-def _searcher(negatives: _SortedNegatives, pair_a: torch.Tensor):
+def _searcher(negatives: SortedNegatives, pair_a: torch.Tensor):
     """``search(threshold, right)``: (P,) how many of each pair's sorted negatives are < (or,
     right, <=) its threshold (P,); one batched search over a (B, most positives) table."""
     batch_size = negatives.distance.shape[0]
@@ -118,37 +115,7 @@ def _searcher(negatives: _SortedNegatives, pair_a: torch.Tensor):
     return search
 
 
-def _expand_step(batch_size: int) -> int:
-    return max(_MIN_EXPAND_TRIPLETS // batch_size, batch_size)
-
-
-def _expand_ranges(negatives, pair_a, pair_p, start, length) -> Triplets:
-    """Triplets (a, p, n), n in each pair's range [start, start + length) of sorted negatives,
-    written ``_expand_step`` pairs at a time into an output allocated once."""
-    device = pair_a.device
-    end = length.cumsum(0)  # (P,) where each pair's triplets end in the output
-    total = int(end[-1]) if end.shape[0] else 0
-    out = Triplets(*(torch.empty(total, dtype=torch.int64, device=device) for _ in range(3)))
-    batch_size = negatives.index.shape[0]
-    begin = end - length  # (P,) where each pair's triplets begin in the output
-    # Output position t of pair i maps to flat sorted index a*B + start + (t - begin(i)).
-    flat_base = pair_a * batch_size + start - begin  # (P,)
-    flat_index = negatives.index.reshape(-1)  # (B * B,)
-    step = _expand_step(batch_size)
-    firsts = list(range(0, end.shape[0], step))
-    bounds = [*begin[firsts].tolist(), total]
-    for first, os_, oe in zip(firsts, bounds, bounds[1:]):
-        pairs = slice(first, first + step)
-        row = torch.repeat_interleave(length[pairs], output_size=oe - os_)  # (k,) pair of each
-        torch.index_select(pair_a[pairs], 0, row, out=out.anchor[os_:oe])
-        torch.index_select(pair_p[pairs], 0, row, out=out.positive[os_:oe])
-        position = flat_base[pairs].index_select(0, row)  # (k,)
-        position += torch.arange(os_, oe, device=device)
-        torch.index_select(flat_index, 0, position, out=out.negative[os_:oe])
-    return out
-
-
-def _candidate_distances(embeddings, candidates: Triplets, distance: Distance):
+def candidate_distances(embeddings, candidates: Triplets, distance: Distance):
     """d(a,p) and d(a,n) of each candidate, each (T,): row by row for a named distance (the
     seed's own arithmetic), through the (B, B) matrix for a custom one."""
     a, p, n = candidates
@@ -164,9 +131,11 @@ def _candidate_distances(embeddings, candidates: Triplets, distance: Distance):
     return torch.cat(d_ap), torch.cat(d_an)
 
 
-class _Miner:
+class Miner:
     """The call protocol: checks, no_grad, candidates or mining, the max_triplets cap. Every
-    miner also takes the keywords ``max_triplets``, ``generator`` and ``on_nonfinite``."""
+    miner also takes the keywords ``max_triplets``, ``generator`` and ``on_nonfinite``. A
+    subclass mines with ``_mine`` and filters candidates with ``_passes`` (a test on
+    ``d(a,n) - d(a,p)``) or its own ``_filter_candidates``."""
 
     def __init__(
         self,
@@ -178,11 +147,7 @@ class _Miner:
     ) -> None:
         who = type(self).__name__
         self.distance = get_distance(distance)
-        if isinstance(max_triplets, bool) or not isinstance(max_triplets, int) or max_triplets < 0:
-            raise ValueError(
-                f"{who}: max_triplets must be an int >= 0 (0: no cap), got {max_triplets!r}"
-            )
-        self.max_triplets = max_triplets
+        self.max_triplets = check_count(max_triplets, 0, who, "max_triplets")  # 0: no cap
         self.generator = generator
         self.on_nonfinite = check_choice(on_nonfinite, ON_NONFINITE, who, "on_nonfinite")
 
@@ -212,106 +177,11 @@ class _Miner:
     selects_every_image = False
 
     def _filter_candidates(self, embeddings, candidates: Triplets, finite) -> Triplets:
-        d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
-        return _filter(candidates, self._passes(d_an - d_ap) & finite)
+        d_ap, d_an = candidate_distances(embeddings, candidates, self.distance)
+        return candidates.subset(self._passes(d_an - d_ap) & finite)
 
 
-class TripletMarginMiner(_Miner):
-    """Every triplet whose ``tm = d(a,n) - d(a,p)`` passes pytorch-metric-learning's test:
-    ``all`` tm <= m, ``hard`` tm <= 0 (and <= m), ``semihard`` 0 < tm <= m, ``easy`` tm > m.
-
-    ``strict_margin`` compares strictly (< m; easy: >= m): with "all" and "seed_l2", the seed
-    script's ``d_n - d_p < margin``. Triplets come grouped by (anchor, positive), each pair's
-    negatives nearest first. ``max_triplets`` > 0 keeps a random subset drawn from
-    ``generator``. Mining compares d(a,n) with d(a,p) + m, filtering candidates computes tm as
-    the seed did: the two disagree only within one rounding error of m.
-    """
-
-    def __init__(
-        self,
-        margin: float = 0.2,
-        type_of_triplets: str = "all",
-        distance: DistanceLike = "squared",
-        *,
-        strict_margin: bool = False,
-        **common,
-    ) -> None:
-        super().__init__(distance, **common)
-        self.margin = float(margin)
-        self.type_of_triplets = check_choice(
-            type_of_triplets, TRIPLET_TYPES, "TripletMarginMiner", "type_of_triplets"
-        )
-        self.strict_margin = bool(strict_margin)
-
-    def __repr__(self) -> str:
-        return (
-            f"TripletMarginMiner(margin={self.margin}, type_of_triplets="
-            f"{self.type_of_triplets!r}, distance={self.distance.name!r})"
-        )
-
-    def _passes(self, tm: torch.Tensor) -> torch.Tensor:
-        if self.type_of_triplets == "easy":
-            return tm >= self.margin if self.strict_margin else tm > self.margin
-        within = tm < self.margin if self.strict_margin else tm <= self.margin
-        if self.type_of_triplets == "hard":
-            return within & (tm <= 0)
-        return within & (tm > 0) if self.type_of_triplets == "semihard" else within
-
-    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
-        pair_a, pair_p, d_ap, negatives, search = _pairs_and_negatives(
-            self.distance, embeddings, labels
-        )
-        # tm <= m (strict: <)  <=>  d(a,n) <= d(a,p) + m: the first `within` sorted negatives.
-        within = search(d_ap + self.margin, not self.strict_margin)
-        start, stop = torch.zeros_like(within), within
-        if self.type_of_triplets == "hard":  # also d(a,n) <= d(a,p)
-            stop = torch.minimum(within, search(d_ap, True))
-        elif self.type_of_triplets == "semihard":  # also d(a,n) > d(a,p)
-            start = search(d_ap, True)
-        elif self.type_of_triplets == "easy":
-            start, stop = within, negatives.count[pair_a]
-        # A NaN d(a,p) passes no test (as in a direct comparison); a non-finite batch none.
-        length = (stop - start).clamp_min(0).masked_fill(d_ap.isnan() | ~finite, 0)  # (P,)
-        return _expand_ranges(negatives, pair_a, pair_p, start, length)
-
-
-class BatchHardMiner(_Miner):
-    """Each anchor's farthest positive and nearest negative (Hermans, Beyer, Leibe 2017, "In
-    Defense of the Triplet Loss"); anchors lacking either are left out. With ``candidates``,
-    each anchor keeps its candidate of largest d(a,p) - d(a,n), the first one on ties."""
-
-    def __repr__(self) -> str:
-        return f"BatchHardMiner(distance={self.distance.name!r})"
-
-    @property
-    def selects_every_image(self) -> bool:
-        return self.max_triplets == 0
-
-    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
-        same, positive = identity_masks(labels)
-        dist = self.distance(embeddings)  # (B, B)
-        hardest_positive = dist.masked_fill(~positive, float("-inf")).max(1).indices  # (B,)
-        hardest_negative = dist.masked_fill(same, float("inf")).min(1).indices  # (B,)
-        has_both = positive.any(1) & ~same.all(1) & finite  # (B,)
-        anchor = has_both.nonzero().squeeze(1)
-        return Triplets(anchor, hardest_positive[anchor], hardest_negative[anchor])
-
-    def _filter_candidates(self, embeddings, candidates: Triplets, finite) -> Triplets:
-        d_ap, d_an = _candidate_distances(embeddings, candidates, self.distance)
-        violation = d_ap - d_an  # (T,)
-        # Stable sorts: by anchor, then largest violation first (NaN sorts first), then the
-        # candidates' order; each anchor keeps its first, unless that is NaN.
-        order = violation.argsort(descending=True, stable=True)
-        order = order[candidates.anchor[order].argsort(stable=True)]
-        anchor = candidates.anchor[order]
-        first = torch.ones_like(anchor, dtype=torch.bool)
-        first[1:] = anchor[1:] != anchor[:-1]
-        keep = torch.zeros_like(first)
-        keep[order[first]] = True
-        return _filter(candidates, keep & ~violation.isnan() & finite)
-
-
-class SemiHardNegativeMiner(_Miner):
+class SemiHardNegativeMiner(Miner):
     """FaceNet's online selection (Schroff, Kalenichenko, Philbin 2015, section 3.2).
 
     Every anchor-positive pair, with one negative drawn uniformly from the band
@@ -346,29 +216,17 @@ class SemiHardNegativeMiner(_Miner):
         return self.fallback == "hardest" and self.max_triplets == 0
 
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor, finite) -> Triplets:
-        pair_a, pair_p, d_ap, negatives, search = _pairs_and_negatives(
+        pair_a, pair_p, d_ap, negatives, search = pairs_and_negatives(
             self.distance, embeddings, labels
         )
         first = search(d_ap, True)  # the band is the sorted range [first, stop)
         stop = search(d_ap + self.margin, False)
         band = (stop - first).clamp_min(0).masked_fill(d_ap.isnan(), 0)  # (P,)
         uniform = _draw(torch.rand, pair_a.shape[0], self.generator, embeddings.device)
-        # floor(u * band) is uniform over 0..band-1; the clamp guards u * band rounding up.
-        drawn = first + torch.minimum((uniform * band).long(), (band - 1).clamp_min(0))
-        drawn = drawn.masked_fill(band == 0, 0)  # sorted position 0: the hardest negative
+        # floor(u * band) is uniform over 0..band-1; the clamp guards u * band rounding up. An
+        # empty band draws sorted position 0: the hardest negative.
+        offset = (uniform * band).long().clamp_max(band - 1)  # (P,)
+        drawn = (first + offset).masked_fill(band == 0, 0)
         keep = negatives.count[pair_a] > 0 if self.fallback == "hardest" else band > 0
         negative = negatives.index[pair_a, drawn]  # (P,)
-        return _filter(Triplets(pair_a, pair_p, negative), keep & finite)
-
-
-def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> _Miner:
-    """The miner ``cfg`` describes (non-finite embeddings deferred to the Trainer)."""
-    common = dict(distance=cfg.distance, max_triplets=cfg.max_triplets, generator=generator)
-    if cfg.miner == "semihard":
-        return SemiHardNegativeMiner(cfg.margin, fallback=cfg.fallback, **common)
-    if cfg.miner == "triplet_margin":
-        return TripletMarginMiner(
-            cfg.margin, cfg.type_of_triplets, strict_margin=cfg.strict_margin, **common
-        )
-    check_choice(cfg.miner, MINERS, "mining.miner", "miner")
-    return BatchHardMiner(**common)
+        return Triplets(pair_a, pair_p, negative).subset(keep & finite)

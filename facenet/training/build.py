@@ -28,8 +28,7 @@ from facenet.data.pairs import (
 from facenet.distributed import is_distributed, is_main_process
 from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.files import write_text_atomic
-from facenet.metric.losses import build_loss, build_margin_loss
-from facenet.metric.miners import build_miner
+from facenet.metric import build_loss, build_margin_loss, build_miner
 from facenet.models.embedding import build_model
 from facenet.registry import load
 from facenet.training.cache import FeatureHead, check_cache_settings

@@ -5,14 +5,13 @@ import pytest
 import torch
 
 from facenet.config import LossConfig, MiningConfig
+from facenet.metric import build_loss, build_miner
+from facenet.metric.batch_all_loss import batch_all_triplet_loss
+from facenet.metric.batch_hard_miner import BatchHardMiner
 from facenet.metric.checks import check_index_range
-from facenet.metric.losses import TripletMarginLoss, batch_all_triplet_loss, build_loss
-from facenet.metric.miners import (
-    BatchHardMiner,
-    SemiHardNegativeMiner,
-    TripletMarginMiner,
-    build_miner,
-)
+from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.miners import SemiHardNegativeMiner
+from facenet.metric.triplet_margin_miner import TripletMarginMiner
 from facenet.models.embedding import EmbeddingNet
 from facenet.training.engine import Trainer
 from facenet.training.step import build_step

@@ -15,15 +15,14 @@ from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning import reducers as pml_reducers
 
 from facenet.config import LossConfig
+from facenet.metric import build_loss, build_margin_loss
+from facenet.metric.batch_all_loss import batch_all_triplet_loss
+from facenet.metric.batch_hard_miner import BatchHardMiner
 from facenet.metric.distances import pairwise_distance
-from facenet.metric.losses import (
-    MarginSoftmaxLoss,
-    TripletMarginLoss,
-    batch_all_triplet_loss,
-    build_loss,
-    build_margin_loss,
-)
-from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
+from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.margin_softmax import MarginSoftmaxLoss
+from facenet.metric.miners import Triplets
+from facenet.metric.triplet_margin_miner import TripletMarginMiner
 
 REDUCTIONS = ("mean_active", "mean", "sum")
 PML_REDUCERS = {

@@ -14,15 +14,11 @@ from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
 from facenet.config import MiningConfig
+from facenet.metric import build_miner
+from facenet.metric.batch_hard_miner import BatchHardMiner
 from facenet.metric.distances import pairwise_distance
-from facenet.metric.miners import (
-    TRIPLET_TYPES,
-    BatchHardMiner,
-    SemiHardNegativeMiner,
-    TripletMarginMiner,
-    Triplets,
-    build_miner,
-)
+from facenet.metric.miners import SemiHardNegativeMiner, Triplets
+from facenet.metric.triplet_margin_miner import TRIPLET_TYPES, TripletMarginMiner
 
 METRICS = ("squared", "euclidean", "cosine")
 
@@ -144,9 +140,9 @@ def test_triplet_margin_miner_matches_brute_force(kind, metric, margin):
 @pytest.mark.parametrize("step", [1, 4, 16])
 def test_output_written_in_many_steps_is_complete(monkeypatch, step):
     # Large batches fill the output in steps of pairs; force small steps on a small batch.
-    import facenet.metric.miners as miners_module
+    import facenet.metric.triplet_margin_miner as triplet_margin_miner
 
-    monkeypatch.setattr(miners_module, "_expand_step", lambda batch_size: step)
+    monkeypatch.setattr(triplet_margin_miner, "_expand_step", lambda batch_size: step)
     x, labels = random_batch(14, 3, seed=61)
     got = TripletMarginMiner(1.0, "all")(x, labels)
     expected = brute_force_triplets(pairwise_distance(x), labels, 1.0, "all")
@@ -487,7 +483,8 @@ def test_build_miner_maps_the_config():
 PEAK_SCRIPT = textwrap.dedent(
     """
     import re, sys, torch
-    from facenet.metric.miners import SemiHardNegativeMiner, TripletMarginMiner
+    from facenet.metric.miners import SemiHardNegativeMiner
+    from facenet.metric.triplet_margin_miner import TripletMarginMiner
 
     def rss(field):
         text = open("/proc/self/status").read()

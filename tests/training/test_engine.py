@@ -9,8 +9,10 @@ import torch
 
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter
+from facenet.metric.batch_hard_miner import BatchHardMiner
 from facenet.metric.losses import TripletMarginLoss
-from facenet.metric.miners import BatchHardMiner, TripletMarginMiner, Triplets
+from facenet.metric.miners import Triplets
+from facenet.metric.triplet_margin_miner import TripletMarginMiner
 from facenet.models.embedding import EmbeddingNet
 from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.step import build_step, unique_triplet_images

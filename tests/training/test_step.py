@@ -12,8 +12,11 @@ from torch import nn
 from facenet.config import load_config
 from facenet.errors import ConfigError
 from facenet.memory import GraphMemoryMeter
-from facenet.metric.losses import MarginSoftmaxLoss, TripletMarginLoss
-from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
+from facenet.metric.batch_hard_miner import BatchHardMiner
+from facenet.metric.losses import TripletMarginLoss
+from facenet.metric.margin_softmax import MarginSoftmaxLoss
+from facenet.metric.miners import SemiHardNegativeMiner
+from facenet.metric.triplet_margin_miner import TripletMarginMiner
 from facenet.models.embedding import CosineClassifier
 from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.step import ChunkedStep, OnePassStep, TwoPassStep, build_step, choose_step
