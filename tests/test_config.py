@@ -262,6 +262,32 @@ def test_an_upper_bound_is_named_too():
 
 
 @pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("n_folds", 1),
+        ("far_target", 0.0),
+        ("far_target", 1.5),
+        ("batch_size", 0),
+        ("distance", "manhattan"),
+        ("preprocess", "stretch"),
+        ("grid", "fine"),
+        ("features", "logits"),
+        ("threshold_rule", "median"),
+        ("scoring", "float32"),
+    ],
+)
+def test_an_eval_setting_is_refused_naming_the_file_the_key_and_the_value_typed(
+    tmp_path, key, value
+):
+    path = write(tmp_path, yaml.safe_dump({"eval": {key: value}}))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: eval.{key}: ") and repr(value) in message
+    assert len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
     "text",
     ["train:\n  epochs: 3\n  epochs: 4\n", "train:\n  epochs: 3\ntrain:\n  seed: 1\n"],
     ids=["key", "section"],

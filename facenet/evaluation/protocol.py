@@ -16,17 +16,27 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import torch
 from sklearn.metrics import auc as area_under_curve
 from sklearn.metrics import roc_curve
 
-from facenet.evaluation.presets import CLASSIC, PUBLISHER_GRIDS, PUBLISHER_SCORINGS, VerifySettings
-from facenet.metric.distances import DISTANCE_NAMES, paired_distance
+from facenet.evaluation.presets import (
+    CLASSIC,
+    GRIDS,
+    SCORINGS,
+    THRESHOLD_RULES,
+    ThresholdRule,
+    VerifySettings,
+    both_kinds,
+    embedding_pairs,
+    finite_array,
+    fold_indices,
+    increasing_grid,
+    measurable,
+    pair_labels,
+)
+from facenet.metric.distances import DISTANCE_NAMES
 
 DISTANCES = DISTANCE_NAMES  # training's distances are the ones evaluation measures
-THRESHOLD_RULES = ("first", "mean")
-SCORINGS = ("float64", *PUBLISHER_SCORINGS)
-GRIDS = ("default", *PUBLISHER_GRIDS)
 
 # Each grid's upper end: the classic arange(0, 4, 0.01) / (0, 4, 0.001) for squared distances
 # of unit vectors; the others span their own range in as many steps.
@@ -68,121 +78,29 @@ class VerificationResult:
     threshold: float
 
     def to_dict(self, curves: bool = True) -> dict[str, Any]:
-        """JSON-safe values; without ``curves``, no per-threshold or ROC arrays."""
+        """JSON-safe values (the scalars are Python's already); without ``curves``, no
+        per-threshold or ROC arrays."""
         skipped = () if curves else ("tpr", "fpr", "thresholds", "roc_fpr", "roc_tpr")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skipped}
-        for key, value in out.items():
-            if isinstance(value, np.ndarray):
-                out[key] = value.astype(np.float64).tolist()
-            elif not isinstance(value, (str, int)):
-                out[key] = float(value)
-        return {**out, "threshold_distance": self.distance}
+        lists = {
+            k: v.astype(np.float64).tolist() for k, v in out.items() if isinstance(v, np.ndarray)
+        }
+        return {**out, **lists, "threshold_distance": self.distance}
 
 
-# --------------------------------------------------------------------------- checks
+# --------------------------------------------------------------------------- folds
 
 
-def _to_numpy(x: Any) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
-def _finite(x: Any, name: str, ndim: int, keep_float: bool = False) -> np.ndarray:
-    """``x`` as float64 (or its own float dtype with ``keep_float``), ``ndim``-D and finite."""
-    arr = _to_numpy(x)
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {arr.shape}")
-    if arr.dtype == bool or arr.dtype.kind not in "iuf":  # complex, strings, dates: refused
-        raise ValueError(f"{name} must be real numbers, got dtype {arr.dtype}")
-    if not (keep_float and np.issubdtype(arr.dtype, np.floating)):
-        arr = arr.astype(np.float64)
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        first = np.argwhere(bad)[0].tolist()
-        raise ValueError(
-            f"{name} contains {int(bad.sum())} NaN or infinite value(s) (first at index {first})"
-        )
-    return arr
-
-
-def _labels(issame: Any, n_pairs: int) -> np.ndarray:
-    """(N,) bool from True/False or 0/1 only."""
-    arr = _to_numpy(issame)
-    if arr.ndim != 1:
-        raise ValueError(f"issame must be 1-D, got shape {arr.shape}")
-    if len(arr) != n_pairs:
-        raise ValueError(f"lengths differ: {n_pairs} distances but {len(arr)} issame labels")
-    if arr.dtype == bool:
-        return arr
-    if not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"issame must be bool or 0/1, got dtype {arr.dtype}")
-    bad = np.flatnonzero((arr != 0) & (arr != 1))
-    if len(bad):
-        raise ValueError(
-            f"issame must hold only 0/1 or True/False; found {arr[bad[0]].item()!r} at index "
-            f"{bad[0]}"
-        )
-    return arr == 1
-
-
-def _check_settings(s: VerifySettings) -> None:
-    for name, valid in (
-        ("distance", DISTANCES),
-        ("grid", GRIDS),
-        ("threshold_rule", THRESHOLD_RULES),
-        ("scoring", SCORINGS),
-    ):
-        if getattr(s, name) not in valid:
-            raise ValueError(f"{name}={getattr(s, name)!r}: valid options: {', '.join(valid)}")
-    measured = PUBLISHER_SCORINGS.get(s.scoring, (s.distance,))[0]
-    if measured != s.distance:
-        raise ValueError(f"scoring={s.scoring!r} measures {measured} distances, not {s.distance!r}")
-    if not 0.0 < s.far_target <= 1.0:
-        raise ValueError(f"far_target={s.far_target!r} must lie in (0, 1]")
-
-
-def _check_grid(thresholds: Any, name: str) -> np.ndarray:
-    grid = _finite(thresholds, name, ndim=1)
-    if len(grid) == 0:
-        raise ValueError(f"{name} is empty")
-    if np.any(np.diff(grid) <= 0):
-        raise ValueError(f"{name} must be strictly increasing")
-    return grid
-
-
-def _fold_ids(n_pairs: int, n_folds: int, folds=None) -> np.ndarray:
-    """(N,) fold of every pair: contiguous ``KFold(shuffle=False)`` unless ``folds`` gives them."""
-    if isinstance(n_folds, bool) or not isinstance(n_folds, (int, np.integer)) or n_folds < 2:
-        raise ValueError(f"n_folds={n_folds!r} must be an integer >= 2")
-    if n_pairs < n_folds:
-        raise ValueError(f"fewer pairs ({n_pairs}) than folds ({n_folds})")
-    if folds is None:  # as KFold(shuffle=False): the first N % F folds one pair larger
-        sizes = [len(part) for part in np.array_split(np.arange(n_pairs), n_folds)]
-        return np.repeat(np.arange(n_folds), sizes)
-    ids = _to_numpy(folds)
-    if ids.shape != (n_pairs,) or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"folds must be ({n_pairs},) integers, got {ids.dtype} {ids.shape}")
-    if not np.array_equal(np.unique(ids), np.arange(n_folds)):
-        raise ValueError(f"folds must use every fold index 0..{n_folds - 1} and no other")
-    return ids.astype(np.int64)
-
-
-def _folds(issame, n_pairs: int, settings: VerifySettings, folds=None):
+def _folds(issame, n_pairs: int, n_folds: int, folds=None):
     """(issame as (N,) bool, (N,) fold ids, (F, 2) pairs [negative, positive] of each fold),
-    every fold holding both kinds of pair."""
-    same, n_folds = _labels(issame, n_pairs), settings.n_folds
-    ids = _fold_ids(n_pairs, n_folds, folds)
+    every fold holding both kinds; the folds contiguous unless ``folds`` gives them."""
+    same = pair_labels(issame, n_pairs)
+    if folds is None:  # as KFold(shuffle=False): the first N % F folds one pair larger
+        sizes = n_pairs // n_folds + (np.arange(n_folds) < n_pairs % n_folds)  # (F,)
+        folds = np.repeat(np.arange(n_folds), sizes)
+    ids = fold_indices(folds, n_pairs, n_folds)
     n = np.stack([np.bincount(ids[same == k], minlength=n_folds) for k in (0, 1)], 1)
-    for fold, kind in np.argwhere(n == 0)[:1]:  # else its VAL or FAR is 0 / 0
-        members = np.flatnonzero(ids == fold)
-        raise ValueError(
-            f"fold {fold} of {n_folds} (pairs {members[0]}-{members[-1]}) has no "
-            f"{('negative (diff.)', 'positive (same)')[kind]} pair, so its VAL or FAR is "
-            "undefined; the folds are contiguous in input order, so keep the pairs in pairs.txt "
-            "order (same and different per fold)"
-        )
-    return same, ids, n
+    return same, ids, both_kinds(n, ids)
 
 
 # --------------------------------------------------------------------------- grids
@@ -191,8 +109,7 @@ def _folds(issame, n_pairs: int, settings: VerifySettings, folds=None):
 def default_thresholds(distance: str = "squared", fine: bool = False) -> np.ndarray:
     """The distance's own grid (``fine``: the VAL grid, ten times finer); squared distances get
     the classic ``arange(0, 4, 0.01)``, the others their range in as many steps."""
-    _check_settings(VerifySettings(distance=distance))
-    top = _GRID_TOPS[distance]
+    top = _GRID_TOPS[VerifySettings(distance=distance).distance]  # the name checked
     return np.arange(0, top, top / (4000 if fine else 400))
 
 
@@ -203,9 +120,9 @@ def threshold_grids(settings: VerifySettings) -> tuple[np.ndarray, np.ndarray]:
     norm-dependent distance then runs on, in the same steps, over the doubled range (squared
     distances up to 8). The publishers' grids stay as their code had them.
     """
-    _check_settings(settings)
-    if settings.grid in PUBLISHER_GRIDS:
-        return PUBLISHER_GRIDS[settings.grid]()
+    publisher = GRIDS[settings.grid]
+    if publisher:
+        return publisher()
     unit = default_thresholds(settings.distance), default_thresholds(settings.distance, True)
     power = _NORM_POWER.get(settings.distance)
     if not (settings.flip and settings.features == "unit" and power):
@@ -235,33 +152,23 @@ def _counts(distances, issame, fold_ids, n_folds, grid, inclusive=False):
     return both[0], both[1]
 
 
-def _curves(count, n_train: np.ndarray, grids, rule: str):
+def _curves(count, n_train: np.ndarray, grids, rule: ThresholdRule):
     """((F, T) right training pairs at each accuracy-grid threshold, (F, T') training FAR at
     each VAL-grid threshold, the (F, 2, T) test counts); ``count(grid, inclusive)``: the
     (train, test) counts of :func:`_counts`, ``n_train``: (F, 2) training pairs."""
     grid, val_grid = grids
     train, test = count(grid)
-    # the mean rule counts a negative pair at a threshold as wrong: those at or below it
-    negative = count(grid, True)[0] if rule == "mean" else train
+    # an inclusive rule counts a negative pair at a threshold as accepted: at or below it
+    negative = count(grid, True)[0] if rule.inclusive else train
     correct = train[:, 1] + n_train[:, :1] - negative[:, 0]
     return correct, count(val_grid)[0][:, 0] / n_train[:, :1], test
 
 
-def _best_thresholds(correct: np.ndarray, grid: np.ndarray, rule: str) -> np.ndarray:
-    """(F,) threshold of the (F, T) right training pairs per threshold. "first": the classic
-    first best (its np.argmax); "mean": Xiaoccer/MobileFaceNet_Pytorch's getThreshold, the mean
-    of every best one."""
-    if rule == "first":
-        return grid[np.argmax(correct, axis=1)]
-    best = correct == correct.max(axis=1, keepdims=True)
-    return np.array([np.mean(grid[row]) for row in best])
-
-
-def _right(distances, issame, threshold, rule: str) -> np.ndarray:
-    """(N,) bool: the pairs the threshold gets right ("mean": getAccuracy's, a pair exactly at
-    the threshold wrong for either kind)."""
-    rejected = distances >= threshold if rule == "first" else distances > threshold
-    return np.where(issame, distances < threshold, rejected)
+def _right(distances, issame, threshold, rule: ThresholdRule) -> np.ndarray:
+    """(N,) bool: the pairs the threshold gets right (a negative pair exactly at it wrong
+    under an inclusive rule, as getAccuracy's: wrong for either kind)."""
+    accepted = distances <= threshold if rule.inclusive else distances < threshold
+    return np.where(issame, distances < threshold, ~accepted)
 
 
 def _far_thresholds(far_train: np.ndarray, grid: np.ndarray, far_target: float) -> np.ndarray:
@@ -293,13 +200,14 @@ def _roc_auc_eer(distances: np.ndarray, issame: np.ndarray):
 def _protocol(distances, issame, fold_ids, n, s: VerifySettings, grids) -> VerificationResult:
     """The protocol on checked inputs (see :func:`_folds`); ``distances`` (N,) or (F, N) (see
     :func:`_counts`)."""
-    grid, val_grid = map(_check_grid, grids or threshold_grids(s), ("thresholds", "val_thresholds"))
-    n_folds, pairs = s.n_folds, np.arange(len(issame))
+    names = ("thresholds", "val_thresholds")
+    grid, val_grid = map(increasing_grid, grids or threshold_grids(s), names)
+    rule, n_folds, pairs = THRESHOLD_RULES[s.threshold_rule], s.n_folds, np.arange(len(issame))
     count = partial(_counts, distances, issame, fold_ids, n_folds)  # (grid, inclusive)
     test_distances = distances if distances.ndim == 1 else distances[fold_ids, pairs]  # (N,)
-    correct, far_train, test = _curves(count, n.sum(axis=0) - n, (grid, val_grid), s.threshold_rule)
-    best = _best_thresholds(correct, grid, s.threshold_rule)
-    right = _right(test_distances, issame, best[fold_ids], s.threshold_rule)
+    correct, far_train, test = _curves(count, n.sum(axis=0) - n, (grid, val_grid), rule)
+    best = rule.best(correct, grid)
+    right = _right(test_distances, issame, best[fold_ids], rule)
     accuracy = np.bincount(fold_ids[right], minlength=n_folds) / n.sum(axis=1)
     chosen = _far_thresholds(far_train, val_grid, s.far_target)
     accepted = test_distances < chosen[fold_ids]
@@ -335,25 +243,9 @@ def _protocol(distances, issame, fold_ids, n, s: VerifySettings, grids) -> Verif
 # --------------------------------------------------------------------------- distances
 
 
-def _embeddings(emb1: Any, emb2: Any, keep_float: bool = False):
-    a = _finite(emb1, "emb1", ndim=2, keep_float=keep_float)
-    b = _finite(emb2, "emb2", ndim=2, keep_float=keep_float)
-    if a.shape != b.shape:
-        raise ValueError(f"emb1 and emb2 shapes differ: {a.shape} vs {b.shape}")
-    common = np.result_type(a, b)
-    return a.astype(common, copy=False), b.astype(common, copy=False)
-
-
 def _scores(a, b, s: VerifySettings) -> np.ndarray:
-    """(N,) distances of the rows of ``a`` and ``b`` as ``s.scoring`` measures them: training's
-    ``paired_distance`` in float64, or a publisher's in the features' own dtype. The angle of
-    a zero-length embedding is undefined: refused rather than measured as 1 (or NaN)."""
-    angle = s.distance in ("cosine", "angular")
-    if angle and np.any(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) == 0):
-        raise ValueError(f"{s.distance} distance of a zero-length embedding is undefined")
-    if s.scoring in PUBLISHER_SCORINGS:
-        return PUBLISHER_SCORINGS[s.scoring][1](a, b)
-    return paired_distance(torch.from_numpy(a), torch.from_numpy(b), s.distance).numpy()
+    """(N,) distances of the rows of ``a`` and ``b`` as ``s.scoring`` measures them."""
+    return SCORINGS[s.scoring].distances(*measurable(a, b, s.distance), s.distance)
 
 
 def _distances(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
@@ -370,9 +262,7 @@ def pair_distances(emb1, emb2, metric="squared") -> np.ndarray:
     """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip),
     ``metric`` a name in ``DISTANCES``; mean subtraction needs the folds: see
     :func:`evaluate_embeddings`."""
-    settings = VerifySettings(distance=metric)
-    _check_settings(settings)
-    return _scores(*_embeddings(emb1, emb2), settings)
+    return _scores(*embedding_pairs(emb1, emb2), VerifySettings(distance=metric))
 
 
 # --------------------------------------------------------------------------- public API
@@ -387,11 +277,10 @@ def evaluate_verification(distances, issame, settings=CLASSIC, folds=None, grids
 
     Raises:
         ValueError: non-finite distances, lengths that differ, fewer pairs than folds, a fold
-            without a positive or a negative pair, a bad grid or option.
+            without a positive or a negative pair, a bad grid.
     """
-    _check_settings(settings)
-    dist = _finite(distances, "distances", ndim=1)
-    return _protocol(dist, *_folds(issame, len(dist), settings, folds), settings, grids)
+    dist = finite_array(distances, "distances", ndim=1)
+    return _protocol(dist, *_folds(issame, len(dist), settings.n_folds, folds), settings, grids)
 
 
 def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=None):
@@ -402,7 +291,6 @@ def evaluate_embeddings(emb1, emb2, issame, settings=CLASSIC, folds=None, grids=
     is measured, while fold f is tested, after subtracting the mean embedding of fold f's
     training pairs; AUC and EER use each pair's distance under its own test fold's mean.
     """
-    _check_settings(settings)
-    a, b = _embeddings(emb1, emb2, keep_float=settings.scoring != "float64")
-    same, fold_ids, n = _folds(issame, len(a), settings, folds)
+    a, b = embedding_pairs(emb1, emb2, keep_float=SCORINGS[settings.scoring].own_dtype)
+    same, fold_ids, n = _folds(issame, len(a), settings.n_folds, folds)
     return _protocol(_distances(a, b, fold_ids, settings), same, fold_ids, n, settings, grids)

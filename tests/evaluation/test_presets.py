@@ -1,7 +1,10 @@
 """The publishers' evaluation presets: the angular metric and the classic grids, held against
 our own loop re-implementation of davidsandberg/facenet's lfw.evaluate
-(benchmarks/reference_evaluation.py), and the evaluate.py preset options."""
+(benchmarks/reference_evaluation.py), and the evaluate.py preset options; the settings checking
+their own values."""
 
+import argparse
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -9,11 +12,15 @@ import publisher_evaluation_reference as ref  # tests/ is on the path (pyproject
 import pytest
 
 from facenet.cli import evaluate as evaluate_script
+from facenet.errors import FacenetError
 from facenet.evaluation import protocol
 from facenet.evaluation.presets import (
+    CLASSIC,
     EVAL_PRESETS,
     PUBLISHER_FIELDS,
+    SettingsError,
     classic_thresholds,
+    flag_for,
     mobilefacenet_thresholds,
 )
 from facenet.evaluation.presets import VerifySettings as S
@@ -178,6 +185,72 @@ def test_lfw_configs_hold_the_publishers_presets(name, config):
     assert {key: defaults[key] for key in PUBLISHER_FIELDS} == {
         key: getattr(preset, key) for key in PUBLISHER_FIELDS
     }
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("distance", "manhattan", "valid options: squared, euclidean, cosine, angular, seed_l2"),
+        ("preprocess", "stretch", "valid options: resize, crop"),
+        ("grid", "fine", "valid options: default, classic, mobilefacenet"),
+        ("features", "logits", "valid options: unit, raw"),
+        ("threshold_rule", "median", "valid options: first, mean"),
+        ("scoring", "float32", "valid options: float64, mobilefacenet"),
+        ("n_folds", 1, "expected an integer >= 2"),
+        ("n_folds", 2.5, "expected an integer >= 2"),
+        ("n_folds", True, "expected an integer >= 2"),
+        ("batch_size", 0, "expected an integer >= 1"),
+        ("num_workers", -1, "expected an integer >= 0"),
+        ("far_target", 0.0, "must lie in (0, 1]"),
+        ("far_target", 1.5, "must lie in (0, 1]"),
+        ("far_target", float("nan"), "must lie in (0, 1]"),
+        ("far_target", "0.1", "must lie in (0, 1]"),
+        ("flip", "no", "expected true or false"),
+        ("subtract_mean", 1, "expected true or false"),
+        ("skip_missing", None, "expected true or false"),
+    ],
+)
+def test_each_setting_is_refused_when_made_naming_its_field(field, value, problem):
+    with pytest.raises(SettingsError) as caught:
+        S(**{field: value})
+    err = caught.value
+    assert (err.field, err.problem) == (field, problem) and err.value is value
+    assert str(err) == f"{field}={value!r}: {problem}"
+    # a user's mistake: one line from a command, and still the ValueError callers caught
+    assert isinstance(err, FacenetError) and isinstance(err, ValueError)
+    with pytest.raises(SettingsError, match=f"^{field}="):  # replace() checks again
+        replace(CLASSIC, **{field: value})
+
+
+def test_a_scoring_is_refused_with_another_distance_than_the_one_it_measures():
+    with pytest.raises(SettingsError, match="measures cosine distances, not 'squared'") as caught:
+        S(scoring="mobilefacenet")
+    assert caught.value.field == "scoring"
+    assert S("cosine", scoring="mobilefacenet").scoring == "mobilefacenet"
+
+
+def test_the_least_and_most_each_setting_takes_are_accepted():
+    edges = S(n_folds=np.int64(2), far_target=1, batch_size=1, num_workers=0, flip=np.True_)
+    assert (edges.n_folds, edges.far_target) == (2, 1)
+    assert S(far_target=1e-12).far_target == 1e-12
+
+
+def test_a_settings_error_names_the_flag_or_key_the_user_typed():
+    with pytest.raises(SettingsError) as caught:
+        S.of(argparse.Namespace(n_folds=1, distance="squared"))
+    err = caught.value
+    assert err.named(flag_for(err.field)) == "--folds: 1: expected an integer >= 2"
+    assert err.named(f"eval.{err.field}") == "eval.n_folds: 1: expected an integer >= 2"
+    assert flag_for("far_target") == "--far-target" and flag_for("grid") == "--grid"
+    # every field facenet-evaluate has a flag for: the flag flag_for names
+    flags = {a.dest: a.option_strings for a in evaluate_script.get_args_parser()._actions}
+    mapped = [f.name for f in fields(S) if f.name in flags]
+    assert {"n_folds", "far_target", "threshold_rule", "batch_size"} <= set(mapped)
+    for name in mapped:
+        assert flag_for(name) in flags[name], name
 
 
 # --------------------------------------------------------------------------- MobileFaceNet's

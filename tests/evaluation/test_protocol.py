@@ -352,6 +352,25 @@ def test_bad_options_are_clear_errors():
         evaluate_embeddings(np.ones((8, 3)), np.ones((8, 4)), issame, S(n_folds=2))
     with pytest.raises(ValueError, match="folds must use every fold"):
         evaluate_verification(distances, issame, S(n_folds=2), np.zeros(8, dtype=int))
+    with pytest.raises(ValueError, match="distance='hamming'"):
+        pair_distances(np.ones((2, 3)), np.ones((2, 3)), "hamming")
+
+
+def test_each_input_check_names_what_it_refuses():
+    distances, issame, grid = hand_case()
+    two = S(n_folds=2)
+    with pytest.raises(ValueError, match="^val_thresholds is empty$"):
+        evaluate_verification(distances, issame, two, None, (grid, []))
+    with pytest.raises(ValueError, match=r"^issame must be 1-D, got shape \(2, 4\)$"):
+        evaluate_verification(distances, issame.reshape(2, 4), two)
+    with pytest.raises(ValueError, match="^issame must be bool or 0/1, got dtype <U1$"):
+        evaluate_verification(distances, np.array(list("abababab")), two)
+    with pytest.raises(ValueError, match=r"^folds must be \(8,\) integers, got float64 \(8,\)$"):
+        evaluate_verification(distances, issame, two, np.zeros(8))
+    with pytest.raises(ValueError, match="^distances must be real numbers, got dtype complex128$"):
+        evaluate_verification(distances.astype(complex), issame, two)
+    with pytest.raises(ValueError, match="^cosine distance of a zero-length embedding"):
+        pair_distances(np.zeros((2, 3)), np.ones((2, 3)), "cosine")
 
 
 # --------------------------------------------------------------------------- output

@@ -13,17 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from facenet.evaluation.presets import VerifySettings
-from facenet.evaluation.protocol import (
-    _best_thresholds,
-    _check_settings,
-    _counts,
-    _curves,
-    _finite,
-    _folds,
-    _right,
-    threshold_grids,
-)
+from facenet.evaluation.presets import THRESHOLD_RULES, ThresholdRule, VerifySettings, finite_array
+from facenet.evaluation.protocol import _counts, _curves, _folds, _right, threshold_grids
 
 FAR_TARGETS = (1e-3, 1e-4)
 
@@ -41,7 +32,7 @@ def _at_most(far: np.ndarray, grid: np.ndarray, target: float) -> np.ndarray:
     return grid[np.maximum(last, 0)]
 
 
-def _rates(d, same, threshold: float, rule: str) -> dict[str, float]:
+def _rates(d, same, threshold: float, rule: ThresholdRule) -> dict[str, float]:
     """Accuracy, TAR and FAR of the (N,) pairs at ``threshold``."""
     accepted = d < threshold
     return {
@@ -51,10 +42,9 @@ def _rates(d, same, threshold: float, rule: str) -> dict[str, float]:
     }
 
 
-def _entry(d, same, ids, threshold: float, chosen: np.ndarray, settings) -> dict[str, float]:
+def _entry(d, same, ids, threshold: float, chosen: np.ndarray, rule) -> dict[str, float]:
     """One entry: ``threshold`` (chosen on all pairs) and its rates, and the (F,) ``chosen``
-    per fold with the rates each gives on its test fold."""
-    rule = settings.threshold_rule
+    per fold with the rates each gives on its test fold, under the threshold ``rule``."""
     tested = [_rates(d[ids == f], same[ids == f], t, rule) for f, t in enumerate(chosen)]
     entry = {"threshold": float(threshold), **_rates(d, same, threshold, rule)}
     for name in ("mean", "std", "min", "max"):
@@ -76,20 +66,20 @@ def deployable_thresholds(distances, issame, settings: VerifySettings, folds=Non
     Raises:
         ValueError: what the protocol refuses (non-finite distances, a fold without both kinds).
     """
-    _check_settings(settings)
-    d = _finite(distances, "distances", ndim=1)
-    same, ids, n = _folds(issame, len(d), settings, folds)
+    d = finite_array(distances, "distances", ndim=1)
+    same, ids, n = _folds(issame, len(d), settings.n_folds, folds)
     targets = sorted({*FAR_TARGETS, float(settings.far_target)}, reverse=True)
     # fold F holds no pair: its training pairs are all the pairs
     n_train = n.sum(axis=0) - np.vstack([n, [0, 0]])  # (F + 1, 2)
     count = lambda grid, inclusive=False: _counts(d, same, ids, len(n_train), grid, inclusive)
     grid, val_grid = threshold_grids(settings)
-    correct, far, _ = _curves(count, n_train, (grid, val_grid), settings.threshold_rule)
+    rule = THRESHOLD_RULES[settings.threshold_rule]
+    correct, far, _ = _curves(count, n_train, (grid, val_grid), rule)
     chosen = {  # (F + 1,): on each fold's training pairs, then on all
-        "accuracy": _best_thresholds(correct, grid, settings.threshold_rule),
+        "accuracy": rule.best(correct, grid),
         **{far_key(t): _at_most(far, val_grid, t) for t in targets},
     }
-    return {key: _entry(d, same, ids, c[-1], c[:-1], settings) for key, c in chosen.items()}
+    return {key: _entry(d, same, ids, c[-1], c[:-1], rule) for key, c in chosen.items()}
 
 
 def deployable_lines(entries: dict, name: str = "") -> list[str]:
