@@ -15,8 +15,8 @@ from facenet.memory import GraphMemoryMeter
 from facenet.metric.losses import MarginSoftmaxLoss, TripletMarginLoss
 from facenet.metric.miners import BatchHardMiner, SemiHardNegativeMiner, TripletMarginMiner
 from facenet.models.embedding import CosineClassifier
-from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.chunked import ChunkedStep
+from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.step import OnePassStep, TwoPassStep, build_step, choose_step
 
 
