@@ -213,9 +213,10 @@ class TwoPassStep(Step):
 
 
 def choose_step(settings: StepSettings, selects_every_image: bool) -> str:
-    """The path: "one-pass", "two-pass" or "chunked". ``passes="auto"``: chunked when
-    ``chunk_size > 0``; one pass when the miner selects every image (a selection-only pass
-    would forward the same images again); else two, always for seed-style triplet lists."""
+    """The path: "one-pass", "two-pass" or "chunked": chunked whenever ``chunk_size > 0``,
+    else the ``passes`` given; ``passes="auto"``: one pass when the miner selects every image (a
+    selection-only pass would forward the same images again), else two, always for seed-style
+    triplet lists."""
     if settings.chunk_size > 0:
         return "chunked"
     if settings.passes == "auto":
