@@ -217,6 +217,35 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """How the training step runs, checked here for every caller (a configuration's message
+    names the keys, mining.passes and train.chunk_size). ``passes``: "auto", 1 or 2 (see
+    ``facenet.training.step.choose_step``); ``chunk_size``: images per chunk of gradient
+    caching, 0 (off) or at least 2; ``triplet_lists``: seed-style (a, p, n) batches;
+    ``ce_weight``: the cross-entropy's weight (0: none); ``amp``: "none", "bf16" or "fp16"."""
+
+    passes: int | str = "auto"
+    chunk_size: int = 0
+    triplet_lists: bool = False
+    ce_weight: float = 0.0
+    amp: str = "none"
+
+    def __post_init__(self):
+        if isinstance(self.passes, bool) or self.passes not in ("auto", 1, 2):
+            raise ConfigError(f"passes: {shown(self.passes)}; allowed: 'auto', 1 or 2")
+        if type(self.chunk_size) is not int or self.chunk_size < 0 or self.chunk_size == 1:
+            raise ConfigError(
+                f"chunk_size: {shown(self.chunk_size)}; 0 (off) or at least 2: each chunk is a "
+                "BatchNorm batch, and BatchNorm needs two images"
+            )
+        if self.passes == 1 and self.chunk_size > 0:
+            raise ConfigError(
+                f"passes: 1 cannot be used with chunk_size: {self.chunk_size}; chunked steps "
+                "are two-pass (use passes: 2 or auto)"
+            )
+
+
 _SECTIONS = typing.get_type_hints(Config)
 _HINTS = {name: typing.get_type_hints(section) for name, section in _SECTIONS.items()}
 
@@ -245,7 +274,7 @@ class Range:
 
 # Every int and float key, by the range it accepts (tests/test_config.py checks that none is
 # missing). p and k are at least 2: negatives need two identities, positives two images;
-# train.chunk_size 1 is refused by _check_values, with the reason; a fold's threshold is chosen
+# train.chunk_size 1 is refused by StepSettings, with the reason; a fold's threshold is chosen
 # on the others; zero epochs would train on nothing.
 RANGES: dict[str, Range] = {
     key: allowed
@@ -278,20 +307,16 @@ RANGES: dict[str, Range] = {
 
 def _check_values(cfg: Config, source: str) -> None:
     """Refuse combinations no run can use, a malformed image size, and numbers out of range."""
-    if cfg.train.chunk_size < 0 or cfg.train.chunk_size == 1:
-        raise ConfigError(
-            f"{source}: train.chunk_size: {cfg.train.chunk_size}; 0 (off) or at least 2: each "
-            "chunk is a BatchNorm batch, and BatchNorm needs two images"
-        )
+    try:
+        StepSettings(cfg.mining.passes, cfg.train.chunk_size)
+    except ConfigError as err:  # its message names its fields: the keys the user typed
+        named = str(err).replace("passes:", "mining.passes:")
+        named = named.replace("chunk_size:", "train.chunk_size:")
+        raise ConfigError(f"{source}: {named}") from None
     if cfg.optim.warmup_epochs > 0 and cfg.optim.warmup_steps > 0:
         raise ConfigError(
             f"{source}: optim.warmup_steps: {cfg.optim.warmup_steps} and optim.warmup_epochs: "
             f"{cfg.optim.warmup_epochs}: give the warm-up's length once (the other 0)"
-        )
-    if cfg.mining.passes == 1 and cfg.train.chunk_size > 0:
-        raise ConfigError(
-            f"{source}: mining.passes: 1 cannot be used with train.chunk_size: "
-            f"{cfg.train.chunk_size}; chunked steps are two-pass (use mining.passes: 2 or auto)"
         )
     try:
         image_hw(cfg.data.image_size)  # the list type admits any length

@@ -1,16 +1,20 @@
-"""What a training run prints: epoch and interval lines, warnings, the stop message, the final
-figures, and every error as one line naming the file or key (rank 0's console only)."""
+"""What a training run prints: epoch and interval lines, warnings, the stop signals and message,
+the final figures (and those TensorBoard shows beside the hyper-parameters), and every error as
+one line naming the file or key (rank 0's console only)."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
+import signal
 import sys
 from pathlib import Path
 
 from facenet.config import Config
 from facenet.data.pairs import MissingImagesError
 from facenet.distributed import is_main_process
-from facenet.errors import one_line
+from facenet.errors import NonFiniteInputError, one_line
 from facenet.evaluation.report import figures_line
 from facenet.memory import format_bytes
 from facenet.training.state import Progress
@@ -64,6 +68,42 @@ def show_bar(cfg: Config) -> bool:
     return cfg.logging.progress and is_main_process() and sys.stderr.isatty()
 
 
+class StopSignals:
+    """SIGINT/SIGTERM set a flag (``received()``, this rank's): the current step finishes and a
+    checkpoint is written. A second signal raises ``KeyboardInterrupt`` at once (the checkpoint
+    on disk is intact: writes are atomic). ``then``: what the run does after the first."""
+
+    def __init__(self, then: str = "finishing the current step, then writing a checkpoint"):
+        self.signal: str | None = None
+        self.then = then
+        self._previous: dict = {}
+
+    def received(self) -> bool:
+        return self.signal is not None
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:
+            raise KeyboardInterrupt(f"second signal {signal.Signals(signum).name}")
+        self.signal = signal.Signals(signum).name
+        if is_main_process():  # one console line, though every rank gets the signal
+            print(
+                f"{self.signal} received: {self.then} (send it again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread: leave the handlers
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
 def stop_message(signal_name: str, progress: Progress, path: Path) -> str:
     if progress.steps_done:
         where = f"after step {progress.steps_done} of epoch {progress.epoch}"
@@ -100,6 +140,36 @@ def final_lines(summary: dict) -> list[str]:
             line += f"; accuracy at the validation threshold {at_threshold:.4f}"
         lines.append(line)
     return lines
+
+
+def hparam_metrics(summary: dict) -> dict:
+    """The figures shown next to the hyper-parameters in TensorBoard."""
+    metrics = {}
+    if summary["best_validation"]:
+        metrics["hparam/best_validation_accuracy"] = summary["best_validation"]["accuracy_mean"]
+    for name, values in (summary["test"] or {}).items():
+        metrics[f"hparam/test_{name}_accuracy"] = values["accuracy_mean"]
+    return metrics
+
+
+def name_input_files(err: NonFiniteInputError, loader, epoch: int, first_step: int):
+    """The error, its message naming the epoch, the step and (PK batches) the files."""
+    position = err.batch_index  # set by Trainer.train_one_epoch
+    dataset, batch_sampler = loader.dataset, getattr(loader, "batch_sampler", None)
+    dataset = getattr(dataset, "dataset", dataset)  # under SeededSamples
+    items = ()
+    if hasattr(dataset, "samples") and batch_sampler is not None:
+        # The order of an epoch is fixed, so iterating the sampler again finds the same batch.
+        items = next(itertools.islice(iter(batch_sampler), position, None), ())
+    indices = [item[0] if isinstance(item, tuple) else item for item in items]
+    rows = err.rows[:3]  # the first three files
+    files = [dataset.samples[indices[r]][0] for r in rows if r < len(indices)]
+    named = ""
+    if files:
+        named = ": " + ", ".join(files) + (" ..." if len(err.rows) > len(files) else "")
+    return NonFiniteInputError(
+        f"epoch {epoch}, step {first_step + position + 1}: {err}{named}", rows=err.rows
+    )
 
 
 def describe_error(err: BaseException) -> str:

@@ -32,9 +32,10 @@ from facenet.errors import EXIT_BAD_INPUT, FacenetError, NonFiniteLossError
 from facenet.training.build import build_data, build_network, build_trainer
 from facenet.training.cache import cached_loader
 from facenet.training.console import describe_error, final_lines
-from facenet.training.loop import Run, fit, planned_outputs
+from facenet.training.loop import Run, fit
 from facenet.training.run_dir import RunDirLock, RunOutputs
 from facenet.training.state import read_resume_checkpoint, restore
+from facenet.training.validation import validation_due
 
 EXIT_NONFINITE_LOSS = 3
 
@@ -122,6 +123,21 @@ def _build(
             file=sys.stderr,
         )
     return run
+
+
+def planned_outputs(cfg: Config, resumed: bool) -> list[str]:
+    """The names a run of ``cfg`` writes in its run directory (``build_data`` adds the held-out
+    pairs, an error ``nonfinite.pt``); validation and test pairs as ``build_data`` finds them."""
+    ev, names = cfg.eval, ["config.yaml", "metrics.jsonl", "last.pt", "summary.json"]
+    names += ["tensorboard"] if cfg.logging.tensorboard else []
+    made = cfg.data.dataset == "synthetic" or ev.heldout_identities > 0
+    val, test = ev.every > 0 and (made or ev.val_pairs), ev.every > 0 and (made or ev.pairs)
+    names += ["best.pt"] if val or test else []
+    epochs = [
+        e for e in range(int(resumed), cfg.train.epochs + 1) if val and validation_due(cfg, e)
+    ]
+    names += [f"roc_val_epoch_{e}.png" for e in epochs]
+    return names + ["roc_test.png"] if test else names
 
 
 def _read_paths(cfg: Config) -> list[str]:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,14 +27,16 @@ from facenet.checkpoint import (
     set_rng_state,
 )
 from facenet.config import Config, config_to_dict
+from facenet.data.images import CorruptImageError
 from facenet.distributed import (
+    agree_on_error,
     any_rank,
     gather_objects,
     get_rank,
     get_world_size,
     is_main_process,
 )
-from facenet.errors import CheckpointError, ConfigError, shown
+from facenet.errors import CheckpointError, ConfigError, one_line, shown
 from facenet.files import json_safe, write_text_atomic
 from facenet.training.engine import Trainer
 
@@ -66,7 +70,8 @@ STATE_SHAPING = (
 class Progress:
     """Where a run stands: ``epoch`` to train next (1-based), ``steps_done`` of its batches,
     the best validation accuracy (-1 before any) and its epoch, one ``history`` record per
-    finished epoch (as in ``metrics.jsonl``); ``seconds``: wall time of earlier sessions."""
+    finished epoch (as in ``metrics.jsonl``); ``seconds``: wall time of earlier sessions. What
+    the run reports is read from it: its summary, and whether patience ran out."""
 
     epoch: int = 1
     steps_done: int = 0
@@ -80,6 +85,67 @@ class Progress:
 
     def elapsed(self) -> float:
         return self.seconds + time.perf_counter() - self.session_start
+
+    def validation_of(self, epoch: int | None) -> dict | None:
+        """The validation figures recorded for ``epoch``, or None."""
+        validated = (r for r in self.history if r.get("epoch") == epoch and "validation" in r)
+        return next((r["validation"] for r in validated), None)
+
+    def patience_spent(self, patience: int) -> str | None:
+        """Why the run stops early, or None: ``patience`` (> 0) validations since the best one
+        without a higher accuracy. Read from the history, so a resumed run decides the same."""
+        best_epoch = self.best_epoch
+        if patience <= 0 or best_epoch is None:
+            return None
+        since = [r for r in self.history if "validation" in r and r["epoch"] > best_epoch]
+        if len(since) < patience:
+            return None
+        return (
+            f"early stop after epoch {since[-1]['epoch']}: {len(since)} validations without a "
+            f"better accuracy than epoch {best_epoch}'s {self.best:.4f} (eval.patience: "
+            f"{patience}); best.pt holds epoch {best_epoch}"
+        )
+
+    def summary(self, stopped_by: str | None, test: dict | None, early: str | None) -> dict:
+        """What ``summary.json`` holds: selection, threshold, test figures, time, memory;
+        ``stopped_by``: the signal that stopped the run, or None; ``early``: why
+        ``eval.patience`` stopped the run before its last epoch, or None."""
+        history = self.history
+        best = self.validation_of(self.best_epoch)
+        validated = [r["validation"] for r in history if "validation" in r]
+        rates = [r["images_per_second"] for r in history if r.get("images_per_second") is not None]
+        summary: dict[str, Any] = {
+            "epochs": len(history),
+            "stopped_by": stopped_by,
+            "early_stop": early,
+            "before_training": self.before_training and {"validation": self.before_training},
+            "best_epoch": self.best_epoch,
+            "best_validation": best,
+            "final_validation": validated[-1] if validated else None,
+            # The threshold with what it was chosen for (weights' hash, flip, mean subtraction,
+            # preprocessing): the after-training tools use it only where all of these match.
+            "threshold": best
+            and {
+                "value": best["threshold"],
+                "distance": best["distance"],
+                "chosen_on": "validation pairs",
+                "epoch": self.best_epoch,
+                **(best.get("threshold_for") or {}),
+            },
+            "test": test,
+            "wall_seconds": self.elapsed(),
+            "train_seconds": sum(r.get("epoch_seconds", 0.0) for r in history),
+            "images_per_second": sum(rates) / len(rates) if rates else None,
+            "data_wait_seconds": sum(r.get("data_wait_seconds", 0.0) for r in history),
+            "peak_rss_bytes": max((r.get("peak_rss_bytes", 0) for r in history), default=None),
+            "memory_per_epoch": [
+                {k: r[k] for k in r if k == "epoch" or "bytes" in k or k.startswith("cuda")}
+                for r in history
+            ],
+        }
+        if any("cuda_max_allocated" in r for r in history):
+            summary["cuda_max_allocated"] = max(r.get("cuda_max_allocated", 0) for r in history)
+        return summary
 
 
 def _miner_generator(trainer: Trainer) -> torch.Generator | None:
@@ -268,6 +334,59 @@ def remaining_loader(loader, skip: int):
         # The global generator must not advance: the epoch drew its loader seed before.
         generator=torch.Generator(),
     )
+
+
+# torch re-raises a worker's exception with its traceback in the message, as a RuntimeError
+# when the class cannot be built from one string (CorruptImageError takes path and reason).
+_WORKER_IMAGE_ERROR = re.compile(
+    r"CorruptImageError: corrupt or unreadable image (?P<path>.+): (?P<reason>[^:\n]+)\s*$"
+)
+
+
+class CountedBatches:
+    """An epoch's batches ``start`` to ``end`` (the epoch's one cap) of ``loader``, the first
+    ``start`` skipped unloaded (``remaining_loader``), counted as handed out (``yielded``).
+
+    Under several processes every rank learns, before anyone steps, whether every rank's
+    fetch succeeded: a rank that found a corrupt image does not leave the others waiting in
+    the step's collectives. Stopping after ``limit`` batches (rather than fetching one more and
+    discarding it) keeps the global RNG where a run stopped by a signal at that point leaves it.
+    """
+
+    def __init__(self, loader, start: int, end: int):
+        self.loader, self.start, self.end, self.yielded = (
+            remaining_loader(loader, start),
+            start,
+            end,
+            0,
+        )
+        self.limit = end - start
+
+    def __len__(self) -> int:
+        return min(len(self.loader), self.limit)
+
+    def __iter__(self):
+        batches = iter(itertools.islice(self.loader, self.limit))
+        while True:
+            try:
+                batch, error = next(batches), None
+            except StopIteration:  # every rank holds the same number of batches
+                return
+            except Exception as err:  # this rank's fetch failed
+                batch, error = None, err
+            _agree_on_fetch(error)
+            self.yielded += 1
+            yield batch
+
+
+def _agree_on_fetch(error: Exception | None) -> None:
+    """Raise on every rank when any rank's fetch failed (see ``agree_on_error``); a DataLoader
+    worker's CorruptImageError, re-wrapped in a RuntimeError, is rebuilt."""
+    text = str(error) if isinstance(error, RuntimeError) else ""
+    match = _WORKER_IMAGE_ERROR.search(text) if text.startswith("Caught ") else None
+    if match:
+        error = CorruptImageError(match["path"], match["reason"].strip())
+    agree_on_error(error, None if error is None else one_line(error))
 
 
 def save_on_main(run, *names: str) -> None:

@@ -8,7 +8,8 @@ every path against it in float64. With W processes each rank backpropagates W x 
 DDP averages, so the parameters receive the gradient of the stated loss. Cross-entropy
 (``ce_weight > 0``) is the mean over the selected images of the same grad forward's logits:
 plain, or the margin softmax a cosine classifier holds as its ``loss``.
-The path is decided in ``choose_step`` alone.
+The path is decided in ``choose_step`` alone: one pass or two here, gradient caching in
+``facenet.training.chunked``.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from facenet.config import StepSettings
 from facenet.distributed import all_gather_tensor, gather_variable_rows, get_rank, get_world_size
-from facenet.errors import ConfigError
 from facenet.metric.miners import Triplets
+from facenet.registry import load
 
 _AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Gradient caching (train.chunk_size > 0), loaded when a run asks for it.
+_CHUNKED = "facenet.training.chunked:ChunkedStep"
 
 
 class StepResult(NamedTuple):
@@ -68,25 +72,24 @@ def _at_least_float32(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
-class _Step:
+class Step:
     """What every path shares. ``model`` sits on its device, possibly DDP-wrapped (no-grad
-    forwards skip the wrapper); ``amp``: "none", "bf16" (autocast) or "fp16" (autocast and
-    ``scaler``, a GradScaler whose ``scale`` multiplies every backward); ``chunk_size``: images
-    per chunk of the chunked path."""
+    forwards skip the wrapper); ``settings.amp``: "none", "bf16" (autocast) or "fp16" (autocast
+    and ``scaler``, a GradScaler whose ``scale`` multiplies every backward)."""
 
     name = ""
 
-    def __init__(self, model, miner, loss_fn, *, ce_weight=0.0, amp="none", chunk_size=0):
+    def __init__(self, model, miner, loss_fn, settings: StepSettings):
         self.model, self.core = model, getattr(model, "module", model)
         # (logits, labels, reduction): a cosine classifier's margin softmax, or plain; "sum" is
         # not "none" summed in float32 (another order), and the one-pass path has always summed so
         classifier = getattr(self.core, "classifier", None)
         self.ce_loss = getattr(classifier, "loss", None) or F.cross_entropy
-        self.miner, self.loss_fn, self.ce_weight = miner, loss_fn, float(ce_weight)
-        self.chunk_size = int(chunk_size)
-        self.autocast_dtype = _AUTOCAST[amp]
+        self.miner, self.loss_fn, self.settings = miner, loss_fn, settings
+        self.ce_weight = float(settings.ce_weight)
+        self.autocast_dtype = _AUTOCAST[settings.amp]
         device = next(self.core.parameters()).device
-        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+        self.scaler = torch.amp.GradScaler(device.type, enabled=settings.amp == "fp16")
         self.scale = self.scaler.scale  # the identity without fp16
         self.finite = torch.tensor(True)  # (): the last mined embeddings were finite
 
@@ -145,7 +148,7 @@ class _Step:
         return StepResult(value, stats)
 
 
-class OnePassStep(_Step):
+class OnePassStep(Step):
     """``emb = model(images)`` with grad on the rank's whole batch (its BatchNorm batch),
     mining on its detached copy, ``loss(emb[triplets])``."""
 
@@ -167,7 +170,7 @@ class OnePassStep(_Step):
         return self.loss_and_backward(embeddings, triplets, used.numel(), ce_logits, labels[rows])
 
 
-class TwoPassStep(_Step):
+class TwoPassStep(Step):
     """A no-grad mining pass over the batch (running statistics untouched), then
     ``emb = model(images[selected])`` with grad on the rank's selected images only, their own
     BatchNorm batch, and ``loss(emb[triplets])``: selection is the mining pass's, the loss and
@@ -209,122 +212,23 @@ class TwoPassStep(_Step):
         return embeddings[:count], None if logits is None else logits[:count]
 
 
-@contextlib.contextmanager
-def _replayed_rng(state: tuple, device: torch.device) -> Iterator[None]:
-    """Run a block with the random state ``state``; the global state is left as it was."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], device)
-        yield
-
-
-def batch_chunks(count: int, chunk_size: int, device=None) -> list[torch.Tensor]:
-    """Consecutive index chunks of ``chunk_size`` rows; a last chunk of one row joins the one
-    before (a single image is not a BatchNorm batch)."""
-    chunks = list(torch.arange(count, device=device).split(chunk_size))
-    if len(chunks) > 1 and chunks[-1].numel() == 1:
-        chunks[-2:] = [torch.cat(chunks[-2:])]
-    return chunks
-
-
-class ChunkedStep(_Step):
-    """Gradient caching with ghost BatchNorm: ``emb = cat(model(chunk) for chunk in
-    batch_chunks(b, chunk_size))``, each chunk a BatchNorm batch, and ``loss(emb[triplets])``.
-
-    A no-grad pass computes ``emb`` (updating the running statistics once per chunk, as that
-    forward does); the loss gradient with respect to ``emb`` is cached; each chunk holding a
-    selected image is forwarded again with grad, its random state replayed (dropout draws the
-    same masks), and backpropagates its rows of the cached gradient. Peak graph memory: one
-    chunk's. The replay covers torch's global generators only, not a layer's own generator.
-    """
-
-    name = "chunked"
-
-    def __call__(self, images, labels, candidates=None) -> StepResult | None:
-        count = images.shape[0]
-        chunks = batch_chunks(count, self.chunk_size, images.device)
-        embeddings, states = self._no_grad_pass(images, chunks)  # (b, D), one state per chunk
-        everyone, triplets = self.mine(embeddings, labels, candidates)  # (W*b, D)
-        if triplets.anchor.numel() == 0:
-            return None
-        unique, local = unique_triplet_images(triplets)
-        cached = everyone[unique].requires_grad_(True)  # (U, D) leaf
-        triplet_loss = self.loss_fn(cached, local)
-        scaled = self.scale(triplet_loss) * get_world_size()  # DDP averages the ranks
-        (grad,) = torch.autograd.grad(scaled, cached)  # (U, D)
-        mine, rows = self.own_rows(unique, count)
-        row_grads = grad.new_zeros((count, grad.shape[1]))  # (b, D), zero for unselected
-        row_grads[rows] = grad[mine]
-        selected = torch.zeros(count, dtype=torch.bool, device=images.device)
-        selected[rows] = True
-        ce_sum = self._backward_chunks(
-            images, labels, chunks, states, row_grads, selected, unique.numel()
-        )
-        return self.result(triplet_loss, ce_sum if self.ce_weight > 0 else None, unique.numel())
-
-    def _no_grad_pass(self, images, chunks):
-        """The stated forward without a graph; the random state before each chunk."""
-        pieces, states, device = [], [], images.device
-        with torch.no_grad():
-            for chunk in chunks:
-                cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-                states.append((torch.get_rng_state(), cuda))
-                pieces.append(self.forward(images[chunk], grad=False)[0])
-        return torch.cat(pieces), states
-
-    def _backward_chunks(self, images, labels, chunks, states, row_grads, selected, total):
-        """Re-forward with grad the chunks holding a selected image, backpropagate their rows;
-        this rank's cross-entropy sum (``total``: U). A rank with none runs its last chunk with
-        zero gradients: DDP's all-reduce, on the last backward, needs every rank."""
-        with_logits, ce_sum = self.ce_weight > 0, row_grads.new_zeros(())
-        ce_scale = self.ce_weight * get_world_size() / total
-        has_selected = torch.stack([selected[chunk].any() for chunk in chunks]).tolist()
-        run = [i for i, flag in enumerate(has_selected) if flag] or [len(chunks) - 1]
-        for position, index in enumerate(run):
-            chunk, last = chunks[index], position == len(run) - 1
-            sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else None
-            with (
-                sync or contextlib.nullcontext(),
-                _replayed_rng(states[index], images.device),
-                frozen_bn_running_stats(self.core),
-            ):
-                embeddings, logits = self.forward(images[chunk], with_logits)  # = cached rows
-                surrogate = (embeddings * row_grads[chunk]).sum()  # d/d(embeddings) = grads
-                if logits is not None:  # masked, not indexed: the head stays in the graph
-                    ce = self.ce_loss(logits, labels[chunk], reduction="none")
-                    ce = (ce * selected[chunk]).sum()
-                    ce_sum += ce.detach()
-                    surrogate = surrogate + self.scale(ce * ce_scale)
-                surrogate.backward()  # frees this chunk's graph before the next is built
-        return ce_sum
-
-
-def choose_step(
-    passes: int | str, chunk_size: int, selects_every_image: bool, triplet_lists: bool = False
-) -> str:
-    """The path: "one-pass", "two-pass" or "chunked". ``passes="auto"``: chunked when
-    ``chunk_size > 0``; one pass when the miner selects every image (a selection-only pass
-    would forward the same images again); else two, always for seed-style triplet lists."""
-    if isinstance(passes, bool) or passes not in ("auto", 1, 2):
-        raise ConfigError(f"passes must be 'auto', 1 or 2, got {passes!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 0:
-        raise ConfigError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
-    if chunk_size > 0:
-        if passes == 1:
-            raise ConfigError(
-                f"passes=1 and chunk_size={chunk_size} exclude each other: a chunked step "
-                "is a two-pass step (passes: 2 or auto)"
-            )
+def choose_step(settings: StepSettings, selects_every_image: bool) -> str:
+    """The path: "one-pass", "two-pass" or "chunked": chunked whenever ``chunk_size > 0``,
+    else the ``passes`` given; ``passes="auto"``: one pass when the miner selects every image (a
+    selection-only pass would forward the same images again), else two, always for seed-style
+    triplet lists."""
+    if settings.chunk_size > 0:
         return "chunked"
-    if passes == "auto":
-        return "one-pass" if selects_every_image and not triplet_lists else "two-pass"
-    return "one-pass" if passes == 1 else "two-pass"
+    if settings.passes == "auto":
+        every = selects_every_image and not settings.triplet_lists
+        return "one-pass" if every else "two-pass"
+    return "one-pass" if settings.passes == 1 else "two-pass"
 
 
-def build_step(model, miner, loss_fn, *, passes="auto", triplet_lists=False, **settings) -> _Step:
-    """The step of :func:`choose_step`'s path, built (``settings``: ``_Step``'s keywords)."""
-    every = getattr(miner, "selects_every_image", False)
-    name = choose_step(passes, settings.get("chunk_size", 0), every, triplet_lists)
-    path = {"one-pass": OnePassStep, "two-pass": TwoPassStep, "chunked": ChunkedStep}[name]
-    return path(model, miner, loss_fn, **settings)
+def build_step(model, miner, loss_fn, **settings) -> Step:
+    """The step of :func:`choose_step`'s path, built (``settings``: :class:`StepSettings`'
+    fields, checked there)."""
+    settings = StepSettings(**settings)
+    path = choose_step(settings, getattr(miner, "selects_every_image", False))
+    built = {"one-pass": OnePassStep, "two-pass": TwoPassStep}.get(path) or load(_CHUNKED)
+    return built(model, miner, loss_fn, settings)

@@ -31,6 +31,12 @@ def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:
     return replace(VerifySettings.of(cfg.eval), num_workers=workers)
 
 
+def validation_due(cfg: Config, epoch: int) -> bool:
+    """Whether validation runs after ``epoch`` (every ``eval.every`` epochs, and the last)."""
+    every = cfg.eval.every
+    return every > 0 and (epoch % every == 0 or epoch == cfg.train.epochs)
+
+
 def _verify(run, model, pairs):
     """(VerificationResult, (N,) pair distances) of ``model`` on ``pairs`` of the run's images,
     every rank embedding with rank 0's statistics."""

@@ -12,7 +12,6 @@ from test_run import synthetic_data, train
 from facenet.config import load_config
 from facenet.errors import ConfigError
 from facenet.training.build import build_trainer
-from facenet.training.loop import patience_spent
 from facenet.training.optim import backbone_units, frozen_units
 from facenet.training.state import Progress
 
@@ -153,14 +152,14 @@ def progress_with(accuracies: list[float | None]) -> Progress:
 
 
 def test_patience_counts_validations_since_the_best_one():
-    assert patience_spent(progress_with([0.6, 0.7, 0.7]), 2) is None  # equal is not better
-    spent = patience_spent(progress_with([0.6, 0.7, 0.7, 0.65]), 2)
+    assert progress_with([0.6, 0.7, 0.7]).patience_spent(2) is None  # equal is not better
+    spent = progress_with([0.6, 0.7, 0.7, 0.65]).patience_spent(2)
     assert spent.startswith("early stop after epoch 4: 2 validations")
     assert "than epoch 2's 0.7000" in spent
     # Epochs without validation (eval.every > 1) do not count.
-    assert patience_spent(progress_with([0.6, 0.7, None, 0.5, None]), 2) is None
-    assert patience_spent(progress_with([0.6, 0.7, None, 0.5, None, 0.6]), 2) is not None
-    assert patience_spent(progress_with([0.6, 0.5, 0.4]), 0) is None  # off
+    assert progress_with([0.6, 0.7, None, 0.5, None]).patience_spent(2) is None
+    assert progress_with([0.6, 0.7, None, 0.5, None, 0.6]).patience_spent(2) is not None
+    assert progress_with([0.6, 0.5, 0.4]).patience_spent(0) is None  # off
 
 
 PATIENT = ["eval.every=1", "eval.patience=1", "optim.schedule=none", "optim.bn=frozen"]

@@ -9,7 +9,7 @@ import torch
 from step_reference import BNNet, assert_relative_close, make_batch, stated_backward
 from torch import nn
 
-from facenet.config import load_config
+from facenet.config import StepSettings, load_config
 from facenet.errors import ConfigError
 from facenet.memory import GraphMemoryMeter
 from facenet.metric.batch_hard_miner import BatchHardMiner
@@ -18,8 +18,9 @@ from facenet.metric.margin_softmax import MarginSoftmaxLoss
 from facenet.metric.miners import SemiHardNegativeMiner
 from facenet.metric.triplet_margin_miner import TripletMarginMiner
 from facenet.models.embedding import CosineClassifier
+from facenet.training.chunked import ChunkedStep
 from facenet.training.engine import Trainer, TrainerSettings
-from facenet.training.step import ChunkedStep, OnePassStep, TwoPassStep, build_step, choose_step
+from facenet.training.step import OnePassStep, TwoPassStep, build_step, choose_step
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -157,33 +158,55 @@ def test_chunked_skips_chunks_without_selected_images():
     ],
 )
 def test_choose_step(passes, chunk, dense, expected):
-    assert choose_step(passes, chunk, dense) == expected
+    assert choose_step(StepSettings(passes, chunk), dense) == expected
 
 
 def test_triplet_lists_take_two_passes_unless_told_otherwise():
-    assert choose_step("auto", 0, True, triplet_lists=True) == "two-pass"
-    assert choose_step("auto", 4, True, triplet_lists=True) == "chunked"
-    assert choose_step(1, 0, True, triplet_lists=True) == "one-pass"  # explicit passes kept
+    assert choose_step(StepSettings("auto", 0, triplet_lists=True), True) == "two-pass"
+    assert choose_step(StepSettings("auto", 4, triplet_lists=True), True) == "chunked"
+    explicit = StepSettings(1, 0, triplet_lists=True)
+    assert choose_step(explicit, True) == "one-pass"  # explicit passes kept
 
 
 def test_one_pass_with_chunks_is_refused_naming_both():
-    """choose_step refuses what the configuration refuses, for callers of build_step."""
-    with pytest.raises(ConfigError, match="passes=1 and chunk_size=4"):
-        choose_step(1, 4, True)
+    """The settings refuse, for callers of build_step, what the configuration refuses; the
+    configuration's message names its keys."""
+    with pytest.raises(ConfigError, match="^passes: 1 cannot be used with chunk_size: 4;"):
+        StepSettings(1, 4)
+    with pytest.raises(ConfigError, match="passes: 1 cannot be used with chunk_size: 4"):
+        build_step(BNNet(num_classes=None), BatchHardMiner(), None, passes=1, chunk_size=4)
     for bad in (3, True):
-        with pytest.raises(ConfigError, match="passes"):
-            choose_step(bad, 0, True)
-    for bad in (-1, 2.5, "4", True):
-        with pytest.raises(ConfigError, match="chunk_size"):
-            choose_step(2, bad, True)
+        with pytest.raises(ConfigError, match="^passes: "):
+            StepSettings(bad, 0)
+    for bad in (-1, 1, 2.5, "4", True):
+        with pytest.raises(ConfigError, match="^chunk_size: .*; 0 \\(off\\) or at least 2"):
+            StepSettings(2, bad)
     with pytest.raises(ConfigError, match="mining.passes: 1 .*train.chunk_size: 4"):
         load_config(None, ["mining.passes=1", "train.chunk_size=4"])
     for bad in ("3", "true"):
         with pytest.raises(ConfigError, match="passes"):
             load_config(None, [f"mining.passes={bad}"])
-    for bad in ("-1", "2.5", "'4'", "true"):
-        with pytest.raises(ConfigError, match="chunk_size"):
+    for bad in ("-1", "1", "2.5", "'4'", "true"):
+        with pytest.raises(ConfigError, match="train.chunk_size: "):
             load_config(None, [f"train.chunk_size={bad}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.chunk_size=1"], "train.chunk_size: 1; 0 (off) or at least 2: each chunk is"),
+        (["train.chunk_size=-3"], "train.chunk_size: -3; 0 (off) or at least 2: each chunk is"),
+        (
+            ["mining.passes=1", "train.chunk_size=8"],
+            "mining.passes: 1 cannot be used with train.chunk_size: 8; chunked steps are "
+            "two-pass (use mining.passes: 2 or auto)",
+        ),
+    ],
+)
+def test_the_configuration_names_the_keys_the_step_settings_refuse(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert str(err.value).startswith(f"<defaults> with --set overrides: {message}")
 
 
 @pytest.mark.parametrize(
@@ -256,7 +279,8 @@ class GroupNormNet(nn.Module):
         return (embeddings, self.classifier(z)) if return_logits else embeddings
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 5, 18, 64])
+# 2: the smallest chunk; 17: 17 + 1, the single last image joins the chunk before
+@pytest.mark.parametrize("chunk", [2, 4, 5, 17, 18, 64])
 @pytest.mark.parametrize("ce", CE)
 def test_without_batch_dependence_chunked_equals_unchunked(chunk, ce):
     torch.manual_seed(0)
