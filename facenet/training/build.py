@@ -15,9 +15,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from facenet.config import Config
-from facenet.data import IdentityFolder, PKSampler, TripletListDataset
+from facenet.data import IdentityFolder, PKSampler
 from facenet.data.batches import TrainCrops
-from facenet.data.heldout import HeldOutSettings, hold_out
 from facenet.data.images import CorruptImageError
 from facenet.data.loading import make_loader, resolve_loader_settings
 from facenet.data.pairs import (
@@ -31,7 +30,6 @@ from facenet.files import write_text_atomic
 from facenet.metric import build_loss, build_margin_loss, build_miner
 from facenet.models.embedding import build_model
 from facenet.registry import load
-from facenet.training.cache import FeatureHead, check_cache_settings
 from facenet.training.engine import Trainer, TrainerSettings
 from facenet.training.optim import (
     build_optimizer,
@@ -41,8 +39,13 @@ from facenet.training.optim import (
 )
 from facenet.training.step import build_step
 
-# The demo's data (data.dataset: synthetic) is a wing, loaded when a run asks for it.
+# What only some runs use, loaded when the configuration asks for it: the demo's data (a wing;
+# data.dataset: synthetic), seed-style triplet lists (data.dataset: triplets), identities held
+# out of a folder (eval.heldout_identities) and the frozen stages' cache (train.cache_frozen).
 _SYNTHETIC = "facenet.wings.demo.synthetic:prepare_synthetic_data"
+_TRIPLET_LIST = "facenet.data.triplets:TripletListDataset"
+_HELD_OUT = "facenet.data.heldout:"
+_CACHE = "facenet.training.cache:"
 
 
 @dataclass
@@ -98,7 +101,7 @@ def _data_roots(cfg: Config, run_dir: Path, fresh: bool):
             f"eval.heldout_identities: {ev.heldout_identities}, but eval.val_pairs and "
             "eval.pairs are both given: there is nothing to hold out identities for"
         )
-    settings = HeldOutSettings(
+    settings = load(_HELD_OUT + "HeldOutSettings")(
         ev.heldout_identities,
         ev.n_folds,
         ev.heldout_pairs_per_fold,
@@ -107,7 +110,7 @@ def _data_roots(cfg: Config, run_dir: Path, fresh: bool):
         data.max_aspect_ratio,
     )
     splits = [name for name, source in given.items() if source is None]
-    held = hold_out(Path(data.root), run_dir, splits, settings, fresh)
+    held = load(_HELD_OUT + "hold_out")(Path(data.root), run_dir, splits, settings, fresh)
     given.update({split: (path, str(Path(data.root))) for split, path in held.pairs.items()})
     return data.root, given, held
 
@@ -144,7 +147,7 @@ def _batch_loader(cfg: Config, dataset, rank: int, world_size: int, device_type:
     workers, pin = resolve_loader_settings(data.num_workers, data.pin_memory, device_type)
     if data.dataset == "triplets":
         try:
-            sampler = TripletListDataset(
+            sampler = load(_TRIPLET_LIST)(
                 dataset.targets, data.triplets_per_epoch, seed=seed, dataset=dataset
             )
         except ValueError as err:
@@ -316,8 +319,8 @@ def build_trainer(
     params = _from_section("optim", parameter_groups, model, cfg.optim)
     frozen_bn = _frozen_bn(cfg, model)
     if cfg.train.cache_frozen:  # the step sees the frozen stages' outputs, not images
-        check_cache_settings(cfg)
-        model = _from_section("optim", FeatureHead, model, cfg.optim.freeze_up_to)
+        load(_CACHE + "check_cache_settings")(cfg)
+        model = _from_section("optim", load(_CACHE + "FeatureHead"), model, cfg.optim.freeze_up_to)
     if is_distributed():
         # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
         model = DistributedDataParallel(

@@ -29,8 +29,8 @@ from facenet.distributed import (
     set_threads,
 )
 from facenet.errors import EXIT_BAD_INPUT, FacenetError, NonFiniteLossError
+from facenet.registry import load
 from facenet.training.build import build_data, build_network, build_trainer
-from facenet.training.cache import cached_loader
 from facenet.training.console import describe_error, final_lines
 from facenet.training.loop import Run, fit
 from facenet.training.run_dir import RunDirLock, RunOutputs
@@ -110,6 +110,7 @@ def _build(
     if state is not None:  # a checkpoint that does not fit leaves config.yaml as it was
         run.progress = restore(run, state)
     if cfg.train.cache_frozen:  # from the restored weights (the frozen ones never change)
+        cached_loader = load("facenet.training.cache:cached_loader")  # only this run's option
         loader, note = cached_loader(trainer.step.core, data.loader, cfg, info.rank)
         run.data = dataclasses.replace(data, loader=loader, notes=[*data.notes, note])
     if info.is_main:

@@ -1,6 +1,6 @@
 """Face alignment (facenet.wings.align.aligner, facenet-align) on a real photograph that
-scikit-image ships, and the evaluation preprocessing of the publishers' presets against facenet-pytorch's
-own InceptionResnetV1 fed as its README and notebook feed it.
+scikit-image ships, and the evaluation preprocessing of the publishers' presets against
+facenet-pytorch's own InceptionResnetV1 fed as its README and notebook feed it.
 
 The template presets (arcface, sphereface) are checked against an independent computation: a
 closed-form Umeyama fit in numpy and a warp by torch's grid_sample. Detection on a reduced
