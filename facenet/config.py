@@ -26,7 +26,7 @@ from facenet.errors import ConfigError, shown
 from facenet.files import open_regular, write_text_atomic
 from facenet.sizes import image_hw
 
-# facenet.metric.DISTANCE_NAMES, described in facenet.metric.distances.
+# facenet.metric.distances.DISTANCE_NAMES, described there.
 Distance = Literal["squared", "euclidean", "cosine", "angular", "seed_l2"]
 
 # Old key -> new key: the old name is still read, with one warning.

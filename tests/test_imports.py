@@ -23,7 +23,7 @@ ALLOWED = {
     "memory": set(),
     "checkpoint": {"errors", "files"},
     "config": {"errors", "files", "sizes"},
-    "metric": {"errors"},
+    "metric": {"errors", "registry"},
     "models": {"errors", "checkpoint", "sizes", "registry"},
     "data": {"errors", "files", "sizes"},
     "evaluation": {"errors", "files", "sizes", "distributed", "metric", "data"},

@@ -12,7 +12,6 @@ only the modules it uses.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,17 +19,13 @@ import torch
 from facenet.metric.checks import check_choice
 from facenet.metric.losses import TripletMarginLoss
 from facenet.metric.miners import Miner, SemiHardNegativeMiner
+from facenet.registry import load
 
 if TYPE_CHECKING:
     from facenet.config import LossConfig, MiningConfig
     from facenet.metric.margin_softmax import MarginSoftmaxLoss
 
 MINERS = ("semihard", "batch_hard", "triplet_margin")  # mining.miner
-
-
-def _named(module: str, name: str):
-    """``name`` of ``facenet.metric.<module>``, that module imported on first use."""
-    return getattr(import_module(f"facenet.metric.{module}"), name)
 
 
 def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> Miner:
@@ -40,10 +35,10 @@ def build_miner(cfg: MiningConfig, generator: torch.Generator | None = None) -> 
     if miner == "semihard":
         return SemiHardNegativeMiner(cfg.margin, fallback=cfg.fallback, **common)
     if miner == "triplet_margin":
-        return _named("triplet_margin_miner", "TripletMarginMiner")(
+        return load("facenet.metric.triplet_margin_miner:TripletMarginMiner")(
             cfg.margin, cfg.type_of_triplets, strict_margin=cfg.strict_margin, **common
         )
-    return _named("batch_hard_miner", "BatchHardMiner")(**common)
+    return load("facenet.metric.batch_hard_miner:BatchHardMiner")(**common)
 
 
 def build_loss(cfg: LossConfig) -> TripletMarginLoss:
@@ -56,4 +51,6 @@ def build_margin_loss(cfg: LossConfig) -> MarginSoftmaxLoss | None:
     cross-entropy on a linear classifier's logits."""
     if cfg.ce == "softmax":
         return None
-    return _named("margin_softmax", "MarginSoftmaxLoss")(cfg.ce, cfg.ce_scale, cfg.ce_margin)
+    return load("facenet.metric.margin_softmax:MarginSoftmaxLoss")(
+        cfg.ce, cfg.ce_scale, cfg.ce_margin
+    )
