@@ -3,7 +3,9 @@
 Every key has a default here; a YAML file overrides some of them and ``--set section.key=value``
 overrides the file. Unknown keys, wrong types, unknown choices and numbers outside their
 :data:`RANGES` are refused with a :class:`facenet.errors.ConfigError` naming the key, the value,
-the file and the valid options. The resolved configuration is written beside the run.
+the file and the valid options; the ``eval`` section's verification settings are checked by
+``VerifySettings`` itself, its refusal renamed to the key. The resolved configuration is written
+beside the run.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from facenet.errors import ConfigError, shown
+from facenet.evaluation.presets import SettingsError, VerifySettings
 from facenet.files import open_regular, write_text_atomic
 from facenet.sizes import image_hw
 
@@ -177,21 +180,22 @@ class EvalConfig:
     # for test; their pairs files are written into the run directory.
     heldout_identities: int = 0
     heldout_pairs_per_fold: int = 50
-    n_folds: int = 10
-    far_target: float = 1e-3
-    distance: Distance = "squared"
+    # The verification settings: facenet.evaluation.presets.VerifySettings checks their values.
+    n_folds: int = 10  # at least 2
+    far_target: float = 1e-3  # in (0, 1]
+    distance: str = "squared"  # as mining.distance
     # resize: 1.125 S then centre S (as trained); crop: centre crop or pad to S (aligned crops)
-    preprocess: Literal["resize", "crop"] = "resize"
+    preprocess: str = "resize"
     # default: from the distance; classic: [0, 4) in steps of 0.01 and 0.001 (davidsandberg and
     # facenet-pytorch); mobilefacenet: MobileFaceNet_Pytorch's cosines in steps of 1e-4
-    grid: Literal["default", "classic", "mobilefacenet"] = "default"
+    grid: str = "default"
     flip: bool = False
     subtract_mean: bool = False
-    features: Literal["unit", "raw"] = "unit"  # raw: before L2 normalisation
+    features: str = "unit"  # unit; raw: before L2 normalisation
     # first: the best threshold on the training folds (classic); mean: of every best one
     # (MobileFaceNet_Pytorch's lfw_eval.py)
-    threshold_rule: Literal["first", "mean"] = "first"
-    scoring: Literal["float64", "mobilefacenet"] = "float64"  # mobilefacenet: cosine in float32
+    threshold_rule: str = "first"
+    scoring: str = "float64"  # float64; mobilefacenet: its cosine in float32
     batch_size: int = 128
     skip_missing: bool = False
     log_scale_roc: bool = True
@@ -272,10 +276,10 @@ class Range:
         return f"{left}{self.low}, {self.high}{right}"
 
 
-# Every int and float key, by the range it accepts (tests/test_config.py checks that none is
-# missing). p and k are at least 2: negatives need two identities, positives two images;
-# train.chunk_size 1 is refused by StepSettings, with the reason; a fold's threshold is chosen
-# on the others; zero epochs would train on nothing.
+# Every int and float key, by the range it accepts, but the eval section's verification settings
+# (VerifySettings checks those; tests/test_config.py checks that none is missing). p and k are at
+# least 2: negatives need two identities, positives two images; train.chunk_size 1 is refused by
+# StepSettings, with the reason; zero epochs would train on nothing.
 RANGES: dict[str, Range] = {
     key: allowed
     for allowed, keys in {
@@ -284,7 +288,7 @@ RANGES: dict[str, Range] = {
         "eval.every eval.heldout_identities eval.patience",
         Range(1): "data.triplets_per_epoch data.triplet_batch_size data.max_image_pixels "
         "data.synthetic_pairs_per_fold optim.step_size train.epochs train.log_interval "
-        "train.max_nonfinite_steps eval.heldout_pairs_per_fold eval.batch_size",
+        "train.max_nonfinite_steps eval.heldout_pairs_per_fold",
         Range(2): "data.p data.k data.synthetic_identities data.synthetic_images_per_identity "
         "data.synthetic_heldout_identities data.synthetic_heldout_images_per_identity",
         Range(0, math.inf): "mining.margin loss.margin loss.ce_weight optim.weight_decay "
@@ -293,20 +297,19 @@ RANGES: dict[str, Range] = {
         Range(0, math.pi, False, True): "loss.ce_margin",
         Range(0, 1, False, True): "model.dropout optim.momentum",
         Range(0, 1): "optim.min_lr_ratio",
-        Range(0, 1, True): "eval.far_target",
         Range(0, 2**63 - 1): "data.synthetic_seed train.seed",
         Range(1, math.inf): "data.max_aspect_ratio",
         Range(8, 4096): "data.image_size",
         Range(0, 1024): "data.num_workers train.threads",
         Range(1, 65536): "model.embedding_dim",
-        Range(2, 1000): "eval.n_folds",
     }.items()
     for key in keys.split()
 }
 
 
 def _check_values(cfg: Config, source: str) -> None:
-    """Refuse combinations no run can use, a malformed image size, and numbers out of range."""
+    """Refuse combinations no run can use, a malformed image size, numbers out of range and
+    verification settings ``VerifySettings`` refuses (named by their keys)."""
     try:
         StepSettings(cfg.mining.passes, cfg.train.chunk_size)
     except ConfigError as err:  # its message names its fields: the keys the user typed
@@ -331,6 +334,10 @@ def _check_values(cfg: Config, source: str) -> None:
             if isinstance(element, (int, float)) and element not in allowed:
                 what = shown(value) + ("" if element is value else f": side {shown(element)}")
                 raise ConfigError(f"{source}: {dotted}: {what} is out of range; allowed: {allowed}")
+    try:
+        VerifySettings.of(cfg.eval)
+    except SettingsError as err:
+        raise ConfigError(f"{source}: {err.named('eval.' + err.field)}") from None
 
 
 def _type_name(tp: Any) -> str:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import typing
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from facenet.config import (
     save_config,
 )
 from facenet.errors import ConfigError, FacenetError
+from facenet.evaluation.presets import VerifySettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -238,8 +240,11 @@ def test_non_finite_floats_are_refused(value):
         load_config(None, [f"optim.lr={value}"])
 
 
-def test_every_numeric_key_has_a_range():
-    assert set(numeric_keys()) - set(RANGES) == set()
+def test_every_numeric_key_has_a_range_or_is_a_verification_setting():
+    # the eval section's verification settings: VerifySettings checks them, and only it
+    settings = {f"eval.{f.name}" for f in fields(VerifySettings)} & set(numeric_keys())
+    assert set(numeric_keys()) - set(RANGES) == settings
+    assert {"eval.n_folds", "eval.far_target", "eval.batch_size"} <= settings
 
 
 def test_the_schedule_keys_have_their_ranges_and_one_warmup_length():
@@ -255,10 +260,8 @@ def test_the_schedule_keys_have_their_ranges_and_one_warmup_length():
 def test_an_upper_bound_is_named_too():
     with pytest.raises(ConfigError, match=r"model.dropout: 1.0 is out of range; allowed: \[0, 1\)"):
         load_config(None, ["model.dropout=1.0"])
-    with pytest.raises(
-        ConfigError, match=r"eval.far_target: 0.0 is out of range; allowed: \(0, 1\]"
-    ):
-        load_config(None, ["eval.far_target=0"])
+    with pytest.raises(ConfigError, match=r"eval.far_target: 1.5: must lie in \(0, 1\]"):
+        load_config(None, ["eval.far_target=1.5"])
 
 
 @pytest.mark.parametrize(
@@ -283,7 +286,7 @@ def test_an_eval_setting_is_refused_naming_the_file_the_key_and_the_value_typed(
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}: eval.{key}: ") and repr(value) in message
+    assert message.startswith(f"{path}: eval.{key}: {value!r}: ")  # VerifySettings' words
     assert len(message.splitlines()) == 1
 
 
@@ -329,9 +332,6 @@ def _choices(section: str, key: str) -> tuple:
 
 def _registries() -> dict:
     """Each choice key and the library's table it selects from."""
-    from facenet.data.images import EVAL_PREPROCESS
-    from facenet.evaluation.embedding import FEATURES
-    from facenet.evaluation.protocol import DISTANCES, SCORINGS, THRESHOLD_RULES
     from facenet.metric import MINERS
     from facenet.metric.distances import DISTANCE_NAMES
     from facenet.metric.losses import REDUCTIONS
@@ -354,11 +354,6 @@ def _registries() -> dict:
         "optim.name": tuple(OPTIMIZERS),
         "optim.schedule": SCHEDULES,
         "train.amp": tuple(step._AUTOCAST),  # the step's autocast table
-        "eval.distance": DISTANCES,
-        "eval.preprocess": EVAL_PREPROCESS,
-        "eval.features": FEATURES,
-        "eval.threshold_rule": THRESHOLD_RULES,
-        "eval.scoring": SCORINGS,
     }
 
 
@@ -369,7 +364,6 @@ _NO_REGISTRY = {
     "data.on_corrupt",
     "mining.passes",
     "train.device",
-    "eval.grid",
     "optim.bn",
 }
 
@@ -390,10 +384,11 @@ def test_every_choice_key_is_checked_against_a_registry_or_listed_as_without_one
 
 
 def test_training_and_evaluation_share_one_distance_list():
-    from facenet.evaluation.protocol import DISTANCES, default_thresholds
+    from facenet.evaluation import presets
+    from facenet.evaluation.protocol import default_thresholds
     from facenet.metric.distances import DISTANCE_NAMES
 
-    assert DISTANCES is DISTANCE_NAMES
+    assert presets._CHOICES["distance"] is DISTANCE_NAMES
     for name in DISTANCE_NAMES:  # every one has default grids
         assert len(default_thresholds(name)) == len(default_thresholds("squared"))
 

@@ -22,7 +22,8 @@ ALLOWED = {
     "distributed": {"errors"},
     "memory": set(),
     "checkpoint": {"errors", "files"},
-    "config": {"errors", "files", "sizes"},
+    # the eval section is checked by building its VerifySettings (facenet.evaluation.presets)
+    "config": {"errors", "files", "sizes", "evaluation"},
     "metric": {"errors", "registry"},
     "models": {"errors", "checkpoint", "sizes", "registry"},
     "data": {"errors", "files", "sizes"},

@@ -30,9 +30,9 @@ from facenet.cli.common import (
 from facenet.distributed import set_threads
 from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import VerifySettings
-from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import PROVENANCE, ThresholdRecord
 from facenet.files import write_atomic
+from facenet.metric.distances import DISTANCE_NAMES
 from facenet.wings.after_training.embed import FolderEmbeddings, embed_folder
 from facenet.wings.after_training.identify import checked_threshold, read_threshold
 from facenet.wings.after_training.loading import load_model
@@ -59,7 +59,7 @@ def add_threshold_arguments(parser: argparse.ArgumentParser, recorded: bool = Tr
     """``--threshold``, ``--distance``, ``--metrics`` (``--set``, ``--threshold-at``) and, for
     a threshold ``recorded`` with the output, ``--no-threshold``."""
     parser.add_argument("--threshold", type=float, help="this threshold, not a stored one")
-    parser.add_argument("--distance", choices=DISTANCES, help="with --threshold (squared)")
+    parser.add_argument("--distance", choices=DISTANCE_NAMES, help="with --threshold (squared)")
     if recorded:
         parser.add_argument("--no-threshold", action="store_true", help="record no threshold")
     parser.add_argument("--metrics", help="metrics.json or summary.json holding the threshold")

@@ -38,24 +38,24 @@ from facenet.data.pairs import PairList, read_pairs
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
-from facenet.evaluation.embedding import FEATURES
 from facenet.evaluation.plots import plot_roc, plot_tar
 from facenet.evaluation.presets import (
     CLASSIC,
     EVAL_PRESETS,
-    PUBLISHER_FIELDS,
-    VerifySettings,
-)
-from facenet.evaluation.protocol import (
-    DISTANCES,
+    FEATURES,
     GRIDS,
+    PUBLISHER_FIELDS,
     SCORINGS,
     THRESHOLD_RULES,
-    VerificationResult,
+    SettingsError,
+    VerifySettings,
+    flag_for,
 )
+from facenet.evaluation.protocol import VerificationResult
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.verify import verify, verify_distances
 from facenet.files import write_atomic, write_text_atomic
+from facenet.metric.distances import DISTANCE_NAMES
 from facenet.wings.after_training.embed import embed_folder
 from facenet.wings.after_training.loading import load_model
 from facenet.wings.after_training.thresholds import deployable_lines, deployable_thresholds
@@ -124,7 +124,7 @@ def _add_protocol_arguments(parser) -> None:
     parser.add_argument("--far-target", type=float, help="FAR for VAL (1e-3)")
     parser.add_argument(
         "--distance",
-        choices=DISTANCES,
+        choices=DISTANCE_NAMES,
         help="metric of the distances (chooses the threshold grids) or to measure embeddings",
     )
     parser.add_argument(
@@ -209,14 +209,6 @@ def config_defaults(path: str) -> dict:
     e = cfg.eval
     out = {"pairs": e.pairs, "root": e.root, "log_scale": e.log_scale_roc}
     return {**out, **vars(VerifySettings.of(e)), "out": cfg.logging.out_dir}
-
-
-def _check_options(args: argparse.Namespace) -> None:
-    """Reject fold counts and FAR targets the protocol cannot use (from flags or --config)."""
-    if args.n_folds < 2:
-        raise DataError(f"--folds {args.n_folds} (eval.n_folds): expected an integer >= 2")
-    if not 0.0 < args.far_target <= 1.0:
-        raise DataError(f"--far-target {args.far_target} (eval.far_target): must lie in (0, 1]")
 
 
 def _load(args: argparse.Namespace) -> tuple:
@@ -418,7 +410,6 @@ def _evaluate(args: argparse.Namespace) -> None:
         return _retrieval(args)
     if args.mode == "ijb":
         return _ijb(args)
-    _check_options(args)
     out = Path(args.out)
     rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
     # before the work, not after it
@@ -500,6 +491,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         parser.set_defaults(**{key: getattr(preset, key) for key in PUBLISHER_FIELDS})
     args = parser.parse_args(argv)
     args.mode = _choose_mode(args, _given(argv))
+    try:  # the settings check themselves; a refusal names the flag (or --config's key) typed
+        VerifySettings.of(args)
+    except SettingsError as err:
+        raise DataError(err.named(flag_for(err.field))) from None
     return args
 
 

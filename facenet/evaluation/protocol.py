@@ -34,9 +34,6 @@ from facenet.evaluation.presets import (
     measurable,
     pair_labels,
 )
-from facenet.metric.distances import DISTANCE_NAMES
-
-DISTANCES = DISTANCE_NAMES  # training's distances are the ones evaluation measures
 
 # Each grid's upper end: the classic arange(0, 4, 0.01) / (0, 4, 0.001) for squared distances
 # of unit vectors; the others span their own range in as many steps.
@@ -260,7 +257,7 @@ def _distances(a, b, fold_ids, s: VerifySettings) -> np.ndarray:
 
 def pair_distances(emb1, emb2, metric="squared") -> np.ndarray:
     """(N,) distance of each pair of (N, D) embeddings (numpy or torch; (N, 2D) with flip),
-    ``metric`` a name in ``DISTANCES``; mean subtraction needs the folds: see
+    ``metric`` a name in ``DISTANCE_NAMES``; mean subtraction needs the folds: see
     :func:`evaluate_embeddings`."""
     return _scores(*embedding_pairs(emb1, emb2), VerifySettings(distance=metric))
 

@@ -480,7 +480,7 @@ def test_evaluate_script_takes_defaults_from_a_run_configuration(tmp_path):
     [
         ("d.npz", b"PK\x03\x04torn", [], "not a readable .npz archive"),
         ("d.csv", b"\xff\xfe\x00\x01", [], "not a UTF-8 text file"),
-        ("d.csv", b"0.1,1\n0.2,0\n0.3,1\n0.4,0\n", ["--folds", "1"], "--folds 1"),
+        ("d.csv", b"0.1,1\n0.2,0\n0.3,1\n0.4,0\n", ["--folds", "1"], "--folds: 1"),
         ("d.csv", b"0.1,1\n0.2,0\n0.3,1\n0.4,0\n", ["--far-target", "2"], "--far-target"),
     ],
 )

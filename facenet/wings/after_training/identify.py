@@ -17,10 +17,9 @@ import numpy as np
 import torch
 
 from facenet.errors import DataError
-from facenet.evaluation.protocol import DISTANCES
 from facenet.evaluation.report import ThresholdRecord
 from facenet.files import read_json
-from facenet.metric.distances import pairwise_distance
+from facenet.metric.distances import DISTANCE_NAMES, pairwise_distance
 
 _PROBE_BLOCK = 4096  # probes per (block, G) distance matrix: bounded memory for large galleries
 _NAMED_ROWS = 5  # rows named in a message about non-finite embeddings
@@ -82,9 +81,9 @@ class Matches:
 
 def match(gallery: Gallery, probes, threshold: float, distance: str = "squared") -> Matches:
     """The nearest gallery identity of each (P, D) probe; None where its distance (one of
-    ``DISTANCES``, as in the evaluation) is not below ``threshold``."""
-    if distance not in DISTANCES:
-        raise DataError(f"distance {distance!r}: valid options: {', '.join(DISTANCES)}")
+    ``DISTANCE_NAMES``, as in the evaluation) is not below ``threshold``."""
+    if distance not in DISTANCE_NAMES:
+        raise DataError(f"distance {distance!r}: valid options: {', '.join(DISTANCE_NAMES)}")
     if not math.isfinite(threshold):
         raise DataError(f"threshold {threshold!r} is not a finite number")
     probes = torch.as_tensor(np.asarray(probes, dtype=np.float64))  # (P, D)
