@@ -3,7 +3,8 @@
 ``last.pt`` / ``best.pt`` hold everything the rest of the run depends on: the trainer's state
 (model, optimizer, schedule, scaler), every rank's RNG states, miner generator and sampler
 position, the history and, when an epoch stopped part-way, how many of its batches were
-trained (``--resume`` skips exactly those).
+trained (``--resume`` skips exactly those). ``CountedBatches`` hands out an epoch's batches
+from that point and counts them; ``Progress`` is where the run stands, and what it reports.
 """
 
 from __future__ import annotations
