@@ -24,6 +24,7 @@ records this fast path cannot vouch for (continuations, and anything broken) are
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import sys
@@ -58,6 +59,7 @@ REC_FILE, INDEX_FILE, PROPERTY_FILE = "train.rec", "train.idx", "property"
 _MAX_INDEX_BYTES = 2**32  # Glint360K's index: about 350 MB
 _MAX_PROPERTY_BYTES = 4096
 _HEAD_BYTES = 12  # what image_format reads of an image
+_CHUNK_RECORDS = 2**13  # records checked per gather: bounds the memory that opening takes
 _NAMES_IN_WARNING = 10
 _NOT_AN_IMAGE = "empty, or not a JPEG, PNG, GIF, WebP or BMP image"
 
@@ -140,11 +142,12 @@ def read_index(path: Path, rec_size: int) -> tuple[np.ndarray, np.ndarray]:
     the file for a line that is not two integers, a duplicate key or an offset outside a
     ``rec_size``-byte file."""
     with open_regular(path, _MAX_INDEX_BYTES) as fh:
-        text = fh.read()
-    try:
-        table = np.loadtxt(text.splitlines(), np.int64, delimiter="\t", comments=None, ndmin=2)
-    except ValueError as err:  # loadtxt's rows count from 0
-        raise DataError(f"{path}: not lines of key<TAB>byte offset ({err})") from None
+        try:
+            with warnings.catch_warnings():  # an empty file: refused below, by name
+                warnings.simplefilter("ignore", UserWarning)
+                table = np.loadtxt(fh, np.int64, delimiter="\t", comments=None, ndmin=2)
+        except ValueError as err:  # loadtxt's rows count from 0
+            raise DataError(f"{path}: not lines of key<TAB>byte offset ({err})") from None
     if len(table) == 0:
         raise DataError(f"{path}: no records")
     order = np.argsort(table[:, 0], kind="stable")
@@ -178,8 +181,9 @@ def _gather(words: np.ndarray, at: np.ndarray) -> np.ndarray:
     return words[np.clip(at, 0, len(words) - 1)]
 
 
-def _fast_records(words: np.ndarray, size: int, keys, offsets) -> tuple[_Records, np.ndarray]:
-    """Every record read from the word array of the file, and where that reading holds: a
+def _fast_records(words: np.ndarray, size: int, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(flags, labels, image_bytes, heads, trusted)`` (see :class:`_Records`) of the records
+    at ``offsets``, read from the file's words; ``trusted`` (R,): where that reading holds, a
     whole record (cflag 0) at a magic, within the file, its labels inside it."""
     at = offsets // 4  # (R,) word of each magic
     lrec = _gather(words, at + 1)
@@ -198,14 +202,31 @@ def _fast_records(words: np.ndarray, size: int, keys, offsets) -> tuple[_Records
     image_at = at + 2 + HEADER.size // 4 + flags  # (R,) word where each image starts
     heads = _gather(words, image_at[:, None] + np.arange(_HEAD_BYTES // 4)).view(np.uint8)
     heads[np.arange(_HEAD_BYTES) >= image_bytes[:, None]] = 0  # (R, 12)
-    return _Records(keys, offsets, flags, labels, image_bytes, heads), trusted
+    return flags, labels, image_bytes, heads, trusted
 
 
 def _read_records(rec: Path, fh, size: int, keys, offsets) -> _Records:
     """The records of ``rec``, open as ``fh`` (``size`` bytes), at ``offsets``; those the fast
     path cannot vouch for are read whole (a DataError names the first broken one)."""
-    words = np.memmap(fh, "<u4", "r", shape=(size // 4,)) if size >= 4 else np.zeros(1, "<u4")
-    records, trusted = _fast_records(words, size, keys, offsets)
+    mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size >= 8 else None
+    words = np.frombuffer(mapped, "<u4", size // 4) if mapped else np.zeros(1, "<u4")
+    n = len(offsets)
+    records = _Records(
+        keys,
+        offsets,
+        np.empty(n, np.int64),
+        np.empty((n, 3), "<f4"),
+        np.empty(n, np.int64),
+        np.empty((n, _HEAD_BYTES), np.uint8),
+    )
+    trusted = np.empty(n, bool)
+    for start in range(0, n, _CHUNK_RECORDS):
+        rows = slice(start, start + _CHUNK_RECORDS)
+        fields = (records.flags, records.labels, records.image_bytes, records.heads, trusted)
+        for field, value in zip(fields, _fast_records(words, size, offsets[rows])):
+            field[rows] = value
+        if mapped:  # the pages read stay in the page cache, out of this process's memory
+            mapped.madvise(mmap.MADV_DONTNEED)
     for i in np.flatnonzero(~trusted):
         where = f"{rec} key {keys[i]}"
         flag, label, stored, image = split_payload(

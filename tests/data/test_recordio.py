@@ -84,7 +84,9 @@ def packed(tmp_path) -> tuple[Path, list[list[Path]]]:
 # --------------------------------------------------------------------------- round trips
 
 
-def test_every_image_comes_back_byte_for_byte_with_its_identity(packed):
+@pytest.mark.parametrize("chunk", [2, 2**16])
+def test_every_image_comes_back_byte_for_byte_with_its_identity(packed, chunk, monkeypatch):
+    monkeypatch.setattr(recordio, "_CHUNK_RECORDS", chunk)  # records checked per gather
     root, files = packed
     dataset = RecordIODataset(root)
     assert dataset.layout == "insightface" and dataset.classes == ["0", "1"]
@@ -282,6 +284,10 @@ BREAKAGES = {
         lambda root, at: set_index(root, 3, "x"),
         "train.idx: not lines of key<TAB>byte offset (could not convert string 'x'",
     ),
+    "an empty index": (
+        lambda root, at: (root / "train.idx").write_text("\n"),
+        "train.idx: no records",
+    ),
     "duplicate keys": (
         lambda root, at: set_index(root, 3, f"{at[3]}\n3\t{at[4]}"),
         "train.idx: key 3 appears more than once",
@@ -340,7 +346,10 @@ BREAKAGES = {
 
 
 @pytest.mark.parametrize("name", sorted(BREAKAGES))
-def test_bad_input_is_one_line_naming_the_file_and_key_or_byte_and_exit_2(name, tmp_path, capsys):
+def test_bad_input_is_one_line_naming_the_file_and_key_or_byte_and_exit_2(
+    name, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(recordio, "_CHUNK_RECORDS", 4)  # records checked in three gathers
     files = identity_files(tmp_path, [[JPEG] * 3, [JPEG] * 3])
     root = tmp_path / "set"
     write_insightface(root, files, (24, 24))
