@@ -404,10 +404,10 @@ class RecordIODataset(Dataset):
         counts = np.bincount(self.targets, minlength=len(self.classes))  # (C,)
         too_few = counts < min_images
         if too_few.any():
-            names = some_names([self.classes[c] for c in np.flatnonzero(too_few)])
+            names = [self.classes[c] for c in np.flatnonzero(too_few)]
             warnings.warn(
                 f"{self.rec}: {too_few.sum()} identities with fewer than {min_images} images "
-                f"left out of triplet sampling: {names}",
+                f"left out of triplet sampling: {some_names(names, _NAMES_IN_WARNING)}",
                 stacklevel=3,
             )
         return np.where(too_few[self.targets], -1, self.targets)
@@ -452,9 +452,9 @@ def write_insightface(
     identities: Sequence[Sequence[str | os.PathLike]],
     height_width: tuple[int, int],
 ) -> tuple[Path, Path, Path]:
-    """Write insightface's layout into ``folder``: identity i's image files (label i) stored
-    as they are, then the identity records and the meta record at key 0; ``property`` gives
-    ``height_width``. The folder is made if need be; each file is written atomically
+    """Write insightface's layout into ``folder``: the meta record (key 0), identity i's image
+    files (label i) stored as they are, then one identity record per identity; ``property``
+    gives ``height_width``. The folder is made if need be; each file is written atomically
     (``train.rec`` first)."""
     folder = Path(folder)
     counts = [len(paths) for paths in identities]
