@@ -48,7 +48,7 @@ _MAX_DEPTH, _MAX_NODES, _MAX_DIGITS = 16, 10_000, 30
 class DataConfig:
     # synthetic: generated under root; folder: root/<identity>/<image>; triplets: the seed
     # script's (anchor, positive, negative) batches from a TripletListDataset.
-    dataset: Literal["synthetic", "folder", "triplets"] = "synthetic"
+    dataset: Literal["synthetic", "folder", "triplets", "recordio"] = "synthetic"
     root: str | None = None
     image_size: int | list[int] = 64  # S (S x S) or [H, W], e.g. [112, 96] for MobileFaceNet
     p: int = 16  # identities per batch

@@ -43,6 +43,7 @@ from facenet.training.step import build_step
 # data.dataset: synthetic), seed-style triplet lists (data.dataset: triplets), identities held
 # out of a folder (eval.heldout_identities) and the frozen stages' cache (train.cache_frozen).
 _SYNTHETIC = "facenet.wings.demo.synthetic:prepare_synthetic_data"
+_RECORDIO = "facenet.data.recordio:RecordIODataset"  # data.dataset: recordio (train.rec)
 _TRIPLET_LIST = "facenet.data.triplets:TripletListDataset"
 _HELD_OUT = "facenet.data.heldout:"
 _CACHE = "facenet.training.cache:"
@@ -96,6 +97,11 @@ def _data_roots(cfg: Config, run_dir: Path, fresh: bool):
         raise ConfigError(f"data.root: required for data.dataset: {data.dataset}")
     if ev.heldout_identities <= 0:
         return data.root, given, None
+    if data.dataset == "recordio":  # held-out pairs are drawn from identity folders
+        raise ConfigError(
+            "eval.heldout_identities: held-out identities need data.dataset: folder; give a "
+            "RecordIO run eval.val_pairs and eval.pairs"
+        )
     if given["val"] and given["test"]:
         raise ConfigError(
             f"eval.heldout_identities: {ev.heldout_identities}, but eval.val_pairs and "
@@ -123,16 +129,17 @@ def _identity_folder(cfg: Config, train_root: str, exclude=()):
     """
     data = cfg.data
     transform = TrainCrops(data.image_size, random_crop=data.random_crop, hflip=data.hflip)
+    settings = dict(
+        transform=transform,
+        on_corrupt=data.on_corrupt,
+        exclude=exclude,
+        limits=(data.max_image_pixels, data.max_aspect_ratio),
+        cache_bytes=data.decoded_cache_mib * 2**20,
+    )
     try:
-        return IdentityFolder(
-            train_root,
-            transform=transform,
-            on_corrupt=data.on_corrupt,
-            cache_dir=data.cache_dir,
-            exclude=exclude,
-            limits=(data.max_image_pixels, data.max_aspect_ratio),
-            cache_bytes=data.decoded_cache_mib * 2**20,
-        )
+        if data.dataset == "recordio":  # data.root: the folder of train.rec and train.idx
+            return load(_RECORDIO)(train_root, **settings)
+        return IdentityFolder(train_root, cache_dir=data.cache_dir, **settings)
     except CorruptImageError as err:
         raise CorruptImageError(
             err.path, f"{err.reason} (data.on_corrupt: skip leaves such files out)"

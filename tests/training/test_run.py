@@ -117,6 +117,21 @@ def test_grayscale_rgba_corrupt_and_empty_folders_train_with_one_line_warnings(t
     assert "Traceback" not in err
 
 
+def test_a_recordio_set_trains_with_one_config_line(tmp_path, capsys):
+    from facenet.data.recordio import write_insightface
+
+    faces = make_folder(tmp_path / "faces", {"anna": 3, "bob": 3, "carl": 3})
+    identities = [sorted((faces / name).iterdir()) for name in ("anna", "bob", "carl")]
+    write_insightface(tmp_path / "rec", identities, (20, 20))
+    data = ["data.dataset=recordio", f"data.root={tmp_path / 'rec'}"]
+    code, out, err = train(capsys, tmp_path / "run", data=data)
+    assert code == 0, err
+    assert "epoch 1/1" in out and "Traceback" not in err
+    held = train(capsys, tmp_path / "held", "eval.heldout_identities=2", data=data)
+    assert held[0] == 2
+    assert_one_error_line(held[2], "eval.heldout_identities", "data.dataset: folder")
+
+
 def test_corrupt_image_with_on_corrupt_error_stops_naming_file_and_option(tmp_path, capsys):
     root = make_folder(tmp_path / "faces", {"anna": 2, "bob": 2})
     truncated = root / "bob" / "bob_0003.png"
