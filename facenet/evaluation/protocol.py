@@ -16,8 +16,6 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import auc as area_under_curve
-from sklearn.metrics import roc_curve
 
 from facenet.evaluation.presets import (
     CLASSIC,
@@ -183,6 +181,11 @@ def _far_thresholds(far_train: np.ndarray, grid: np.ndarray, far_target: float) 
 
 def _roc_auc_eer(distances: np.ndarray, issame: np.ndarray):
     """Full ROC (smaller distance: more likely same), its AUC and its equal error rate."""
+    # scikit-learn (the better part of a second to import) loads with the first ROC, not with
+    # the protocol: a command that stops on a bad flag or file never waits for it
+    from sklearn.metrics import auc as area_under_curve
+    from sklearn.metrics import roc_curve
+
     fpr, tpr, _ = roc_curve(issame, -distances)
     gap = fpr + tpr - 1.0  # FPR - FNR: non-decreasing along the curve, from -1 to 1
     i = int(np.argmax(gap >= 0))
