@@ -35,6 +35,7 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
+from facenet.cli.guards import check_not_inputs
 from facenet.data.folder import list_images
 from facenet.distributed import set_threads
 from facenet.errors import DataError
@@ -209,6 +210,9 @@ def check_dst(src: Path, dst: Path, args: Namespace, names: list[str]) -> None:
         )
     files = [*meta_files(args.name).values(), REPORT, *(f"loose_crop/{n}" for n in names)]
     check_outputs(Namespace(out=str(dst), overwrite=args.overwrite), *files)
+    # each folder written into, not each file: a link among them (loose_crop -> SRC) is found
+    folders = {(dst / name).parent for name in files}
+    check_not_inputs(sorted(folders), {}, {"SRC": src})
 
 
 # --------------------------------------------------------------------------- the command

@@ -339,12 +339,14 @@ def test_a_damaged_or_incomplete_checkpoint_is_refused(tmp_path, capsys):
 def test_a_dst_that_is_the_source_is_refused_even_with_overwrite(graph_file, tmp_path, capsys):
     before = graph_file.read_bytes()
     code, _, err = _convert(capsys, graph_file, graph_file, "--overwrite")
-    assert code == 2 and f"{graph_file}: is the source file" in err and err.count("\n") == 1
+    assert (
+        code == 2 and f"{graph_file} is the input SRC {graph_file}" in err and err.count("\n") == 1
+    )
     assert graph_file.read_bytes() == before
     index = tmp_path / "model.ckpt-1.index"
     index.write_bytes(b"an index")
     code, _, err = _convert(capsys, tmp_path / "model.ckpt-1", index, "--overwrite")
-    assert code == 2 and "is the source file" in err and index.read_bytes() == b"an index"
+    assert code == 2 and "is the input index" in err and index.read_bytes() == b"an index"
     code, printed, err = _convert(capsys, graph_file, tmp_path / "missing" / "model.pt")
     assert code == 2 and printed == "" and "its folder" in err and "does not exist" in err
 
