@@ -34,6 +34,7 @@ from facenet.cli.common import (
 )
 from facenet.cli.guards import check_not_inputs
 from facenet.config import DataConfig, load_config
+from facenet.data.folder import list_images
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.pairs import PairList, read_pairs
 from facenet.distributed import set_threads
@@ -311,12 +312,22 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
 def _retrieval(args: argparse.Namespace) -> None:
     """Every image of ``--retrieval`` embedded as the checkpoint was trained, then retrieved."""
     _check_outputs(args, "metrics.json")
+    flat = list_images(args.retrieval)[1].count("")  # labels: "" for an image not in a folder
+    if flat:  # all would count as one identity: every figure 1.0
+        raise DataError(
+            f"--retrieval {args.retrieval}: {flat} image(s) outside identity folders; "
+            "retrieval needs ROOT/<identity>/<image>"
+        )
     trained, model, device = _load(args)
     settings = VerifySettings.of(args)
     found = embed_folder(
         model, args.retrieval, trained.image_size, settings, trained.normalize, device
     )
-    labels = np.unique(found.labels, return_inverse=True)[1]  # identity names -> 0..C-1
+    labels, counts = np.unique(found.labels, return_inverse=True, return_counts=True)[1:]
+    if counts.max(initial=0) < 2:  # no query has a relevant row: every figure NaN
+        raise DataError(
+            f"--retrieval {args.retrieval}: no identity has two readable images to query"
+        )
     record = {
         "source": f"{args.checkpoint} on {args.retrieval}",
         "unreadable": len(found.unreadable),
