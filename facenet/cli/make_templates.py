@@ -219,11 +219,14 @@ def check_dst(src: Path, dst: Path, args: Namespace, names: list[str]) -> None:
 
 
 def _enough(media, k: int, what: str) -> None:
-    if not any(len(m) >= k for m in media.values()):
+    """Refuse fewer than two identities with ``k`` media: one alone gives no impostor pair."""
+    ready = sum(len(m) >= k for m in media.values())
+    if ready < 2:
         most = max((len(m) for m in media.values()), default=0)
         raise DataError(
-            f"{what}: no identity has {k} media (images or sub-folders) for "
-            f"--templates-per-identity {k}; the most any has is {most}"
+            f"{what}: {ready} of {len(media)} identities have {k} media (images or "
+            f"sub-folders) for --templates-per-identity {k}, the most any has is {most}; "
+            "impostor pairs need two"
         )
 
 
