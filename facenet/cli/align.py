@@ -27,6 +27,7 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
+from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
 from facenet.errors import FacenetError
 from facenet.files import open_regular
@@ -130,6 +131,7 @@ def _report_path(args: argparse.Namespace) -> Path:
 def _align(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     report = _report_path(args)
+    check_not_inputs([args.dst, report], {}, {"SRC": args.src})
     start = time.perf_counter()
     settings, device = _settings(args), parse_device(args.device)
     outcomes, already = align_folder(

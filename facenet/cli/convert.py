@@ -13,11 +13,11 @@ parameter comes from SRC, and every float constant a graph runs is used, or noth
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from facenet.cli.common import add_threads_argument, check_outputs, run_command
+from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
 from facenet.errors import DataError, WeightsError
 from facenet.files import open_regular
@@ -80,12 +80,10 @@ def convert(src) -> tuple[TrainedModel, str]:
     return TrainedModel(model.eval(), size, "fixed", "weights", str(src), architecture), read
 
 
-def _check_not_src(src: str, out: str) -> None:
-    """Refuse a DST that is SRC or one of its checkpoint's files (--overwrite would lose it)."""
+def source_files(src: str) -> dict[str, str]:
+    """The files SRC may name: itself, or its checkpoint's index and data."""
     prefix = src.removesuffix(".index")
-    for path in (src, f"{prefix}.index", f"{prefix}.data-00000-of-00001"):
-        if os.path.isfile(path) and os.path.isfile(out) and os.path.samefile(path, out):
-            raise WeightsError(f"{out}: is the source file {path}; choose another DST")
+    return {"SRC": src, "index": f"{prefix}.index", "data": f"{prefix}.data-00000-of-00001"}
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -93,7 +91,7 @@ def _convert(args: argparse.Namespace) -> None:
     check_outputs(args)
     if not Path(args.out).parent.is_dir():  # found before the conversion, not after
         raise DataError(f"{args.out}: its folder {Path(args.out).parent} does not exist")
-    _check_not_src(args.src, args.out)
+    check_not_inputs([args.out], source_files(args.src))
     trained, read = convert(args.src)
     params = sum(p.numel() for p in trained.model.parameters())
     save_weights(trained, args.out)

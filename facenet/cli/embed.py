@@ -27,6 +27,7 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
+from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
 from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import VerifySettings
@@ -137,6 +138,8 @@ def _embed(args: argparse.Namespace) -> None:
     """Embed the folder and write the file."""
     set_threads(args.threads)
     check_outputs(args)
+    inputs = {"--checkpoint": args.checkpoint, "--metrics": args.metrics}
+    check_not_inputs([args.out], inputs, {"--images": args.images})
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
     at_hand = trained.preparation(flip=args.flip)

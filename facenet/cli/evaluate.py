@@ -32,7 +32,9 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
+from facenet.cli.guards import check_not_inputs
 from facenet.config import DataConfig, load_config
+from facenet.data.folder import list_images
 from facenet.data.images import EVAL_PREPROCESS
 from facenet.data.pairs import PairList, read_pairs
 from facenet.distributed import set_threads
@@ -223,6 +225,16 @@ def _threshold_for(args: argparse.Namespace, trained, provenance: dict) -> dict:
     return {**weights, "epoch": trained.epoch, **provenance}
 
 
+def _check_outputs(args: argparse.Namespace, *names: str) -> None:
+    """Before any work: the files ``names`` in ``--out`` replace neither anything but this
+    command's earlier output nor any input."""
+    check_outputs(args, *names)
+    read = ("distances", "checkpoint", "config", "pairs", "root", "bin")
+    files = {f"--{key}": getattr(args, key) for key in read}
+    folders = {"--retrieval": args.retrieval, "--ijb": args.ijb}
+    check_not_inputs([Path(args.out, name) for name in names], files, folders)
+
+
 def _write_metrics(args: argparse.Namespace, record: dict) -> Path:
     """``record`` as ``--out``/metrics.json (the folder made first); returns the folder."""
     out = Path(args.out)
@@ -299,13 +311,23 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
 
 def _retrieval(args: argparse.Namespace) -> None:
     """Every image of ``--retrieval`` embedded as the checkpoint was trained, then retrieved."""
-    check_outputs(args, "metrics.json")
+    _check_outputs(args, "metrics.json")
+    flat = list_images(args.retrieval)[1].count("")  # labels: "" for an image not in a folder
+    if flat:  # all would count as one identity: every figure 1.0
+        raise DataError(
+            f"--retrieval {args.retrieval}: {flat} image(s) outside identity folders; "
+            "retrieval needs ROOT/<identity>/<image>"
+        )
     trained, model, device = _load(args)
     settings = VerifySettings.of(args)
     found = embed_folder(
         model, args.retrieval, trained.image_size, settings, trained.normalize, device
     )
-    labels = np.unique(found.labels, return_inverse=True)[1]  # identity names -> 0..C-1
+    labels, counts = np.unique(found.labels, return_inverse=True, return_counts=True)[1:]
+    if counts.max(initial=0) < 2:  # no query has a relevant row: every figure NaN
+        raise DataError(
+            f"--retrieval {args.retrieval}: no identity has two readable images to query"
+        )
     record = {
         "source": f"{args.checkpoint} on {args.retrieval}",
         "unreadable": len(found.unreadable),
@@ -364,7 +386,7 @@ def _template_thresholds(args: argparse.Namespace, labels: np.ndarray, scores: n
 
 def _ijb(args: argparse.Namespace) -> None:
     """The templates of ``--ijb`` pooled from the checkpoint's features, their pairs verified."""
-    check_outputs(args, "metrics.json", "roc.png", "features.npz")
+    _check_outputs(args, "metrics.json", "roc.png", "features.npz")
     faces = read_template_set(args.ijb, args.ijb_set)
     trained, model, device = _load(args)
     template = choose_template(trained.image_size, args.template)
@@ -413,7 +435,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     out = Path(args.out)
     rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
     # before the work, not after it
-    check_outputs(args, "metrics.json", *rocs)
+    _check_outputs(args, "metrics.json", *rocs)
     if args.mode == "bin":
         record, results = _bin_sets(args)
         print(sets_table(results))

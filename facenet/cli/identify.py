@@ -26,6 +26,7 @@ from facenet.cli.common import (
     run_command,
 )
 from facenet.cli.embed import MADE_WITH, add_threshold_arguments, flag_threshold
+from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.report import ThresholdRecord
@@ -174,7 +175,10 @@ def report(matches, rates: dict | None, source: str) -> str:
 def _identify(args: argparse.Namespace) -> None:
     """Match the probes, write the results and print the report."""
     set_threads(args.threads)
-    check_outputs(args, "matches.csv", "identification.json")
+    names = ("matches.csv", "identification.json")
+    check_outputs(args, *names)
+    inputs = {"--gallery": args.gallery, "--probes": args.probes, "--metrics": args.metrics}
+    check_not_inputs([Path(args.out, name) for name in names], inputs)
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
     check_same_making(gallery_arrays, probes, args)
     gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from facenet.cli.common import positive_int, run_command
+from facenet.cli.guards import check_not_inputs
 from facenet.data.images import IMAGE_EXTENSIONS
 from facenet.data.pairs import generate_pairs, scan_identities, write_pairs
 from facenet.errors import DataError
@@ -45,6 +46,7 @@ def _make_pairs(args: argparse.Namespace) -> int:
     """Draw the folds, write the file and say what it holds; returns the exit code."""
     root = args.root
     out = args.out or root / "pairs.txt"
+    check_not_inputs([out], {"ROOT": root})  # its default lies inside ROOT: a folder, not read
     if os.path.lexists(out):  # LFW's own pairs.txt, or a user's file: never replaced
         raise DataError(f"{out} exists: remove it or give another --out")
     if out.suffix.lower() in IMAGE_EXTENSIONS:  # in an identity folder it would be an image

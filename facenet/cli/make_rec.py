@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from facenet.cli.common import check_outputs, run_command
+from facenet.cli.guards import check_not_inputs
 from facenet.data.folder import list_identities
 from facenet.data.images import inspect_image, read_image
 from facenet.data.recordio import INDEX_FILE, PROPERTY_FILE, REC_FILE, write_insightface
@@ -69,10 +70,9 @@ def _make_rec(args: argparse.Namespace) -> int:
     src, dst = Path(args.src), Path(args.out)
     if not src.is_dir():
         raise DataError(f"source folder not found: {src}")
-    real = dst.resolve()
-    if src.resolve() in (real, *real.parents):
-        raise DataError(f"{dst} lies inside {src}: give a DST outside the images")
-    check_outputs(args, REC_FILE, INDEX_FILE, PROPERTY_FILE)
+    names = (REC_FILE, INDEX_FILE, PROPERTY_FILE)
+    check_outputs(args, *names)
+    check_not_inputs([dst / name for name in names], {}, {"SRC": src})
     identities = usable_identities(src)
     height_width = tuple(read_image(identities[0][0]).shape[1:])
     rec, _, _ = write_insightface(dst, identities, height_width)

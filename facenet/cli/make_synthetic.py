@@ -16,6 +16,7 @@ from torchvision.io import encode_png
 from torchvision.utils import make_grid
 
 from facenet.cli.common import add_threads_argument, run_command
+from facenet.cli.guards import check_not_inputs
 from facenet.config import add_override_argument, load_config
 from facenet.distributed import set_threads
 from facenet.errors import FacenetError
@@ -51,6 +52,8 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
 def _make_synthetic(args: argparse.Namespace) -> int:
     """Write the data set (and the preview) and say where; returns the exit code."""
     set_threads(args.threads)
+    outputs = [path for path in (args.out, args.preview) if path is not None]
+    check_not_inputs(outputs, {"--config": args.config})
     data = load_config(args.config, args.overrides).data
     paths = prepare_synthetic_data(args.out, data)
     print(

@@ -35,6 +35,7 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
+from facenet.cli.guards import check_not_inputs
 from facenet.data.folder import list_images
 from facenet.distributed import set_threads
 from facenet.errors import DataError
@@ -209,17 +210,23 @@ def check_dst(src: Path, dst: Path, args: Namespace, names: list[str]) -> None:
         )
     files = [*meta_files(args.name).values(), REPORT, *(f"loose_crop/{n}" for n in names)]
     check_outputs(Namespace(out=str(dst), overwrite=args.overwrite), *files)
+    # each folder written into, not each file: a link among them (loose_crop -> SRC) is found
+    folders = {(dst / name).parent for name in files}
+    check_not_inputs(sorted(folders), {}, {"SRC": src})
 
 
 # --------------------------------------------------------------------------- the command
 
 
 def _enough(media, k: int, what: str) -> None:
-    if not any(len(m) >= k for m in media.values()):
+    """Refuse fewer than two identities with ``k`` media: one alone gives no impostor pair."""
+    ready = sum(len(m) >= k for m in media.values())
+    if ready < 2:
         most = max((len(m) for m in media.values()), default=0)
         raise DataError(
-            f"{what}: no identity has {k} media (images or sub-folders) for "
-            f"--templates-per-identity {k}; the most any has is {most}"
+            f"{what}: {ready} of {len(media)} identities have {k} media (images or "
+            f"sub-folders) for --templates-per-identity {k}, the most any has is {most}; "
+            "impostor pairs need two"
         )
 
 

@@ -13,8 +13,9 @@ import sys
 import yaml
 
 from facenet.cli.common import int_in, one_line_warnings, report_error
+from facenet.cli.guards import check_not_inputs
 from facenet.config import add_override_argument, config_to_dict, load_config
-from facenet.errors import ConfigError
+from facenet.errors import ConfigError, FacenetError
 from facenet.training.run import run_training
 
 
@@ -50,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--resume and --overwrite exclude each other")
             threads = [] if args.threads is None else [f"train.threads={args.threads}"]
             cfg = load_config(args.config, args.overrides + threads)
-        except ConfigError as err:
+            if args.out is not None:
+                cfg.logging.out_dir = args.out
+            check_not_inputs([cfg.logging.out_dir], {"--config": args.config})
+        except FacenetError as err:
             return report_error(err)
-        if args.out is not None:
-            cfg.logging.out_dir = args.out
         if args.print_config:
             print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
             return 0

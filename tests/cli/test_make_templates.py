@@ -162,7 +162,9 @@ def test_refusals_are_one_line_and_write_nothing(patched, tmp_path, capsys):
         ([str(src), str(src / "a" / "out")], "overlap"),
         ([str(src), str(tmp_path / "n"), "--name", "Own"], "--name 'Own'"),
         ([str(tmp_path / "none"), str(tmp_path / "n")], "source folder not found"),
-        ([str(lone), str(tmp_path / "n")], "no identity has 2 media"),
+        ([str(lone), str(tmp_path / "n")], "0 of 2 identities have 2 media"),
+        # one identity alone: a set without impostor pairs
+        ([str(src), str(tmp_path / "n"), "--templates-per-identity", "4"], "1 of 3 identities"),
         ([str(tmp_path / "empty"), str(tmp_path / "n")], "the most any has is 0"),
         ([str(src), str(tmp_path / "n"), "--templates-per-identity", "5"], "the most any has is 4"),
     ]

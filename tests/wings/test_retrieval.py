@@ -130,3 +130,24 @@ def test_evaluate_retrieval_embeds_an_identity_folder(tiny_run, tmp_path, capsys
     assert evaluate_script.main([*argv, "--out", str(tmp_path / "r")]) == 2  # not replaced
     with pytest.raises(SystemExit):
         evaluate_script.main(["--retrieval", str(tiny_run["heldout"])])  # no --checkpoint
+
+
+def test_evaluate_retrieval_refuses_a_folder_it_cannot_score(tiny_run, tmp_path, capsys):
+    import shutil
+
+    from facenet.cli import evaluate as evaluate_script
+
+    identity = sorted(p for p in tiny_run["heldout"].iterdir() if p.is_dir())[0]
+    images = sorted(identity.iterdir())[:2]
+    flat, lone = tmp_path / "flat", tmp_path / "lone"
+    for n, image in enumerate(images):
+        flat.mkdir(exist_ok=True)
+        shutil.copy(image, flat / f"{n}{image.suffix}")  # no identity folder: all 1.0 before
+        (lone / f"id{n}").mkdir(parents=True)
+        shutil.copy(image, lone / f"id{n}" / image.name)  # one image an identity: NaN before
+    for root, says in ((flat, "outside identity folders"), (lone, "no identity has two")):
+        argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--retrieval", str(root)]
+        assert evaluate_script.main([*argv, "--out", str(tmp_path / "r")]) == 2, root
+        err = capsys.readouterr().err
+        assert says in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / "r").exists()

@@ -23,6 +23,7 @@ ROOT = "InceptionResnetV1"
 OUTPUT, PHASE_TRAIN = "embeddings", "phase_train"  # sandberg's train_softmax.py names
 # Non-parameter constants a frozen graph may hold: tf.nn.l2_normalize's epsilon.
 GRAPH_EXTRAS = ("embeddings/Maximum/y",)
+MIN_INPUT, MAX_INPUT = 75, 1024  # px a converted graph may declare (sandberg's take 160)
 _BOTTLENECK = "Bottleneck/weights"
 _LINEAR = "embedding.linear.weight"
 _BLOCKS = {
@@ -75,6 +76,8 @@ class _Taker:
         expected = tuple(like.shape[i] for i in np.argsort(perm)) if perm else tuple(like.shape)
         if array.shape != expected:
             raise MappingError(f"{full!r} has shape {array.shape}; expected {expected}")
+        if not np.isfinite(array).all():  # written, its own loader would refuse the file
+            raise MappingError(f"{full!r} holds NaN or infinite values")
         self.used.add(full)
         return torch.from_numpy(np.array(array.transpose(perm) if perm else array, order="C"))
 
@@ -163,7 +166,8 @@ def _check_batch_norms(nodes: Mapping[str, Node], live: set) -> None:
 def graph_state_dict(nodes: Mapping[str, Node]) -> tuple[dict, int, int]:
     """:func:`sandberg_state_dict` of the float constants TensorFlow runs to compute
     ``embeddings`` with ``phase_train`` False, every one of them used (l2_normalize's epsilon
-    aside); the input size a 4-d placeholder declares (else 160); and the number of constants
+    aside); the input size a 4-d placeholder declares (else 160; MappingError outside
+    ``MIN_INPUT..MAX_INPUT``); and the number of constants
     ignored on dead branches (sandberg's release graphs keep each batch norm's and dropout's
     training branch as a tf.cond on ``phase_train``)."""
     if OUTPUT not in nodes:
@@ -185,5 +189,11 @@ def graph_state_dict(nodes: Mapping[str, Node]) -> tuple[dict, int, int]:
         )
     shapes = [n.attrs.get("shape") for n in nodes.values() if n.op == "Placeholder"]
     dims = [s for s in shapes if isinstance(s, tuple) and len(s) == 4]
-    size = dims[0][1] if len(dims) == 1 and dims[0][1] == dims[0][2] else 160
-    return state, size if 75 <= size <= 4096 else 160, len(ignored)
+    size = dims[0][1] if len(dims) == 1 and dims[0][1] == dims[0][2] else -1
+    if size != -1 and not MIN_INPUT <= size <= MAX_INPUT:
+        raise MappingError(
+            f"the input placeholder declares {size} x {size} px; expected {MIN_INPUT} to "
+            f"{MAX_INPUT} (Inception-ResNet-v1's smallest input, and a bound on one image's "
+            "activations: 4096 px needs over 6 GB)"
+        )
+    return state, 160 if size == -1 else size, len(ignored)

@@ -9,12 +9,15 @@ bytes that hold it before anything is allocated.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
 
 MAX_FILL = 2**20  # elements one value may fill (TensorProto's version 0; not fewer than all)
+MAX_DIM = 2**31  # numpy refuses a shape such as (0, 2**62) even with no element in it
+MAX_KEY = 1024  # bytes of a checkpoint's tensor name; keys that extend each other stay bounded
 DT_BOOL = 10
 _DTYPES = {1: np.dtype("<f4"), 3: np.dtype("<i4"), DT_BOOL: np.dtype("?")}  # types.proto
 
@@ -84,6 +87,14 @@ def _shape(buf: bytes, span) -> tuple[int, ...]:
     return tuple(dims)
 
 
+def _count(shape: tuple[int, ...], what: str) -> int:
+    """The element count of a tensor's declared ``shape``; GraphError for a negative dimension,
+    one of ``MAX_DIM`` or more, or a rank over 32 (TensorFlow's limit is 254)."""
+    if len(shape) > 32 or not all(0 <= d < MAX_DIM for d in shape):
+        raise GraphError(f"{what} of shape {shape[:33]}")
+    return math.prod(shape)
+
+
 def _floats(buf: bytes, items: list) -> np.ndarray:
     """Float32 values of (wire type, span) items: packed (2) or one by one (5), concatenated."""
     spans = [v for w, v in items if w in (2, 5) and (v[1] - v[0]) % 4 == 0]
@@ -122,9 +133,7 @@ def _tensor(buf: bytes, span) -> np.ndarray | None:
             items[number].append((wire, value))
     if dtype not in _DTYPES:
         return None
-    if any(d < 0 for d in shape) or len(shape) > 32:
-        raise GraphError(f"a constant of shape {shape[:33]}")  # TensorFlow's rank limit: 254
-    count, kind = math.prod(shape), _DTYPES[dtype]
+    count, kind = _count(shape, "a constant"), _DTYPES[dtype]
     if content is not None:
         if content[1] - content[0] != count * kind.itemsize:
             raise GraphError(f"a constant of shape {shape} holds {content[1] - content[0]} bytes")
@@ -218,8 +227,8 @@ def _ref(text: str) -> tuple[str, int, bool]:
     if text.startswith("^"):
         return text[1:], 0, True
     name, _, port = text.partition(":")
-    if not (port or "0").isdigit():
-        raise GraphError(f"an input {text!r} whose output port is not a number")
+    if not re.fullmatch("[0-9]{1,9}", port or "0"):  # str.isdigit admits "²", which int refuses
+        raise GraphError(f"an input {text[:80]!r} whose output port is not a number")
     return name, int(port or 0), False
 
 
@@ -293,7 +302,9 @@ def _block(buf: bytes, handle) -> list[tuple[bytes, tuple[int, int]]]:
     offsets and their count; ``handle``: the (offset, size) before its 5-byte trailer."""
     start, size = handle
     end = start + size
-    if size < 4 or end + 5 > len(buf) or buf[end] != 0:  # trailer: type 0 (uncompressed), crc
+    if (
+        start < 0 or size < 4 or end + 5 > len(buf) or buf[end] != 0
+    ):  # trailer: type 0 (uncompressed), crc
         raise GraphError(f"a table block at byte {start} that is compressed or past the end")
     restarts = end - 4 - 4 * int.from_bytes(buf[end - 4 : end], "little")
     if restarts < start:
@@ -303,8 +314,14 @@ def _block(buf: bytes, handle) -> list[tuple[bytes, tuple[int, int]]]:
         shared, pos = _varint(buf, pos, restarts)
         unshared, pos = _varint(buf, pos, restarts)
         length, pos = _varint(buf, pos, restarts)
-        if shared > len(key) or min(unshared, length) < 0 or pos + unshared + length > restarts:
+        if (
+            shared > len(key)
+            or min(shared, unshared, length) < 0
+            or pos + unshared + length > restarts
+        ):
             raise GraphError(f"a table entry at byte {pos} runs past its block")
+        if shared + unshared > MAX_KEY:
+            raise GraphError(f"a table key at byte {pos} of {shared + unshared} bytes")
         key, pos = key[:shared] + buf[pos : pos + unshared], pos + unshared
         entries.append((key, (pos, pos + length)))
         pos += length
@@ -330,7 +347,7 @@ def _bundle_entry(index: bytes, span, data: bytes) -> np.ndarray | None:
     if ints.get(1) != 1:
         return None
     offset, size = ints.get(4, 0), ints.get(5, 0)
-    if any(d < 0 for d in shape) or size != math.prod(shape) * 4:
+    if size != _count(shape, "a tensor") * 4:
         raise GraphError(f"a tensor of shape {shape} stored in {size} bytes")
     if not 0 <= offset <= len(data) - size:
         raise GraphError(f"a tensor at byte {offset} of {size} bytes past the data file's end")
@@ -347,11 +364,13 @@ def parse_bundle(index: bytes, data: bytes) -> dict[str, np.ndarray]:
         end = len(index) - 8
         # the metaindex's handle, then the index's
         _, pos = _handle(index, len(index) - _FOOTER, end)
-        entries = [
-            entry
-            for _, span in _block(index, _handle(index, pos, end)[0])
-            for entry in _block(index, _handle(index, *span)[0])
+        handles = [
+            _handle(index, *span)[0] for _, span in _block(index, _handle(index, pos, end)[0])
         ]
+        for (start, size), (after, _) in zip(handles, handles[1:]):
+            if after < start + size + 5:  # one block read twice: entries pointing at one block
+                raise GraphError(f"table blocks at bytes {start} and {after} overlap")
+        entries = [entry for handle in handles for entry in _block(index, handle)]
         header = {n: v for key, span in entries if key == b"" for n, w, v in _fields(index, *span)}
         if header.get(1, 1) != 1 or header.get(2, 0) != 0:
             raise GraphError("a bundle of several shards or big-endian, not read here")

@@ -32,6 +32,9 @@ MAX_META_BYTES = 2**28  # IJB-C's face and landmark lists: about 20 and 40 MB
 # columns peaked at 0.6 and 0.7 GB (tracemalloc); 2**28 bytes of them would take about 10 GB
 MAX_META_ROWS = 2**21
 MAX_PAIRS_BYTES = 2**30  # IJB-C's 15.7 million template pairs: about 250 MB
+# bytes in a line: a name and 11 numbers take about 100; split into fields, one 240 MB line
+# would take gigabytes of Python strings
+MAX_LINE_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,15 @@ def _read(path: Path, max_bytes: int) -> bytes:
     if not path.is_file():
         raise DataError(f"{path}: missing meta file")
     with open_regular(path, max_bytes) as fh:
-        return fh.read()
+        raw = fh.read()
+    ends = np.flatnonzero(np.frombuffer(raw, np.uint8) == ord("\n"))
+    lengths = np.diff(ends, prepend=-1, append=len(raw)) - 1  # (lines,) bytes before each end
+    if lengths.max() > MAX_LINE_BYTES:
+        line = int(lengths.argmax()) + 1
+        raise DataError(
+            f"{path}:{line}: a line of {lengths.max()} bytes, more than {MAX_LINE_BYTES}"
+        )
+    return raw
 
 
 def _rows(path: Path, columns: int, max_bytes: int, max_rows: int | None = None):

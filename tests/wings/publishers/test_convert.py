@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from sandberg_graph import SandbergGraph, bundle, field, node_def, varint
+from sandberg_graph import SandbergGraph, bundle, field, node_def, table_block, varint
 from tf_graph_reference import run_graph
 
 from facenet.cli import convert
@@ -339,12 +339,14 @@ def test_a_damaged_or_incomplete_checkpoint_is_refused(tmp_path, capsys):
 def test_a_dst_that_is_the_source_is_refused_even_with_overwrite(graph_file, tmp_path, capsys):
     before = graph_file.read_bytes()
     code, _, err = _convert(capsys, graph_file, graph_file, "--overwrite")
-    assert code == 2 and f"{graph_file}: is the source file" in err and err.count("\n") == 1
+    assert (
+        code == 2 and f"{graph_file} is the input SRC {graph_file}" in err and err.count("\n") == 1
+    )
     assert graph_file.read_bytes() == before
     index = tmp_path / "model.ckpt-1.index"
     index.write_bytes(b"an index")
     code, _, err = _convert(capsys, tmp_path / "model.ckpt-1", index, "--overwrite")
-    assert code == 2 and "is the source file" in err and index.read_bytes() == b"an index"
+    assert code == 2 and "is the input index" in err and index.read_bytes() == b"an index"
     code, printed, err = _convert(capsys, graph_file, tmp_path / "missing" / "model.pt")
     assert code == 2 and printed == "" and "its folder" in err and "does not exist" in err
 
@@ -460,3 +462,84 @@ def test_an_existing_output_is_kept(graph_file, tmp_path, capsys):
     out.write_bytes(b"mine")
     code, _, err = _convert(capsys, graph_file, out)
     assert code == 2 and "--overwrite" in err and out.read_bytes() == b"mine"
+
+
+# --------------------------------------------------------------------------- round five
+
+
+def _index(blocks: list[bytes], pointing: list[int] | None = None, handles=()) -> bytes:
+    """A checkpoint index of the data ``blocks``; its index block names the handles of the
+    blocks ``pointing`` lists (default each once), then ``handles`` as given."""
+    index = bytearray()
+
+    def put(block: bytes) -> bytes:
+        offset = len(index)
+        index.extend(block + bytes(5))
+        return varint(offset) + varint(len(block))
+
+    put_blocks = [put(block) for block in blocks]
+    named = [put_blocks[i] for i in (range(len(blocks)) if pointing is None else pointing)]
+    named += list(handles)
+    meta = put(table_block([]))
+    top = put(table_block([(b"k%08d" % i, handle) for i, handle in enumerate(named)]))
+    footer = (meta + top).ljust(40, b"\0") + struct.pack("<Q", 0xDB4775248B80FB57)
+    return bytes(index + footer)
+
+
+def test_keys_that_extend_each_other_are_refused_past_a_name_length():
+    # each key one byte longer than the last: n entries of a few bytes hold n**2 / 2 key bytes
+    block = table_block([(b"a" * n, b"") for n in range(1, 3000)])
+    with pytest.raises(GraphError, match="a table key at byte .* of 1025 bytes"):
+        parse_bundle(_index([block]), b"")
+
+
+def test_entries_pointing_at_one_block_are_refused():
+    block = table_block([(b"w%04d" % n, b"") for n in range(100)])
+    with pytest.raises(GraphError, match="table blocks at bytes 0 and 0 overlap"):
+        parse_bundle(_index([block], pointing=[0] * 1000), b"")
+
+
+def test_a_negative_block_offset_or_key_length_is_refused():
+    block = table_block([(b"w", b"")])
+    with pytest.raises(GraphError, match="compressed or past the end"):
+        parse_bundle(_index([block], pointing=[], handles=[varint(-3) + varint(4)]), b"")
+    # shared -1: the key would silently lose its last byte
+    block = varint(0) + varint(2) + varint(0) + b"ab" + varint(-1) + varint(1) + varint(0) + b"c"
+    with pytest.raises(GraphError, match="runs past its block"):
+        parse_bundle(_index([block + struct.pack("<II", 0, 1)]), b"")
+
+
+@pytest.mark.parametrize("shape", [(0, 2**62), (2**31, 0)])
+def test_an_empty_shape_too_large_for_numpy_is_refused(tmp_path, capsys, shape):
+    dims = b"".join(field(2, varint(1 << 3) + varint(d)) for d in shape)
+    tensor = varint(1 << 3) + varint(1) + field(2, dims) + field(4, b"")
+    node = (
+        field(1, b"w")
+        + field(2, b"Const")
+        + field(5, field(1, b"value") + field(2, field(8, tensor)))
+    )
+    _refused(capsys, tmp_path, field(1, node), "a constant of shape")
+    with pytest.raises(GraphError, match="a tensor of shape"):
+        entry = varint(1 << 3) + varint(1) + field(2, dims) + varint(5 << 3) + varint(0)
+        parse_bundle(_index([table_block([(b"", varint(1 << 3) + varint(1)), (b"w", entry)])]), b"")
+
+
+@pytest.mark.parametrize("port", ["\u00b2", "\u0663", "1" * 5000])
+def test_an_input_port_that_is_not_ascii_digits_is_refused(graph, tmp_path, capsys, port):
+    bad = node_def("embeddings", "Identity", (f"x:{port}",))
+    _refused(capsys, tmp_path, _without(graph, "embeddings", bad), "output port is not a number")
+
+
+@pytest.mark.parametrize("size", [4096, 1025, 74])
+def test_a_declared_input_outside_the_bounds_is_refused(graph, tmp_path, capsys, size):
+    placeholder = node_def("input", "Placeholder", dtype=1, shape=(1, size, size, 3))
+    err = _refused(capsys, tmp_path, _without(graph, "input", placeholder), f"declares {size} x")
+    assert "75 to 1024" in err
+
+
+def test_a_nan_weight_is_refused_naming_the_variable(graph, tmp_path, capsys):
+    name = "InceptionResnetV1/Conv2d_1a_3x3/weights"
+    value = graph.constants[name].copy()
+    value[0, 0, 0, 0] = np.nan
+    bad = node_def(name, "Const", value=value, dtype=1)
+    _refused(capsys, tmp_path, _without(graph, name, bad), repr(name), "NaN or infinite")

@@ -66,6 +66,18 @@ def test_a_meta_file_of_too_many_lines_is_refused_before_splitting(tmp_path, mon
         read_template_set(write_layout(tmp_path, faces=FACES + "\n\n"))
 
 
+@pytest.mark.parametrize(
+    "which, file, line",
+    [("faces", "face_tid_mid", 5), ("marks", "name_5pts_score", 4), ("pairs", "pair_label", 3)],
+)
+def test_a_line_past_the_bound_is_refused_before_splitting(tmp_path, which, file, line):
+    # one 240 MB line of fields took gigabytes as Python strings: a MemoryError traceback
+    long_line = "c/4.jpg" + " 1" * (ijb.MAX_LINE_BYTES // 2)
+    text = {"faces": FACES, "marks": MARKS, "pairs": PAIRS}[which] + long_line + "\n"
+    message = _error(tmp_path, **{which: text})
+    assert f"{file}.txt:{line}: a line of {len(long_line)} bytes, more than 4096" in message
+
+
 def test_the_set_name_is_found_or_chosen(tmp_path):
     write_layout(tmp_path, name="one")
     assert set_name(tmp_path) == "one"
