@@ -173,7 +173,7 @@ def test_index_is_cached_next_to_the_data_and_reused(root, monkeypatch):
     assert len(calls) == 9  # every image file once
     second, _ = build(root)
     assert second.index_reused and len(calls) == 9  # no file opened again
-    assert second.samples == first.samples and second.skipped == first.skipped
+    assert list(second.samples) == list(first.samples) and second.skipped == first.skipped
 
 
 @pytest.mark.parametrize("change", ["add", "remove", "modify", "new_identity"])
@@ -183,22 +183,38 @@ def test_index_is_rebuilt_when_the_folder_changes(root, change):
         write_png(pixels(3, 9), str(root / "carol" / "c2.png"))
     elif change == "remove":
         (root / "alice" / "a2.png").unlink()
-    elif change == "modify":  # same name and size, newer mtime: a repaired file
-        path = root / "alice" / "a4_truncated.jpg"
-        stamp = time.time() + 5
-        os.utime(path, (stamp, stamp))
+    elif change == "modify":  # a repaired file copied over the broken one (by a rename)
+        repaired = root / "alice" / ".a4_truncated.jpg.part"
+        repaired.write_bytes(jpeg_bytes(pixels(3, 3)))
+        os.replace(repaired, root / "alice" / "a4_truncated.jpg")
     else:
         (root / "erin").mkdir()
         write_png(pixels(3, 10), str(root / "erin" / "e1.png"))
     second, _ = build(root)
     assert not second.index_reused
     if change == "add":
-        assert second.targets.count(second.class_to_idx["carol"]) == 2
+        assert np.count_nonzero(second.targets == second.class_to_idx["carol"]) == 2
         assert (second.triplet_labels >= 0).all()
     elif change == "remove":
         assert len(second) == len(first) - 1
+    elif change == "modify":
+        assert len(second) == len(first) + 1 and len(second.skipped) == 1
     elif change == "new_identity":
         assert second.classes[-1] == "erin"
+
+
+def test_a_file_rewritten_in_place_escapes_the_key_until_its_folder_is_touched(root):
+    """The documented limit of the key: the files themselves are not stat-ed."""
+    first, _ = build(root)
+    (root / "alice" / "a4_truncated.jpg").write_bytes(jpeg_bytes(pixels(3, 3)))
+    folder_stamp = os.stat(root / "alice").st_mtime_ns
+    os.utime(root / "alice", ns=(folder_stamp, folder_stamp))  # as when written in the same tick
+    second, _ = build(root)
+    assert second.index_reused and len(second) == len(first)
+    stamp = time.time() + 5
+    os.utime(root / "alice", (stamp, stamp))
+    third, _ = build(root)
+    assert not third.index_reused and len(third) == len(first) + 1
 
 
 def test_index_in_cache_dir_leaves_the_data_folder_untouched(root, tmp_path):
@@ -209,7 +225,7 @@ def test_index_in_cache_dir_leaves_the_data_folder_untouched(root, tmp_path):
     assert len(files) == 1
     assert json.loads(files[0].read_text())["root"] == str(root.resolve())
     second, _ = build(root, cache_dir=cache)
-    assert second.index_reused and second.samples == first.samples
+    assert second.index_reused and list(second.samples) == list(first.samples)
 
 
 @pytest.mark.parametrize("damage", ["{ not json", "[" * 100_000, "fifo"])
