@@ -3,6 +3,8 @@ the walks of IdentityFolder and list_images through symbolic links."""
 
 import json
 import os
+import pickle
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -13,7 +15,7 @@ import torch
 from torchvision.io import encode_jpeg, write_png
 
 import facenet.data.folder as folder_module
-from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder, list_images
+from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder, list_images, prepare_index
 from facenet.data.images import (
     DEFAULT_MAX_ASPECT_RATIO,
     DEFAULT_MAX_PIXELS,
@@ -392,3 +394,50 @@ def test_embed_lists_each_image_once_through_looping_links(tmp_path):
     with pytest.warns(UserWarning, match="skipped"):
         result = embed_folder(torch.nn.Flatten(), root, 12)
     assert len(result.paths) == len(set(result.paths)) == 5 and not result.unreadable
+
+
+def test_two_processes_check_halves_and_make_the_index_one_makes(root, tmp_path, monkeypatch):
+    """prepare_index's parts (rank, ranks) with a gather, as two ranks run it: each image is
+    checked once, by one of them, and the folder built after reads nothing again."""
+    alone, _ = build(root, cache_dir=tmp_path / "alone")
+    calls = count_header_checks(monkeypatch)
+    meeting, parts = threading.Barrier(2), [None, None]
+
+    def gather_objects(rank):
+        def gather(mine):  # every part in rank order, as facenet.distributed.gather_objects
+            parts[rank] = mine
+            meeting.wait(timeout=60)
+            return list(parts)
+
+        return gather
+
+    def rank_run(rank):
+        prepare_index(root, tmp_path / "shared", part=(rank, 2), gather=gather_objects(rank))
+
+    threads = [threading.Thread(target=rank_run, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(map(str, calls)) == sorted({str(path) for path in calls})  # none twice
+    assert len(calls) == 9 and not parts[0].keys() & parts[1].keys()  # identities per part
+    assert {Path(p).parent.name for p in calls} == {"alice", "bob", "carol", "dave"}
+    shared, _ = build(root, cache_dir=tmp_path / "shared")
+    assert shared.index_reused and len(calls) == 9
+    assert list(shared.samples) == list(alone.samples) and shared.skipped == alone.skipped
+
+
+def test_dataset_holds_about_its_file_names_per_image(tmp_path):
+    """No Python object per image: pickled (as a spawned DataLoader worker gets it), the
+    dataset of 3,000 images takes its names' bytes plus 24 bytes an image, plus a constant."""
+    root = tmp_path / "many"
+    image = jpeg_bytes(pixels(3, 0))
+    for identity in range(30):
+        (root / f"{identity:03d}").mkdir(parents=True)
+        for i in range(100):
+            (root / f"{identity:03d}" / f"{i:04d}.jpg").write_bytes(image)
+    ds, _ = build(root)
+    names = len(ds) * len("0000.jpg\0")
+    assert len(ds) == 3000 and ds.names.nbytes == names
+    assert len(pickle.dumps(ds)) < names + 24 * len(ds) + 20_000
+    assert ds.samples[1234] == (str(root / "012" / "0034.jpg"), 12)
