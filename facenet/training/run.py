@@ -19,10 +19,12 @@ from pathlib import Path
 import torch
 
 from facenet.config import Config, save_config
+from facenet.data.folder import prepare_index
 from facenet.distributed import (
     DistInfo,
     any_rank,
     cleanup_distributed,
+    gather_objects,
     init_distributed,
     is_main_process,
     main_process_first,
@@ -103,7 +105,10 @@ def _build(
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     if check_model_first:
         build_network(cfg)
-    with main_process_first():  # rank 0 writes the synthetic data and the folder index
+    _index_training_folder(cfg, info)
+    # Rank 0 writes the synthetic data and the held-out pairs; the others wait for work that
+    # is bounded (the folder's index is ready on every rank).
+    with main_process_first():
         data = build_data(cfg, run_dir, info.rank, info.world_size, outputs, device.type)
     trainer = build_trainer(cfg, data.num_classes, device, data.steps_per_epoch)
     run = Run(trainer, data, cfg, run_dir, outputs)
@@ -124,6 +129,17 @@ def _build(
             file=sys.stderr,
         )
     return run
+
+
+def _index_training_folder(cfg: Config, info: DistInfo) -> None:
+    """Check or build the training folder's index on every rank together: each checks every
+    world_size-th identity folder and the parts are gathered, so no rank waits in a barrier
+    while another checks the whole folder (a wait bounded only by the process-group timeout)."""
+    data = cfg.data
+    if data.dataset in ("folder", "triplets") and data.root:
+        limits = (data.max_image_pixels, data.max_aspect_ratio)
+        part = (info.rank, info.world_size)
+        prepare_index(data.root, data.cache_dir, limits, part, gather_objects)
 
 
 def planned_outputs(cfg: Config, resumed: bool) -> list[str]:

@@ -3,6 +3,8 @@ the walks of IdentityFolder and list_images through symbolic links."""
 
 import json
 import os
+import pickle
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -13,7 +15,7 @@ import torch
 from torchvision.io import encode_jpeg, write_png
 
 import facenet.data.folder as folder_module
-from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder, list_images
+from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder, list_images, prepare_index
 from facenet.data.images import (
     DEFAULT_MAX_ASPECT_RATIO,
     DEFAULT_MAX_PIXELS,
@@ -173,7 +175,7 @@ def test_index_is_cached_next_to_the_data_and_reused(root, monkeypatch):
     assert len(calls) == 9  # every image file once
     second, _ = build(root)
     assert second.index_reused and len(calls) == 9  # no file opened again
-    assert second.samples == first.samples and second.skipped == first.skipped
+    assert list(second.samples) == list(first.samples) and second.skipped == first.skipped
 
 
 @pytest.mark.parametrize("change", ["add", "remove", "modify", "new_identity"])
@@ -183,22 +185,38 @@ def test_index_is_rebuilt_when_the_folder_changes(root, change):
         write_png(pixels(3, 9), str(root / "carol" / "c2.png"))
     elif change == "remove":
         (root / "alice" / "a2.png").unlink()
-    elif change == "modify":  # same name and size, newer mtime: a repaired file
-        path = root / "alice" / "a4_truncated.jpg"
-        stamp = time.time() + 5
-        os.utime(path, (stamp, stamp))
+    elif change == "modify":  # a repaired file copied over the broken one (by a rename)
+        repaired = root / "alice" / ".a4_truncated.jpg.part"
+        repaired.write_bytes(jpeg_bytes(pixels(3, 3)))
+        os.replace(repaired, root / "alice" / "a4_truncated.jpg")
     else:
         (root / "erin").mkdir()
         write_png(pixels(3, 10), str(root / "erin" / "e1.png"))
     second, _ = build(root)
     assert not second.index_reused
     if change == "add":
-        assert second.targets.count(second.class_to_idx["carol"]) == 2
+        assert np.count_nonzero(second.targets == second.class_to_idx["carol"]) == 2
         assert (second.triplet_labels >= 0).all()
     elif change == "remove":
         assert len(second) == len(first) - 1
+    elif change == "modify":
+        assert len(second) == len(first) + 1 and len(second.skipped) == 1
     elif change == "new_identity":
         assert second.classes[-1] == "erin"
+
+
+def test_a_file_rewritten_in_place_escapes_the_key_until_its_folder_is_touched(root):
+    """The documented limit of the key: the files themselves are not stat-ed."""
+    first, _ = build(root)
+    (root / "alice" / "a4_truncated.jpg").write_bytes(jpeg_bytes(pixels(3, 3)))
+    folder_stamp = os.stat(root / "alice").st_mtime_ns
+    os.utime(root / "alice", ns=(folder_stamp, folder_stamp))  # as when written in the same tick
+    second, _ = build(root)
+    assert second.index_reused and len(second) == len(first)
+    stamp = time.time() + 5
+    os.utime(root / "alice", (stamp, stamp))
+    third, _ = build(root)
+    assert not third.index_reused and len(third) == len(first) + 1
 
 
 def test_index_in_cache_dir_leaves_the_data_folder_untouched(root, tmp_path):
@@ -209,7 +227,7 @@ def test_index_in_cache_dir_leaves_the_data_folder_untouched(root, tmp_path):
     assert len(files) == 1
     assert json.loads(files[0].read_text())["root"] == str(root.resolve())
     second, _ = build(root, cache_dir=cache)
-    assert second.index_reused and second.samples == first.samples
+    assert second.index_reused and list(second.samples) == list(first.samples)
 
 
 @pytest.mark.parametrize("damage", ["{ not json", "[" * 100_000, "fifo"])
@@ -376,3 +394,50 @@ def test_embed_lists_each_image_once_through_looping_links(tmp_path):
     with pytest.warns(UserWarning, match="skipped"):
         result = embed_folder(torch.nn.Flatten(), root, 12)
     assert len(result.paths) == len(set(result.paths)) == 5 and not result.unreadable
+
+
+def test_two_processes_check_halves_and_make_the_index_one_makes(root, tmp_path, monkeypatch):
+    """prepare_index's parts (rank, ranks) with a gather, as two ranks run it: each image is
+    checked once, by one of them, and the folder built after reads nothing again."""
+    alone, _ = build(root, cache_dir=tmp_path / "alone")
+    calls = count_header_checks(monkeypatch)
+    meeting, parts = threading.Barrier(2), [None, None]
+
+    def gather_objects(rank):
+        def gather(mine):  # every part in rank order, as facenet.distributed.gather_objects
+            parts[rank] = mine
+            meeting.wait(timeout=60)
+            return list(parts)
+
+        return gather
+
+    def rank_run(rank):
+        prepare_index(root, tmp_path / "shared", part=(rank, 2), gather=gather_objects(rank))
+
+    threads = [threading.Thread(target=rank_run, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(map(str, calls)) == sorted({str(path) for path in calls})  # none twice
+    assert len(calls) == 9 and not parts[0].keys() & parts[1].keys()  # identities per part
+    assert {Path(p).parent.name for p in calls} == {"alice", "bob", "carol", "dave"}
+    shared, _ = build(root, cache_dir=tmp_path / "shared")
+    assert shared.index_reused and len(calls) == 9
+    assert list(shared.samples) == list(alone.samples) and shared.skipped == alone.skipped
+
+
+def test_dataset_holds_about_its_file_names_per_image(tmp_path):
+    """No Python object per image: pickled (as a spawned DataLoader worker gets it), the
+    dataset of 3,000 images takes its names' bytes plus 24 bytes an image, plus a constant."""
+    root = tmp_path / "many"
+    image = jpeg_bytes(pixels(3, 0))
+    for identity in range(30):
+        (root / f"{identity:03d}").mkdir(parents=True)
+        for i in range(100):
+            (root / f"{identity:03d}" / f"{i:04d}.jpg").write_bytes(image)
+    ds, _ = build(root)
+    names = len(ds) * len("0000.jpg\0")
+    assert len(ds) == 3000 and ds.names.nbytes == names
+    assert len(pickle.dumps(ds)) < names + 24 * len(ds) + 20_000
+    assert ds.samples[1234] == (str(root / "012" / "0034.jpg"), 12)
