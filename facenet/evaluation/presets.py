@@ -144,8 +144,9 @@ class FromAttributes:
 
     @classmethod
     def of(cls, source):
-        names = [f.name for f in fields(cls) if hasattr(source, f.name)]
-        return cls(**{name: getattr(source, name) for name in names})
+        return cls(
+            **{f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)}
+        )
 
 
 # Each field with named options, and the options.
@@ -282,7 +283,7 @@ def pair_labels(issame: Any, n_pairs: int) -> np.ndarray:
         return arr
     if not np.issubdtype(arr.dtype, np.number):
         raise ValueError(f"issame must be bool or 0/1, got dtype {arr.dtype}")
-    bad = np.flatnonzero((arr != 0) & (arr != 1))
+    bad = np.flatnonzero(~np.isin(arr, (0, 1)))
     if len(bad):
         raise ValueError(
             f"issame must hold only 0/1 or True/False; found {arr[bad[0]].item()!r} at index "

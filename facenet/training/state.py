@@ -355,13 +355,8 @@ class CountedBatches:
     """
 
     def __init__(self, loader, start: int, end: int):
-        self.loader, self.start, self.end, self.yielded = (
-            remaining_loader(loader, start),
-            start,
-            end,
-            0,
-        )
-        self.limit = end - start
+        self.loader, self.start, self.end = remaining_loader(loader, start), start, end
+        self.limit, self.yielded = end - start, 0
 
     def __len__(self) -> int:
         return min(len(self.loader), self.limit)
