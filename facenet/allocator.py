@@ -31,6 +31,7 @@ MMAP_MAX_DEFAULT = 65536
 # Free heap top kept before it is returned: above one forward's buffers, which are then
 # never faulted in again (256 MiB still left 6% of the forward's CPU to the kernel).
 TRIM_THRESHOLD = 1 << 30
+_keeping = False  # whether keep_freed_memory set this process's malloc up
 
 
 def _has_glibc() -> bool:
@@ -57,5 +58,12 @@ def keep_freed_memory() -> bool:
         )
     if choice != "keep" or any(name in os.environ for name in _USER_SETTINGS):
         return False
+    global _keeping
     settings = {M_MMAP_MAX: 0, M_TRIM_THRESHOLD: TRIM_THRESHOLD}
-    return all(glibc_call("mallopt", key, value) for key, value in settings.items())
+    _keeping = all(glibc_call("mallopt", key, value) for key, value in settings.items())
+    return _keeping
+
+
+def keeps_freed_memory() -> bool:
+    """Whether :func:`keep_freed_memory` set this process's malloc up (a forked child's too)."""
+    return _keeping

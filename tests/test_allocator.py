@@ -6,10 +6,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from facenet import allocator
 from facenet.cli import common
+from facenet.wings.align import aligner as align_module
 
 ROOT = Path(__file__).resolve().parents[1]
 glibc_only = pytest.mark.skipif(
@@ -104,3 +107,17 @@ def test_an_unknown_choice_is_one_warning_line_naming_it(monkeypatch, capsys):
 def test_no_glibc_changes_nothing(monkeypatch):
     monkeypatch.setattr(allocator, "_has_glibc", lambda: False)
     assert allocator.glibc_call("mallopt", allocator.M_MMAP_MAX, 0) is None
+
+
+@pytest.mark.parametrize("keeping, trims", [(True, 0), (False, 1)])
+def test_the_aligner_trims_the_heap_only_where_malloc_does_not_keep_it(
+    monkeypatch, tmp_path, keeping, trims
+):
+    calls = []
+    monkeypatch.setattr(allocator, "_keeping", keeping)
+    monkeypatch.setattr(align_module, "glibc_call", lambda *args: calls.append(args[0]))
+    photo = tmp_path / "a.png"
+    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(photo)
+    settings = align_module.AlignSettings.from_preset("sandberg")
+    align_module.Aligner(settings).detect_files([str(photo)])
+    assert calls.count("malloc_trim") == trims
