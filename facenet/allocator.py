@@ -3,11 +3,11 @@
 glibc serves each block over its mmap threshold (128 KiB, raised as blocks are freed to at most
 32 MiB) from a mapping of its own and unmaps it on free. A forward frees and requests the same
 activation buffers every batch (Inception-ResNet-v1 on 128 images at 160 px: buffers up to
-100 MB, over any threshold), and the kernel faults each page back in, zeroed: 40% of an LFW
+190 MB, most over any threshold), and the kernel faults each page back in, zeroed: 40% of an LFW
 evaluation's CPU time went to the kernel. With no block mapped on its own, freed buffers stay
 in the heap and are reused; its free top goes back to the kernel past ``TRIM_THRESHOLD``, which
 bounds what the process holds beyond its live memory. BENCHMARKS.md ("CPU: the kernel's share")
-has the measured cost: about 1.7x faster forwards for 1.25x the peak RSS.
+has the measured cost: 1.7-1.9x faster forwards for 1.06-1.27x the peak RSS.
 
 ``FACENET_MALLOC=system`` (or a glibc ``MALLOC_*_`` / ``GLIBC_TUNABLES`` setting of one's own)
 leaves malloc as the platform set it. Elsewhere than on glibc (macOS, Windows, musl) there is

@@ -269,7 +269,7 @@ class Aligner:
         # Blocks of 1 MiB and more in their own mappings, returned when freed: glibc's raised
         # threshold otherwise lets images of ever other sizes fragment the heap (measured:
         # +150 MB over 900 CelebA photos). Moot in a command, whose malloc maps no block of
-        # its own (facenet.allocator): there MTCNN's buffers stay in the heap, 1.3x faster
+        # its own (facenet.allocator): there MTCNN's buffers stay in the heap, 1.5x faster
         # for 1.2x the peak RSS (BENCHMARKS.md).
         glibc_call("mallopt", M_MMAP_THRESHOLD, 1 << 20)
 
