@@ -10,12 +10,23 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "facenet"
 # The small shared pieces at the top of the package: modules, not folders.
-SHARED = {"errors", "files", "sizes", "distributed", "memory", "checkpoint", "config", "registry"}
+SHARED = {
+    "allocator",
+    "errors",
+    "files",
+    "sizes",
+    "distributed",
+    "memory",
+    "checkpoint",
+    "config",
+    "registry",
+}
 # What each folder (or shared module) may import, by the first name under facenet. A folder
 # may import the shared pieces listed here and the folders below it; the library folders
 # import neither the configuration nor the training layer.
 ALLOWED = {
     "errors": set(),
+    "allocator": set(),
     "registry": set(),
     "files": {"errors"},
     "sizes": set(),
@@ -30,7 +41,17 @@ ALLOWED = {
     "evaluation": {"errors", "files", "sizes", "distributed", "metric", "data"},
     # optional features: below the commands, above the library; nothing but a command or
     # another wing imports them (a run loads one through facenet.registry)
-    "wings": {"errors", "files", "sizes", "checkpoint", "metric", "models", "data", "evaluation"},
+    "wings": {
+        "allocator",
+        "errors",
+        "files",
+        "sizes",
+        "checkpoint",
+        "metric",
+        "models",
+        "data",
+        "evaluation",
+    },
     "training": SHARED | {"metric", "models", "data", "evaluation"},
     "cli": SHARED | {"metric", "models", "data", "evaluation", "wings", "training"},
 }

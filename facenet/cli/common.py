@@ -1,8 +1,9 @@
-"""What every command shares: user errors as one ``error:`` line with exit code 2, warnings as
-one ``warning:`` line, the ``--device``, ``--threads``, ``--out`` and ``--overwrite`` arguments,
-and the check, before any work, that nothing but a command's own earlier output is replaced. A
-command's ``main(argv)`` is ``run_command(lambda: _main(args))``: a ``FacenetError`` or a
-file-system error becomes that line; anything else is a bug and keeps its traceback.
+"""What every command shares: glibc's malloc set up for tensor work (:mod:`facenet.allocator`),
+user errors as one ``error:`` line with exit code 2, warnings as one ``warning:`` line, the
+``--device``, ``--threads``, ``--out`` and ``--overwrite`` arguments, and the check, before any
+work, that nothing but a command's own earlier output is replaced. A command's ``main(argv)`` is
+``run_command(lambda: _main(args))``: a ``FacenetError`` or a file-system error becomes that
+line; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ from pathlib import Path
 
 import torch
 
+from facenet.allocator import keep_freed_memory
 from facenet.distributed import resolve_device
 from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError, one_line
 
 
 @contextlib.contextmanager
 def one_line_warnings():
-    """Within the block, warnings print as one ``warning: <message>`` line on stderr."""
+    """The block every command runs in: malloc keeps freed memory (``keep_freed_memory``: the
+    commands' tensor work, not the library's importers), and warnings print as one
+    ``warning: <message>`` line on stderr."""
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, *_, file=None, **__: print(
             f"warning: {message}", file=sys.stderr if file is None else file
         )
+        keep_freed_memory()
         yield
 
 

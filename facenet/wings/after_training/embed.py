@@ -69,7 +69,9 @@ def embed_folder(
             if good:
                 yield torch.stack([image for _, image in good])
 
-    embeddings = embed_batches(model, readable_batches(), device, settings.flip, settings.features)
+    embeddings = embed_batches(
+        model, readable_batches(), device, settings.flip, settings.features, len(paths)
+    )
     kept_paths = [paths[i] for i in kept]
     # a NaN row would be written, then silently never match (or match nothing) later
     non_finite_rows(embeddings.numpy(), f"embeddings of {root}", kept_paths)

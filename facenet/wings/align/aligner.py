@@ -12,7 +12,6 @@ bounded number of pixels at once.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
@@ -28,6 +27,12 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from facenet.allocator import (
+    M_MMAP_THRESHOLD,
+    glibc_call,
+    keep_freed_memory,
+    keeps_freed_memory,
+)
 from facenet.data.folder import list_images
 from facenet.data.images import CorruptImageError, read_image
 from facenet.errors import ConfigError, DataError, FacenetError
@@ -49,7 +54,6 @@ _RECORD_DEFAULTS = {"template": None, "detect_size": 0}
 # facenet-pytorch's MTCNN counts pixels from 1, as the MATLAB original (its landmarks of an
 # image and of its mirror image add up to width + 1).
 _MTCNN_ORIGIN = 1.0
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 # Decoded pixels one Aligner holds at once (3 bytes each), whatever the photos' size
 _HELD_PIXELS = 16_000_000
 
@@ -251,14 +255,6 @@ def align_face(image, landmarks, template: str = "arcface") -> np.ndarray:
 # --------------------------------------------------------------------------- the aligner
 
 
-def _glibc(name: str, *args) -> None:
-    """Call a glibc memory function; nothing where there is no glibc."""
-    try:
-        getattr(ctypes.CDLL("libc.so.6"), name)(*args)
-    except OSError:
-        pass
-
-
 class Aligner:
     """Detects the face of each image (MTCNN on ``device``) and writes its crop."""
 
@@ -272,8 +268,10 @@ class Aligner:
         self.smallest = int(self.mtcnn.min_face_size)  # MTCNN's smallest face, in pixels
         # Blocks of 1 MiB and more in their own mappings, returned when freed: glibc's raised
         # threshold otherwise lets images of ever other sizes fragment the heap (measured:
-        # +150 MB over 900 CelebA photos).
-        _glibc("mallopt", _M_MMAP_THRESHOLD, 1 << 20)
+        # +150 MB over 900 CelebA photos). Moot in a command, whose malloc maps no block of
+        # its own (facenet.allocator): there MTCNN's buffers stay in the heap, 1.5x faster
+        # for 1.2x the peak RSS (BENCHMARKS.md).
+        glibc_call("mallopt", M_MMAP_THRESHOLD, 1 << 20)
 
     def too_small(self, image: Image.Image) -> str:
         """Why MTCNN cannot search ``image``, or "": a shorter side under its smallest face
@@ -334,7 +332,10 @@ class Aligner:
                 held, pixels = [], 0
         if held:
             yield held
-        _glibc("malloc_trim", 0)
+        # A command's malloc keeps freed memory (facenet.allocator): trimming would hand it
+        # to the kernel, and the next photos fault it back in (18% of alignment's CPU time).
+        if not keeps_freed_memory():
+            glibc_call("malloc_trim", 0)
 
     def _found(self, sources):
         """``(source, image or CorruptImageError, face or None)`` of each file, in order."""
@@ -385,9 +386,11 @@ class Aligner:
 _WORKER: Aligner | None = None  # one MTCNN per worker process
 
 
-def _init_worker(settings: AlignSettings, device: str) -> None:
+def _init_worker(settings: AlignSettings, device: str, keep_memory: bool) -> None:
     global _WORKER
     torch.set_num_threads(1)  # N workers on N cores: one thread each
+    if keep_memory:  # as the command that spawned this worker set its own malloc up
+        keep_freed_memory()
     _WORKER = Aligner(settings, device)
 
 
@@ -472,7 +475,10 @@ def _batches(jobs, device, settings, batch_size: int, workers: int):
         return
     # spawn: a CUDA context (and the parent's threads) must not be forked into the workers
     with ProcessPoolExecutor(
-        workers, get_context("spawn"), initializer=_init_worker, initargs=(settings, str(device))
+        workers,
+        get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(settings, str(device), keeps_freed_memory()),
     ) as pool:
         futures = [pool.submit(_align_in_worker, chunk) for chunk in chunks]
         yield from (future.result() for future in as_completed(futures))
