@@ -31,11 +31,11 @@ from facenet_pytorch import MTCNN
 from PIL import Image
 
 from benchmarks.measure import benchmark_parser, input_path, ratio, run_benchmark, show
-from facenet.allocator import keep_freed_memory
 from facenet.cli.common import positive_int
 from facenet.data.pairs import read_pairs
 from facenet.evaluation.embedding import embed_pair_list
 from facenet.evaluation.presets import EVAL_PRESETS
+from facenet.memory import keep_freed_memory
 from facenet.models.embedding import EmbeddingNet
 from facenet.wings.align.aligner import Aligner, AlignSettings
 

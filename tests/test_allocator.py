@@ -1,4 +1,4 @@
-"""glibc's malloc set up by the commands (facenet.allocator), never by importing the library."""
+"""glibc's malloc set up by the commands (facenet.memory), never by importing the library."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from facenet import allocator
+from facenet import memory as allocator
 from facenet.cli import common
 from facenet.wings.align import aligner as align_module
 

@@ -11,7 +11,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "facenet"
 # The small shared pieces at the top of the package: modules, not folders.
 SHARED = {
-    "allocator",
     "errors",
     "files",
     "sizes",
@@ -26,7 +25,6 @@ SHARED = {
 # import neither the configuration nor the training layer.
 ALLOWED = {
     "errors": set(),
-    "allocator": set(),
     "registry": set(),
     "files": {"errors"},
     "sizes": set(),
@@ -42,7 +40,7 @@ ALLOWED = {
     # optional features: below the commands, above the library; nothing but a command or
     # another wing imports them (a run loads one through facenet.registry)
     "wings": {
-        "allocator",
+        "memory",
         "errors",
         "files",
         "sizes",

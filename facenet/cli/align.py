@@ -27,10 +27,9 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
-from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
 from facenet.errors import FacenetError
-from facenet.files import open_regular
+from facenet.files import check_not_inputs, open_regular
 from facenet.wings.align.aligner import (
     REPORT_HEADER,
     SELECTIONS,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from facenet.allocator import keep_freed_memory
 from facenet.distributed import resolve_device
 from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError, one_line
+from facenet.memory import keep_freed_memory
 
 
 @contextlib.contextmanager

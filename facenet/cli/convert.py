@@ -17,10 +17,9 @@ import sys
 from pathlib import Path
 
 from facenet.cli.common import add_threads_argument, check_outputs, run_command
-from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
 from facenet.errors import DataError, WeightsError
-from facenet.files import open_regular
+from facenet.files import check_not_inputs, open_regular
 from facenet.models.embedding import EmbeddingNet
 from facenet.wings.after_training.loading import TrainedModel, save_weights
 from facenet.wings.publishers.sandberg import MappingError, graph_state_dict, sandberg_state_dict

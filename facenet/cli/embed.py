@@ -27,12 +27,11 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
-from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
 from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.report import PROVENANCE, ThresholdRecord
-from facenet.files import write_atomic
+from facenet.files import check_not_inputs, write_atomic
 from facenet.metric.distances import DISTANCE_NAMES
 from facenet.wings.after_training.embed import FolderEmbeddings, embed_folder
 from facenet.wings.after_training.identify import checked_threshold, read_threshold

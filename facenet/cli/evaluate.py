@@ -32,7 +32,6 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
-from facenet.cli.guards import check_not_inputs
 from facenet.config import DataConfig, load_config
 from facenet.data.folder import list_images
 from facenet.data.images import EVAL_PREPROCESS
@@ -56,7 +55,7 @@ from facenet.evaluation.presets import (
 from facenet.evaluation.protocol import VerificationResult
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.verify import verify, verify_distances
-from facenet.files import write_atomic, write_text_atomic
+from facenet.files import check_not_inputs, write_atomic, write_text_atomic
 from facenet.metric.distances import DISTANCE_NAMES
 from facenet.wings.after_training.embed import embed_folder
 from facenet.wings.after_training.loading import load_model

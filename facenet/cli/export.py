@@ -19,8 +19,8 @@ from facenet.cli.common import (
     run_command,
 )
 from facenet.cli.embed import add_threshold_arguments, model_threshold
-from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
+from facenet.files import check_not_inputs
 from facenet.sizes import image_hw
 from facenet.wings.after_training.export import CHECK_BATCH, FORMATS, PARITY_TOLERANCE, export_model
 from facenet.wings.after_training.loading import load_model

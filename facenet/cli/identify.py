@@ -26,11 +26,10 @@ from facenet.cli.common import (
     run_command,
 )
 from facenet.cli.embed import MADE_WITH, add_threshold_arguments, flag_threshold
-from facenet.cli.guards import check_not_inputs
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.report import ThresholdRecord
-from facenet.files import json_safe, read_npz, write_text_atomic
+from facenet.files import check_not_inputs, json_safe, read_npz, write_text_atomic
 from facenet.wings.after_training.identify import (
     Gallery,
     checked_threshold,

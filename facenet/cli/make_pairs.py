@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from facenet.cli.common import positive_int, run_command
-from facenet.cli.guards import check_not_inputs
 from facenet.data.images import IMAGE_EXTENSIONS
 from facenet.data.pairs import generate_pairs, scan_identities, write_pairs
 from facenet.errors import DataError
+from facenet.files import check_not_inputs
 
 
 def get_args_parser() -> argparse.ArgumentParser:

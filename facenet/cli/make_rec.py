@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from facenet.cli.common import check_outputs, run_command
-from facenet.cli.guards import check_not_inputs
 from facenet.data.folder import list_identities
 from facenet.data.images import inspect_image, read_image
 from facenet.data.recordio import INDEX_FILE, PROPERTY_FILE, REC_FILE, write_insightface
 from facenet.errors import DataError, some_names
+from facenet.files import check_not_inputs
 
 _CHECK_THREADS = 8  # header checks wait on the disk more than on the interpreter
 _NAMES_IN_WARNING = 10

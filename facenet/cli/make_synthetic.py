@@ -16,11 +16,10 @@ from torchvision.io import encode_png
 from torchvision.utils import make_grid
 
 from facenet.cli.common import add_threads_argument, run_command
-from facenet.cli.guards import check_not_inputs
 from facenet.config import add_override_argument, load_config
 from facenet.distributed import set_threads
 from facenet.errors import FacenetError
-from facenet.files import write_atomic
+from facenet.files import check_not_inputs, write_atomic
 from facenet.wings.demo.synthetic import SyntheticIdentities, drawn_side, prepare_synthetic_data
 
 

@@ -35,11 +35,10 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
-from facenet.cli.guards import check_not_inputs
 from facenet.data.folder import list_images
 from facenet.distributed import set_threads
 from facenet.errors import DataError
-from facenet.files import write_atomic, write_text_atomic
+from facenet.files import check_not_inputs, write_atomic, write_text_atomic
 from facenet.wings.align.aligner import (
     DEFAULT_DETECT_SIZE,
     REPORT_HEADER,

@@ -13,9 +13,9 @@ import sys
 import yaml
 
 from facenet.cli.common import int_in, one_line_warnings, report_error
-from facenet.cli.guards import check_not_inputs
 from facenet.config import add_override_argument, config_to_dict, load_config
 from facenet.errors import ConfigError, FacenetError
+from facenet.files import check_not_inputs
 from facenet.training.run import run_training
 
 

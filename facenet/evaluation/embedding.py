@@ -10,11 +10,9 @@ from torch import nn
 
 from facenet.data.images import build_transform, read_image
 from facenet.distributed import agree_on_error, gather_variable_rows, get_rank, get_world_size
-from facenet.evaluation.presets import CLASSIC, VerifySettings
+from facenet.evaluation.presets import CLASSIC, FEATURES, VerifySettings
 from facenet.sizes import ImageSize
 
-# "unit": the network's L2-normalised embedding; "raw": the embedding layer before it.
-FEATURES = ("unit", "raw")
 
 
 def _gather_shards(local: torch.Tensor, total: int, world: int) -> torch.Tensor:

@@ -107,7 +107,7 @@ def test_every_console_script_imports_and_its_target_is_callable():
 
 
 def test_every_command_module_has_a_console_script_and_a_shim():
-    shared = {"__init__", "common", "guards"}
+    shared = {"__init__", "common"}
     commands = {p.stem for p in (ROOT / "facenet" / "cli").glob("*.py")} - shared
     targets = {target.partition(":")[0] for target in console_scripts().values()}
     assert targets == {f"facenet.cli.{name}" for name in commands}

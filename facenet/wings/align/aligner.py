@@ -27,16 +27,16 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from facenet.allocator import (
+from facenet.data.folder import list_images
+from facenet.data.images import CorruptImageError, read_image
+from facenet.errors import ConfigError, DataError, FacenetError
+from facenet.files import read_json, write_atomic, write_text_atomic
+from facenet.memory import (
     M_MMAP_THRESHOLD,
     glibc_call,
     keep_freed_memory,
     keeps_freed_memory,
 )
-from facenet.data.folder import list_images
-from facenet.data.images import CorruptImageError, read_image
-from facenet.errors import ConfigError, DataError, FacenetError
-from facenet.files import read_json, write_atomic, write_text_atomic
 from facenet.wings.align.presets import ALIGN_PRESETS, TEMPLATES, AlignPreset
 
 SELECTIONS = ("center_weighted_size", "probability", "largest")
@@ -269,7 +269,7 @@ class Aligner:
         # Blocks of 1 MiB and more in their own mappings, returned when freed: glibc's raised
         # threshold otherwise lets images of ever other sizes fragment the heap (measured:
         # +150 MB over 900 CelebA photos). Moot in a command, whose malloc maps no block of
-        # its own (facenet.allocator): there MTCNN's buffers stay in the heap, 1.5x faster
+        # its own (facenet.memory): there MTCNN's buffers stay in the heap, 1.5x faster
         # for 1.2x the peak RSS (BENCHMARKS.md).
         glibc_call("mallopt", M_MMAP_THRESHOLD, 1 << 20)
 
@@ -332,7 +332,7 @@ class Aligner:
                 held, pixels = [], 0
         if held:
             yield held
-        # A command's malloc keeps freed memory (facenet.allocator): trimming would hand it
+        # A command's malloc keeps freed memory (facenet.memory): trimming would hand it
         # to the kernel, and the next photos fault it back in (18% of alignment's CPU time).
         if not keeps_freed_memory():
             glibc_call("malloc_trim", 0)
