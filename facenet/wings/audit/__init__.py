@@ -1,0 +1,1 @@
+"""Wings: audit."""

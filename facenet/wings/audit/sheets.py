@@ -1,0 +1,42 @@
+"""Contact sheets: rows of faces, each row a finding with its caption above it, as a PNG."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from facenet.files import write_atomic
+
+FACE_INCHES = 0.8  # each face's box; a 112 x 96 crop is drawn at about its own pixel size
+DPI = 100
+
+
+def contact_sheet(rows: list[tuple[list[torch.Tensor], str]], title: str):
+    """A ``matplotlib.figure.Figure`` of ``rows``: each (faces as uint8 (3, H, W), caption).
+    Never registered with pyplot: no window opens, nothing stays open."""
+    # imported here as facenet.evaluation.plots does: matplotlib costs a second to import
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    columns = max([len(faces) for faces, _ in rows] + [2])
+    width = max(columns * FACE_INCHES, 6.0)
+    fig = Figure(figsize=(width, 0.45 + len(rows) * (FACE_INCHES + 0.3)), dpi=DPI)
+    FigureCanvasAgg(fig)
+    fig.suptitle(title if rows else f"{title}: none", fontsize=8, x=0.01, ha="left")
+    if not rows:
+        return fig
+    axes = fig.subplots(len(rows), columns, squeeze=False, gridspec_kw={"wspace": 0.05})
+    for (faces, caption), line in zip(rows, axes):
+        for face, ax in zip(faces, line):
+            ax.imshow(face.permute(1, 2, 0).numpy())  # (H, W, 3)
+        line[0].set_title(caption, loc="left", fontsize=6, pad=2)
+    for ax in axes.flat:
+        ax.set_axis_off()
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - 0.45 / fig.get_figheight())
+    return fig
+
+
+def write_png(path: str | os.PathLike, figure) -> None:
+    """``figure`` as a PNG at ``path``, replaced whole."""
+    write_atomic(path, lambda fh: figure.savefig(fh, format="png"))
