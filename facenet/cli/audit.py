@@ -41,7 +41,7 @@ from facenet.wings.audit.neighbours import unit_rows
 from facenet.wings.audit.report import (
     COLUMNS,
     audit_sets,
-    genuine_threshold,
+    pair_thresholds,
     verification_without,
     write_report,
 )
@@ -69,8 +69,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quantile",
         type=_quantile,
-        default=0.05,
-        help="the threshold: this quantile of the evaluation's same-pair distances (0.05)",
+        default=0.25,
+        help="the threshold: this quantile of the evaluation's same-pair distances (0.25)",
     )
     parser.add_argument("--top", type=positive_int, default=12, help="rows of each sheet (12)")
     parser.add_argument("--cache", help="folder keeping the embeddings for the next audit")
@@ -134,6 +134,8 @@ def _summary(args, trained, settings, audit, tables: dict, verification: dict) -
             "value": audit.threshold,
             "quantile": args.quantile,
             "of": "the distances of the evaluation's same-identity pairs",
+            "stranger": audit.stranger,
+            "stranger_of": "the median distance of the evaluation's different pairs",
             "distance": "euclidean between unit embeddings",
         },
         "found": {name: len(rows) for name, rows in tables.items()}
@@ -154,8 +156,8 @@ def _audit(args: argparse.Namespace) -> None:
     embedded = time.process_time()
     _, index1, index2 = pairs.unique_paths()
     eval_unit = unit_rows(evaluation.embeddings)
-    threshold = genuine_threshold(eval_unit, index1, index2, pairs.issame, args.quantile)
-    audit = audit_sets(train, evaluation, threshold)
+    thresholds = pair_thresholds(eval_unit, index1, index2, pairs.issame, args.quantile)
+    audit = audit_sets(train, evaluation, thresholds)
     tables = write_report(args.out, audit, args.top)
     matched = {row["evaluation_identity"] for row in tables["overlap"]}
     verification = verification_without(evaluation, pairs, index1, index2, matched, settings)
@@ -166,7 +168,8 @@ def _audit(args: argparse.Namespace) -> None:
     }
     write_text_atomic(Path(args.out, "summary.json"), json.dumps(json_safe(summary), indent=1))
     print(
-        f"threshold {threshold:.4f} (the {args.quantile:g} quantile of the same pairs' distances)"
+        f"threshold {audit.threshold:.4f} (the {args.quantile:g} quantile of the same pairs' "
+        f"distances); a stranger's distance {audit.stranger:.4f} (the different pairs' median)"
     )
     for name, count in summary["found"].items():
         print(f"{name}: {count}")

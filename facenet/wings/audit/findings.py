@@ -5,7 +5,7 @@
 - **label noise**: each training image's distance to its own identity's centre, the others'
   mean without it (a mislabelled image would pull its own centre towards itself), and to the
   nearest other identity's centre; the margin (own minus other) ranks them, and an image is a
-  suspect when the margin is positive or its own centre lies beyond the threshold;
+  suspect when the margin is positive or its own centre lies as far as a stranger's;
 - **split identities**: identities whose centres lie closer than the threshold.
 
 A centre is the mean of an identity's unit embeddings, made unit length again.
@@ -69,11 +69,11 @@ class LabelNoise:
     def margin(self) -> np.ndarray:
         return self.own - self.distance  # > 0: closer to another identity than to its own
 
-    def suspects(self, threshold: float) -> np.ndarray:
-        """The rows closer to another identity or beyond ``threshold`` of their own, the
+    def suspects(self, stranger: float) -> np.ndarray:
+        """The rows closer to another identity or beyond ``stranger`` of their own, the
         largest margin first."""
         with np.errstate(invalid="ignore"):  # NaN (a lone image) is never a suspect
-            flagged = np.flatnonzero((self.margin > 0) | (self.own > threshold))
+            flagged = np.flatnonzero((self.margin > 0) | (self.own > stranger))
         return flagged[np.argsort(-self.margin[flagged], kind="stable")]
 
 

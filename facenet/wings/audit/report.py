@@ -34,19 +34,20 @@ DUPLICATE_DISTANCE = 1e-3
 TYPICAL_FACES = 3  # of an identity, beside a suspect or a twin identity
 
 
-def genuine_threshold(unit: torch.Tensor, index1, index2, issame, quantile: float) -> float:
-    """The ``quantile`` of the distances of the evaluation's same-identity pairs, rows
-    ``index1`` and ``index2`` of its unit embeddings ``unit``: a training image closer than
-    this to an evaluation image is as close as that share of the evaluation's own genuine
-    pairs are, or closer."""
+def pair_thresholds(unit: torch.Tensor, index1, index2, issame, quantile: float):
+    """``(same, stranger)`` from the distances of the evaluation's pairs, rows ``index1`` and
+    ``index2`` of its unit embeddings ``unit``: ``same`` the ``quantile`` of its same-identity
+    pairs' (two faces closer than this are as close as that share of its genuine pairs, or
+    closer), ``stranger`` the median of its different pairs'."""
     same = np.asarray(issame, dtype=bool)
-    distances = (unit[index1[same]] - unit[index2[same]]).norm(dim=1).numpy()  # (G,)
-    return float(np.quantile(distances, quantile))
+    distances = (unit[index1] - unit[index2]).norm(dim=1).numpy()  # (P,)
+    return float(np.quantile(distances[same], quantile)), float(np.median(distances[~same]))
 
 
 @dataclass
 class Audit:
-    """The findings on ``train`` against ``evaluation`` at ``threshold``: ``unit`` (N, D)
+    """The findings on ``train`` against ``evaluation`` at ``threshold`` (a training image
+    is a suspect beyond ``stranger`` of its own identity's centre): ``unit`` (N, D)
     training rows and their ``identities``; per evaluation row (M,) its ``nearest`` training
     row and its ``distance``; the evaluation rows with a training image of the same pixels
     (``duplicates``); ``noise`` per training row; ``splits`` as ``split_identities`` gives."""
@@ -54,6 +55,7 @@ class Audit:
     train: EmbeddedSet
     evaluation: EmbeddedSet
     threshold: float
+    stranger: float
     unit: torch.Tensor
     identities: Identities
     nearest: np.ndarray
@@ -63,8 +65,9 @@ class Audit:
     splits: list
 
 
-def audit_sets(train: EmbeddedSet, evaluation: EmbeddedSet, threshold: float) -> Audit:
-    """Every finding of :mod:`facenet.wings.audit.findings` (two identities at least)."""
+def audit_sets(train: EmbeddedSet, evaluation: EmbeddedSet, thresholds: tuple) -> Audit:
+    """Every finding of :mod:`facenet.wings.audit.findings` (two identities at least) at the
+    ``(same, stranger)`` thresholds of :func:`pair_thresholds`."""
     unit = unit_rows(train.embeddings)  # (N, D)
     identities = Identities.of(unit, train.labels)
     nearest, distance = overlap(unit, unit_rows(evaluation.embeddings))
@@ -74,10 +77,9 @@ def audit_sets(train: EmbeddedSet, evaluation: EmbeddedSet, threshold: float) ->
         if torch.equal(read_image(evaluation.paths[i]), read_image(train.paths[nearest[i]]))
     ]
     noise = label_noise(unit, identities)
-    splits = split_identities(identities, threshold)
-    return Audit(
-        train, evaluation, threshold, unit, identities, nearest, distance, duplicates, noise, splits
-    )
+    splits = split_identities(identities, thresholds[0])
+    found = (nearest, distance, duplicates, noise, splits)
+    return Audit(train, evaluation, *thresholds, unit, identities, *found)
 
 
 def overlap_rows(audit: Audit) -> list[dict]:
@@ -116,10 +118,14 @@ def overlap_groups(rows: list[dict], evaluation: EmbeddedSet) -> list[dict]:
 
 
 def noise_rows(audit: Audit) -> list[dict]:
-    """The label-noise suspects, the largest margin first."""
+    """The label-noise suspects, the largest margin first; an image nearer the identity its
+    own is split from is left to the split identities."""
     names, noise = audit.identities.names, audit.noise
+    twins = {frozenset((a, b)) for a, b, _ in audit.splits}
     rows = []
-    for i in audit.noise.suspects(audit.threshold).tolist():
+    for i in audit.noise.suspects(audit.stranger).tolist():
+        if frozenset((int(audit.identities.index[i]), int(noise.other[i]))) in twins:
+            continue
         closer = noise.margin[i] > 0
         rows.append(
             {
@@ -161,13 +167,15 @@ def sheet_rows(audit: Audit, tables: dict, top: int) -> dict[str, list]:
     """The first ``top`` rows of each kind as a contact sheet's (faces, caption) rows."""
     names, train = audit.identities.names, audit.train
     pair = lambda row: [read_image(row["evaluation_image"]), read_image(row["training_image"])]
+    identity = {name: k for k, name in enumerate(names)}
     sheets = {"overlap": [], "duplicates": [], "label_noise": [], "split_identities": []}
     for n, group in enumerate(tables["overlap_identities"][:top], 1):
         caption = (
             f"{n}. {group['evaluation_identity']} ~ {group['training_identity']}: "
             f"{group['matched']} of {group['images']} images, d {group['distance']}"
         )
-        sheets["overlap"].append((pair(group["closest"]), caption))
+        others = _typical(audit, identity[group["training_identity"]])[:2]
+        sheets["overlap"].append((pair(group["closest"]) + others, caption))
     for n, row in enumerate(tables["duplicates"][:top], 1):
         caption = f"{n}. {Path(row['evaluation_image']).name} = {row['training_image']}"
         sheets["duplicates"].append((pair(row), caption))
@@ -262,7 +270,7 @@ COLUMNS = {
     "split_identities": ["identity_a", "images_a", "identity_b", "images_b", "centre_distance"],
 }
 TITLES = {
-    "overlap": "evaluation face (left) and its nearest training face, per identity pair",
+    "overlap": "evaluation face, its nearest training face, two typical faces of that identity",
     "duplicates": "evaluation images whose pixels are a training image's",
     "label_noise": "suspect, its identity's typical faces, the nearest other identity's",
     "split_identities": "identities that look like one person: three typical faces of each",

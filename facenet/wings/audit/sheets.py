@@ -10,6 +10,7 @@ from facenet.files import write_atomic
 
 FACE_INCHES = 0.8  # each face's box; a 112 x 96 crop is drawn at about its own pixel size
 DPI = 100
+MIN_COLUMNS = 8  # room for a caption above a row of two faces
 
 
 def contact_sheet(rows: list[tuple[list[torch.Tensor], str]], title: str):
@@ -19,9 +20,8 @@ def contact_sheet(rows: list[tuple[list[torch.Tensor], str]], title: str):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    columns = max([len(faces) for faces, _ in rows] + [2])
-    width = max(columns * FACE_INCHES, 6.0)
-    fig = Figure(figsize=(width, 0.45 + len(rows) * (FACE_INCHES + 0.3)), dpi=DPI)
+    columns = max([len(faces) for faces, _ in rows] + [MIN_COLUMNS])  # short rows left-aligned
+    fig = Figure(figsize=(columns * FACE_INCHES, 0.45 + len(rows) * (FACE_INCHES + 0.3)), dpi=DPI)
     FigureCanvasAgg(fig)
     fig.suptitle(title if rows else f"{title}: none", fontsize=8, x=0.01, ha="left")
     if not rows:
