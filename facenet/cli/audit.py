@@ -40,15 +40,14 @@ from facenet.wings.audit.embeddings import embed_images, embed_training
 from facenet.wings.audit.neighbours import unit_rows
 from facenet.wings.audit.report import (
     COLUMNS,
+    SHEETS,
     audit_sets,
     pair_thresholds,
     verification_without,
     write_report,
 )
 
-OUTPUTS = [f"{name}.tsv" for name in COLUMNS] + [
-    f"{name}.png" for name in ("overlap", "duplicates", "label_noise", "split_identities")
-]
+OUTPUTS = [f"{name}.tsv" for name in COLUMNS] + [f"{name}.png" for name in SHEETS]
 
 
 def _quantile(text: str) -> float:

@@ -158,42 +158,63 @@ def split_rows(audit: Audit) -> list[dict]:
     ]
 
 
-def _typical(audit: Audit, identity: int) -> list[torch.Tensor]:
-    rows = audit.identities.typical(identity, audit.unit, TYPICAL_FACES)
+def _typical(audit: Audit, identity: int, count: int = TYPICAL_FACES) -> list[torch.Tensor]:
+    rows = audit.identities.typical(int(identity), audit.unit, count)
     return [read_image(audit.train.paths[r]) for r in rows]
 
 
+def _overlap_faces(audit: Audit, group: dict) -> tuple[list, str]:
+    """The group's closest pair and two more faces of its training identity."""
+    closest = group["closest"]
+    faces = [read_image(closest["evaluation_image"]), read_image(closest["training_image"])]
+    identity = audit.identities.index[audit.nearest[closest["row"]]]
+    caption = (
+        f"{group['evaluation_identity']} ~ {group['training_identity']}: "
+        f"{group['matched']} of {group['images']} images, d {group['distance']}"
+    )
+    return faces + _typical(audit, identity, 2), caption
+
+
+def _duplicate_faces(audit: Audit, row: dict) -> tuple[list, str]:
+    faces = [read_image(row["evaluation_image"]), read_image(row["training_image"])]
+    return faces, f"{Path(row['evaluation_image']).name} = {row['training_image']}"
+
+
+def _suspect_faces(audit: Audit, row: dict) -> tuple[list, str]:
+    """The suspect, its identity's typical faces, two of the nearest other identity's."""
+    i = row["row"]
+    faces = [read_image(audit.train.paths[i]), *_typical(audit, audit.identities.index[i])]
+    caption = (
+        f"{Path(row['image']).name} in {row['identity']}: own {row['own_distance']}, "
+        f"{row['nearest_identity']} {row['nearest_distance']} (last two faces)"
+    )
+    return faces + _typical(audit, audit.noise.other[i], 2), caption
+
+
+def _twin_faces(audit: Audit, row: dict) -> tuple[list, str]:
+    a, b = row["rows"]
+    caption = (
+        f"{row['identity_a']} ({row['images_a']}) and {row['identity_b']} ({row['images_b']}): "
+        f"d {row['centre_distance']}"
+    )
+    return _typical(audit, a) + _typical(audit, b), caption
+
+
+# Each contact sheet: the table it draws and how it draws one of its rows.
+SHEETS = {
+    "overlap": ("overlap_identities", _overlap_faces),
+    "duplicates": ("duplicates", _duplicate_faces),
+    "label_noise": ("label_noise", _suspect_faces),
+    "split_identities": ("split_identities", _twin_faces),
+}
+
+
 def sheet_rows(audit: Audit, tables: dict, top: int) -> dict[str, list]:
-    """The first ``top`` rows of each kind as a contact sheet's (faces, caption) rows."""
-    names, train = audit.identities.names, audit.train
-    pair = lambda row: [read_image(row["evaluation_image"]), read_image(row["training_image"])]
-    identity = {name: k for k, name in enumerate(names)}
-    sheets = {"overlap": [], "duplicates": [], "label_noise": [], "split_identities": []}
-    for n, group in enumerate(tables["overlap_identities"][:top], 1):
-        caption = (
-            f"{n}. {group['evaluation_identity']} ~ {group['training_identity']}: "
-            f"{group['matched']} of {group['images']} images, d {group['distance']}"
-        )
-        others = _typical(audit, identity[group["training_identity"]])[:2]
-        sheets["overlap"].append((pair(group["closest"]) + others, caption))
-    for n, row in enumerate(tables["duplicates"][:top], 1):
-        caption = f"{n}. {Path(row['evaluation_image']).name} = {row['training_image']}"
-        sheets["duplicates"].append((pair(row), caption))
-    for n, row in enumerate(tables["label_noise"][:top], 1):
-        i = row["row"]
-        faces = [read_image(train.paths[i]), *_typical(audit, audit.identities.index[i])]
-        faces += _typical(audit, audit.noise.other[i])[:2]
-        caption = (
-            f"{n}. {Path(row['image']).name} in {row['identity']}: own {row['own_distance']}, "
-            f"{row['nearest_identity']} {row['nearest_distance']} (last two faces)"
-        )
-        sheets["label_noise"].append((faces, caption))
-    for n, row in enumerate(tables["split_identities"][:top], 1):
-        a, b = row["rows"]
-        caption = f"{n}. {names[a]} ({row['images_a']}) and {names[b]} ({row['images_b']}): "
-        sheets["split_identities"].append(
-            (_typical(audit, a) + _typical(audit, b), caption + f"d {row['centre_distance']}")
-        )
+    """The first ``top`` rows of each table as a contact sheet's (faces, caption) rows."""
+    sheets = {}
+    for name, (table, draw) in SHEETS.items():
+        drawn = [draw(audit, row) for row in tables[table][:top]]
+        sheets[name] = [(faces, f"{n}. {caption}") for n, (faces, caption) in enumerate(drawn, 1)]
     return sheets
 
 
