@@ -244,9 +244,11 @@ def test_the_command_reports_every_kind_and_reuses_its_cache(planted, tmp_path, 
     figures = summary["verification"]
     assert figures["without_overlap"]["n_pairs"] < figures["all_pairs"]["n_pairs"] == 32
     assert summary["found"]["duplicates"] == 1 and summary["training"]["identities"] == 10
+    first = {path.name: path.read_text() for path in out.glob("*.tsv")}
     assert audit_command.main(argv) == 2  # its own outputs are kept unless --overwrite
     assert audit_command.main([*argv, "--overwrite"]) == 0
     assert models[-1].model.images_seen == 0  # both sets read back from --cache
+    assert {path.name: path.read_text() for path in out.glob("*.tsv")} == first
 
 
 def test_a_training_folder_of_loose_images_is_refused(planted, tmp_path, monkeypatch, capsys):

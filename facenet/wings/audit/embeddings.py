@@ -50,23 +50,24 @@ def _key(trained: TrainedModel, settings: VerifySettings, paths: list) -> str:
 
 def _cached(cache: str | os.PathLike | None, key: str, compute) -> EmbeddedSet:
     """``compute()``, or what it returned before under ``key`` in the folder ``cache``."""
-    path = Path(cache or ".", f"audit-embeddings-{key}.npz")
-    if cache and path.is_file():
+    if not cache:
+        return compute()
+    path = Path(cache, f"audit-embeddings-{key}.npz")
+    if path.is_file():
         arrays = read_npz(path, "an embeddings cache of facenet-audit")
         unreadable = arrays["unreadable"].reshape(-1, 2).tolist()
         return EmbeddedSet(
             arrays["embeddings"], arrays["paths"].tolist(), arrays["labels"].tolist(), unreadable
         )
     found = compute()
-    if cache:
-        arrays = {
-            "embeddings": found.embeddings,
-            "paths": np.array(found.paths, dtype=str),
-            "labels": np.array(found.labels, dtype=str),
-            "unreadable": np.array(found.unreadable, dtype=str).reshape(-1, 2),
-        }
-        Path(cache).mkdir(parents=True, exist_ok=True)
-        write_atomic(path, lambda fh: np.savez(fh, **arrays))
+    arrays = {
+        "embeddings": found.embeddings,
+        "paths": np.array(found.paths, dtype=str),
+        "labels": np.array(found.labels, dtype=str),
+        "unreadable": np.array(found.unreadable, dtype=str).reshape(-1, 2),
+    }
+    Path(cache).mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda fh: np.savez(fh, **arrays))
     return found
 
 
