@@ -143,6 +143,28 @@ def _summary(args, trained, settings, audit, tables: dict, verification: dict) -
     }
 
 
+def _lines(summary: dict) -> list[str]:
+    """What the command prints of ``summary.json``."""
+    sets, threshold = summary["training"], summary["threshold"]
+    lines = [
+        f"training: {sets['images']} images of {sets['identities']} identities "
+        f"({sets['unreadable']} unreadable left out); evaluation: "
+        f"{summary['evaluation']['images']} images",
+        f"threshold {threshold['value']:.4f} (the {threshold['quantile']:g} quantile of the same "
+        f"pairs' distances); a stranger's distance {threshold['stranger']:.4f} (the different "
+        "pairs' median)",
+    ]
+    lines += [f"{name}: {count}" for name, count in summary["found"].items()]
+    for name, figures in summary["verification"].items():
+        if "not_measured" in figures:
+            lines.append(f"{name}: not measured: {figures['not_measured']}")
+        else:
+            lines.append(
+                f"{name}: accuracy {figures['accuracy_mean']:.4f}, {figures['n_pairs']} pairs"
+            )
+    return lines
+
+
 def _audit(args: argparse.Namespace) -> None:
     """Embed both sets, find, write the report and print what was found."""
     set_threads(args.threads)
@@ -166,17 +188,7 @@ def _audit(args: argparse.Namespace) -> None:
         "audit": round(time.process_time() - embedded, 1),
     }
     write_text_atomic(Path(args.out, "summary.json"), json.dumps(json_safe(summary), indent=1))
-    print(
-        f"threshold {audit.threshold:.4f} (the {args.quantile:g} quantile of the same pairs' "
-        f"distances); a stranger's distance {audit.stranger:.4f} (the different pairs' median)"
-    )
-    for name, count in summary["found"].items():
-        print(f"{name}: {count}")
-    for name, figures in verification.items():
-        if "not_measured" in figures:
-            print(f"{name}: not measured: {figures['not_measured']}")
-        else:
-            print(f"{name}: accuracy {figures['accuracy_mean']:.4f} on {figures['n_pairs']} pairs")
+    print("\n".join(_lines(summary)))
     print(f"wrote {args.out}/summary.json, a .tsv and a .png of each finding")
 
 

@@ -77,10 +77,19 @@ class LabelNoise:
         return flagged[np.argsort(-self.margin[flagged], kind="stable")]
 
 
+def _own_distances(unit: torch.Tensor, ids: Identities, chunk: int = 2**16) -> torch.Tensor:
+    """(N,) each row's distance to its identity's centre without it, ``chunk`` rows at a time
+    (a million (N, D) temporaries would triple the embeddings' memory)."""
+    parts = []
+    for rows, index in zip(unit.split(chunk), ids.index.split(chunk)):
+        rest = ids.sums[index] - rows  # (C, D): the others of its identity, summed
+        parts.append((rows - normalize(rest, dim=1)).norm(dim=1))
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
 def label_noise(unit: torch.Tensor, ids: Identities) -> LabelNoise:
     """Each row of ``unit`` (N, D) against the centres of ``ids`` (two identities at least)."""
-    rest = ids.sums[ids.index] - unit  # (N, D): the others of its identity, summed
-    own = (unit - normalize(rest, dim=1)).norm(dim=1)  # (N,)
+    own = _own_distances(unit, ids)  # (N,)
     own[ids.counts[ids.index] == 1] = float("nan")
     other, distance = nearest_other(unit, ids.centres, ids.index)
     return LabelNoise(own.numpy(), other.numpy(), distance.numpy())

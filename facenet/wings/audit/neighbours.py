@@ -1,9 +1,9 @@
 """Exact nearest rows of one set of embeddings in another, in chunks of queries (the retrieval
 wing's operands and selection): never the (Q, N) distance matrix whole.
 
-Memory: ``CHUNK_BYTES`` (64 MiB) of squared distances per chunk, the two (N, D + 2) operands
-of the reference set and the chunk's candidates; for a million 128-D training rows about 1 GiB
-besides the embeddings themselves (0.5 GiB).
+Memory: ``CHUNK_BYTES`` (64 MiB) of squared distances per chunk of queries, with the chunk's
+operands and candidates, and the (N, D + 2) operands of the reference set (two while they are
+made): for a million 256-D reference rows 2 GiB at most, besides the rows themselves (1 GiB).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ def nearest(queries: torch.Tensor, reference: torch.Tensor, k: int):
     """``(indices, distances)``, (Q, k) each, nearest first: each query's ``k`` nearest rows of
     ``reference`` (N, D) by Euclidean distance (k at most N)."""
     k = min(k, len(reference))
-    left, _ = _cdist_operands(queries)  # (Q, D + 2)
     _, right = _cdist_operands(reference)  # (N, D + 2)
     chunk = max(1, CHUNK_BYTES // (4 * max(len(reference), 1)))
     indices, distances = [], []
     for first in range(0, len(queries), chunk):
-        squared = left[first : first + chunk] @ right.T  # (C, N)
+        left, _ = _cdist_operands(queries[first : first + chunk])  # (C, D + 2)
+        squared = left @ right.T  # (C, N)
         found = _nearest(squared, k)  # (C, k)
         indices.append(found)
         distances.append(squared.gather(1, found).clamp_min(0).sqrt())
