@@ -5,7 +5,9 @@ Pair distances come from ``--distances FILE`` (an ``.npz`` with arrays ``distanc
 from a model (``--checkpoint``) embedding a pairs.txt (``--pairs``) or insightface ``.bin`` sets
 (``--bin``, one table row each). Prints a table and writes into ``--out`` ``metrics.json``
 (with the threshold, its distance, ``same_when`` and ``threshold_for``: the weights and
-preparation it was chosen for) and ``roc.png`` (``roc_<name>.png`` per ``--bin``).
+preparation it was chosen for) and ``roc.png`` (``roc_<name>.png`` per ``--bin``);
+``--show-errors N`` with ``--pairs`` adds ``errors.png``, the N worst false rejects and false
+accepts at the deployable accuracy threshold (:mod:`facenet.wings.audit.pair_errors`).
 ``--retrieval ROOT`` embeds an identity folder instead and writes its Precision@1, R-Precision
 and MAP@R (:mod:`facenet.wings.retrieval`) to ``metrics.json``; ``--ijb ROOT`` verifies the
 templates of a set in insightface's IJB layout (:mod:`facenet.wings.templates.protocol`,
@@ -62,6 +64,8 @@ from facenet.wings.after_training.loading import load_model
 from facenet.wings.after_training.thresholds import deployable_lines, deployable_thresholds
 from facenet.wings.align.aligner import align_face
 from facenet.wings.align.presets import TEMPLATES
+from facenet.wings.audit.pair_errors import error_sheet
+from facenet.wings.audit.sheets import write_png
 from facenet.wings.publishers.insightface_bin import read_bin
 from facenet.wings.retrieval import retrieval_metrics
 from facenet.wings.templates.ijb import read_template_set
@@ -174,6 +178,13 @@ def _add_embedding_arguments(embed) -> None:
     embed.add_argument("--batch-size", type=positive_int, help="images per forward")
     add_device_argument(embed, "cpu")
     embed.add_argument("--skip-missing", action="store_true", help="skip pairs missing images")
+    embed.add_argument(
+        "--show-errors",
+        type=positive_int,
+        metavar="N",
+        help="with --pairs: errors.png, the N worst false rejects and false accepts at the "
+        "deployable accuracy threshold (docs/audit.md)",
+    )
 
 
 def _add_ijb_arguments(ijb) -> None:
@@ -243,8 +254,8 @@ def _write_metrics(args: argparse.Namespace, record: dict) -> Path:
 
 
 def _embedding_setup(args: argparse.Namespace) -> tuple:
-    """(pairs -> (``VerificationResult``, deployable thresholds) of the checkpoint's model,
-    ``threshold_for``)."""
+    """(pairs -> (``VerificationResult``, deployable thresholds, (N,) distances without mean
+    subtraction) of the checkpoint's model, ``threshold_for``)."""
     trained, model, device = _load(args)
     settings = VerifySettings.of(args)
 
@@ -260,7 +271,7 @@ def _embedding_setup(args: argparse.Namespace) -> tuple:
         )
         folds = pairs.folds_for(args.n_folds) if isinstance(pairs, PairList) else None
         found = deployable_thresholds(distances, pairs.issame, settings, folds)
-        return result, found | {"subtract_mean": False}
+        return result, found | {"subtract_mean": False}, distances
 
     return measure, _threshold_for(args, trained, settings.provenance())
 
@@ -280,7 +291,7 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
     results, sets = {}, {}
     for name, path in paths.items():
         pairs = read_bin(path, args.n_folds, limits)
-        results[name], deployable = measure(pairs)
+        results[name], deployable, _ = measure(pairs)
         sets[name] = {**results[name].to_dict(curves=False), "deployable_thresholds": deployable}
     return {"source": str(args.checkpoint), "threshold_for": threshold_for, "sets": sets}, results
 
@@ -303,7 +314,12 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
 
     measure, threshold_for = _embedding_setup(args)
     pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
-    result, deployable = measure(pairs)
+    result, deployable, distances = measure(pairs)
+    if args.show_errors:  # at the threshold to deploy: on distances without mean subtraction
+        threshold = deployable["accuracy"]["threshold"]
+        sheet = error_sheet(pairs, distances, threshold, args.show_errors, args.distance)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_png(Path(args.out, "errors.png"), sheet)
     fields = {"source": f"{args.checkpoint} on {args.pairs}", "threshold_for": threshold_for}
     return Path(args.pairs).name, fields | {"deployable_thresholds": deployable}, result
 
@@ -434,7 +450,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     out = Path(args.out)
     rocs = [f"roc_{Path(path).stem}.png" for path in args.bin] or ["roc.png"]
     # before the work, not after it
-    _check_outputs(args, "metrics.json", *rocs)
+    _check_outputs(args, "metrics.json", *rocs, *(["errors.png"] if args.show_errors else []))
     if args.mode == "bin":
         record, results = _bin_sets(args)
         print(sets_table(results))
@@ -462,7 +478,7 @@ def _evaluate(args: argparse.Namespace) -> None:
 # the command line).
 MODES = {
     "distances": ("similarities",),
-    "pairs": ("root", "skip_missing"),
+    "pairs": ("root", "skip_missing", "show_errors"),
     "bin": (),
     "retrieval": (),
     "ijb": ("ijb_set", "template", "flip_test", "detector_score", "norm_score"),

@@ -14,7 +14,6 @@ from facenet.evaluation.presets import CLASSIC, FEATURES, VerifySettings
 from facenet.sizes import ImageSize
 
 
-
 def _gather_shards(local: torch.Tensor, total: int, world: int) -> torch.Tensor:
     """Embeddings sharded round-robin over ranks, back in input order: (U, D)."""
     shards = gather_variable_rows(local)

@@ -9,4 +9,6 @@ entry of :mod:`facenet.registry`, or a command imports it directly.
 - ``align``: face alignment of photographs (MTCNN, landmark templates, the publishers' presets)
 - ``after_training``: load a trained model, embed, identify, export, deployable thresholds
 - ``retrieval``: Precision@1, R-Precision and MAP@R of an embedded folder
+- ``audit``: a training set against an evaluation's images (overlap, label noise, identities
+  filed twice) and an evaluation's worst errors as pictures
 """

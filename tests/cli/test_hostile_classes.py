@@ -136,6 +136,13 @@ CASES: dict[str, tuple[str, Case]] = {
             *("--overwrite", "--no-progress"),
         ],
     ),
+    "audit: --out inside --train": (
+        "facenet-audit",
+        lambda d: [
+            *("--checkpoint", _file(d / "x.pt"), "--train", _faces(d / "faces")),
+            *("--pairs", _file(d / "pairs.txt"), "--out", str(d / "faces" / "audit")),
+        ],
+    ),
     "make-rec: DST is SRC": (
         "facenet-make-rec",
         lambda d: [_faces(d / "faces"), str(d / "faces")],

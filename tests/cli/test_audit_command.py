@@ -1,0 +1,36 @@
+"""facenet-audit's options and facenet-evaluate's ``--show-errors``, parsed (no model): the
+settings a preset gives and flags override, the refusals."""
+
+import pytest
+
+from facenet.cli.audit import _parse
+from facenet.cli.evaluate import _parse as parse_evaluate
+from facenet.errors import DataError
+from facenet.evaluation.presets import EVAL_PRESETS, VerifySettings
+
+LINE = ["--checkpoint", "m.pt", "--train", "faces/", "--pairs", "pairs.txt"]
+
+
+def test_the_settings_are_the_classic_ones_unless_a_preset_or_a_flag_says():
+    assert VerifySettings.of(_parse(LINE)) == VerifySettings()
+    preset = VerifySettings.of(_parse([*LINE, "--preset", "mobilefacenet"]))
+    assert preset == EVAL_PRESETS["mobilefacenet"]
+    flags = ["--preset", "mobilefacenet", "--preprocess", "resize", "--folds", "5"]
+    mixed = VerifySettings.of(_parse([*LINE, *flags]))
+    assert (mixed.preprocess, mixed.n_folds, mixed.flip) == ("resize", 5, True)
+
+
+@pytest.mark.parametrize("quantile", ["0", "1", "-0.1", "x"])
+def test_a_quantile_outside_zero_to_one_is_refused(quantile, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _parse([*LINE, "--quantile", quantile])
+    assert exit_info.value.code == 2 and "--quantile" in capsys.readouterr().err
+
+
+def test_show_errors_belongs_to_the_pairs_mode():
+    shown = parse_evaluate(["--checkpoint", "m.pt", "--pairs", "p.txt", "--show-errors", "4"])
+    assert (shown.mode, shown.show_errors) == ("pairs", 4)
+    with pytest.raises(DataError, match="--show-errors goes with --pairs"):
+        parse_evaluate(["--checkpoint", "m.pt", "--bin", "lfw.bin", "--show-errors", "4"])
+    with pytest.raises(DataError, match="--show-errors goes with --pairs"):
+        parse_evaluate(["--distances", "d.npz", "--show-errors", "4"])
