@@ -25,7 +25,6 @@ from facenet.memory import GraphMemoryMeter, memory_figures, reset_cuda_peaks
 from facenet.training.optim import under
 
 
-
 def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The 2-norm of all ``tensors`` together: ``torch.nn.utils.get_total_norm`` (torch >= 2.6),
     else the norm of the per-tensor norms, as it computes it."""
