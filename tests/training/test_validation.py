@@ -414,9 +414,7 @@ def test_best_pt_is_read_on_the_cpu_for_its_weights_only(tmp_path, monkeypatch):
 def test_validation_records_its_cuda_peaks_over_the_ranks(monkeypatch):
     peaks, calls = {"cuda_max_allocated": 5, "cuda_max_reserved": 9}, []
     monkeypatch.setattr(run_eval, "memory_figures", lambda device, rss: dict(peaks))
-    monkeypatch.setattr(
-        run_eval, "max_over_ranks", lambda f, device: {k: 2 * v for k, v in f.items()}
-    )
+    monkeypatch.setattr(run_eval, "max_over_ranks", lambda f: {k: 2 * v for k, v in f.items()})
     monkeypatch.setattr(run_eval, "reset_cuda_peaks", lambda device: calls.append("reset"))
     monkeypatch.setattr(run_eval, "_verify", lambda *args: calls.append("verify") or (0, 0))
     monkeypatch.setattr(run_eval, "_plot", lambda *args: None)
