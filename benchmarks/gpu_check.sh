@@ -15,7 +15,7 @@
 #   bash benchmarks/gpu_check.sh
 #   OUT=/tmp/gpu PYTHON=/usr/bin/python3 bash benchmarks/gpu_check.sh
 #
-# Runs from the checkout on a bare machine: python3 with torch >= 2.4 (pyproject.toml's floor)
+# Runs from the checkout on a bare machine: python3 with torch >= 2.5 (pyproject.toml's floor)
 # and the package's runtime dependencies; nothing is installed (PYTHONPATH is the checkout).
 set -euo pipefail
 
@@ -35,8 +35,8 @@ except Exception as err:  # a broken or missing installation
     print(f"cannot import torch ({err}); set PYTHON=/path/to/python")
     sys.exit(3)
 version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-if version < (2, 4):
-    print(f"torch {torch.__version__} is below the floor 2.4 (pyproject.toml)")
+if version < (2, 5):
+    print(f"torch {torch.__version__} is below the floor 2.5 (pyproject.toml)")
     sys.exit(3)
 if not torch.cuda.is_available():
     print(f"torch {torch.__version__} sees no CUDA device; nothing measured")
