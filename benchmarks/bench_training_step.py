@@ -511,7 +511,7 @@ FACENET_1800_CASES = (
 # (the smoke test's): a tiny network on 4 x 4 images of 32 px, chunks of 8
 QUICK_1800 = ["model.backbone=tiny", "data.image_size=32", "data.p=4", "data.k=4"]
 SEED_TRIPLETS = (100, 200, 300, 400, 500, 600)  # the seed's batch: 3 T images, up to 1,800
-CUDA_TESTS = ["tests/metric", "tests/test_memory.py", "tests/training/test_step.py", "-k", "cuda"]
+CUDA_TESTS = ["tests/metric", "tests/data/test_loading.py", "tests/test_memory.py", "-k", "cuda"]
 
 
 def config_1800(device: str, quick: bool, overrides: list[str]):
