@@ -3,7 +3,7 @@
 # images, bf16, chunks of 128, channels_last) on one GPU, in at most 8 minutes on one H100:
 #   default, chunked   CUDA peak allocated and reserved bytes, images/s of the default step
 #                      (no train.chunk_size) and the chunked one, on the run's own trainer
-#   seed_largest       the seed's loop at 300, 600, ... 1,800 images (3 T), up to the first
+#   seed_largest       the seed's loop at 600, 1,200 and 1,800 images (3 T), up to the first
 #                      that does not fit
 #   ours_at_seed_batch ours (default and chunked) at the seed's largest batch that fits
 #   ours_at_1800       ours at 1,800
