@@ -144,9 +144,13 @@ class Step:
                 torch.distributed.all_reduce(ce_sum)
             stats["ce_loss"] = ce_sum / selected
             value = value + self.ce_weight * stats["ce_loss"]
-        # U: an int, or a device tensor when the path counted it there
         stats["loss"] = value
-        stats["selected_images"] = torch.as_tensor(selected, dtype=torch.float32)
+        # U: an int, or a device tensor where the path counted it; on the device either way (a
+        # host tensor would be copied there, blocking, when the epoch sums it)
+        if torch.is_tensor(selected):
+            stats["selected_images"] = selected.float()
+        else:
+            stats["selected_images"] = torch.full((), float(selected), device=value.device)
         return StepResult(value, stats)
 
 
