@@ -18,9 +18,13 @@ import argparse
 import copy
 import dataclasses
 import datetime
+import importlib.util
 import statistics
+import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -34,21 +38,27 @@ from benchmarks.measure import (
     ratio,
     run_benchmark,
     time_rounds,
+    timed,
     write_report,
 )
 from benchmarks.seed_loop import l2_dist, seed_train_step
 from facenet.cli.common import positive_int
+from facenet.config import load_config
 from facenet.errors import FacenetError
 from facenet.memory import (
     CUDA_MAX_ALLOCATED,
+    CUDA_MAX_RESERVED,
     GRAPH_BYTES_PEAK,
     PEAK_RSS_BYTES,
     GraphMemoryMeter,
     current_rss_bytes,
+    memory_figures,
     peak_rss_bytes,
+    reset_cuda_peaks,
 )
 from facenet.metric.distances import get_distance
 from facenet.models.embedding import EmbeddingNet
+from facenet.training.build import build_trainer as build_trainer_from_config
 from facenet.training.engine import Trainer
 from facenet.training.step import frozen_bn_running_stats, unique_triplet_images
 
@@ -485,17 +495,203 @@ def search_largest_batch(template: Case, sizes: list[int]) -> list[dict]:
     return rows
 
 
+# ---------------------------------------------------------------- configs/facenet_1800.yaml
+# What benchmarks/gpu_check.sh measures on one GPU, in this order; the JSON is written after
+# each. "default": the configuration without train.chunk_size (the default step's path).
+FACENET_1800 = Path(__file__).resolve().parents[1] / "configs" / "facenet_1800.yaml"
+FACENET_1800_CASES = (
+    "default",
+    "chunked",
+    "seed_largest",
+    "ours_at_seed_batch",
+    "ours_at_1800",
+    "sync_debug",
+    "cuda_tests",
+)
+# (the smoke test's): a tiny network on 4 x 4 images of 32 px, chunks of 8
+QUICK_1800 = ["model.backbone=tiny", "data.image_size=32", "data.p=4", "data.k=4"]
+SEED_TRIPLETS = (200, 400, 600)  # the seed's batch: 3 T = 600, 1,200, 1,800 images
+CUDA_TESTS = ["tests/metric", "tests/data/test_loading.py", "tests/test_memory.py", "-k", "cuda"]
+
+
+def config_1800(device: str, quick: bool, overrides: list[str]):
+    """configs/facenet_1800.yaml on ``device`` (quick: :data:`QUICK_1800`), ``overrides`` last."""
+    settings = [f"train.device={device}"] + (QUICK_1800 + ["train.chunk_size=8"]) * quick
+    return load_config(FACENET_1800, settings + overrides)
+
+
+def config_step(device: str, quick: bool, overrides: list[str], repeats: int) -> dict:
+    """The run's trainer (``facenet.training.build``) on one uint8 batch held on the CPU, as
+    the loader hands it: a warm-up step, then ``repeats`` timed ones; images/s and the CUDA
+    peaks of the timed steps. Run it forked: each measurement its own CUDA context."""
+    cfg = config_1800(device, quick, overrides)
+    trainer = build_trainer_from_config(cfg, None, torch.device(device), steps_per_epoch=1)
+    count, size = cfg.data.p * cfg.data.k, cfg.data.image_size
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (count, 3, size, size), dtype=torch.uint8, generator=generator)
+    labels = torch.arange(cfg.data.p).repeat_interleave(cfg.data.k)
+    trainer.train_mode()
+    trainer.train_step(images, labels)
+    reset_cuda_peaks(trainer.device)
+    seconds, _ = timed(device, lambda: [trainer.train_step(images, labels) for _ in range(repeats)])
+    figures = memory_figures(device=trainer.device, rss=False)
+    return {
+        "images": count,
+        "step": trainer.step.name,
+        "images_per_s": count * repeats / seconds,
+        **figures,
+    }
+
+
+def synced_step(device: str, quick: bool, overrides: list[str]) -> dict:
+    """One step after a warm-up under ``torch.cuda.set_sync_debug_mode("warn")``: the host
+    syncs CUDA reports (each a warning). CUDA only."""
+    cfg = config_1800(device, quick, overrides)
+    trainer = build_trainer_from_config(cfg, None, torch.device(device), steps_per_epoch=1)
+    images = torch.randint(
+        0,
+        256,
+        (cfg.data.p * cfg.data.k, 3, cfg.data.image_size, cfg.data.image_size),
+        dtype=torch.uint8,
+    )
+    labels = torch.arange(cfg.data.p).repeat_interleave(cfg.data.k)
+    trainer.train_mode()
+    trainer.train_step(images, labels)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.train_step(images, labels)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where = [str(w.message).splitlines()[0] for w in caught if "synchron" in str(w.message)]
+    return {"step": trainer.step.name, "syncs": len(where), "messages": where[:20]}
+
+
+def seed_at(device: str, quick: bool, triplets: int) -> dict:
+    """The seed's loop (benchmarks/seed_loop.py) on the configuration's network at ``triplets``
+    triplets (3 T images, copied from the CPU each step as its loop does): images/s, peaks."""
+    cfg = config_1800(device, quick, [])
+    case = Case(
+        cfg.model.backbone,
+        cfg.data.image_size,
+        "triplets",
+        "sparse",
+        triplets=triplets,
+        amp=cfg.train.amp,
+        embedding_dim=cfg.model.embedding_dim,
+    )
+    (cpu_batch,) = make_triplet_batches(case, 1)
+    step, *_ = build_stepper(dataclasses.replace(case, device=device), "seed", PK_MARGIN)
+    step(tuple(t.to(device) for t in cpu_batch))
+    reset_cuda_peaks(device)
+    seconds, _ = timed(device, lambda: step(tuple(t.to(device) for t in cpu_batch)))
+    figures = memory_figures(device=torch.device(device), rss=False)
+    return {"images": 3 * triplets, "images_per_s": 3 * triplets / seconds, **figures}
+
+
+def cuda_tests() -> dict:
+    """The tests a CPU machine skips for want of CUDA, where pytest is installed."""
+    if importlib.util.find_spec("pytest") is None:
+        return {"error": "pytest is not installed: the CUDA tests were not run"}
+    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *CUDA_TESTS]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    return {
+        "command": " ".join(command[1:]),
+        "returncode": done.returncode,
+        "summary": done.stdout.strip().splitlines()[-3:],
+    }
+
+
+def markdown_1800(results: dict) -> str:
+    """BENCHMARKS.md's GPU table of :func:`measure_1800`'s results (as far as they go)."""
+    mib = lambda row, key: f"{row[key] / 2**20:,.0f}" if key in row else ""  # noqa: E731
+    lines = [
+        "| measurement | step | images | images/s | peak allocated MiB | peak reserved MiB |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    rows = [(name, results[name]) for name in ("default", "chunked") if name in results]
+    rows += [(f"seed T={r['triplets']}", r) for r in results.get("seed_largest", [])]
+    rows += [
+        (f"ours at the seed's batch, {k}", r)
+        for k, r in results.get("ours_at_seed_batch", {}).items()
+    ]
+    for name, row in rows:
+        speed = f"{row['images_per_s']:,.0f}" if "images_per_s" in row else row.get("error", "")
+        lines.append(
+            f"| {name} | {row.get('step', 'seed')} | {row.get('images', '')} | {speed} | "
+            f"{mib(row, CUDA_MAX_ALLOCATED)} | {mib(row, CUDA_MAX_RESERVED)} |"
+        )
+    for path, row in results.get("sync_debug", {}).items():
+        if isinstance(row, dict):
+            lines.append(
+                f"| sync-debug warn | {path} | | syncs: {row.get('syncs', row.get('error'))} | | |"
+            )
+    tests = results.get("cuda_tests", {})
+    if tests:
+        lines.append(f"\nCUDA tests: {' '.join(tests.get('summary', [tests.get('error', '')]))}")
+    return "\n".join(lines) + "\n"
+
+
+def measure_1800(args: argparse.Namespace, report: dict) -> dict:
+    """:data:`FACENET_1800_CASES`, each written to ``--json`` as soon as measured."""
+    device, quick, repeats = args.device or "cuda", args.quick, 1 if args.quick else 2
+    results = report["facenet_1800"] = {}
+
+    def record(name, value):
+        results[name] = value
+        write_report(args.json, report)
+        if args.json is not None:  # the table beside it: gpu_check.md
+            Path(args.json).with_suffix(".md").write_text(markdown_1800(results))
+
+    record("default", run_forked(config_step, device, quick, ["train.chunk_size=0"], repeats))
+    record("chunked", run_forked(config_step, device, quick, [], repeats))
+    seed_rows = []
+    for triplets in SEED_TRIPLETS[:2] if quick else SEED_TRIPLETS:
+        seed_rows.append({"triplets": triplets, **run_forked(seed_at, device, quick, triplets)})
+        record("seed_largest", seed_rows)
+        if "error" in seed_rows[-1]:
+            break
+    fitted = [row for row in seed_rows if "error" not in row]
+    if fitted:  # ours on the same images: k = 40 (quick: 4) per identity, as many as fit
+        k = config_1800(device, quick, []).data.k
+        same = [f"data.p={max(2, fitted[-1]['images'] // k)}"]
+        record(
+            "ours_at_seed_batch",
+            {
+                path: run_forked(config_step, device, quick, same + chunk, repeats)
+                for path, chunk in (("default", ["train.chunk_size=0"]), ("chunked", []))
+            },
+        )
+    record("ours_at_1800", {"default": results["default"], "chunked": results["chunked"]})
+    paths = {
+        "one-pass": ["train.chunk_size=0", "mining.passes=1"],
+        "two-pass": ["train.chunk_size=0", "mining.passes=2"],
+        "chunked": [],
+    }
+    if device.startswith("cuda"):
+        record(
+            "sync_debug", {p: run_forked(synced_step, device, quick, o) for p, o in paths.items()}
+        )
+        record("cuda_tests", cuda_tests())
+    else:
+        record(
+            "sync_debug", {"error": "CUDA only (tests/training/test_host_syncs.py counts on CPU)"}
+        )
+        record("cuda_tests", {"error": "CUDA only"})
+    return report
+
+
 def measure(args: argparse.Namespace, argv: list[str]) -> dict:
     """Run the suite, writing the report to ``--json`` after each case (a run stopped by a
     time limit keeps the cases it finished)."""
     if sys.platform != "linux":
         raise FacenetError("Linux only (fork, /proc)")
-    device = args.device or ("cuda" if args.suite == "gpu" else "cpu")
+    device = args.device or ("cpu" if args.suite == "cpu" else "cuda")
     cuda = run_forked(lambda: {"ok": torch.cuda.is_available()}) if device != "cpu" else {}
     if device.startswith("cuda") and not cuda.get("ok"):
         raise FacenetError(f"--device {device}: torch sees no CUDA device")
-    cases = gpu_cases(args.quick) if args.suite == "gpu" else cpu_cases(args.quick)
-    cases = [dataclasses.replace(case, device=device) for case in cases]
     report = {
         "benchmark": "bench_training_step",
         "command": "python -m benchmarks.bench_training_step " + " ".join(argv),
@@ -503,8 +699,12 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict:
         "machine": describe_machine(device),
         "suite": args.suite,
         "quick": args.quick,
-        "cases": [],
     }
+    if args.suite == "facenet1800":
+        return measure_1800(args, report)
+    cases = gpu_cases(args.quick) if args.suite == "gpu" else cpu_cases(args.quick)
+    cases = [dataclasses.replace(case, device=device) for case in cases]
+    report["cases"] = []
     for case in [] if args.only_search else cases:
         report["cases"].append(run_case(case))
         write_report(args.json, report)
@@ -519,7 +719,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = benchmark_parser(__doc__)
     add = parser.add_argument
-    add("--suite", choices=("cpu", "gpu"), default="cpu")
+    add(
+        "--suite",
+        choices=("cpu", "gpu", "facenet1800"),
+        default="cpu",
+        help="facenet1800: configs/facenet_1800.yaml as benchmarks/gpu_check.sh measures it",
+    )
     add("--device", type=device_name, help="every case's device (default: cuda, GPU suite)")
     add("--pk-search", type=lambda text: [positive_int(v) for v in text.split(",")],
         help="P x K sizes, comma-separated: the largest two-pass batch that fits, with and "

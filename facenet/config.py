@@ -162,6 +162,9 @@ class TrainConfig:
     log_interval: int = 10
     max_nonfinite_steps: int = 5
     chunk_size: int = 0  # gradient caching: grad pass in chunks of N images; 0 = off
+    # How long a rank waits in a collective (a barrier included) before the run fails: rank 0
+    # builds a large folder's index while the others wait.
+    dist_timeout_minutes: float = 30.0
     # The frozen stages' outputs computed once per image (and its mirror) and trained on.
     cache_frozen: bool = False
 
@@ -294,6 +297,7 @@ RANGES: dict[str, Range] = {
         Range(0, math.inf): "mining.margin loss.margin loss.ce_weight optim.weight_decay "
         "optim.grad_clip optim.backbone_lr_scale",
         Range(0, math.inf, True): "optim.lr optim.gamma loss.ce_scale",
+        Range(0, 7 * 24 * 60, True): "train.dist_timeout_minutes",  # a week: timedelta's range
         Range(0, math.pi, False, True): "loss.ce_margin",
         Range(0, 1, False, True): "model.dropout optim.momentum",
         Range(0, 1): "optim.min_lr_ratio",

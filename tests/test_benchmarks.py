@@ -315,6 +315,29 @@ def test_gpu_suite_runs_on_cpu_with_a_tiny_model(tmp_path):
     assert [r["batch"] for r in report["pk_search"] if r["chunk_size"] == 0] == [8, 16]
 
 
+def test_gpu_check_measures_facenet_1800_on_cpu_with_a_tiny_model(tmp_path):
+    """gpu_check.sh's suite, its CUDA-only measurements marked so: every case in its list,
+    each written as measured, the table beside the JSON."""
+    out = tmp_path / "gpu_check.json"
+    argv = ["--suite", "facenet1800", "--quick", "--device", "cpu", "--threads", "1"]
+    done = run_module("bench_training_step", *argv, "--json", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())["facenet_1800"]
+    assert tuple(results) == step.FACENET_1800_CASES
+    assert ("default", "chunked", "seed_largest") == step.FACENET_1800_CASES[:3]
+    assert (results["default"]["step"], results["chunked"]["step"]) == ("one-pass", "chunked")
+    assert all("images_per_s" in row for row in results["seed_largest"])
+    assert set(results["ours_at_seed_batch"]) == {"default", "chunked"}
+    assert results["ours_at_seed_batch"]["default"]["images"] >= 2 * 4
+    assert "error" in results["sync_debug"] and "error" in results["cuda_tests"]  # CUDA only
+    table = out.with_suffix(".md").read_text()
+    assert "| default | one-pass |" in table and "| chunked | chunked |" in table
+    script = (REPO / "benchmarks" / "gpu_check.sh").read_text()
+    assert "--suite facenet1800" in script and "pip install" not in script
+    assert "make install" not in script and ".venv" not in script  # a bare machine
+    assert all(name in script for name in step.FACENET_1800_CASES)  # its header names each
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the check would run")
 def test_gpu_check_refuses_without_cuda(tmp_path):
     done = subprocess.run(

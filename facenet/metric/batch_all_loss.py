@@ -1,5 +1,6 @@
 """The triplet loss over every valid triplet of a labelled batch ("batch all"), without listing
-the triplets: O(B^2) memory where autograd through chunks would keep O(B^3 / identities)."""
+the triplets: O(B^2) memory kept where autograd through chunks would keep O(B^3 / identities),
+and no host sync (its blocks' shapes do not depend on the labels' values)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from facenet.metric.miners import identity_masks
 class _BatchAllTripletHinge(torch.autograd.Function):
     """Reduced loss over every valid triplet of a (B, B) distance matrix D.
 
-    Forward walks anchor chunks and accumulates ``dL/dD``: a triplet (a, p, n) with loss
-    derivative g adds g to D[a, p] and -g to D[a, n]; backward returns it, no graph kept.
+    Forward walks anchor chunks, each a dense (c, B, B) block of (anchor, positive, negative)
+    (shapes known without reading the labels back: no host sync), and accumulates ``dL/dD``:
+    a triplet (a, p, n) with loss derivative g adds g to D[a, p] and -g to D[a, n]; backward
+    returns it, no graph kept.
     """
 
     @staticmethod
@@ -27,15 +30,11 @@ class _BatchAllTripletHinge(torch.autograd.Function):
         num_active = dist.new_zeros((), dtype=torch.int64)
         num_valid = dist.new_zeros((), dtype=torch.int64)
         for start in range(0, dist.shape[0], chunk_size):
-            # (c,) each, anchors chunk-local; a chunk without pairs adds zeros
-            pair_a, pair_p = positive[start : start + chunk_size].nonzero(as_tuple=True)
-            pair_a = pair_a + start
-            negative = ~same[pair_a]  # (c, B)
-            d_ap = dist[pair_a, pair_p]  # (c,)
-            # violation[i, n] = d(a_i, p_i) - d(a_i, n) + m, -inf off the negatives. (c, B)
-            violation = (d_ap[:, None] - dist[pair_a] + margin).masked_fill(
-                ~negative, float("-inf")
-            )
+            rows = slice(start, start + chunk_size)
+            d = dist[rows]  # (c, B) the chunk's anchors' distances
+            valid = positive[rows, :, None] & ~same[rows, None, :]  # (c, B, B): [a, p, n]
+            # violation[a, p, n] = d(a, p) - d(a, n) + m, -inf off the valid triplets
+            violation = (d[:, :, None] - d[:, None, :] + margin).masked_fill(~valid, float("-inf"))
             if soft_margin:
                 losses = F.softplus(violation)
                 slope = torch.sigmoid(violation)  # 0 at -inf
@@ -44,9 +43,8 @@ class _BatchAllTripletHinge(torch.autograd.Function):
                 slope = (violation > 0).to(dist.dtype)
             total = total + losses.sum()
             num_active += (losses > 0).sum()
-            num_valid += negative.sum()
-            grad.index_put_((pair_a, pair_p), slope.sum(1), accumulate=True)
-            grad.index_add_(0, pair_a, -slope)
+            num_valid += valid.sum()
+            grad[rows] += slope.sum(2) - slope.sum(1)  # + on each d(a,p), - on each d(a,n)
         count = {"mean_active": num_active, "mean": num_valid, "sum": torch.ones_like(num_valid)}
         scale = 1.0 / count[reduction].clamp_min(1).to(dist.dtype)
         ctx.save_for_backward(grad * scale)
@@ -64,12 +62,12 @@ def batch_all_triplet_loss(
     margin: float = 0.2,
     distance: DistanceLike = "squared",
     reduction: str = "mean_active",
-    chunk_size: int = 256,
+    chunk_size: int = 32,
     soft_margin: bool = False,
     on_nonfinite: str = "defer",
 ) -> torch.Tensor:
     """``TripletMarginLoss`` over every valid triplet of a labelled (B, D) batch, with
-    ``chunk_size`` anchors per chunk of working space."""
+    ``chunk_size`` anchors per chunk of working space (a few ``chunk_size`` x B x B blocks)."""
     who = "batch_all_triplet_loss"
     finite = finite_flag(on_nonfinite, who, embeddings)  # 0-dim bool
     check_choice(reduction, REDUCTIONS, who, "reduction")

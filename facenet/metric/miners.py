@@ -47,7 +47,10 @@ class Triplets(NamedTuple):
         return self.anchor.shape[0]
 
     def subset(self, keep: torch.Tensor) -> Triplets:
-        """The triplets ``keep`` (a (T,) mask or positions) selects."""
+        """The triplets ``keep`` (a (T,) mask or positions) selects; a mask becomes positions
+        once (one host read on CUDA, not one per index tensor)."""
+        if keep.dtype == torch.bool:
+            keep = keep.nonzero().squeeze(1)  # (T',)
         return Triplets(*(t[keep] for t in self))
 
 
@@ -94,23 +97,19 @@ def pairs_and_negatives(distance: Distance, embeddings: torch.Tensor, labels: to
     negatives = SortedNegatives(
         values.masked_fill_(missing, float("inf")), index, (~missing).sum(1)
     )
-    return pair_a, pair_p, dist[pair_a, pair_p], negatives, _searcher(negatives, pair_a)
+    return pair_a, pair_p, dist[pair_a, pair_p], negatives, _searcher(negatives, pair_a, pair_p)
 
 
-def _searcher(negatives: SortedNegatives, pair_a: torch.Tensor):
+def _searcher(negatives: SortedNegatives, pair_a: torch.Tensor, pair_p: torch.Tensor):
     """``search(threshold, right)``: (P,) how many of each pair's sorted negatives are < (or,
-    right, <=) its threshold (P,); one batched search over a (B, most positives) table."""
-    batch_size = negatives.distance.shape[0]
-    per_anchor = torch.bincount(pair_a, minlength=batch_size)  # (B,)
-    first = per_anchor.cumsum(0) - per_anchor  # (B,) each anchor's first pair
-    slot = torch.arange(pair_a.shape[0], device=pair_a.device) - first[pair_a]  # (P,)
-    width = int(per_anchor.max()) if pair_a.shape[0] else 0
+    right, <=) its threshold (P,); one batched search over a (B, B) table, each pair's query in
+    its positive's column (a shape known without reading the labels back)."""
 
     def search(threshold: torch.Tensor, right: bool) -> torch.Tensor:
-        query = threshold.new_zeros(batch_size, width)  # (B, width)
-        query[pair_a, slot] = threshold
-        found = torch.searchsorted(negatives.distance, query, right=right)  # (B, width)
-        return torch.minimum(found[pair_a, slot], negatives.count[pair_a])
+        query = torch.zeros_like(negatives.distance)  # (B, B)
+        query[pair_a, pair_p] = threshold
+        found = torch.searchsorted(negatives.distance, query, right=right)  # (B, B)
+        return torch.minimum(found[pair_a, pair_p], negatives.count[pair_a])
 
     return search
 

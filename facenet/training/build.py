@@ -24,7 +24,7 @@ from facenet.data.pairs import (
     PairsFormatError,
     read_pairs,
 )
-from facenet.distributed import is_distributed, is_main_process
+from facenet.distributed import broadcast_buffers, is_distributed, is_main_process
 from facenet.errors import ConfigError, DataError, FacenetError
 from facenet.files import write_text_atomic
 from facenet.metric import build_loss, build_margin_loss, build_miner
@@ -329,11 +329,15 @@ def build_trainer(
         load(_CACHE + "check_cache_settings")(cfg)
         model = _from_section("optim", load(_CACHE + "FeatureHead"), model, cfg.optim.freeze_up_to)
     if is_distributed():
-        # Buffers sync once at start, then running statistics stay per rank (rank 0's saved).
+        # Buffers sync once, here, then running statistics stay per rank (rank 0's saved): a
+        # forward-time broadcast would hang the chunked step's ranks, whose forward counts
+        # differ. broadcast_buffers=False turns both off on every torch (DDP's own
+        # forward_sync_buffers keyword, torch >= 2.13, would keep the first).
+        broadcast_buffers(model)
         model = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            forward_sync_buffers=False,
+            broadcast_buffers=False,
         )
     # The miner's own generator (the max_triplets cap draws from it): checkpointed with the run.
     generator = torch.Generator(device=device).manual_seed(cfg.train.seed)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
-from facenet.distributed import get_world_size
+from facenet.distributed import get_rank, get_world_size
 from facenet.training.step import Step, StepResult, frozen_bn_running_stats, unique_triplet_images
 
 
@@ -59,11 +59,13 @@ class ChunkedStep(Step):
         triplet_loss = self.loss_fn(cached, local)
         scaled = self.scale(triplet_loss) * get_world_size()  # DDP averages the ranks
         (grad,) = torch.autograd.grad(scaled, cached)  # (U, D)
-        mine, rows = self.own_rows(unique, count)
-        row_grads = grad.new_zeros((count, grad.shape[1]))  # (b, D), zero for unselected
-        row_grads[rows] = grad[mine]
-        selected = torch.zeros(count, dtype=torch.bool, device=images.device)
-        selected[rows] = True
+        # Scattered over the global batch, then this rank's block: no mask indexing.
+        own = slice(get_rank() * count, (get_rank() + 1) * count)
+        row_grads = grad.new_zeros((everyone.shape[0], grad.shape[1]))  # (W*b, D)
+        row_grads[unique] = grad  # zero for unselected images
+        selected = torch.zeros(everyone.shape[0], dtype=torch.bool, device=images.device)
+        selected[unique] = True  # (W*b,)
+        row_grads, selected = row_grads[own], selected[own]  # (b, D), (b,)
         ce_sum = self._backward_chunks(
             images, labels, chunks, states, row_grads, selected, unique.numel()
         )

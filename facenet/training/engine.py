@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils import get_total_norm
 from tqdm import tqdm
 
 from facenet.data.batches import standardize
@@ -24,6 +23,15 @@ from facenet.distributed import any_rank, get_rank, get_world_size
 from facenet.errors import NonFiniteInputError, NonFiniteLossError
 from facenet.memory import GraphMemoryMeter, memory_figures, reset_cuda_peaks
 from facenet.training.optim import under
+
+
+def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all ``tensors`` together: ``torch.nn.utils.get_total_norm`` (torch >= 2.6),
+    else the norm of the per-tensor norms, as it computes it."""
+    if hasattr(torch.nn.utils, "get_total_norm"):
+        return torch.nn.utils.get_total_norm(tensors)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+
 
 # Per-step statistics kept on the device and averaged over the steps that trained.
 STAT_KEYS = (
@@ -114,6 +122,7 @@ class Trainer:
         # Excluding the model leaves out parameters and BatchNorm's running buffers.
         self.meter = GraphMemoryMeter(exclude=step.core) if self.settings.graph_memory else None
         self.global_step = 0
+        self._scale = None  # the scaler's scale after the last update, read once
         self.nonfinite_in_a_row = 0
         self.counts = {"steps": 0, "trained": 0, "no_triplets": 0, "nonfinite": 0}
         # The whole model without a DistributedDataParallel wrapper (what checkpoints hold and
@@ -185,15 +194,20 @@ class Trainer:
         return {"skipped": skipped, "selected_images": 0}
 
     def _update(self) -> bool:
-        """Clip and step; False when fp16's scaler skipped the step (gradients overflowed)."""
-        scale = self.scaler.get_scale()  # 1.0 without fp16
+        """Clip and step; False when fp16's scaler skipped the step (gradients overflowed and
+        it lowered its scale). The scale before is the one read after the last update: one
+        host read a step for it."""
+        if self._scale is None:
+            self._scale = self.scaler.get_scale()  # 1.0 without fp16
+        scale = self._scale
         if self.settings.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return self.scaler.get_scale() >= scale
+        self._scale = self.scaler.get_scale()
+        return self._scale >= scale
 
     def _finite(self, loss: torch.Tensor) -> bool:
         """Loss, gradients and running statistics are finite on every rank: a NaN image the
@@ -201,9 +215,9 @@ class Trainer:
         checks = [loss]
         if not self.scaler.is_enabled():
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            checks += [get_total_norm(grads)] if grads else []
+            checks += [total_norm(grads)] if grads else []
         buffers = [b for b in self._bn_buffers if b.is_floating_point()]
-        checks += [get_total_norm(buffers)] if buffers else []
+        checks += [total_norm(buffers)] if buffers else []
         finite = bool(torch.isfinite(torch.stack([c.float() for c in checks])).all())
         return not any_rank(not finite)  # one decision for all ranks
 
@@ -333,6 +347,7 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+            self._scale = None
         self.global_step = int(state.get("global_step", 0))
         self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
         self.counts.update(state.get("counts", {}))

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch.utils.tensorboard import SummaryWriter
 
+from facenet.distributed import is_distributed
 from facenet.files import json_safe
 from facenet.memory import MEMORY_KEYS
 
@@ -19,6 +21,19 @@ def _numbers(values: dict) -> dict:
     return {
         k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
+
+
+def max_over_ranks(figures: dict) -> dict:
+    """``figures`` with its CUDA ones (``cuda_*``) the maximum over the ranks: each rank has
+    its own allocator, and the two-pass and chunked steps forward different images on each. A
+    collective, when there are CUDA figures."""
+    keys = [key for key in figures if key.startswith("cuda_")]
+    if not keys or not is_distributed():
+        return figures
+    cuda = torch.distributed.get_backend() == "nccl"  # NCCL needs CUDA tensors, gloo CPU ones
+    values = torch.tensor([figures[key] for key in keys], device="cuda" if cuda else "cpu")
+    torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+    return {**figures, **dict(zip(keys, values.tolist()))}
 
 
 class RunLogger:
@@ -36,6 +51,9 @@ class RunLogger:
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def log_epoch(self, record: dict) -> None:
+        """Every rank calls it: the record's CUDA figures become the maximum over the ranks
+        (:func:`max_over_ranks`); rank 0 writes it."""
+        record.update(max_over_ranks(record))
         if not self.enabled:
             return
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:

@@ -50,7 +50,7 @@ def run_training(cfg: Config, resume: bool = False, overwrite: bool = False) -> 
     set_threads(cfg.train.threads)  # before any torch work
     cfg.train.threads = torch.get_num_threads()  # config.yaml records the count used
     try:
-        info = init_distributed(cfg.train.device)
+        info = init_distributed(cfg.train.device, cfg.train.dist_timeout_minutes)
     except FacenetError as err:  # CUDA asked for where there is none
         print(f"error: train.device: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -115,11 +115,11 @@ class Step:
         return all_embeddings, triplets
 
     @staticmethod
-    def own_rows(global_rows: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mask over ``global_rows`` of this rank's images, their rows in the local batch)."""
+    def own_rows(global_rows: torch.Tensor, count: int) -> torch.Tensor:
+        """This rank's images among ``global_rows``, as rows of its local batch."""
         start = get_rank() * count
         mine = (global_rows >= start) & (global_rows < start + count)
-        return mine, global_rows[mine] - start
+        return global_rows[mine] - start
 
     def loss_and_backward(self, embeddings, triplets, selected, logits, ce_labels) -> StepResult:
         """The stated loss on ``embeddings`` (N, D), in triplet index order, this rank's rows
@@ -134,7 +134,7 @@ class Step:
         self.scale(loss * get_world_size()).backward()  # frees every tensor saved for backward
         return self.result(triplet_loss, ce_sum, selected)
 
-    def result(self, triplet_loss, ce_sum, selected: int) -> StepResult:
+    def result(self, triplet_loss, ce_sum, selected) -> StepResult:
         """The stated loss and statistics; ``ce_sum``: this rank's cross-entropy sum, or None."""
         stats = {k: v.detach() for k, v in self.loss_fn.last_stats.items()}
         stats["triplet_loss"] = value = triplet_loss.detach()
@@ -144,7 +144,13 @@ class Step:
                 torch.distributed.all_reduce(ce_sum)
             stats["ce_loss"] = ce_sum / selected
             value = value + self.ce_weight * stats["ce_loss"]
-        stats["loss"], stats["selected_images"] = value, torch.tensor(float(selected))
+        stats["loss"] = value
+        # U: an int, or a device tensor where the path counted it; on the device either way (a
+        # host tensor would be copied there, blocking, when the epoch sums it)
+        if torch.is_tensor(selected):
+            stats["selected_images"] = selected.float()
+        else:
+            stats["selected_images"] = torch.full((), float(selected), device=value.device)
         return StepResult(value, stats)
 
 
@@ -164,10 +170,13 @@ class OnePassStep(Step):
             embeddings = torch.cat(
                 [everyone[: rank * count], embeddings, everyone[(rank + 1) * count :]]
             )
-        used, _ = unique_triplet_images(triplets)  # (U,) global indices of used images
-        _, rows = self.own_rows(used, count)
-        ce_logits = None if logits is None else logits[rows]
-        return self.loss_and_backward(embeddings, triplets, used.numel(), ce_logits, labels[rows])
+        # Which of the W*b images the triplets use, counted on the device (no unique).
+        used = torch.zeros(everyone.shape[0], dtype=torch.bool, device=everyone.device)
+        used[torch.cat(triplets)] = True  # (W*b,)
+        if logits is None:
+            return self.loss_and_backward(embeddings, triplets, used.sum(), None, None)
+        rows = used[rank * count : (rank + 1) * count].nonzero().squeeze(1)  # (u,) own rows
+        return self.loss_and_backward(embeddings, triplets, used.sum(), logits[rows], labels[rows])
 
 
 class TwoPassStep(Step):
@@ -191,7 +200,7 @@ class TwoPassStep(Step):
         if triplets.anchor.numel() == 0:
             return None
         unique, local = unique_triplet_images(triplets)  # (U,) sorted global, local in 0..U-1
-        _, rows = self.own_rows(unique, images.shape[0])  # (u,) this rank's selected images
+        rows = self.own_rows(unique, images.shape[0])  # (u,) this rank's selected images
         embeddings, logits = self._grad_forward(images, rows)  # (u, D): their own BN batch
         if get_world_size() > 1:  # every rank's grad-pass rows, in `unique` (rank) order
             parts = gather_variable_rows(embeddings.detach())

@@ -22,6 +22,8 @@ from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.report import figures
 from facenet.evaluation.verify import verify
 from facenet.files import write_atomic
+from facenet.memory import memory_figures, reset_cuda_peaks
+from facenet.training.logger import max_over_ranks
 
 
 def verify_settings(cfg: Config, device_type: str = "cpu") -> VerifySettings:
@@ -68,12 +70,14 @@ def _plot(run, result, name: str, title: str, step: int) -> None:
 def validate(run, epoch: int) -> dict:
     """Validation figures of the run's model as it is (epoch 0: before training), with the
     threshold, its distance and ``threshold_for``: the weights' content hash (the epoch's
-    checkpoint, written right after from them, gives the same) and the preparation;
-    ``roc_val_epoch_<epoch>.png``."""
-    model = run.trainer.core_model
+    checkpoint, written right after from them, gives the same) and the preparation; on CUDA
+    the allocator's peaks during validation; ``roc_val_epoch_<epoch>.png``."""
+    model, device = run.trainer.core_model, run.trainer.device
+    reset_cuda_peaks(device)  # the epoch's record has read the training peaks
     result, _ = _verify(run, model, run.data.val_pairs)
     _plot(run, result, f"val_epoch_{epoch}", f"validation, epoch {epoch}", epoch)
-    values = figures(result)
+    # on CUDA, validation's own peaks (its batches are not training's), over the ranks
+    values = {**figures(result), **max_over_ranks(memory_figures(device=device, rss=False))}
     run.logger.log_scalars("eval/val", values, epoch)
     provenance = VerifySettings.of(run.cfg.eval).provenance()
     values["threshold_for"] = {"weights_sha256": weights_digest(model), **provenance}
@@ -85,7 +89,9 @@ def _selected_model(run, best_epoch: int):
     path, model = run.run_dir / "best.pt", run.trainer.core_model
     if not path.is_file():
         raise CheckpointError(f"{path} (epoch {best_epoch}) is missing")
-    state = load_checkpoint(path, map_location=run.trainer.device)
+    # Read on the CPU (the file's optimizer state never reaches the device, mapped and left
+    # unread); only the model's weights are copied into the device's model.
+    state = load_checkpoint(path, map_location="cpu")
     if int(state["epoch"]) != best_epoch:  # never report one epoch's file as another's
         raise CheckpointError(
             f"{path} holds epoch {state['epoch']}, but validation chose epoch {best_epoch}"

@@ -3,6 +3,7 @@ and inf embeddings for every class, and no host read added on the training path.
 
 import pytest
 import torch
+from host_syncs import HostSyncs
 
 from facenet.config import LossConfig, MiningConfig
 from facenet.metric import build_loss, build_miner
@@ -218,6 +219,18 @@ def test_the_checks_add_no_host_read_to_a_training_step(monkeypatch, miner, cand
     with_checks = one_step_reads(monkeypatch, miner, True, candidates)
     without = one_step_reads(monkeypatch, miner, False, candidates)
     assert with_checks == without > 0  # the step's own reads (selection sizes, _finite)
+
+
+def test_the_checks_and_losses_make_no_blocking_call():
+    """What the CUDA test below runs under sync-debug "error", counted on the CPU."""
+    embeddings, labels = batch()
+    t = triplets_with(0, 0)
+    with HostSyncs() as syncs:
+        check_index_range(t[0], 16, "f", "anchor", "embeddings")
+        TripletMarginLoss()(embeddings, t)
+        batch_all_triplet_loss(embeddings, labels)
+        batch_all_triplet_loss(embeddings, labels, chunk_size=3, soft_margin=True)
+    assert syncs.total == 0, dict(syncs.counts)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -389,3 +390,44 @@ def test_the_threshold_travels_with_what_it_was_chosen_for(run):
     summary_record = ThresholdRecord.from_dict(threshold)
     differences = summary_record.differences(last.preparation(flip=cfg.eval.flip))
     assert bool(differences) == (last.epoch != best.epoch)  # another epoch: other weights
+
+
+def test_best_pt_is_read_on_the_cpu_for_its_weights_only(tmp_path, monkeypatch):
+    """Wherever the run trains, best.pt is mapped to the CPU; only the model's weights are
+    copied into a copy of the run's model (the optimizer state stays in the file)."""
+    source, model = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    torch.save({"epoch": 4, "model": source.state_dict(), "optimizer": {}}, tmp_path / "best.pt")
+    locations = []
+
+    def recording(path, map_location):
+        locations.append(map_location)
+        return load_checkpoint(path, map_location=map_location)
+
+    monkeypatch.setattr(run_eval, "load_checkpoint", recording)
+    trainer = SimpleNamespace(core_model=model, device=torch.device("cuda", 1))
+    selected = run_eval._selected_model(SimpleNamespace(run_dir=tmp_path, trainer=trainer), 4)
+    assert locations == ["cpu"]
+    assert selected is not model
+    torch.testing.assert_close(selected.state_dict(), source.state_dict())
+
+
+def test_validation_records_its_cuda_peaks_over_the_ranks(monkeypatch):
+    peaks, calls = {"cuda_max_allocated": 5, "cuda_max_reserved": 9}, []
+    monkeypatch.setattr(run_eval, "memory_figures", lambda device, rss: dict(peaks))
+    monkeypatch.setattr(run_eval, "max_over_ranks", lambda f: {k: 2 * v for k, v in f.items()})
+    monkeypatch.setattr(run_eval, "reset_cuda_peaks", lambda device: calls.append("reset"))
+    monkeypatch.setattr(run_eval, "_verify", lambda *args: calls.append("verify") or (0, 0))
+    monkeypatch.setattr(run_eval, "_plot", lambda *args: None)
+    monkeypatch.setattr(run_eval, "figures", lambda result: {"accuracy_mean": 0.5})
+    monkeypatch.setattr(run_eval, "weights_digest", lambda model: "digest")
+    logged = []
+    run = SimpleNamespace(
+        trainer=SimpleNamespace(core_model=None, device=torch.device("cpu")),
+        data=SimpleNamespace(val_pairs=None),
+        cfg=load_config(None),
+        logger=SimpleNamespace(log_scalars=lambda *args: logged.append(args)),
+    )
+    values = run_eval.validate(run, 1)
+    assert calls == ["reset", "verify"]  # the peaks are validation's own
+    assert values["cuda_max_allocated"] == 10 and values["cuda_max_reserved"] == 18
+    assert values["accuracy_mean"] == 0.5
