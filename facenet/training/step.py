@@ -144,13 +144,9 @@ class Step:
                 torch.distributed.all_reduce(ce_sum)
             stats["ce_loss"] = ce_sum / selected
             value = value + self.ce_weight * stats["ce_loss"]
-        stats["loss"] = value
         # U: an int, or a device tensor where the path counted it; on the device either way (a
         # host tensor would be copied there, blocking, when the epoch sums it)
-        if torch.is_tensor(selected):
-            stats["selected_images"] = selected.float()
-        else:
-            stats["selected_images"] = torch.full((), float(selected), device=value.device)
+        stats["loss"], stats["selected_images"] = value, torch.zeros_like(value) + selected
         return StepResult(value, stats)
 
 
