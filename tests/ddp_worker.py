@@ -87,7 +87,7 @@ def batches():
 
 def train(path, miner, ce, chunk):
     """The parameters after STEPS steps; this rank trains on its block of each batch."""
-    model = DistributedDataParallel(initial_model(ce), forward_sync_buffers=False)
+    model = DistributedDataParallel(initial_model(ce), broadcast_buffers=False)
     step = build_step(
         model,
         MINERS[miner](),
@@ -110,7 +110,7 @@ def train(path, miner, ce, chunk):
 def nan_on_rank_one(passes, chunk):
     """One step where only rank 1's images hold NaN; what each rank saw (every rank must raise,
     or the ranks would part ways at the next collective)."""
-    model = DistributedDataParallel(initial_model(0.0), forward_sync_buffers=False)
+    model = DistributedDataParallel(initial_model(0.0), broadcast_buffers=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     step = build_step(
         model, BatchHardMiner(), TripletMarginLoss(MARGIN), passes=passes, chunk_size=chunk
