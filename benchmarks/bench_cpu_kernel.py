@@ -3,7 +3,7 @@
 
 Each measurement runs in a fresh Python process, as a command does (a forked child would not
 count the library pages its parent mapped in its peak RSS), once with malloc left alone
-(``system``) and once with :func:`facenet.allocator.keep_freed_memory` (``keep``), in turns:
+(``system``) and once with :func:`facenet.memory.keep_freed_memory` (``keep``), in turns:
 the bare forward of Inception-ResNet-v1 (random weights) on a batch at 160 px, the evaluation's
 embedding of LFW pairs (``embed_pair_list``, sandberg's settings: flip, crop), alignment of LFW
 photos (``Aligner``, sandberg's preset) and, as its anchor, facenet-pytorch's own MTCNN saving
