@@ -1,4 +1,5 @@
-"""What every command shares: glibc's malloc set up for tensor work (:func:`facenet.memory.keep_freed_memory`),
+"""What every command shares: glibc's malloc set up for tensor work
+(:func:`facenet.memory.keep_freed_memory`),
 user errors as one ``error:`` line with exit code 2, warnings as one ``warning:`` line, the
 ``--device``, ``--threads``, ``--out`` and ``--overwrite`` arguments, and the check, before any
 work, that nothing but a command's own earlier output is replaced. A command's ``main(argv)`` is
