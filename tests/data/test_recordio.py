@@ -1,5 +1,5 @@
-"""RecordIO without mxnet: records and their continuation parts, both layouts, the issue's test
-vector, the dataset's interface, and every kind of bad input refused in one line naming the
+"""RecordIO without mxnet: records and their continuation parts, both layouts, the format's
+reference vector, the dataset's interface, and every kind of bad input refused in one line naming the
 file, key or byte before a declared length is read."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from facenet.data.samplers import PKSampler
 from facenet.errors import DataError
 from tests.image_cases import BAD, GOOD
 
-# The issue's test vector: key 0 of a set of 5 images and 2 identities.
+# The format's reference vector (what mxnet 1.9.1's recordio writes): key 0 of a set of 5
+# images and 2 identities.
 META_5_2 = bytes.fromhex(
     "0a23d7ce 20000000 02000000 00000000 0000000000000000 0000000000000000 0000c040 00000041"
 )
@@ -105,7 +106,7 @@ def test_images_of_every_format_decode_as_the_checked_decoder_decodes_them(tmp_p
         assert torch.equal(image, case.expected) and label == i % 2, i
 
 
-def test_the_meta_record_of_five_images_and_two_identities_is_the_issues_test_vector(tmp_path):
+def test_the_meta_record_of_five_images_and_two_identities_is_the_reference_vector(tmp_path):
     files = identity_files(tmp_path, [[JPEG] * 3, [JPEG] * 2])
     rec, index, _ = write_insightface(tmp_path / "set", files, (24, 24))
     assert rec.read_bytes()[:40] == META_5_2
