@@ -1,6 +1,6 @@
 """RecordIO without mxnet: records and their continuation parts, both layouts, the format's
-reference vector, the dataset's interface, and every kind of bad input refused in one line naming the
-file, key or byte before a declared length is read."""
+reference vector, the dataset's interface, and every kind of bad input refused in one line
+naming the file, key or byte before a declared length is read."""
 
 from __future__ import annotations
 
