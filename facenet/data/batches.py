@@ -146,6 +146,18 @@ class DecodedCache:
             self.images[index] = image
             self.bytes += size
 
+    def item(self, index: int, decode, transform):
+        """``(transform(image), ...)``'s image for dataset ``index``: decoded by ``decode()``
+        and put through the transform's deterministic part (``TrainCrops.prepare``) once, then
+        kept if it fits; ``transform`` (None: none) applied on every call."""
+        image = self.images.get(index)  # uint8 (3, H, W), or None
+        if image is None:
+            prepare = getattr(transform, "prepare", None)
+            image = decode()
+            image = prepare(image) if prepare is not None else image
+            self.put(index, image)
+        return transform(image) if transform is not None else image
+
     def __getstate__(self):
         # A worker started with spawn gets an empty cache, not a copy of the parent's.
         return {"max_bytes": self.max_bytes, "images": {}, "bytes": 0}

@@ -468,13 +468,5 @@ class IdentityFolder(Dataset):
         return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.decoded.images.get(index)  # uint8 (3, H, W), or None
-        if image is None:
-            image = read_image(self.path(index), *self.limits)
-            # The transform's deterministic part (TrainCrops.prepare) runs once per image.
-            prepare = getattr(self.transform, "prepare", None)
-            image = prepare(image) if prepare is not None else image
-            self.decoded.put(index, image)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.targets[index])
+        decode = lambda: read_image(self.path(index), *self.limits)
+        return self.decoded.item(index, decode, self.transform), int(self.targets[index])

@@ -431,17 +431,9 @@ class RecordIODataset(Dataset):
         return f"{self.rec} key {self.keys[index]} at byte {self.offsets[index]}"
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.decoded.images.get(index)  # uint8 (3, H, W), or None
-        if image is None:
-            raw = self.read_image_bytes(index)
-            image = decode_image_bytes(raw, self._where(index), *self.limits)
-            # The transform's deterministic part (TrainCrops.prepare) runs once per image.
-            prepare = getattr(self.transform, "prepare", None)
-            image = prepare(image) if prepare is not None else image
-            self.decoded.put(index, image)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.targets[index])
+        raw = self.read_image_bytes  # read and named only on a cache miss
+        decode = lambda: decode_image_bytes(raw(index), self._where(index), *self.limits)
+        return self.decoded.item(index, decode, self.transform), int(self.targets[index])
 
 
 # --------------------------------------------------------------------------- writing
