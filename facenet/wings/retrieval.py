@@ -18,7 +18,7 @@ import torch
 CHUNK_BYTES = 2**26  # squared distances of one chunk of queries against every row: 64 MiB
 
 
-def _cdist_operands(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def cdist_operands(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, D + 2) operands whose product ``left[rows] @ right.T`` is the squared distance matrix
     before ``clamp_min(0).sqrt()``, bit for bit as torch.cdist forms it (PyTorch 2.14,
     aten/src/ATen/native/Distance.cpp, ``_euclidean_dist``; the tests hold them equal)."""
@@ -43,7 +43,7 @@ def _candidates(squared: torch.Tensor, m: int) -> torch.Tensor:
     return torch.cat([members, rest], 1)
 
 
-def _nearest(squared: torch.Tensor, n: int) -> torch.Tensor:
+def nearest_columns(squared: torch.Tensor, n: int) -> torch.Tensor:
     """Indices (C, n) of each row's n smallest distances ``squared.clamp_min(0).sqrt()``, ties
     broken by the lower index. Candidates are ranked on ``squared``: the square root keeps its
     order but may merge neighbouring values, so ties are judged on the distances."""
@@ -65,7 +65,7 @@ def _nearest(squared: torch.Tensor, n: int) -> torch.Tensor:
 def _neighbour_labels(squared, first, labels, k):
     """Labels (C, k) of each query's k nearest other rows, picked as pytorch-metric-learning's
     CustomKNN picks them: the k + 1 nearest, then the query's own row dropped (or the last)."""
-    found = _nearest(squared, k + 1)  # (C, k+1)
+    found = nearest_columns(squared, k + 1)  # (C, k+1)
     own = found == torch.arange(first, first + len(squared)).unsqueeze(1)
     own[~own.any(dim=1), -1] = True
     return labels[found[~own].view(len(squared), k)]
@@ -88,7 +88,7 @@ def retrieval_metrics(embeddings, labels) -> dict:
     k = int(r.max()) if len(r) else 0
     sums = torch.zeros(3, dtype=torch.float64)
     chunk = max(1, CHUNK_BYTES // (4 * max(len(x), 1)))
-    left, right = _cdist_operands(x)  # (N, D + 2)
+    left, right = cdist_operands(x)  # (N, D + 2)
     squared = torch.empty(min(chunk, len(x)), len(x))  # reused: fresh pages cost a third more
     for first in range(0, len(x) if k else 0, chunk):
         rows = slice(first, first + chunk)

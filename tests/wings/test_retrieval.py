@@ -72,7 +72,7 @@ def test_distances_are_torch_cdists_bit_for_bit():
     g = torch.Generator().manual_seed(4)
     for rows, dim in [(26, 3), (300, 16), (700, 128)]:
         x = torch.randn(rows, dim, generator=g) * 3
-        left, right = retrieval._cdist_operands(x)
+        left, right = retrieval.cdist_operands(x)
         squared = left[: rows // 2] @ right.T
         assert torch.equal(squared.clamp_min(0).sqrt(), torch.cdist(x[: rows // 2], x))
 
@@ -84,11 +84,11 @@ def test_screened_nearest_keep_ties_at_the_boundary_by_the_lower_index():
     g = torch.Generator().manual_seed(5)
     x = torch.randint(0, 4, (2000, 3), generator=g).float()
     for points in (x, torch.randn(2000, 3, generator=g)):
-        left, right = retrieval._cdist_operands(points)
+        left, right = retrieval.cdist_operands(points)
         squared = left[-300:] @ right.T
         want = torch.cdist(points[-300:], points).sort(dim=1, stable=True).indices
         for n in (1, 7, 40):
-            assert torch.equal(retrieval._nearest(squared, n), want[:, :n])
+            assert torch.equal(retrieval.nearest_columns(squared, n), want[:, :n])
     y = torch.randint(0, 400, (2000,), generator=g)
     got, want = retrieval_metrics(x, y), _pml(x, y, _stable_knn)
     for key in KEYS:

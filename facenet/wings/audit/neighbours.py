@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.nn.functional import normalize
 
-from facenet.wings.retrieval import CHUNK_BYTES, _cdist_operands, _nearest
+from facenet.wings.retrieval import CHUNK_BYTES, cdist_operands, nearest_columns
 
 
 def unit_rows(embeddings) -> torch.Tensor:
@@ -25,13 +25,13 @@ def nearest(queries: torch.Tensor, reference: torch.Tensor, k: int):
     """``(indices, distances)``, (Q, k) each, nearest first: each query's ``k`` nearest rows of
     ``reference`` (N, D) by Euclidean distance (k at most N)."""
     k = min(k, len(reference))
-    _, right = _cdist_operands(reference)  # (N, D + 2)
+    _, right = cdist_operands(reference)  # (N, D + 2)
     chunk = max(1, CHUNK_BYTES // (4 * max(len(reference), 1)))
     indices, distances = [], []
     for first in range(0, len(queries), chunk):
-        left, _ = _cdist_operands(queries[first : first + chunk])  # (C, D + 2)
+        left, _ = cdist_operands(queries[first : first + chunk])  # (C, D + 2)
         squared = left @ right.T  # (C, N)
-        found = _nearest(squared, k)  # (C, k)
+        found = nearest_columns(squared, k)  # (C, k)
         indices.append(found)
         distances.append(squared.gather(1, found).clamp_min(0).sqrt())
     if not indices:
