@@ -311,7 +311,6 @@ _USER_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_"
 _USER_SETTINGS += ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 # mallopt's parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
-MMAP_MAX_DEFAULT = 65536
 # Free heap top kept before it is returned: above one forward's buffers, which are then
 # never faulted in again (256 MiB still left 6% of the forward's CPU to the kernel).
 TRIM_THRESHOLD = 1 << 30
