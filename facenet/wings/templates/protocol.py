@@ -107,9 +107,26 @@ class WarpedFaces(torch.utils.data.Dataset):
         return self.standardise(crop)
 
 
+def check_weights(faces: TemplateSet, settings: TemplateSettings) -> None:
+    """Refuse detector scores that weigh every face of a template by 0: its pooled feature would
+    be zero and each of its pairs would score 0 whatever the model."""
+    if not settings.detector_score:
+        return
+    ids, t = np.unique(faces.templates, return_inverse=True)
+    weighed = np.bincount(t, weights=faces.scores > 0, minlength=len(ids))  # (T,) faces > 0
+    if not weighed.all():
+        raise DataError(
+            f"{faces.meta(LANDMARKS)}: every detector score (column 12) of template "
+            f"{ids[np.argmin(weighed)]} is 0, so it would pool to zero; give "
+            "--no-detector-score or fix the scores"
+        )
+
+
 def embed_faces(model, faces: WarpedFaces, device, settings: TemplateSettings) -> np.ndarray:
     """(N, D) float32 feature of every face (image and mirror added with ``flip_test``), the
-    faces read by ``settings.workers`` processes (0: this one)."""
+    faces read by ``settings.workers`` processes (0: this one); detector scores that would pool
+    a template to zero are refused first (:func:`check_weights`), before hours of embedding."""
+    check_weights(faces.faces, settings)
     loader = torch.utils.data.DataLoader(
         faces, batch_size=settings.batch_size, num_workers=settings.workers
     )
@@ -141,7 +158,11 @@ def template_features(features, scores, templates, media, settings: TemplateSett
     if not settings.norm_score:
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), np.finfo(float).tiny)
     if settings.detector_score:
-        x *= np.asarray(scores, dtype=np.float64)[order, None]
+        weights = np.asarray(scores, dtype=np.float64)[order]
+        # scaled by a power of two, exactly: a template is made unit length, so only the scores'
+        # ratios count, and weights near 1 keep the sums of squares from overflowing (1e155)
+        # or underflowing (1e-200)
+        x *= np.ldexp(weights, -np.frexp(weights.max(initial=0.0))[1])[:, None]
     starts = np.flatnonzero(np.r_[True, (t[1:] != t[:-1]) | (m[1:] != m[:-1])])
     counts = np.diff(np.r_[starts, len(t)])
     means = np.add.reduceat(x, starts) / counts[:, None]  # (M, D) one row per media

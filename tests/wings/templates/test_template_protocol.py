@@ -27,6 +27,7 @@ from facenet.wings.templates.protocol import (
     FARS,
     TemplateSettings,
     WarpedFaces,
+    check_weights,
     choose_template,
     embed_faces,
     read_tar,
@@ -69,6 +70,36 @@ def test_detector_scores_weight_and_unit_features_drop_the_norm():
     unit = TemplateSettings(detector_score=False, norm_score=False)
     _, pooled = template_features(features, scores, [1, 1, 1], [1, 1, 2], unit)
     assert np.allclose(pooled, [[0.5**0.5, 0.5**0.5]], atol=1e-15)  # [1, 0] + [0, 1]
+
+
+@pytest.mark.parametrize("scale", [2.0**600, 2.0**-700, 1e155])
+def test_huge_or_tiny_detector_scores_pool_as_their_ratios(scale):
+    """A template is unit length: scaling every score by one factor changes nothing (squares
+    of 1e155-weighted features overflow, of 1e-211-weighted ones underflow)."""
+    rng = np.random.default_rng(0)
+    x, scores = rng.standard_normal((40, 8)), rng.uniform(0.1, 1, 40)
+    templates, media = rng.integers(0, 6, 40), rng.integers(0, 3, 40)
+    want = template_features(x, scores, templates, media, TemplateSettings())[1]
+    got = template_features(x, scores * scale, templates, media, TemplateSettings())[1]
+    assert np.allclose(got, want, rtol=0, atol=1e-15)
+    if np.log2(scale).is_integer():  # a power of two: bit for bit
+        assert np.array_equal(got, want)
+
+
+def test_a_template_weighed_zero_by_every_score_is_refused_naming_file_and_column(astronauts):
+    faces = read_template_set(astronauts)
+    zero = replace(faces, scores=np.where(faces.templates == 3, 0.0, faces.scores))
+    with pytest.raises(DataError) as caught:
+        check_weights(zero, TemplateSettings())
+    message = str(caught.value)
+    assert message.startswith(str(zero.meta("_name_5pts_score.txt")))
+    assert "column 12) of template 3 is 0" in message and "--no-detector-score" in message
+    check_weights(zero, OFF)  # unweighted: the scores are not used
+    check_weights(faces, TemplateSettings())
+    # before any embedding: the model is never called
+    warped = WarpedFaces(zero, partial(align_face, template="arcface"), 32, "fixed")
+    with pytest.raises(DataError, match="template 3 is 0"):
+        embed_faces(None, warped, "cpu", TemplateSettings())
 
 
 def test_tar_is_read_at_the_nearest_far_ties_to_the_larger_tar():
