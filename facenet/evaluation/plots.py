@@ -42,9 +42,12 @@ def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | N
 
 
 def plot_tar(result, title: str):
-    """A ``TemplateResult``'s ROC, on a log FAR axis, with the TAR read at each FAR: a Figure."""
+    """A ``TemplateResult``'s ROC, on a log FAR axis, with the TAR read at each FAR its impostor
+    pairs resolve: a Figure."""
     fig, ax = _roc_axes(result.fpr, result.tpr, result.auc, "TAR")
-    ax.plot(list(result.tar), list(result.tar.values()), "s", label="TAR read at each FAR")
+    resolved, n = result.resolved(), result.impostor_pairs
+    label = f"TAR read at each FAR >= 1/{n} ({n} impostor pairs)"
+    ax.plot(list(resolved), list(resolved.values()), "s", label=label)
     ax.set_xscale("log")
     ax.set(xlim=(min(result.tar) / 2, 1.0), title=title)
     ax.legend(loc="upper left")

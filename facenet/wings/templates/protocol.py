@@ -53,8 +53,9 @@ class TemplateSettings(FromAttributes):
 @dataclass(frozen=True)
 class TemplateResult:
     """``template_ids`` (T,) ascending, their unit ``template_features`` (T, D) float64, the
-    pairs' cosine ``scores`` (P,), sklearn's ROC (``fpr``, ``tpr``), its ``auc`` and ``tar``
-    {FAR: TAR}."""
+    pairs' cosine ``scores`` (P,), sklearn's ROC (``fpr``, ``tpr``), its ``auc``, ``tar``
+    {FAR: TAR} read at every FAR as insightface reads it, and the ``impostor_pairs`` counted:
+    they resolve only FARs from 1 / impostor_pairs up (one false accept)."""
 
     template_ids: np.ndarray
     template_features: np.ndarray
@@ -63,6 +64,27 @@ class TemplateResult:
     tpr: np.ndarray
     auc: float
     tar: dict
+    impostor_pairs: int
+
+    def resolved(self) -> dict:
+        """{FAR: TAR} of the FARs the impostor pairs resolve (a FAR below one false accept
+        would read the TAR at a larger FPR)."""
+        return {far: tar for far, tar in self.tar.items() if far * self.impostor_pairs >= 1}
+
+    def tar_at_far(self) -> dict[str, float | str]:
+        """metrics.json's ``tar_at_far``: {"1e-06": TAR, or "not resolved (N impostor pairs
+        resolve FAR >= 1/N)" where the pairs cannot resolve it}."""
+        n, resolved = self.impostor_pairs, self.resolved()
+        unresolved = f"not resolved ({n} impostor pairs resolve FAR >= 1/{n})"
+        return {f"{far:g}": resolved.get(far, unresolved) for far in self.tar}
+
+    def tar_line(self) -> str:
+        """``TAR@FAR=1e-06: not resolved (...)  TAR@FAR=0.1 0.7500``: the figures as printed."""
+        cells = self.tar_at_far().items()
+        return "  ".join(
+            f"TAR@FAR={far} {tar:.4f}" if isinstance(tar, float) else f"TAR@FAR={far}: {tar}"
+            for far, tar in cells
+        )
 
 
 def choose_template(image_size: ImageSize, name: str | None = None) -> str:
@@ -188,4 +210,5 @@ def verify_templates(faces: TemplateSet, features, settings: TemplateSettings) -
     for s in range(0, len(rows), PAIR_CHUNK):
         a, b = pooled[rows[s : s + PAIR_CHUNK, 0]], pooled[rows[s : s + PAIR_CHUNK, 1]]
         scores[s : s + PAIR_CHUNK] = np.einsum("pd,pd->p", a, b)
-    return TemplateResult(ids, pooled, scores, *read_tar(faces.labels, scores))
+    impostors = int(np.count_nonzero(faces.labels == 0))
+    return TemplateResult(ids, pooled, scores, *read_tar(faces.labels, scores), impostors)
