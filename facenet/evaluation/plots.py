@@ -23,10 +23,13 @@ def _roc_axes(fpr, tpr, auc: float, rate: str):
 
 
 def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | None = None):
-    """The full ROC with its AUC, the EER point and the VAL @ FAR point: a Figure."""
+    """The full ROC with its AUC, the EER point and the VAL @ FAR point: a Figure. The VAL
+    point is the mean over the test folds, each at the threshold its training folds chose, so
+    it can lie off the curve of all pairs; its legend entry says so."""
     fig, ax = _roc_axes(result.roc_fpr, result.roc_tpr, result.auc, "VAL")
     ax.plot([result.eer], [1 - result.eer], "o", label=f"EER = {result.eer:.4f}")
-    label = val_at_far_label(result.val, result.far_target, result.far)
+    folds = f"mean of {result.n_folds} test folds at their own thresholds"
+    label = f"{val_at_far_label(result.val, result.far_target, result.far)}:\n{folds}"
     far = max(result.far, 1e-12) if log_scale else result.far  # a log axis has no 0
     ax.plot([far], [result.val], "s", label=label)
     if log_scale:
@@ -42,9 +45,12 @@ def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | N
 
 
 def plot_tar(result, title: str):
-    """A ``TemplateResult``'s ROC, on a log FAR axis, with the TAR read at each FAR: a Figure."""
+    """A ``TemplateResult``'s ROC, on a log FAR axis, with the TAR read at each FAR its impostor
+    pairs resolve: a Figure."""
     fig, ax = _roc_axes(result.fpr, result.tpr, result.auc, "TAR")
-    ax.plot(list(result.tar), list(result.tar.values()), "s", label="TAR read at each FAR")
+    resolved, n = result.resolved(), result.impostor_pairs
+    label = f"TAR read at each FAR >= 1/{n} ({n} impostor pairs)"
+    ax.plot(list(resolved), list(resolved.values()), "s", label=label)
     ax.set_xscale("log")
     ax.set(xlim=(min(result.tar) / 2, 1.0), title=title)
     ax.legend(loc="upper left")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -52,10 +53,10 @@ def verify(
         emb1, emb2 = (embeddings.numpy() for embeddings in found)
         folds = pairs.folds_for(settings.n_folds) if hasattr(pairs, "folds_for") else None
         source = str(getattr(pairs, "source", "") or "pairs")
-    result = _checked(source, evaluate_embeddings, emb1, emb2, pairs.issame, settings, folds)
-    if not return_distances:
-        return result
-    return result, pair_distances(emb1, emb2, metric=settings.distance)
+    distances = pair_distances(emb1, emb2, metric=settings.distance)  # (N,)
+    evaluate = partial(evaluate_embeddings, emb1, emb2, pairs.issame, settings, folds)
+    result = _checked(source, distances, settings, evaluate)
+    return (result, distances) if return_distances else result
 
 
 def verify_distances(
@@ -63,7 +64,8 @@ def verify_distances(
 ) -> VerificationResult:
     """The protocol on (N,) pair distances measured elsewhere, ``source`` naming them."""
     settings = replace(settings, flip=False)  # distances: the unit grids, whatever flip says
-    return _checked(source, evaluate_verification, distances, issame, settings)
+    evaluate = partial(evaluate_verification, distances, issame, settings)
+    return _checked(source, distances, settings, evaluate)
 
 
 # AUC below 0.5 by more than this and three standard errors of chance (Hanley and McNeil's,
@@ -71,24 +73,28 @@ def verify_distances(
 REVERSED_AUC_MARGIN = 0.1
 
 
-def _checked(source: str, protocol, *args) -> VerificationResult:
-    """``protocol(*args)``, its refusal of the data as a DataError naming ``source``; a warning
-    where the threshold grid misses the scores or they rank the wrong way (the figures would
-    be chance or worse without a word)."""
+def _checked(source: str, distances, settings: VerifySettings, evaluate) -> VerificationResult:
+    """``evaluate()`` (the protocol under ``settings``), its refusal of the data as a DataError
+    naming ``source``; a warning where the threshold grid misses the (N,) pair ``distances``
+    (measured without mean subtraction) or they rank the wrong way (the figures would be chance
+    or worse without a word)."""
     try:
-        r = protocol(*args)
+        r = evaluate()
     except DataError:
         raise
     except ValueError as err:  # the protocol checked the pairs: they do not fit, a user matter
         raise DataError(f"{source}: {err}") from None
     missed, passed = 1 - r.tpr[-1], r.fpr[0]  # same pairs above the grid, others below it
     if missed or passed:
+        grid = f"{settings.grid!r} [{r.thresholds[0]:g}, {r.thresholds[-1]:g}]"
         warnings.warn(
             f"{source}: {missed:.1%} of the same-identity pairs lie at or above the top of the "
-            f"{r.distance} threshold grid [{r.thresholds[0]:g}, {r.thresholds[-1]:g}] (no "
-            f"threshold accepts them) and {passed:.1%} of the others below it (every one accepts "
-            "them): were they measured with another --distance, or on raw features (use "
-            "--features unit, or --distance cosine or angular)?",
+            f"{r.distance} threshold grid {grid} (--grid, eval.grid or a --preset) (no "
+            f"threshold accepts them) and {passed:.1%} of "
+            "the others below it (every one accepts them); the distances span "
+            f"[{np.min(distances):.4g}, {np.max(distances):.4g}]: were they measured with another "
+            "--distance, or on raw features (use --features unit, or --distance cosine or "
+            "angular)?",
             stacklevel=3,
         )
     if r.auc < 0.5 - max(REVERSED_AUC_MARGIN, 3 * ((r.n_pairs + 1) / 3) ** 0.5 / r.n_pairs):

@@ -396,7 +396,11 @@ def test_plot_roc_returns_a_figure(tmp_path):
     fig = plot_roc(result, log_scale=True, title="t")
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_title() == "t"
-    assert any("AUC = 0.7500" in t.get_text() for t in ax.get_legend().get_texts())
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("AUC = 0.7500" in text for text in legend)
+    # the VAL point is no point of the all-pairs ROC: its entry says what it is
+    val = "VAL 0.5000 @ FAR 0.25 (achieved 0.2500):\nmean of 2 test folds at their own thresholds"
+    assert val in legend, legend
     fig.savefig(tmp_path / "roc.png", format="png")
     assert (tmp_path / "roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plt.get_fignums() == []  # nothing left open in pyplot

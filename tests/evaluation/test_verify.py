@@ -6,6 +6,7 @@ import json
 import os
 import warnings
 import zipfile
+from functools import partial
 
 import numpy as np
 import pytest
@@ -139,8 +140,13 @@ def test_distances_above_the_threshold_grid_are_warned_about(distance, grid):
     settings = S(distance=distance, grid=grid, n_folds=4)
     top = threshold_grids(settings)[0][-1]
     distances = top + 1.0 + np.where(issame, 0.0, 1.0)  # every one above the grid
-    with pytest.warns(UserWarning, match=f"100.0% of the same-identity .* {distance} threshold"):
+    with pytest.warns(
+        UserWarning, match=f"100.0% of the same-identity .* {distance} threshold"
+    ) as w:
         result = verify_distances(distances, issame, settings)
+    message = str(w[0].message)  # the grid by name and setting, and where the distances lie
+    assert f"grid {grid!r} [" in message and "(--grid, eval.grid or a --preset)" in message
+    assert f"the distances span [{top + 1:.4g}, {top + 2:.4g}]" in message
     assert result.accuracy_mean == 0.5  # what the warning is there for
     inside = np.where(issame, 0.1, 0.2)
     with warnings.catch_warnings():
@@ -173,11 +179,13 @@ def test_a_grid_that_misses_the_scores_is_warned_about_in_every_mode():
     for subtract_mean in (False, True):
         settings = S(n_folds=4, features="raw", subtract_mean=subtract_mean)
         with pytest.warns(UserWarning, match=r"pairs: 100.0% .* --features unit"):
-            result = _checked("pairs", evaluate_embeddings, a, b, issame, settings)
+            evaluate = partial(evaluate_embeddings, a, b, issame, settings)
+            result = _checked("pairs", pair_distances(a, b), settings, evaluate)
         assert result.auc == 1.0 and result.accuracy_mean == 0.5
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a grid of the same scale: no warning
-        _checked("pairs", evaluate_embeddings, a / 20, b / 20, issame, S(n_folds=4))
+        unit = partial(evaluate_embeddings, a / 20, b / 20, issame, S(n_folds=4))
+        _checked("pairs", pair_distances(a / 20, b / 20), S(n_folds=4), unit)
         verify_distances(1 - np.where(issame, 0.9, 0.1), issame, S("cosine", n_folds=4))
 
 

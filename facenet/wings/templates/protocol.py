@@ -53,8 +53,9 @@ class TemplateSettings(FromAttributes):
 @dataclass(frozen=True)
 class TemplateResult:
     """``template_ids`` (T,) ascending, their unit ``template_features`` (T, D) float64, the
-    pairs' cosine ``scores`` (P,), sklearn's ROC (``fpr``, ``tpr``), its ``auc`` and ``tar``
-    {FAR: TAR}."""
+    pairs' cosine ``scores`` (P,), sklearn's ROC (``fpr``, ``tpr``), its ``auc``, ``tar``
+    {FAR: TAR} read at every FAR as insightface reads it, and the ``impostor_pairs`` counted:
+    they resolve only FARs from 1 / impostor_pairs up (one false accept)."""
 
     template_ids: np.ndarray
     template_features: np.ndarray
@@ -63,6 +64,27 @@ class TemplateResult:
     tpr: np.ndarray
     auc: float
     tar: dict
+    impostor_pairs: int
+
+    def resolved(self) -> dict:
+        """{FAR: TAR} of the FARs the impostor pairs resolve (a FAR below one false accept
+        would read the TAR at a larger FPR)."""
+        return {far: tar for far, tar in self.tar.items() if far * self.impostor_pairs >= 1}
+
+    def tar_at_far(self) -> dict[str, float | str]:
+        """metrics.json's ``tar_at_far``: {"1e-06": TAR, or "not resolved (N impostor pairs
+        resolve FAR >= 1/N)" where the pairs cannot resolve it}."""
+        n, resolved = self.impostor_pairs, self.resolved()
+        unresolved = f"not resolved ({n} impostor pairs resolve FAR >= 1/{n})"
+        return {f"{far:g}": resolved.get(far, unresolved) for far in self.tar}
+
+    def tar_line(self) -> str:
+        """``TAR@FAR=1e-06: not resolved (...)  TAR@FAR=0.1 0.7500``: the figures as printed."""
+        cells = self.tar_at_far().items()
+        return "  ".join(
+            f"TAR@FAR={far} {tar:.4f}" if isinstance(tar, float) else f"TAR@FAR={far}: {tar}"
+            for far, tar in cells
+        )
 
 
 def choose_template(image_size: ImageSize, name: str | None = None) -> str:
@@ -107,9 +129,26 @@ class WarpedFaces(torch.utils.data.Dataset):
         return self.standardise(crop)
 
 
+def check_weights(faces: TemplateSet, settings: TemplateSettings) -> None:
+    """Refuse detector scores that weigh every face of a template by 0: its pooled feature would
+    be zero and each of its pairs would score 0 whatever the model."""
+    if not settings.detector_score:
+        return
+    ids, t = np.unique(faces.templates, return_inverse=True)
+    weighed = np.bincount(t, weights=faces.scores > 0, minlength=len(ids))  # (T,) faces > 0
+    if not weighed.all():
+        raise DataError(
+            f"{faces.meta(LANDMARKS)}: every detector score (column 12) of template "
+            f"{ids[np.argmin(weighed)]} is 0, so it would pool to zero; give "
+            "--no-detector-score or fix the scores"
+        )
+
+
 def embed_faces(model, faces: WarpedFaces, device, settings: TemplateSettings) -> np.ndarray:
     """(N, D) float32 feature of every face (image and mirror added with ``flip_test``), the
-    faces read by ``settings.workers`` processes (0: this one)."""
+    faces read by ``settings.workers`` processes (0: this one); detector scores that would pool
+    a template to zero are refused first (:func:`check_weights`), before hours of embedding."""
+    check_weights(faces.faces, settings)
     loader = torch.utils.data.DataLoader(
         faces, batch_size=settings.batch_size, num_workers=settings.workers
     )
@@ -141,7 +180,11 @@ def template_features(features, scores, templates, media, settings: TemplateSett
     if not settings.norm_score:
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), np.finfo(float).tiny)
     if settings.detector_score:
-        x *= np.asarray(scores, dtype=np.float64)[order, None]
+        weights = np.asarray(scores, dtype=np.float64)[order]
+        # scaled by a power of two, exactly: a template is made unit length, so only the scores'
+        # ratios count, and weights near 1 keep the sums of squares from overflowing (1e155)
+        # or underflowing (1e-200)
+        x *= np.ldexp(weights, -np.frexp(weights.max(initial=0.0))[1])[:, None]
     starts = np.flatnonzero(np.r_[True, (t[1:] != t[:-1]) | (m[1:] != m[:-1])])
     counts = np.diff(np.r_[starts, len(t)])
     means = np.add.reduceat(x, starts) / counts[:, None]  # (M, D) one row per media
@@ -167,4 +210,5 @@ def verify_templates(faces: TemplateSet, features, settings: TemplateSettings) -
     for s in range(0, len(rows), PAIR_CHUNK):
         a, b = pooled[rows[s : s + PAIR_CHUNK, 0]], pooled[rows[s : s + PAIR_CHUNK, 1]]
         scores[s : s + PAIR_CHUNK] = np.einsum("pd,pd->p", a, b)
-    return TemplateResult(ids, pooled, scores, *read_tar(faces.labels, scores))
+    impostors = int(np.count_nonzero(faces.labels == 0))
+    return TemplateResult(ids, pooled, scores, *read_tar(faces.labels, scores), impostors)

@@ -25,8 +25,10 @@ from facenet.wings.align.aligner import align_face
 from facenet.wings.templates.ijb import read_template_set
 from facenet.wings.templates.protocol import (
     FARS,
+    TemplateResult,
     TemplateSettings,
     WarpedFaces,
+    check_weights,
     choose_template,
     embed_faces,
     read_tar,
@@ -71,6 +73,36 @@ def test_detector_scores_weight_and_unit_features_drop_the_norm():
     assert np.allclose(pooled, [[0.5**0.5, 0.5**0.5]], atol=1e-15)  # [1, 0] + [0, 1]
 
 
+@pytest.mark.parametrize("scale", [2.0**600, 2.0**-700, 1e155])
+def test_huge_or_tiny_detector_scores_pool_as_their_ratios(scale):
+    """A template is unit length: scaling every score by one factor changes nothing (squares
+    of 1e155-weighted features overflow, of 1e-211-weighted ones underflow)."""
+    rng = np.random.default_rng(0)
+    x, scores = rng.standard_normal((40, 8)), rng.uniform(0.1, 1, 40)
+    templates, media = rng.integers(0, 6, 40), rng.integers(0, 3, 40)
+    want = template_features(x, scores, templates, media, TemplateSettings())[1]
+    got = template_features(x, scores * scale, templates, media, TemplateSettings())[1]
+    assert np.allclose(got, want, rtol=0, atol=1e-15)
+    if np.log2(scale).is_integer():  # a power of two: bit for bit
+        assert np.array_equal(got, want)
+
+
+def test_a_template_weighed_zero_by_every_score_is_refused_naming_file_and_column(astronauts):
+    faces = read_template_set(astronauts)
+    zero = replace(faces, scores=np.where(faces.templates == 3, 0.0, faces.scores))
+    with pytest.raises(DataError) as caught:
+        check_weights(zero, TemplateSettings())
+    message = str(caught.value)
+    assert message.startswith(str(zero.meta("_name_5pts_score.txt")))
+    assert "column 12) of template 3 is 0" in message and "--no-detector-score" in message
+    check_weights(zero, OFF)  # unweighted: the scores are not used
+    check_weights(faces, TemplateSettings())
+    # before any embedding: the model is never called
+    warped = WarpedFaces(zero, partial(align_face, template="arcface"), 32, "fixed")
+    with pytest.raises(DataError, match="template 3 is 0"):
+        embed_faces(None, warped, "cpu", TemplateSettings())
+
+
 def test_tar_is_read_at_the_nearest_far_ties_to_the_larger_tar():
     impostors = np.arange(20) / 20  # FPR moves in steps of 0.05
     scores = np.r_[0.97, 0.93, 0.88, 0.5, impostors]
@@ -80,6 +112,38 @@ def test_tar_is_read_at_the_nearest_far_ties_to_the_larger_tar():
     assert tar == {**dict.fromkeys(FARS, 0.25), 0.1: 0.75}
     # genuine above impostors, counted pair by pair; 0.5 ties the impostor 0.5: half a pair
     assert auc == pytest.approx((20 + 19 + 18 + 10.5) / 80, abs=1e-15)
+
+
+def test_an_equidistant_tie_reads_the_later_point_as_eval_ijbc_does():
+    """eval_ijbc.py flips sklearn's curve (``np.flipud``) and takes the first minimum of
+    |FPR - FAR| there: of two points equally far from the FAR, the later one of sklearn's order
+    (the larger FPR and TAR), not numpy's argmin on the unflipped curve."""
+    scores = np.r_[0.9, 0.8, 0.7, 0.6, 0.75, 0.4, 0.3, 0.2, 0.1]  # one impostor amid them
+    labels = np.r_[1, 1, 1, 1, np.zeros(5, int)]
+    fpr, tpr, _, tar = read_tar(labels, scores)
+    near = np.flatnonzero(np.abs(fpr - 0.1) == np.abs(fpr - 0.1).min())  # 0.1 from FAR 0.1
+    assert set(fpr[near].tolist()) == {0.0, 0.2} and tpr[near].tolist() == [0, 0.25, 0.5, 0.5, 1]
+    assert tar[0.1] == 1.0 and tpr[np.argmin(np.abs(fpr - 0.1))] == 0.0
+
+
+def _result(tar: dict, impostors: int) -> TemplateResult:
+    empty = np.zeros(0)
+    return TemplateResult(empty, empty, empty, empty, empty, 0.9, tar, impostors)
+
+
+def test_a_far_below_one_false_accept_is_not_resolved():
+    result = _result(dict(zip(FARS, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])), impostors=10_000)
+    assert result.resolved() == {1e-4: 0.3, 1e-3: 0.4, 1e-2: 0.5, 1e-1: 0.6}
+    note = "not resolved (10000 impostor pairs resolve FAR >= 1/10000)"
+    resolved = {"0.0001": 0.3, "0.001": 0.4, "0.01": 0.5, "0.1": 0.6}
+    assert result.tar_at_far() == {"1e-06": note, "1e-05": note, **resolved}
+    line = result.tar_line()
+    assert line.startswith(f"TAR@FAR=1e-06: {note}  TAR@FAR=1e-05: {note}  TAR@FAR=0.0001 0.3000")
+    assert line.endswith("TAR@FAR=0.1 0.6000")
+    few = _result(dict(zip(FARS, [0.1] * 6)), impostors=9)  # 1/9 > 0.1: nothing resolved
+    assert few.resolved() == {} and set(few.tar_at_far().values()) == {
+        "not resolved (9 impostor pairs resolve FAR >= 1/9)"
+    }
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -163,6 +227,17 @@ def _raw_feature(trained, image, points):
         return model.embedding.prelogits(model.backbone(both)).sum(0).numpy()
 
 
+def _assert_same_tar(recomputed: dict, written: dict) -> None:
+    """metrics.json's TAR figures equal the script's to 1e-9; a FAR the pairs do not resolve
+    is written as a text saying so."""
+    assert recomputed.keys() == written.keys()
+    for far, tar in recomputed.items():
+        if isinstance(written[far], str):
+            assert written[far].startswith("not resolved")
+        else:
+            assert abs(tar - written[far]) <= 1e-9
+
+
 def test_evaluate_ijb_figures_recompute_from_the_features_file(tiny_run, astronauts, tmp_path,
                                                                capsys, one_thread):  # fmt: skip
     out = tmp_path / "out"
@@ -179,8 +254,7 @@ def test_evaluate_ijb_figures_recompute_from_the_features_file(tiny_run, astrona
     )
     for figures in (again, from_pairs):
         assert figures["tar_at_far"].keys() == metrics["tar_at_far"].keys()
-        for far, tar in figures["tar_at_far"].items():
-            assert abs(tar - metrics["tar_at_far"][far]) <= 1e-9
+        _assert_same_tar(figures["tar_at_far"], metrics["tar_at_far"])
         assert abs(figures["auc"] - metrics["auc"]) <= 1e-9
     saved = np.load(out / "features.npz")
     assert np.allclose(again["scores"], saved["scores"], rtol=0, atol=1e-12)
@@ -217,7 +291,7 @@ def test_each_flag_changes_what_it_says(tiny_run, astronauts, tmp_path, one_thre
         runs[tuple(flags)] = np.load(out / "features.npz")
         figures = _script().recompute(out / "features.npz")
         written = json.loads((out / "metrics.json").read_text())
-        assert figures["tar_at_far"] == pytest.approx(written["tar_at_far"], abs=1e-9)
+        _assert_same_tar(figures["tar_at_far"], written["tar_at_far"])
     default, pooled_off, unflipped = runs.values()
     assert np.array_equal(default["image_features"], pooled_off["image_features"])
     assert not np.allclose(default["template_features"], pooled_off["template_features"])
