@@ -21,6 +21,7 @@ from facenet.wings.after_training.identify import (
     match,
     read_threshold,
 )
+from facenet.wings.publishers.insightface_bin import BIN_PREPROCESS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -344,7 +345,10 @@ def test_identify_without_a_threshold_is_one_line(tmp_path, capsys):
 
 
 def test_identify_takes_a_set_threshold_of_evaluate_bin(tmp_path, capsys):
-    gallery = embedded(tmp_path / "g.npz")
+    """A set's threshold, named with --set, for embeddings prepared as the set's images were
+    (resized whole); a file written before records said "resize" for them: refused all the
+    same for facenet-embed's resize-and-crop, naming both."""
+    gallery = embedded(tmp_path / "g.npz", preprocess=BIN_PREPROCESS)
     sets = {
         name: {"threshold": t, "distance": "squared"} for name, t in (("lfw", 0.5), ("cfp", 0.7))
     }
@@ -354,6 +358,12 @@ def test_identify_takes_a_set_threshold_of_evaluate_bin(tmp_path, capsys):
     argv += ["--metrics", str(tmp_path / "m.json"), "--overwrite"]  # each run replaces the last
     assert identify_script.main([*argv, "--set", "cfp"]) == 0
     assert capsys.readouterr().out.startswith("threshold: 0.7000 (squared distance; weights aaaa")
+    resized = embedded(tmp_path / "r.npz")
+    both = ["--gallery", str(resized), "--probes", str(resized)]
+    assert identify_script.main([*argv, "--set", "cfp", *both]) == 2
+    err = capsys.readouterr().err
+    assert "preprocessing: chosen with 'resize-whole', here 'resize'" in err
+    assert len(err.splitlines()) == 1
     for wrong in ([], ["--set", "agedb"]):  # two sets: one must be named, and be one of them
         assert identify_script.main([*argv, *wrong]) == 2
         assert "name one of its sets (lfw, cfp) with --set" in capsys.readouterr().err
