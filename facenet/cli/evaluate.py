@@ -66,7 +66,7 @@ from facenet.wings.align.aligner import align_face
 from facenet.wings.align.presets import TEMPLATES
 from facenet.wings.audit.pair_errors import error_sheet
 from facenet.wings.audit.sheets import write_png
-from facenet.wings.publishers.insightface_bin import read_bin
+from facenet.wings.publishers.insightface_bin import BIN_PREPROCESS, read_bin
 from facenet.wings.retrieval import retrieval_metrics
 from facenet.wings.templates.ijb import read_template_set
 from facenet.wings.templates.protocol import (
@@ -288,6 +288,7 @@ def _bin_sets(args: argparse.Namespace) -> tuple[dict, dict]:
     data = load_config(args.config).data if args.config else DataConfig()
     limits = (data.max_image_pixels, data.max_aspect_ratio)  # data.*: the config's, if given
     measure, threshold_for = _embedding_setup(args)
+    threshold_for["preprocess"] = BIN_PREPROCESS  # the sets' own, whatever --preprocess says
     results, sets = {}, {}
     for name, path in paths.items():
         pairs = read_bin(path, args.n_folds, limits)

@@ -22,7 +22,13 @@ from facenet.cli.embed import add_threshold_arguments, model_threshold
 from facenet.distributed import set_threads
 from facenet.files import check_not_inputs
 from facenet.sizes import image_hw
-from facenet.wings.after_training.export import CHECK_BATCH, FORMATS, PARITY_TOLERANCE, export_model
+from facenet.wings.after_training.export import (
+    CHECK_BATCH,
+    FORMATS,
+    ONNX_NAMES,
+    PARITY_TOLERANCE,
+    export_model,
+)
 from facenet.wings.after_training.loading import load_model
 
 
@@ -49,9 +55,10 @@ def _export(args: argparse.Namespace) -> None:
     trained.verification = {} if threshold is None else threshold.to_dict()
     diff = export_model(trained, args.format, args.out, args.tolerance)
     height, width = image_hw(trained.image_size)
+    images, embeddings = ONNX_NAMES  # the ONNX graph's names; the other formats' positions
     print(
-        f"wrote {Path(args.out)} ({args.format}: images (B, 3, {height}, {width}) -> embeddings "
-        f"(B, {trained.embedding_dim}))"
+        f"wrote {Path(args.out)} ({args.format}: {images} (B, 3, {height}, {width}) -> "
+        f"{embeddings} (B, {trained.embedding_dim}))"
     )
     print(line)
     if args.format != "weights":

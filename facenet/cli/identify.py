@@ -5,9 +5,11 @@ in order: ``--threshold`` (with ``--distance``), the one in ``--metrics`` (facen
 metrics.json, of set ``--set`` after ``--bin``, or its deployable threshold ``--threshold-at
 far_1e-3``; or a run's summary.json), or the one recorded in the gallery file; a stored one is
 used only when chosen for the gallery's weights, flip setting and preprocessing, without mean
-subtraction. Writes ``matches.csv`` and ``identification.json``
-into ``--out``; prints rank-1, detection-and-identification and open-set rejection rates for
-labelled probes.
+subtraction. A gallery or probe file that does not say which weights embedded it (no
+``weights_sha256``: an older facenet-embed's, or written by hand) is refused unless
+``--allow-unverified``: nothing else shows that both files come from one model. Writes
+``matches.csv`` and ``identification.json`` into ``--out``; prints rank-1,
+detection-and-identification and open-set rejection rates for labelled probes.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gallery", required=True, help="facenet-embed file of identity folders")
     parser.add_argument("--probes", required=True, help="facenet-embed file of the probe images")
     add_threshold_arguments(parser, recorded=False)
+    parser.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="accept a gallery or probe file that does not say which weights embedded it",
+    )
     add_out_arguments(parser, "folder for the results", "runs/identify")
     add_threads_argument(parser)
     return parser
@@ -98,8 +105,16 @@ def provenance(arrays: dict) -> dict:
 
 def check_same_making(gallery: dict, probes: dict, args) -> None:
     """Gallery and probes embedded by the same weights with the same flip setting, where
-    both files say; distances between embeddings of different models mean nothing."""
+    both files say; each must say which weights, unless ``--allow-unverified``: distances
+    between embeddings of different models mean nothing."""
     ours, theirs = provenance(gallery), provenance(probes)
+    for flag, path, made in (("--gallery", args.gallery, ours), ("--probes", args.probes, theirs)):
+        if not (made["weights_sha256"] or args.allow_unverified):
+            raise DataError(
+                f"{flag} {path} does not say which weights embedded it (no weights_sha256: an "
+                "older facenet-embed's file, or one written by hand): embed it again with "
+                "facenet-embed, or give --allow-unverified to match it anyway"
+            )
     for key in MADE_WITH:  # load_embeddings checked their kinds
         if None not in (ours[key], theirs[key]) and ours[key] != theirs[key]:
             raise DataError(

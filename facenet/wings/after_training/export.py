@@ -1,6 +1,7 @@
 """Exporting a trained network (images (B, 3, H, W) -> embeddings (B, D), batch dynamic).
 
-``onnx`` (``torch.onnx.export(dynamo=True)``, checked with onnxruntime: the ``export`` extra),
+``onnx`` (``torch.onnx.export(dynamo=True)``, checked with onnxruntime: the ``export`` extra;
+the graph's input is named ``images`` and its output ``embeddings``, :data:`ONNX_NAMES`),
 ``pt2`` (``torch.export``: ``torch.export.load(path).module()``) or ``weights`` (``model.pt``,
 :mod:`facenet.wings.after_training.loading`). Each carries the preprocessing and the threshold (ONNX
 metadata, a ``facenet.json`` extra file in the ``.pt2``). The file is built in memory, run on a
@@ -33,6 +34,8 @@ _TRACE_BATCH, CHECK_BATCH = 2, 3
 PARITY_TOLERANCE = 1e-4
 EXTRA_FILE = "facenet.json"
 _DYNAMIC_BATCH = ({0: torch.export.Dim("batch", min=1)},)  # of the images, argument 0
+# The ONNX graph's (input, output) names: what facenet-export prints and a runtime feeds.
+ONNX_NAMES = ("images", "embeddings")
 
 
 class ExportError(FacenetError):
@@ -56,7 +59,13 @@ def _export_onnx(trained: TrainedModel, example: torch.Tensor) -> bytes:
             "ONNX export needs the export extra: pip install 'facenet-triplet[export]'"
         )
     program = torch.onnx.export(
-        trained.model, (example,), dynamo=True, dynamic_shapes=_DYNAMIC_BATCH, verbose=False
+        trained.model,
+        (example,),
+        dynamo=True,
+        dynamic_shapes=_DYNAMIC_BATCH,
+        input_names=ONNX_NAMES[:1],
+        output_names=ONNX_NAMES[1:],
+        verbose=False,
     )
     proto = program.model_proto
     for key, value in _metadata(trained).items():
@@ -66,8 +75,8 @@ def _export_onnx(trained: TrainedModel, example: torch.Tensor) -> bytes:
 
 def _run_onnx(data: bytes, images: torch.Tensor) -> torch.Tensor:
     session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
-    feed = {session.get_inputs()[0].name: images.numpy()}
-    return torch.from_numpy(np.asarray(session.run(None, feed)[0]))
+    feed = {ONNX_NAMES[0]: images.numpy()}
+    return torch.from_numpy(np.asarray(session.run([ONNX_NAMES[1]], feed)[0]))
 
 
 def _export_pt2(trained: TrainedModel, example: torch.Tensor) -> bytes:

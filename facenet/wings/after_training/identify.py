@@ -20,6 +20,7 @@ from facenet.errors import DataError
 from facenet.evaluation.report import ThresholdRecord
 from facenet.files import read_json
 from facenet.metric.distances import DISTANCE_NAMES, pairwise_distance
+from facenet.wings.publishers.insightface_bin import BIN_PREPROCESS
 
 _PROBE_BLOCK = 4096  # probes per (block, G) distance matrix: bounded memory for large galleries
 _NAMED_ROWS = 5  # rows named in a message about non-finite embeddings
@@ -143,7 +144,10 @@ def read_threshold(
         name = set_name or (next(iter(sets)) if len(sets) == 1 else None)
         if not isinstance(sets.get(name), dict):
             raise DataError(f"{path}: name one of its sets ({', '.join(sets)}) with --set")
-        record = {**sets[name], "threshold_for": record.get("threshold_for")}
+        given = record.get("threshold_for")
+        # a set's images were resized whole, also where a file written before said "resize"
+        given = {**given, "preprocess": BIN_PREPROCESS} if isinstance(given, dict) else given
+        record = {**sets[name], "threshold_for": given}
     elif set_name is not None:
         raise DataError(f"{path}: --set {set_name}, but it holds no sets (evaluate --bin's)")
     if not isinstance(record, dict):

@@ -7,7 +7,8 @@ loading, so these files are read by :class:`BinUnpickler`, which admits no globa
 :func:`check_pickle_lengths` has refused lengths the file cannot hold; the counts, the folds
 and images repeated by reference are refused before any image is decoded. Images are decoded
 when a batch needs them by :func:`facenet.data.images.decode_image_bytes` (a damaged one is a
-:class:`BinFormatError` naming the set, image and pair), resized whole and standardised.
+:class:`BinFormatError` naming the set, image and pair), resized whole and standardised: the
+preparation :data:`BIN_PREPROCESS`, which a threshold chosen on a set records.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from facenet.sizes import ImageSize, image_hw
 MAX_BIN_BYTES = 8 * 2**30
 # 14 times the largest public set (cfp_fp, 7000 pairs): bounds the images a file makes us embed.
 MAX_BIN_PAIRS = 100_000
+# The preparation of a set's images (resized whole, no crop), as a threshold record names it:
+# not facenet-embed's "resize" (cover 1.125 x the input, centre crop), so facenet-identify
+# refuses a set's threshold for a folder's embeddings.
+BIN_PREPROCESS = "resize-whole"
 # Opcodes storing into the memo at the index they name (the unpickler grows its memo to it).
 _MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
@@ -180,7 +185,7 @@ def read_bin(
 
 class BinImages(torch.utils.data.Dataset):
     """The images of a ``.bin`` file, each decoded (within ``pairs.limits``) into the model's
-    input (3, S_h, S_w)."""
+    input (3, S_h, S_w), prepared as :data:`BIN_PREPROCESS` names."""
 
     def __init__(self, pairs: BinPairs, image_size: ImageSize, normalize: str = "fixed"):
         self.pairs = pairs

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +20,8 @@ from facenet.wings.after_training.loading import load_model, save_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
+ROOT = Path(__file__).resolve().parents[3]
+
 
 def real_images(tiny_run, trained, count: int) -> torch.Tensor:
     """(count, 3, S, S) held-out faces prepared as the evaluation does."""
@@ -32,21 +36,54 @@ def eager(trained, images: torch.Tensor) -> np.ndarray:
 
 
 def test_onnx_runs_in_onnxruntime_at_any_batch_size(tiny_run, tmp_path, capsys):
+    """The graph's input and output carry the names the command prints, and onnxruntime fed
+    by those names gives the eager model's embeddings."""
     out = tmp_path / "model.onnx"
     argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--format", "onnx", "--out", str(out)]
     assert export_script.main(argv) == 0
     printed = capsys.readouterr().out
     assert "parity: max |exported - eager| = " in printed and "limit 0.0001" in printed
+    shapes = re.search(r"onnx: (\w+) \(B, 3, 32, 32\) -> (\w+) \(B, 128\)", printed)
+    assert shapes, printed
+    images_name, embeddings_name = shapes.groups()
+    graph = onnx.load(str(out)).graph
+    assert [i.name for i in graph.input] == [images_name] == ["images"]
+    assert [o.name for o in graph.output] == [embeddings_name] == ["embeddings"]
     trained = load_model(tiny_run["checkpoint"])
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
+    assert session.get_inputs()[0].shape == ["batch", 3, 32, 32]
     for batch in (1, 5):  # traced at 2: the batch dimension is dynamic
         images = real_images(tiny_run, trained, batch)
-        got = session.run(None, {name: images.numpy()})[0]
+        got = session.run([embeddings_name], {images_name: images.numpy()})[0]
         assert got.shape == (batch, 128)
         assert np.abs(got - eager(trained, images)).max() <= 1e-4
     meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     assert meta["image_size"] == "32" and meta["normalize"] == "fixed"
+
+
+def docs_snippet() -> str:
+    """The onnxruntime snippet of docs/models.md."""
+    text = (ROOT / "docs" / "models.md").read_text()
+    section = text.split("## Running an ONNX export without this package", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_onnxruntime_snippet_gives_the_embeddings(tiny_run, tmp_path):
+    """docs/models.md's snippet, run on a held-out face against the exported file, gives the
+    eager model's embedding of facenet-embed's preparation (up to Pillow's 8-bit resize)."""
+    out = tmp_path / "model.onnx"
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--format", "onnx", "--out", str(out)]
+    assert export_script.main(argv) == 0
+    trained = load_model(tiny_run["checkpoint"])
+    face = list_images(tiny_run["heldout"])[0][0]
+    code = docs_snippet().replace('"model.onnx"', repr(str(out))).replace('"face.png"', repr(face))
+    namespace = {}
+    exec(code, namespace)
+    want = eager(trained, trained.transform()(read_image(face))[None])[0]  # (D,)
+    got = namespace["embedding"]
+    assert got.shape == want.shape and abs(np.linalg.norm(got) - 1) < 1e-5
+    # measured 0.9999998; BGR order instead of RGB gives 0.989 on these faces
+    assert float(got @ want) > 0.9999, float(got @ want)
 
 
 def test_pt2_loads_with_torch_export_at_any_batch_size(tiny_run, tmp_path, capsys):

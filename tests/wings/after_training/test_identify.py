@@ -21,6 +21,7 @@ from facenet.wings.after_training.identify import (
     match,
     read_threshold,
 )
+from facenet.wings.publishers.insightface_bin import BIN_PREPROCESS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -104,6 +105,8 @@ def embedded(path: Path, flip=False, weights="a" * 64, preprocess="resize", **ex
         "weights_sha256": np.array(weights),
     }
     arrays.update(extra)
+    if weights is None:  # an older facenet-embed's file, or one written by hand
+        del arrays["weights_sha256"]
     np.savez(path, **arrays)
     return path
 
@@ -222,7 +225,7 @@ def test_non_finite_embeddings_are_refused_by_row_and_file(tmp_path, capsys, whi
     ],
 )
 def test_odd_npz_files_are_one_error_line(tmp_path, capsys, arrays, says):
-    np.savez(tmp_path / "odd.npz", **arrays)
+    np.savez(tmp_path / "odd.npz", weights_sha256="a" * 64, **arrays)
     good = embedded(tmp_path / "good.npz")
     for gallery, probes in ((tmp_path / "odd.npz", good), (good, tmp_path / "odd.npz")):
         argv = ["--gallery", str(gallery), "--probes", str(probes), "--out", str(tmp_path / "o")]
@@ -256,6 +259,28 @@ def test_gallery_and_probes_of_different_weights_or_flip_are_refused(tmp_path, c
         argv = ["--gallery", str(gallery), "--probes", str(other), "--threshold", "1"]
         assert identify_script.main([*argv, "--out", str(tmp_path / "o")]) == 2
         assert "embed both the same way" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("unverified", ["gallery", "probes", "both"])
+def test_a_file_without_a_weights_hash_is_refused_unless_allowed(tmp_path, capsys, unverified):
+    """A file that does not say which weights embedded it would match any gallery: refused in
+    one line naming it, unless --allow-unverified."""
+    files = {
+        name: embedded(
+            tmp_path / f"{name}.npz", weights=None if unverified in (name, "both") else "a" * 64
+        )
+        for name in ("gallery", "probes")
+    }
+    argv = ["--gallery", str(files["gallery"]), "--probes", str(files["probes"])]
+    argv += ["--threshold", "1", "--out", str(tmp_path / "o")]
+    assert identify_script.main(argv) == 2
+    err = capsys.readouterr().err
+    named = "gallery" if unverified == "both" else unverified
+    assert err.startswith(f"error: --{named} {files[named]} does not say which weights")
+    assert "--allow-unverified" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+    assert identify_script.main([*argv, "--allow-unverified"]) == 0
+    assert "2 probes: 2 matched" in capsys.readouterr().out
 
 
 def split_gallery_and_probes(source: Path, tmp_path: Path) -> tuple[Path, Path]:
@@ -310,7 +335,8 @@ def test_identify_end_to_end_on_the_synthetic_identities(tiny_run, tmp_path, cap
 
 
 def test_identify_without_a_threshold_is_one_line(tmp_path, capsys):
-    np.savez(tmp_path / "g.npz", embeddings=np.eye(2, dtype=np.float32), labels=["a", "b"])
+    gallery = dict(embeddings=np.eye(2, dtype=np.float32), labels=["a", "b"])
+    np.savez(tmp_path / "g.npz", **gallery, weights_sha256="a" * 64)
     argv = ["--gallery", str(tmp_path / "g.npz"), "--probes", str(tmp_path / "g.npz")]
     assert identify_script.main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.startswith("error: no threshold: give --threshold")
@@ -319,7 +345,10 @@ def test_identify_without_a_threshold_is_one_line(tmp_path, capsys):
 
 
 def test_identify_takes_a_set_threshold_of_evaluate_bin(tmp_path, capsys):
-    gallery = embedded(tmp_path / "g.npz")
+    """A set's threshold, named with --set, for embeddings prepared as the set's images were
+    (resized whole); a file written before records said "resize" for them: refused all the
+    same for facenet-embed's resize-and-crop, naming both."""
+    gallery = embedded(tmp_path / "g.npz", preprocess=BIN_PREPROCESS)
     sets = {
         name: {"threshold": t, "distance": "squared"} for name, t in (("lfw", 0.5), ("cfp", 0.7))
     }
@@ -329,6 +358,12 @@ def test_identify_takes_a_set_threshold_of_evaluate_bin(tmp_path, capsys):
     argv += ["--metrics", str(tmp_path / "m.json"), "--overwrite"]  # each run replaces the last
     assert identify_script.main([*argv, "--set", "cfp"]) == 0
     assert capsys.readouterr().out.startswith("threshold: 0.7000 (squared distance; weights aaaa")
+    resized = embedded(tmp_path / "r.npz")
+    both = ["--gallery", str(resized), "--probes", str(resized)]
+    assert identify_script.main([*argv, "--set", "cfp", *both]) == 2
+    err = capsys.readouterr().err
+    assert "preprocessing: chosen with 'resize-whole', here 'resize'" in err
+    assert len(err.splitlines()) == 1
     for wrong in ([], ["--set", "agedb"]):  # two sets: one must be named, and be one of them
         assert identify_script.main([*argv, *wrong]) == 2
         assert "name one of its sets (lfw, cfp) with --set" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from facenet.evaluation.verify import verify
 from facenet.wings.after_training.identify import read_threshold
 from facenet.wings.after_training.loading import load_model
 from facenet.wings.after_training.thresholds import deployable_thresholds, far_key
-from facenet.wings.publishers.insightface_bin import read_bin
+from facenet.wings.publishers.insightface_bin import BIN_PREPROCESS, read_bin
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -274,9 +274,9 @@ def test_embed_takes_a_metrics_threshold_only_alone():
         model_threshold(None, at_hand, Namespace(**none, metrics=None, threshold_at="far_1e-3"))
 
 
-def test_each_bin_set_gets_its_own(tiny_run, tmp_path):
-    # a .bin of held-out faces: (encoded images, issame), pair i is images 2i and 2i + 1
-    paths, labels = list_images(tiny_run["heldout"])
+def write_mini_bin(heldout, path) -> None:
+    """A .bin of held-out faces: (encoded images, issame), pair i is images 2i and 2i + 1."""
+    paths, labels = list_images(heldout)
     by_id = [[p for p, lab in zip(paths, labels) if lab == name] for name in sorted(set(labels))]
     images, issame = [], []
     for i in range(20):  # alternating: same (two images of one identity), different
@@ -284,7 +284,11 @@ def test_each_bin_set_gets_its_own(tiny_run, tmp_path):
         pair = (a[0], a[1]) if i % 2 == 0 else (a[0], b[0])
         images += [encode_png(read_image(path)).numpy().tobytes() for path in pair]
         issame.append(i % 2 == 0)
-    (tmp_path / "mini.bin").write_bytes(pickle.dumps((images, issame)))
+    path.write_bytes(pickle.dumps((images, issame)))
+
+
+def test_each_bin_set_gets_its_own(tiny_run, tmp_path):
+    write_mini_bin(tiny_run["heldout"], tmp_path / "mini.bin")
     out = tmp_path / "out"
     argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--bin", str(tmp_path / "mini.bin")]
     assert evaluate.main([*argv, "--folds", "2", "--out", str(out)]) == 0
@@ -295,3 +299,31 @@ def test_each_bin_set_gets_its_own(tiny_run, tmp_path):
     assert got == {**deployable_thresholds(d, pairs.issame, settings), "subtract_mean": False}
     record = read_threshold(out / "metrics.json", "mini", "far_1e-4")
     assert record.value == got["far_1e-4"]["threshold"] and record.subtract_mean is False
+
+
+def test_a_bin_sets_threshold_names_its_own_preparation(tiny_run, tmp_path, capsys):
+    """A .bin set's faces are resized whole, not resized and cropped as facenet-embed prepares
+    a folder: its thresholds say so (whatever --preprocess), and facenet-embed and
+    facenet-identify refuse them for a folder's embeddings in one line naming both."""
+    write_mini_bin(tiny_run["heldout"], tmp_path / "mini.bin")
+    checkpoint = str(tiny_run["checkpoint"])
+    argv = ["--checkpoint", checkpoint, "--bin", str(tmp_path / "mini.bin"), "--folds", "2"]
+    for preprocess in ("resize", "crop"):
+        out = tmp_path / preprocess
+        assert evaluate.main([*argv, "--preprocess", preprocess, "--out", str(out)]) == 0
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["threshold_for"]["preprocess"] == BIN_PREPROCESS == "resize-whole"
+    metrics_at = ["--metrics", str(tmp_path / "resize" / "metrics.json"), "--threshold-at"]
+    embed_argv = ["--checkpoint", checkpoint, "--images", str(tiny_run["heldout"]), "--no-progress"]
+    gallery = tmp_path / "gallery.npz"
+    capsys.readouterr()
+    assert embed.main([*embed_argv, *metrics_at, "far_1e-3", "--out", str(tmp_path / "x")]) == 2
+    assert "preprocessing: chosen with 'resize-whole', here 'resize'" in capsys.readouterr().err
+    assert embed.main([*embed_argv, "--no-threshold", "--out", str(gallery)]) == 0
+    ident = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "id")]
+    for at in ([], [*metrics_at, "accuracy"]):
+        capsys.readouterr()
+        assert identify.main([*ident, *(at or metrics_at[:2])]) == 2
+        err = capsys.readouterr().err
+        assert "preprocessing: chosen with 'resize-whole', here 'resize'" in err
+        assert err.startswith("error: the stored threshold") and len(err.splitlines()) == 1
