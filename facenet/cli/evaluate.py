@@ -262,8 +262,10 @@ def _settings_line(args: argparse.Namespace, trained) -> str:
 
 
 def _load(args: argparse.Namespace) -> tuple:
-    """(the checkpoint's ``TrainedModel``, its network on ``--device``, the device)."""
+    """(the checkpoint's ``TrainedModel``, its network on ``--device``, the device), with the
+    settings of its run where they apply (:func:`_apply_run_settings`)."""
     trained, device = load_model(args.checkpoint), parse_device(args.device)
+    _apply_run_settings(args)
     return trained, trained.model.to(device), device
 
 
@@ -355,6 +357,7 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
         pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
     except MissingImagesError as err:  # the options a command-line user types
         raise DataError(err.named("--root", "--skip-missing")) from None
+    _apply_run_settings(args)
     args.n_folds = _pairs_folds(args, pairs)
     measure, threshold_for = _embedding_setup(args)
     result, deployable, distances = measure(pairs)
@@ -570,18 +573,28 @@ def _choose_mode(args: argparse.Namespace, given: set[str]) -> str:
     return chosen[0]
 
 
-def _settings_from(known: argparse.Namespace, given: set[str]) -> tuple[str, dict]:
-    """(where the evaluation settings come from, in words; the defaults they give): ``--config``
-    and ``--preset`` as named, else a training checkpoint's own run, else the defaults."""
+def _settings_from(known: argparse.Namespace, given: set[str]) -> tuple[str | None, dict]:
+    """(where the evaluation settings come from, in words; the defaults they give):
+    ``--config`` and ``--preset`` as named, else the defaults; None where a checkpoint's run
+    may give them (read after the output checks: :func:`_apply_run_settings`)."""
     named = [f"--{key} {getattr(known, key)}" for key in ("config", "preset") if key in given]
     if known.config:
         return ", ".join(named), config_defaults(known.config)
-    run = None
-    if not named and known.checkpoint and Path(known.checkpoint).is_file():
-        run = run_settings(known.checkpoint)
-    if run is not None:  # evaluated the way the run evaluated
-        return "the run's", {key: getattr(run.eval, key) for key in RUN_FIELDS}
-    return ", ".join(named) or "the defaults", {}
+    if named or not known.checkpoint or known.ijb:  # --ijb: insightface's own settings
+        return ", ".join(named) or "the defaults", {}
+    return None, {}
+
+
+def _apply_run_settings(args: argparse.Namespace) -> None:
+    """A training checkpoint's run's settings for each not given on the command line, where
+    no ``--config`` or ``--preset`` named them; ``args.settings_from`` then says whose."""
+    if args.settings_from is not None:
+        return
+    run = run_settings(args.checkpoint)
+    args.settings_from = "the defaults" if run is None else "the run's"
+    for key in RUN_FIELDS if run is not None else ():
+        if key not in args.given:  # flags on the command line still win
+            setattr(args, key, getattr(run.eval, key))
 
 
 def _folds_from(known: argparse.Namespace, given: set[str], defaults: dict) -> str | None:

@@ -71,30 +71,27 @@ def test_flags_still_override_the_runs_settings(cosine_run, tmp_path, capsys):
     assert metrics["threshold_distance"] == "squared" and metrics["threshold_for"]["flip"] is True
 
 
+def _settings(*argv) -> tuple:
+    """(whose settings, distance, flip) of ``facenet-evaluate ARGV`` once a checkpoint is read."""
+    args = evaluate_script._parse(list(map(str, argv)))
+    evaluate_script._apply_run_settings(args)
+    return args.settings_from, args.distance, args.flip
+
+
 def test_a_config_or_a_preset_replaces_the_runs_settings(cosine_run, tmp_path):
     config = tmp_path / "eval.yaml"
     config.write_text("eval:\n  distance: euclidean\n", encoding="utf-8")
-    line = ["--checkpoint", str(cosine_run["checkpoint"]), "--pairs", "p.txt"]
-    args = evaluate_script._parse([*line, "--config", str(config)])
-    assert (args.settings_from, args.distance, args.flip) == (
-        f"--config {config}",
-        "euclidean",
-        False,
-    )
-    args = evaluate_script._parse([*line, "--preset", "facenet-pytorch"])
-    assert (args.settings_from, args.distance, args.flip) == (
-        "--preset facenet-pytorch",
-        "squared",
-        False,
-    )
-    args = evaluate_script._parse([*line, "--flip"])
-    assert (args.settings_from, args.distance, args.flip) == ("the run's", "cosine", True)
+    line = ["--checkpoint", cosine_run["checkpoint"], "--pairs", "p.txt"]
+    assert _settings(*line, "--config", config) == (f"--config {config}", "euclidean", False)
+    preset = _settings(*line, "--preset", "facenet-pytorch")
+    assert preset == ("--preset facenet-pytorch", "squared", False)
+    assert _settings(*line, "--flip") == ("the run's", "cosine", True)
 
 
 def test_a_file_without_a_run_gives_the_defaults(tmp_path):
-    assert evaluate_script._parse(
-        ["--checkpoint", "absent.pt", "--pairs", "p.txt"]
-    ).settings_from == ("the defaults")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "plain.pt")
+    line = ["--checkpoint", tmp_path / "plain.pt", "--pairs", "p.txt"]
+    assert _settings(*line) == ("the defaults", "squared", False)
 
 
 def _three_fold_pairs(tiny_run, tmp_path, capsys):
