@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from facenet.checkpoint import load_checkpoint
 from facenet.cli.common import (
     add_device_argument,
     add_out_arguments,
@@ -34,10 +36,10 @@ from facenet.cli.common import (
     positive_int,
     run_command,
 )
-from facenet.config import DataConfig, load_config
+from facenet.config import Config, DataConfig, config_from_dict, load_config
 from facenet.data.folder import list_images
 from facenet.data.images import EVAL_PREPROCESS
-from facenet.data.pairs import PairList, read_pairs
+from facenet.data.pairs import MissingImagesError, PairList, read_pairs
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
@@ -125,7 +127,12 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def _add_protocol_arguments(parser) -> None:
     """The protocol's options, in both modes."""
-    parser.add_argument("--folds", dest="n_folds", type=int, help="number of folds (default 10)")
+    parser.add_argument(
+        "--folds",
+        dest="n_folds",
+        type=int,
+        help="number of folds (default: a pairs file's own, else 10); must match a pairs file's",
+    )
     parser.add_argument("--far-target", type=float, help="FAR for VAL (1e-3)")
     parser.add_argument(
         "--distance",
@@ -223,9 +230,42 @@ def config_defaults(path: str) -> dict:
     return {**out, **vars(VerifySettings.of(e)), "out": cfg.logging.out_dir}
 
 
+# The eval keys a training checkpoint hands facenet-evaluate: how its run measured pairs, not
+# where its pairs were nor how its machine loaded them.
+RUN_FIELDS = (*PUBLISHER_FIELDS, "n_folds", "far_target", "batch_size")
+
+
+def run_settings(path: str) -> Config | None:
+    """The evaluation settings a training checkpoint's run used (its saved ``eval`` keys of
+    :data:`RUN_FIELDS`, checked as a configuration's), or None for a file without them."""
+    saved = load_checkpoint(path).get("config")
+    section = saved.get("eval") if isinstance(saved, Mapping) else None
+    if not isinstance(section, Mapping):  # a weights export or a publisher's file
+        return None
+    kept = {key: value for key, value in section.items() if key in RUN_FIELDS}
+    return config_from_dict({"eval": kept}, f"{path}'s saved configuration")
+
+
+def _settings_line(args: argparse.Namespace, trained) -> str:
+    """One line: where the evaluation settings came from (``args.settings_from``), the values
+    in use, the flags that overrode them and the preprocessing the checkpoint fixes."""
+    settings, values = VerifySettings.of(args), []
+    for name in RUN_FIELDS:
+        value = getattr(settings, name)
+        shown = ("off", "on")[value] if isinstance(value, bool) else value
+        values.append(f"{name.replace('_', ' ')} {shown}")
+    values.append(f"image size {trained.image_size}, {trained.normalize} normalisation")
+    where = f"{args.checkpoint}: " if args.settings_from == "the run's" else ""
+    flags = [flag_for(name) for name in RUN_FIELDS if name in args.given]
+    given = f"; from the command line: {', '.join(flags)}" if flags else ""
+    return f"evaluation settings: {args.settings_from} ({where}{', '.join(values)}){given}"
+
+
 def _load(args: argparse.Namespace) -> tuple:
-    """(the checkpoint's ``TrainedModel``, its network on ``--device``, the device)."""
+    """(the checkpoint's ``TrainedModel``, its network on ``--device``, the device), with the
+    settings of its run where they apply (:func:`_apply_run_settings`)."""
     trained, device = load_model(args.checkpoint), parse_device(args.device)
+    _apply_run_settings(args)
     return trained, trained.model.to(device), device
 
 
@@ -258,6 +298,7 @@ def _embedding_setup(args: argparse.Namespace) -> tuple:
     subtraction) of the checkpoint's model, ``threshold_for``)."""
     trained, model, device = _load(args)
     settings = VerifySettings.of(args)
+    print(_settings_line(args, trained))
 
     def measure(pairs):  # the thresholds on distances without mean subtraction, as identify's
         result, distances = verify(
@@ -313,8 +354,13 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
         }
         return Path(args.distances).name, fields, result
 
+    try:
+        pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
+    except MissingImagesError as err:  # the options a command-line user types
+        raise DataError(err.named("--root", "--skip-missing")) from None
+    _apply_run_settings(args)
+    args.n_folds = _pairs_folds(args, pairs)
     measure, threshold_for = _embedding_setup(args)
-    pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
     result, deployable, distances = measure(pairs)
     if args.show_errors:  # at the threshold to deploy: on distances without mean subtraction
         threshold = deployable["accuracy"]["threshold"]
@@ -323,6 +369,19 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
         write_png(Path(args.out, "errors.png"), sheet)
     fields = {"source": f"{args.checkpoint} on {args.pairs}", "threshold_for": threshold_for}
     return Path(args.pairs).name, fields | {"deployable_thresholds": deployable}, result
+
+
+def _pairs_folds(args: argparse.Namespace, pairs: PairList) -> int:
+    """The folds ``pairs`` are evaluated in: its header's count, which a count the user gave
+    (``args.folds_from``) must equal; a one-fold file is cut into the folds asked for."""
+    if pairs.n_folds == 1:
+        return args.n_folds
+    if args.folds_from and args.n_folds != pairs.n_folds:
+        raise DataError(
+            f"{args.folds_from} {args.n_folds}: {args.pairs} holds {pairs.n_folds} folds (its "
+            f"header); give {pairs.n_folds} or leave the count out"
+        )
+    return pairs.n_folds
 
 
 def _retrieval(args: argparse.Namespace) -> None:
@@ -336,6 +395,7 @@ def _retrieval(args: argparse.Namespace) -> None:
         )
     trained, model, device = _load(args)
     settings = VerifySettings.of(args)
+    print(_settings_line(args, trained))
     found = embed_folder(
         model, args.retrieval, trained.image_size, settings, trained.normalize, device
     )
@@ -514,21 +574,59 @@ def _choose_mode(args: argparse.Namespace, given: set[str]) -> str:
     return chosen[0]
 
 
+def _settings_from(known: argparse.Namespace, given: set[str]) -> tuple[str | None, dict]:
+    """(where the evaluation settings come from, in words; the defaults they give):
+    ``--config`` and ``--preset`` as named, else the defaults; None where a checkpoint's run
+    may give them (read after the output checks: :func:`_apply_run_settings`)."""
+    named = [f"--{key} {getattr(known, key)}" for key in ("config", "preset") if key in given]
+    if known.config:
+        return ", ".join(named), config_defaults(known.config)
+    if named or not known.checkpoint or known.ijb:  # --ijb: insightface's own settings
+        return ", ".join(named) or "the defaults", {}
+    return None, {}
+
+
+def _apply_run_settings(args: argparse.Namespace) -> None:
+    """A training checkpoint's run's settings for each not given on the command line, where
+    no ``--config`` or ``--preset`` named them; ``args.settings_from`` then says whose."""
+    if args.settings_from is not None:
+        return
+    run = run_settings(args.checkpoint)
+    args.settings_from = "the defaults" if run is None else "the run's"
+    for key in RUN_FIELDS if run is not None else ():
+        if key not in args.given:  # flags on the command line still win
+            setattr(args, key, getattr(run.eval, key))
+
+
+def _folds_from(known: argparse.Namespace, given: set[str], defaults: dict) -> str | None:
+    """What set the fold count, when the user did: ``--folds``, or ``--config``'s
+    ``eval.n_folds`` when it is not the default; None otherwise."""
+    if "n_folds" in given:
+        return "--folds"
+    if known.config and defaults["n_folds"] != CLASSIC.n_folds:
+        return f"--config {known.config}: eval.n_folds"
+    return None
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    """The arguments, with defaults from ``--config`` and then ``--preset``; ``args.mode``: the
-    evaluation they ask for."""
+    """The arguments, with defaults from ``--config`` (or a training checkpoint's run) and then
+    ``--preset``; ``args.mode``: the evaluation they ask for; ``args.settings_from``,
+    ``args.folds_from`` and ``args.given``: where the settings and the fold count came from."""
     parser = get_args_parser()
     parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
     known, _ = parser.parse_known_args(argv)
-    if known.config:  # the file gives defaults; flags on the command line still win
-        parser.set_defaults(**config_defaults(known.config))
+    given = _given(argv)
+    settings_from, defaults = _settings_from(known, given)
+    parser.set_defaults(**defaults)  # flags on the command line still win
     if known.ijb:  # insightface's networks give raw features; --preset and flags still win
         parser.set_defaults(features="raw")
     if known.preset:  # after --config: the preset names the publisher's whole evaluation
         preset = EVAL_PRESETS[known.preset]
         parser.set_defaults(**{key: getattr(preset, key) for key in PUBLISHER_FIELDS})
     args = parser.parse_args(argv)
-    args.mode = _choose_mode(args, _given(argv))
+    args.mode = _choose_mode(args, given)
+    args.given, args.settings_from = given, settings_from
+    args.folds_from = _folds_from(known, given, defaults)
     try:  # the settings check themselves; a refusal names the flag (or --config's key) typed
         VerifySettings.of(args)
     except SettingsError as err:

@@ -3,6 +3,8 @@
 Folds of same and different pairs are drawn with a seed, no identity in two folds (as in LFW),
 so any held-out set can be evaluated like LFW with ``facenet-evaluate`` or ``eval.pairs``.
 Only the output file is written, never over an existing one; the image folders are never touched.
+A file written outside ROOT records ROOT, relative to itself, as its header's third field, so
+``facenet-evaluate --pairs`` finds the images without ``--root``.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def _make_pairs(args: argparse.Namespace) -> int:
             f"them{hint})"
         ) from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_pairs(out, folds)
+    # Outside ROOT, the header records it (relative to the file) so that readers find the images.
+    recorded = os.path.relpath(root, out.parent)
+    write_pairs(out, folds, None if recorded == "." else recorded)
     used = sum(1 for files in images.values() if files)  # empty folders: ignored, warned
     print(
         f"wrote {out}: {args.folds} folds x ({args.pairs_per_fold} same + "

@@ -1,7 +1,9 @@
 """LFW-style pair lists (``pairs.txt``): read them, and draw them for any identity folder.
 
-The format is LFW's "View 2": a header ``<n_folds> <pairs_per_fold>`` (one number: one fold),
-then per fold ``pairs_per_fold`` same pairs ``name idx1 idx2`` and as many different pairs
+The format is LFW's "View 2": a header ``<n_folds> <pairs_per_fold>`` (one number: one fold;
+a third field names the image folder, relative to the file's, as ``facenet-make-pairs`` records
+it when the file lies outside that folder; readers of LFW's own skip the header), then per fold
+``pairs_per_fold`` same pairs ``name idx1 idx2`` and as many different pairs
 ``name1 idx1 name2 idx2``. ``name idx`` is ``root/name/name_<idx:04d>.<ext>``, the first
 extension of ``IMAGE_EXTENSIONS`` found; an image's file name may stand for ``idx``. Fields are
 split by tabs (names may hold spaces), else by whitespace. Folds are contiguous blocks of lines,
@@ -29,7 +31,6 @@ from facenet.data.images import IMAGE_EXTENSIONS
 from facenet.errors import DataError, some_names
 from facenet.files import open_regular, write_text_atomic
 
-_LISTED_MISSING = 20  # missing images quoted in an error message
 _MAX_PAIRS_BYTES = 2**28  # 5 million lines of LFW's kind (its own file: 160 KB)
 _ASSIGN_BUDGET = 200_000  # nodes the fold assignment's search visits before it gives up
 
@@ -43,27 +44,29 @@ class PairsFormatError(DataError):
 
 
 class MissingImagesError(DataError, FileNotFoundError):
-    """Images a pairs file names that do not exist: ``missing`` (their expected paths, sorted)
-    and ``lines`` (the lines naming each)."""
+    """Images a pairs file names that do not exist: ``missing`` (their expected paths, sorted),
+    ``lines`` (the lines naming each) and ``root`` (the folder searched). The message's first
+    line counts them; :meth:`named` is the whole of it in one line, naming the options to give."""
 
     def __init__(self, pairs_path, root, missing: list[tuple[int, list[str]]]):
         self.lines: dict[str, list[int]] = {}
         for line_no, paths in missing:
             for path in paths:
                 self.lines.setdefault(path, []).append(line_no)
-        self.missing = sorted(self.lines)
-        shown = [
-            f"  {path} (line(s) {', '.join(map(str, self.lines[path]))})"
-            for path in self.missing[:_LISTED_MISSING]
-        ]
-        if len(self.missing) > _LISTED_MISSING:
-            shown.append(f"  ... and {len(self.missing) - _LISTED_MISSING} more")
-        super().__init__(
-            f"{pairs_path}: {len(self.missing)} image(s) named on "
-            f"{len(missing)} line(s) not found under {root} "
-            f"(looked for {'/'.join(e[1:] for e in IMAGE_EXTENSIONS)}):\n"
-            + "\n".join(shown)
-            + "\nPass skip_missing=True (eval.skip_missing) to skip those pairs."
+        self.missing, self.root = sorted(self.lines), root
+        self.head = (
+            f"{pairs_path}: {len(self.missing)} image(s) named on {len(missing)} line(s) not "
+            f"found under {root}"
+        )
+        super().__init__(self.head + ":\n" + self.named("root=...", "skip_missing=True"))
+
+    def named(self, root_option: str, skip_option: str) -> str:
+        """One line: the count, the first missing image and its line, the folder searched, and
+        the options (``--root``, ``root=...``) that point elsewhere or skip those pairs."""
+        first = self.missing[0]
+        return (
+            f"{self.head} (first: {first}, line {self.lines[first][0]}); give {root_option}, "
+            f"the folder of the identity folders, or {skip_option} to skip those pairs"
         )
 
 
@@ -215,8 +218,9 @@ def _locate(root: Path, indexes: dict, name: str, ref: int | str) -> tuple[str, 
     return (found, True) if found else (f"{root / name / name}_{ref:04d}.*", False)
 
 
-def _parse(pairs_path: Path) -> tuple[int, int, list]:
-    """(n_folds, pairs_per_fold, [(line number, issame, side1, side2), ...])."""
+def _parse(pairs_path: Path) -> tuple[int, int, Path, list]:
+    """(n_folds, pairs_per_fold, the image folder the header records (default: the file's
+    own), [(line number, issame, side1, side2), ...])."""
     if not pairs_path.exists():
         raise FileNotFoundError(2, "No such file or directory", str(pairs_path))
     fail = partial(PairsFormatError, pairs_path, 0)
@@ -230,11 +234,16 @@ def _parse(pairs_path: Path) -> tuple[int, int, list]:
         raise PairsFormatError(pairs_path, 0, "empty pairs file")
     (line_no, header), parsed = lines[0], []
     try:
-        if len(header) not in (1, 2):
-            raise _BadLine(f"expected a header '<n_folds>\\t<pairs_per_fold>', got {header}")
-        n_folds, per_fold = (1, *[_number(t, "header value") for t in header])[-2:]
+        if len(header) not in (1, 2, 3):
+            raise _BadLine(
+                f"expected a header '<n_folds>\\t<pairs_per_fold>[\\t<image folder>]', got {header}"
+            )
+        n_folds, per_fold = (1, *[_number(t, "header value") for t in header[:2]])[-2:]
         if n_folds < 1 or per_fold < 1:
             raise _BadLine(f"header values must be >= 1, got {header}")
+        root = pairs_path.parent / (header[2] if len(header) == 3 else "")
+        if not root.is_dir():
+            raise _BadLine(f"the image folder it records, {root}, is not a folder")
         for line_no, tokens in lines[1:]:
             parsed.append((line_no, *_parse_pair(tokens)))
     except _BadLine as err:
@@ -246,7 +255,7 @@ def _parse(pairs_path: Path) -> tuple[int, int, list]:
             f"the header promises {n_folds} fold(s) x 2 x {per_fold} = "
             f"{n_folds * 2 * per_fold} pairs, but the file holds {len(parsed)}",
         )
-    return n_folds, per_fold, parsed
+    return n_folds, per_fold, root, parsed
 
 
 def read_pairs(
@@ -255,7 +264,8 @@ def read_pairs(
     """Read an LFW-format pairs file and resolve its images to absolute paths.
 
     Args:
-        root: the folder of identity folders; default the pairs file's folder.
+        root: the folder of identity folders; default the one the header records (its third
+            field, relative to the pairs file's folder), else the pairs file's folder.
         skip_missing: skip pairs with a missing image (``skipped``, ``skip_report()`` and a
             warning) instead of raising :class:`MissingImagesError`.
 
@@ -264,10 +274,10 @@ def read_pairs(
         PairsFormatError: a malformed line, a pair count off the header, not UTF-8 text.
     """
     pairs_path = Path(pairs_path)
-    root = Path(os.path.abspath(pairs_path.parent if root is None else root))
+    n_folds, per_fold, recorded, parsed = _parse(pairs_path)
+    root = Path(os.path.abspath(recorded if root is None else root))
     if not root.is_dir():
         raise FileNotFoundError(f"image root {root} (for {pairs_path}) is not a folder")
-    n_folds, per_fold, parsed = _parse(pairs_path)
     indexes, kept, missing = {}, [], []
     for position, (line_no, same, *sides) in enumerate(parsed):
         fold = position // (2 * per_fold)
@@ -588,13 +598,19 @@ def _line(pair, kind: str, fold: int) -> str:
     raise ValueError(f"fold {fold}: malformed {kind} pair {pair!r}")
 
 
-def pairs_text(folds) -> str:
-    """``(same, different)`` folds (as :class:`PairFold`) in the LFW format: a header line, then
-    each fold's same and different pairs."""
+def pairs_text(folds, root: str | None = None) -> str:
+    """``(same, different)`` folds (as :class:`PairFold`) in the LFW format: a header line (with
+    ``root``, the image folder relative to the file's, as a third field), then each fold's same
+    and different pairs."""
     if not folds:
         raise ValueError("no folds to write")
     per_fold = len(folds[0][0])
-    lines = [f"{len(folds)}\t{per_fold}"]
+    if root is not None and (not root or re.search("[\t\n\r]", root) or root != root.strip()):
+        raise DataError(
+            f"image folder {root!r} is empty or holds tabs, line breaks or edge spaces, which "
+            "a pairs file's header cannot record: write the pairs file inside it"
+        )
+    lines = [f"{len(folds)}\t{per_fold}" + ("" if root is None else f"\t{root}")]
     for f, (same, different) in enumerate(folds):
         if len(same) != per_fold or len(different) != per_fold or per_fold == 0:
             raise ValueError(
@@ -606,6 +622,6 @@ def pairs_text(folds) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_pairs(path: str | os.PathLike, folds) -> None:
+def write_pairs(path: str | os.PathLike, folds, root: str | None = None) -> None:
     """Write folds in the LFW format (:func:`pairs_text`), atomically."""
-    write_text_atomic(path, pairs_text(folds))
+    write_text_atomic(path, pairs_text(folds, root))

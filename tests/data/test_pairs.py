@@ -22,6 +22,7 @@ from facenet.data.pairs import (
     scan_identities,
     write_pairs,
 )
+from facenet.errors import DataError
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.protocol import evaluate_verification
 
@@ -101,6 +102,23 @@ def test_root_given_explicitly(lfw, tmp_path_factory):
         read_pairs(elsewhere, root=lfw / "nope")
 
 
+def test_the_header_may_record_the_image_folder(lfw):
+    lists = lfw / "lists"
+    lists.mkdir()
+    pairs = [PairFold([("Alice", 1, 2)], [("Alice", 1, "Bob", 1)])]
+    write_pairs(lists / "pairs.txt", pairs, root="..")
+    assert (lists / "pairs.txt").read_text().splitlines()[0] == "1\t1\t.."
+    found = read_pairs(lists / "pairs.txt")
+    assert found.paths1[0] == str(lfw / "Alice" / "Alice_0001.jpg")
+    with pytest.raises(MissingImagesError):  # a root given wins over the recorded one
+        read_pairs(lists / "pairs.txt", root=lists)
+    (lists / "moved.txt").write_text("1\t1\t../nope\nAlice 1 2\nAlice 1 Bob 1\n")
+    with pytest.raises(PairsFormatError, match=r"moved.txt:1: the image folder it records, .*nope"):
+        read_pairs(lists / "moved.txt")
+    with pytest.raises(DataError, match="holds tabs"):
+        write_pairs(lists / "tab.txt", pairs, root="a\tb")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -135,6 +153,12 @@ def test_missing_images_are_listed_once_with_their_lines(lfw):
     ]
     assert err.lines[str(lfw / "Alice" / "Alice_0004") + ".*"] == [2, 3]
     assert "2 image(s) named on 3 line(s)" in str(err) and "skip_missing" in str(err)
+    line = err.named("--root", "--skip-missing")
+    assert "\n" not in line and "skip_missing" not in line and "=" not in line
+    assert f"not found under {lfw} (first: {lfw / 'Alice' / 'Alice_0004'}.*, line 2)" in line
+    assert line.endswith(
+        "give --root, the folder of the identity folders, or --skip-missing to skip those pairs"
+    )
 
 
 def test_skip_missing_counts_and_reports_the_effect_on_folds(lfw):
