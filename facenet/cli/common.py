@@ -62,9 +62,11 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``, at most 4 per CPU core: each thread takes a stack and a share of the
+    allocator's arenas, so 1,024 under a memory limit ended in ``std::bad_alloc``, not a line."""
     parser.add_argument(
         "--threads",
-        type=int_in(0, 1024),
+        type=int_in(0, 4 * (os.cpu_count() or 1)),
         default=1,
         metavar="N",
         help="torch CPU threads (default 1: holds on a busy machine; 0: torch's default)",
