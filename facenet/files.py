@@ -198,3 +198,22 @@ def check_not_inputs(outputs: Iterable, files: Inputs, folders: Inputs | None = 
                 raise DataError(
                     f"{output} lies inside the input folder {name}: choose an output outside it"
                 )
+
+
+def check_no_links_below(root, paths: Iterable | None = None) -> None:
+    """Refuse a symbolic link among the folders from ``root`` down to each of ``paths`` (without
+    ``paths``: among all folders below ``root``): a write below it would land where the link
+    points (``DST/loose_crop`` or ``DST/anna`` a link into the user's photos). ``root`` itself
+    may be a link: the user named it. Files are replaced, never written through
+    (:func:`write_atomic`), so a link or hard link at a file's own name is not refused here."""
+    root = Path(root)
+    if paths is None:  # os.walk lists a link to a folder among the folders, and stays out of it
+        folders = [Path(parent, name) for parent, names, _ in os.walk(root) for name in names]
+    else:  # parents of root/a/b/c below root: root/a/b, root/a
+        folders = [p for path in paths for p in Path(path).parents if root in p.parents]
+    for folder in folders:
+        if folder.is_symlink():
+            raise DataError(
+                f"{folder} is a symbolic link inside {root}, which this command writes into: "
+                "remove the link or choose another output"
+            )

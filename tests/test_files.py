@@ -1,4 +1,5 @@
-"""The bounded readers of user files: regular files only, sizes, JSON depth, .npz headers."""
+"""The bounded readers of user files: regular files only, sizes, JSON depth, .npz headers; the
+writers: atomic, never through a link."""
 
 import io
 import os
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from facenet.errors import DataError
-from facenet.files import open_regular, read_json, read_npz, write_atomic
+from facenet.files import check_no_links_below, open_regular, read_json, read_npz, write_atomic
 
 
 def _npy_bytes(shape, dtype="<f8", payload=b""):
@@ -128,3 +129,28 @@ def test_write_atomic_never_writes_through_a_planted_temporary_name(tmp_path):
     write_atomic(target, lambda fh: fh.write(b"new"))
     assert victim.read_text() == "keep" and target.read_bytes() == b"new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "victim.txt"]
+
+
+def test_a_link_among_the_folders_below_an_output_root_is_refused(tmp_path):
+    photos, out = tmp_path / "photos", tmp_path / "out"
+    photos.mkdir()
+    (out / "meta").mkdir(parents=True)
+    (out / "loose_crop").symlink_to(photos, target_is_directory=True)
+    check_no_links_below(out, [out / "meta" / "a.txt", out / "report.tsv"])
+    with pytest.raises(DataError, match=r"out/loose_crop is a symbolic link inside .*out"):
+        check_no_links_below(out, [out / "loose_crop" / "anna" / "a.png"])
+    with pytest.raises(DataError, match="loose_crop is a symbolic link"):
+        check_no_links_below(out)  # every folder below
+    alias = tmp_path / "alias"
+    alias.symlink_to(out / "meta", target_is_directory=True)
+    check_no_links_below(alias)  # the root itself: the user named it
+    check_no_links_below(alias, [alias / "a.txt"])
+
+
+def test_write_atomic_replaces_a_hard_link_and_keeps_the_other_name(tmp_path):
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(b"the user's own")
+    os.link(photo, tmp_path / "crop.png")
+    write_atomic(tmp_path / "crop.png", lambda fh: fh.write(b"crop"))
+    assert photo.read_bytes() == b"the user's own"
+    assert (tmp_path / "crop.png").read_bytes() == b"crop"

@@ -29,7 +29,7 @@ from facenet.cli.common import (
 )
 from facenet.distributed import set_threads
 from facenet.errors import FacenetError
-from facenet.files import check_not_inputs, open_regular
+from facenet.files import check_no_links_below, check_not_inputs, open_regular
 from facenet.wings.align.aligner import (
     REPORT_HEADER,
     SELECTIONS,
@@ -131,6 +131,7 @@ def _align(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     report = _report_path(args)
     check_not_inputs([args.dst, report], {}, {"SRC": args.src})
+    check_no_links_below(args.dst)  # DST/<identity> a link: crops would land where it points
     start = time.perf_counter()
     settings, device = _settings(args), parse_device(args.device)
     outcomes, already = align_folder(

@@ -34,7 +34,7 @@ from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.embedding import FEATURES
 from facenet.evaluation.presets import CLASSIC, EVAL_PRESETS, PUBLISHER_FIELDS, VerifySettings
-from facenet.files import check_not_inputs, json_safe, write_text_atomic
+from facenet.files import json_safe, write_text_atomic
 from facenet.wings.after_training.loading import load_model
 from facenet.wings.audit.embeddings import embed_images, embed_training
 from facenet.wings.audit.neighbours import unit_rows
@@ -168,11 +168,9 @@ def _lines(summary: dict) -> list[str]:
 def _audit(args: argparse.Namespace) -> None:
     """Embed both sets, find, write the report and print what was found."""
     set_threads(args.threads)
-    check_outputs(args, "summary.json", *OUTPUTS)
     files = {"--checkpoint": args.checkpoint, "--pairs": args.pairs}
     folders = {"--train": args.train, "--root": args.root}
-    outputs = [Path(args.out, name) for name in ("summary.json", *OUTPUTS)]
-    check_not_inputs(outputs, files, folders)
+    check_outputs(args, "summary.json", *OUTPUTS, files=files, folders=folders)
     settings = VerifySettings.of(args)
     trained = load_model(args.checkpoint)
     pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)

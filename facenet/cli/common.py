@@ -21,6 +21,7 @@ import torch
 
 from facenet.distributed import resolve_device
 from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError, one_line
+from facenet.files import Inputs, check_no_links_below, check_not_inputs
 from facenet.memory import keep_freed_memory
 
 
@@ -62,9 +63,11 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``, at most 4 per CPU core: each thread takes a stack and a share of the
+    allocator's arenas, so 1,024 under a memory limit ended in ``std::bad_alloc``, not a line."""
     parser.add_argument(
         "--threads",
-        type=int_in(0, 1024),
+        type=int_in(0, 4 * (os.cpu_count() or 1)),
         default=1,
         metavar="N",
         help="torch CPU threads (default 1: holds on a busy machine; 0: torch's default)",
@@ -93,12 +96,21 @@ def check_out(out: Path) -> None:
         raise DataError(f"--out {out}: {existing} cannot be written")
 
 
-def check_outputs(args: argparse.Namespace, *names: str) -> None:
+def check_outputs(
+    args: argparse.Namespace,
+    *names: str,
+    files: Inputs | None = None,
+    folders: Inputs | None = None,
+) -> None:
     """Refuse, before any work, to replace anything but this command's earlier output. The
     outputs are the files ``names`` in the folder ``args.out``, or without names ``args.out``
     itself; one that exists (a dangling link too) is refused unless ``args.overwrite``, and even
-    then all but a regular file (a link is never written through); so is an unwritable folder."""
-    for path in [Path(args.out, name) for name in names] or [Path(args.out)]:
+    then all but a regular file (a link is never written through); so is an unwritable folder,
+    an output that is one of the input ``files`` or ``folders`` or lies inside one of the
+    ``folders`` (:func:`facenet.files.check_not_inputs`), and a link among the folders between
+    ``args.out`` and an output."""
+    outputs = [Path(args.out, name) for name in names] or [Path(args.out)]
+    for path in outputs:
         check_out(path.parent)
         replaceable = args.overwrite and path.is_file() and not path.is_symlink()
         if os.path.lexists(path) and not replaceable:
@@ -106,6 +118,8 @@ def check_outputs(args: argparse.Namespace, *names: str) -> None:
                 " and is not a regular file:" if args.overwrite else ": --overwrite replaces it, or"
             )
             raise DataError(f"{path} exists{how} choose another --out")
+    check_not_inputs(outputs, files or {}, folders)
+    check_no_links_below(args.out, outputs)
 
 
 def int_in(low: int, high: int | None = None, zero: bool = False) -> Callable[[str], int]:

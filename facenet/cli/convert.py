@@ -19,7 +19,7 @@ from pathlib import Path
 from facenet.cli.common import add_threads_argument, check_outputs, run_command
 from facenet.distributed import set_threads
 from facenet.errors import DataError, WeightsError
-from facenet.files import check_not_inputs, open_regular
+from facenet.files import open_regular
 from facenet.models.embedding import EmbeddingNet
 from facenet.wings.after_training.loading import TrainedModel, save_weights
 from facenet.wings.publishers.sandberg import MappingError, graph_state_dict, sandberg_state_dict
@@ -87,10 +87,9 @@ def source_files(src: str) -> dict[str, str]:
 
 def _convert(args: argparse.Namespace) -> None:
     set_threads(args.threads)
-    check_outputs(args)
     if not Path(args.out).parent.is_dir():  # found before the conversion, not after
         raise DataError(f"{args.out}: its folder {Path(args.out).parent} does not exist")
-    check_not_inputs([args.out], source_files(args.src))
+    check_outputs(args, files=source_files(args.src))
     trained, read = convert(args.src)
     params = sum(p.numel() for p in trained.model.parameters())
     save_weights(trained, args.out)

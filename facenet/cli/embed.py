@@ -31,7 +31,7 @@ from facenet.distributed import set_threads
 from facenet.errors import DataError, FacenetError
 from facenet.evaluation.presets import VerifySettings
 from facenet.evaluation.report import PROVENANCE, ThresholdRecord
-from facenet.files import check_not_inputs, write_atomic
+from facenet.files import write_atomic
 from facenet.metric.distances import DISTANCE_NAMES
 from facenet.wings.after_training.embed import FolderEmbeddings, embed_folder
 from facenet.wings.after_training.identify import checked_threshold, read_threshold
@@ -136,9 +136,8 @@ def npz_arrays(result: FolderEmbeddings, at_hand: dict, threshold: ThresholdReco
 def _embed(args: argparse.Namespace) -> None:
     """Embed the folder and write the file."""
     set_threads(args.threads)
-    check_outputs(args)
     inputs = {"--checkpoint": args.checkpoint, "--metrics": args.metrics}
-    check_not_inputs([args.out], inputs, {"--images": args.images})
+    check_outputs(args, files=inputs, folders={"--images": args.images})
     trained = load_model(args.checkpoint)
     device = parse_device(args.device)
     at_hand = trained.preparation(flip=args.flip)

@@ -59,7 +59,7 @@ from facenet.evaluation.presets import (
 from facenet.evaluation.protocol import VerificationResult
 from facenet.evaluation.report import result_table, sets_table
 from facenet.evaluation.verify import verify, verify_distances
-from facenet.files import check_not_inputs, write_atomic, write_text_atomic
+from facenet.files import write_atomic, write_text_atomic
 from facenet.metric.distances import DISTANCE_NAMES
 from facenet.wings.after_training.embed import embed_folder
 from facenet.wings.after_training.loading import load_model
@@ -278,11 +278,10 @@ def _threshold_for(args: argparse.Namespace, trained, provenance: dict) -> dict:
 def _check_outputs(args: argparse.Namespace, *names: str) -> None:
     """Before any work: the files ``names`` in ``--out`` replace neither anything but this
     command's earlier output nor any input."""
-    check_outputs(args, *names)
     read = ("distances", "checkpoint", "config", "pairs", "root", "bin")
     files = {f"--{key}": getattr(args, key) for key in read}
     folders = {"--retrieval": args.retrieval, "--ijb": args.ijb}
-    check_not_inputs([Path(args.out, name) for name in names], files, folders)
+    check_outputs(args, *names, files=files, folders=folders)
 
 
 def _write_metrics(args: argparse.Namespace, record: dict) -> Path:

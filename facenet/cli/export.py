@@ -20,7 +20,6 @@ from facenet.cli.common import (
 )
 from facenet.cli.embed import add_threshold_arguments, model_threshold
 from facenet.distributed import set_threads
-from facenet.files import check_not_inputs
 from facenet.sizes import image_hw
 from facenet.wings.after_training.export import (
     CHECK_BATCH,
@@ -48,8 +47,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def _export(args: argparse.Namespace) -> None:
     set_threads(args.threads)
-    check_outputs(args)
-    check_not_inputs([args.out], {"--checkpoint": args.checkpoint, "--metrics": args.metrics})
+    check_outputs(args, files={"--checkpoint": args.checkpoint, "--metrics": args.metrics})
     trained = load_model(args.checkpoint)
     threshold, line = model_threshold(trained, trained.preparation(), args)
     trained.verification = {} if threshold is None else threshold.to_dict()

@@ -31,7 +31,7 @@ from facenet.cli.embed import MADE_WITH, add_threshold_arguments, flag_threshold
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.report import ThresholdRecord
-from facenet.files import check_not_inputs, json_safe, read_npz, write_text_atomic
+from facenet.files import json_safe, read_npz, write_text_atomic
 from facenet.wings.after_training.identify import (
     Gallery,
     checked_threshold,
@@ -190,9 +190,8 @@ def _identify(args: argparse.Namespace) -> None:
     """Match the probes, write the results and print the report."""
     set_threads(args.threads)
     names = ("matches.csv", "identification.json")
-    check_outputs(args, *names)
     inputs = {"--gallery": args.gallery, "--probes": args.probes, "--metrics": args.metrics}
-    check_not_inputs([Path(args.out, name) for name in names], inputs)
+    check_outputs(args, *names, files=inputs)
     gallery_arrays, probes = load_embeddings(args.gallery), load_embeddings(args.probes)
     check_same_making(gallery_arrays, probes, args)
     gallery = Gallery(gallery_arrays["embeddings"], gallery_arrays.get("labels", []))

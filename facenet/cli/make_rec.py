@@ -23,7 +23,6 @@ from facenet.data.folder import list_identities
 from facenet.data.images import inspect_image, read_image
 from facenet.data.recordio import INDEX_FILE, PROPERTY_FILE, REC_FILE, write_insightface
 from facenet.errors import DataError, some_names
-from facenet.files import check_not_inputs
 
 _CHECK_THREADS = 8  # header checks wait on the disk more than on the interpreter
 _NAMES_IN_WARNING = 10
@@ -71,8 +70,7 @@ def _make_rec(args: argparse.Namespace) -> int:
     if not src.is_dir():
         raise DataError(f"source folder not found: {src}")
     names = (REC_FILE, INDEX_FILE, PROPERTY_FILE)
-    check_outputs(args, *names)
-    check_not_inputs([dst / name for name in names], {}, {"SRC": src})
+    check_outputs(args, *names, folders={"SRC": src})
     identities = usable_identities(src)
     height_width = tuple(read_image(identities[0][0]).shape[1:])
     rec, _, _ = write_insightface(dst, identities, height_width)

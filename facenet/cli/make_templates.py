@@ -38,7 +38,7 @@ from facenet.cli.common import (
 from facenet.data.folder import list_images
 from facenet.distributed import set_threads
 from facenet.errors import DataError
-from facenet.files import check_not_inputs, write_atomic, write_text_atomic
+from facenet.files import write_atomic, write_text_atomic
 from facenet.wings.align.aligner import (
     DEFAULT_DETECT_SIZE,
     REPORT_HEADER,
@@ -208,10 +208,8 @@ def check_dst(src: Path, dst: Path, args: Namespace, names: list[str]) -> None:
             "earlier output, or choose another DST"
         )
     files = [*meta_files(args.name).values(), REPORT, *(f"loose_crop/{n}" for n in names)]
-    check_outputs(Namespace(out=str(dst), overwrite=args.overwrite), *files)
-    # each folder written into, not each file: a link among them (loose_crop -> SRC) is found
-    folders = {(dst / name).parent for name in files}
-    check_not_inputs(sorted(folders), {}, {"SRC": src})
+    outputs = Namespace(out=str(dst), overwrite=args.overwrite)
+    check_outputs(outputs, *files, folders={"SRC": src})  # a link among DST's folders too
 
 
 # --------------------------------------------------------------------------- the command

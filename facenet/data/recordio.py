@@ -150,6 +150,10 @@ def read_index(path: Path, rec_size: int) -> tuple[np.ndarray, np.ndarray]:
             raise DataError(f"{path}: not lines of key<TAB>byte offset ({err})") from None
     if len(table) == 0:
         raise DataError(f"{path}: no records")
+    if len(table) > rec_size // 8:  # a record is at least its magic and length words
+        raise DataError(
+            f"{path}: {len(table)} records, more than {REC_FILE}'s {rec_size} bytes can hold"
+        )
     order = np.argsort(table[:, 0], kind="stable")
     keys, offsets = table[order, 0], table[order, 1]
     duplicate = np.flatnonzero(keys[1:] == keys[:-1])

@@ -47,15 +47,17 @@ def test_threads_default_to_one_and_zero_keeps_torch_s_default():
 @pytest.mark.parametrize(
     "value, message",
     [
-        ("-1", "-1 is out of range; allowed: [0, 1024]"),
-        ("1025", "1025 is out of range; allowed: [0, 1024]"),
+        ("-1", "-1 is out of range; allowed: [0, 8]"),
+        ("9", "9 is out of range; allowed: [0, 8]"),  # 4 per core
+        ("1024", "1024 is out of range; allowed: [0, 8]"),  # std::bad_alloc under a memory limit
         ("10" * 3000, "is not an integer"),  # past Python's 4,300 digits: refused, not parsed
         ("2.5", "'2.5' is not an integer"),
         ("nan", "'nan' is not an integer"),
         ("", "'' is not an integer"),
     ],
 )
-def test_a_bad_thread_count_is_one_argparse_line_and_exit_2(value, message, capsys):
+def test_a_bad_thread_count_is_one_argparse_line_and_exit_2(value, message, capsys, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
     with pytest.raises(SystemExit) as exit_info:
         _parse(["--threads", value])
     assert exit_info.value.code == 2
