@@ -90,7 +90,7 @@ HELD = {
     "param_bytes": "parameters",
     "optimizer_state_bytes": "optimizer state",
     "grad_bytes": "gradients",
-    "graph_bytes": "graphs (tensors saved for backward)",
+    GRAPH_BYTES_ALIVE: "graphs (tensors saved for backward)",
 }
 
 
@@ -260,7 +260,7 @@ class PhaseRecorder:
     def mark(self, label: str) -> None:
         held = module_state_bytes(self.model, self.optimizer)
         self.meter.mark(label)
-        self.rows.append({"phase": label, **held, "graph_bytes": self.meter.alive_bytes})
+        self.rows.append({"phase": label, **held, GRAPH_BYTES_ALIVE: self.meter.alive_bytes})
 
     def watch(self, network: torch.nn.Module) -> list:
         """Hook handles marking a two-pass step's phases: its no-grad forward of ``network``
