@@ -546,9 +546,10 @@ def plot_phases(report: dict[str, Any], path: Path) -> Figure:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the report and write it to ``--json`` (or stdout); returns it: ``config``,
-    ``variants`` (name -> figures, with :data:`REQUIRED_KEYS`, and :data:`CUDA_KEYS` on CUDA),
-    ``seed_timeline`` and ``graph_lifecycle``."""
+    """Run the report and write it to ``--json`` (or stdout), its chart to ``--plot``; returns
+    it: ``config``, ``variants`` (name -> figures, with :data:`REQUIRED_KEYS`, and
+    :data:`CUDA_KEYS` on CUDA; ``phases`` for the seed and two-pass ones), ``seed_timeline``
+    and ``graph_lifecycle``."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     report = run_report(args)
