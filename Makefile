@@ -15,6 +15,7 @@ install: $(STAMP)
 # which would replace the torch above, so it is installed with --no-deps; what it imports at
 # run time (requests, numpy, Pillow, torch, torchvision, tqdm) comes from the [align] extra.
 $(STAMP): pyproject.toml Makefile
+	@echo "installing the environment (once, about 3-4 minutes)..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1

@@ -5,6 +5,8 @@ same 3T images through ``Trainer.train_triplet_step`` with the seed's selection 
 (unless ``--pk 0``) on them as a P x K batch with semi-hard mining (``*_pk``). Per variant:
 graph bytes alive after a step and at its peak, state bytes, step time, the CUDA allocator's
 figures; then the seed loop's per-line timeline and what frees a graph (docs/memory.md).
+``--plot``: a chart of what the seed loop and the two-pass step hold after each phase of their
+last step. A line on stderr says which measurement runs.
 
     python -m benchmarks.memory_report --backbone tiny --image-size 64 --json report.json
 """
@@ -16,10 +18,15 @@ import gc
 import json
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from benchmarks import seed_loop
 from benchmarks.measure import (
@@ -67,6 +74,25 @@ CUDA_KEYS = (CUDA_MAX_ALLOCATED, CUDA_ALLOCATED, CUDA_RESERVED, CUDA_MAX_RESERVE
 CONFIG_KEYS = ("backbone", "image_size", "batch_size", "steps", "margin", "seed", "embedding_dim")
 CONFIG_KEYS += ("optimizer", "lr")
 
+# The phases of a step the chart shows, each with the seed loop's line it is read after; the
+# Trainer's step marks them from hooks (PhaseRecorder.watch).
+SEED_PHASES = {
+    "start of step": "for batch_idx, (data_a, data_p, data_n,label_p,label_n) in pbar:",
+    "after mining forward": "out_a, out_p, out_n = model(data_a), model(data_p), model(data_n)",
+    "after mining": "hard_triplets = np.where(all == 1)",
+    "after training forward": "cls_n = model.forward_classifier(selected_data_n)",
+    "after backward": "loss.backward()",
+    "after optimizer step": "optimizer.step()",
+    "end of step": "labels.append(np.ones(dists.size(0)))  # end of the loop body",
+}
+# What a phase holds, in the chart's stacking order: figure key -> legend.
+HELD = {
+    "param_bytes": "parameters",
+    "optimizer_state_bytes": "optimizer state",
+    "grad_bytes": "gradients",
+    GRAPH_BYTES_ALIVE: "graphs (tensors saved for backward)",
+}
+
 
 def image_size_arg(text: str) -> int | list[int]:
     """``64`` (square) or ``112x96`` (H x W), as ``data.image_size`` stores it."""
@@ -95,9 +121,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     add("--optimizer", choices=("adagrad", "adam", "sgd"), default="adagrad")
     add("--lr", type=positive_float, default=0.01)
     add("--pk", type=int, default=3, help="K images per identity of the P x K rows; 0: none")
-    add("--snapshot", type=output_path, help="CUDA: the allocator's history during the "
-        "seed loop, for https://pytorch.org/memory_viz")  # fmt: skip
+    add(
+        "--snapshot",
+        type=output_path,
+        help="CUDA: the allocator's history during the seed loop, for https://pytorch.org/memory_viz",
+    )
     add("--memory-summary", action="store_true", help="CUDA: print torch.cuda.memory_summary")
+    add("--plot", type=output_path, help="PNG: what each phase of a step holds, seed vs ours")
     return parser
 
 
@@ -110,10 +140,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     errors = {
         "--steps": (args.steps < 2, "at least 2: the seed loop's graphs reach into the next step"),
         "--num-classes": (args.num_classes < 2, "negatives need at least 2 classes"),
-        "--pk": (args.pk < 0 or (args.pk and (args.pk < 2 or images % args.pk)),
-                 f"K must be 0 (none) or at least 2 and divide the 3 x --batch-size = {images} "
-                 "images of a batch"),
-    }  # fmt: skip
+        "--pk": (
+            args.pk < 0 or (args.pk and (args.pk < 2 or images % args.pk)),
+            f"K must be 0 (none) or at least 2 and divide the 3 x --batch-size = {images} "
+            "images of a batch",
+        ),
+    }
     for flag, (failed, why) in errors.items():
         if failed:
             parser.error(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: {why}")
@@ -210,8 +242,68 @@ def count_hooks(module: torch.nn.Module, optimizer) -> tuple[dict[str, int], lis
     return counts, [*hooks, optimizer.register_step_pre_hook(optimizer_step)]
 
 
-def measure_steps(device, batches: Sequence[tuple], step: Callable[[tuple], dict], model,
-                  optimizer, meter: GraphMemoryMeter) -> dict[str, Any]:  # fmt: skip
+def say(message: str) -> None:
+    """One progress line on stderr (stdout may carry the JSON report), shown at once."""
+    print(f"memory report: {message}", file=sys.stderr, flush=True)
+
+
+class PhaseRecorder:
+    """``mark(label)`` appends to ``rows`` what a step holds at that point, in bytes: the
+    parameters, optimizer state and gradients of ``model``, and the graphs ``meter`` counts.
+    The seed loop calls it as its meter after every ported line; the Trainer's step through
+    the hooks of :meth:`watch`."""
+
+    def __init__(self, meter: GraphMemoryMeter, model: torch.nn.Module, optimizer):
+        self.meter, self.model, self.optimizer = meter, model, optimizer
+        self.rows: list[dict[str, Any]] = []
+
+    def mark(self, label: str) -> None:
+        held = module_state_bytes(self.model, self.optimizer)
+        self.meter.mark(label)
+        self.rows.append({"phase": label, **held, GRAPH_BYTES_ALIVE: self.meter.alive_bytes})
+
+    def watch(self, network: torch.nn.Module) -> list:
+        """Hook handles marking a two-pass step's phases: its no-grad forward of ``network``
+        is the mining one, the grad forward starts once mining is done, and the optimizer's
+        step follows backward."""
+
+        def before_forward(module, inputs) -> None:
+            if torch.is_grad_enabled():
+                self.mark("after mining")
+
+        def after_forward(module, inputs, output) -> None:
+            training = torch.is_grad_enabled()
+            self.mark("after training forward" if training else "after mining forward")
+
+        optimizer = self.optimizer
+        return [
+            network.register_forward_pre_hook(before_forward),
+            network.register_forward_hook(after_forward),
+            optimizer.register_step_pre_hook(lambda *_: self.mark("after backward")),
+            optimizer.register_step_post_hook(lambda *_: self.mark("after optimizer step")),
+        ]
+
+    def phases(self, lines: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """The rows of :data:`HELD` figures, named by phase; ``lines``: phase -> the label
+        marked after it (default: the phase itself). A phase the step did not reach is left
+        out (a seed step that selected nothing)."""
+        by_label = {row["phase"]: row for row in self.rows}
+        lines = lines or {phase: phase for phase in SEED_PHASES}
+        return [
+            {"phase": phase, **{key: by_label[label][key] for key in HELD}}
+            for phase, label in lines.items()
+            if label in by_label
+        ]
+
+
+def measure_steps(
+    device,
+    batches: Sequence[tuple],
+    step: Callable[[tuple], dict],
+    model,
+    optimizer,
+    meter: GraphMemoryMeter,
+) -> dict[str, Any]:
     """``step`` on each batch under ``meter`` (which counts across steps, so that graphs a step
     leaves behind are seen in the next; each step's peak starts from what the last one left):
     peaks over the steps, what the last one left, the state's bytes, and ``per_step``.
@@ -227,14 +319,16 @@ def measure_steps(device, batches: Sequence[tuple], step: Callable[[tuple], dict
             seconds, result = timed(device, lambda b=batch: step(b))
         triplets, images = selection(result)
         # Every variant shares this process: its peak RSS would mix them, so it is left out.
-        per_step.append({
-            **memory_figures(meter, torch.device(device), rss=False, cuda_now=True),
-            "step_seconds": seconds,
-            "images_forwarded_with_grad": counts["with_grad"] - with_grad,
-            "images_forwarded_no_grad": counts["no_grad"] - no_grad,
-            "selected_triplets": int(triplets),
-            "selected_images": int(images),
-        })  # fmt: skip
+        per_step.append(
+            {
+                **memory_figures(meter, torch.device(device), rss=False, cuda_now=True),
+                "step_seconds": seconds,
+                "images_forwarded_with_grad": counts["with_grad"] - with_grad,
+                "images_forwarded_no_grad": counts["no_grad"] - no_grad,
+                "selected_triplets": int(triplets),
+                "selected_images": int(images),
+            }
+        )
     for hook in hooks:
         hook.remove()
     figures: dict[str, Any] = {
@@ -260,16 +354,19 @@ def measure_seed(
     model = build_seed_model(args, args.classes)
     optimizer = seed_loop.create_optimizer(model, name=args.optimizer, lr=args.lr)
     meter, state = GraphMemoryMeter(exclude=model), {}
+    recorder = PhaseRecorder(meter, model, optimizer)
 
     def run_step(batch: tuple) -> dict:
-        meter.clear_timeline()  # the last step's timeline only
+        meter.clear_timeline()  # the last step's timeline and phases only
+        recorder.rows.clear()
         return seed_loop.seed_train_step(
-            model, optimizer, *batch, margin=args.margin, state=state, meter=meter
+            model, optimizer, *batch, margin=args.margin, state=state, meter=recorder
         )
 
     if args.snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     figures = measure_steps(args.device, batches, run_step, model, optimizer, meter)
+    figures["phases"] = recorder.phases(SEED_PHASES)
     if args.snapshot:
         args.snapshot.parent.mkdir(parents=True, exist_ok=True)
         torch.cuda.memory._dump_snapshot(str(args.snapshot))
@@ -299,19 +396,30 @@ def measure_trainer(
 ) -> dict[str, Any]:
     """The Trainer's step with the seed loop's model, classifier and optimizer and
     cross-entropy weight 1 (the seed's ``loss = ce + triplet``); ``pk``: the batch's 3T
-    images as P x K identities with semi-hard mining, instead of the seed's rule."""
+    images as P x K identities with semi-hard mining, instead of the seed's rule. A two-pass
+    step's figures have the ``phases`` of its last step."""
     network = build_network(args, args.classes).to(args.device)
     optimizer = seed_loop.create_optimizer(network, name=args.optimizer, lr=args.lr)
     trainer = build_trainer(args, network, optimizer, pk, passes=passes, ce_weight=1.0)
     network.train()
     labels = torch.arange(args.identities).repeat_interleave(args.pk or 1)  # (3T,) when pk
+    recorder = PhaseRecorder(trainer.meter, network, optimizer)
+    hooks = recorder.watch(network) if passes == 2 else []
 
     def run_step(batch: tuple) -> dict:
+        recorder.rows.clear()  # the last step's phases only
+        recorder.mark("start of step")
         if pk:
-            return trainer.train_step(torch.cat(batch[:3]), labels)  # (3T, 3, H, W)
-        return trainer.train_triplet_step(*batch)
+            result = trainer.train_step(torch.cat(batch[:3]), labels)  # (3T, 3, H, W)
+        else:
+            result = trainer.train_triplet_step(*batch)
+        recorder.mark("end of step")
+        return result
 
-    return measure_steps(args.device, batches, run_step, network, optimizer, trainer.meter)
+    figures = measure_steps(args.device, batches, run_step, network, optimizer, trainer.meter)
+    for hook in hooks:
+        hook.remove()
+    return {**figures, "phases": recorder.phases()} if hooks else figures
 
 
 def graph_lifecycle(args: argparse.Namespace, images: torch.Tensor) -> dict[str, Any]:
@@ -374,13 +482,20 @@ def run_report(args: argparse.Namespace) -> dict[str, Any]:
         args.steps, args.batch_size, args.image_size, args.classes, args.seed
     )
     variants: dict[str, dict[str, Any]] = {}
+    say(f"seed loop, {args.steps} steps")
     variants["seed"], timeline = measure_seed(args, batches)
     release_device_memory(args.device)
-    for name, passes, pk in (("two_pass", 2, False), ("one_pass", 1, False),
-                             ("two_pass_pk", 2, True), ("one_pass_pk", 1, True)):  # fmt: skip
+    for name, passes, pk in (
+        ("two_pass", 2, False),
+        ("one_pass", 1, False),
+        ("two_pass_pk", 2, True),
+        ("one_pass_pk", 1, True),
+    ):
         if args.pk or not pk:
+            say(f"{name}, {args.steps} steps")
             variants[name] = measure_trainer(args, batches, passes, pk)
             release_device_memory(args.device)
+    say("graph lifecycle")
     lifecycle = graph_lifecycle(args, batches[0][0])
     release_device_memory(args.device)
     config = {key: getattr(args, key) for key in CONFIG_KEYS}
@@ -391,17 +506,56 @@ def run_report(args: argparse.Namespace) -> dict[str, Any]:
         num_classes=args.classes,
         torch=torch.__version__,
     )
-    return {"config": config, "variants": variants, "seed_timeline": timeline,
-            "graph_lifecycle": lifecycle}  # fmt: skip
+    return {
+        "config": config,
+        "variants": variants,
+        "seed_timeline": timeline,
+        "graph_lifecycle": lifecycle,
+    }
+
+
+def plot_phases(report: dict[str, Any], path: Path) -> Figure:
+    """Write to ``path`` (PNG) and return a chart of what the seed loop and the two-pass step
+    hold after each phase of their last step: one panel each, bars of :data:`HELD` stacked."""
+    config, variants = report["config"], report["variants"]
+    panels = {
+        "the seed's loop (benchmarks/seed_loop.py)": variants["seed"]["phases"],
+        "ours: Trainer, two passes": variants["two_pass"]["phases"],
+    }
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, (title, phases) in zip(axes, panels.items()):
+        names = [textwrap.fill(row["phase"], 10) for row in phases]
+        bottom = np.zeros(len(phases))
+        for key, legend in HELD.items():
+            mib = np.array([row[key] for row in phases]) / 2**20  # (phases,)
+            ax.bar(names, mib, bottom=bottom, label=legend)
+            bottom += mib
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("MiB held after the phase")
+    axes[1].legend(loc="upper right", fontsize="small")
+    figure.suptitle(
+        f"Memory held during step {config['steps']}: {config['backbone']}, "
+        f"{config['image_size']} px, {config['images_per_batch']} images a batch, "
+        f"{config['optimizer']}, {config['device']}"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(figure).print_png(str(path))
+    return figure
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the report and write it to ``--json`` (or stdout); returns it: ``config``,
-    ``variants`` (name -> figures, with :data:`REQUIRED_KEYS`, and :data:`CUDA_KEYS` on CUDA),
-    ``seed_timeline`` and ``graph_lifecycle``."""
+    """Run the report and write it to ``--json`` (or stdout), its chart to ``--plot``; returns
+    it: ``config``, ``variants`` (name -> figures, with :data:`REQUIRED_KEYS`, and
+    :data:`CUDA_KEYS` on CUDA; ``phases`` for the seed and two-pass ones), ``seed_timeline``
+    and ``graph_lifecycle``."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     report = run_report(args)
+    if args.plot:
+        plot_phases(report, args.plot)
+        say(f"wrote the chart {args.plot}")
     if args.memory_summary:
         print(torch.cuda.memory_summary(args.device, abbreviated=True), file=sys.stderr)
     if args.json is None:

@@ -1,10 +1,13 @@
 """The memory report, measured: the seed loop keeps graphs alive after a step and the corrected
-steps keep none; the JSON has every key; the timeline names the lines that hold memory."""
+steps keep none; the JSON has every key; the timeline names the lines that hold memory; the
+chart shows what each phase of a step holds, the seed's loop beside ours."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from benchmarks import memory_report, seed_loop
 from facenet.memory import GraphMemoryMeter
@@ -25,10 +28,12 @@ ARGV = [
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One report on a tiny model: the returned report and the JSON file's contents."""
-    json_path = tmp_path_factory.mktemp("memory_report") / "report.json"
-    report = memory_report.main([*ARGV, "--json", str(json_path)])
-    return {"report": report, "json": json.loads(json_path.read_text())}
+    """One report on a tiny model: the returned report, the JSON file's contents and the
+    chart's path."""
+    folder = tmp_path_factory.mktemp("memory_report")
+    json_path, plot = folder / "report.json", folder / "charts" / "phases.png"
+    report = memory_report.main([*ARGV, "--json", str(json_path), "--plot", str(plot)])
+    return {"report": report, "json": json.loads(json_path.read_text()), "plot": plot}
 
 
 def reference_seed_graph_bytes(batch):
@@ -173,6 +178,52 @@ def test_graph_lifecycle(run):
     assert life["rebind_after_del_peak"] == forward
 
 
+# --------------------------------------------------------------------------- phases and chart
+
+
+def test_phases_show_what_each_loop_holds_during_a_step(run):
+    variants = run["report"]["variants"]
+    forwards, retained = reference_seed_graph_bytes(last_batch())
+    param_bytes = variants["seed"]["param_bytes"]
+    seed = {row["phase"]: row for row in variants["seed"]["phases"]}
+    ours = {row["phase"]: row for row in variants["two_pass"]["phases"]}
+    assert list(seed) == list(ours) == list(memory_report.SEED_PHASES)
+    # The seed's mining graphs live from one step into the next, beside the new ones.
+    assert (
+        seed["start of step"]["graph_bytes_alive"]
+        == seed["end of step"]["graph_bytes_alive"]
+        == retained
+    )
+    assert seed["after mining forward"]["graph_bytes_alive"] == retained + forwards
+    assert seed["end of step"]["grad_bytes"] == param_bytes
+    # Ours: no graph before its one grad forward, none after backward, no gradient kept.
+    assert ours["after training forward"]["graph_bytes_alive"] > 0
+    for phase in ("start of step", "after mining forward", "after mining", "after backward"):
+        assert ours[phase]["graph_bytes_alive"] == 0, phase
+    assert ours["after backward"]["grad_bytes"] == param_bytes
+    assert ours["end of step"]["grad_bytes"] == ours["end of step"]["graph_bytes_alive"] == 0
+    assert ours["end of step"]["optimizer_state_bytes"] > 0
+
+
+def test_plot_writes_a_png_of_both_loops_phases(run, tmp_path):
+    with Image.open(run["plot"]) as image:
+        assert image.format == "PNG" and image.width > image.height > 200
+    report = run["report"]
+    figure = memory_report.plot_phases(report, tmp_path / "again.png")
+    assert (tmp_path / "again.png").read_bytes() == run["plot"].read_bytes()
+    axes = figure.axes
+    assert "seed" in axes[0].get_title() and "ours" in axes[1].get_title()
+    for ax, name in zip(axes, ("seed", "two_pass")):
+        phases = report["variants"][name]["phases"]
+        ticks = [tick.get_text().replace("\n", " ") for tick in ax.get_xticklabels()]
+        assert ticks == [row["phase"] for row in phases]
+        bars = {container.get_label(): container for container in ax.containers}
+        assert list(bars) == list(memory_report.HELD.values())
+        for key, legend in memory_report.HELD.items():
+            heights = [patch.get_height() for patch in bars[legend]]
+            np.testing.assert_allclose(heights, [row[key] / 2**20 for row in phases])
+
+
 # --------------------------------------------------------------------------- inputs
 
 
@@ -214,7 +265,7 @@ def test_cuda_without_cuda_is_a_clear_error(capsys):
     assert "no CUDA device is available" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--json", "--snapshot"])
+@pytest.mark.parametrize("flag", ["--json", "--snapshot", "--plot"])
 def test_an_output_that_cannot_be_written_is_refused_before_the_report(tmp_path, capsys, flag):
     (tmp_path / "file").write_text("")
     for bad, why in ((tmp_path, "is a folder"), (tmp_path / "file" / "r", "cannot write")):
@@ -248,6 +299,9 @@ def test_a_non_square_report_runs(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["config"]["image_size"] == [24, 20]
 
 
-def test_without_json_the_report_goes_to_stdout(capsys):
+def test_without_json_the_report_goes_to_stdout_and_progress_to_stderr(capsys):
     report = memory_report.main([*ARGV, "--pk", "0", "--steps", "2"])
-    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(report))
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == json.loads(json.dumps(report))
+    measured = ["seed loop, 2 steps", "two_pass, 2 steps", "one_pass, 2 steps", "graph lifecycle"]
+    assert captured.err.splitlines() == [f"memory report: {line}" for line in measured]

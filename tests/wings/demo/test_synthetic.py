@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -195,6 +196,26 @@ def test_prepare_reuses_matching_data_and_regenerates_on_change(tmp_path):
     (tmp_path / "heldout" / "id00006" / "id00006_0001.png").unlink()  # damaged: rewritten
     prepare_synthetic_data(tmp_path, changed)
     assert (tmp_path / "heldout" / "id00006" / "id00006_0001.png").is_file()
+
+
+def test_prepare_says_how_far_each_part_is_and_writes_the_same_bytes(tmp_path, capsys):
+    cfg = small_config(synthetic_identities=20)
+    prepare_synthetic_data(tmp_path / "data", cfg)
+    lines = capsys.readouterr().err.splitlines()
+    train, heldout = tmp_path / "data" / "train", tmp_path / "data" / "heldout"
+    assert lines == [f"{train}: {2 * n}/20 identities written" for n in range(1, 11)] + [
+        f"{heldout}: {n}/10 identities written" for n in range(1, 11)
+    ]
+    prepare_synthetic_data(tmp_path / "data", cfg)  # complete: nothing written, nothing said
+    assert capsys.readouterr().err == ""
+    # The lines change nothing in the images: the same bytes as written without them.
+    quiet = SyntheticIdentities(20, 3, image_size=16, seed=0).write_to_disk(tmp_path / "quiet")
+    assert capsys.readouterr().err == ""
+    for name, files in quiet.items():
+        for file in files:
+            assert (tmp_path / "quiet" / name / file).read_bytes() == (
+                train / name / file
+            ).read_bytes()
 
 
 def test_prepare_refuses_to_overwrite_a_folder_it_did_not_write(tmp_path):
@@ -470,6 +491,18 @@ def test_demo_config_meets_its_target(tmp_path):
     assert before <= 0.65 and after >= 0.90, (before, after)
 
 
+def test_make_train_says_it_installs_before_its_silent_install(tmp_path):
+    # `make -n`: the commands a fresh checkout runs, printed, not run (VENV: none there yet).
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    root = Path(__file__).resolve().parents[3]
+    argv = ["make", "-n", "train", f"VENV={tmp_path / 'venv'}"]
+    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first == 'echo "installing the environment (once, about 3-4 minutes)..."'
+
+
 # ----------------------------------------------------------------------------- the script
 
 
@@ -497,7 +530,9 @@ def test_script_writes_the_data_set_and_a_preview(tmp_path, capsys):
     assert len(IdentityFolder(out / "train")) == 6
     assert read_pairs(out / "heldout" / "test_pairs.txt").n_folds == 10
     assert read_image(preview).shape == (3, 8 * 18 + 2, 8 * 18 + 2)
-    assert "heldout" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "heldout" in captured.out
+    assert captured.err.splitlines()[-1] == f"{out / 'heldout'}: 8/8 identities written"
 
 
 def test_script_preview_of_a_non_square_input_is_drawn_at_the_faces_side(tmp_path):
@@ -532,6 +567,7 @@ def test_script_reports_unusable_sizes_on_one_line_with_exit_code_2(tmp_path, ca
 def test_script_refuses_a_foreign_manifest_or_too_few_pairs_keeping_every_file(tmp_path, capsys):
     main = make_synthetic_script.main
     assert main([str(tmp_path), *SMALL_SETTINGS]) == 0
+    capsys.readouterr()  # the progress lines of the first writing
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert main([str(tmp_path), *SMALL_SETTINGS, "--set", "data.synthetic_pairs_per_fold=999"]) == 2
     (tmp_path / "manifest.json").write_text("")
@@ -581,4 +617,6 @@ def test_script_preview_that_cannot_be_written_is_one_line_exit_2(tmp_path, caps
     preview = tmp_path / "no_such_folder" / "preview.png"
     assert main([str(tmp_path / "data"), *SMALL_SETTINGS, "--preview", str(preview)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot write the preview") and "Traceback" not in err
+    *progress, error = err.splitlines()  # the data set was written first
+    assert all(line.endswith(" identities written") for line in progress)
+    assert error.startswith("error: cannot write the preview") and "Traceback" not in err
