@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, replace
 from functools import partial
@@ -429,7 +430,7 @@ def _ijb_record(args, faces, result, settings: TemplateSettings, trained) -> dic
     }
     return {
         "source": f"{args.checkpoint} on {faces.meta('_*.txt')}",
-        "tar_at_far": {f"{far:g}": tar for far, tar in result.tar.items()},
+        "tar_at_far": result.tar_at_far(),
         "auc": result.auc,
         "counts": {
             "images": len(faces.images),
@@ -452,6 +453,12 @@ def _template_thresholds(args: argparse.Namespace, labels: np.ndarray, scores: n
     with fewer than two pairs of a kind."""
     n_folds = min(args.n_folds, int(labels.sum()), int((labels == 0).sum()))
     if n_folds < 2:  # a fold needs a pair of each kind
+        warnings.warn(
+            f"--ijb: no deployable thresholds: {int(labels.sum())} genuine and "
+            f"{int((labels == 0).sum())} impostor pairs, and a fold needs one of each in each "
+            "of at least two folds",
+            stacklevel=2,
+        )
         return {}
     settings = replace(VerifySettings.of(args), distance="cosine", grid="default", n_folds=n_folds)
     same = labels == 1
@@ -472,7 +479,7 @@ def _ijb(args: argparse.Namespace) -> None:
     features = embed_faces(model, warped, device, settings)
     result = verify_templates(faces, features, settings)
     record = _ijb_record(args, faces, result, settings, trained)
-    print("  ".join(f"TAR@FAR={far} {tar:.4f}" for far, tar in record["tar_at_far"].items()))
+    print(result.tar_line())
     print(f"AUC {result.auc:.4f}: {len(faces.labels)} pairs, {len(result.template_ids)} templates")
     for line in deployable_lines(record["deployable_thresholds"]):
         print(line)

@@ -37,7 +37,12 @@ def command(name: str, tmp_path: Path, tiny_run=None) -> tuple:
     if name == "identify":
         gallery = inputs / "g.npz"
         if tiny_run:
-            np.savez(gallery, embeddings=np.eye(2, dtype=np.float32), labels=["a", "b"])
+            np.savez(
+                gallery,
+                embeddings=np.eye(2, dtype=np.float32),
+                labels=["a", "b"],
+                weights_sha256="a" * 64,
+            )
         argv = ["--gallery", str(gallery), "--probes", str(gallery), "--threshold", "0.5"]
         return (
             identify.main,
