@@ -759,11 +759,23 @@ def test_a_hostile_settings_record_is_one_error_line(source, tmp_path, capsys, m
         ("facenet-pytorch", "center_weighted_size"),  # facenet-pytorch's selection_method
         ("sandberg", "center_weighted_size"),  # align_dataset_mtcnn.py, detect_multiple_faces off
         ("arcface", "probability"),  # insightface: FaceAnalysis.get's faces sorted by det_score
-        ("sphereface", "largest"),  # wy1iu/sphereface face_detect_demo.m: "pick the largest face"
+        # Not face_detect_demo.m's largest face: the published LFW crops are of the labelled,
+        # centred person (the largest face is someone else's in 7 of LFW's pair images).
+        ("sphereface", "center_weighted_size"),
     ],
 )
 def test_each_preset_chooses_among_faces_by_its_publishers_rule(preset, rule):
     assert AlignSettings.from_preset(preset).select == rule
+
+
+@pytest.mark.parametrize("preset", ["facenet-pytorch", "sandberg", "sphereface"])
+def test_a_larger_face_at_the_edge_does_not_displace_the_centred_person(preset):
+    # A 150 px LFW-style crop: the labelled person centred (60 px box), a bystander's larger
+    # face (80 px) cut by the right edge. The centre-weighted rule keeps the centred face.
+    boxes = np.array([[45.0, 45.0, 105.0, 105.0], [110.0, 20.0, 190.0, 100.0]])
+    probs = np.array([0.99, 0.99])
+    assert select_face(boxes, probs, 150, 150, "largest") == 1  # the rule the preset left
+    assert select_face(boxes, probs, 150, 150, AlignSettings.from_preset(preset).select) == 0
 
 
 @pytest.mark.parametrize("key", ["select", "margin_in"])
