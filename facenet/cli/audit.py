@@ -172,11 +172,11 @@ def _audit(args: argparse.Namespace) -> None:
     folders = {"--train": args.train, "--root": args.root}
     check_outputs(args, "summary.json", *OUTPUTS, files=files, folders=folders)
     settings = VerifySettings.of(args)
-    try:  # before the model: a pairs file that names missing images is told at once
+    trained = load_model(args.checkpoint)
+    try:
         pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
     except MissingImagesError as err:  # the options a command-line user types
         raise DataError(err.named("--root", "--skip-missing")) from None
-    trained = load_model(args.checkpoint)
     started = time.process_time()
     train, evaluation = _embed(args, trained, settings, pairs)
     embedded = time.process_time()

@@ -37,12 +37,11 @@ def test_show_errors_belongs_to_the_pairs_mode():
         parse_evaluate(["--distances", "d.npz", "--show-errors", "4"])
 
 
-def test_missing_pair_images_are_one_line_naming_the_audit_s_options(tmp_path, capsys):
+def test_missing_pair_images_are_one_line_naming_the_audit_s_options(tiny_run, tmp_path, capsys):
     (tmp_path / "faces").mkdir()
-    (tmp_path / "m.pt").write_bytes(b"never read: the pairs are refused first")
     pairs = tmp_path / "pairs.txt"
     pairs.write_text("1\t1\nAnn\t1\t2\nAnn\t1\tBob\t1\n")
-    argv = ["--checkpoint", str(tmp_path / "m.pt"), "--train", str(tmp_path / "faces")]
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--train", str(tmp_path / "faces")]
     argv += ["--pairs", str(pairs), "--out", str(tmp_path / "out")]
     assert audit_main(argv) == 2
     err = capsys.readouterr().err
