@@ -279,6 +279,13 @@ class Range:
         return f"{left}{self.low}, {self.high}{right}"
 
 
+def max_threads() -> int:
+    """The most torch CPU threads a run or command may ask for: 4 per CPU core. Each thread takes
+    a stack and a share of the allocator's arenas, so 1,024 under a memory limit ended in
+    ``std::bad_alloc``, not a line (``train.threads`` and every ``--threads`` use this bound)."""
+    return 4 * (os.cpu_count() or 1)
+
+
 # Every int and float key, by the range it accepts, but the eval section's verification settings
 # (VerifySettings checks those; tests/test_config.py checks that none is missing). p and k are at
 # least 2: negatives need two identities, positives two images; train.chunk_size 1 is refused by
@@ -304,7 +311,8 @@ RANGES: dict[str, Range] = {
         Range(0, 2**63 - 1): "data.synthetic_seed train.seed",
         Range(1, math.inf): "data.max_aspect_ratio",
         Range(8, 4096): "data.image_size",
-        Range(0, 1024): "data.num_workers train.threads",
+        Range(0, 1024): "data.num_workers",
+        Range(0, max_threads()): "train.threads",
         Range(1, 65536): "model.embedding_dim",
     }.items()
     for key in keys.split()

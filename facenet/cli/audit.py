@@ -29,7 +29,7 @@ from facenet.cli.common import (
     run_command,
 )
 from facenet.data.images import EVAL_PREPROCESS
-from facenet.data.pairs import read_pairs
+from facenet.data.pairs import MissingImagesError, read_pairs
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.embedding import FEATURES
@@ -173,7 +173,10 @@ def _audit(args: argparse.Namespace) -> None:
     check_outputs(args, "summary.json", *OUTPUTS, files=files, folders=folders)
     settings = VerifySettings.of(args)
     trained = load_model(args.checkpoint)
-    pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
+    try:
+        pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
+    except MissingImagesError as err:  # the options a command-line user types
+        raise DataError(err.named("--root", "--skip-missing")) from None
     started = time.process_time()
     train, evaluation = _embed(args, trained, settings, pairs)
     embedded = time.process_time()

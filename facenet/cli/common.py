@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from facenet.config import max_threads
 from facenet.distributed import resolve_device
 from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError, one_line
 from facenet.files import Inputs, check_no_links_below, check_not_inputs
@@ -63,11 +64,10 @@ def add_device_argument(parser: argparse.ArgumentParser, default: str = "cpu") -
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    """``--threads N``, at most 4 per CPU core: each thread takes a stack and a share of the
-    allocator's arenas, so 1,024 under a memory limit ended in ``std::bad_alloc``, not a line."""
+    """``--threads N``, at most :func:`facenet.config.max_threads` (4 per CPU core)."""
     parser.add_argument(
         "--threads",
-        type=int_in(0, 4 * (os.cpu_count() or 1)),
+        type=int_in(0, max_threads()),
         default=1,
         metavar="N",
         help="torch CPU threads (default 1: holds on a busy machine; 0: torch's default)",

@@ -13,7 +13,7 @@ import sys
 import yaml
 
 from facenet.cli.common import int_in, one_line_warnings, report_error
-from facenet.config import add_override_argument, config_to_dict, load_config
+from facenet.config import add_override_argument, config_to_dict, load_config, max_threads
 from facenet.errors import ConfigError, FacenetError
 from facenet.files import check_not_inputs
 from facenet.training.run import run_training
@@ -24,7 +24,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="YAML run configuration")
     add_override_argument(parser)
     parser.add_argument(
-        "--threads", type=int_in(0, 1024), metavar="N", help="same as --set train.threads=N"
+        "--threads",
+        type=int_in(0, max_threads()),
+        metavar="N",
+        help="same as --set train.threads=N (at most 4 per CPU core)",
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved configuration and exit"

@@ -47,7 +47,9 @@ class VerificationResult:
     (T,): ``tpr``, ``fpr`` (test folds, mean over folds); ``roc_fpr``/``roc_tpr``: the full ROC
     of all pairs, whence ``auc`` and ``eer``. Standard deviations are population ones (as
     published). ``threshold``: the mean of ``best_thresholds`` ("same" below it), identify's
-    default, in ``distance`` (``threshold_distance`` in :meth:`to_dict`, as records name it)."""
+    default, in ``distance`` (``threshold_distance`` in :meth:`to_dict`, as records name it).
+    ``train_impostor_pairs``: the fewest different-identity pairs any VAL threshold was chosen
+    on; they resolve FARs from 1 / train_impostor_pairs up (one false accept)."""
 
     accuracy: np.ndarray
     accuracy_mean: float
@@ -71,15 +73,22 @@ class VerificationResult:
     n_folds: int
     distance: str
     threshold: float
+    train_impostor_pairs: int
 
     def to_dict(self, curves: bool = True) -> dict[str, Any]:
         """JSON-safe values (the scalars are Python's already); without ``curves``, no
-        per-threshold or ROC arrays."""
+        per-threshold or ROC arrays. A FAR target below one false accept on the training folds
+        is not resolved: ``val`` and ``val_std`` say so in words (the thresholds were read off
+        the grid point where the training FAR is still zero)."""
         skipped = () if curves else ("tpr", "fpr", "thresholds", "roc_fpr", "roc_tpr")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skipped}
         lists = {
             k: v.astype(np.float64).tolist() for k, v in out.items() if isinstance(v, np.ndarray)
         }
+        n = self.train_impostor_pairs
+        if self.far_target * n < 1:
+            note = f"not resolved (thresholds chosen on {n} impostor pairs resolve FAR >= 1/{n})"
+            lists.update(val=note, val_std=note)
         return {**out, **lists, "threshold_distance": self.distance}
 
 
@@ -205,7 +214,8 @@ def _protocol(distances, issame, fold_ids, n, s: VerifySettings, grids) -> Verif
     rule, n_folds, pairs = THRESHOLD_RULES[s.threshold_rule], s.n_folds, np.arange(len(issame))
     count = partial(_counts, distances, issame, fold_ids, n_folds)  # (grid, inclusive)
     test_distances = distances if distances.ndim == 1 else distances[fold_ids, pairs]  # (N,)
-    correct, far_train, test = _curves(count, n.sum(axis=0) - n, (grid, val_grid), rule)
+    n_train = n.sum(axis=0) - n  # (F, 2) training pairs of each test fold
+    correct, far_train, test = _curves(count, n_train, (grid, val_grid), rule)
     best = rule.best(correct, grid)
     right = _right(test_distances, issame, best[fold_ids], rule)
     accuracy = np.bincount(fold_ids[right], minlength=n_folds) / n.sum(axis=1)
@@ -237,6 +247,7 @@ def _protocol(distances, issame, fold_ids, n, s: VerifySettings, grids) -> Verif
         n_folds=int(n_folds),
         distance=s.distance,
         threshold=float(np.mean(best)),
+        train_impostor_pairs=int(n_train[:, 0].min()),
     )
 
 

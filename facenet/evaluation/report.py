@@ -15,16 +15,20 @@ from dataclasses import dataclass
 FIGURE_KEYS = ("accuracy_mean", "accuracy_std", "val", "val_std", "far", "auc", "eer")
 
 
-def val_at_far_label(val: float, far_target: float, far: float) -> str:
+def val_at_far_label(val: float | str, far_target: float, far: float) -> str:
     """``VAL 0.4680 @ FAR 0.001 (achieved 0.0030)``: the VAL, the FAR aimed at, the FAR
-    achieved on the test folds."""
+    achieved on the test folds; a VAL in words (a FAR the folds cannot resolve):
+    ``VAL @ FAR 1e-05: not resolved (...)``."""
+    if isinstance(val, str):
+        return f"VAL @ FAR {far_target:g}: {val}"
     return f"VAL {val:.4f} @ FAR {far_target:g} (achieved {far:.4f})"
 
 
 def figures(result) -> dict:
-    """The reported figures of a ``VerificationResult``, with its threshold and distance."""
-    out = {key: float(getattr(result, key)) for key in (*FIGURE_KEYS, "far_target", "threshold")}
-    return {**out, "distance": result.distance}
+    """The reported figures of a ``VerificationResult``, with its threshold and distance, as
+    its record has them (a VAL the folds cannot resolve in words)."""
+    record = result.to_dict(curves=False)
+    return {key: record[key] for key in (*FIGURE_KEYS, "far_target", "threshold", "distance")}
 
 
 def figure_cells(values: Mapping) -> dict[str, str]:
@@ -45,16 +49,19 @@ def figures_line(name: str, values: Mapping) -> str:
 
 
 def result_table(name: str, result) -> str:
-    """One row per fold (accuracy, the threshold chosen on the other folds, VAL and FAR), the
-    figures line, the verification threshold and the pair count."""
+    """One row per fold (accuracy, the threshold chosen on the other folds, VAL and FAR; "-"
+    for a VAL the folds cannot resolve), the figures line, the verification threshold and the
+    pair count."""
+    values = figures(result)
+    vals = ["-" if isinstance(values["val"], str) else f"{v:.4f}" for v in result.val_per_fold]
     lines = [f"{'fold':>4}  {'accuracy':>8}  {'threshold':>9}  {'VAL':>6}  {'FAR':>7}"]
     for f in range(result.n_folds):
         lines.append(
             f"{f:>4}  {result.accuracy[f]:>8.4f}  {result.best_thresholds[f]:>9.4f}  "
-            f"{result.val_per_fold[f]:>6.4f}  {result.far_per_fold[f]:>7.5f}"
+            f"{vals[f]:>6}  {result.far_per_fold[f]:>7.5f}"
         )
     lines += [
-        figures_line(name, figures(result)),
+        figures_line(name, values),
         f"threshold {result.threshold:.4f} ({result.distance} distance, mean over "
         "folds; identify's default)",
         f"pairs     {result.n_pairs} in {result.n_folds} folds ({result.distance} distance)",

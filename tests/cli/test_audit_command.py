@@ -4,6 +4,7 @@ settings a preset gives and flags override, the refusals."""
 import pytest
 
 from facenet.cli.audit import _parse
+from facenet.cli.audit import main as audit_main
 from facenet.cli.evaluate import _parse as parse_evaluate
 from facenet.errors import DataError
 from facenet.evaluation.presets import EVAL_PRESETS, VerifySettings
@@ -34,3 +35,16 @@ def test_show_errors_belongs_to_the_pairs_mode():
         parse_evaluate(["--checkpoint", "m.pt", "--bin", "lfw.bin", "--show-errors", "4"])
     with pytest.raises(DataError, match="--show-errors goes with --pairs"):
         parse_evaluate(["--distances", "d.npz", "--show-errors", "4"])
+
+
+def test_missing_pair_images_are_one_line_naming_the_audit_s_options(tiny_run, tmp_path, capsys):
+    (tmp_path / "faces").mkdir()
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("1\t1\nAnn\t1\t2\nAnn\t1\tBob\t1\n")
+    argv = ["--checkpoint", str(tiny_run["checkpoint"]), "--train", str(tmp_path / "faces")]
+    argv += ["--pairs", str(pairs), "--out", str(tmp_path / "out")]
+    assert audit_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {pairs}: 3 image(s) named")
+    assert "give --root, " in err and "or --skip-missing to skip those pairs" in err
+    assert "root=" not in err and "skip_missing" not in err

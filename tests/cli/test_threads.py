@@ -13,7 +13,7 @@ import torch
 
 from facenet.cli.common import add_threads_argument
 from facenet.cli.train import main as train_main
-from facenet.config import load_config
+from facenet.config import load_config, max_threads
 from facenet.distributed import set_threads
 from facenet.errors import ConfigError
 from facenet.training.run import run_training
@@ -101,6 +101,28 @@ def test_train_threads_is_a_checked_config_key(tmp_path):
         with pytest.raises(ConfigError, match=r"train\.threads") as err:
             load_config(demo, [f"train.threads={bad}"])
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["9", "1024"])
+def test_train_s_threads_flag_has_the_commands_bound(value, capsys, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    demo = str(ROOT / "configs" / "demo.yaml")
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["--config", demo, "--threads", value, "--print-config"])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert f"error: argument --threads: {value} is out of range; allowed: [0, 8]" in last
+
+
+def test_train_threads_key_has_the_commands_bound(capsys):
+    demo, bound = str(ROOT / "configs" / "demo.yaml"), max_threads()
+    assert load_config(demo, [f"train.threads={bound}"]).train.threads == bound
+    # 1024: std::bad_alloc under a memory limit (this machine has fewer than 256 cores)
+    for bad in (bound + 1, 1024):
+        argv = ["--config", demo, "--set", f"train.threads={bad}", "--print-config"]
+        assert train_main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "train.threads: " in err and f"[0, {bound}]" in err
 
 
 def test_run_training_sets_the_threads_first(tmp_path, capsys):

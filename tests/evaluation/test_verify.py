@@ -27,7 +27,13 @@ from facenet.evaluation.protocol import (
     pair_distances,
     threshold_grids,
 )
-from facenet.evaluation.report import ThresholdRecord, figures, figures_line, sets_table
+from facenet.evaluation.report import (
+    ThresholdRecord,
+    figures,
+    figures_line,
+    result_table,
+    sets_table,
+)
 from facenet.evaluation.verify import REVERSED_AUC_MARGIN, _checked, verify, verify_distances
 from facenet.wings.after_training.loading import load_model
 
@@ -120,16 +126,37 @@ def test_verify_distances_names_its_source_when_the_data_do_not_fit():
 def test_one_formatting_of_the_figures():
     issame = np.tile([True, False], 20)
     distances = np.where(issame, 0.5, 1.5) + np.random.default_rng(0).uniform(-0.6, 0.6, 40)
-    result = verify_distances(distances, issame, S(n_folds=4))
+    result = verify_distances(distances, issame, S(n_folds=4, far_target=0.1))
     r = result
     line = figures_line("lfw", figures(result))
     assert line == (
-        f"lfw acc {r.accuracy_mean:.4f}±{r.accuracy_std:.4f} VAL {r.val:.4f} @ FAR 0.001 "
+        f"lfw acc {r.accuracy_mean:.4f}±{r.accuracy_std:.4f} VAL {r.val:.4f} @ FAR 0.1 "
         f"(achieved {r.far:.4f}) AUC {r.auc:.4f} EER {r.eer:.4f}"
     )
     row = sets_table({"lfw": result}).splitlines()[1]
     assert row.split()[:2] == ["lfw", f"{r.accuracy_mean:.4f}±{r.accuracy_std:.4f}"]
-    assert f"VAL {r.val:.4f} @ FAR 0.001 (achieved {r.far:.4f})  {r.auc:.4f}  {r.eer:.4f}" in row
+    assert f"VAL {r.val:.4f} @ FAR 0.1 (achieved {r.far:.4f})  {r.auc:.4f}  {r.eer:.4f}" in row
+
+
+@pytest.mark.parametrize("far_target, resolved", [(1 / 15, True), (0.06, False), (1e-3, False)])
+def test_a_val_the_training_folds_cannot_resolve_is_written_as_not_resolved(far_target, resolved):
+    # 20 impostor pairs in 4 folds: each threshold is chosen on 15, so FAR >= 1/15 only
+    issame = np.tile([True, False], 20)
+    distances = np.where(issame, 0.5, 1.5) + np.random.default_rng(0).uniform(-0.6, 0.6, 40)
+    result = verify_distances(distances, issame, S(n_folds=4, far_target=far_target))
+    values, record = figures(result), result.to_dict(curves=False)
+    table = result_table("lfw", result)
+    assert result.train_impostor_pairs == record["train_impostor_pairs"] == 15
+    if resolved:
+        assert values["val"] == record["val"] == result.val
+        assert "not resolved" not in table
+        return
+    note = "not resolved (thresholds chosen on 15 impostor pairs resolve FAR >= 1/15)"
+    assert values["val"] == values["val_std"] == record["val"] == record["val_std"] == note
+    assert f"VAL @ FAR {far_target:g}: {note} AUC" in figures_line("lfw", values)
+    assert f"VAL @ FAR {far_target:g}: {note}" in table and f"VAL {result.val:.4f}" not in table
+    assert [row.split()[3] for row in table.splitlines()[1:5]] == ["-"] * 4
+    assert json.loads(json.dumps(record))["val"] == note
 
 
 @pytest.mark.parametrize(
