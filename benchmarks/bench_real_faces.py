@@ -332,9 +332,13 @@ def from_scratch(args: argparse.Namespace, run_dir: Path, report: dict) -> None:
 
 def over_seeds(runs: list[dict]) -> dict:
     """Each split's figures (``accuracy_std``: the spread over the folds) and the images per
-    CPU second: ``{"mean", "std"}`` over the runs (std with ddof 1; None for one run)."""
+    CPU second: ``{"mean", "std"}`` over the runs (std with ddof 1; None for one run). A
+    figure a run could not resolve (VAL at a FAR below its pairs' resolution: words, not a
+    number) leaves that figure's mean None."""
 
     def spread(values: list) -> dict:
+        if not all(isinstance(value, (int, float)) for value in values):
+            return {"mean": None, "std": None}
         std = float(np.std(values, ddof=1)) if len(values) > 1 else None
         return {"mean": float(np.mean(values)), "std": std}
 

@@ -94,6 +94,15 @@ def test_over_seeds_of_one_run_has_no_spread():
     assert two["images_per_cpu_second"]["std"] == pytest.approx(np.std([100, 200], ddof=1))
 
 
+def test_over_seeds_leaves_a_figure_some_run_could_not_resolve_without_a_mean():
+    resolved = {key: 0.5 for key in bench.SEED_FIGURES}
+    unresolved = resolved | {"val": "not resolved (thresholds chosen on 450 impostor pairs)"}
+    runs = [{"images_per_cpu_second": 1.0, "heldout": figures} for figures in (resolved, unresolved)]
+    summary = bench.over_seeds(runs)["heldout"]
+    assert summary["val"] == {"mean": None, "std": None}
+    assert summary["auc"] == {"mean": 0.5, "std": 0.0}
+
+
 def test_finetuning_reports_before_and_after(folders, tmp_path):
     weights = tmp_path / "published.pt"
     torch.manual_seed(0)

@@ -195,15 +195,15 @@ def test_evaluate_writes_them_beside_the_protocols_threshold(tmp_path, capsys):
 def test_a_checkpoints_thresholds_go_to_embed_and_identify(tiny_run, tmp_path, capsys):
     checkpoint, pairs = str(tiny_run["checkpoint"]), tiny_run["pairs"]
     out = tmp_path / "eval"
-    argv = ["--checkpoint", checkpoint, "--pairs", str(pairs), "--folds", "2"]
+    argv = ["--checkpoint", checkpoint, "--pairs", str(pairs)]  # in the file's own folds
     # with mean subtraction: the protocol's threshold applies to no plain embedding, the
     # deployable ones (measured without it) do
     assert evaluate.main([*argv, "--subtract-mean", "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    settings = VerifySettings(n_folds=2, subtract_mean=True)
     trained, pair_list = load_model(checkpoint), read_pairs(pairs)
+    settings = VerifySettings(n_folds=pair_list.n_folds, subtract_mean=True)
     _, d = verify(trained.model, pair_list, trained.image_size, settings, return_distances=True)
-    want = deployable_thresholds(d, pair_list.issame, settings, pair_list.folds_for(2))
+    want = deployable_thresholds(d, pair_list.issame, settings, pair_list.fold_ids)
     assert metrics["deployable_thresholds"] == {**want, "subtract_mean": False}
     gallery = tmp_path / "gallery.npz"
     embed_argv = ["--checkpoint", checkpoint, "--images", str(tiny_run["heldout"]), "--no-progress"]

@@ -114,7 +114,8 @@ def test_evaluate_bin_rows_match_the_classic_loops(tiny_run, tmp_path, capsys):
     for name in sets:
         argv += ["--bin", str(tmp_path / f"{name}.bin")]
     assert evaluate_script.main(argv) == 0
-    printed = capsys.readouterr().out.splitlines()
+    settings_line, *printed = capsys.readouterr().out.splitlines()
+    assert settings_line.startswith("evaluation settings: ")
     assert printed[0].split()[:3] == ["set", "accuracy", "VAL"]
     assert [line.split()[0] for line in printed[1:3]] == ["lfw", "cfp_fp"]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())["sets"]
