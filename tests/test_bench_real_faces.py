@@ -97,7 +97,7 @@ def test_over_seeds_of_one_run_has_no_spread():
 def test_over_seeds_leaves_a_figure_some_run_could_not_resolve_without_a_mean():
     resolved = {key: 0.5 for key in bench.SEED_FIGURES}
     unresolved = resolved | {"val": "not resolved (thresholds chosen on 450 impostor pairs)"}
-    runs = [{"images_per_cpu_second": 1.0, "heldout": figures} for figures in (resolved, unresolved)]
+    runs = [{"images_per_cpu_second": 1.0, "heldout": f} for f in (resolved, unresolved)]
     summary = bench.over_seeds(runs)["heldout"]
     assert summary["val"] == {"mean": None, "std": None}
     assert summary["auc"] == {"mean": 0.5, "std": 0.0}
