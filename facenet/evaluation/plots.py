@@ -28,10 +28,14 @@ def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | N
     it can lie off the curve of all pairs; its legend entry says so."""
     fig, ax = _roc_axes(result.roc_fpr, result.roc_tpr, result.auc, "VAL")
     ax.plot([result.eer], [1 - result.eer], "o", label=f"EER = {result.eer:.4f}")
-    folds = f"mean of {result.n_folds} test folds at their own thresholds"
-    label = f"{val_at_far_label(result.val, result.far_target, result.far)}:\n{folds}"
-    far = max(result.far, 1e-12) if log_scale else result.far  # a log axis has no 0
-    ax.plot([far], [result.val], "s", label=label)
+    val = result.to_dict(curves=False)["val"]  # words where the FAR target is not resolved
+    if isinstance(val, str):  # no point to mark: a VAL the folds cannot measure
+        ax.plot([], [], " ", label=f"VAL @ FAR {result.far_target:g}: {val}")
+    else:
+        folds = f"mean of {result.n_folds} test folds at their own thresholds"
+        label = f"{val_at_far_label(val, result.far_target, result.far)}:\n{folds}"
+        far = max(result.far, 1e-12) if log_scale else result.far  # a log axis has no 0
+        ax.plot([far], [val], "s", label=label)
     if log_scale:
         positive = result.roc_fpr[result.roc_fpr > 0]
         ax.set_xscale("log")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -393,6 +394,7 @@ def test_plot_roc_returns_a_figure(tmp_path):
     result = evaluate_verification(
         distances, issame, S(n_folds=2, far_target=0.25), None, (grid, grid)
     )
+    result = replace(result, train_impostor_pairs=4)  # as if each training fold had 4 impostors
     fig = plot_roc(result, log_scale=True, title="t")
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_title() == "t"
@@ -404,6 +406,17 @@ def test_plot_roc_returns_a_figure(tmp_path):
     fig.savefig(tmp_path / "roc.png", format="png")
     assert (tmp_path / "roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plt.get_fignums() == []  # nothing left open in pyplot
+
+
+def test_plot_roc_marks_no_val_point_at_a_far_the_folds_cannot_resolve():
+    distances, issame, grid = hand_case()  # 2 impostor pairs a training fold: FAR >= 0.5
+    result = evaluate_verification(
+        distances, issame, S(n_folds=2, far_target=0.25), None, (grid, grid)
+    )
+    ax = plot_roc(result).axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(text.startswith("VAL @ FAR 0.25: not resolved") for text in legend), legend
+    assert not any(line.get_marker() == "s" for line in ax.get_lines())  # no VAL point drawn
 
 
 # --------------------------------------------------------------------------- evaluate.py
