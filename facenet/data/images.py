@@ -77,13 +77,22 @@ def _max_bytes(max_pixels):
     return _BYTES_PER_PIXEL * max_pixels + _METADATA_BYTES
 
 
+def _read_at_most(fh, max_bytes):
+    """The rest of ``fh``, up to ``max_bytes`` + 1 bytes (the extra byte shows a file that grew
+    past the limit). A read of n bytes allocates n up front, so n follows the file's size."""
+    start = fh.tell()
+    size = fh.seek(0, os.SEEK_END) - start
+    fh.seek(start)
+    return fh.read(min(size, max_bytes) + 1)
+
+
 def _checked_header(fh, max_pixels, max_aspect_ratio):
     """The header of the image ``fh`` holds, within the limits; a PNG's CRCs verified too."""
     header = read_header(fh)
     check_size(header, max_pixels, max_aspect_ratio)
     if header.format == "png":
         fh.seek(0)
-        check_png_chunks(fh.read(_max_bytes(max_pixels) + 1))
+        check_png_chunks(_read_at_most(fh, _max_bytes(max_pixels)))
     return header
 
 
@@ -151,7 +160,7 @@ def read_image(
     max_bytes = _max_bytes(max_pixels)
     try:
         with _open_regular(path, max_bytes) as fh:
-            raw = fh.read(max_bytes + 1)
+            raw = _read_at_most(fh, max_bytes)
     except OSError as err:
         raise CorruptImageError(path, err.strerror or str(err)) from None
     return decode_image_bytes(raw, str(path), max_pixels, max_aspect_ratio)

@@ -3,6 +3,8 @@
 import io
 import os
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -461,3 +463,36 @@ def test_non_square_evaluation_transforms_give_height_by_width():
 def test_build_transform_refuses_an_unknown_preprocess():
     with pytest.raises(ValueError, match=r"preprocess='stretch': expected one of"):
         build_transform(16, train=False, preprocess="stretch")
+
+
+_READ_UNDER_A_MEMORY_LIMIT = """
+import resource, sys
+from facenet.data.images import inspect_image, read_image
+
+with open("/proc/self/status") as status:  # the address space already mapped, in KiB
+    mapped = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+room = mapped * 1024 + 256 * 2**20  # far below the 528 MiB a read of the largest image takes
+resource.setrlimit(resource.RLIMIT_AS, (room, room))
+for path in sys.argv[1:]:
+    assert inspect_image(path) is None, path
+    print(tuple(read_image(path).shape))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_a_small_image_is_read_within_a_small_address_space(tmp_path):
+    """A read asks for the file's size, not the largest size allowed, so a tight ulimit -v
+    still reads small images."""
+    write_png(random_image(), str(tmp_path / "a.png"))
+    write_jpeg_file(tmp_path / "a.jpg", random_image())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, "-c", _READ_UNDER_A_MEMORY_LIMIT]
+    done = subprocess.run(
+        script + [str(tmp_path / "a.png"), str(tmp_path / "a.jpg")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["(3, 12, 10)", "(3, 12, 10)"]
