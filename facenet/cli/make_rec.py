@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from facenet.cli.common import check_outputs, run_command
 from facenet.data.folder import list_identities
-from facenet.data.images import inspect_image, read_image
+from facenet.data.images import inspect_images, read_image
 from facenet.data.recordio import INDEX_FILE, PROPERTY_FILE, REC_FILE, write_insightface
 from facenet.errors import DataError, some_names
 
-_CHECK_THREADS = 8  # header checks wait on the disk more than on the interpreter
 _NAMES_IN_WARNING = 10
 
 
@@ -45,8 +43,7 @@ def usable_identities(src: Path) -> list[list[Path]]:
     left without images."""
     listing = list_identities(src)
     paths = [src / identity / name for identity, names in listing.items() for name in names]
-    with ThreadPoolExecutor(max_workers=_CHECK_THREADS) as pool:
-        reasons = dict(zip(paths, pool.map(inspect_image, paths)))
+    reasons = dict(zip(paths, inspect_images(paths)))
     bad = [str(path) for path, reason in reasons.items() if reason is not None]
     kept = {
         identity: [src / identity / n for n in names if reasons[src / identity / n] is None]

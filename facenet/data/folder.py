@@ -17,7 +17,6 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ from facenet.data.images import (
     DEFAULT_MAX_PIXELS,
     IMAGE_EXTENSIONS,
     CorruptImageError,
-    inspect_image,
+    inspect_images,
     read_image,
 )
 from facenet.errors import DataError, some_names
@@ -42,7 +41,6 @@ INDEX_FILE_NAME = ".facenet_index.json"
 # folders' metadata; dropped links recorded.
 INDEX_VERSION = 3
 _NAMES_IN_WARNING = 10
-_HEADER_CHECK_THREADS = 8
 _prepared = {}  # index path -> the index prepare_index built or checked in this process
 
 
@@ -253,13 +251,9 @@ def _check_images(root, folders, limits, part):
     paths = [folders[i] / name for i, files in listing.items() for name, _, _ in files]
     # One progress line, part 0's (None: shown on a terminal only).
     hidden = None if rank == 0 else True
-    bar = tqdm(total=len(paths), desc=f"indexing {root}", unit="image", disable=hidden)
-    with bar, ThreadPoolExecutor(max_workers=_HEADER_CHECK_THREADS) as pool:
-        reasons = []
-        for reason in pool.map(lambda path: inspect_image(path, *limits), paths):
-            reasons.append(reason)
-            bar.update()
-    reasons = iter(reasons)
+    checks = inspect_images(paths, *limits)
+    bar = tqdm(checks, total=len(paths), desc=f"indexing {root}", unit="image", disable=hidden)
+    reasons = iter(list(bar))
     return {
         identity: [(*file, next(reasons)) for file in files] for identity, files in listing.items()
     }

@@ -16,6 +16,8 @@ import os
 import struct
 import warnings
 import zlib
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
@@ -57,6 +59,8 @@ DEFAULT_MAX_ASPECT_RATIO = 20.0
 # No image within the pixel limit needs more than 8 bytes a pixel (16-bit RGBA) plus metadata.
 _BYTES_PER_PIXEL = 8
 _METADATA_BYTES = 16 * 2**20
+# Header checks wait on the disk more than on the interpreter.
+_INSPECT_THREADS = 8
 _PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error)
 
 
@@ -288,3 +292,23 @@ def build_transform(
         if train and hflip:
             steps.append(v2.RandomHorizontalFlip(p=0.5))
     return v2.Compose(steps + normalize_steps(normalize))
+
+
+def inspect_images(
+    paths: Iterable[str | os.PathLike],
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+) -> Iterator[str | None]:
+    """:func:`inspect_image` of each path, in order, checked in threads as they come.
+
+    Where no thread can start (a tight ``ulimit -v`` or ``-u``) the calling thread checks
+    them instead: the same reasons, only slower.
+    """
+    inspect = partial(inspect_image, max_pixels=max_pixels, max_aspect_ratio=max_aspect_ratio)
+    pool = ThreadPoolExecutor(max_workers=_INSPECT_THREADS)
+    try:
+        return pool.map(inspect, paths)  # every check is queued, and threads started, here
+    except RuntimeError:  # "can't start new thread"
+        return map(inspect, paths)
+    finally:
+        pool.shutdown(wait=False)  # the started threads finish the queue, then end

@@ -4,6 +4,7 @@ input and outputs it did not write refused in one line, exit 2, before anything 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,23 @@ def test_existing_outputs_are_replaced_only_with_overwrite_and_only_files(
     (dst / name).unlink()
     os.symlink(src / "bob" / "0.png", dst / name)
     refused([str(src), str(dst), "--overwrite"], tmp_path, capsys, "is not a regular file")
+
+
+@pytest.mark.parametrize("threads", [0, 1])
+def test_the_pack_is_the_same_when_checking_threads_cannot_start(src, tmp_path, threads):
+    """Under a tight ulimit a pool thread cannot start: the images are checked in the calling
+    thread instead, not lost in a traceback."""
+    assert main([str(src), str(tmp_path / "threaded")]) == 0
+    original, started = threading.Thread.start, []
+
+    def start(thread):  # as CPython raises when no thread can be made
+        if len(started) >= threads:
+            raise RuntimeError("can't start new thread")
+        started.append(thread)
+        original(thread)
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(threading.Thread, "start", start)
+        assert main([str(src), str(tmp_path / "in_one_thread")]) == 0
+    packed = [tree(tmp_path / name) for name in ("threaded", "in_one_thread")]
+    assert list(packed[0].values()) == list(packed[1].values())

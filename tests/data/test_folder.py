@@ -14,7 +14,7 @@ import pytest
 import torch
 from torchvision.io import encode_jpeg, write_png
 
-import facenet.data.folder as folder_module
+import facenet.data.images as images_module
 from facenet.data.folder import INDEX_FILE_NAME, IdentityFolder, list_images, prepare_index
 from facenet.data.images import (
     DEFAULT_MAX_ASPECT_RATIO,
@@ -158,13 +158,13 @@ def test_file_corrupt_past_its_header_raises_at_load_naming_it(root):
 
 def count_header_checks(monkeypatch):
     calls = []
-    original = folder_module.inspect_image
+    original = images_module.inspect_image
 
-    def counting(path, *limits):
+    def counting(path, **limits):
         calls.append(path)
-        return original(path, *limits)
+        return original(path, **limits)
 
-    monkeypatch.setattr(folder_module, "inspect_image", counting)
+    monkeypatch.setattr(images_module, "inspect_image", counting)
     return calls
 
 
@@ -441,3 +441,29 @@ def test_dataset_holds_about_its_file_names_per_image(tmp_path):
     assert len(ds) == 3000 and ds.names.nbytes == names
     assert len(pickle.dumps(ds)) < names + 24 * len(ds) + 20_000
     assert ds.samples[1234] == (str(root / "012" / "0034.jpg"), 12)
+
+
+def threads_start_at_most(count, monkeypatch):
+    """Thread.start raising as CPython does under a tight ulimit after ``count`` starts."""
+    original = threading.Thread.start
+    started = []
+
+    def start(thread):
+        if len(started) >= count:
+            raise RuntimeError("can't start new thread")
+        started.append(thread)
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+
+@pytest.mark.parametrize("threads", [0, 1])
+def test_the_index_is_the_same_when_checking_threads_cannot_start(root, tmp_path, threads):
+    expected, _ = build(root, cache_dir=tmp_path / "threaded")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        threads_start_at_most(threads, monkeypatch)
+        checked, messages = build(root, cache_dir=tmp_path / "in_one_thread")
+    assert not checked.index_reused
+    assert list(checked.samples) == list(expected.samples)
+    assert checked.skipped == expected.skipped
+    assert any("skipped 2" in m for m in messages)
