@@ -14,7 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from facenet.cli.common import positive_int, run_command
+from facenet.cli.common import int_in, positive_int, run_command
+from facenet.config import RANGES
 from facenet.data.images import IMAGE_EXTENSIONS
 from facenet.data.pairs import generate_pairs, scan_identities, write_pairs
 from facenet.errors import DataError
@@ -35,7 +36,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         default=300,
         help="same and different pairs per fold",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--seed",
+        type=int_in(0, RANGES["train.seed"].high),
+        default=0,
+        help="random seed (default 0)",
+    )
     parser.add_argument(
         "--shared-identities",
         action="store_true",

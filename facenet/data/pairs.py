@@ -424,24 +424,32 @@ class _Search:
                 options, fold, (fold.same, fold.images, fold.different) = dealt.pop()
                 fold.names.pop()
 
-    def why_not(self) -> str:
-        """Why no dealing was found, with the numbers that decide it."""
-        n_folds, per_fold = len(self.folds), self.per_fold
-        multi = sum(1 for _, c in self.counts if c >= 2)
-        same = self.left_same[0]
-        head = (
-            f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
-            f"from {len(self.counts)} identities ({multi} with 2+ images)"
-        )
-        if self.gave_up:
-            reason = f"no dealing of identities to folds found within {_ASSIGN_BUDGET} steps"
-        elif same < n_folds * per_fold:
-            reason = f"{same} same pairs exist, {n_folds * per_fold} needed"
-        elif multi < n_folds:
-            reason = "every fold needs an identity with 2+ images"
-        else:
-            reason = "no dealing of identities to folds gives every fold enough pairs of both kinds"
-        return f"{head}: {reason}"
+
+def _why_no_dealing(counts: list[tuple[str, int]], n_folds: int, per_fold: int, search=None):
+    """Why ``counts`` (identity, images) cannot be dealt to ``n_folds`` identity-disjoint folds
+    of ``per_fold`` same and different pairs, with the numbers that decide it.
+
+    Without ``search``, only what the counts rule out (None when they allow a dealing): asked
+    before any per-fold state is made, so that a billion folds of ten identities is refused at
+    once. After a :class:`_Search` found none, why.
+    """
+    multi = sum(1 for _, c in counts if c >= 2)
+    same = sum(math.comb(c, 2) for _, c in counts)
+    if same < n_folds * per_fold:
+        reason = f"{same} same pairs exist, {n_folds * per_fold} needed"
+    elif multi < n_folds:
+        reason = "every fold needs an identity with 2+ images"
+    elif search is None:
+        return None
+    elif search.gave_up:
+        reason = f"no dealing of identities to folds found within {_ASSIGN_BUDGET} steps"
+    else:
+        reason = "no dealing of identities to folds gives every fold enough pairs of both kinds"
+    head = (
+        f"{n_folds} identity-disjoint fold(s) of {per_fold} same + {per_fold} different pairs "
+        f"from {len(counts)} identities ({multi} with 2+ images)"
+    )
+    return f"{head}: {reason}"
 
 
 def _assign_folds(indices: dict[str, list], n_folds: int, per_fold: int, rng) -> list[list[str]]:
@@ -455,10 +463,13 @@ def _assign_folds(indices: dict[str, list], n_folds: int, per_fold: int, rng) ->
     names = list(indices)
     counts = [(names[i], len(indices[names[i]])) for i in rng.permutation(len(names))]
     counts.sort(key=lambda nc: -nc[1])  # stable
+    impossible = _why_no_dealing(counts, n_folds, per_fold)
+    if impossible:
+        raise DataError(impossible)
     search = _Search(counts, n_folds, per_fold)
     dealt = search.run()
     if dealt is None:
-        raise DataError(search.why_not())
+        raise DataError(_why_no_dealing(counts, n_folds, per_fold, search))
     for name, count in counts[dealt:]:
         min(search.folds, key=lambda f: (len(f.names), f.same)).add(name, count)
     return [fold.names for fold in search.folds]

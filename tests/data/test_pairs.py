@@ -364,6 +364,38 @@ def test_make_pairs_script_reports_data_problems_with_exit_code_2(tmp_path, caps
     assert "--folds" in capsys.readouterr().err
 
 
+def test_more_folds_than_the_identities_allow_are_refused_before_any_fold_is_made(
+    tmp_path, capsys, monkeypatch
+):
+    """A billion identity-disjoint folds of ten identities: the counts refuse it at once, not
+    after a billion folds' state is built."""
+    make_lfw_folder(tmp_path / "lfw", {f"Id{i}": 3 for i in range(10)})
+
+    def no_search(*args):
+        raise AssertionError("the fold search started")
+
+    monkeypatch.setattr(pairs_module, "_Search", no_search)
+    for shared in ([], ["--shared-identities"]):
+        argv = [str(tmp_path / "lfw"), "--folds", "1000000000", "--pairs-per-fold", "1", *shared]
+        assert make_pairs_script.main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "--folds 1000000000" in err, err
+    listing = make_lfw_folder(tmp_path / "x", {"A": 40, "B": 2})  # 781 same pairs, 2 holders
+    with pytest.raises(DataError, match=r"\(2 with 2\+ images\): every fold needs an identity"):
+        generate_pairs(listing, n_folds=3, pairs_per_fold=1)
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**63), "1.5"])
+def test_make_pairs_script_takes_the_seeds_train_seed_takes(tmp_path, capsys, seed):
+    make_lfw_folder(tmp_path / "lfw", {f"Id{i}": 3 for i in range(8)})
+    argv = [str(tmp_path / "lfw"), "--folds", "2", "--pairs-per-fold", "3", "--seed"]
+    with pytest.raises(SystemExit):
+        make_pairs_script.main([*argv, seed])
+    assert "--seed" in capsys.readouterr().err
+    assert not (tmp_path / "lfw" / "pairs.txt").exists()
+    assert make_pairs_script.main([*argv, str(2**63 - 1)]) == 0
+
+
 def test_pairs_errors_belong_to_the_facenet_family(tmp_path):
     from facenet.errors import DataError
 
