@@ -234,6 +234,20 @@ def test_every_ranged_key_refuses_a_value_below_its_range_naming_it(key):
         config_from_dict({section: {name: value}})
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "data.synthetic_identities",
+        "data.synthetic_images_per_identity",
+        "data.synthetic_heldout_identities",
+        "data.synthetic_heldout_images_per_identity",
+    ],
+)
+def test_synthetic_counts_past_what_the_generator_can_write_are_refused_naming_the_key(key):
+    with pytest.raises(ConfigError, match=f"{key}: 2000000000 is out of range; allowed: .2, "):
+        load_config(None, [f"{key}=2000000000"])
+
+
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
 def test_non_finite_floats_are_refused(value):
     with pytest.raises(ConfigError, match="optim.lr: .* is out of range"):
