@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 
@@ -34,7 +33,11 @@ from facenet.evaluation.report import PROVENANCE, ThresholdRecord
 from facenet.files import write_atomic
 from facenet.metric.distances import DISTANCE_NAMES
 from facenet.wings.after_training.embed import FolderEmbeddings, embed_folder
-from facenet.wings.after_training.identify import checked_threshold, read_threshold
+from facenet.wings.after_training.identify import (
+    check_threshold,
+    checked_threshold,
+    read_threshold,
+)
 from facenet.wings.after_training.loading import load_model
 
 MADE_WITH = ("weights_sha256", "flip", "preprocess")  # how the file's embeddings were made
@@ -81,9 +84,9 @@ def flag_threshold(args) -> ThresholdRecord | None:
     if args.distance is not None and args.threshold is None:
         raise DataError("--distance goes with --threshold (a saved threshold has its own)")
     if args.threshold is not None:
-        if not math.isfinite(args.threshold):
-            raise DataError(f"--threshold {args.threshold!r} is not a finite number")
-        return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
+        distance = args.distance or "squared"
+        check_threshold(args.threshold, distance, "--threshold")
+        return ThresholdRecord(args.threshold, distance, chosen_on="--threshold")
     if not args.metrics:
         return None
     record = read_threshold(args.metrics, args.set_name, args.threshold_at)

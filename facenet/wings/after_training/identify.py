@@ -24,6 +24,27 @@ from facenet.wings.publishers.insightface_bin import BIN_PREPROCESS
 
 _PROBE_BLOCK = 4096  # probes per (block, G) distance matrix: bounded memory for large galleries
 _NAMED_ROWS = 5  # rows named in a message about non-finite embeddings
+# The largest each distance (facenet.metric.distances) reaches between unit embeddings, all
+# that facenet-embed writes: "same" is distance < threshold, so a threshold outside [0, largest]
+# accepts every probe or none.
+_LARGEST_DISTANCE = {
+    "squared": 4.0,
+    "euclidean": 2.0,
+    "cosine": 2.0,
+    "angular": 1.0,
+    "seed_l2": math.sqrt(4 + 1e-4),  # sqrt(||x - y||^2 + 1e-4 / D), D >= 1
+}
+
+
+def check_threshold(value: float, distance: str, what: str = "threshold") -> None:
+    """Refuse, in one line naming ``what``, a threshold that is not a number in the range of
+    ``distance`` (one of ``DISTANCE_NAMES``) between unit embeddings."""
+    largest = _LARGEST_DISTANCE[distance]
+    if not 0 <= value <= largest:  # NaN compares false
+        raise DataError(
+            f"{what} {float(value)!r} is not a number in [0, {largest:g}], the {distance} "
+            "distance's range between unit embeddings"
+        )
 
 
 def non_finite_rows(embeddings: np.ndarray, what: str, names=None) -> None:
@@ -85,8 +106,7 @@ def match(gallery: Gallery, probes, threshold: float, distance: str = "squared")
     ``DISTANCE_NAMES``, as in the evaluation) is not below ``threshold``."""
     if distance not in DISTANCE_NAMES:
         raise DataError(f"distance {distance!r}: valid options: {', '.join(DISTANCE_NAMES)}")
-    if not math.isfinite(threshold):
-        raise DataError(f"threshold {threshold!r} is not a finite number")
+    check_threshold(threshold, distance)
     probes = torch.as_tensor(np.asarray(probes, dtype=np.float64))  # (P, D)
     if probes.ndim != 2 or probes.shape[1] != gallery.embeddings.shape[1]:
         raise DataError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from facenet.cli import embed as embed_script
 from facenet.cli import evaluate as evaluate_script
 from facenet.cli import identify as identify_script
 from facenet.errors import DataError
+from facenet.metric.distances import DISTANCE_NAMES
 from facenet.wings.after_training.identify import (
     Gallery,
     identification_rates,
@@ -442,3 +444,38 @@ def test_malformed_threshold_records_are_one_line_errors(tmp_path, capsys, recor
     err = capsys.readouterr().err
     assert err.startswith("error: ") and f"{tmp_path / 'm.json'}" in err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("distance", DISTANCE_NAMES)
+def test_a_threshold_outside_the_distance_range_on_unit_embeddings_is_refused(distance):
+    """The range ends are reached (antipodal unit embeddings); past them, or NaN, a threshold
+    would accept every probe or none: one line naming it."""
+    unit = np.array([[1.0, 0.0]])  # (1, 2)
+    gallery = Gallery(-unit, ["ann"])
+    largest = float(match(gallery, unit, 1.0, distance).distance[0])  # the antipode's distance
+    assert match(gallery, unit, largest, distance).identity == [None]
+    for outside in (-0.5, largest + 1e-3, float("nan"), float("inf")):
+        with pytest.raises(DataError, match=f"threshold {outside!r} is not a number in \\[0, "):
+            match(gallery, unit, outside, distance)
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        (["--threshold", "-1"], "-1.0 is not a number in [0, 4], the squared distance's range"),
+        (["--threshold", "5", "--distance", "cosine"], "5.0 is not a number in [0, 2], the cosine"),
+        (["--threshold", "nan"], "nan is not a number in [0, 4]"),
+    ],
+)
+def test_identify_and_embed_refuse_a_threshold_no_distance_reaches(tmp_path, capsys, given, says):
+    gallery = embedded(tmp_path / "g.npz")
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    assert identify_script.main([*argv, *given]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: threshold {says}") and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+    parsed = embed_script.get_args_parser().parse_args(
+        ["--checkpoint", "c", "--images", "i", "--out", "o.npz", *given]
+    )
+    with pytest.raises(DataError, match=re.escape(f"--threshold {says}")):
+        embed_script.flag_threshold(parsed)
