@@ -9,6 +9,7 @@ threshold when it was chosen for these weights as exported (no flip, no mean sub
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -31,6 +32,15 @@ from facenet.wings.after_training.export import (
 from facenet.wings.after_training.loading import load_model
 
 
+def _tolerance(text: str) -> float:
+    """An argparse ``type``: a finite number >= 0. NaN fails every comparison, so the parity
+    check would only complain after the whole export."""
+    value = float(text)  # not a number: argparse's "invalid _tolerance value" line
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``facenet-export``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,7 +48,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", required=True, choices=FORMATS, help="what to write")
     add_out_arguments(parser, "the file to write")
     parser.add_argument(
-        "--tolerance", type=float, default=PARITY_TOLERANCE, help="largest |exported - eager|"
+        "--tolerance", type=_tolerance, default=PARITY_TOLERANCE, help="largest |exported - eager|"
     )
     add_threshold_arguments(parser)
     add_threads_argument(parser)

@@ -145,6 +145,17 @@ def test_an_unreadable_checkpoint_is_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and "bad.pt" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("tolerance", ["nan", "-1", "inf", "x"])
+def test_a_tolerance_no_difference_can_meet_is_refused_before_any_work(tmp_path, capsys, tolerance):
+    """Refused while parsing: no checkpoint is read (this one does not exist), nothing written."""
+    out = tmp_path / "m.onnx"
+    argv = ["--checkpoint", str(tmp_path / "absent.pt"), "--format", "onnx", "--out", str(out)]
+    with pytest.raises(SystemExit):
+        export_script.main([*argv, "--tolerance", tolerance])
+    err = capsys.readouterr().err.splitlines()
+    assert "--tolerance" in err[-1] and "absent.pt" not in err[-1] and not out.exists()
+
+
 def test_a_threshold_for_other_weights_is_not_exported(tiny_run, tmp_path, capsys):
     """A weights export whose threshold was chosen for other weights (e.g. best.pt's, carried
     onto last.pt): exporting it again asks for --threshold, saying what differs."""
