@@ -304,6 +304,7 @@ def test_a_training_folder_of_loose_images_is_refused(planted, tmp_path, monkeyp
 
 def test_evaluate_writes_the_errors_beside_metrics(planted, tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate_command, "load_model", lambda path: block_model())
+    monkeypatch.setattr(evaluate_command, "run_settings", lambda path: None)  # no run saved
     out = tmp_path / "out"
     argv = ["--checkpoint", "m", "--pairs", str(planted["pairs"]), "--folds", "2"]
     assert evaluate_command.main([*argv, "--show-errors", "2", "--out", str(out)]) == 0
