@@ -41,6 +41,9 @@ from facenet.wings.align.presets import ALIGN_PRESETS, PRESET_NAMES
 
 # The largest crop side: a crop is resized from the face's box, and 4096 px is already 50 MB.
 MAX_IMAGE_SIZE = 4096
+# MTCNN searches a copy resized to --detect-size on its longer side: an (S, S, 3) float copy
+# of 8192 px is 800 MB, already past any photo's own side; more only exhausts memory
+MAX_DETECT_SIZE = 8192
 
 
 def _preset_help() -> str:
@@ -65,7 +68,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--detect-size",
-        type=int_in(20, zero=True),  # MTCNN's smallest face is 20 px
+        type=int_in(20, MAX_DETECT_SIZE, zero=True),  # MTCNN's smallest face is 20 px
         help="longer side MTCNN searches; 0: the full image (default: the preset's)",
     )
     parser.add_argument("--margin", type=int_in(0), help="margin (box presets)")

@@ -34,7 +34,7 @@ from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.embedding import FEATURES
 from facenet.evaluation.presets import CLASSIC, EVAL_PRESETS, PUBLISHER_FIELDS, VerifySettings
-from facenet.files import json_safe, write_text_atomic
+from facenet.files import check_not_inputs, json_safe, write_text_atomic
 from facenet.wings.after_training.loading import load_model
 from facenet.wings.audit.embeddings import embed_images, embed_training
 from facenet.wings.audit.neighbours import unit_rows
@@ -171,6 +171,7 @@ def _audit(args: argparse.Namespace) -> None:
     files = {"--checkpoint": args.checkpoint, "--pairs": args.pairs}
     folders = {"--train": args.train, "--root": args.root}
     check_outputs(args, "summary.json", *OUTPUTS, files=files, folders=folders)
+    check_not_inputs([args.cache] if args.cache else [], files, folders)  # --cache: written too
     settings = VerifySettings.of(args)
     trained = load_model(args.checkpoint)
     try:

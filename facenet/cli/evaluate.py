@@ -254,7 +254,8 @@ def _settings_line(args: argparse.Namespace, trained) -> str:
     for name in RUN_FIELDS:
         value = getattr(settings, name)
         shown = ("off", "on")[value] if isinstance(value, bool) else value
-        values.append(f"{name.replace('_', ' ')} {shown}")
+        mark = " (the pairs file's)" if name == "n_folds" and args.folds_of_pairs else ""
+        values.append(f"{name.replace('_', ' ')} {shown}{mark}")
     values.append(f"image size {trained.image_size}, {trained.normalize} normalisation")
     where = f"{args.checkpoint}: " if args.settings_from == "the run's" else ""
     flags = [flag_for(name) for name in RUN_FIELDS if name in args.given]
@@ -374,6 +375,7 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
 def _pairs_folds(args: argparse.Namespace, pairs: PairList) -> int:
     """The folds ``pairs`` are evaluated in: its header's count, which a count the user gave
     (``args.folds_from``) must equal; a one-fold file is cut into the folds asked for."""
+    args.folds_of_pairs = pairs.n_folds > 1  # the settings line says whose count it is
     if pairs.n_folds == 1:
         return args.n_folds
     if args.folds_from and args.n_folds != pairs.n_folds:
@@ -550,6 +552,9 @@ MODES = {
     "retrieval": (),
     "ijb": ("ijb_set", "template", "flip_test", "detector_score", "norm_score"),
 }
+# How images are embedded: the options of every mode but --distances (a file of distances has
+# no model to run).
+EMBEDDING = ("flip", "preprocess", "subtract_mean", "features", "scoring", "batch_size", "device")
 
 
 def _flag(dest: str) -> str:
@@ -577,6 +582,8 @@ def _choose_mode(args: argparse.Namespace, given: set[str]) -> str:
     for name, own in MODES.items():
         for dest in set(own) & given if name != chosen[0] else ():
             raise DataError(f"{_flag(dest)} goes with {_flag(name)}")
+    for dest in set(EMBEDDING) & given if chosen[0] == "distances" else ():
+        raise DataError(f"{_flag(dest)} goes with --checkpoint: --distances has no model to run")
     return chosen[0]
 
 
@@ -617,7 +624,8 @@ def _folds_from(known: argparse.Namespace, given: set[str], defaults: dict) -> s
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """The arguments, with defaults from ``--config`` (or a training checkpoint's run) and then
     ``--preset``; ``args.mode``: the evaluation they ask for; ``args.settings_from``,
-    ``args.folds_from`` and ``args.given``: where the settings and the fold count came from."""
+    ``args.folds_from`` and ``args.given``: where the settings and the fold count came from
+    (``args.folds_of_pairs``: a pairs file's header, once read)."""
     parser = get_args_parser()
     parser.set_defaults(**vars(CLASSIC))  # the settings' defaults are the command's
     known, _ = parser.parse_known_args(argv)
@@ -633,6 +641,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.mode = _choose_mode(args, given)
     args.given, args.settings_from = given, settings_from
     args.folds_from = _folds_from(known, given, defaults)
+    args.folds_of_pairs = False  # until a pairs file's header gives the count
     try:  # the settings check themselves; a refusal names the flag (or --config's key) typed
         VerifySettings.of(args)
     except SettingsError as err:

@@ -100,6 +100,7 @@ def provenance(arrays: dict) -> dict:
     """How a facenet-embed file's embeddings were made; None where it does not say (files
     written before it recorded this). Nothing in it subtracts a mean embedding."""
     made = {k: arrays[k].item() if k in arrays else None for k in MADE_WITH}
+    made["weights_sha256"] = made["weights_sha256"] or None  # '' says no more than no hash
     return {**made, "subtract_mean": False}
 
 
@@ -189,6 +190,8 @@ def report(matches, rates: dict | None, source: str) -> str:
 def _identify(args: argparse.Namespace) -> None:
     """Match the probes, write the results and print the report."""
     set_threads(args.threads)
+    if args.threshold is not None and args.metrics:  # one threshold: the other would be ignored
+        raise DataError("--threshold and --metrics contradict each other")
     names = ("matches.csv", "identification.json")
     inputs = {"--gallery": args.gallery, "--probes": args.probes, "--metrics": args.metrics}
     check_outputs(args, *names, files=inputs)

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 from torchvision.io import encode_png
 from torchvision.utils import make_grid
 
-from facenet.cli.common import add_threads_argument, run_command
+from facenet.cli.common import add_threads_argument, check_outputs, run_command
 from facenet.config import add_override_argument, load_config
 from facenet.distributed import set_threads
-from facenet.errors import FacenetError
+from facenet.errors import DataError, FacenetError
 from facenet.files import check_not_inputs, write_atomic
 from facenet.wings.demo.synthetic import SyntheticIdentities, drawn_side, prepare_synthetic_data
 
@@ -33,8 +34,10 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--preview",
         default=None,
         metavar="PNG",
-        help="also write a grid of 8 training identities x 8 images (one identity per row)",
+        help="also write a grid of 8 training identities x 8 images (one identity per row), "
+        "outside OUT",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --preview")
     add_threads_argument(parser)
     return parser
 
@@ -48,11 +51,22 @@ def write_preview(path: str, image_size: int, seed: int) -> None:
     write_atomic(path, lambda fh: fh.write(png))  # raises OSError (torchvision's did not)
 
 
+def check_preview(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a ``--preview`` that replaces anything but a regular file given
+    ``--overwrite``, is ``--config`` or lies inside OUT (it would become a training image)."""
+    if Path(args.preview).resolve().is_relative_to(Path(args.out).resolve()):  # links resolved
+        raise DataError(f"--preview {args.preview} lies inside OUT {args.out}: choose another")
+    preview = argparse.Namespace(out=args.preview, overwrite=args.overwrite)
+    check_outputs(preview, files={"--config": args.config})
+
+
 def _make_synthetic(args: argparse.Namespace) -> int:
     """Write the data set (and the preview) and say where; returns the exit code."""
     set_threads(args.threads)
     outputs = [path for path in (args.out, args.preview) if path is not None]
-    check_not_inputs(outputs, {"--config": args.config})
+    check_not_inputs(outputs, {"--config": args.config})  # first: "is the input" before "exists"
+    if args.preview:
+        check_preview(args)
     data = load_config(args.config, args.overrides).data
     paths = prepare_synthetic_data(args.out, data)
     print(

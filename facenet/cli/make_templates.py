@@ -53,7 +53,9 @@ from facenet.wings.align.aligner import (
 DEFAULT_IMPOSTOR_PAIRS = 100_000
 MAX_IMPOSTOR_PAIRS = 10_000_000
 REPORT = "make_templates_report.tsv"
-_NAME = re.compile(r"[a-z0-9_]+")  # insightface's scripts lower-case the set's name
+# insightface's scripts lower-case the set's name; 64 characters leave the meta files' and their
+# temporary files' names within a file system's 255
+_NAME = re.compile(r"[a-z0-9_]{1,64}")
 
 
 def meta_files(name: str) -> dict[str, str]:
@@ -256,7 +258,7 @@ def _make(args: Namespace) -> int:
     start, src, dst = time.perf_counter(), Path(args.src), Path(args.dst)
     k = args.templates_per_identity
     if not _NAME.fullmatch(args.name):
-        raise DataError(f"--name {args.name!r}: expected lower-case letters, digits and _")
+        raise DataError(f"--name {args.name!r}: expected 1 to 64 lower-case letters, digits, _")
     if not src.is_dir():
         raise DataError(f"source folder not found: {src}")
     media, report = scan(src)

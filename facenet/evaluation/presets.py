@@ -160,6 +160,8 @@ _CHOICES = {
 }
 # Each integer field and its least value: a fold's threshold is chosen on the other folds.
 _LEAST = {"n_folds": 2, "batch_size": 1, "num_workers": 0}
+# The most images per forward: the bound of every count of a run configuration (int32's).
+MAX_BATCH_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,8 @@ class VerifySettings(FromAttributes):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
                 raise SettingsError(name, value, f"expected an integer >= {least}")
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise SettingsError("batch_size", self.batch_size, f"expected <= {MAX_BATCH_SIZE}")
         if not (isinstance(self.far_target, numbers.Real) and 0 < self.far_target <= 1):
             raise SettingsError("far_target", self.far_target, "must lie in (0, 1]")
         for name in ("flip", "subtract_mean", "skip_missing"):

@@ -3,7 +3,7 @@ mode refused in another (never silently ignored)."""
 
 import pytest
 
-from facenet.cli.evaluate import MODES, _parse
+from facenet.cli.evaluate import EMBEDDING, MODES, _parse
 from facenet.errors import DataError
 
 CHECKPOINT = ["--checkpoint", "model.pt"]
@@ -59,6 +59,26 @@ def test_an_option_of_another_mode_is_refused(owner, mode):
         _parse(line + OWN[owner])
 
 
+# one way to give each option of EMBEDDING on a command line
+EMBEDDING_OPTIONS = {
+    "flip": ["--flip"],
+    "preprocess": ["--preprocess", "crop"],
+    "subtract_mean": ["--subtract-mean"],
+    "features": ["--features", "raw"],
+    "scoring": ["--scoring", "float64"],
+    "batch_size": ["--batch-size", "7"],
+    "device": ["--device", "cuda:7"],
+}
+
+
+@pytest.mark.parametrize("dest", EMBEDDING)
+def test_an_embedding_option_is_refused_with_distances_and_taken_with_a_model(dest):
+    option = EMBEDDING_OPTIONS[dest]
+    with pytest.raises(DataError, match=f"{option[0]} goes with --checkpoint: --distances has no"):
+        _parse(["--distances", "d.npz", *option])
+    assert _parse(CHECKPOINT + TARGETS["pairs"] + option).mode == "pairs"
+
+
 def test_pairs_from_a_config_give_way_to_a_mode_on_the_command_line(tmp_path):
     config = tmp_path / "eval.yaml"
     config.write_text("eval:\n  pairs: lfw/pairs.txt\n", encoding="utf-8")
@@ -72,3 +92,4 @@ def test_every_mode_option_is_an_option_of_the_command():
     dests = {action.dest for action in get_args_parser()._actions}
     assert set(MODES) <= dests
     assert {dest for own in MODES.values() for dest in own} <= dests
+    assert set(EMBEDDING) == set(EMBEDDING_OPTIONS) and set(EMBEDDING) <= dests

@@ -106,7 +106,8 @@ def _three_fold_pairs(tiny_run, tmp_path, capsys):
 def test_a_pairs_file_is_evaluated_in_its_own_folds(tiny_run, tmp_path, capsys):
     pairs = _three_fold_pairs(tiny_run, tmp_path, capsys)
     argv = ["--checkpoint", tiny_run["checkpoint"], "--pairs", pairs]
-    assert _evaluate(capsys, tmp_path / "a", *argv)[0] == 0
+    code, out, _ = _evaluate(capsys, tmp_path / "a", *argv)
+    assert code == 0 and "n folds 3 (the pairs file's)" in out.splitlines()[0]
     assert json.loads((tmp_path / "a" / "metrics.json").read_text())["n_folds"] == 3
     assert _evaluate(capsys, tmp_path / "b", *argv, "--folds", "3")[0] == 0
 

@@ -161,6 +161,14 @@ CASES: dict[str, tuple[str, Case]] = {
         "facenet-make-rec",
         lambda d: [_faces(d / "faces"), str(d / "faces")],
     ),
+    "audit: --cache inside --train": (
+        "facenet-audit",
+        lambda d: [
+            *("--checkpoint", _file(d / "x.pt"), "--train", _faces(d / "faces")),
+            *("--pairs", _file(d / "pairs.txt"), "--out", str(d / "audit")),
+            *("--cache", str(d / "faces" / "anna")),
+        ],
+    ),
 }
 
 
@@ -302,6 +310,10 @@ NOT_FILES: dict[str, tuple[str, Case]] = {
     "make-rec: DST/train.rec a FIFO": (
         "facenet-make-rec",
         lambda d: [_faces(d / "faces"), _folder_of(_fifo(d / "rec" / "train.rec")), "--overwrite"],
+    ),
+    "make-synthetic: --preview a FIFO": (
+        "facenet-make-synthetic",
+        lambda d: [str(d / "set"), "--preview", _fifo(d / "p.png")],
     ),
 }
 

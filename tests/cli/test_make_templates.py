@@ -161,6 +161,7 @@ def test_refusals_are_one_line_and_write_nothing(patched, tmp_path, capsys):
         ([str(src), str(dst)], "is not empty: --overwrite"),
         ([str(src), str(src / "a" / "out")], "overlap"),
         ([str(src), str(tmp_path / "n"), "--name", "Own"], "--name 'Own'"),
+        ([str(src), str(tmp_path / "n"), "--name", "n" * 300], "expected 1 to 64 lower-case"),
         ([str(tmp_path / "none"), str(tmp_path / "n")], "source folder not found"),
         ([str(lone), str(tmp_path / "n")], "0 of 2 identities have 2 media"),
         # one identity alone: a set without impostor pairs

@@ -12,11 +12,12 @@ import publisher_evaluation_reference as ref  # tests/ is on the path (pyproject
 import pytest
 
 from facenet.cli import evaluate as evaluate_script
-from facenet.errors import FacenetError
+from facenet.errors import DataError, FacenetError
 from facenet.evaluation import protocol
 from facenet.evaluation.presets import (
     CLASSIC,
     EVAL_PRESETS,
+    MAX_BATCH_SIZE,
     PUBLISHER_FIELDS,
     SettingsError,
     classic_thresholds,
@@ -203,6 +204,7 @@ def test_lfw_configs_hold_the_publishers_presets(name, config):
         ("n_folds", 2.5, "expected an integer >= 2"),
         ("n_folds", True, "expected an integer >= 2"),
         ("batch_size", 0, "expected an integer >= 1"),
+        ("batch_size", 10**12, "expected <= 2147483647"),
         ("num_workers", -1, "expected an integer >= 0"),
         ("far_target", 0.0, "must lie in (0, 1]"),
         ("far_target", 1.5, "must lie in (0, 1]"),
@@ -235,6 +237,7 @@ def test_a_scoring_is_refused_with_another_distance_than_the_one_it_measures():
 def test_the_least_and_most_each_setting_takes_are_accepted():
     edges = S(n_folds=np.int64(2), far_target=1, batch_size=1, num_workers=0, flip=np.True_)
     assert (edges.n_folds, edges.far_target) == (2, 1)
+    assert S(batch_size=MAX_BATCH_SIZE).batch_size == 2**31 - 1
     assert S(far_target=1e-12).far_target == 1e-12
 
 
@@ -244,6 +247,9 @@ def test_a_settings_error_names_the_flag_or_key_the_user_typed():
     err = caught.value
     assert err.named(flag_for(err.field)) == "--folds: 1: expected an integer >= 2"
     assert err.named(f"eval.{err.field}") == "eval.n_folds: 1: expected an integer >= 2"
+    line = ["--checkpoint", "m.pt", "--pairs", "p.txt", "--batch-size", str(10**12)]
+    with pytest.raises(DataError, match="^--batch-size: 1000000000000: expected <= 2147483647$"):
+        evaluate_script._parse(line)
     assert flag_for("far_target") == "--far-target" and flag_for("grid") == "--grid"
     # every field facenet-evaluate has a flag for: the flag flag_for names
     flags = {a.dest: a.option_strings for a in evaluate_script.get_args_parser()._actions}

@@ -251,6 +251,47 @@ def test_the_command_reports_every_kind_and_reuses_its_cache(planted, tmp_path, 
     assert {path.name: path.read_text() for path in out.glob("*.tsv")} == first
 
 
+def _tamper(path: Path, how: str, trained, planted, cache: Path) -> None:
+    """Make the cache file ``path`` hold what was not stored under its name."""
+    arrays = dict(np.load(path))
+    if how == "another set's file":  # the evaluation images' cache, renamed
+        before = set(cache.glob("*.npz"))
+        embed_images(
+            trained, read_pairs(planted["pairs"]).unique_paths()[0], SETTINGS, "cpu", cache
+        )
+        [other] = set(cache.glob("*.npz")) - before
+        other.replace(path)
+        return
+    if how == "NaN":
+        arrays["embeddings"][:] = np.nan
+    elif how == "a row cut":
+        arrays["embeddings"] = arrays["embeddings"][:-1]
+    elif how == "float64":
+        arrays["embeddings"] = arrays["embeddings"].astype(np.float64)
+    np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize("how", ["NaN", "a row cut", "float64", "another set's file"])
+def test_a_cache_not_holding_these_embeddings_is_embedded_again_with_a_warning(
+    planted, tmp_path, how
+):
+    trained, cache = block_model(), tmp_path / "cache"
+    first = embed_training(trained, planted["train"], SETTINGS, "cpu", cache)
+    [path] = cache.glob("*.npz")
+    _tamper(path, how, trained, planted, cache)
+    seen = trained.model.images_seen
+    with pytest.warns(UserWarning, match=f"{path}: .*; embedding again and replacing it"):
+        again = embed_training(trained, planted["train"], SETTINGS, "cpu", cache)
+    assert trained.model.images_seen > seen  # embedded, not read back
+    np.testing.assert_array_equal(again.embeddings, first.embeddings)
+    assert again.paths == first.paths and again.labels == first.labels
+    seen = trained.model.images_seen
+    read_back = embed_training(trained, planted["train"], SETTINGS, "cpu", cache)
+    assert trained.model.images_seen == seen  # the replaced cache holds them
+    np.testing.assert_array_equal(read_back.embeddings, first.embeddings)
+    assert read_back.paths == first.paths and read_back.unreadable == first.unreadable
+
+
 def test_a_training_folder_of_loose_images_is_refused(planted, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(audit_command, "load_model", lambda path: block_model())
     loose = tmp_path / "loose"
@@ -263,6 +304,7 @@ def test_a_training_folder_of_loose_images_is_refused(planted, tmp_path, monkeyp
 
 def test_evaluate_writes_the_errors_beside_metrics(planted, tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate_command, "load_model", lambda path: block_model())
+    monkeypatch.setattr(evaluate_command, "run_settings", lambda path: None)  # no run saved
     out = tmp_path / "out"
     argv = ["--checkpoint", "m", "--pairs", str(planted["pairs"]), "--folds", "2"]
     assert evaluate_command.main([*argv, "--show-errors", "2", "--out", str(out)]) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,19 +49,54 @@ def _key(trained: TrainedModel, settings: VerifySettings, paths: list) -> str:
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()[:32]
 
 
-def _cached(cache: str | os.PathLike | None, key: str, compute) -> EmbeddedSet:
-    """``compute()``, or what it returned before under ``key`` in the folder ``cache``."""
+# what a cache file holds: array -> (dimensions, numpy dtype kind: float or unicode)
+CACHED = {
+    "embeddings": (2, "f"),  # (N, D) float32
+    "key": (0, "U"),
+    "labels": (1, "U"),  # (N,)
+    "paths": (1, "U"),  # (N,)
+    "unreadable": (2, "U"),  # (M, 2): path, reason
+}
+
+
+def _stale(arrays: dict, key: str, paths: list) -> str | None:
+    """Why ``arrays``, read back from a cache, are not the embeddings stored under ``key`` of
+    the images ``paths`` (a row for each readable one, the others listed as unreadable); None
+    when they are. A file copied from another cache, edited or cut short is caught here."""
+    if sorted(arrays) != sorted(CACHED):
+        return f"holds {sorted(arrays)}, not {sorted(CACHED)}"
+    for name, (ndim, kind) in CACHED.items():
+        if arrays[name].ndim != ndim or arrays[name].dtype.kind != kind:
+            return f"'{name}' is {arrays[name].dtype} of shape {arrays[name].shape}"
+    embeddings, rows, unreadable = arrays["embeddings"], arrays["paths"], arrays["unreadable"]
+    if arrays["key"].item() != key:
+        return "stored under another key"
+    if embeddings.dtype != np.float32 or not len(embeddings) == len(rows) == len(arrays["labels"]):
+        return f"{embeddings.dtype} embeddings of shape {embeddings.shape} for {len(rows)} paths"
+    if not np.isfinite(embeddings).all():
+        return "holds NaN or infinite embeddings"
+    if unreadable.shape[1] != 2:
+        return f"'unreadable' of shape {unreadable.shape}, not (M, 2)"
+    if sorted([*rows, *unreadable[:, 0]]) != sorted(map(str, paths)):
+        return "lists other images than those embedded now"
+    return None
+
+
+def _cached(cache: str | os.PathLike | None, key: str, paths: list, compute) -> EmbeddedSet:
+    """``compute()``, or what it returned before for ``paths`` under ``key`` in the folder
+    ``cache``; a cache that does not hold that is computed again, with a warning."""
     if not cache:
         return compute()
     path = Path(cache, f"audit-embeddings-{key}.npz")
     if path.is_file():
         arrays = read_npz(path, "an embeddings cache of facenet-audit")
-        unreadable = arrays["unreadable"].reshape(-1, 2).tolist()
-        return EmbeddedSet(
-            arrays["embeddings"], arrays["paths"].tolist(), arrays["labels"].tolist(), unreadable
-        )
+        if (reason := _stale(arrays, key, paths)) is None:
+            listed = [arrays[name].tolist() for name in ("paths", "labels", "unreadable")]
+            return EmbeddedSet(arrays["embeddings"], *listed)
+        warnings.warn(f"{path}: {reason}; embedding again and replacing it", stacklevel=2)
     found = compute()
     arrays = {
+        "key": np.array(key),
         "embeddings": found.embeddings,
         "paths": np.array(found.paths, dtype=str),
         "labels": np.array(found.labels, dtype=str),
@@ -85,7 +121,7 @@ def embed_training(
         )
         return EmbeddedSet(found.embeddings.numpy(), found.paths, found.labels, found.unreadable)
 
-    return _cached(cache, _key(trained, settings, paths), compute)
+    return _cached(cache, _key(trained, settings, paths), paths, compute)
 
 
 def embed_images(
@@ -104,4 +140,4 @@ def embed_images(
         found = embed_batches(trained.model, loader, device, settings.flip, settings.features)
         return EmbeddedSet(found.numpy(), list(paths), [Path(p).parent.name for p in paths])
 
-    return _cached(cache, _key(trained, settings, paths), compute)
+    return _cached(cache, _key(trained, settings, paths), paths, compute)

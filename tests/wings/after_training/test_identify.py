@@ -151,6 +151,8 @@ def test_a_stored_threshold_for_anything_else_is_refused(
     err = capsys.readouterr().err
     assert err.startswith("error: the stored threshold 0.5000") and len(err.splitlines()) == 1
     assert says in err and "give --threshold" in err
+    if stored_in != "gallery":  # not with --metrics: they contradict each other
+        argv = argv[:-2]
     assert identify_script.main([*argv, "--threshold", "0.5"]) == 0  # the user's own: used
 
 
@@ -263,13 +265,16 @@ def test_gallery_and_probes_of_different_weights_or_flip_are_refused(tmp_path, c
         assert "embed both the same way" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("missing", [None, ""])  # no weights_sha256, or an empty one
 @pytest.mark.parametrize("unverified", ["gallery", "probes", "both"])
-def test_a_file_without_a_weights_hash_is_refused_unless_allowed(tmp_path, capsys, unverified):
+def test_a_file_without_a_weights_hash_is_refused_unless_allowed(
+    tmp_path, capsys, unverified, missing
+):
     """A file that does not say which weights embedded it would match any gallery: refused in
     one line naming it, unless --allow-unverified."""
     files = {
         name: embedded(
-            tmp_path / f"{name}.npz", weights=None if unverified in (name, "both") else "a" * 64
+            tmp_path / f"{name}.npz", weights=missing if unverified in (name, "both") else "a" * 64
         )
         for name in ("gallery", "probes")
     }
@@ -283,6 +288,18 @@ def test_a_file_without_a_weights_hash_is_refused_unless_allowed(tmp_path, capsy
     assert not (tmp_path / "o").exists()
     assert identify_script.main([*argv, "--allow-unverified"]) == 0
     assert "2 probes: 2 matched" in capsys.readouterr().out
+
+
+def test_a_threshold_with_metrics_is_refused_as_a_contradiction(tmp_path, capsys):
+    gallery = embedded(tmp_path / "g.npz")
+    record = {"threshold": 0.5, "threshold_distance": "squared", "threshold_for": AT_HAND}
+    (tmp_path / "m.json").write_text(json.dumps(record))
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    argv += ["--threshold", "1", "--metrics", str(tmp_path / "m.json")]
+    assert identify_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --threshold and --metrics contradict each other\n"
+    assert not (tmp_path / "o").exists()
 
 
 def split_gallery_and_probes(source: Path, tmp_path: Path) -> tuple[Path, Path]:

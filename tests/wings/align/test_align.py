@@ -423,6 +423,7 @@ def test_a_source_with_looping_links_is_aligned_once(tmp_path, capsys):
         ("--workers", "two"),
         ("--image-size", "4"),
         ("--margin", "-1"),
+        ("--detect-size", "100000000"),
     ],
 )
 def test_nonsense_counts_are_argparse_errors(source, tmp_path, capsys, flags):

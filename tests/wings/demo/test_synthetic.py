@@ -542,6 +542,28 @@ def test_script_preview_of_a_non_square_input_is_drawn_at_the_faces_side(tmp_pat
     assert read_image(preview).shape == (3, 8 * 18 + 2, 8 * 18 + 2)
 
 
+def test_script_replaces_an_existing_preview_only_with_overwrite(tmp_path, capsys):
+    preview = tmp_path / "mine.png"
+    preview.write_bytes(b"the user's own")
+    argv = [str(tmp_path / "synthetic"), *SMALL_SETTINGS, "--preview", str(preview)]
+    assert make_synthetic_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {preview} exists") and len(err.splitlines()) == 1
+    assert preview.read_bytes() == b"the user's own" and not (tmp_path / "synthetic").exists()
+    assert make_synthetic_script.main([*argv, "--overwrite"]) == 0
+    assert read_image(preview).shape == (3, 8 * 18 + 2, 8 * 18 + 2)
+
+
+@pytest.mark.parametrize("inside", ["train/id00000/zz.png", "zz.png", "."])
+def test_script_refuses_a_preview_inside_the_data_set(tmp_path, capsys, inside):
+    out = tmp_path / "synthetic"
+    argv = [str(out), *SMALL_SETTINGS, "--preview", str(out / inside)]
+    assert make_synthetic_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"lies inside OUT {out}" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
 def test_script_reports_a_bad_key_with_exit_code_2(tmp_path, capsys):
     main = make_synthetic_script.main
     assert main([str(tmp_path), "--set", "data.synthetic_faces=3"]) == 2
