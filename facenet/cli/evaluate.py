@@ -550,7 +550,7 @@ MODES = {
     "pairs": ("root", "skip_missing", "show_errors"),
     "bin": (),
     "retrieval": (),
-    "ijb": ("ijb_set", "template", "flip_test", "detector_score", "norm_score"),
+    "ijb": ("ijb_set", "template", "flip_test", "detector_score", "norm_score", "workers"),
 }
 # How images are embedded: the options of every mode but --distances (a file of distances has
 # no model to run).

@@ -21,6 +21,7 @@ from facenet.cli.common import (
 )
 from facenet.cli.embed import add_threshold_arguments, model_threshold
 from facenet.distributed import set_threads
+from facenet.errors import DataError
 from facenet.sizes import image_hw
 from facenet.wings.after_training.export import (
     CHECK_BATCH,
@@ -48,7 +49,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", required=True, choices=FORMATS, help="what to write")
     add_out_arguments(parser, "the file to write")
     parser.add_argument(
-        "--tolerance", type=_tolerance, default=PARITY_TOLERANCE, help="largest |exported - eager|"
+        "--tolerance",
+        type=_tolerance,
+        help=f"largest |exported - eager| (onnx, pt2; default {PARITY_TOLERANCE:g})",
     )
     add_threshold_arguments(parser)
     add_threads_argument(parser)
@@ -56,6 +59,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> None:
+    if args.format == "weights" and args.tolerance is not None:  # no parity check to bound
+        raise DataError("--tolerance goes with --format onnx or pt2: weights are not re-run")
+    args.tolerance = PARITY_TOLERANCE if args.tolerance is None else args.tolerance
     set_threads(args.threads)
     check_outputs(args, files={"--checkpoint": args.checkpoint, "--metrics": args.metrics})
     trained = load_model(args.checkpoint)

@@ -93,3 +93,9 @@ def test_every_mode_option_is_an_option_of_the_command():
     assert set(MODES) <= dests
     assert {dest for own in MODES.values() for dest in own} <= dests
     assert set(EMBEDDING) == set(EMBEDDING_OPTIONS) and set(EMBEDDING) <= dests
+
+
+def test_ijbs_reading_processes_are_refused_elsewhere():
+    assert _parse(CHECKPOINT + TARGETS["ijb"] + ["--workers", "3"]).mode == "ijb"
+    with pytest.raises(DataError, match="--workers goes with --ijb"):
+        _parse(CHECKPOINT + TARGETS["pairs"] + ["--workers", "3"])

@@ -156,6 +156,16 @@ def test_a_tolerance_no_difference_can_meet_is_refused_before_any_work(tmp_path,
     assert "--tolerance" in err[-1] and "absent.pt" not in err[-1] and not out.exists()
 
 
+def test_a_tolerance_for_a_weights_export_is_refused_not_ignored(tmp_path, capsys):
+    """A weights file is not re-run: no parity check for --tolerance to bound."""
+    out = tmp_path / "m.pt"
+    argv = ["--checkpoint", str(tmp_path / "absent.pt"), "--format", "weights", "--out", str(out)]
+    assert export_script.main([*argv, "--tolerance", "0.5"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: --tolerance goes with --format onnx or pt2: weights are not re-run"]
+    assert not out.exists()
+
+
 def test_a_threshold_for_other_weights_is_not_exported(tiny_run, tmp_path, capsys):
     """A weights export whose threshold was chosen for other weights (e.g. best.pt's, carried
     onto last.pt): exporting it again asks for --threshold, saying what differs."""
