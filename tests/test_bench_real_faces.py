@@ -67,10 +67,14 @@ def test_every_method_trains_and_is_evaluated_per_seed(folders, tmp_path, capsys
             assert run["images_per_cpu_second"] > 0
             assert run["loss_first"] != run["loss_last"], method  # it trained
             for split in ("lfw", "heldout"):
-                assert all(0.0 <= run[split][key] <= 1.0 for key in FIGURES), (method, split)
+                # 6 impostor pairs a training fold cannot resolve FAR 1e-3: VAL in words
+                assert run[split]["val"].startswith("not resolved"), (method, split)
+                figures = [key for key in FIGURES if key != "val"]
+                assert all(0.0 <= run[split][key] <= 1.0 for key in figures), (method, split)
         summary = scratch[method]["over_seeds"]
         for split in ("lfw", "heldout"):
-            for key in bench.SEED_FIGURES:
+            assert summary[split]["val"] == {"mean": None, "std": None}
+            for key in set(bench.SEED_FIGURES) - {"val"}:
                 values = [run[split][key] for run in runs]
                 spread = summary[split][key]
                 assert spread["mean"] == pytest.approx(np.mean(values)), (method, split, key)
