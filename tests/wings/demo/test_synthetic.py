@@ -496,8 +496,10 @@ def test_make_train_says_it_installs_before_its_silent_install(tmp_path):
     if shutil.which("make") is None:
         pytest.skip("no make")
     root = Path(__file__).resolve().parents[3]
-    argv = ["make", "-n", "train", f"VENV={tmp_path / 'venv'}"]
-    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
+    argv = ["make", "--no-print-directory", "-n", "train", f"VENV={tmp_path / 'venv'}"]
+    # Run from `make test` too: the outer make's level and flags are not this one's.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     first = proc.stdout.splitlines()[0]
     assert first == 'echo "installing the environment (once, about 3-4 minutes)..."'
