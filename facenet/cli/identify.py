@@ -142,9 +142,10 @@ def _gallery_threshold(gallery: dict, path: str) -> ThresholdRecord | None:
 def choose_threshold(args, gallery: dict) -> ThresholdRecord:
     """The threshold, in the module's order; a DataError for none, or for a stored one chosen
     for other embeddings."""
+    record = flag_threshold(args)  # --set / --threshold-at without --metrics refused there
     if args.threshold is not None:
-        return ThresholdRecord(args.threshold, args.distance or "squared", chosen_on="--threshold")
-    record = flag_threshold(args) or _gallery_threshold(gallery, args.gallery)
+        return record
+    record = record or _gallery_threshold(gallery, args.gallery)
     if record is None:
         raise DataError(
             "no threshold: give --threshold, or --metrics with facenet-evaluate's metrics.json "

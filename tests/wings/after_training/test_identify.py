@@ -302,6 +302,16 @@ def test_a_threshold_with_metrics_is_refused_as_a_contradiction(tmp_path, capsys
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flag", [["--threshold-at", "accuracy"], ["--set", "lfw"]])
+def test_a_choice_among_stored_thresholds_beside_threshold_is_refused(tmp_path, capsys, flag):
+    gallery = embedded(tmp_path / "g.npz")
+    argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
+    assert identify_script.main([*argv, "--threshold", "1", *flag]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {flag[0]} goes with --metrics (the file whose threshold to take)\n"
+    assert not (tmp_path / "o").exists()
+
+
 def split_gallery_and_probes(source: Path, tmp_path: Path) -> tuple[Path, Path]:
     """Half the identities enrolled with one image each; probes: their other images (known)
     and every image of the other half (not enrolled)."""
@@ -391,7 +401,9 @@ def test_identify_takes_a_set_threshold_of_evaluate_bin(tmp_path, capsys):
     (tmp_path / "m.json").write_text(json.dumps({"threshold": 0.5, "threshold_for": AT_HAND}))
     with pytest.raises(DataError, match="holds no sets"):
         read_threshold(tmp_path / "m.json", "lfw")
-    assert identify_script.main([*argv[:6], "--overwrite", "--set", "lfw", "--threshold", "1"]) == 0
+    assert identify_script.main([*argv[:6], "--overwrite", "--threshold", "1"]) == 0  # own
+    # a set to choose among stored thresholds beside one's own: refused, not ignored
+    assert identify_script.main([*argv[:6], "--overwrite", "--set", "lfw", "--threshold", "1"]) == 2
 
 
 def declaring(path: Path, shape: tuple) -> Path:
@@ -489,7 +501,7 @@ def test_identify_and_embed_refuse_a_threshold_no_distance_reaches(tmp_path, cap
     argv = ["--gallery", str(gallery), "--probes", str(gallery), "--out", str(tmp_path / "o")]
     assert identify_script.main([*argv, *given]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: threshold {says}") and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: --threshold {says}") and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
     parsed = embed_script.get_args_parser().parse_args(
         ["--checkpoint", "c", "--images", "i", "--out", "o.npz", *given]
