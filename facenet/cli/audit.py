@@ -26,10 +26,10 @@ from facenet.cli.common import (
     check_outputs,
     parse_device,
     positive_int,
+    read_pairs_of,
     run_command,
 )
 from facenet.data.images import EVAL_PREPROCESS
-from facenet.data.pairs import MissingImagesError, read_pairs
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.embedding import FEATURES
@@ -174,10 +174,7 @@ def _audit(args: argparse.Namespace) -> None:
     check_not_inputs([args.cache] if args.cache else [], files, folders)  # --cache: written too
     settings = VerifySettings.of(args)
     trained = load_model(args.checkpoint)
-    try:
-        pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
-    except MissingImagesError as err:  # the options a command-line user types
-        raise DataError(err.named("--root", "--skip-missing")) from None
+    pairs = read_pairs_of(args)
     started = time.process_time()
     train, evaluation = _embed(args, trained, settings, pairs)
     embedded = time.process_time()

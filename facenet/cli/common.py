@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from facenet.config import max_threads
+from facenet.data.pairs import MissingImagesError, PairList, read_pairs
 from facenet.distributed import resolve_device
 from facenet.errors import EXIT_BAD_INPUT, DataError, FacenetError, one_line
 from facenet.files import Inputs, check_no_links_below, check_not_inputs
@@ -151,3 +152,13 @@ def parse_device(name: str) -> torch.device:
         return resolve_device(name)
     except (RuntimeError, FacenetError) as err:
         raise FacenetError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
+
+
+def read_pairs_of(args: argparse.Namespace) -> PairList:
+    """The pairs of ``--pairs`` (images under ``--root``, or the folder the file names); a
+    missing image is one line naming the options a command-line user types (``--root``,
+    ``--skip-missing``), not the library's keywords."""
+    try:
+        return read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
+    except MissingImagesError as err:
+        raise DataError(err.named("--root", "--skip-missing")) from None

@@ -35,12 +35,13 @@ from facenet.cli.common import (
     int_in,
     parse_device,
     positive_int,
+    read_pairs_of,
     run_command,
 )
 from facenet.config import Config, DataConfig, config_from_dict, load_config
 from facenet.data.folder import list_images
 from facenet.data.images import EVAL_PREPROCESS
-from facenet.data.pairs import MissingImagesError, PairList, read_pairs
+from facenet.data.pairs import PairList
 from facenet.distributed import set_threads
 from facenet.errors import DataError
 from facenet.evaluation.distances_file import read_distances
@@ -355,10 +356,7 @@ def _single(args: argparse.Namespace) -> tuple[str, dict, VerificationResult]:
         }
         return Path(args.distances).name, fields, result
 
-    try:
-        pairs = read_pairs(args.pairs, root=args.root, skip_missing=args.skip_missing)
-    except MissingImagesError as err:  # the options a command-line user types
-        raise DataError(err.named("--root", "--skip-missing")) from None
+    pairs = read_pairs_of(args)
     _apply_run_settings(args)
     args.n_folds = _pairs_folds(args, pairs)
     measure, threshold_for = _embedding_setup(args)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from facenet.evaluation.protocol import VerificationResult
-from facenet.evaluation.report import val_at_far_label
+from facenet.evaluation.report import figures, val_at_far_label
 
 
 def _roc_axes(fpr, tpr, auc: float, rate: str):
@@ -28,7 +28,7 @@ def plot_roc(result: VerificationResult, log_scale: bool = False, title: str | N
     it can lie off the curve of all pairs; its legend entry says so."""
     fig, ax = _roc_axes(result.roc_fpr, result.roc_tpr, result.auc, "VAL")
     ax.plot([result.eer], [1 - result.eer], "o", label=f"EER = {result.eer:.4f}")
-    val = result.to_dict(curves=False)["val"]  # words where the FAR target is not resolved
+    val = figures(result)["val"]  # words where the FAR target is not resolved
     if isinstance(val, str):  # no point to mark: a VAL the folds cannot measure
         ax.plot([], [], " ", label=f"VAL @ FAR {result.far_target:g}: {val}")
     else:
