@@ -191,7 +191,8 @@ def measure(args) -> dict:
         before = run.parent / f"before_{name}"
         row = {"before": measure_pairs(args, model, weights, pairs, test, before, reuse=True)}
         row |= fine_tune(args, model, weights, folder, run / name)
-        best = run / name / "best.pt"
+        best = run / name / "best.pt"  # the validated epoch; without validation, the last
+        best = best if best.is_file() else best.with_name("last.pt")
         row["after"] = measure_pairs(args, model, best, pairs, test, run / f"{name}_test")
         if args.lfw:
             row["lfw_before"] = lfw(args, model, weights, run.parent / "before_lfw", reuse=True)

@@ -156,6 +156,13 @@ def _check_tensors(obj: Any, file_bytes: int, fail) -> None:
             todo += item
 
 
+def _descriptor_path(fh: BinaryIO, path: Path) -> str | Path:
+    """A name that opens the file ``fh`` holds open (Linux's ``/proc/self/fd``), else
+    ``path``."""
+    fd_path = f"/proc/self/fd/{fh.fileno()}"
+    return fd_path if os.path.exists(fd_path) else path
+
+
 def load_weights_only(
     path: str | os.PathLike,
     what: str = "checkpoint",
@@ -173,28 +180,33 @@ def load_weights_only(
 
     names: set[str] = set()
     with open_regular(path, MAX_CHECKPOINT_BYTES, fail) as fh:
+        # Every read below goes through the descriptor checked here: a file put in the
+        # name's place in between is never the one loaded.
+        opened = _descriptor_path(fh, path)
         zipped, size = fh.peek(4)[:4] == b"PK\x03\x04", os.fstat(fh.fileno()).st_size
         try:  # any error of these readers: a torn archive, a TorchScript file, a damaged pickle
-            unsafe = zipped and torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            unsafe = zipped and torch.serialization.get_unsafe_globals_in_checkpoint(opened)
             declared = _declared_bytes(fh, zipped, names)
         except Exception as err:
             detail = first_line(err) if zipped else "not a torch.save file, or a damaged one"
             raise fail(detail) from None
-    if unsafe:
-        raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
-    if declared > size:
-        raise fail(f"its tensors declare {declared} bytes, more than the file's {size}")
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=True, mmap=zipped)
-    except pickle.UnpicklingError:
-        # Refused without a named global (torch names them for zip files only): an operation,
-        # or a class pushed at run time, that weights_only does not allow.
-        detail = (
-            f"unsupported GLOBAL among those its pickle references: {some_names(sorted(names))}"
-        )
-        raise error(_refusal(path, what, detail if names else _REFUSED_OPERATION)) from None
-    except Exception as err:  # torch's reader on a damaged file: EOF, struct or index errors
-        raise fail(first_line(err)) from None
+        if unsafe:
+            raise error(_refusal(path, what, f"unsupported GLOBAL {some_names(sorted(unsafe))}"))
+        if declared > size:
+            raise fail(f"its tensors declare {declared} bytes, more than the file's {size}")
+        try:
+            fh.seek(0)
+            source = opened if zipped else fh  # mmap needs a name
+            obj = torch.load(source, map_location=map_location, weights_only=True, mmap=zipped)
+        except pickle.UnpicklingError:
+            # Refused without a named global (torch names them for zip files only): an
+            # operation, or a class pushed at run time, that weights_only does not allow.
+            detail = (
+                f"unsupported GLOBAL among those its pickle references: {some_names(sorted(names))}"
+            )
+            raise error(_refusal(path, what, detail if names else _REFUSED_OPERATION)) from None
+        except Exception as err:  # torch's reader on a damaged file: EOF, struct or index errors
+            raise fail(first_line(err)) from None
     _check_tensors(obj, size, fail)
     return obj
 

@@ -273,3 +273,22 @@ def test_an_older_checkpoint_with_every_device_resumes_on_fewer_devices(monkeypa
     beyond.install(monkeypatch)
     set_rng_state(older)
     assert torch.equal(beyond.states[6], torch.full((4,), 6, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_the_file_checked_is_the_file_loaded(tmp_path, monkeypatch, legacy):
+    """A file put in the checked file's name between the checks and the load is not loaded."""
+    import facenet.checkpoint as checkpoint
+
+    path, other = tmp_path / "model.pt", tmp_path / "other.pt"
+    torch.save({"which": torch.tensor(1)}, path, _use_new_zipfile_serialization=not legacy)
+    torch.save({"which": torch.tensor(2)}, other, _use_new_zipfile_serialization=not legacy)
+    declared = checkpoint._declared_bytes
+
+    def swap_then_check(fh, zipped, names):
+        os.replace(other, path)  # the name now holds another file; the descriptor does not
+        return declared(fh, zipped, names)
+
+    monkeypatch.setattr(checkpoint, "_declared_bytes", swap_then_check)
+    assert load_weights_only(path)["which"].item() == 1
+    assert torch.load(path, weights_only=True)["which"].item() == 2  # the swap happened
