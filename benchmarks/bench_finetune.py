@@ -187,13 +187,16 @@ def measure(args) -> dict:
     run = args.work / args.model / (args.name or "run")
     for name in args.domain:
         folder = prepare(args, model, DOMAINS[name])
-        pairs, test = folder / "test_pairs.txt", folder / "test"
+        pairs, people = folder / "test_pairs.txt", folder / "test"
         before = run.parent / f"before_{name}"
-        row = {"before": measure_pairs(args, model, weights, pairs, test, before, reuse=True)}
+        row = {"before": measure_pairs(args, model, weights, pairs, people, before, reuse=True)}
         row |= fine_tune(args, model, weights, folder, run / name)
-        best = run / name / "best.pt"  # the validated epoch; without validation, the last
-        best = best if best.is_file() else best.with_name("last.pt")
-        row["after"] = measure_pairs(args, model, best, pairs, test, run / f"{name}_test")
+        # The run's own test of best.pt (the last model without validation): the recipe's
+        # evaluation is the model's (tests/test_bench_finetune.py), as the "before" figures.
+        test = row["summary"]["test"]
+        chosen = "best" if "best" in test else "last"
+        row["after"] = {key: test[chosen][key] for key in FIGURES if key in test[chosen]}
+        best = run / name / ("best.pt" if chosen == "best" else "last.pt")
         if args.lfw:
             row["lfw_before"] = lfw(args, model, weights, run.parent / "before_lfw", reuse=True)
             row["lfw_after"] = lfw(args, model, best, run / f"{name}_lfw")

@@ -73,3 +73,22 @@ def test_the_reference_images_face_places_every_image_of_its_person(tmp_path, mo
             crop = np.asarray(Image.open(tmp_path / "dst" / person / f"{source.stem}.png"))
             expected = aligner_module.align_face(bench._padded(source), landmarks + k, "sphereface")
             np.testing.assert_array_equal(crop, expected)
+
+
+@pytest.mark.parametrize("name", sorted(bench.MODELS))
+def test_each_recipe_tests_with_its_models_evaluation(name):
+    """The "after" figures are the run's own test: its protocol must be the "before" one."""
+    from facenet.config import load_config
+    from facenet.evaluation.presets import VerifySettings
+
+    model = bench.MODELS[name]
+    recipe, evaluation = (
+        load_config(bench.REPO / path) for path in (model.recipe, model.evaluation)
+    )
+    ignore = {"batch_size", "num_workers", "skip_missing"}  # how, not what, it measures
+    recipe_s, evaluation_s = (
+        {k: v for k, v in vars(VerifySettings.of(cfg.eval)).items() if k not in ignore}
+        for cfg in (recipe, evaluation)
+    )
+    assert recipe_s == evaluation_s
+    assert recipe.data.image_size == evaluation.data.image_size
