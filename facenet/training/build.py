@@ -198,8 +198,10 @@ def _read_eval_pairs(cfg: Config, source, keys: tuple[str, str]):
     pairs_key, root_key = keys
     try:
         return read_pairs(pairs_path, root=root, skip_missing=cfg.eval.skip_missing)
-    except (PairsFormatError, MissingImagesError):
-        raise  # their messages name the file, the line and the eval.skip_missing option
+    except PairsFormatError:
+        raise  # its message names the file and the line
+    except MissingImagesError as err:  # one line: the first image, its line, the keys to give
+        raise DataError(err.named(root_key, "eval.skip_missing: true")) from None
     except FileNotFoundError as err:
         key = pairs_key if not Path(pairs_path).is_file() else root_key
         what = f"file not found: {pairs_path}" if key == pairs_key else str(err)

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from facenet.config import Config
-from facenet.data.pairs import MissingImagesError
 from facenet.distributed import is_main_process
 from facenet.errors import NonFiniteInputError, one_line
 from facenet.evaluation.report import figures_line
@@ -174,14 +173,6 @@ def name_input_files(err: NonFiniteInputError, loader, epoch: int, first_step: i
 
 def describe_error(err: BaseException) -> str:
     """One line for the user: what went wrong, naming the file or configuration key."""
-    if isinstance(err, MissingImagesError):
-        head = str(err).splitlines()[0].rstrip(":")
-        first = err.missing[0]
-        text = (
-            f"{head}; first: {first} (line {err.lines[first][0]}); "
-            "eval.skip_missing: true skips those pairs"
-        )
-    else:
-        text = one_line(err)
+    text = one_line(err)
     note = getattr(err, "checkpoint_note", None)
     return f"{text} ({note})" if note else text

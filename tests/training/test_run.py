@@ -215,7 +215,7 @@ def test_missing_dataset_folder_names_the_key(tmp_path, capsys):
     [
         (
             ["1\t1", "anna\t1\t9", "anna\t1\tbob\t1"],
-            ["not found", "anna_0009", "line 2", "eval.skip_missing"],
+            ["not found", "anna_0009", "line 2", "give eval.root", "eval.skip_missing: true"],
         ),
         (["1\t1", "anna\t1\t2\textra\tfield", "anna\t1\tbob\t1"], [":2:", "field(s)"]),
         (["1\t1", "anna\tone\t2", "anna\t1\tbob\t1"], [":2:", "idx1", "'one'"]),
