@@ -59,6 +59,7 @@ NEEDS = {
     "configs/real_faces.yaml": "CelebA's and LFW's photos",
     "SRC DST": "a folder of photos",
     "my_faces": "the user's own photos",
+    "--checkpoint finetune/": "a run of benchmarks.bench_finetune on the shared real faces",
 }
 
 
