@@ -3,8 +3,8 @@
 
 For each domain of the shared data (AT&T/ORL, Extended Yale B) and one published model, the
 command prepares the faces with the model's alignment preset, splits the people in two with a
-seeded draw (half to fine-tune on, half to test: ``test_pairs.txt`` from
-``facenet-make-pairs``), evaluates the published model on the test pairs with its publisher's
+seeded draw (20 to test, two a fold: ``test_pairs.txt`` from ``facenet-make-pairs``; the rest
+to fine-tune on), evaluates the published model on the test pairs with its publisher's
 protocol, fine-tunes it with the model's recipe (``configs/finetune_*.yaml``, plus ``--set``
 overrides) and evaluates ``best.pt`` the same way; with ``--lfw`` LFW's 6,000 pairs before
 and after as well. Crops, splits and the "before" figures are kept in ``--work`` and reused.
